@@ -1,0 +1,36 @@
+#!/usr/bin/env bash
+# Installs the Debian 12 packages that building, testing and running kvfence need.
+#
+# Idempotent: it asks dpkg which of the packages are missing and installs only
+# those. It prints nothing when nothing is missing. Needs root (or sudo) only
+# when something has to be installed.
+set -euo pipefail
+
+packages=(
+    # build
+    build-essential cmake pkg-config git
+    # RPC and messages (DESIGN.md §7)
+    libgrpc-dev protobuf-compiler protobuf-c-compiler libprotobuf-c-dev grpc-proto
+    # peers, RDMA (verbs code is compiled even without a device), metrics HTTP
+    libzmq3-dev libibverbs-dev rdma-core libmicrohttpd-dev
+    # tests and interop clients
+    libcmocka-dev python3 python3-grpcio python3-grpc-tools python3-protobuf
+    protobuf-compiler-grpc python3-pytest
+    # formatting check
+    clang-format
+)
+
+missing=()
+for p in "${packages[@]}"; do
+    if ! dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed"; then
+        missing+=("$p")
+    fi
+done
+[ ${#missing[@]} -eq 0 ] && exit 0
+
+echo "install-deps: installing ${missing[*]}" >&2
+sudo=""
+[ "$(id -u)" -ne 0 ] && sudo="sudo"
+export DEBIAN_FRONTEND=noninteractive
+$sudo apt-get update -qq
+$sudo apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
