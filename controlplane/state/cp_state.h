@@ -1,0 +1,355 @@
+/*
+ * cp_state.h: the control-plane state core (rooms, leases, tokens, nodes).
+ *
+ * This module owns every fact the control plane decides: which nodes are
+ * attached, which room-generation owns which pages, which abort token is
+ * current, which nodes of an aborting room have drained or been fenced, and when
+ * a lease may be RELEASED. It does no I/O and reads no clock: callers pass
+ * `now` (monotonic nanoseconds) into every call that may start or fire a timer,
+ * and the random source for tokens and jitter comes in through the options.
+ * What must happen in the world (a notice to send, an engine to tell) comes out
+ * as effects that the caller drains with kvf_cps_effects_take() after each
+ * call. The rules where DESIGN.md is silent are in docs/state-cores.md.
+ *
+ * DESIGN: one kvf_cps object is owned by one thread (the control plane's state
+ * thread, or a test). Nothing here is thread-safe and nothing blocks. Every
+ * operation is O(1) or O(log n) in the number of rooms and leases, plus the size
+ * of its own input (pages of a lease, participants of a room).
+ *
+ * Errors: functions return 0 or a negative errno (common/kvf_error.h) and,
+ * when `err` is not NULL, a message naming the field or object at fault. A
+ * failed call changes no state and emits no effect.
+ */
+#ifndef KVF_CP_STATE_H
+#define KVF_CP_STATE_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "kvf_error.h"
+#include "kvf_types.h"
+
+struct kvf_cps;
+
+/* ---- options ----------------------------------------------------------- */
+
+/* Fills `buf` with `len` random bytes. Tokens and jitter come from here. */
+typedef void (*kvf_cps_random_fn)(void *ctx, void *buf, size_t len);
+
+struct kvf_cps_opts {
+    kvf_cps_random_fn random_fn; /* required */
+    void *random_ctx;
+    kvf_time_ns join_timeout;     /* OPENING longer than this: abort. default 30 s */
+    kvf_time_ns node_ttl;         /* SUSPECT longer than this: LOST. default 10 s */
+    kvf_time_ns drain_deadline;   /* ABORTING longer than this: escalate + fence. default 60 s */
+    kvf_time_ns tombstone_ttl;    /* terminal rooms kept this long. default 10 min */
+    kvf_time_ns resend_initial;   /* first notice re-send delay. default 200 ms */
+    kvf_time_ns resend_max;       /* re-send backoff cap. default 5 s */
+    uint32_t max_participants;    /* per room. default 1024 */
+    uint32_t max_ranges_per_call; /* page ranges per join/extend. default 65536 */
+    uint32_t max_pools_per_node;  /* default 64 */
+    uint32_t protocol_min;        /* the control plane's own range. default KVF_PROTOCOL_MIN */
+    uint32_t protocol_max;        /* default KVF_PROTOCOL_MAX */
+};
+
+/* Fills `opts` with the defaults above (random_fn NULL: the caller sets it). */
+void kvf_cps_opts_init(struct kvf_cps_opts *opts);
+
+/* Creates an empty state. Returns NULL on a bad option or out of memory. */
+struct kvf_cps *kvf_cps_create(const struct kvf_cps_opts *opts);
+
+/* Frees everything. Accepts NULL. */
+void kvf_cps_destroy(struct kvf_cps *st);
+
+/* ---- nodes --------------------------------------------------------------- */
+
+enum kvf_cps_node_state {
+    KVF_CPS_NODE_ATTACHED = 1,
+    KVF_CPS_NODE_SUSPECT = 2, /* session lost, ttl running */
+    KVF_CPS_NODE_LOST = 3,    /* ttl passed or replaced by a new incarnation */
+};
+
+/* A KV pool a node serves (registered by an engine on that host). */
+struct kvf_cps_pool {
+    uint32_t pool_id;    /* unique per node */
+    uint32_t page_size;  /* bytes, > 0 */
+    uint32_t page_count; /* > 0 */
+};
+
+struct kvf_cps_node_hello {
+    const char *node_id;  /* non-empty, at most 128 bytes */
+    uint64_t incarnation; /* > 0; a node restart picks a new, larger one */
+    uint32_t protocol_min;
+    uint32_t protocol_max;
+    uint32_t features; /* enum kvf_feature bits */
+    const struct kvf_cps_pool *pools;
+    size_t pool_count;
+};
+
+/*
+ * A node session says hello. Same id and incarnation as a known SUSPECT or
+ * ATTACHED node: it is ATTACHED again and every pending notice and fence
+ * request for it is emitted at once. A new incarnation: the old one is LOST now
+ * (its rooms abort, its peers are asked to fence it) and the new one is a new
+ * node. An older incarnation than the current one: -ESTALE.
+ * No overlap of protocol ranges: -ENOTSUP. On success *version_p is the
+ * negotiated (highest common) version.
+ */
+int kvf_cps_node_attach(struct kvf_cps *st, const struct kvf_cps_node_hello *hello, kvf_time_ns now,
+                        uint32_t *version_p, struct kvf_error *err);
+
+/* The node's session ended: ATTACHED -> SUSPECT; the ttl starts. */
+int kvf_cps_node_detach(struct kvf_cps *st, const char *node_id, uint64_t incarnation,
+                        kvf_time_ns now, struct kvf_error *err);
+
+/* Adds or replaces one pool of an attached node. A pool with leases keeps its
+ * size: changing it is -EBUSY. */
+int kvf_cps_node_set_pool(struct kvf_cps *st, const char *node_id, uint64_t incarnation,
+                          const struct kvf_cps_pool *pool, struct kvf_error *err);
+
+/* ---- rooms and leases ---------------------------------------------------- */
+
+enum kvf_cps_room_state {
+    KVF_CPS_ROOM_OPENING = 1,
+    KVF_CPS_ROOM_ACTIVE = 2,
+    KVF_CPS_ROOM_ABORTING = 3,
+    KVF_CPS_ROOM_COMPLETED = 4,
+    KVF_CPS_ROOM_ABORTED = 5,
+};
+
+enum kvf_cps_role {
+    KVF_CPS_ROLE_SOURCE = 1, /* prefill side: its lease is read */
+    KVF_CPS_ROLE_SINK = 2,   /* decode side: its lease is written */
+};
+
+enum kvf_cps_lease_state {
+    KVF_CPS_LEASE_ACTIVE = 1,
+    KVF_CPS_LEASE_RELEASING = 2,
+    KVF_CPS_LEASE_RELEASED = 3,
+};
+
+enum kvf_cps_abort_reason {
+    KVF_CPS_ABORT_ENGINE = 1,          /* an engine called AbortRoom */
+    KVF_CPS_ABORT_ADMIN = 2,           /* an operator */
+    KVF_CPS_ABORT_JOIN_TIMEOUT = 3,    /* OPENING past join_timeout */
+    KVF_CPS_ABORT_TRANSFER_FAILED = 4, /* a node reported a failed transfer */
+    KVF_CPS_ABORT_NODE_LOST = 5,       /* a participant's node is LOST */
+    KVF_CPS_ABORT_CAPABILITY = 6,      /* a joiner lacked a feature or version */
+};
+
+/* A run of pages [first, first + count). */
+struct kvf_cps_page_range {
+    uint32_t first;
+    uint32_t count; /* > 0 */
+};
+
+struct kvf_cps_join {
+    uint64_t room_id;          /* 1 .. KVF_ROOM_ID_MAX */
+    uint32_t expected_sources; /* the room's shape; > 0, equal in every join */
+    uint32_t expected_sinks;   /* > 0 */
+    const char *node_id;       /* the participant's node (ATTACHED) */
+    uint32_t rank;             /* engine rank; (node, rank, role) unique in the room */
+    enum kvf_cps_role role;
+    uint32_t engine_protocol_min; /* the engine's own capability set */
+    uint32_t engine_protocol_max;
+    uint32_t engine_features;
+    uint32_t pool_id;                        /* a pool of that node */
+    const struct kvf_cps_page_range *ranges; /* may be empty (a dummy rank) */
+    size_t range_count;
+};
+
+struct kvf_cps_join_result {
+    kvf_room_key key;
+    uint64_t lease_id;
+    enum kvf_cps_room_state room_state; /* after this join */
+};
+
+/*
+ * A participant joins a room with its lease. Creates the room (next generation
+ * when the id is free or only a tombstone), checks the shape, the node's and
+ * the engine's capabilities, the pool bounds and overlaps, then grants the
+ * lease. The last expected join makes the room ACTIVE and emits a room update
+ * for every node of the room. Errors: -EINVAL (a field), -ENOENT (node or
+ * pool), -ENOTSUP (capability: the room is aborted too), -EBUSY (overlap),
+ * -E2BIG (limits), -ECANCELED (room is aborting), -EEXIST (same participant,
+ * other lease).
+ */
+int kvf_cps_join(struct kvf_cps *st, const struct kvf_cps_join *join, kvf_time_ns now,
+                 struct kvf_cps_join_result *result_p, struct kvf_error *err);
+
+/* Adds pages to a lease (chunked prefill). The room must be OPENING or ACTIVE
+ * and `key` current. Emits a room update to the room's nodes when ACTIVE. */
+int kvf_cps_lease_extend(struct kvf_cps *st, kvf_room_key key, uint64_t lease_id,
+                         const struct kvf_cps_page_range *ranges, size_t range_count,
+                         kvf_time_ns now, struct kvf_error *err);
+
+/*
+ * Aborts a room-generation (generation 0: the current generation of the id).
+ * The first abort moves the room to ABORTING, mints the token, marks its leases
+ * RELEASING and emits an abort notice to each of its nodes. A later abort
+ * returns the same token and changes nothing. An aborted or completed room:
+ * returns its token (all zero for COMPLETED) with -EPERM for COMPLETED.
+ */
+int kvf_cps_room_abort(struct kvf_cps *st, kvf_room_key key, enum kvf_cps_abort_reason reason,
+                       kvf_time_ns now, kvf_token *token_p, struct kvf_error *err);
+
+/* ---- node reports ----------------------------------------------------------- */
+
+/* A node reports that one of its participants finished all its ops well. When
+ * every participant completed, the room is COMPLETED and its leases RELEASED. */
+int kvf_cps_report_completed(struct kvf_cps *st, const char *node_id, uint64_t incarnation,
+                             kvf_room_key key, uint32_t rank, enum kvf_cps_role role,
+                             kvf_time_ns now, struct kvf_error *err);
+
+/* A node reports a failed transfer: the room aborts (all or nothing). */
+int kvf_cps_report_failed(struct kvf_cps *st, const char *node_id, uint64_t incarnation,
+                          kvf_room_key key, kvf_time_ns now, kvf_token *token_p,
+                          struct kvf_error *err);
+
+/*
+ * A node reports that its lifetime for `key` is drained, with the token of the
+ * abort notice. Counts only with the current token of the current generation,
+ * from the current incarnation of a node of that room: else -ESTALE (stale or
+ * foreign token or generation), -EINVAL (no token), -ENOENT (unknown room) and
+ * the report is counted in the stats. A repeated valid report returns 0 and
+ * changes nothing.
+ */
+int kvf_cps_report_drained(struct kvf_cps *st, const char *node_id, uint64_t incarnation,
+                           kvf_room_key key, kvf_token token, kvf_time_ns now,
+                           struct kvf_error *err);
+
+/* Node `node_id` reports that it fenced `fenced_node` at `fenced_incarnation`. */
+int kvf_cps_report_fenced(struct kvf_cps *st, const char *node_id, uint64_t incarnation,
+                          const char *fenced_node, uint64_t fenced_incarnation, kvf_time_ns now,
+                          struct kvf_error *err);
+
+/* An operator asks every node that shares a room with `node_id` to fence it. */
+int kvf_cps_admin_fence(struct kvf_cps *st, const char *node_id, kvf_time_ns now,
+                        struct kvf_error *err);
+
+/* ---- time --------------------------------------------------------------- */
+
+/* Fires every timer due at `now`: join timeouts, node ttl, notice re-sends,
+ * drain deadlines, tombstone expiry. */
+void kvf_cps_tick(struct kvf_cps *st, kvf_time_ns now);
+
+/* The earliest pending deadline, or UINT64_MAX when none: the caller sleeps
+ * until then (or until its next input). */
+kvf_time_ns kvf_cps_next_deadline(const struct kvf_cps *st);
+
+/* ---- effects ------------------------------------------------------------- */
+
+enum kvf_cps_effect_kind {
+    KVF_CPS_FX_ROOM_UPDATE = 1,  /* to node: the room's leases (read them with kvf_cps_room_get) */
+    KVF_CPS_FX_ABORT_NOTICE = 2, /* to node: AbortNotice{key, token}; attempt counts re-sends */
+    KVF_CPS_FX_FENCE_PEER = 3,   /* to node: fence peer_node at peer_incarnation */
+    KVF_CPS_FX_LEASE_RELEASED = 4, /* tell the engine: lease_id of key is RELEASED */
+    KVF_CPS_FX_ROOM_STATE = 5,     /* watchers: key moved old_state -> new_state */
+    KVF_CPS_FX_NODE_STATE = 6,     /* node moved to new_state */
+    KVF_CPS_FX_ESCALATION = 7,     /* key's node has not drained by the deadline */
+};
+
+struct kvf_cps_effect {
+    enum kvf_cps_effect_kind kind;
+    kvf_room_key key;
+    char node_id[129];    /* the addressee (notices, fences) or the subject */
+    uint64_t incarnation; /* of node_id */
+    char peer_node[129];  /* FENCE_PEER: the node to fence */
+    uint64_t peer_incarnation;
+    kvf_token token;   /* ABORT_NOTICE */
+    uint32_t attempt;  /* ABORT_NOTICE, FENCE_PEER: 0 first send, then re-sends */
+    uint64_t lease_id; /* LEASE_RELEASED */
+    uint32_t rank;     /* LEASE_RELEASED: the lease's participant */
+    enum kvf_cps_role role;
+    int old_state; /* ROOM_STATE / NODE_STATE */
+    int new_state;
+    enum kvf_cps_abort_reason reason; /* ROOM_STATE into ABORTING */
+};
+
+/* Hands the caller every effect emitted since the last take. The array stays
+ * valid until the next call into `st`. */
+const struct kvf_cps_effect *kvf_cps_effects_take(struct kvf_cps *st, size_t *count_p);
+
+/* ---- views (admin, room updates, tests) ----------------------------------- */
+
+struct kvf_cps_participant_view {
+    const char *node_id;
+    uint64_t incarnation;
+    uint32_t rank;
+    enum kvf_cps_role role;
+    uint64_t lease_id;
+    uint32_t pool_id;
+    enum kvf_cps_lease_state lease_state;
+    bool completed;
+    bool node_drained; /* its node reported drained with the token */
+    bool node_fenced;  /* every other node of the room fenced its node (or is lost) */
+    const struct kvf_cps_page_range *ranges; /* valid until the next mutating call */
+    size_t range_count;
+};
+
+struct kvf_cps_room_view {
+    kvf_room_key key;
+    enum kvf_cps_room_state state;
+    enum kvf_cps_abort_reason abort_reason; /* when ABORTING / ABORTED */
+    kvf_token token;                        /* zero until aborted */
+    uint32_t expected_sources;
+    uint32_t expected_sinks;
+    uint32_t protocol_version; /* common version, 0 while none joined */
+    kvf_time_ns created_at;
+    kvf_time_ns state_since;
+    bool escalated; /* drain deadline passed */
+    size_t participant_count;
+};
+
+/* Looks up a room-generation (generation 0: current). -ENOENT if unknown
+ * (including an expired tombstone). */
+int kvf_cps_room_get(const struct kvf_cps *st, kvf_room_key key, struct kvf_cps_room_view *view_p);
+
+/* Fills the view of participant `index` (0 .. participant_count - 1). */
+int kvf_cps_room_participant(const struct kvf_cps *st, kvf_room_key key, size_t index,
+                             struct kvf_cps_participant_view *view_p);
+
+struct kvf_cps_node_view {
+    const char *node_id;
+    uint64_t incarnation;
+    enum kvf_cps_node_state state;
+    uint32_t protocol_version;
+    uint32_t features;
+    size_t pool_count;
+    size_t room_count; /* non-terminal rooms with a participant on it */
+};
+
+/* Current incarnation of a node id; -ENOENT if unknown. */
+int kvf_cps_node_get(const struct kvf_cps *st, const char *node_id,
+                     struct kvf_cps_node_view *view_p);
+
+struct kvf_cps_stats {
+    uint64_t rooms_by_state[6];  /* indexed by enum kvf_cps_room_state */
+    uint64_t leases_by_state[4]; /* indexed by enum kvf_cps_lease_state */
+    uint64_t nodes_by_state[4];  /* indexed by enum kvf_cps_node_state */
+    uint64_t notices_pending;    /* abort notices + fence requests not yet acknowledged */
+    uint64_t notices_sent;       /* first sends */
+    uint64_t notices_resent;
+    uint64_t reports_stale; /* stale generation / token / incarnation */
+    uint64_t reports_tokenless;
+    uint64_t reports_unknown; /* unknown room or node */
+    uint64_t rooms_past_deadline;
+    uint64_t fences_requested;
+    uint64_t generation; /* the last generation minted */
+};
+
+void kvf_cps_stats_get(const struct kvf_cps *st, struct kvf_cps_stats *stats_p);
+
+/* Visits every non-expired room (any state). Order unspecified. Stop early by
+ * returning non-zero from `fn`, which is then returned. */
+int kvf_cps_room_foreach(const struct kvf_cps *st,
+                         int (*fn)(void *ctx, const struct kvf_cps_room_view *view), void *ctx);
+
+/* Names for logs and admin output. */
+const char *kvf_cps_room_state_name(enum kvf_cps_room_state s);
+const char *kvf_cps_lease_state_name(enum kvf_cps_lease_state s);
+const char *kvf_cps_node_state_name(enum kvf_cps_node_state s);
+const char *kvf_cps_abort_reason_name(enum kvf_cps_abort_reason r);
+
+#endif /* KVF_CP_STATE_H */
