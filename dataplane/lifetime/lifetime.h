@@ -98,21 +98,31 @@ struct kvf_lt_table *kvf_lt_table_create(void);
 void kvf_lt_table_destroy(struct kvf_lt_table *t);
 
 /* Creates the lifetime of a room-generation, OPEN. -EEXIST if present,
- * -ESTALE if an older or equal generation of this id was already forgotten or a
- * newer one exists (late messages for reused ids), -ENOMEM. */
+ * -ESTALE if this generation is not newer than every generation of this id the
+ * table knows (open or forgotten), or is at or below the table's late floor
+ * (kvf_lt_table_is_late), -EINVAL for generation 0 or a room id above
+ * KVF_ROOM_ID_MAX, -ENOMEM. Several generations of one id may be open at once
+ * (an old one still draining while a newer one starts). `*lt_p` is written only
+ * on success. */
 int kvf_lt_table_open(struct kvf_lt_table *t, kvf_room_key key, struct kvf_lt **lt_p);
 
 /* The lifetime of `key`, or NULL. */
 struct kvf_lt *kvf_lt_table_find(struct kvf_lt_table *t, kvf_room_key key);
 
 /* Frees a lifetime that is DRAINED (the control plane said the room is
- * terminal). -EBUSY if it is not drained. The generation is remembered so that
- * later messages for it are recognised as late (kvf_lt_table_is_late). */
+ * terminal). -ENOENT if unknown; -EBUSY if it is not drained, or if chunks are
+ * still queued (a quarantine shut admission but no kvf_lt_close dropped them).
+ * The generation is remembered so that later messages for it are recognised as
+ * late (kvf_lt_table_is_late). */
 int kvf_lt_table_forget(struct kvf_lt_table *t, kvf_room_key key);
 
 /* True when `key` names a room-generation that this table has closed, drained or
  * forgotten, or an older generation than one it knows: a message for it is
- * late and must be dropped and counted. */
+ * late and must be dropped and counted. Also true for generation 0. The memory
+ * of forgotten ids is bounded (65,536 ids with no open lifetime); older ones fold
+ * into one floor generation, and any generation at or below it that is not open
+ * is late (lifetime_table.c, "Forgotten memory"). A newer generation than any
+ * known is not late. */
 bool kvf_lt_table_is_late(const struct kvf_lt_table *t, kvf_room_key key);
 
 /* Closes admission on every lifetime (node shutdown). Queued chunks are handed
@@ -127,7 +137,11 @@ bool kvf_lt_table_can_teardown(const struct kvf_lt_table *t);
 /* The fence of `peer` completed (QPs in error and flushes reaped, or sockets
  * closed and receivers joined): every quarantined op towards that peer is
  * retired as stopped. Returns how many lifetimes drained because of it; their
- * drained events are taken with kvf_lt_take_drained(). */
+ * drained events are taken with kvf_lt_take_drained(). The core does not hand
+ * the retired ops back: the caller frees their tags from its own records of the
+ * peer. A fenced op is marked, so a stray retire of it afterwards is ignored
+ * (returns false) until it is admitted again. Non-quarantined ops towards the
+ * peer are not touched: their flush completions retire them as usual. */
 size_t kvf_lt_table_peer_fenced(struct kvf_lt_table *t, uint32_t peer);
 
 /* Number of lifetimes in the table (any state). */
@@ -145,7 +159,8 @@ uint64_t kvf_lt_inflight_kind(const struct kvf_lt *lt, enum kvf_lt_op_kind kind)
 /*
  * Admits one op of `kind` towards `peer`: fills `op` and counts it. Returns 0,
  * or -ECANCELED when admission is closed (the caller must not make the native
- * call). Any thread. The caller makes the native call only after 0.
+ * call), or -EINVAL for an unknown kind. Any thread. The caller makes the native
+ * call only after 0.
  */
 int kvf_lt_admit(struct kvf_lt *lt, struct kvf_lt_op *op, enum kvf_lt_op_kind kind, uint32_t peer);
 
@@ -154,7 +169,8 @@ int kvf_lt_admit(struct kvf_lt *lt, struct kvf_lt_op *op, enum kvf_lt_op_kind ki
  * stopped), also a quarantined one. Any thread, except that a quarantined op
  * is retired on the owner thread (it sits on the owner's quarantine list). Returns true when this
  * call drained the lifetime: the caller then tells the owner thread, which takes the event with
- * kvf_lt_take_drained().
+ * kvf_lt_take_drained(). The call touches nothing of the lifetime after its last
+ * decrement; `op->lt` stays readable by the caller (it is the caller's memory).
  */
 bool kvf_lt_op_retire(struct kvf_lt_op *op, enum kvf_lt_outcome outcome);
 
@@ -163,7 +179,13 @@ bool kvf_lt_op_retire(struct kvf_lt_op *op, enum kvf_lt_outcome outcome);
  * error return with work maybe still posted, a timeout). The op stays counted
  * and the lifetime is QUARANTINED until the op's terminal completion
  * (kvf_lt_op_retire) or a fence of its peer (kvf_lt_table_peer_fenced).
- * Owner thread.
+ * Owner thread. A failed op dooms the room, so this also shuts admission at
+ * once (no drained event here: the op is still counted); queued chunks stay
+ * queued, cannot be dequeued, and are dropped by the kvf_lt_close of the abort
+ * notice that follows. A repeated call is ignored. A STAGING op is never
+ * quarantined (the call is ignored): a fence does not stop the copy into a
+ * staging buffer, so the buffer waits for both of its done calls; quarantine
+ * the transport or copy op instead.
  */
 void kvf_lt_op_quarantine(struct kvf_lt_op *op);
 
@@ -177,14 +199,16 @@ bool kvf_lt_op_cancel(struct kvf_lt_op *op);
 /* Queues a chunk (no native call yet). -ECANCELED when admission is closed. */
 int kvf_lt_queue_chunk(struct kvf_lt *lt, struct kvf_lt_chunk *chunk);
 
-/* Takes the oldest queued chunk to start it, or NULL. */
+/* Takes the oldest queued chunk to start it, or NULL (also once admission is
+ * closed). Owner thread, like queueing. */
 struct kvf_lt_chunk *kvf_lt_dequeue_chunk(struct kvf_lt *lt);
 
 /*
  * Closes admission (abort notice, shutdown). Idempotent: a second close changes
- * nothing and returns false. Every queued chunk is handed to `drop_fn` to be
- * freed without any native call. Returns true when the lifetime drained right
- * here (nothing was in flight).
+ * nothing and returns false. Every queued chunk is handed to `drop_fn`, oldest
+ * first, to be freed without any native call (also when a quarantine shut
+ * admission before); with a NULL `drop_fn` they are only unlinked. Returns true
+ * when the lifetime drained right here (nothing was in flight). Owner thread.
  */
 bool kvf_lt_close(struct kvf_lt *lt, void (*drop_fn)(void *ctx, struct kvf_lt_chunk *c), void *ctx);
 
@@ -201,8 +225,12 @@ bool kvf_lt_take_drained(struct kvf_lt *lt);
 int kvf_lt_staging_acquire(struct kvf_lt *lt, struct kvf_lt_staging *s, uint32_t peer);
 
 /* Marks the transport side (RDMA/TCP) or the copy side (CUDA) of a staging
- * buffer complete. Returns true when both are: the buffer may go back to its
- * ring now, and only now. `*drained_p` is set when that drained the lifetime. */
+ * buffer complete, in either order. Returns true when both are: the buffer may go
+ * back to its ring now, and only now. `*drained_p` (may be NULL) is set to
+ * whether that drained the lifetime. Reporting the same side twice is a caller
+ * bug; the repeated call is ignored (returns false, `*drained_p` false). The two
+ * calls for one buffer must not run concurrently: make both on the owner thread
+ * (or on one poller thread). */
 bool kvf_lt_staging_transport_done(struct kvf_lt_staging *s, bool *drained_p);
 bool kvf_lt_staging_copy_done(struct kvf_lt_staging *s, bool *drained_p);
 
@@ -215,7 +243,10 @@ enum kvf_lt_seq_verdict {
 };
 
 /* Checks the per-room sequence number of a message from `peer` (numbers start at
- * 1 per room, peer and direction) and advances on OK. Owner thread. */
+ * 1 per room, peer and direction) and advances on OK. Below the expected number
+ * (0 included) is DUPLICATE, above it is GAP (not advanced). If the core cannot
+ * allocate room to track a new peer it answers GAP: the message is dropped,
+ * never delivered unchecked. Owner thread. */
 enum kvf_lt_seq_verdict kvf_lt_peer_seq_check(struct kvf_lt *lt, uint32_t peer, uint64_t seq);
 
 const char *kvf_lt_state_name(enum kvf_lt_state s);

@@ -1,0 +1,321 @@
+/*
+ * lifetime.c: one room-generation's lifetime on a node: admission, in-flight
+ * accounting, the drained event, queued chunks, staging buffers and the peer
+ * message sequence check. The table that names lifetimes by room key, remembers
+ * forgotten generations and fences peers is in lifetime_table.c.
+ *
+ * DESIGN: admission and retirement are the hot path and may run on any thread.
+ * They touch one atomic 64-bit word per lifetime: bit 63 says admission is
+ * closed, the low 63 bits count the ops in flight. Admission is a CAS loop that
+ * refuses once the closed bit is set; retirement is one fetch_sub. Once the
+ * closed bit is set the count can only go down, so the word becomes exactly
+ * "closed, zero" once, and the one call that makes it so (the last retirement,
+ * or the close itself when nothing was in flight) is the only one that reports
+ * "drained". A retiring thread touches nothing of the lifetime after its
+ * fetch_sub, because the owner may free the lifetime as soon as it is drained.
+ * Per-kind counts are relaxed atomics next to the word (statistics; the word is
+ * the proof). Everything else (chunk queue, quarantine, staging flags, peer
+ * sequence numbers, the taken-drained flag) belongs to the owner thread.
+ */
+#include <assert.h>
+#include <errno.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "lifetime_internal.h"
+
+/* op->quarantined values. */
+#define LT_OP_NORMAL      0
+#define LT_OP_QUARANTINED 1
+#define LT_OP_FENCED      2 /* retired by a peer fence; a stray later retire is ignored */
+
+struct kvf_lt *lt_create(struct kvf_lt_table *t, kvf_room_key key)
+{
+    size_t size = (sizeof(struct kvf_lt) + LT_CACHE_LINE - 1) / LT_CACHE_LINE * LT_CACHE_LINE;
+    struct kvf_lt *lt = aligned_alloc(LT_CACHE_LINE, size);
+    if (lt == NULL)
+        return NULL;
+    memset(lt, 0, size);
+    atomic_init(&lt->word, 0);
+    for (int k = 0; k < KVF_LT_OP_KIND_COUNT; k++)
+        atomic_init(&lt->kind_inflight[k], 0);
+    lt->key = key;
+    lt->table = t;
+    return lt;
+}
+
+void lt_free(struct kvf_lt *lt)
+{
+    if (lt == NULL)
+        return;
+    free(lt->seq);
+    free(lt);
+}
+
+kvf_room_key kvf_lt_key(const struct kvf_lt *lt)
+{
+    return lt->key;
+}
+
+enum kvf_lt_state kvf_lt_state(const struct kvf_lt *lt)
+{
+    uint64_t w = atomic_load_explicit(&lt->word, memory_order_acquire);
+    if ((w & LT_WORD_CLOSED) == 0)
+        return KVF_LT_OPEN;
+    if (LT_WORD_COUNT(w) == 0)
+        return KVF_LT_DRAINED;
+    return lt->quarantined > 0 ? KVF_LT_QUARANTINED : KVF_LT_CLOSED;
+}
+
+uint64_t kvf_lt_inflight(const struct kvf_lt *lt)
+{
+    return LT_WORD_COUNT(atomic_load_explicit(&lt->word, memory_order_acquire));
+}
+
+uint64_t kvf_lt_inflight_kind(const struct kvf_lt *lt, enum kvf_lt_op_kind kind)
+{
+    if ((unsigned)kind >= KVF_LT_OP_KIND_COUNT)
+        return 0;
+    return atomic_load_explicit(&lt->kind_inflight[kind], memory_order_relaxed);
+}
+
+/* ---- hot path ------------------------------------------------------------ */
+
+int kvf_lt_admit(struct kvf_lt *lt, struct kvf_lt_op *op, enum kvf_lt_op_kind kind, uint32_t peer)
+{
+    if ((unsigned)kind >= KVF_LT_OP_KIND_COUNT)
+        return -EINVAL;
+    uint64_t w = atomic_load_explicit(&lt->word, memory_order_relaxed);
+    do {
+        if (w & LT_WORD_CLOSED)
+            return -ECANCELED;
+        assert(LT_WORD_COUNT(w + 1) != 0); /* 2^63 ops in flight: cannot happen */
+    } while (!atomic_compare_exchange_weak_explicit(&lt->word, &w, w + 1, memory_order_acquire,
+                                                    memory_order_relaxed));
+    atomic_fetch_add_explicit(&lt->kind_inflight[kind], 1, memory_order_relaxed);
+    op->lt = lt;
+    op->peer = peer;
+    op->kind = (uint8_t)kind;
+    op->quarantined = LT_OP_NORMAL;
+    op->qnext = NULL;
+    op->qprev = NULL;
+    return 0;
+}
+
+/* The accounting shared by retire and cancel. Returns true when this call
+ * drained the lifetime. Touches nothing of `lt` after the fetch_sub. */
+static bool lt_op_release(struct kvf_lt_op *op)
+{
+    struct kvf_lt *lt = op->lt;
+    if (op->quarantined != LT_OP_NORMAL) {
+        if (op->quarantined == LT_OP_FENCED)
+            return false; /* already retired by the fence of its peer */
+        lt_table_unquarantine(lt->table, op);
+        lt->quarantined--;
+        op->quarantined = LT_OP_NORMAL;
+    }
+    atomic_fetch_sub_explicit(&lt->kind_inflight[op->kind], 1, memory_order_relaxed);
+    uint64_t prev = atomic_fetch_sub_explicit(&lt->word, 1, memory_order_acq_rel);
+    assert(LT_WORD_COUNT(prev) != 0);
+    return prev == (LT_WORD_CLOSED | 1);
+}
+
+bool kvf_lt_op_retire(struct kvf_lt_op *op, enum kvf_lt_outcome outcome)
+{
+    /* Every outcome proves the op stopped; they differ only for the caller. */
+    assert(outcome == KVF_LT_DONE_OK || outcome == KVF_LT_DONE_ERROR ||
+           outcome == KVF_LT_DONE_FLUSHED);
+    (void)outcome;
+    return lt_op_release(op);
+}
+
+bool kvf_lt_op_cancel(struct kvf_lt_op *op)
+{
+    return lt_op_release(op);
+}
+
+/* ---- owner thread -------------------------------------------------------- */
+
+void kvf_lt_op_quarantine(struct kvf_lt_op *op)
+{
+    struct kvf_lt *lt = op->lt;
+    if (op->quarantined != LT_OP_NORMAL || op->kind == KVF_LT_OP_STAGING)
+        return;
+    op->quarantined = LT_OP_QUARANTINED;
+    lt->quarantined++;
+    lt_table_quarantine(lt->table, op);
+    /* A failed op dooms the room (DESIGN.md invariant 6): shut admission now. The
+     * op is still counted, so this cannot be the drain. */
+    atomic_fetch_or_explicit(&lt->word, LT_WORD_CLOSED, memory_order_acq_rel);
+}
+
+void lt_op_mark_fenced(struct kvf_lt_op *op)
+{
+    op->quarantined = LT_OP_FENCED;
+}
+
+int kvf_lt_queue_chunk(struct kvf_lt *lt, struct kvf_lt_chunk *chunk)
+{
+    if (atomic_load_explicit(&lt->word, memory_order_relaxed) & LT_WORD_CLOSED)
+        return -ECANCELED;
+    chunk->next = NULL;
+    if (lt->chunk_tail != NULL)
+        lt->chunk_tail->next = chunk;
+    else
+        lt->chunk_head = chunk;
+    lt->chunk_tail = chunk;
+    return 0;
+}
+
+struct kvf_lt_chunk *kvf_lt_dequeue_chunk(struct kvf_lt *lt)
+{
+    struct kvf_lt_chunk *c = lt->chunk_head;
+    if (c == NULL || (atomic_load_explicit(&lt->word, memory_order_relaxed) & LT_WORD_CLOSED))
+        return NULL;
+    lt->chunk_head = c->next;
+    if (lt->chunk_head == NULL)
+        lt->chunk_tail = NULL;
+    c->next = NULL;
+    return c;
+}
+
+bool lt_has_queued_chunks(const struct kvf_lt *lt)
+{
+    return lt->chunk_head != NULL;
+}
+
+bool kvf_lt_close(struct kvf_lt *lt, void (*drop_fn)(void *ctx, struct kvf_lt_chunk *c), void *ctx)
+{
+    uint64_t prev = atomic_fetch_or_explicit(&lt->word, LT_WORD_CLOSED, memory_order_acq_rel);
+    /* Drop whatever is queued even when a quarantine shut admission first. Read
+     * `next` before drop_fn frees the chunk. */
+    struct kvf_lt_chunk *c = lt->chunk_head;
+    lt->chunk_head = NULL;
+    lt->chunk_tail = NULL;
+    while (c != NULL) {
+        struct kvf_lt_chunk *next = c->next;
+        c->next = NULL;
+        if (drop_fn != NULL)
+            drop_fn(ctx, c);
+        c = next;
+    }
+    if (prev & LT_WORD_CLOSED)
+        return false;
+    return prev == 0;
+}
+
+bool kvf_lt_take_drained(struct kvf_lt *lt)
+{
+    if (lt->drained_taken)
+        return false;
+    if (atomic_load_explicit(&lt->word, memory_order_acquire) != LT_WORD_CLOSED)
+        return false;
+    lt->drained_taken = true;
+    return true;
+}
+
+/* ---- staging buffers ----------------------------------------------------- */
+
+int kvf_lt_staging_acquire(struct kvf_lt *lt, struct kvf_lt_staging *s, uint32_t peer)
+{
+    int rc = kvf_lt_admit(lt, &s->op, KVF_LT_OP_STAGING, peer);
+    if (rc != 0)
+        return rc;
+    s->transport_done = 0;
+    s->copy_done = 0;
+    return 0;
+}
+
+/* Marks one side done; retires the STAGING op when the other side is done too.
+ * A repeated call for the same side is ignored (returns false). */
+static bool lt_staging_side_done(struct kvf_lt_staging *s, uint8_t *mine, uint8_t other,
+                                 bool *drained_p)
+{
+    bool drained = false;
+    bool both = false;
+    if (*mine == 0) {
+        *mine = 1;
+        if (other != 0) {
+            both = true;
+            drained = lt_op_release(&s->op);
+        }
+    }
+    if (drained_p != NULL)
+        *drained_p = drained;
+    return both;
+}
+
+bool kvf_lt_staging_transport_done(struct kvf_lt_staging *s, bool *drained_p)
+{
+    return lt_staging_side_done(s, &s->transport_done, s->copy_done, drained_p);
+}
+
+bool kvf_lt_staging_copy_done(struct kvf_lt_staging *s, bool *drained_p)
+{
+    return lt_staging_side_done(s, &s->copy_done, s->transport_done, drained_p);
+}
+
+/* ---- peer message ordering ----------------------------------------------- */
+
+enum kvf_lt_seq_verdict kvf_lt_peer_seq_check(struct kvf_lt *lt, uint32_t peer, uint64_t seq)
+{
+    struct lt_peer_seq *e = NULL;
+    for (size_t i = 0; i < lt->seq_count; i++) {
+        if (lt->seq[i].peer == peer) {
+            e = &lt->seq[i];
+            break;
+        }
+    }
+    if (e == NULL) {
+        if (lt->seq_count == lt->seq_cap) {
+            size_t cap = lt->seq_cap ? lt->seq_cap * 2 : 4;
+            struct lt_peer_seq *grown = realloc(lt->seq, cap * sizeof(*grown));
+            if (grown == NULL)
+                return KVF_LT_SEQ_GAP; /* cannot track it: drop, never deliver unchecked */
+            lt->seq = grown;
+            lt->seq_cap = cap;
+        }
+        e = &lt->seq[lt->seq_count++];
+        e->peer = peer;
+        e->next = 1;
+    }
+    if (seq == e->next) {
+        e->next++;
+        return KVF_LT_SEQ_OK;
+    }
+    return seq < e->next ? KVF_LT_SEQ_DUPLICATE : KVF_LT_SEQ_GAP;
+}
+
+/* ---- names --------------------------------------------------------------- */
+
+const char *kvf_lt_state_name(enum kvf_lt_state s)
+{
+    switch (s) {
+    case KVF_LT_OPEN:
+        return "OPEN";
+    case KVF_LT_CLOSED:
+        return "CLOSED";
+    case KVF_LT_DRAINED:
+        return "DRAINED";
+    case KVF_LT_QUARANTINED:
+        return "QUARANTINED";
+    }
+    return "UNKNOWN";
+}
+
+const char *kvf_lt_op_kind_name(enum kvf_lt_op_kind k)
+{
+    switch (k) {
+    case KVF_LT_OP_RDMA_WR:
+        return "RDMA_WR";
+    case KVF_LT_OP_TCP_FRAME:
+        return "TCP_FRAME";
+    case KVF_LT_OP_CUDA_COPY:
+        return "CUDA_COPY";
+    case KVF_LT_OP_STAGING:
+        return "STAGING";
+    case KVF_LT_OP_KIND_COUNT:
+        break;
+    }
+    return "UNKNOWN";
+}
