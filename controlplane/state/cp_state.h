@@ -95,6 +95,8 @@ struct kvf_cps_node_hello {
  * node. An older incarnation than the current one: -ESTALE.
  * No overlap of protocol ranges: -ENOTSUP. On success *version_p is the
  * negotiated (highest common) version.
+ * Re-attach with the same incarnation adds or replaces the hello's pools (the
+ * rules of kvf_cps_node_set_pool) and keeps pools it does not name.
  */
 int kvf_cps_node_attach(struct kvf_cps *st, const struct kvf_cps_node_hello *hello, kvf_time_ns now,
                         uint32_t *version_p, struct kvf_error *err);
@@ -173,13 +175,18 @@ struct kvf_cps_join_result {
  * for every node of the room. Errors: -EINVAL (a field), -ENOENT (node or
  * pool), -ENOTSUP (capability: the room is aborted too), -EBUSY (overlap),
  * -E2BIG (limits), -ECANCELED (room is aborting), -EEXIST (same participant,
- * other lease).
+ * other lease), -EAGAIN (the node is SUSPECT: retry once its session is back;
+ * nothing changes). A LOST node is -ENOENT. The -ENOTSUP abort applies to a
+ * room that exists; a refused first joiner creates nothing. A page may not be
+ * read and written at once, even by two participants of one room.
  */
 int kvf_cps_join(struct kvf_cps *st, const struct kvf_cps_join *join, kvf_time_ns now,
                  struct kvf_cps_join_result *result_p, struct kvf_error *err);
 
 /* Adds pages to a lease (chunked prefill). The room must be OPENING or ACTIVE
- * and `key` current. Emits a room update to the room's nodes when ACTIVE. */
+ * and `key` current (generation 0 is -EINVAL here). Emits a room update to the
+ * room's nodes when ACTIVE. max_ranges_per_call also bounds the lease's total
+ * number of ranges. */
 int kvf_cps_lease_extend(struct kvf_cps *st, kvf_room_key key, uint64_t lease_id,
                          const struct kvf_cps_page_range *ranges, size_t range_count,
                          kvf_time_ns now, struct kvf_error *err);
@@ -213,7 +220,7 @@ int kvf_cps_report_failed(struct kvf_cps *st, const char *node_id, uint64_t inca
  * from the current incarnation of a node of that room: else -ESTALE (stale or
  * foreign token or generation), -EINVAL (no token), -ENOENT (unknown room) and
  * the report is counted in the stats. A repeated valid report returns 0 and
- * changes nothing.
+ * changes nothing. A node that is not in the room: -ENOENT, counted as unknown.
  */
 int kvf_cps_report_drained(struct kvf_cps *st, const char *node_id, uint64_t incarnation,
                            kvf_room_key key, kvf_token token, kvf_time_ns now,
@@ -325,7 +332,7 @@ int kvf_cps_node_get(const struct kvf_cps *st, const char *node_id,
                      struct kvf_cps_node_view *view_p);
 
 struct kvf_cps_stats {
-    uint64_t rooms_by_state[6];  /* indexed by enum kvf_cps_room_state */
+    uint64_t rooms_by_state[6];  /* indexed by enum kvf_cps_room_state; tombstones count */
     uint64_t leases_by_state[4]; /* indexed by enum kvf_cps_lease_state */
     uint64_t nodes_by_state[4];  /* indexed by enum kvf_cps_node_state */
     uint64_t notices_pending;    /* abort notices + fence requests not yet acknowledged */
@@ -334,7 +341,7 @@ struct kvf_cps_stats {
     uint64_t reports_stale; /* stale generation / token / incarnation */
     uint64_t reports_tokenless;
     uint64_t reports_unknown; /* unknown room or node */
-    uint64_t rooms_past_deadline;
+    uint64_t rooms_past_deadline; /* ABORTING rooms past their drain deadline now */
     uint64_t fences_requested;
     uint64_t generation; /* the last generation minted */
 };

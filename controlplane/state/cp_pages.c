@@ -1,0 +1,172 @@
+/*
+ * cp_pages.c: the per-pool page index that enforces DESIGN.md §2.3, "a page is
+ * in at most one write lease at a time, and never in a write lease of one room
+ * and a read lease of another".
+ *
+ * Each pool of a node incarnation has one entry per page: the write lease that
+ * holds it (or NULL) and how many read leases hold it. A lease holds its pages
+ * from its grant until it is RELEASED; RELEASING leases keep holding them,
+ * which is what keeps a source's pages locked until its room is proven
+ * quiescent (R8). Checks and marks are O(pages of the request). Naming the
+ * room of a read conflict walks the pool's lease list: error path only.
+ *
+ * Decided here: a page cannot be read and written at once even inside one room
+ * (a source and a sink of one room on one pool naming the same page is a
+ * malformed request, not a shared prefix), and a write lease may not list a
+ * page twice. A read lease that lists a page twice counts it twice and gives
+ * it back twice, which is harmless.
+ *
+ * The index is allocated at the first lease of a pool, so a node that
+ * registers large pools costs nothing until it is used.
+ */
+#include <errno.h>
+#include <inttypes.h>
+#include <stdlib.h>
+
+#include "cp_state_internal.h"
+
+int cp_pages_check_bounds(const struct cp_node *node, const struct cp_pool *pool,
+                          const struct kvf_cps_page_range *ranges, size_t n, struct kvf_error *err)
+{
+    for (size_t i = 0; i < n; i++) {
+        const struct kvf_cps_page_range *r = &ranges[i];
+        if (r->count == 0)
+            return kvf_error_set(err, -EINVAL, "ranges[%zu].count: must be > 0", i);
+        uint64_t end = (uint64_t)r->first + r->count;
+        if (end > pool->page_count) {
+            uint32_t bad = r->first >= pool->page_count ? r->first : pool->page_count;
+            return kvf_error_set(err, -EINVAL,
+                                 "ranges[%zu]: page %" PRIu32 " is outside pool %" PRIu32
+                                 " of node %s (%" PRIu32 " pages)",
+                                 i, bad, pool->pool_id, node->id, pool->page_count);
+        }
+    }
+    return 0;
+}
+
+static bool part_has_page(const struct cp_part *p, uint32_t page)
+{
+    for (uint32_t i = 0; i < p->nranges; i++) {
+        if (page >= p->ranges[i].first && page - p->ranges[i].first < p->ranges[i].count)
+            return true;
+    }
+    return false;
+}
+
+static const struct cp_part *find_reader(const struct cp_pool *pool, uint32_t page)
+{
+    for (const struct cp_part *p = pool->leases; p != NULL; p = p->pool_next) {
+        if (p->role == KVF_CPS_ROLE_SOURCE && part_has_page(p, page))
+            return p;
+    }
+    return NULL;
+}
+
+static void unmark(struct cp_pool *pool, const struct cp_part *part, uint32_t first, uint32_t end)
+{
+    for (uint32_t pg = first; pg < end; pg++) {
+        struct cp_page *e = &pool->pages[pg];
+        if (part->role == KVF_CPS_ROLE_SINK) {
+            if (e->writer == part)
+                e->writer = NULL;
+        } else if (e->readers > 0) {
+            e->readers--;
+        }
+    }
+}
+
+static int conflict(const struct cp_pool *pool, const struct cp_part *part, size_t i, uint32_t pg,
+                    struct kvf_error *err)
+{
+    const struct cp_page *e = &pool->pages[pg];
+    const struct cp_part *other = e->writer;
+    const char *how = "written";
+    if (other == part)
+        return kvf_error_set(
+            err, -EBUSY, "ranges[%zu]: page %" PRIu32 " is listed twice in write lease %" PRIu64, i,
+            pg, part->lease_id);
+    if (other == NULL) {
+        other = find_reader(pool, pg);
+        how = "read";
+    }
+    if (other == NULL)
+        return kvf_error_set(err, -EBUSY,
+                             "ranges[%zu]: page %" PRIu32 " of pool %" PRIu32
+                             " is held by another lease",
+                             i, pg, pool->pool_id);
+    return kvf_error_set(err, -EBUSY,
+                         "ranges[%zu]: page %" PRIu32 " of pool %" PRIu32 " is %s by room %" PRIu64
+                         ":%" PRIu64 " (lease %" PRIu64 ")",
+                         i, pg, pool->pool_id, how, other->room->key.room_id,
+                         other->room->key.generation, other->lease_id);
+}
+
+int cp_pages_acquire(struct cp_pool *pool, struct cp_part *part,
+                     const struct kvf_cps_page_range *ranges, size_t n, struct kvf_error *err)
+{
+    if (n == 0)
+        return 0;
+    if (pool->pages == NULL) {
+        pool->pages = calloc(pool->page_count, sizeof(*pool->pages));
+        if (pool->pages == NULL)
+            return kvf_error_set(err, -ENOMEM, "pool %" PRIu32 ": no memory for its page index",
+                                 pool->pool_id);
+    }
+    bool write = part->role == KVF_CPS_ROLE_SINK;
+    for (size_t i = 0; i < n; i++) {
+        uint32_t first = ranges[i].first;
+        uint32_t end = first + ranges[i].count;
+        for (uint32_t pg = first; pg < end; pg++) {
+            struct cp_page *e = &pool->pages[pg];
+            bool busy = e->writer != NULL || (write && e->readers > 0);
+            if (busy) {
+                int rc = conflict(pool, part, i, pg, err);
+                unmark(pool, part, first, pg);
+                for (size_t j = 0; j < i; j++)
+                    unmark(pool, part, ranges[j].first, ranges[j].first + ranges[j].count);
+                return rc;
+            }
+            if (write)
+                e->writer = part;
+            else
+                e->readers++;
+        }
+    }
+    return 0;
+}
+
+void cp_pool_link(struct cp_pool *pool, struct cp_part *part)
+{
+    part->pool_prev = NULL;
+    part->pool_next = pool->leases;
+    if (pool->leases != NULL)
+        pool->leases->pool_prev = part;
+    pool->leases = part;
+    pool->nleases++;
+}
+
+void cp_pages_release(struct cp_pool *pool, struct cp_part *part)
+{
+    if (pool->pages != NULL) {
+        for (uint32_t i = 0; i < part->nranges; i++)
+            unmark(pool, part, part->ranges[i].first,
+                   part->ranges[i].first + part->ranges[i].count);
+    }
+    if (part->pool_prev != NULL)
+        part->pool_prev->pool_next = part->pool_next;
+    else
+        pool->leases = part->pool_next;
+    if (part->pool_next != NULL)
+        part->pool_next->pool_prev = part->pool_prev;
+    part->pool_prev = NULL;
+    part->pool_next = NULL;
+    pool->nleases--;
+}
+
+void cp_pool_free(struct cp_pool *pool)
+{
+    if (pool == NULL)
+        return;
+    free(pool->pages);
+    free(pool);
+}

@@ -1,0 +1,283 @@
+/*
+ * cp_state_internal.h: the private structures of the control-plane state core,
+ * shared by the files of controlplane/state/ and by nothing else.
+ *
+ * Ownership: struct kvf_cps owns three maps (room id -> current room, lease id
+ * -> participant, node id -> current node incarnation), one timer heap and the
+ * effects queue. A room owns its participants (each carries its lease) and its
+ * room-node entries (one per distinct node of the room: the drain unit). A node
+ * incarnation owns its pools (each with its page index) and the fence records
+ * that say who fenced it. Older incarnations of a node id hang off the current
+ * one (`older`) until nothing refers to them any more.
+ *
+ * Pointers between these objects stay valid because every object that a timer,
+ * a list or another object points at is allocated on its own; arrays hold
+ * pointers only.
+ */
+#ifndef CP_STATE_INTERNAL_H
+#define CP_STATE_INTERNAL_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "cp_state.h"
+
+#define CP_NODE_ID_MAX 128
+
+#define cp_container_of(ptr, type, member) ((type *)(void *)((char *)(ptr)-offsetof(type, member)))
+
+/* ---- hash map (cp_map.c) ------------------------------------------------- */
+
+/* An open-addressing map (linear probing, backward-shift deletion) from a u64
+ * key or a string key to a non-NULL pointer. A string map stores the key
+ * pointer, which the value must keep alive while it is in the map. */
+struct cp_map_slot {
+    uint64_t hash; /* the u64 key itself, or the hash of skey */
+    const char *skey;
+    void *val; /* NULL: empty slot */
+};
+
+struct cp_map {
+    struct cp_map_slot *slots;
+    size_t cap; /* 0 or a power of two */
+    size_t count;
+    bool str;
+};
+
+void cp_map_init(struct cp_map *m, bool str);
+void cp_map_fini(struct cp_map *m);
+/* Makes room for `extra` more entries, so that the next puts cannot fail. */
+int cp_map_reserve(struct cp_map *m, size_t extra);
+void *cp_map_get(const struct cp_map *m, uint64_t key);
+void *cp_map_get_str(const struct cp_map *m, const char *key);
+/* Inserts or replaces. Fails only with -ENOMEM (never after a reserve). */
+int cp_map_put(struct cp_map *m, uint64_t key, void *val);
+int cp_map_put_str(struct cp_map *m, const char *key, void *val);
+void *cp_map_del(struct cp_map *m, uint64_t key);
+void *cp_map_del_str(struct cp_map *m, const char *key);
+/* Iterates: start with *pos = 0; returns NULL at the end. */
+void *cp_map_next(const struct cp_map *m, size_t *pos);
+
+/* ---- timers (cp_timer.c) ------------------------------------------------- */
+
+enum cp_timer_kind {
+    CP_TIMER_ROOM = 1,     /* join timeout, drain deadline or tombstone (by room state) */
+    CP_TIMER_NODE_TTL = 2, /* SUSPECT -> LOST */
+    CP_TIMER_NOTICE = 3,   /* abort notice re-send of one (room, node) */
+    CP_TIMER_FENCE = 4,    /* fence request re-send of one (fencer, fenced) */
+};
+
+#define CP_TIMER_IDLE UINT32_MAX
+
+struct cp_timer {
+    kvf_time_ns when;
+    uint64_t seq; /* ties fire in arming order */
+    uint32_t idx; /* position in the heap, CP_TIMER_IDLE when not armed */
+    uint8_t kind; /* enum cp_timer_kind */
+};
+
+struct cp_heap {
+    struct cp_timer **v;
+    uint32_t n;
+    uint32_t cap;
+    uint64_t seq;
+};
+
+void cp_timer_init(struct cp_timer *t, enum cp_timer_kind kind);
+static inline bool cp_timer_armed(const struct cp_timer *t)
+{
+    return t->idx != CP_TIMER_IDLE;
+}
+void cp_heap_init(struct cp_heap *h);
+void cp_heap_fini(struct cp_heap *h);
+int cp_heap_reserve(struct cp_heap *h, size_t extra);
+/* Arms `t` at `when` (moves it if already armed). -ENOMEM only when growing. */
+int cp_heap_arm(struct cp_heap *h, struct cp_timer *t, kvf_time_ns when);
+void cp_heap_cancel(struct cp_heap *h, struct cp_timer *t);
+struct cp_timer *cp_heap_top(const struct cp_heap *h);
+
+/* ---- objects ------------------------------------------------------------- */
+
+struct cp_part;
+
+struct cp_page {
+    struct cp_part *writer; /* the write lease holding the page, or NULL */
+    uint32_t readers;       /* read leases holding it */
+};
+
+struct cp_pool {
+    uint32_t pool_id;
+    uint32_t page_size;
+    uint32_t page_count;
+    uint32_t nleases;       /* leases not yet RELEASED */
+    struct cp_page *pages;  /* allocated at the first lease */
+    struct cp_part *leases; /* list of those leases (error messages only) */
+};
+
+/* "`fencer` fenced (or must fence) `fenced`": one per (fencer, fenced
+ * incarnation), owned by the fenced node. The fencer is named by its serial so
+ * that the record outlives the fencer's node object. */
+struct cp_fence {
+    struct cp_node *fenced;
+    struct cp_node *fencer; /* while pending; NULL once acked or given up */
+    uint64_t fencer_serial;
+    bool acked;
+    uint32_t attempt;
+    struct cp_timer timer;
+    struct cp_fence *req_prev; /* in fencer->fence_reqs while pending */
+    struct cp_fence *req_next;
+};
+
+struct cp_rnode;
+
+struct cp_node {
+    char id[CP_NODE_ID_MAX + 1];
+    uint64_t incarnation;
+    uint64_t serial;     /* unique per node object, never reused */
+    uint8_t state;       /* enum kvf_cps_node_state */
+    bool current;        /* the node map points at this incarnation */
+    uint32_t pmin, pmax; /* protocol range shared with the control plane */
+    uint32_t version;
+    uint32_t features;
+    struct cp_pool **pools;
+    uint32_t npools;
+    struct cp_rnode *rnodes; /* this node's entries in rooms (any state) */
+    uint32_t nrnodes;
+    size_t room_count; /* non-terminal rooms */
+    struct cp_timer ttl;
+    struct cp_fence **fenced_by; /* who fenced / must fence this incarnation */
+    uint32_t nfenced_by, capfenced_by;
+    uint32_t fences_pending_as_fenced;
+    struct cp_fence *fence_reqs; /* pending requests this node must carry out */
+    struct cp_node *older;       /* older incarnations still referenced */
+};
+
+/* One node of one room: the drain unit (docs/state-cores.md). */
+struct cp_rnode {
+    struct cp_room *room;
+    struct cp_node *node;
+    struct cp_rnode *node_prev, *node_next; /* in node->rnodes */
+    uint32_t nparts;
+    bool drained;
+    bool notice_pending;
+    uint32_t attempt; /* of the last notice sent */
+    struct cp_timer timer;
+};
+
+struct kvf_cps_page_range;
+
+/* A participant and its lease. */
+struct cp_part {
+    struct cp_room *room;
+    struct cp_rnode *rn;
+    uint32_t rank;
+    uint8_t role;        /* enum kvf_cps_role */
+    uint8_t lease_state; /* enum kvf_cps_lease_state */
+    bool completed;
+    uint64_t lease_id;
+    struct cp_pool *pool;
+    struct kvf_cps_page_range *ranges;
+    uint32_t nranges, capranges;
+    struct cp_part *pool_prev, *pool_next; /* in pool->leases while not RELEASED */
+};
+
+struct cp_room {
+    kvf_room_key key;
+    kvf_token token;
+    uint8_t state;  /* enum kvf_cps_room_state */
+    uint8_t reason; /* enum kvf_cps_abort_reason */
+    bool escalated;
+    uint32_t expected_sources, expected_sinks;
+    uint32_t nsources, nsinks, ncompleted;
+    uint32_t pmin, pmax; /* common protocol range of the participants so far */
+    kvf_time_ns created_at, state_since;
+    struct cp_timer timer;
+    struct cp_part **parts;
+    uint32_t nparts, capparts;
+    struct cp_rnode **rnodes;
+    uint32_t nrnodes, caprnodes;
+};
+
+struct kvf_cps {
+    struct kvf_cps_opts opts;
+    struct cp_map rooms;  /* room id -> current struct cp_room */
+    struct cp_map leases; /* lease id -> struct cp_part */
+    struct cp_map nodes;  /* node id -> current struct cp_node */
+    struct cp_heap timers;
+    struct kvf_cps_effect *fx;
+    size_t nfx, capfx;
+    bool fx_taken; /* the next push starts a new batch */
+    uint64_t fx_dropped;
+    struct kvf_cps_effect fx_scratch;
+    struct kvf_cps_stats stats;
+    uint64_t next_lease_id;
+    uint64_t next_serial;
+};
+
+/* ---- cp_state.c ---------------------------------------------------------- */
+
+/* Ensures `n` more effects fit without allocating. */
+int cp_fx_reserve(struct kvf_cps *st, size_t n);
+/* Appends a zeroed effect of `kind`; never NULL (counts a drop when out of memory). */
+struct kvf_cps_effect *cp_fx_push(struct kvf_cps *st, enum kvf_cps_effect_kind kind);
+void cp_fx_set_node(struct kvf_cps_effect *fx, const struct cp_node *node);
+uint64_t cp_rand_u64(struct kvf_cps *st);
+/* Delay before re-send number `attempt` + 1: doubling, capped, jittered down by up to 1/4. */
+kvf_time_ns cp_backoff(struct kvf_cps *st, uint32_t attempt);
+
+/* ---- cp_node.c ----------------------------------------------------------- */
+
+struct cp_node *cp_node_current(const struct kvf_cps *st, const char *id);
+/* Looks up the reporting node; counts and explains an unknown or stale one. */
+int cp_node_for_report(struct kvf_cps *st, const char *id, uint64_t incarnation,
+                       struct cp_node **node_p, struct kvf_error *err);
+struct cp_pool *cp_node_pool(const struct cp_node *node, uint32_t pool_id);
+void cp_node_lose(struct kvf_cps *st, struct cp_node *node, kvf_time_ns now);
+/* Asks `fencer` to fence `fenced` unless it was asked already. */
+void cp_fence_request(struct kvf_cps *st, struct cp_node *fencer, struct cp_node *fenced,
+                      kvf_time_ns now);
+bool cp_node_fenced_by(const struct cp_node *fenced, const struct cp_node *fencer);
+void cp_node_ttl_fire(struct kvf_cps *st, struct cp_node *node, kvf_time_ns now);
+void cp_fence_fire(struct kvf_cps *st, struct cp_fence *f, kvf_time_ns now);
+/* Frees an old incarnation once nothing refers to it. */
+void cp_node_maybe_free(struct kvf_cps *st, struct cp_node *node);
+void cp_node_free(struct kvf_cps *st, struct cp_node *node);
+void cp_node_link_rnode(struct cp_node *node, struct cp_rnode *rn);
+void cp_node_unlink_rnode(struct cp_node *node, struct cp_rnode *rn);
+void cp_node_set_state(struct kvf_cps *st, struct cp_node *node, enum kvf_cps_node_state s);
+
+/* ---- cp_room.c ----------------------------------------------------------- */
+
+int cp_room_abort(struct kvf_cps *st, struct cp_room *room, enum kvf_cps_abort_reason reason,
+                  kvf_time_ns now);
+/* ABORTING and every node drained or fenced: ABORTED, leases RELEASED. */
+void cp_room_try_finish(struct kvf_cps *st, struct cp_room *room, kvf_time_ns now);
+bool cp_rnode_quiescent(const struct cp_rnode *rn);
+bool cp_rnode_fenced(const struct cp_rnode *rn);
+void cp_room_timer_fire(struct kvf_cps *st, struct cp_room *room, kvf_time_ns now);
+void cp_notice_fire(struct kvf_cps *st, struct cp_rnode *rn, kvf_time_ns now);
+/* Sends the notice of `rn` now as the next attempt (re-attach). */
+void cp_notice_resend_now(struct kvf_cps *st, struct cp_rnode *rn, kvf_time_ns now);
+void cp_notice_cancel(struct kvf_cps *st, struct cp_rnode *rn);
+void cp_room_free(struct kvf_cps *st, struct cp_room *room);
+void cp_room_set_state(struct kvf_cps *st, struct cp_room *room, enum kvf_cps_room_state s,
+                       kvf_time_ns now);
+bool cp_room_terminal(const struct cp_room *room);
+struct cp_room *cp_room_lookup(const struct kvf_cps *st, kvf_room_key key);
+
+/* ---- cp_pages.c ---------------------------------------------------------- */
+
+/* Checks that every range is well formed and inside `pool` (-EINVAL). */
+int cp_pages_check_bounds(const struct cp_node *node, const struct cp_pool *pool,
+                          const struct kvf_cps_page_range *ranges, size_t n, struct kvf_error *err);
+/* Marks the pages of `ranges` as held by `part` (its role decides read or
+ * write). All or nothing: -EBUSY names the page and the other room, -ENOMEM. */
+int cp_pages_acquire(struct cp_pool *pool, struct cp_part *part,
+                     const struct kvf_cps_page_range *ranges, size_t n, struct kvf_error *err);
+/* Unmarks every page of `part` and takes it off the pool's lease list. */
+void cp_pages_release(struct cp_pool *pool, struct cp_part *part);
+void cp_pool_link(struct cp_pool *pool, struct cp_part *part);
+void cp_pool_free(struct cp_pool *pool);
+
+#endif /* CP_STATE_INTERNAL_H */

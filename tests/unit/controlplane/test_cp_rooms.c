@@ -1,0 +1,744 @@
+/*
+ * test_cp_rooms.c: rooms of the control-plane state core, end to end.
+ *
+ * Each test is one scenario of ../shared/notes/domain.md or one rule of
+ * docs/state-cores.md, driven by hand with an explicit clock and a
+ * deterministic random source: join, ACTIVE, completion, abort, tokens and
+ * generations, the drain barrier, re-sends, join timeout, capabilities and
+ * tombstones. Every test checks the invariant it is named for (no early
+ * release, exactly once, tokens prove, all or nothing, no mixed protocol), so
+ * it fails if the core breaks it. Node loss and fences are in test_cp_nodes.c,
+ * page overlap and bad inputs in test_cp_pages.c.
+ */
+#include <errno.h>
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <string.h>
+
+#include <cmocka.h>
+
+#include "cp_test_util.h"
+
+#define SRC KVF_CPS_ROLE_SOURCE
+#define SNK KVF_CPS_ROLE_SINK
+
+static int drained(struct fixture *f, const char *node, kvf_room_key key, kvf_token token)
+{
+    kvf_error_clear(&f->err);
+    int rc = kvf_cps_report_drained(f->st, node, 1, key, token, f->now, &f->err);
+    fx_collect(f);
+    return rc;
+}
+
+static int completed(struct fixture *f, const char *node, kvf_room_key key, uint32_t rank,
+                     enum kvf_cps_role role)
+{
+    int rc = kvf_cps_report_completed(f->st, node, 1, key, rank, role, f->now, &f->err);
+    fx_collect(f);
+    return rc;
+}
+
+static kvf_token abort_room(struct fixture *f, kvf_room_key key)
+{
+    kvf_token t = {0, 0};
+    assert_int_equal(kvf_cps_room_abort(f->st, key, KVF_CPS_ABORT_ENGINE, f->now, &t, &f->err), 0);
+    fx_collect(f);
+    assert_false(kvf_token_is_zero(t));
+    return t;
+}
+
+static struct kvf_cps_stats stats(const struct fixture *f)
+{
+    struct kvf_cps_stats s;
+    kvf_cps_stats_get(f->st, &s);
+    return s;
+}
+
+static void success_lifecycle_releases_each_lease_exactly_once(void **state)
+{
+    (void)state;
+    struct fixture *f = fixture_new(NULL);
+    kvf_room_key key = join_pair(f, 42);
+    assert_int_equal(fx_count(f, KVF_CPS_FX_ROOM_UPDATE, "n1"), 1);
+    assert_int_equal(fx_count(f, KVF_CPS_FX_ROOM_UPDATE, "n2"), 1);
+    assert_int_equal(stats(f).leases_by_state[KVF_CPS_LEASE_ACTIVE], 2);
+    fx_reset(f);
+
+    assert_int_equal(completed(f, "n1", key, 0, SRC), 0);
+    assert_int_equal(room_state(f, key), KVF_CPS_ROOM_ACTIVE);
+    assert_int_equal(fx_count(f, KVF_CPS_FX_LEASE_RELEASED, NULL), 0);
+    assert_int_equal(completed(f, "n1", key, 0, SRC), 0); /* a duplicate counts once */
+    assert_int_equal(room_state(f, key), KVF_CPS_ROOM_ACTIVE);
+
+    assert_int_equal(completed(f, "n2", key, 0, SNK), 0);
+    assert_int_equal(room_state(f, key), KVF_CPS_ROOM_COMPLETED);
+    assert_int_equal(fx_count(f, KVF_CPS_FX_LEASE_RELEASED, NULL), 2);
+    const struct kvf_cps_effect *a = fx_find(f, KVF_CPS_FX_LEASE_RELEASED, NULL, 0);
+    const struct kvf_cps_effect *b = fx_find(f, KVF_CPS_FX_LEASE_RELEASED, NULL, 1);
+    assert_true(a->lease_id != b->lease_id);
+    assert_int_equal(lease_state(f, key, 0), KVF_CPS_LEASE_RELEASED);
+    assert_int_equal(lease_state(f, key, 1), KVF_CPS_LEASE_RELEASED);
+
+    /* Late reports and aborts change nothing and release nothing again. */
+    assert_int_equal(completed(f, "n2", key, 0, SNK), 0);
+    kvf_token t = {1, 1};
+    assert_int_equal(kvf_cps_room_abort(f->st, key, KVF_CPS_ABORT_ENGINE, f->now, &t, &f->err),
+                     -EPERM);
+    assert_true(kvf_token_is_zero(t));
+    fx_collect(f);
+    assert_int_equal(fx_count(f, KVF_CPS_FX_LEASE_RELEASED, NULL), 2);
+    assert_int_equal(fx_count(f, KVF_CPS_FX_ABORT_NOTICE, NULL), 0);
+
+    struct kvf_cps_stats s = stats(f);
+    assert_int_equal(s.rooms_by_state[KVF_CPS_ROOM_COMPLETED], 1);
+    assert_int_equal(s.rooms_by_state[KVF_CPS_ROOM_ACTIVE], 0);
+    assert_int_equal(s.leases_by_state[KVF_CPS_LEASE_RELEASED], 2);
+    assert_int_equal(s.leases_by_state[KVF_CPS_LEASE_ACTIVE], 0);
+    assert_int_equal(s.generation, key.generation);
+    assert_int_equal(s.notices_pending, 0);
+    fixture_free(f);
+}
+
+static void abort_before_all_joined_refuses_later_join(void **state)
+{
+    (void)state;
+    struct fixture *f = fixture_new(NULL);
+    assert_int_equal(attach(f, "n1", 1), 0);
+    assert_int_equal(attach(f, "n2", 1), 0);
+    struct kvf_cps_join_result r;
+    assert_int_equal(
+        join(f, &(struct join_args){.room_id = 5, .node = "n1", .role = SRC, .count = 4}, &r), 0);
+    assert_int_equal(r.room_state, KVF_CPS_ROOM_OPENING);
+    abort_room(f, r.key);
+    assert_int_equal(room_state(f, r.key), KVF_CPS_ROOM_ABORTING);
+    assert_int_equal(lease_state(f, r.key, 0), KVF_CPS_LEASE_RELEASING);
+    assert_int_equal(fx_count(f, KVF_CPS_FX_ABORT_NOTICE, "n1"), 1);
+
+    assert_int_equal(
+        join(f, &(struct join_args){.room_id = 5, .node = "n2", .role = SNK, .count = 4}, NULL),
+        -ECANCELED);
+    struct kvf_cps_room_view v;
+    assert_int_equal(kvf_cps_room_get(f->st, r.key, &v), 0);
+    assert_int_equal(v.participant_count, 1);
+    assert_int_equal(fx_count(f, KVF_CPS_FX_ROOM_UPDATE, NULL), 0); /* no page address left */
+    fixture_free(f);
+}
+
+static void abort_is_idempotent_same_token_one_state_change(void **state)
+{
+    (void)state;
+    struct fixture *f = fixture_new(NULL);
+    kvf_room_key key = join_pair(f, 9);
+    fx_reset(f);
+    kvf_token t1 = abort_room(f, key);
+    kvf_token t2 = abort_room(f, key);
+    kvf_token t3 = {0, 0};
+    assert_int_equal(
+        kvf_cps_room_abort(f->st, (kvf_room_key){9, 0}, KVF_CPS_ABORT_ADMIN, f->now, &t3, &f->err),
+        0);
+    fx_collect(f);
+    assert_true(kvf_token_eq(t1, t2));
+    assert_true(kvf_token_eq(t1, t3));
+    assert_int_equal(fx_count(f, KVF_CPS_FX_ROOM_STATE, NULL), 1);
+    assert_int_equal(fx_count(f, KVF_CPS_FX_ABORT_NOTICE, "n1"), 1);
+    assert_int_equal(fx_count(f, KVF_CPS_FX_ABORT_NOTICE, "n2"), 1);
+    struct kvf_cps_room_view v;
+    assert_int_equal(kvf_cps_room_get(f->st, key, &v), 0);
+    assert_int_equal(v.abort_reason, KVF_CPS_ABORT_ENGINE); /* the first reason stays */
+    assert_int_equal(stats(f).notices_sent, 2);
+    fixture_free(f);
+}
+
+static void r6_two_ranks_abort_same_room_both_get_the_token(void **state)
+{
+    (void)state;
+    struct fixture *f = fixture_new(NULL);
+    assert_int_equal(attach(f, "n1", 1), 0);
+    assert_int_equal(attach(f, "n2", 1), 0);
+    struct kvf_cps_join_result r;
+    assert_int_equal(
+        join(f,
+             &(struct join_args){
+                 .room_id = 6, .sources = 1, .sinks = 2, .node = "n1", .role = SRC, .count = 8},
+             &r),
+        0);
+    assert_int_equal(join(f,
+                          &(struct join_args){.room_id = 6,
+                                              .sources = 1,
+                                              .sinks = 2,
+                                              .node = "n2",
+                                              .rank = 0,
+                                              .role = SNK,
+                                              .first = 0,
+                                              .count = 4},
+                          &r),
+                     0);
+    assert_int_equal(join(f,
+                          &(struct join_args){.room_id = 6,
+                                              .sources = 1,
+                                              .sinks = 2,
+                                              .node = "n2",
+                                              .rank = 1,
+                                              .role = SNK,
+                                              .first = 4,
+                                              .count = 4},
+                          &r),
+                     0);
+    assert_int_equal(r.room_state, KVF_CPS_ROOM_ACTIVE);
+    fx_reset(f);
+    /* Both decode ranks abort; then one reports a failed transfer too. */
+    kvf_token t0 = abort_room(f, r.key);
+    kvf_token t1 = abort_room(f, r.key);
+    kvf_token t2 = {0, 0};
+    assert_int_equal(kvf_cps_report_failed(f->st, "n2", 1, r.key, f->now, &t2, &f->err), 0);
+    fx_collect(f);
+    assert_true(kvf_token_eq(t0, t1));
+    assert_true(kvf_token_eq(t0, t2));
+    assert_int_equal(fx_count(f, KVF_CPS_FX_ROOM_STATE, NULL), 1);
+    assert_int_equal(fx_count(f, KVF_CPS_FX_ABORT_NOTICE, "n2"),
+                     1); /* one per node, not per rank */
+    assert_int_equal(fx_count(f, KVF_CPS_FX_ABORT_NOTICE, "n1"), 1);
+    assert_true(kvf_token_eq(fx_find(f, KVF_CPS_FX_ABORT_NOTICE, "n2", 0)->token, t0));
+    /* The one drained report of n2 covers both of its ranks. */
+    assert_int_equal(drained(f, "n2", r.key, t0), 0);
+    assert_int_equal(drained(f, "n1", r.key, t0), 0);
+    assert_int_equal(room_state(f, r.key), KVF_CPS_ROOM_ABORTED);
+    assert_int_equal(fx_count(f, KVF_CPS_FX_LEASE_RELEASED, NULL), 3);
+    fixture_free(f);
+}
+
+static void drained_without_token_is_not_counted(void **state)
+{
+    (void)state;
+    struct fixture *f = fixture_new(NULL);
+    kvf_room_key key = join_pair(f, 10);
+    abort_room(f, key);
+    assert_int_equal(drained(f, "n1", key, (kvf_token){0, 0}), -EINVAL);
+    assert_int_equal(drained(f, "n2", key, (kvf_token){0, 0}), -EINVAL);
+    assert_int_equal(stats(f).reports_tokenless, 2);
+    struct kvf_cps_participant_view p;
+    assert_int_equal(kvf_cps_room_participant(f->st, key, 0, &p), 0);
+    assert_false(p.node_drained);
+    assert_int_equal(room_state(f, key), KVF_CPS_ROOM_ABORTING);
+    assert_int_equal(fx_count(f, KVF_CPS_FX_LEASE_RELEASED, NULL), 0);
+    fixture_free(f);
+}
+
+static void drained_with_stale_token_is_not_counted(void **state)
+{
+    (void)state;
+    struct fixture *f = fixture_new(NULL);
+    kvf_room_key key = join_pair(f, 11);
+    kvf_token t = abort_room(f, key);
+    kvf_token bad = t;
+    bad.lo ^= 1;
+    assert_int_equal(drained(f, "n1", key, bad), -ESTALE);
+    assert_int_equal(drained(f, "n2", key, bad), -ESTALE);
+    assert_int_equal(stats(f).reports_stale, 2);
+    assert_int_equal(room_state(f, key), KVF_CPS_ROOM_ABORTING);
+    /* A drained report for a room that was never aborted has no token to match. */
+    kvf_room_key key2 = join_pair(f, 12);
+    assert_int_equal(drained(f, "n1", key2, t), -ESTALE);
+    assert_int_equal(room_state(f, key2), KVF_CPS_ROOM_ACTIVE);
+    fixture_free(f);
+}
+
+static void r13_reused_room_id_old_generation_report_not_counted(void **state)
+{
+    (void)state;
+    struct fixture *f = fixture_new(NULL);
+    kvf_room_key old = join_pair(f, 13);
+    kvf_token old_token = abort_room(f, old);
+    assert_int_equal(drained(f, "n1", old, old_token), 0);
+    assert_int_equal(drained(f, "n2", old, old_token), 0);
+    assert_int_equal(room_state(f, old), KVF_CPS_ROOM_ABORTED);
+
+    /* The router reuses id 13 while the tombstone is still there. */
+    kvf_room_key cur = join_pair(f, 13);
+    assert_int_equal(cur.room_id, old.room_id);
+    assert_true(cur.generation > old.generation);
+    kvf_token cur_token = abort_room(f, cur);
+    assert_false(kvf_token_eq(cur_token, old_token));
+    uint64_t stale_before = stats(f).reports_stale;
+
+    /* A late drained report of the old generation, with its own token. */
+    assert_int_equal(drained(f, "n1", old, old_token), -ESTALE);
+    /* The old token under the new generation. */
+    assert_int_equal(drained(f, "n1", cur, old_token), -ESTALE);
+    assert_int_equal(stats(f).reports_stale, stale_before + 2);
+    struct kvf_cps_participant_view p;
+    assert_int_equal(kvf_cps_room_participant(f->st, cur, 0, &p), 0);
+    assert_false(p.node_drained);
+    assert_int_equal(room_state(f, cur), KVF_CPS_ROOM_ABORTING);
+    struct kvf_cps_room_view v;
+    assert_int_equal(kvf_cps_room_get(f->st, old, &v), -ENOENT);
+    fixture_free(f);
+}
+
+static void drained_from_node_not_in_room_is_not_counted(void **state)
+{
+    (void)state;
+    struct fixture *f = fixture_new(NULL);
+    kvf_room_key key = join_pair(f, 14);
+    assert_int_equal(attach(f, "n3", 1), 0);
+    kvf_token t = abort_room(f, key);
+    assert_int_equal(drained(f, "n3", key, t), -ENOENT);
+    assert_int_equal(drained(f, "nobody", key, t), -ENOENT);
+    assert_int_equal(stats(f).reports_unknown, 2);
+    assert_int_equal(drained(f, "n1", key, t), 0);
+    assert_int_equal(room_state(f, key), KVF_CPS_ROOM_ABORTING);
+    fixture_free(f);
+}
+
+static void drained_from_old_incarnation_is_stale(void **state)
+{
+    (void)state;
+    struct fixture *f = fixture_new(NULL);
+    kvf_room_key key = join_pair(f, 15);
+    kvf_token t = abort_room(f, key);
+    assert_int_equal(attach(f, "n2", 2), 0); /* n2 restarted */
+    uint64_t stale = stats(f).reports_stale;
+    assert_int_equal(drained(f, "n2", key, t), -ESTALE); /* incarnation 1 */
+    assert_int_equal(stats(f).reports_stale, stale + 1);
+    assert_int_equal(kvf_cps_report_drained(f->st, "n2", 2, key, t, f->now, &f->err), -ENOENT);
+    fixture_free(f);
+}
+
+static void no_release_until_every_node_drained(void **state)
+{
+    (void)state;
+    struct fixture *f = fixture_new(NULL);
+    const char *nodes[3] = {"n1", "n2", "n3"};
+    for (int i = 0; i < 3; i++)
+        assert_int_equal(attach(f, nodes[i], 1), 0);
+    struct kvf_cps_join_result r;
+    assert_int_equal(
+        join(f,
+             &(struct join_args){
+                 .room_id = 16, .sources = 2, .sinks = 1, .node = "n1", .role = SRC, .count = 8},
+             &r),
+        0);
+    assert_int_equal(
+        join(f,
+             &(struct join_args){
+                 .room_id = 16, .sources = 2, .sinks = 1, .node = "n2", .role = SRC, .count = 8},
+             &r),
+        0);
+    assert_int_equal(
+        join(f,
+             &(struct join_args){
+                 .room_id = 16, .sources = 2, .sinks = 1, .node = "n3", .role = SNK, .count = 8},
+             &r),
+        0);
+    assert_int_equal(r.room_state, KVF_CPS_ROOM_ACTIVE);
+    kvf_token t = abort_room(f, r.key);
+    for (int i = 0; i < 3; i++) {
+        assert_int_equal(room_state(f, r.key), KVF_CPS_ROOM_ABORTING);
+        assert_int_equal(fx_count(f, KVF_CPS_FX_LEASE_RELEASED, NULL), 0);
+        for (size_t p = 0; p < 3; p++)
+            assert_int_equal(lease_state(f, r.key, p), KVF_CPS_LEASE_RELEASING);
+        assert_int_equal(drained(f, nodes[i], r.key, t), 0);
+    }
+    assert_int_equal(room_state(f, r.key), KVF_CPS_ROOM_ABORTED);
+    assert_int_equal(fx_count(f, KVF_CPS_FX_LEASE_RELEASED, NULL), 3);
+    assert_int_equal(stats(f).notices_pending, 0);
+    fixture_free(f);
+}
+
+static void duplicate_drained_reports_count_once(void **state)
+{
+    (void)state;
+    struct fixture *f = fixture_new(NULL);
+    kvf_room_key key = join_pair(f, 17);
+    kvf_token t = abort_room(f, key);
+    assert_int_equal(stats(f).notices_pending, 2);
+    assert_int_equal(drained(f, "n1", key, t), 0);
+    assert_int_equal(drained(f, "n1", key, t), 0);
+    assert_int_equal(drained(f, "n1", key, t), 0);
+    assert_int_equal(stats(f).notices_pending, 1);
+    assert_int_equal(room_state(f, key), KVF_CPS_ROOM_ABORTING);
+    assert_int_equal(drained(f, "n2", key, t), 0);
+    assert_int_equal(room_state(f, key), KVF_CPS_ROOM_ABORTED);
+    assert_int_equal(drained(f, "n2", key, t), 0); /* late duplicate after ABORTED */
+    assert_int_equal(fx_count(f, KVF_CPS_FX_LEASE_RELEASED, NULL), 2);
+    assert_int_equal(fx_count(f, KVF_CPS_FX_ROOM_STATE, NULL),
+                     4); /* open, active, aborting, aborted */
+    fixture_free(f);
+}
+
+static void notice_resent_with_backoff_until_drained(void **state)
+{
+    (void)state;
+    struct fixture *f = fixture_new(NULL);
+    kvf_room_key key = join_pair(f, 18);
+    fx_reset(f);
+    kvf_token t = abort_room(f, key);
+    kvf_time_ns sent[32];
+    uint32_t nsent = 0;
+    sent[nsent++] = f->now;
+    assert_int_equal(fx_find(f, KVF_CPS_FX_ABORT_NOTICE, "n1", 0)->attempt, 0);
+    fx_reset(f);
+    /* Step 10 ms at a time for 12 s and record every re-send to n1. */
+    for (int step = 0; step < 1200; step++) {
+        advance(f, 10 * KVF_NS_PER_MS);
+        const struct kvf_cps_effect *e = fx_find(f, KVF_CPS_FX_ABORT_NOTICE, "n1", 0);
+        if (e == NULL)
+            continue;
+        assert_int_equal(fx_count(f, KVF_CPS_FX_ABORT_NOTICE, "n1"), 1);
+        assert_int_equal(e->attempt, nsent); /* 1, 2, 3, ... */
+        assert_true(kvf_token_eq(e->token, t));
+        assert_true(kvf_room_key_eq(e->key, key));
+        assert_true(nsent < 32);
+        sent[nsent++] = f->now;
+        fx_reset(f);
+    }
+    assert_true(nsent >= 6);
+    /* Gaps double (jitter shortens by at most a quarter) up to the 5 s cap. */
+    for (uint32_t i = 1; i + 1 < nsent && i < 5; i++)
+        assert_true(sent[i + 1] - sent[i] > sent[i] - sent[i - 1]);
+    assert_true(sent[1] - sent[0] >= 150 * KVF_NS_PER_MS);
+    assert_true(sent[1] - sent[0] <= 210 * KVF_NS_PER_MS);
+    for (uint32_t i = 1; i < nsent; i++)
+        assert_true(sent[i] - sent[i - 1] <= 5 * KVF_NS_PER_S + 10 * KVF_NS_PER_MS);
+    assert_true(stats(f).notices_resent >= 2 * (nsent - 1));
+
+    /* After n1 drains, only n2 hears again. */
+    assert_int_equal(drained(f, "n1", key, t), 0);
+    fx_reset(f);
+    advance(f, 30 * KVF_NS_PER_S);
+    assert_int_equal(fx_count(f, KVF_CPS_FX_ABORT_NOTICE, "n1"), 0);
+    assert_true(fx_count(f, KVF_CPS_FX_ABORT_NOTICE, "n2") >= 1);
+    assert_int_equal(drained(f, "n2", key, t), 0);
+    fx_reset(f);
+    advance(f, 30 * KVF_NS_PER_S);
+    assert_int_equal(fx_count(f, KVF_CPS_FX_ABORT_NOTICE, NULL), 0);
+    fixture_free(f);
+}
+
+static void dummy_rank_with_empty_lease_joins_and_drains(void **state)
+{
+    (void)state;
+    struct fixture *f = fixture_new(NULL);
+    assert_int_equal(attach(f, "n1", 1), 0);
+    assert_int_equal(attach(f, "n2", 1), 0);
+    assert_int_equal(attach(f, "n3", 1), 0);
+    struct kvf_cps_join_result r;
+    assert_int_equal(
+        join(f,
+             &(struct join_args){
+                 .room_id = 19, .sources = 1, .sinks = 2, .node = "n1", .role = SRC, .count = 8},
+             &r),
+        0);
+    assert_int_equal(
+        join(f,
+             &(struct join_args){
+                 .room_id = 19, .sources = 1, .sinks = 2, .node = "n2", .role = SNK, .count = 8},
+             &r),
+        0);
+    /* A dummy CP rank: no pages, still a participant. */
+    assert_int_equal(join(f,
+                          &(struct join_args){.room_id = 19,
+                                              .sources = 1,
+                                              .sinks = 2,
+                                              .node = "n3",
+                                              .rank = 1,
+                                              .role = SNK,
+                                              .count = 0},
+                          &r),
+                     0);
+    assert_int_equal(r.room_state, KVF_CPS_ROOM_ACTIVE);
+    struct kvf_cps_participant_view p;
+    assert_int_equal(kvf_cps_room_participant(f->st, r.key, 2, &p), 0);
+    assert_int_equal(p.range_count, 0);
+    assert_string_equal(p.node_id, "n3");
+    kvf_token t = abort_room(f, r.key);
+    assert_int_equal(drained(f, "n3", r.key, t), 0); /* nothing in flight: at once */
+    assert_int_equal(room_state(f, r.key), KVF_CPS_ROOM_ABORTING);
+    assert_int_equal(drained(f, "n1", r.key, t), 0);
+    assert_int_equal(drained(f, "n2", r.key, t), 0);
+    assert_int_equal(room_state(f, r.key), KVF_CPS_ROOM_ABORTED);
+    assert_int_equal(fx_count(f, KVF_CPS_FX_LEASE_RELEASED, NULL), 3);
+    fixture_free(f);
+}
+
+static void tp_cp_barrier_one_failure_aborts_whole_room(void **state)
+{
+    (void)state;
+    struct fixture *f = fixture_new(NULL);
+    const char *nodes[4] = {"p1", "p2", "d1", "d2"};
+    for (int i = 0; i < 4; i++)
+        assert_int_equal(attach(f, nodes[i], 1), 0);
+    struct kvf_cps_join_result r;
+    for (uint32_t rank = 0; rank < 4; rank++) {
+        assert_int_equal(join(f,
+                              &(struct join_args){.room_id = 20,
+                                                  .sources = 4,
+                                                  .sinks = 4,
+                                                  .node = nodes[rank / 2],
+                                                  .rank = rank,
+                                                  .role = SRC,
+                                                  .first = rank * 16,
+                                                  .count = 16},
+                              &r),
+                         0);
+        assert_int_equal(join(f,
+                              &(struct join_args){.room_id = 20,
+                                                  .sources = 4,
+                                                  .sinks = 4,
+                                                  .node = nodes[2 + rank / 2],
+                                                  .rank = rank,
+                                                  .role = SNK,
+                                                  .first = rank * 16,
+                                                  .count = 16},
+                              &r),
+                         0);
+    }
+    assert_int_equal(r.room_state, KVF_CPS_ROOM_ACTIVE);
+    for (int i = 0; i < 4; i++)
+        assert_int_equal(fx_count(f, KVF_CPS_FX_ROOM_UPDATE, nodes[i]), 1);
+    /* One sink rank finished well before the failure: it still waits. */
+    assert_int_equal(completed(f, "d1", r.key, 0, SNK), 0);
+    fx_reset(f);
+
+    kvf_token t = {0, 0};
+    assert_int_equal(kvf_cps_report_failed(f->st, "d2", 1, r.key, f->now, &t, &f->err), 0);
+    fx_collect(f);
+    assert_int_equal(room_state(f, r.key), KVF_CPS_ROOM_ABORTING);
+    struct kvf_cps_room_view v;
+    assert_int_equal(kvf_cps_room_get(f->st, r.key, &v), 0);
+    assert_int_equal(v.abort_reason, KVF_CPS_ABORT_TRANSFER_FAILED);
+    for (int i = 0; i < 4; i++) {
+        assert_int_equal(fx_count(f, KVF_CPS_FX_ABORT_NOTICE, nodes[i]), 1);
+        assert_true(kvf_token_eq(fx_find(f, KVF_CPS_FX_ABORT_NOTICE, nodes[i], 0)->token, t));
+    }
+    for (size_t p = 0; p < 8; p++)
+        assert_int_equal(lease_state(f, r.key, p), KVF_CPS_LEASE_RELEASING);
+    assert_int_equal(completed(f, "d2", r.key, 2, SNK), -ECANCELED);
+    for (int i = 0; i < 3; i++) {
+        assert_int_equal(drained(f, nodes[i], r.key, t), 0);
+        assert_int_equal(room_state(f, r.key), KVF_CPS_ROOM_ABORTING);
+        assert_int_equal(fx_count(f, KVF_CPS_FX_LEASE_RELEASED, NULL), 0);
+    }
+    assert_int_equal(drained(f, "d2", r.key, t), 0);
+    assert_int_equal(room_state(f, r.key), KVF_CPS_ROOM_ABORTED);
+    assert_int_equal(fx_count(f, KVF_CPS_FX_LEASE_RELEASED, NULL), 8);
+    fixture_free(f);
+}
+
+static void mixed_versions_refused_before_any_page_address_leaves(void **state)
+{
+    (void)state;
+    struct kvf_cps_opts o;
+    kvf_cps_opts_init(&o);
+    o.protocol_min = 1;
+    o.protocol_max = 3;
+    struct fixture *f = fixture_new(&o);
+    uint32_t feats = KVF_FEATURE_QUIESCE_V1;
+    assert_int_equal(attach_caps(f, "old", 1, 1, 1, feats), 0);
+    assert_int_equal(attach_caps(f, "new", 1, 2, 3, feats), 0);
+    struct kvf_cps_join_result r;
+    assert_int_equal(
+        join(f, &(struct join_args){.room_id = 21, .node = "old", .role = SRC, .count = 8}, &r), 0);
+    int rc = join(
+        f,
+        &(struct join_args){
+            .room_id = 21, .node = "new", .rank = 3, .role = SNK, .count = 8, .pmin = 2, .pmax = 3},
+        NULL);
+    assert_int_equal(rc, -ENOTSUP);
+    assert_non_null(strstr(f->err.msg, "node new"));
+    assert_non_null(strstr(f->err.msg, "rank 3"));
+    assert_non_null(strstr(f->err.msg, "sink"));
+    assert_non_null(strstr(f->err.msg, "2..3"));
+    assert_non_null(strstr(f->err.msg, "1..1"));
+    struct kvf_cps_room_view v;
+    assert_int_equal(kvf_cps_room_get(f->st, r.key, &v), 0);
+    assert_int_equal(v.state, KVF_CPS_ROOM_ABORTING);
+    assert_int_equal(v.abort_reason, KVF_CPS_ABORT_CAPABILITY);
+    assert_int_equal(v.participant_count, 1); /* nothing granted to the refused one */
+    assert_int_equal(fx_count(f, KVF_CPS_FX_ROOM_UPDATE, NULL), 0);
+    assert_int_equal(fx_count(f, KVF_CPS_FX_ABORT_NOTICE, "old"), 1);
+    assert_int_equal(fx_count(f, KVF_CPS_FX_ABORT_NOTICE, "new"), 0);
+    fixture_free(f);
+}
+
+static void missing_quiesce_v1_refused_naming_participant_and_feature(void **state)
+{
+    (void)state;
+    struct fixture *f = fixture_new(NULL);
+    assert_int_equal(attach(f, "n1", 1), 0);
+    assert_int_equal(attach_caps(f, "legacy", 1, 1, 1, KVF_FEATURE_RDMA), 0);
+    struct kvf_cps_join_result r;
+    assert_int_equal(
+        join(f, &(struct join_args){.room_id = 22, .node = "n1", .role = SRC, .count = 8}, &r), 0);
+    assert_int_equal(join(f,
+                          &(struct join_args){
+                              .room_id = 22, .node = "legacy", .rank = 1, .role = SNK, .count = 8},
+                          NULL),
+                     -ENOTSUP);
+    assert_non_null(strstr(f->err.msg, "node legacy"));
+    assert_non_null(strstr(f->err.msg, "rank 1"));
+    assert_non_null(strstr(f->err.msg, "QUIESCE_V1"));
+    assert_int_equal(room_state(f, r.key), KVF_CPS_ROOM_ABORTING);
+    assert_int_equal(fx_count(f, KVF_CPS_FX_ROOM_UPDATE, NULL), 0);
+
+    /* The engine's own feature set is checked too (a fresh room). */
+    assert_int_equal(join(f,
+                          &(struct join_args){
+                              .room_id = 23, .node = "n1", .role = SRC, .first = 100, .count = 8},
+                          &r),
+                     0);
+    assert_int_equal(attach(f, "n2", 1), 0);
+    assert_int_equal(
+        join(f,
+             &(struct join_args){
+                 .room_id = 23, .node = "n2", .role = SNK, .count = 8, .features = KVF_FEATURE_TCP},
+             NULL),
+        -ENOTSUP);
+    assert_non_null(strstr(f->err.msg, "engine does not advertise QUIESCE_V1"));
+    assert_non_null(strstr(f->err.msg, "node n2"));
+    assert_int_equal(room_state(f, r.key), KVF_CPS_ROOM_ABORTING);
+    assert_int_equal(fx_count(f, KVF_CPS_FX_ROOM_UPDATE, NULL), 0);
+    fixture_free(f);
+}
+
+static void join_timeout_aborts_an_opening_room(void **state)
+{
+    (void)state;
+    struct fixture *f = fixture_new(NULL);
+    assert_int_equal(attach(f, "n1", 1), 0);
+    struct kvf_cps_join_result r;
+    assert_int_equal(
+        join(f, &(struct join_args){.room_id = 24, .node = "n1", .role = SRC, .count = 8}, &r), 0);
+    assert_int_equal(kvf_cps_next_deadline(f->st), f->now + 30 * KVF_NS_PER_S);
+    advance(f, 29 * KVF_NS_PER_S);
+    assert_int_equal(room_state(f, r.key), KVF_CPS_ROOM_OPENING);
+    advance(f, 2 * KVF_NS_PER_S);
+    struct kvf_cps_room_view v;
+    assert_int_equal(kvf_cps_room_get(f->st, r.key, &v), 0);
+    assert_int_equal(v.state, KVF_CPS_ROOM_ABORTING);
+    assert_int_equal(v.abort_reason, KVF_CPS_ABORT_JOIN_TIMEOUT);
+    assert_int_equal(fx_count(f, KVF_CPS_FX_ABORT_NOTICE, "n1"), 1);
+    /* An ACTIVE room has no join timer. */
+    kvf_room_key key = join_pair(f, 25);
+    advance(f, 3600 * KVF_NS_PER_S);
+    assert_int_equal(room_state(f, key), KVF_CPS_ROOM_ACTIVE);
+    fixture_free(f);
+}
+
+static void tombstone_expires_after_ttl(void **state)
+{
+    (void)state;
+    struct fixture *f = fixture_new(NULL);
+    kvf_room_key key = join_pair(f, 26);
+    kvf_token t = abort_room(f, key);
+    assert_int_equal(drained(f, "n1", key, t), 0);
+    assert_int_equal(drained(f, "n2", key, t), 0);
+    assert_int_equal(stats(f).rooms_by_state[KVF_CPS_ROOM_ABORTED], 1);
+    advance(f, 599 * KVF_NS_PER_S);
+    assert_int_equal(room_state(f, key), KVF_CPS_ROOM_ABORTED);
+    assert_int_equal(drained(f, "n1", key, t), 0); /* still recognised */
+    advance(f, 2 * KVF_NS_PER_S);
+    struct kvf_cps_room_view v;
+    assert_int_equal(kvf_cps_room_get(f->st, key, &v), -ENOENT);
+    struct kvf_cps_stats s = stats(f);
+    assert_int_equal(s.rooms_by_state[KVF_CPS_ROOM_ABORTED], 0);
+    assert_int_equal(s.leases_by_state[KVF_CPS_LEASE_RELEASED], 0);
+    assert_int_equal(kvf_cps_next_deadline(f->st), UINT64_MAX);
+    uint64_t unknown = s.reports_unknown;
+    assert_int_equal(drained(f, "n1", key, t), -ENOENT);
+    assert_int_equal(stats(f).reports_unknown, unknown + 1);
+    /* The id is free again; the next generation is still new. */
+    kvf_room_key again = join_pair(f, 26);
+    assert_true(again.generation > key.generation);
+    fixture_free(f);
+}
+
+static void repeated_join_is_idempotent_other_lease_refused(void **state)
+{
+    (void)state;
+    struct fixture *f = fixture_new(NULL);
+    assert_int_equal(attach(f, "n1", 1), 0);
+    struct kvf_cps_join_result a, b;
+    struct join_args ja = {.room_id = 27, .node = "n1", .role = SRC, .count = 8};
+    assert_int_equal(join(f, &ja, &a), 0);
+    assert_int_equal(join(f, &ja, &b), 0);
+    assert_int_equal(a.lease_id, b.lease_id);
+    assert_true(kvf_room_key_eq(a.key, b.key));
+    ja.count = 9;
+    assert_int_equal(join(f, &ja, NULL), -EEXIST);
+    struct kvf_cps_room_view v;
+    assert_int_equal(kvf_cps_room_get(f->st, a.key, &v), 0);
+    assert_int_equal(v.participant_count, 1);
+    /* Completion before the room is ACTIVE is refused. */
+    assert_int_equal(completed(f, "n1", a.key, 0, SRC), -EPERM);
+    fixture_free(f);
+}
+
+static int count_rooms(void *ctx, const struct kvf_cps_room_view *v)
+{
+    (void)v;
+    (*(int *)ctx)++;
+    return 0;
+}
+
+static void many_rooms_stay_small_and_independent(void **state)
+{
+    (void)state;
+    struct fixture *f = fixture_new(NULL);
+    assert_int_equal(attach(f, "n1", 1), 0);
+    assert_int_equal(attach(f, "n2", 1), 0);
+    /* 2,000 open rooms: each op touches only its own room. */
+    for (uint32_t i = 0; i < 2000; i++) {
+        assert_int_equal(join(f,
+                              &(struct join_args){.room_id = 1000 + i,
+                                                  .node = "n1",
+                                                  .role = SRC,
+                                                  .first = (i % 128) * 8,
+                                                  .count = 8},
+                              NULL),
+                         0);
+        assert_int_equal(
+            join(f,
+                 &(struct join_args){
+                     .room_id = 1000 + i, .node = "n2", .role = SNK, .first = 0, .count = 0},
+                 NULL),
+            0);
+        fx_reset(f);
+    }
+    int n = 0;
+    assert_int_equal(kvf_cps_room_foreach(f->st, count_rooms, &n), 0);
+    assert_int_equal(n, 2000);
+    assert_int_equal(stats(f).rooms_by_state[KVF_CPS_ROOM_ACTIVE], 2000);
+    struct kvf_cps_node_view nv;
+    assert_int_equal(kvf_cps_node_get(f->st, "n1", &nv), 0);
+    assert_int_equal(nv.room_count, 2000);
+    fixture_free(f);
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(success_lifecycle_releases_each_lease_exactly_once),
+        cmocka_unit_test(abort_before_all_joined_refuses_later_join),
+        cmocka_unit_test(abort_is_idempotent_same_token_one_state_change),
+        cmocka_unit_test(r6_two_ranks_abort_same_room_both_get_the_token),
+        cmocka_unit_test(drained_without_token_is_not_counted),
+        cmocka_unit_test(drained_with_stale_token_is_not_counted),
+        cmocka_unit_test(r13_reused_room_id_old_generation_report_not_counted),
+        cmocka_unit_test(drained_from_node_not_in_room_is_not_counted),
+        cmocka_unit_test(drained_from_old_incarnation_is_stale),
+        cmocka_unit_test(no_release_until_every_node_drained),
+        cmocka_unit_test(duplicate_drained_reports_count_once),
+        cmocka_unit_test(notice_resent_with_backoff_until_drained),
+        cmocka_unit_test(dummy_rank_with_empty_lease_joins_and_drains),
+        cmocka_unit_test(tp_cp_barrier_one_failure_aborts_whole_room),
+        cmocka_unit_test(mixed_versions_refused_before_any_page_address_leaves),
+        cmocka_unit_test(missing_quiesce_v1_refused_naming_participant_and_feature),
+        cmocka_unit_test(join_timeout_aborts_an_opening_room),
+        cmocka_unit_test(tombstone_expires_after_ttl),
+        cmocka_unit_test(repeated_join_is_idempotent_other_lease_refused),
+        cmocka_unit_test(many_rooms_stay_small_and_independent),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
