@@ -357,6 +357,7 @@ static struct cp_pool *pool_new(const struct kvf_cps_pool *p)
         pool->pool_id = p->pool_id;
         pool->page_size = p->page_size;
         pool->page_count = p->page_count;
+        pool->refs = 1;
     }
     return pool;
 }
@@ -461,6 +462,44 @@ static int reattach(struct kvf_cps *st, struct cp_node *node, const struct kvf_c
     return 0;
 }
 
+/*
+ * A pool is the engines' memory, not the node process's: it outlives a node
+ * restart. Leases that an older incarnation still holds (RELEASING until the
+ * old incarnation is fenced) keep their pages out of every new lease, so the
+ * new incarnation adopts the old pool object, page index and all. A pool with
+ * such leases cannot come back with another size.
+ */
+static int check_adoptable_pools(const struct cp_node *old, const struct kvf_cps_node_hello *h,
+                                 struct kvf_error *err)
+{
+    for (size_t i = 0; i < h->pool_count; i++) {
+        const struct cp_pool *p = cp_node_pool(old, h->pools[i].pool_id);
+        if (p != NULL && p->nleases > 0 &&
+            (p->page_size != h->pools[i].page_size || p->page_count != h->pools[i].page_count))
+            return kvf_error_set(err, -EBUSY,
+                                 "pools[%zu]: pool %" PRIu32 " of node %s still has leases of "
+                                 "incarnation %" PRIu64 "; its size cannot change until they are "
+                                 "released",
+                                 i, p->pool_id, old->id, old->incarnation);
+    }
+    return 0;
+}
+
+static void adopt_pools(struct cp_node *node, struct cp_node *old)
+{
+    for (uint32_t i = 0; i < node->npools; i++) {
+        for (uint32_t j = 0; j < old->npools; j++) {
+            struct cp_pool *p = old->pools[j];
+            if (p->pool_id != node->pools[i]->pool_id || p->nleases == 0)
+                continue;
+            cp_pool_free(node->pools[i]);
+            cp_pool_ref(p);
+            node->pools[i] = p;
+            break;
+        }
+    }
+}
+
 int kvf_cps_node_attach(struct kvf_cps *st, const struct kvf_cps_node_hello *hello, kvf_time_ns now,
                         uint32_t *version_p, struct kvf_error *err)
 {
@@ -483,11 +522,18 @@ int kvf_cps_node_attach(struct kvf_cps *st, const struct kvf_cps_node_hello *hel
             *version_p = old->version;
         return rc;
     }
+    if (old != NULL) {
+        rc = check_adoptable_pools(old, hello, err);
+        if (rc != 0)
+            return rc;
+    }
     if (cp_map_reserve(&st->nodes, 1) != 0 || cp_fx_reserve(st, 2) != 0)
         return kvf_error_set(err, -ENOMEM, "out of memory");
     struct cp_node *node = node_new(st, hello);
     if (node == NULL)
         return kvf_error_set(err, -ENOMEM, "out of memory");
+    if (old != NULL)
+        adopt_pools(node, old);
     node->current = true;
     cp_map_put_str(&st->nodes, node->id, node);
     cp_node_set_state(st, node, KVF_CPS_NODE_ATTACHED);
@@ -495,6 +541,10 @@ int kvf_cps_node_attach(struct kvf_cps *st, const struct kvf_cps_node_hello *hel
         old->current = false;
         node->older = old;
         cp_node_lose(st, old, now);
+        /* Already LOST before: being replaced makes it dead, which may
+         * complete barriers that waited for it. */
+        for (struct cp_rnode *rn = old->rnodes; rn != NULL; rn = rn->node_next)
+            cp_room_try_finish(st, rn->room, now);
         cp_node_maybe_free(st, old);
     }
     if (version_p != NULL)

@@ -163,9 +163,14 @@ void cp_pages_release(struct cp_pool *pool, struct cp_part *part)
     pool->nleases--;
 }
 
+void cp_pool_ref(struct cp_pool *pool)
+{
+    pool->refs++;
+}
+
 void cp_pool_free(struct cp_pool *pool)
 {
-    if (pool == NULL)
+    if (pool == NULL || --pool->refs > 0)
         return;
     free(pool->pages);
     free(pool);

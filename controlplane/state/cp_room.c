@@ -112,26 +112,49 @@ static void room_enter_terminal(struct kvf_cps *st, struct cp_room *room, enum k
 
 /* ---- the barrier ---------------------------------------------------------- */
 
+/* A LOST incarnation that a newer one replaced: its process is gone, and
+ * with it its queue pairs, sockets and memory registrations. */
+static bool node_dead(const struct cp_node *n)
+{
+    return n->state == KVF_CPS_NODE_LOST && !n->current;
+}
+
+/* Every other node of the room has fenced this one, or is dead. */
 bool cp_rnode_fenced(const struct cp_rnode *rn)
 {
     const struct cp_node *node = rn->node;
-    uint32_t live_fencers = 0;
     for (uint32_t i = 0; i < rn->room->nrnodes; i++) {
         const struct cp_node *peer = rn->room->rnodes[i]->node;
-        if (peer == node || peer->state == KVF_CPS_NODE_LOST)
+        if (peer == node || node_dead(peer))
             continue;
         if (!cp_node_fenced_by(node, peer))
             return false;
-        live_fencers++;
     }
-    /* A live node with no live peer left to fence it can only drain; a lost
-     * one whose live peers all fenced it (or that has none) is quiescent. */
-    return live_fencers > 0 || node->state == KVF_CPS_NODE_LOST;
+    return true;
 }
 
+/*
+ * When a node of a room has stopped touching pages, as far as the control
+ * plane can prove:
+ *  - it drained with the current token; or
+ *  - it is LOST (ttl passed, or replaced by a newer incarnation) and every
+ *    other node of the room fenced it or is dead. A replaced incarnation is
+ *    not trusted to be gone (a rollout may overlap two processes): its live
+ *    peers still fence it. A LOST peer that may still be alive cannot fence,
+ *    so two nodes cut off together hold the room until they come back
+ *    (restart), one after the other.
+ * Fenced never counts for an ATTACHED or SUSPECT node: it may have local work
+ * running on its own pages (a CUDA scatter into a sink page, a TCP receive)
+ * that its peers' fences do not stop, so it must drain, however long it takes.
+ * The drain deadline fences it to protect the peers, and that is all.
+ * (A LOST node's own local work is the node's to stop: docs/state-cores.md,
+ * "self-fencing".)
+ */
 bool cp_rnode_quiescent(const struct cp_rnode *rn)
 {
-    return rn->drained || cp_rnode_fenced(rn);
+    if (rn->drained)
+        return true;
+    return rn->node->state == KVF_CPS_NODE_LOST && cp_rnode_fenced(rn);
 }
 
 void cp_room_try_finish(struct kvf_cps *st, struct cp_room *room, kvf_time_ns now)
@@ -275,6 +298,7 @@ void cp_room_free(struct kvf_cps *st, struct cp_room *room)
             cp_pages_release(p->pool, p);
         st->stats.leases_by_state[p->lease_state]--;
         cp_map_del(&st->leases, p->lease_id);
+        cp_pool_free(p->pool);
         free(p->ranges);
         free(p);
     }
@@ -576,6 +600,7 @@ int kvf_cps_join(struct kvf_cps *st, const struct kvf_cps_join *join, kvf_time_n
     part->lease_state = KVF_CPS_LEASE_ACTIVE;
     part->lease_id = st->next_lease_id;
     part->pool = pool;
+    cp_pool_ref(pool);
     part->nranges = part->capranges = (uint32_t)join->range_count;
     rc = cp_pages_acquire(pool, part, join->ranges, join->range_count, err);
     if (rc != 0)
@@ -629,6 +654,7 @@ err_free:
     rc = kvf_error_set(err, -ENOMEM, "out of memory");
 err_free_rc:
     if (part != NULL) {
+        cp_pool_free(part->pool);
         free(part->ranges);
         free(part);
     }
@@ -688,6 +714,11 @@ int kvf_cps_lease_extend(struct kvf_cps *st, kvf_room_key key, uint64_t lease_id
     if (room->state == KVF_CPS_ROOM_COMPLETED)
         return kvf_error_set(err, -EPERM, "room %" PRIu64 ":%" PRIu64 " is COMPLETED", key.room_id,
                              key.generation);
+    if (part->completed)
+        return kvf_error_set(err, -EPERM,
+                             "lease_id: lease %" PRIu64 " belongs to a participant that already "
+                             "completed; its pages cannot grow",
+                             lease_id);
     size_t total = (size_t)part->nranges + range_count;
     if (total > st->opts.max_ranges_per_call)
         return kvf_error_set(err, -E2BIG,

@@ -340,7 +340,7 @@ struct kvf_cps_stats {
     uint64_t notices_resent;
     uint64_t reports_stale; /* stale generation / token / incarnation */
     uint64_t reports_tokenless;
-    uint64_t reports_unknown; /* unknown room or node */
+    uint64_t reports_unknown;     /* unknown room or node */
     uint64_t rooms_past_deadline; /* ABORTING rooms past their drain deadline now */
     uint64_t fences_requested;
     uint64_t generation; /* the last generation minted */

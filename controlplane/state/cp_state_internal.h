@@ -111,6 +111,7 @@ struct cp_pool {
     uint32_t page_size;
     uint32_t page_count;
     uint32_t nleases;       /* leases not yet RELEASED */
+    uint32_t refs;          /* the nodes that list it, and every lease (any state) in it */
     struct cp_page *pages;  /* allocated at the first lease */
     struct cp_part *leases; /* list of those leases (error messages only) */
 };
@@ -278,6 +279,11 @@ int cp_pages_acquire(struct cp_pool *pool, struct cp_part *part,
 /* Unmarks every page of `part` and takes it off the pool's lease list. */
 void cp_pages_release(struct cp_pool *pool, struct cp_part *part);
 void cp_pool_link(struct cp_pool *pool, struct cp_part *part);
+/* A pool is shared by the node incarnations that list it and by the leases
+ * in it (a restarted node adopts the pools its old incarnation's leases still
+ * hold): cp_pool_ref takes a reference, cp_pool_free drops one and frees the
+ * pool with the last. */
+void cp_pool_ref(struct cp_pool *pool);
 void cp_pool_free(struct cp_pool *pool);
 
 #endif /* CP_STATE_INTERNAL_H */

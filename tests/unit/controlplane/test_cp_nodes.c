@@ -291,8 +291,13 @@ static void drain_deadline_escalates_and_fences_but_never_releases(void **state)
     assert_int_equal(lease_state(f, key, 0), KVF_CPS_LEASE_RELEASING);
     assert_int_equal(lease_state(f, key, 1), KVF_CPS_LEASE_RELEASING);
     assert_int_equal(stats(f).leases_by_state[KVF_CPS_LEASE_RELEASED], 0);
-    /* The fence is the proof: n1 cut n2 off. */
+    /* n1 cut n2 off, which protects n1's pages; but n2 is still attached
+     * and may still run local work on its own pages, so only its own drain
+     * (or its loss) ends the room. */
     assert_int_equal(fenced(f, "n1", "n2", 1), 0);
+    assert_int_equal(room_state(f, key), KVF_CPS_ROOM_ABORTING);
+    assert_int_equal(stats(f).leases_by_state[KVF_CPS_LEASE_RELEASED], 0);
+    assert_int_equal(drained(f, "n2", key, t), 0);
     assert_int_equal(room_state(f, key), KVF_CPS_ROOM_ABORTED);
     assert_int_equal(fx_count(f, KVF_CPS_FX_LEASE_RELEASED, NULL), 2);
     assert_int_equal(stats(f).rooms_past_deadline, 0);

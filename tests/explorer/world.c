@@ -1,0 +1,1573 @@
+/*
+ * world.c: the simulated cluster that the schedule explorer drives.
+ *
+ * Real parts: the control-plane core (kvf_cps) and one lifetime table
+ * (kvf_lt_table) per node. Simulated parts: engines (page allocators), node
+ * agents (what kvfence-node does on a notice, a completion or a fence), native
+ * ops in flight, and the links between nodes and the control plane, which lose,
+ * duplicate and delay messages. See world.h for the action model.
+ *
+ * What "touching a page" means here: a transfer op counted on a source node
+ * reads that node's source pages and writes the sink's pages on the peer node;
+ * a sink-local op (a CUDA scatter, a TCP receive) writes the sink's own pages.
+ * An op stops touching a peer's pages once that peer fenced the op's node
+ * incarnation, and stops touching anything when its process dies. A LOST
+ * node's own pages do not matter (DESIGN.md §4, "Lost node").
+ *
+ * The invariants checked after every action:
+ *   I1 no lease is RELEASED (in the core, or by an effect) while a live,
+ *      unfenced op touches its pages;
+ *   I3 no op is admitted on a lifetime whose abort notice was processed, and no
+ *      overlapping write lease is ever granted (a failed join changes nothing);
+ *   I4 each lease is released exactly once and the core's lease state agrees
+ *      with the effects seen; abort returns one token per room-generation;
+ *   I5 stale, tokenless and foreign reports change nothing;
+ *   I7 a room with a participant lacking QUIESCE_V1 never sends a room update;
+ *   room states move only along DESIGN.md §3.
+ * And at the end (world_quiesce): every room terminal, every lease released,
+ * every page back with its engine, every lifetime drained.
+ */
+#include "world.h"
+
+#include <errno.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "cp_state.h"
+#include "lifetime.h"
+
+#define NODES      5 /* n0..n3, and n4 which may lack QUIESCE_V1 */
+#define OLD_NODE   4
+#define POOL_PAGES 64
+#define MAX_ROOMS  4096
+#define ROOM_IDS   6
+#define MAX_PARTS  6
+#define MAX_RANGES 4
+#define MAX_OPS    256
+#define MAX_LIVES  1024
+#define MAX_CHUNKS 256
+#define QCAP       1024
+
+enum msg_type {
+    M_ROOM_UPDATE,
+    M_ABORT,
+    M_FENCE,
+    R_DRAINED,
+    R_COMPLETED,
+    R_FAILED,
+    R_FENCED,
+};
+
+struct msg {
+    uint8_t type;
+    kvf_room_key key;
+    kvf_token token;
+    uint32_t rank;
+    int role;
+    int peer;
+    uint64_t peer_inc;
+    uint64_t inc; /* sender's incarnation (reports) */
+};
+
+struct queue {
+    struct msg m[QCAP];
+    unsigned head, len;
+};
+
+struct spart {
+    int node;
+    uint32_t rank;
+    enum kvf_cps_role role;
+    bool joined, refused, released;
+    uint64_t lease_id;
+    struct kvf_cps_page_range ranges[MAX_RANGES];
+    int nranges;
+    int chunks_planned, chunks_sent, chunks_queued;
+    bool failed, completed_sent;
+};
+
+struct sroom {
+    bool used, dead, has_old;
+    uint64_t room_id;
+    kvf_room_key key; /* generation 0 until a join succeeded */
+    int nsrc, nsink, nparts;
+    struct spart parts[MAX_PARTS];
+    bool have_token;
+    kvf_token token;
+    int state; /* last state announced by a ROOM_STATE effect, 0 before */
+};
+
+struct nlife {
+    bool used;
+    kvf_room_key key;
+    struct kvf_lt *lt;
+    bool have_token, drained;
+    kvf_token token;
+};
+
+struct schunk {
+    struct kvf_lt_chunk c; /* first: recovered by cast */
+    bool used;
+    int node, room, part, sink;
+};
+
+struct snode {
+    char name[16];
+    uint64_t inc;
+    bool alive, connected, old;
+    struct kvf_lt_table *tab;
+    struct nlife lives[MAX_LIVES];
+    struct queue inbox, outbox;
+    uint32_t page_owner[POOL_PAGES]; /* room * MAX_PARTS + part + 1, 0 = free */
+    uint64_t fenced_inc[NODES];      /* this node fenced peer i at this incarnation */
+};
+
+struct sop {
+    bool used, quarantined;
+    struct kvf_lt_op op;
+    int node, peer, room, src_part, sink_part;
+    bool neutral[NODES];
+};
+
+struct world {
+    uint64_t rng;
+    struct kvf_cps *cps;
+    kvf_time_ns now;
+    struct snode nodes[NODES];
+    struct sroom rooms[MAX_ROOMS];
+    int nrooms;
+    int current[ROOM_IDS + 1]; /* room_id -> latest sim room index, -1 */
+    struct sop ops[MAX_OPS];
+    struct schunk chunks[MAX_CHUNKS];
+    uint64_t next_bad_id;
+    bool failed, trace;
+    char failure[512];
+    struct world_stats stats;
+};
+
+/* ---- small helpers ------------------------------------------------------ */
+
+static uint64_t splitmix(uint64_t *s)
+{
+    uint64_t z = (*s += 0x9e3779b97f4a7c15ull);
+    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+    return z ^ (z >> 31);
+}
+
+static void world_random(void *ctx, void *buf, size_t len)
+{
+    struct world *w = ctx;
+    unsigned char *p = buf;
+    while (len > 0) {
+        uint64_t r = splitmix(&w->rng);
+        size_t n = len < 8 ? len : 8;
+        memcpy(p, &r, n);
+        p += n;
+        len -= n;
+    }
+}
+
+__attribute__((format(printf, 2, 3))) static void fail(struct world *w, const char *fmt, ...)
+{
+    if (w->failed)
+        return;
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(w->failure, sizeof(w->failure), fmt, ap);
+    va_end(ap);
+    w->failed = true;
+}
+
+static bool q_push(struct queue *q, const struct msg *m)
+{
+    if (q->len == QCAP)
+        return false;
+    q->m[(q->head + q->len) % QCAP] = *m;
+    q->len++;
+    return true;
+}
+
+static bool q_pop(struct queue *q, struct msg *m_p)
+{
+    if (q->len == 0)
+        return false;
+    if (m_p != NULL)
+        *m_p = q->m[q->head];
+    q->head = (q->head + 1) % QCAP;
+    q->len--;
+    return true;
+}
+
+static int node_by_name(const struct world *w, const char *name)
+{
+    for (int i = 0; i < NODES; i++) {
+        if (strcmp(w->nodes[i].name, name) == 0)
+            return i;
+    }
+    return -1;
+}
+
+static int room_by_key(const struct world *w, kvf_room_key key)
+{
+    for (int i = w->nrooms - 1; i >= 0; i--) {
+        if (w->rooms[i].used && kvf_room_key_eq(w->rooms[i].key, key))
+            return i;
+    }
+    return -1;
+}
+
+static int part_by_lease(const struct sroom *r, uint64_t lease_id)
+{
+    for (int p = 0; p < r->nparts; p++) {
+        if (r->parts[p].joined && r->parts[p].lease_id == lease_id)
+            return p;
+    }
+    return -1;
+}
+
+static bool room_terminal_state(int s)
+{
+    return s == KVF_CPS_ROOM_COMPLETED || s == KVF_CPS_ROOM_ABORTED;
+}
+
+/* The core's view of a room: its state, or 0 when the core no longer has it. */
+static int cp_room_state(const struct world *w, kvf_room_key key)
+{
+    struct kvf_cps_room_view v;
+    if (key.generation == 0 || kvf_cps_room_get(w->cps, key, &v) != 0)
+        return 0;
+    return (int)v.state;
+}
+
+static int cp_lease_state(const struct world *w, const struct sroom *r, int p)
+{
+    struct kvf_cps_room_view v;
+    if (kvf_cps_room_get(w->cps, r->key, &v) != 0)
+        return 0;
+    for (size_t i = 0; i < v.participant_count; i++) {
+        struct kvf_cps_participant_view pv;
+        if (kvf_cps_room_participant(w->cps, r->key, i, &pv) == 0 &&
+            pv.lease_id == r->parts[p].lease_id)
+            return (int)pv.lease_state;
+    }
+    return 0;
+}
+
+static bool cp_node_lost(const struct world *w, int node, uint64_t inc)
+{
+    struct kvf_cps_node_view v;
+    if (kvf_cps_node_get(w->cps, w->nodes[node].name, &v) != 0)
+        return false;
+    return v.incarnation != inc || v.state == KVF_CPS_NODE_LOST;
+}
+
+/* ---- node agent: lifetimes ------------------------------------------------ */
+
+static struct nlife *life_find(struct snode *n, kvf_room_key key)
+{
+    for (int i = 0; i < MAX_LIVES; i++) {
+        if (n->lives[i].used && kvf_room_key_eq(n->lives[i].key, key))
+            return &n->lives[i];
+    }
+    return NULL;
+}
+
+static struct nlife *life_open(struct world *w, struct snode *n, kvf_room_key key)
+{
+    struct kvf_lt *lt;
+    if (kvf_lt_table_is_late(n->tab, key))
+        return NULL;
+    int rc = kvf_lt_table_open(n->tab, key, &lt);
+    if (rc != 0) {
+        if (rc != -ESTALE && rc != -EEXIST)
+            fail(w, "%s: kvf_lt_table_open(%llu:%llu) failed: %d", n->name,
+                 (unsigned long long)key.room_id, (unsigned long long)key.generation, rc);
+        return NULL;
+    }
+    for (int i = 0; i < MAX_LIVES; i++) {
+        if (!n->lives[i].used) {
+            n->lives[i] = (struct nlife){.used = true, .key = key, .lt = lt};
+            return &n->lives[i];
+        }
+    }
+    fail(w, "%s: out of simulated lifetimes", n->name);
+    return NULL;
+}
+
+static void report(struct snode *n, const struct msg *m)
+{
+    struct msg r = *m;
+    r.inc = n->inc;
+    q_push(&n->outbox, &r);
+}
+
+/* Sends a drained report for every lifetime whose drained event is due. */
+static void node_take_drains(struct snode *n)
+{
+    for (int i = 0; i < MAX_LIVES; i++) {
+        struct nlife *l = &n->lives[i];
+        if (!l->used || !kvf_lt_take_drained(l->lt))
+            continue;
+        l->drained = true;
+        if (l->have_token)
+            report(n, &(struct msg){.type = R_DRAINED, .key = l->key, .token = l->token});
+    }
+}
+
+static void drop_chunk(void *ctx, struct kvf_lt_chunk *c)
+{
+    struct world *w = ctx;
+    struct schunk *ch = (struct schunk *)c;
+    if (!ch->used)
+        fail(w, "a dropped chunk was not queued");
+    ch->used = false;
+    w->rooms[ch->room].parts[ch->part].chunks_queued--;
+}
+
+/* ---- ops ----------------------------------------------------------------- */
+
+static bool op_touches(const struct sop *o, int room, int part)
+{
+    return o->room == room && (o->src_part == part || o->sink_part == part);
+}
+
+/* May `o` still touch the pages of rooms[room].parts[part]? */
+static bool op_harms(const struct world *w, const struct sop *o, int room, int part)
+{
+    if (!o->used || !op_touches(o, room, part))
+        return false;
+    int page_node = w->rooms[room].parts[part].node;
+    if (page_node == o->node)
+        return !cp_node_lost(w, o->node, w->nodes[o->node].inc);
+    return !o->neutral[page_node];
+}
+
+static void op_free(struct sop *o)
+{
+    o->used = false;
+}
+
+static int live_ops(const struct world *w, int *idx, bool quarantined_only)
+{
+    int n = 0;
+    for (int i = 0; i < MAX_OPS; i++) {
+        if (w->ops[i].used && (!quarantined_only || !w->ops[i].quarantined))
+            idx[n++] = i;
+    }
+    return n;
+}
+
+static void check_completion(struct world *w, int room);
+
+static void op_retire(struct world *w, struct sop *o, enum kvf_lt_outcome outcome)
+{
+    struct snode *n = &w->nodes[o->node];
+    int room = o->room;
+    if (outcome == KVF_LT_DONE_ERROR) {
+        int p = o->src_part >= 0 ? o->src_part : o->sink_part;
+        struct sroom *r = &w->rooms[room];
+        r->parts[p].failed = true;
+        report(n, &(struct msg){.type = R_FAILED, .key = r->key});
+    }
+    kvf_lt_op_retire(&o->op, outcome);
+    op_free(o);
+    node_take_drains(n);
+    check_completion(w, room);
+}
+
+/* ---- effects -------------------------------------------------------------- */
+
+static bool legal_transition(int from, int to)
+{
+    switch (from) {
+    case 0:
+        return to == KVF_CPS_ROOM_OPENING || to == KVF_CPS_ROOM_ACTIVE ||
+               to == KVF_CPS_ROOM_ABORTING;
+    case KVF_CPS_ROOM_OPENING:
+        return to == KVF_CPS_ROOM_ACTIVE || to == KVF_CPS_ROOM_ABORTING;
+    case KVF_CPS_ROOM_ACTIVE:
+        return to == KVF_CPS_ROOM_COMPLETED || to == KVF_CPS_ROOM_ABORTING;
+    case KVF_CPS_ROOM_ABORTING:
+        return to == KVF_CPS_ROOM_ABORTED;
+    default:
+        return false;
+    }
+}
+
+static void engine_lease_released(struct world *w, const struct kvf_cps_effect *e)
+{
+    int ri = room_by_key(w, e->key);
+    if (ri < 0) {
+        fail(w, "LEASE_RELEASED for unknown room %llu:%llu", (unsigned long long)e->key.room_id,
+             (unsigned long long)e->key.generation);
+        return;
+    }
+    struct sroom *r = &w->rooms[ri];
+    int p = part_by_lease(r, e->lease_id);
+    if (p < 0) {
+        fail(w, "LEASE_RELEASED for unknown lease %llu", (unsigned long long)e->lease_id);
+        return;
+    }
+    struct spart *sp = &r->parts[p];
+    if (sp->released) {
+        fail(w, "I4: lease %llu of room %llu:%llu released twice", (unsigned long long)e->lease_id,
+             (unsigned long long)r->key.room_id, (unsigned long long)r->key.generation);
+        return;
+    }
+    if (!room_terminal_state(cp_room_state(w, r->key)))
+        fail(w, "I1: lease %llu released while room %llu:%llu is not terminal",
+             (unsigned long long)e->lease_id, (unsigned long long)r->key.room_id,
+             (unsigned long long)r->key.generation);
+    for (int i = 0; i < MAX_OPS; i++) {
+        if (op_harms(w, &w->ops[i], ri, p))
+            fail(w,
+                 "I1: lease %llu of room %llu:%llu released while op %d on %s still touches "
+                 "its pages",
+                 (unsigned long long)e->lease_id, (unsigned long long)r->key.room_id,
+                 (unsigned long long)r->key.generation, i, w->nodes[w->ops[i].node].name);
+    }
+    sp->released = true;
+    w->stats.leases_released++;
+    struct snode *n = &w->nodes[sp->node];
+    uint32_t owner = (uint32_t)(ri * MAX_PARTS + p + 1);
+    for (int pg = 0; pg < POOL_PAGES; pg++) {
+        if (n->page_owner[pg] == owner)
+            n->page_owner[pg] = 0;
+    }
+}
+
+static void route_effects(struct world *w)
+{
+    size_t count;
+    const struct kvf_cps_effect *fx = kvf_cps_effects_take(w->cps, &count);
+    for (size_t i = 0; i < count; i++) {
+        const struct kvf_cps_effect *e = &fx[i];
+        if (w->trace)
+            printf(
+                "    fx kind=%d key=%llu:%llu node=%s/%llu peer=%s/%llu lease=%llu state %d->%d\n",
+                e->kind, (unsigned long long)e->key.room_id, (unsigned long long)e->key.generation,
+                e->node_id, (unsigned long long)e->incarnation, e->peer_node,
+                (unsigned long long)e->peer_incarnation, (unsigned long long)e->lease_id,
+                e->old_state, e->new_state);
+        int node = node_by_name(w, e->node_id);
+        struct snode *n = node >= 0 ? &w->nodes[node] : NULL;
+        bool reachable = n != NULL && n->alive && n->connected && n->inc == e->incarnation;
+        switch (e->kind) {
+        case KVF_CPS_FX_ROOM_UPDATE: {
+            int ri = room_by_key(w, e->key);
+            if (ri >= 0 && w->rooms[ri].has_old)
+                fail(w,
+                     "I7: room %llu:%llu with a participant lacking QUIESCE_V1 sent a room "
+                     "update",
+                     (unsigned long long)e->key.room_id, (unsigned long long)e->key.generation);
+            if (reachable)
+                q_push(&n->inbox, &(struct msg){.type = M_ROOM_UPDATE, .key = e->key});
+            break;
+        }
+        case KVF_CPS_FX_ABORT_NOTICE:
+            if (kvf_token_is_zero(e->token))
+                fail(w, "an abort notice carries no token");
+            if (reachable)
+                q_push(&n->inbox, &(struct msg){.type = M_ABORT, .key = e->key, .token = e->token});
+            break;
+        case KVF_CPS_FX_FENCE_PEER:
+            if (reachable)
+                q_push(&n->inbox, &(struct msg){.type = M_FENCE,
+                                                .peer = node_by_name(w, e->peer_node),
+                                                .peer_inc = e->peer_incarnation});
+            break;
+        case KVF_CPS_FX_LEASE_RELEASED:
+            engine_lease_released(w, e);
+            break;
+        case KVF_CPS_FX_ROOM_STATE: {
+            int ri = room_by_key(w, e->key);
+            if (ri < 0)
+                break; /* a room the engines never saw succeed a join */
+            struct sroom *r = &w->rooms[ri];
+            if (!legal_transition(r->state, e->new_state))
+                fail(w, "room %llu:%llu moved %s -> %s", (unsigned long long)e->key.room_id,
+                     (unsigned long long)e->key.generation,
+                     r->state ? kvf_cps_room_state_name(r->state) : "(none)",
+                     kvf_cps_room_state_name(e->new_state));
+            r->state = e->new_state;
+            if (e->new_state == KVF_CPS_ROOM_COMPLETED)
+                w->stats.rooms_completed++;
+            if (e->new_state == KVF_CPS_ROOM_ABORTED)
+                w->stats.rooms_aborted++;
+            break;
+        }
+        case KVF_CPS_FX_NODE_STATE:
+        case KVF_CPS_FX_ESCALATION:
+            break;
+        }
+    }
+}
+
+/* ---- invariants after every step ------------------------------------------ */
+
+static void check_invariants(struct world *w)
+{
+    for (int ri = 0; ri < w->nrooms && !w->failed; ri++) {
+        struct sroom *r = &w->rooms[ri];
+        if (!r->used || r->dead || r->key.generation == 0)
+            continue;
+        int state = cp_room_state(w, r->key);
+        bool all_released = true;
+        for (int p = 0; p < r->nparts; p++) {
+            struct spart *sp = &r->parts[p];
+            if (!sp->joined)
+                continue;
+            int ls = state ? cp_lease_state(w, r, p) : KVF_CPS_LEASE_RELEASED;
+            if ((ls == KVF_CPS_LEASE_RELEASED) != sp->released)
+                fail(w, "I4: lease %llu of room %llu:%llu is %s in the core but the engine %s told",
+                     (unsigned long long)sp->lease_id, (unsigned long long)r->key.room_id,
+                     (unsigned long long)r->key.generation, kvf_cps_lease_state_name(ls),
+                     sp->released ? "was" : "was not");
+            if (ls == KVF_CPS_LEASE_RELEASED) {
+                for (int i = 0; i < MAX_OPS; i++) {
+                    if (op_harms(w, &w->ops[i], ri, p))
+                        fail(w, "I1: lease %llu is RELEASED while op %d on %s touches its pages",
+                             (unsigned long long)sp->lease_id, i, w->nodes[w->ops[i].node].name);
+                }
+            }
+            all_released = all_released && sp->released;
+        }
+        if (state != 0 && state != r->state && !(r->state == 0 && state == KVF_CPS_ROOM_OPENING))
+            fail(w, "room %llu:%llu is %s in the core but its last effect said %s",
+                 (unsigned long long)r->key.room_id, (unsigned long long)r->key.generation,
+                 kvf_cps_room_state_name(state),
+                 r->state ? kvf_cps_room_state_name(r->state) : "(none)");
+        if ((state == 0 || room_terminal_state(state)) && all_released && r->state != 0 &&
+            room_terminal_state(r->state))
+            r->dead = true;
+    }
+}
+
+/* ---- completion ---------------------------------------------------------- */
+
+static bool part_has_ops(const struct world *w, int room, int part)
+{
+    for (int i = 0; i < MAX_OPS; i++) {
+        if (w->ops[i].used && op_touches(&w->ops[i], room, part) &&
+            (w->ops[i].src_part == part || w->ops[i].node == w->rooms[room].parts[part].node))
+            return true;
+    }
+    return false;
+}
+
+static void check_completion(struct world *w, int room)
+{
+    struct sroom *r = &w->rooms[room];
+    if (r->key.generation == 0)
+        return;
+    bool sources_done = true;
+    for (int p = 0; p < r->nparts; p++) {
+        struct spart *sp = &r->parts[p];
+        if (sp->role == KVF_CPS_ROLE_SOURCE && !sp->completed_sent)
+            sources_done = false;
+    }
+    for (int p = 0; p < r->nparts; p++) {
+        struct spart *sp = &r->parts[p];
+        struct snode *n = &w->nodes[sp->node];
+        if (!sp->joined || sp->completed_sent || sp->failed || !n->alive)
+            continue;
+        struct nlife *l = life_find(n, r->key);
+        if (l == NULL || kvf_lt_state(l->lt) != KVF_LT_OPEN)
+            continue;
+        bool done = sp->role == KVF_CPS_ROLE_SOURCE
+                        ? sp->chunks_sent == sp->chunks_planned && sp->chunks_queued == 0
+                        : sources_done;
+        if (!done || part_has_ops(w, room, p))
+            continue;
+        sp->completed_sent = true;
+        report(n, &(struct msg){
+                      .type = R_COMPLETED, .key = r->key, .rank = sp->rank, .role = sp->role});
+        if (sp->role == KVF_CPS_ROLE_SOURCE)
+            check_completion(w, room);
+    }
+}
+
+/* ---- engines ------------------------------------------------------------- */
+
+static bool alloc_pages(struct snode *n, int npages, uint32_t owner, struct kvf_cps_page_range *rg)
+{
+    for (int start = 0; start + npages <= POOL_PAGES; start++) {
+        int k = 0;
+        while (k < npages && n->page_owner[start + k] == 0)
+            k++;
+        if (k == npages) {
+            for (k = 0; k < npages; k++)
+                n->page_owner[start + k] = owner;
+            rg->first = (uint32_t)start;
+            rg->count = (uint32_t)npages;
+            return true;
+        }
+    }
+    return false;
+}
+
+static void free_range(struct snode *n, const struct kvf_cps_page_range *rg)
+{
+    for (uint32_t k = 0; k < rg->count; k++)
+        n->page_owner[rg->first + k] = 0;
+}
+
+static int new_room(struct world *w, uint64_t room_id, uint32_t b, uint32_t c)
+{
+    if (w->nrooms == MAX_ROOMS)
+        return -1;
+    int ri = w->nrooms++;
+    struct sroom *r = &w->rooms[ri];
+    memset(r, 0, sizeof(*r));
+    r->used = true;
+    r->room_id = room_id;
+    r->nsrc = 1 + (int)(b % 3);
+    r->nsink = 1 + (int)((b >> 3) % 2);
+    r->nparts = r->nsrc + r->nsink;
+    uint64_t s = ((uint64_t)b << 32) | c;
+    for (int p = 0; p < r->nparts; p++) {
+        struct spart *sp = &r->parts[p];
+        uint64_t x = splitmix(&s);
+        sp->role = p < r->nsrc ? KVF_CPS_ROLE_SOURCE : KVF_CPS_ROLE_SINK;
+        sp->rank = (uint32_t)(p < r->nsrc ? p : p - r->nsrc);
+        sp->node = (int)(x % NODES);
+        if (sp->node == OLD_NODE && w->nodes[OLD_NODE].old && (x >> 8) % 4 != 0)
+            sp->node = (int)((x >> 8) % 4); /* keep refused rooms a minority */
+        if (w->nodes[sp->node].old)
+            r->has_old = true;
+        int pages = (int)((x >> 16) % 7); /* 0: a dummy rank */
+        sp->chunks_planned = pages == 0 ? 0 : 1 + (int)((x >> 24) % 3);
+        sp->ranges[0].count = (uint32_t)pages;
+    }
+    w->current[room_id] = ri;
+    w->stats.rooms_created++;
+    return ri;
+}
+
+static void act_join(struct world *w, const struct action *act)
+{
+    uint64_t room_id = 1 + act->a % ROOM_IDS;
+    if (act->b % 4 != 0) {
+        /* Mostly, engines join rooms that are waiting for them. */
+        uint64_t waiting[ROOM_IDS];
+        int nw = 0;
+        for (uint64_t id = 1; id <= ROOM_IDS; id++) {
+            int k = w->current[id];
+            if (k < 0)
+                continue;
+            for (int p = 0; p < w->rooms[k].nparts; p++) {
+                if (!w->rooms[k].parts[p].joined && !w->rooms[k].parts[p].refused) {
+                    waiting[nw++] = id;
+                    break;
+                }
+            }
+        }
+        if (nw > 0)
+            room_id = waiting[act->a % (uint32_t)nw];
+    }
+    int ri = w->current[room_id];
+    if (ri >= 0) {
+        struct sroom *r = &w->rooms[ri];
+        bool pending = false;
+        for (int p = 0; p < r->nparts; p++)
+            pending = pending || (!r->parts[p].joined && !r->parts[p].refused);
+        int state = cp_room_state(w, r->key);
+        if (pending && r->key.generation != 0 && state != KVF_CPS_ROOM_OPENING) {
+            /* The room left OPENING (timed out, aborted) before everyone
+             * joined: the late engines give up on it. */
+            for (int p = 0; p < r->nparts; p++)
+                r->parts[p].refused = r->parts[p].refused || !r->parts[p].joined;
+            pending = false;
+        }
+        if (!pending && (r->key.generation == 0 || state == 0 || room_terminal_state(state)))
+            ri = -1;
+        else if (!pending)
+            return; /* the room is still running: wait for it */
+    }
+    if (ri < 0)
+        ri = new_room(w, room_id, act->b, act->c);
+    if (ri < 0)
+        return;
+    struct sroom *r = &w->rooms[ri];
+    int p = 0;
+    while (p < r->nparts && (r->parts[p].joined || r->parts[p].refused))
+        p++;
+    if (p == r->nparts)
+        return;
+    struct spart *sp = &r->parts[p];
+    struct snode *n = &w->nodes[sp->node];
+    if (!(n->alive && n->connected) && act->c % 8 != 0)
+        return; /* the engine mostly waits for its node to be back */
+    struct kvf_cps_page_range rg = {0, 0};
+    int pages = (int)sp->ranges[0].count;
+    if (pages > 0 && !alloc_pages(n, pages, (uint32_t)(ri * MAX_PARTS + p + 1), &rg))
+        return; /* the engine has no free pages now; it tries again later */
+    struct kvf_cps_join j = {
+        .room_id = room_id,
+        .expected_sources = (uint32_t)r->nsrc,
+        .expected_sinks = (uint32_t)r->nsink,
+        .node_id = n->name,
+        .rank = sp->rank,
+        .role = sp->role,
+        .engine_protocol_min = KVF_PROTOCOL_MIN,
+        .engine_protocol_max = KVF_PROTOCOL_MAX,
+        .engine_features = KVF_FEATURE_QUIESCE_V1,
+        .pool_id = 1,
+        .ranges = &rg,
+        .range_count = pages > 0 ? 1 : 0,
+    };
+    struct kvf_cps_join_result res;
+    struct kvf_error err;
+    int rc = kvf_cps_join(w->cps, &j, w->now, &res, &err);
+    if (rc != 0) {
+        if (pages > 0)
+            free_range(n, &rg);
+        sp->refused = true;
+        w->stats.joins_refused++;
+        if (n->old && n->alive && n->connected && rc != -ENOTSUP)
+            fail(w, "I7: join from %s (no QUIESCE_V1) got %d, not -ENOTSUP: %s", n->name, rc,
+                 err.msg);
+        route_effects(w);
+        return;
+    }
+    if (n->old)
+        fail(w, "I7: join from %s (no QUIESCE_V1) was accepted", n->name);
+    if (r->key.generation != 0 && !kvf_room_key_eq(r->key, res.key))
+        fail(w, "joins of one room got two keys: %llu:%llu and %llu:%llu",
+             (unsigned long long)r->key.room_id, (unsigned long long)r->key.generation,
+             (unsigned long long)res.key.room_id, (unsigned long long)res.key.generation);
+    r->key = res.key;
+    sp->joined = true;
+    sp->lease_id = res.lease_id;
+    sp->ranges[0] = rg;
+    sp->nranges = pages > 0 ? 1 : 0;
+    route_effects(w);
+}
+
+/* Picks the `k`-th room that has a key and is not dead, or -1. With
+ * `active`, only rooms last seen ACTIVE (transfers mostly target those). */
+static int pick_room_in(const struct world *w, uint32_t k, bool active)
+{
+    int cand[MAX_ROOMS];
+    int n = 0;
+    for (int i = 0; i < w->nrooms; i++) {
+        const struct sroom *r = &w->rooms[i];
+        if (r->used && !r->dead && r->key.generation != 0 &&
+            (!active || r->state == KVF_CPS_ROOM_ACTIVE))
+            cand[n++] = i;
+    }
+    return n == 0 ? -1 : cand[k % (uint32_t)n];
+}
+
+static int pick_room(const struct world *w, uint32_t k)
+{
+    return pick_room_in(w, k, false);
+}
+
+static void act_extend(struct world *w, const struct action *act)
+{
+    int ri = pick_room(w, act->a);
+    if (ri < 0)
+        return;
+    struct sroom *r = &w->rooms[ri];
+    struct spart *sp = &r->parts[act->b % (uint32_t)r->nparts];
+    int p = (int)(sp - r->parts);
+    if (!sp->joined || sp->nranges == 0 || sp->nranges == MAX_RANGES || sp->completed_sent)
+        return;
+    struct snode *n = &w->nodes[sp->node];
+    struct kvf_cps_page_range rg;
+    if (!alloc_pages(n, 1 + (int)(act->c % 3), (uint32_t)(ri * MAX_PARTS + p + 1), &rg))
+        return;
+    int rc = kvf_cps_lease_extend(w->cps, r->key, sp->lease_id, &rg, 1, w->now, NULL);
+    if (rc != 0) {
+        free_range(n, &rg);
+    } else {
+        sp->ranges[sp->nranges++] = rg;
+        if (sp->role == KVF_CPS_ROLE_SOURCE)
+            sp->chunks_planned++;
+    }
+    route_effects(w);
+}
+
+static struct sop *op_alloc(struct world *w)
+{
+    for (int i = 0; i < MAX_OPS; i++) {
+        if (!w->ops[i].used)
+            return &w->ops[i];
+    }
+    return NULL;
+}
+
+/* A node admits one op for a chunk; -1 when admission refused it. */
+static int admit_op(struct world *w, int node, int ri, int src, int sink, enum kvf_lt_op_kind kind,
+                    int peer)
+{
+    struct snode *n = &w->nodes[node];
+    struct nlife *l = life_find(n, w->rooms[ri].key);
+    struct sop *o = op_alloc(w);
+    if (l == NULL || o == NULL)
+        return -1;
+    int rc = kvf_lt_admit(l->lt, &o->op, kind, (uint32_t)peer);
+    if (rc != 0) {
+        w->stats.ops_refused++;
+        return -1;
+    }
+    if (l->have_token)
+        fail(w, "I2: %s admitted an op for room %llu:%llu after processing its abort notice",
+             n->name, (unsigned long long)w->rooms[ri].key.room_id,
+             (unsigned long long)w->rooms[ri].key.generation);
+    *o = (struct sop){.used = true,
+                      .op = o->op,
+                      .node = node,
+                      .peer = peer,
+                      .room = ri,
+                      .src_part = src,
+                      .sink_part = sink};
+    for (int i = 0; i < NODES; i++)
+        o->neutral[i] = w->nodes[i].fenced_inc[node] == n->inc;
+    struct sroom *r = &w->rooms[ri];
+    if (cp_lease_state(w, r, src >= 0 ? src : sink) == KVF_CPS_LEASE_RELEASED ||
+        (sink >= 0 && cp_lease_state(w, r, sink) == KVF_CPS_LEASE_RELEASED))
+        fail(w, "I3: %s admitted an op on a RELEASED lease of room %llu:%llu", n->name,
+             (unsigned long long)r->key.room_id, (unsigned long long)r->key.generation);
+    w->stats.ops_admitted++;
+    return 0;
+}
+
+static void act_submit(struct world *w, const struct action *act)
+{
+    int ri = pick_room_in(w, act->a, act->c % 8 != 0);
+    if (ri < 0)
+        return;
+    struct sroom *r = &w->rooms[ri];
+    int src = (int)(act->b % (uint32_t)r->nsrc);
+    struct spart *sp = &r->parts[src];
+    struct snode *n = &w->nodes[sp->node];
+    if (!sp->joined || sp->completed_sent || !n->alive)
+        return; /* a participant that reported completion submits nothing more */
+    struct nlife *l = life_find(n, r->key);
+    if (l == NULL)
+        return; /* no room update yet: the node knows no sink lease */
+    /* A queued chunk starts first; else a new chunk is queued or started. */
+    struct kvf_lt_chunk *qc = kvf_lt_dequeue_chunk(l->lt);
+    int sink;
+    if (qc != NULL) {
+        struct schunk *ch = (struct schunk *)qc;
+        ch->used = false;
+        r->parts[ch->part].chunks_queued--;
+        src = ch->part;
+        sink = ch->sink;
+    } else {
+        if (sp->chunks_sent >= sp->chunks_planned)
+            return;
+        sink = r->nsrc + (int)(act->c % (uint32_t)r->nsink);
+        if (!r->parts[sink].joined || r->parts[sink].nranges == 0)
+            return; /* a dummy sink receives nothing */
+        sp->chunks_sent++;
+        if (act->c % 4 == 0) {
+            for (int i = 0; i < MAX_CHUNKS; i++) {
+                if (!w->chunks[i].used) {
+                    w->chunks[i] = (struct schunk){
+                        .used = true, .node = sp->node, .room = ri, .part = src, .sink = sink};
+                    if (kvf_lt_queue_chunk(l->lt, &w->chunks[i].c) != 0)
+                        w->chunks[i].used = false;
+                    else
+                        sp->chunks_queued++;
+                    return;
+                }
+            }
+            return;
+        }
+    }
+    int peer = r->parts[sink].node;
+    if (n->fenced_inc[peer] != 0 && n->fenced_inc[peer] == w->nodes[peer].inc)
+        return; /* this node fenced that peer: its queue pairs are in error */
+    enum kvf_lt_op_kind kind = act->b % 2 ? KVF_LT_OP_RDMA_WR : KVF_LT_OP_TCP_FRAME;
+    admit_op(w, sp->node, ri, src, sink, kind, peer);
+}
+
+static void act_sink_op(struct world *w, const struct action *act)
+{
+    int ri = pick_room_in(w, act->a, act->c % 8 != 0);
+    if (ri < 0)
+        return;
+    struct sroom *r = &w->rooms[ri];
+    int sink = r->nsrc + (int)(act->b % (uint32_t)r->nsink);
+    struct spart *sp = &r->parts[sink];
+    if (!sp->joined || sp->nranges == 0 || sp->completed_sent || !w->nodes[sp->node].alive)
+        return;
+    admit_op(w, sp->node, ri, -1, sink, KVF_LT_OP_CUDA_COPY, sp->node);
+}
+
+static void act_complete(struct world *w, const struct action *act, enum kvf_lt_outcome outcome)
+{
+    int idx[MAX_OPS];
+    int n = live_ops(w, idx, false);
+    if (n == 0)
+        return;
+    op_retire(w, &w->ops[idx[act->a % (uint32_t)n]], outcome);
+}
+
+static void act_quarantine(struct world *w, const struct action *act)
+{
+    int idx[MAX_OPS];
+    int n = live_ops(w, idx, true);
+    if (n == 0)
+        return;
+    struct sop *o = &w->ops[idx[act->a % (uint32_t)n]];
+    kvf_lt_op_quarantine(&o->op);
+    o->quarantined = true;
+    /* An error that proves nothing is still a failed transfer: report it. */
+    report(&w->nodes[o->node], &(struct msg){.type = R_FAILED, .key = w->rooms[o->room].key});
+    if (kvf_lt_state(o->op.lt) == KVF_LT_DRAINED)
+        fail(w, "R3: a lifetime with a quarantined op reads DRAINED");
+}
+
+static void act_abort(struct world *w, const struct action *act, bool admin)
+{
+    int ri = pick_room(w, act->a);
+    if (ri < 0)
+        return;
+    struct sroom *r = &w->rooms[ri];
+    kvf_token tok;
+    kvf_room_key key = admin ? (kvf_room_key){r->key.room_id, 0} : r->key;
+    if (admin && w->current[r->key.room_id] != ri)
+        return; /* generation 0 names the current room of the id only */
+    int rc = kvf_cps_room_abort(w->cps, key, admin ? KVF_CPS_ABORT_ADMIN : KVF_CPS_ABORT_ENGINE,
+                                w->now, &tok, NULL);
+    if (rc == 0) {
+        if (kvf_token_is_zero(tok))
+            fail(w, "abort returned an all-zero token");
+        if (r->have_token && !kvf_token_eq(tok, r->token))
+            fail(w, "I4: a second abort of room %llu:%llu returned another token",
+                 (unsigned long long)r->key.room_id, (unsigned long long)r->key.generation);
+        r->have_token = true;
+        r->token = tok;
+    }
+    route_effects(w);
+}
+
+/* ---- node agent: messages from the control plane ------------------------- */
+
+static void node_handle(struct world *w, int node, const struct msg *m)
+{
+    struct snode *n = &w->nodes[node];
+    switch (m->type) {
+    case M_ROOM_UPDATE:
+        if (life_find(n, m->key) == NULL && life_open(w, n, m->key) != NULL)
+            check_completion(w, room_by_key(w, m->key));
+        break;
+    case M_ABORT: {
+        struct nlife *l = life_find(n, m->key);
+        if (l == NULL) {
+            if (kvf_lt_table_is_late(n->tab, m->key)) {
+                /* Forgotten after it drained: the answer is the same report. */
+                report(n, &(struct msg){.type = R_DRAINED, .key = m->key, .token = m->token});
+                break;
+            }
+            l = life_open(w, n, m->key); /* abort before any metadata */
+            if (l == NULL)
+                break;
+        }
+        l->have_token = true;
+        l->token = m->token;
+        if (l->drained)
+            report(n, &(struct msg){.type = R_DRAINED, .key = m->key, .token = m->token});
+        kvf_lt_close(l->lt, drop_chunk, w);
+        node_take_drains(n);
+        break;
+    }
+    case M_FENCE: {
+        int peer = m->peer;
+        if (peer < 0)
+            break;
+        n->fenced_inc[peer] = m->peer_inc;
+        /* Our queue pairs to the peer go to the error state: every op posted
+         * towards it flushes; quarantined ones are retired by the fence. */
+        for (int i = 0; i < MAX_OPS; i++) {
+            struct sop *o = &w->ops[i];
+            if (o->used && o->node == node && o->peer == peer && peer != node && !o->quarantined)
+                op_retire(w, o, KVF_LT_DONE_FLUSHED);
+        }
+        kvf_lt_table_peer_fenced(n->tab, (uint32_t)peer);
+        for (int i = 0; i < MAX_OPS; i++) {
+            struct sop *o = &w->ops[i];
+            if (o->used && o->node == node && o->peer == peer && peer != node && o->quarantined)
+                op_free(o);
+        }
+        /* Nothing the fenced incarnation does can reach our memory any more. */
+        for (int i = 0; i < MAX_OPS; i++) {
+            struct sop *o = &w->ops[i];
+            if (o->used && o->node == peer && w->nodes[peer].inc == m->peer_inc)
+                o->neutral[node] = true;
+        }
+        node_take_drains(n);
+        w->stats.fences++;
+        report(n, &(struct msg){.type = R_FENCED, .peer = peer, .peer_inc = m->peer_inc});
+        break;
+    }
+    default:
+        fail(w, "a report was delivered to a node");
+    }
+}
+
+static void deliver_report(struct world *w, int node, const struct msg *m)
+{
+    struct snode *n = &w->nodes[node];
+    int rc = 0;
+    kvf_token tok;
+    switch (m->type) {
+    case R_DRAINED:
+        rc = kvf_cps_report_drained(w->cps, n->name, m->inc, m->key, m->token, w->now, NULL);
+        break;
+    case R_COMPLETED:
+        rc = kvf_cps_report_completed(w->cps, n->name, m->inc, m->key, m->rank, m->role, w->now,
+                                      NULL);
+        break;
+    case R_FAILED:
+        rc = kvf_cps_report_failed(w->cps, n->name, m->inc, m->key, w->now, &tok, NULL);
+        break;
+    case R_FENCED:
+        if (m->peer >= 0)
+            rc = kvf_cps_report_fenced(w->cps, n->name, m->inc, w->nodes[m->peer].name, m->peer_inc,
+                                       w->now, NULL);
+        break;
+    default:
+        fail(w, "a notice was delivered to the control plane");
+    }
+    if (rc != 0)
+        w->stats.reports_rejected++;
+    route_effects(w);
+}
+
+static int pick_node(const struct world *w, uint32_t k, bool want_inbox)
+{
+    for (int i = 0; i < NODES; i++) {
+        int node = (int)((k + (uint32_t)i) % NODES);
+        const struct snode *n = &w->nodes[node];
+        const struct queue *q = want_inbox ? &n->inbox : &n->outbox;
+        if (n->alive && n->connected && q->len > 0)
+            return node;
+    }
+    return -1;
+}
+
+/* ---- stale reports and bad joins ------------------------------------------ */
+
+struct room_snapshot {
+    int state;
+    bool drained[MAX_PARTS];
+    uint64_t rooms_by_state[6];
+};
+
+static void snapshot(const struct world *w, const struct sroom *r, struct room_snapshot *s)
+{
+    memset(s, 0, sizeof(*s));
+    s->state = cp_room_state(w, r->key);
+    struct kvf_cps_room_view v;
+    if (kvf_cps_room_get(w->cps, r->key, &v) == 0) {
+        for (size_t i = 0; i < v.participant_count && i < MAX_PARTS; i++) {
+            struct kvf_cps_participant_view pv;
+            if (kvf_cps_room_participant(w->cps, r->key, i, &pv) == 0)
+                s->drained[i] = pv.node_drained;
+        }
+    }
+    struct kvf_cps_stats st;
+    kvf_cps_stats_get(w->cps, &st);
+    memcpy(s->rooms_by_state, st.rooms_by_state, sizeof(s->rooms_by_state));
+}
+
+static void act_stale_report(struct world *w, const struct action *act)
+{
+    int ri = pick_room(w, act->a);
+    if (ri < 0)
+        return;
+    struct sroom *r = &w->rooms[ri];
+    struct spart *sp = &r->parts[act->b % (uint32_t)r->nparts];
+    if (!sp->joined)
+        return;
+    struct snode *n = &w->nodes[sp->node];
+    struct room_snapshot before, after;
+    snapshot(w, r, &before);
+    kvf_token tok = r->token;
+    kvf_room_key key = r->key;
+    const char *from = n->name;
+    uint64_t inc = n->inc;
+    bool must_fail = true;
+    switch (act->c % 5) {
+    case 0: /* no token */
+        tok = (kvf_token){0, 0};
+        break;
+    case 1: /* a token nobody minted */
+        tok.hi ^= 0x5a5a5a5a5a5a5a5aull;
+        tok.lo += 1;
+        break;
+    case 2: /* the current token on the previous generation of the id (R13) */
+        if (key.generation < 2)
+            return;
+        key.generation--;
+        must_fail = room_by_key(w, key) < 0; /* a real older room may accept its own */
+        break;
+    case 3: { /* a node that is not in the room */
+        int other = -1;
+        for (int i = 0; i < 4 && other < 0; i++) {
+            bool in = false;
+            for (int p = 0; p < r->nparts; p++)
+                in = in || r->parts[p].node == i;
+            if (!in)
+                other = i;
+        }
+        if (other < 0)
+            return;
+        from = w->nodes[other].name;
+        inc = w->nodes[other].inc;
+        break;
+    }
+    default: /* an old incarnation of the right node */
+        if (inc < 2)
+            return;
+        inc--;
+        break;
+    }
+    if (!r->have_token && act->c % 5 != 0)
+        tok = (kvf_token){0x1234, 0x5678};
+    int rc = kvf_cps_report_drained(w->cps, from, inc, key, tok, w->now, NULL);
+    if (must_fail && rc == 0)
+        fail(w, "I5: a stale drained report (variant %u) for room %llu:%llu was accepted",
+             act->c % 5, (unsigned long long)r->key.room_id, (unsigned long long)r->key.generation);
+    w->stats.reports_rejected += rc != 0;
+    route_effects(w);
+    snapshot(w, r, &after);
+    if (memcmp(&before, &after, sizeof(before)) != 0)
+        fail(w, "I5: a stale drained report (variant %u) changed room %llu:%llu", act->c % 5,
+             (unsigned long long)r->key.room_id, (unsigned long long)r->key.generation);
+}
+
+static void act_bad_join(struct world *w, const struct action *act)
+{
+    struct snode *n = &w->nodes[act->a % 4];
+    int pg = (int)(act->b % POOL_PAGES);
+    if (n->page_owner[pg] == 0 || !n->alive || !n->connected)
+        return;
+    uint32_t owner = n->page_owner[pg] - 1;
+    struct sroom *r = &w->rooms[owner / MAX_PARTS];
+    struct spart *sp = &r->parts[owner % MAX_PARTS];
+    if (!sp->joined || sp->released)
+        return; /* allocated for a join in progress, or freed */
+    struct kvf_cps_page_range rg = {(uint32_t)pg, 1};
+    uint64_t room_id = w->next_bad_id++;
+    struct kvf_cps_join j = {
+        .room_id = room_id,
+        .expected_sources = 1,
+        .expected_sinks = 1,
+        .node_id = n->name,
+        .rank = 0,
+        .role = KVF_CPS_ROLE_SINK,
+        .engine_protocol_min = KVF_PROTOCOL_MIN,
+        .engine_protocol_max = KVF_PROTOCOL_MAX,
+        .engine_features = KVF_FEATURE_QUIESCE_V1,
+        .pool_id = 1,
+        .ranges = &rg,
+        .range_count = 1,
+    };
+    struct kvf_cps_stats before, after;
+    kvf_cps_stats_get(w->cps, &before);
+    struct kvf_cps_join_result res;
+    struct kvf_error err;
+    int rc = kvf_cps_join(w->cps, &j, w->now, &res, &err);
+    route_effects(w);
+    kvf_cps_stats_get(w->cps, &after);
+    struct kvf_cps_room_view v;
+    if (rc == 0)
+        fail(w,
+             "I3: a write lease on %s page %d was granted to room %llu while room %llu:%llu "
+             "holds it",
+             n->name, pg, (unsigned long long)room_id, (unsigned long long)r->key.room_id,
+             (unsigned long long)r->key.generation);
+    else if (rc != -EBUSY)
+        fail(w, "I3: an overlapping join got %d, not -EBUSY: %s", rc, err.msg);
+    else if (kvf_cps_room_get(w->cps, (kvf_room_key){room_id, 0}, &v) != -ENOENT ||
+             memcmp(before.rooms_by_state, after.rooms_by_state, sizeof(before.rooms_by_state)) !=
+                 0 ||
+             memcmp(before.leases_by_state, after.leases_by_state,
+                    sizeof(before.leases_by_state)) != 0)
+        fail(w, "I3: a refused join left state behind");
+    w->stats.joins_refused++;
+}
+
+/* ---- nodes come and go ---------------------------------------------------- */
+
+static int node_attach(struct world *w, int node)
+{
+    struct snode *n = &w->nodes[node];
+    struct kvf_cps_pool pool = {.pool_id = 1, .page_size = 4096, .page_count = POOL_PAGES};
+    struct kvf_cps_node_hello h = {
+        .node_id = n->name,
+        .incarnation = n->inc,
+        .protocol_min = KVF_PROTOCOL_MIN,
+        .protocol_max = KVF_PROTOCOL_MAX,
+        .features = n->old ? KVF_FEATURE_TCP
+                           : (KVF_FEATURE_QUIESCE_V1 | KVF_FEATURE_FENCE_V1 | KVF_FEATURE_TCP |
+                              KVF_FEATURE_RDMA),
+        .pools = &pool,
+        .pool_count = 1,
+    };
+    uint32_t version;
+    int rc = kvf_cps_node_attach(w->cps, &h, w->now, &version, NULL);
+    if (rc == 0)
+        n->connected = true;
+    route_effects(w);
+    return rc;
+}
+
+static void node_kill(struct world *w, int node)
+{
+    struct snode *n = &w->nodes[node];
+    if (!n->alive)
+        return;
+    if (n->connected)
+        kvf_cps_node_detach(w->cps, n->name, n->inc, w->now, NULL);
+    for (int i = 0; i < MAX_OPS; i++) {
+        if (w->ops[i].used && w->ops[i].node == node)
+            op_free(&w->ops[i]); /* the process died: its queue pairs went with it */
+    }
+    for (int i = 0; i < MAX_CHUNKS; i++) {
+        if (w->chunks[i].used && w->chunks[i].node == node) {
+            w->chunks[i].used = false;
+            w->rooms[w->chunks[i].room].parts[w->chunks[i].part].chunks_queued--;
+        }
+    }
+    kvf_lt_table_destroy(n->tab);
+    n->tab = NULL;
+    memset(n->lives, 0, sizeof(n->lives));
+    n->inbox.len = n->outbox.len = 0;
+    n->alive = n->connected = false;
+    route_effects(w);
+}
+
+static void node_start(struct world *w, int node)
+{
+    struct snode *n = &w->nodes[node];
+    n->tab = kvf_lt_table_create();
+    if (n->tab == NULL) {
+        fail(w, "kvf_lt_table_create failed");
+        return;
+    }
+    n->inc++;
+    n->alive = true;
+    memset(n->fenced_inc, 0, sizeof(n->fenced_inc));
+    if (node_attach(w, node) != 0)
+        fail(w, "%s could not attach with a new incarnation", n->name);
+}
+
+static void act_reconnect(struct world *w, int node)
+{
+    struct snode *n = &w->nodes[node];
+    if (!n->alive || n->connected)
+        return;
+    if (node_attach(w, node) != 0) {
+        /* Declared LOST meanwhile: the node must restart with a new
+         * incarnation (its peers fenced the old one). */
+        node_kill(w, node);
+        node_start(w, node);
+    }
+}
+
+/* ---- the step ----------------------------------------------------------- */
+
+bool world_step(struct world *w, const struct action *act)
+{
+    if (w->failed)
+        return false;
+    if (w->trace)
+        printf("  %s a=%u b=%u c=%u\n", act_name(act->kind), act->a, act->b, act->c);
+    switch ((enum act_kind)act->kind) {
+    case ACT_JOIN:
+        act_join(w, act);
+        break;
+    case ACT_EXTEND:
+        act_extend(w, act);
+        break;
+    case ACT_SUBMIT:
+        act_submit(w, act);
+        break;
+    case ACT_SINK_OP:
+        act_sink_op(w, act);
+        break;
+    case ACT_COMPLETE_OK:
+        act_complete(w, act, KVF_LT_DONE_OK);
+        break;
+    case ACT_COMPLETE_ERR:
+        act_complete(w, act, KVF_LT_DONE_ERROR);
+        break;
+    case ACT_QUARANTINE:
+        act_quarantine(w, act);
+        break;
+    case ACT_ABORT:
+        act_abort(w, act, false);
+        break;
+    case ACT_ADMIN_ABORT:
+        act_abort(w, act, true);
+        break;
+    case ACT_DELIVER_CP: {
+        int node = pick_node(w, act->a, true);
+        struct msg m;
+        if (node >= 0 && q_pop(&w->nodes[node].inbox, &m))
+            node_handle(w, node, &m);
+        break;
+    }
+    case ACT_DELIVER_NODE: {
+        int node = pick_node(w, act->a, false);
+        struct msg m;
+        if (node >= 0 && q_pop(&w->nodes[node].outbox, &m))
+            deliver_report(w, node, &m);
+        break;
+    }
+    case ACT_DROP_CP: {
+        int node = pick_node(w, act->a, true);
+        if (node >= 0)
+            q_pop(&w->nodes[node].inbox, NULL);
+        break;
+    }
+    case ACT_DUP_NODE: {
+        int node = pick_node(w, act->a, false);
+        if (node >= 0) {
+            struct queue *q = &w->nodes[node].outbox;
+            q_push(q, &q->m[q->head]);
+        }
+        break;
+    }
+    case ACT_STALE_REPORT:
+        act_stale_report(w, act);
+        break;
+    case ACT_BAD_JOIN:
+        act_bad_join(w, act);
+        break;
+    case ACT_DISCONNECT: {
+        struct snode *n = &w->nodes[act->a % NODES];
+        if (n->alive && n->connected) {
+            kvf_cps_node_detach(w->cps, n->name, n->inc, w->now, NULL);
+            n->connected = false;
+            n->inbox.len = 0; /* what was on the wire is gone */
+            route_effects(w);
+        }
+        break;
+    }
+    case ACT_RECONNECT:
+        act_reconnect(w, (int)(act->a % NODES));
+        break;
+    case ACT_KILL:
+        node_kill(w, (int)(act->a % NODES));
+        break;
+    case ACT_RESTART: {
+        int node = (int)(act->a % NODES);
+        if (!w->nodes[node].alive)
+            node_start(w, node);
+        break;
+    }
+    case ACT_ADMIN_FENCE:
+        kvf_cps_admin_fence(w->cps, w->nodes[act->a % NODES].name, w->now, NULL);
+        route_effects(w);
+        break;
+    case ACT_TICK: {
+        kvf_time_ns d;
+        if (act->a % 32 < 29)
+            d = (act->b % 300) * KVF_NS_PER_MS;
+        else if (act->a % 32 < 31)
+            d = (1 + act->b % 15) * KVF_NS_PER_S;
+        else
+            d = 61 * KVF_NS_PER_S;
+        w->now += d;
+        kvf_cps_tick(w->cps, w->now);
+        route_effects(w);
+        break;
+    }
+    default:
+        break;
+    }
+    if (!w->failed)
+        check_invariants(w);
+    return !w->failed;
+}
+
+/* ---- quiesce and the end-state checks -------------------------------------- */
+
+static bool world_settled(struct world *w)
+{
+    for (int i = 0; i < MAX_OPS; i++) {
+        if (w->ops[i].used)
+            return false;
+    }
+    for (int i = 0; i < NODES; i++) {
+        if (w->nodes[i].inbox.len > 0 || w->nodes[i].outbox.len > 0)
+            return false;
+    }
+    for (int ri = 0; ri < w->nrooms; ri++) {
+        struct sroom *r = &w->rooms[ri];
+        if (!r->used || r->dead || r->key.generation == 0)
+            continue;
+        return false;
+    }
+    return true;
+}
+
+bool world_quiesce(struct world *w)
+{
+    for (int iter = 0; iter < 400 && !w->failed; iter++) {
+        for (int i = 0; i < NODES; i++) {
+            if (!w->nodes[i].alive)
+                node_start(w, i);
+            else if (!w->nodes[i].connected)
+                act_reconnect(w, i);
+        }
+        for (int round = 0; round < 64 && !w->failed; round++) {
+            bool moved = false;
+            for (int i = 0; i < NODES; i++) {
+                struct msg m;
+                while (!w->failed && w->nodes[i].alive && w->nodes[i].connected &&
+                       q_pop(&w->nodes[i].inbox, &m)) {
+                    node_handle(w, i, &m);
+                    moved = true;
+                }
+                while (!w->failed && w->nodes[i].alive && w->nodes[i].connected &&
+                       q_pop(&w->nodes[i].outbox, &m)) {
+                    deliver_report(w, i, &m);
+                    moved = true;
+                }
+            }
+            for (int i = 0; i < MAX_OPS; i++) {
+                if (w->ops[i].used) {
+                    op_retire(w, &w->ops[i], KVF_LT_DONE_OK);
+                    moved = true;
+                }
+            }
+            if (!moved)
+                break;
+        }
+        if (world_settled(w))
+            break;
+        /* Routers give up on what is still open (after a grace for the
+         * completions above to land). */
+        if (iter >= 2) {
+            for (int ri = 0; ri < w->nrooms; ri++) {
+                struct sroom *r = &w->rooms[ri];
+                int s = r->used && !r->dead ? cp_room_state(w, r->key) : 0;
+                if (s == KVF_CPS_ROOM_OPENING || s == KVF_CPS_ROOM_ACTIVE) {
+                    kvf_token tok;
+                    kvf_cps_room_abort(w->cps, r->key, KVF_CPS_ABORT_ENGINE, w->now, &tok, NULL);
+                    route_effects(w);
+                }
+            }
+        }
+        w->now += 500 * KVF_NS_PER_MS;
+        kvf_cps_tick(w->cps, w->now);
+        route_effects(w);
+        if (!w->failed)
+            check_invariants(w);
+    }
+    if (w->failed)
+        return false;
+    /* The end state. */
+    for (int ri = 0; ri < w->nrooms; ri++) {
+        struct sroom *r = &w->rooms[ri];
+        if (!r->used || r->key.generation == 0)
+            continue;
+        int s = cp_room_state(w, r->key);
+        if (s != 0 && !room_terminal_state(s))
+            fail(w, "liveness: room %llu:%llu is still %s after quiesce",
+                 (unsigned long long)r->key.room_id, (unsigned long long)r->key.generation,
+                 kvf_cps_room_state_name(s));
+        for (int p = 0; p < r->nparts; p++) {
+            if (r->parts[p].joined && !r->parts[p].released)
+                fail(w, "liveness: lease %llu of room %llu:%llu (%s) was never released",
+                     (unsigned long long)r->parts[p].lease_id, (unsigned long long)r->key.room_id,
+                     (unsigned long long)r->key.generation,
+                     s ? kvf_cps_room_state_name(s) : "gone");
+        }
+    }
+    for (int i = 0; i < NODES; i++) {
+        struct snode *n = &w->nodes[i];
+        for (int pg = 0; pg < POOL_PAGES; pg++) {
+            if (n->page_owner[pg] != 0) {
+                fail(w, "liveness: page %d of %s never went back to its engine", pg, n->name);
+                break;
+            }
+        }
+        if (n->alive) {
+            for (int k = 0; k < MAX_LIVES; k++) {
+                struct nlife *l = &n->lives[k];
+                if (l->used && kvf_lt_state(l->lt) != KVF_LT_OPEN &&
+                    kvf_lt_state(l->lt) != KVF_LT_DRAINED)
+                    fail(w, "liveness: %s lifetime %llu:%llu is %s", n->name,
+                         (unsigned long long)l->key.room_id, (unsigned long long)l->key.generation,
+                         kvf_lt_state_name(kvf_lt_state(l->lt)));
+            }
+        }
+    }
+    return !w->failed;
+}
+
+/* ---- create / destroy ---------------------------------------------------- */
+
+struct world *world_create(uint64_t seed, const struct world_opts *opts)
+{
+    struct world *w = calloc(1, sizeof(*w));
+    if (w == NULL)
+        return NULL;
+    w->rng = seed;
+    w->trace = opts != NULL && opts->trace;
+    w->now = KVF_NS_PER_S;
+    w->next_bad_id = 1000000;
+    for (int i = 0; i <= ROOM_IDS; i++)
+        w->current[i] = -1;
+    struct kvf_cps_opts co;
+    kvf_cps_opts_init(&co);
+    co.random_fn = world_random;
+    co.random_ctx = w;
+    w->cps = kvf_cps_create(&co);
+    if (w->cps == NULL) {
+        free(w);
+        return NULL;
+    }
+    for (int i = 0; i < NODES; i++) {
+        struct snode *n = &w->nodes[i];
+        snprintf(n->name, sizeof(n->name), "n%d", i);
+        n->old = i == OLD_NODE && opts != NULL && opts->with_old_node;
+        node_start(w, i);
+    }
+    return w;
+}
+
+void world_destroy(struct world *w)
+{
+    if (w == NULL)
+        return;
+    for (int i = 0; i < NODES; i++)
+        kvf_lt_table_destroy(w->nodes[i].tab);
+    kvf_cps_destroy(w->cps);
+    free(w);
+}
+
+const char *world_failure(const struct world *w)
+{
+    return w->failed ? w->failure : NULL;
+}
+
+void world_stats(const struct world *w, struct world_stats *out)
+{
+    *out = w->stats;
+}
+
+const char *act_name(enum act_kind k)
+{
+    static const char *const names[ACT_KIND_COUNT] = {
+        "join",       "extend",       "submit",      "sink_op",    "complete_ok",  "complete_err",
+        "quarantine", "abort",        "admin_abort", "deliver_cp", "deliver_node", "drop_cp",
+        "dup_node",   "stale_report", "bad_join",    "disconnect", "reconnect",    "kill",
+        "restart",    "admin_fence",  "tick",
+    };
+    return (unsigned)k < ACT_KIND_COUNT ? names[k] : "?";
+}

@@ -1,0 +1,89 @@
+/*
+ * world.h: a simulated kvfence cluster for the schedule explorer.
+ *
+ * The world holds one real control-plane core (kvf_cps) and, per simulated
+ * node, one real lifetime table (kvf_lt_table). Around them it simulates what
+ * has no real part in a unit test: the engines (page allocators that free pages
+ * only when told RELEASED), the node agents (what kvfence-node does with a
+ * notice, a completion, a fence), the native ops in flight (each one holding
+ * real kvf_lt_op accounting), and the unreliable links between nodes and the
+ * control plane (messages dropped, duplicated or delayed).
+ *
+ * A schedule is a list of actions. Each action carries raw random numbers that
+ * the world maps onto whatever exists at that moment (the k-th live op, the
+ * j-th open room), so that removing actions from a schedule still replays into
+ * something meaningful: that is what lets the explorer shrink a failing
+ * schedule. The world checks the invariants of DESIGN.md §2 after every action
+ * and records the first violation.
+ */
+#ifndef KVF_EXPLORER_WORLD_H
+#define KVF_EXPLORER_WORLD_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+enum act_kind {
+    ACT_JOIN,         /* an engine joins (creates a room when needed) */
+    ACT_EXTEND,       /* a source extends its lease (chunked prefill) */
+    ACT_SUBMIT,       /* a source node admits a transfer op */
+    ACT_SINK_OP,      /* a sink node admits a local op (CUDA scatter, TCP receive) */
+    ACT_COMPLETE_OK,  /* a live op completes successfully */
+    ACT_COMPLETE_ERR, /* a live op completes with an error (it stopped) */
+    ACT_QUARANTINE,   /* a native call fails without proving the op stopped */
+    ACT_ABORT,        /* an engine (any participant) aborts its room */
+    ACT_ADMIN_ABORT,  /* an operator aborts a room */
+    ACT_DELIVER_CP,   /* deliver the next control-plane -> node message */
+    ACT_DELIVER_NODE, /* deliver the next node -> control-plane report */
+    ACT_DROP_CP,      /* lose the next control-plane -> node message */
+    ACT_DUP_NODE,     /* duplicate the next node -> control-plane report */
+    ACT_STALE_REPORT, /* a stale, tokenless or foreign drained report */
+    ACT_BAD_JOIN,     /* a join that overlaps another room's pages */
+    ACT_DISCONNECT,   /* a node's session drops (the node keeps running) */
+    ACT_RECONNECT,    /* a node's session comes back */
+    ACT_KILL,         /* a node process dies (kill -9) */
+    ACT_RESTART,      /* a dead or lost node starts with a new incarnation */
+    ACT_ADMIN_FENCE,  /* an operator fences a node */
+    ACT_TICK,         /* time passes (small, large or huge steps) */
+    ACT_KIND_COUNT
+};
+
+struct action {
+    uint8_t kind;
+    uint32_t a, b, c;
+};
+
+struct world;
+
+struct world_opts {
+    bool with_old_node; /* one node lacks QUIESCE_V1: its rooms must be refused */
+    bool trace;         /* print every action and effect (for --replay-seed) */
+};
+
+struct world *world_create(uint64_t seed, const struct world_opts *opts);
+void world_destroy(struct world *w);
+
+/* Applies one action, then checks every invariant. Returns false once an
+ * invariant failed (world_failure says which); later calls do nothing. */
+bool world_step(struct world *w, const struct action *act);
+
+/* Stops the faults and brings every room to a terminal state: nodes come back,
+ * every message is delivered, every op completes, engines abort what is still
+ * open, time passes. Then checks the end-state invariants (every room
+ * terminal, every lease released exactly once, every page back with its
+ * engine, every lifetime drained). Returns false on a violation. */
+bool world_quiesce(struct world *w);
+
+const char *world_failure(const struct world *w);
+
+/* Counters for the explorer's summary. */
+struct world_stats {
+    uint64_t rooms_created, rooms_completed, rooms_aborted;
+    uint64_t ops_admitted, ops_refused, leases_released;
+    uint64_t reports_rejected, joins_refused, fences;
+};
+void world_stats(const struct world *w, struct world_stats *out);
+
+const char *act_name(enum act_kind k);
+
+#endif
