@@ -33,7 +33,7 @@ static const unsigned weights[ACT_KIND_COUNT] = {
     [ACT_QUARANTINE] = 12,  [ACT_ABORT] = 10,         [ACT_ADMIN_ABORT] = 2,
     [ACT_DELIVER_CP] = 150, [ACT_DELIVER_NODE] = 150, [ACT_DROP_CP] = 15,
     [ACT_DUP_NODE] = 15,    [ACT_STALE_REPORT] = 15,  [ACT_BAD_JOIN] = 10,
-    [ACT_DISCONNECT] = 5,   [ACT_RECONNECT] = 25,     [ACT_KILL] = 3,
+    [ACT_DISCONNECT] = 10,  [ACT_RECONNECT] = 25,     [ACT_KILL] = 3,
     [ACT_RESTART] = 10,     [ACT_ADMIN_FENCE] = 2,    [ACT_TICK] = 80,
 };
 

@@ -1526,6 +1526,7 @@ struct world *world_create(uint64_t seed, const struct world_opts *opts)
     struct kvf_cps_opts co;
     kvf_cps_opts_init(&co);
     co.random_fn = world_random;
+    co.node_ttl = 2 * KVF_NS_PER_S; /* shorter than the default: more nodes get LOST */
     co.random_ctx = w;
     w->cps = kvf_cps_create(&co);
     if (w->cps == NULL) {
