@@ -113,7 +113,8 @@ static void blocked_native_write_then_abort_drains_only_after_last_retire(void *
 
 /* Abort before the room has metadata: the fresh lifetime drains at the close
  * itself, and any later admission (metadata, chunk, staging) is refused. */
-static void abort_before_metadata_drains_at_once_and_refuses_later_admission(void **state)
+static void
+abort_between_metadata_and_first_chunk_drains_at_once_and_refuses_admission(void **state)
 {
     struct fixture *f = *state;
     assert_false(kvf_lt_take_drained(f->lt)); /* open: nothing to take */
@@ -129,6 +130,28 @@ static void abort_before_metadata_drains_at_once_and_refuses_later_admission(voi
     assert_int_equal(kvf_lt_queue_chunk(f->lt, &c.link), -ECANCELED);
     assert_int_equal(kvf_lt_inflight(f->lt), 0);
     assert_true(kvf_lt_table_is_late(f->t, key(7, 10)));
+}
+
+/* Abort before any metadata: the notice is the first the node hears of the
+ * room. It opens the lifetime only to close it, so that the room update that
+ * arrives afterwards is recognised as late and opens nothing. */
+static void abort_before_metadata_makes_the_later_metadata_late(void **state)
+{
+    struct fixture *f = *state;
+    kvf_room_key k = key(9, 20);
+    assert_false(kvf_lt_table_is_late(f->t, k));
+    struct kvf_lt *lt;
+    assert_int_equal(kvf_lt_table_open(f->t, k, &lt), 0);
+    assert_true(kvf_lt_close(lt, NULL, NULL));
+    assert_true(kvf_lt_take_drained(lt));
+    assert_false(kvf_lt_take_drained(lt));
+    /* The room update arrives now. */
+    assert_true(kvf_lt_table_is_late(f->t, k));
+    struct kvf_lt *again;
+    assert_int_equal(kvf_lt_table_open(f->t, k, &again), -EEXIST);
+    assert_int_equal(kvf_lt_table_forget(f->t, k), 0);
+    assert_true(kvf_lt_table_is_late(f->t, k));
+    assert_int_equal(kvf_lt_table_open(f->t, k, &again), -ESTALE);
 }
 
 /* Chunks still queued at abort are handed back in order to be freed without
@@ -688,7 +711,8 @@ int main(void)
 {
     const struct CMUnitTest tests[] = {
         T(blocked_native_write_then_abort_drains_only_after_last_retire),
-        T(abort_before_metadata_drains_at_once_and_refuses_later_admission),
+        T(abort_between_metadata_and_first_chunk_drains_at_once_and_refuses_admission),
+        T(abort_before_metadata_makes_the_later_metadata_late),
         T(chunks_queued_at_abort_are_dropped_in_order_without_native_call),
         T(one_sibling_fails_while_another_is_held_no_drain_until_it_retires),
         T(error_return_with_work_posted_is_quarantined_until_terminal_completion),
