@@ -109,7 +109,6 @@ int main(int argc, char **argv)
     struct kvf_cps_opts o;
     kvf_cps_opts_init(&o);
     o.random_fn = bench_random;
-    struct mallinfo2 m0 = mallinfo2();
     long rss0 = rss_kib();
     struct kvf_cps *st = kvf_cps_create(&o);
     if (st == NULL)
@@ -191,11 +190,10 @@ int main(int argc, char **argv)
            t_ok * 1e9 / cycles);
     printf("  abort lifecycle:    %.0f ns (2 joins + abort + 2 drained + release)\n",
            t_abort * 1e9 / cycles);
-    printf("  memory per open room: %.0f bytes malloc'd, %.0f bytes RSS (pools' page index: "
-           "%.0f bytes per room of it)\n",
+    printf("  memory per open room: %.0f bytes malloc'd by rooms and leases, %.0f bytes RSS "
+           "(RSS includes the pools' page index, 16 bytes per page)\n",
            (double)(m2.uordblks - m1.uordblks) / open_rooms,
-           (double)(rss2 - rss1) * 1024.0 / open_rooms,
-           (double)(m1.uordblks - m0.uordblks) / open_rooms);
+           (double)(rss2 - rss1) * 1024.0 / open_rooms);
     printf("  rss at the end: %ld KiB (start %ld KiB); rooms active %llu, completed %llu, "
            "aborted %llu\n",
            rss_kib(), rss0, (unsigned long long)s.rooms_by_state[KVF_CPS_ROOM_ACTIVE],
