@@ -53,6 +53,8 @@ enum kvf_grpc_code kvf_errno_to_grpc_code(int neg_errno)
         return KVF_GRPC_DEADLINE_EXCEEDED;
     case -EAGAIN:
         return KVF_GRPC_UNAVAILABLE;
+    case -EBADMSG:
+        return KVF_GRPC_DATA_LOSS;
     default:
         return KVF_GRPC_INTERNAL;
     }

@@ -20,6 +20,7 @@
  *   -ECANCELED     ABORTED              the room is aborting or aborted
  *   -ETIMEDOUT     DEADLINE_EXCEEDED
  *   -EAGAIN        UNAVAILABLE          try again (shutting down, recovering)
+ *   -EBADMSG       DATA_LOSS            stored state is corrupt (a bad snapshot)
  *   -EIO           INTERNAL
  */
 #ifndef KVF_ERROR_H

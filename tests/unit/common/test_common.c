@@ -23,6 +23,7 @@ static void errno_maps_to_the_documented_grpc_codes(void **state)
     assert_int_equal(kvf_errno_to_grpc_code(-ESTALE), KVF_GRPC_FAILED_PRECONDITION);
     assert_int_equal(kvf_errno_to_grpc_code(-ENOTSUP), KVF_GRPC_FAILED_PRECONDITION);
     assert_int_equal(kvf_errno_to_grpc_code(-ECANCELED), KVF_GRPC_ABORTED);
+    assert_int_equal(kvf_errno_to_grpc_code(-EBADMSG), KVF_GRPC_DATA_LOSS);
     assert_int_equal(kvf_errno_to_grpc_code(-EXDEV), KVF_GRPC_INTERNAL);
     assert_string_equal(kvf_grpc_code_name(KVF_GRPC_FAILED_PRECONDITION), "FAILED_PRECONDITION");
     assert_string_equal(kvf_grpc_code_name((enum kvf_grpc_code)99), "UNKNOWN");
@@ -33,7 +34,8 @@ static void error_set_records_code_and_message(void **state)
     (void)state;
     struct kvf_error err;
     kvf_error_clear(&err);
-    assert_int_equal(kvf_error_set(&err, -E2BIG, "lease.ranges: %d ranges, limit %d", 9, 8), -E2BIG);
+    assert_int_equal(kvf_error_set(&err, -E2BIG, "lease.ranges: %d ranges, limit %d", 9, 8),
+                     -E2BIG);
     assert_int_equal(err.code, -E2BIG);
     assert_string_equal(err.msg, "lease.ranges: 9 ranges, limit 8");
     assert_int_equal(kvf_error_set(NULL, -EINVAL, "ignored"), -EINVAL);
