@@ -66,6 +66,7 @@ struct kvf_cps *kvf_cps_create(const struct kvf_cps_opts *opts)
 static void room_free_raw(struct cp_room *room)
 {
     for (uint32_t i = 0; i < room->nparts; i++) {
+        cp_pool_free(room->parts[i]->pool); /* drops the lease's reference */
         free(room->parts[i]->ranges);
         free(room->parts[i]);
     }
