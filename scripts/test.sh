@@ -19,8 +19,8 @@ clang-format --dry-run -Werror $files
 
 for b in $builds; do
     case "$b" in
-    normal) dir=build; flags=(-DKVF_SANITIZE=OFF -DKVF_EXPLORER_STEPS=1000000) ;;
-    asan) dir=build-asan; flags=(-DKVF_SANITIZE=ON -DKVF_EXPLORER_STEPS=200000) ;;
+    normal) dir=build; flags=(-DKVF_SANITIZE=OFF -DKVF_EXPLORER_STEPS=5000000) ;;
+    asan) dir=build-asan; flags=(-DKVF_SANITIZE=ON -DKVF_EXPLORER_STEPS=1000000) ;;
     *) echo "unknown build '$b'" >&2; exit 2 ;;
     esac
     echo "== $b build ($dir)"
