@@ -1,0 +1,466 @@
+/*
+ * admin_svc.c: kvfence.v1.Admin (Ping, GetStats, GetRoom, ListRooms, GetNode,
+ * AdminAbortRoom) over the state core's views.
+ *
+ * Not served in this version (UNIMPLEMENTED): ListNodes (the core has no way
+ * to visit its nodes), ListLeases (no lease visitor either) and FenceNode.
+ * GetNode fills what struct kvf_cps_node_view has: pools, endpoints, the
+ * node's protocol range, state_age_ms, last_seen_ms and notices_pending are
+ * left empty / 0.
+ */
+#include <errno.h>
+#include <inttypes.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "kvfence/v1/control.pb-c.h"
+#include "rpc_server.h"
+#include "service_internal.h"
+
+static uint64_t age_ms(kvf_time_ns now, kvf_time_ns then)
+{
+    return now > then ? (now - then) / KVF_NS_PER_MS : 0;
+}
+
+/* ---- Ping --------------------------------------------------------------------- */
+
+static void ping_run(struct kvf_svc_ctx *ctx, struct kvf_rpc_call *call, const ProtobufCMessage *m,
+                     kvf_time_ns now)
+{
+    (void)ctx;
+    (void)m;
+    (void)now;
+    Kvfence__V1__PingResponse rs = KVFENCE__V1__PING_RESPONSE__INIT;
+    kvf_svc_reply(call, &rs.base);
+}
+
+/* ---- GetStats ---------------------------------------------------------------- */
+
+static void stats_run(struct kvf_svc_ctx *ctx, struct kvf_rpc_call *call, const ProtobufCMessage *m,
+                      kvf_time_ns now)
+{
+    (void)m;
+    struct kvf_cps_stats s;
+    kvf_cps_stats_get(ctx->cps, &s);
+    Kvfence__V1__RoomCounts rooms = KVFENCE__V1__ROOM_COUNTS__INIT;
+    rooms.opening = s.rooms_by_state[KVF_CPS_ROOM_OPENING];
+    rooms.active = s.rooms_by_state[KVF_CPS_ROOM_ACTIVE];
+    rooms.aborting = s.rooms_by_state[KVF_CPS_ROOM_ABORTING];
+    rooms.completed = s.rooms_by_state[KVF_CPS_ROOM_COMPLETED];
+    rooms.aborted = s.rooms_by_state[KVF_CPS_ROOM_ABORTED];
+    Kvfence__V1__LeaseCounts leases = KVFENCE__V1__LEASE_COUNTS__INIT;
+    leases.active = s.leases_by_state[KVF_CPS_LEASE_ACTIVE];
+    leases.releasing = s.leases_by_state[KVF_CPS_LEASE_RELEASING];
+    leases.released = s.leases_by_state[KVF_CPS_LEASE_RELEASED];
+    Kvfence__V1__NodeCounts nodes = KVFENCE__V1__NODE_COUNTS__INIT;
+    nodes.attached = s.nodes_by_state[KVF_CPS_NODE_ATTACHED];
+    nodes.suspect = s.nodes_by_state[KVF_CPS_NODE_SUSPECT];
+    nodes.lost = s.nodes_by_state[KVF_CPS_NODE_LOST];
+    Kvfence__V1__Stats rs = KVFENCE__V1__STATS__INIT;
+    rs.rooms = &rooms;
+    rs.leases = &leases;
+    rs.nodes = &nodes;
+    rs.notices_pending = s.notices_pending;
+    rs.notices_sent = s.notices_sent;
+    rs.notices_resent = s.notices_resent;
+    rs.reports_stale = s.reports_stale;
+    rs.reports_tokenless = s.reports_tokenless;
+    rs.reports_unknown = s.reports_unknown;
+    rs.rooms_past_deadline = s.rooms_past_deadline;
+    rs.fences_requested = s.fences_requested;
+    rs.generation = s.generation;
+    rs.uptime_ms = age_ms(now, ctx->started_at);
+    kvf_svc_reply(call, &rs.base);
+}
+
+/* ---- RoomInfo ------------------------------------------------------------------ */
+
+/* Everything one RoomInfo points to, freed by room_info_free(). */
+struct room_info_buf {
+    Kvfence__V1__RoomInfo info;
+    Kvfence__V1__RoomKey key;
+    Kvfence__V1__AbortToken token;
+    size_t n;
+    Kvfence__V1__ParticipantInfo **pp;
+    struct part_buf *parts;
+};
+
+struct part_buf {
+    Kvfence__V1__ParticipantInfo pi;
+    Kvfence__V1__Participant part;
+    Kvfence__V1__Lease lease;
+    Kvfence__V1__PageRange *rv;
+    Kvfence__V1__PageRange **rp;
+};
+
+static void room_info_free(struct room_info_buf *b)
+{
+    for (size_t i = 0; b->parts && i < b->n; i++) {
+        free(b->parts[i].rv);
+        free(b->parts[i].rp);
+    }
+    free(b->parts);
+    free(b->pp);
+}
+
+static void room_info_fill(struct room_info_buf *b, const struct kvf_cps_room_view *v,
+                           kvf_time_ns now)
+{
+    kvfence__v1__room_info__init(&b->info);
+    kvfence__v1__room_key__init(&b->key);
+    kvfence__v1__abort_token__init(&b->token);
+    b->key.room_id = v->key.room_id;
+    b->key.generation = v->key.generation;
+    b->info.room = &b->key;
+    b->info.state = (Kvfence__V1__RoomState)v->state;
+    if (v->state == KVF_CPS_ROOM_ABORTING || v->state == KVF_CPS_ROOM_ABORTED) {
+        b->info.abort_reason = (Kvfence__V1__AbortReason)v->abort_reason;
+        b->token.hi = v->token.hi;
+        b->token.lo = v->token.lo;
+        b->info.token = &b->token;
+    }
+    b->info.expected_sources = v->expected_sources;
+    b->info.expected_sinks = v->expected_sinks;
+    b->info.protocol_version = v->protocol_version;
+    b->info.age_ms = age_ms(now, v->created_at);
+    b->info.state_age_ms = age_ms(now, v->state_since);
+    b->info.past_drain_deadline = v->escalated;
+    b->info.participant_count = (uint32_t)v->participant_count;
+}
+
+/* Adds the participants (GetRoom). Returns 0 or -ENOMEM. */
+static int room_info_participants(struct room_info_buf *b, const struct kvf_cps *cps,
+                                  const struct kvf_cps_room_view *v)
+{
+    size_t n = v->participant_count;
+    b->parts = calloc(n ? n : 1, sizeof *b->parts);
+    b->pp = calloc(n ? n : 1, sizeof *b->pp);
+    if (!b->parts || !b->pp) {
+        return -ENOMEM;
+    }
+    b->n = n;
+    for (size_t i = 0; i < n; i++) {
+        struct part_buf *p = &b->parts[i];
+        struct kvf_cps_participant_view pv;
+        kvfence__v1__participant_info__init(&p->pi);
+        kvfence__v1__participant__init(&p->part);
+        kvfence__v1__lease__init(&p->lease);
+        b->pp[i] = &p->pi;
+        if (kvf_cps_room_participant(cps, v->key, i, &pv) < 0) {
+            continue;
+        }
+        p->rv = calloc(pv.range_count ? pv.range_count : 1, sizeof *p->rv);
+        p->rp = calloc(pv.range_count ? pv.range_count : 1, sizeof *p->rp);
+        if (!p->rv || !p->rp) {
+            return -ENOMEM;
+        }
+        for (size_t r = 0; r < pv.range_count; r++) {
+            kvfence__v1__page_range__init(&p->rv[r]);
+            p->rv[r].first = pv.ranges[r].first;
+            p->rv[r].count = pv.ranges[r].count;
+            p->rp[r] = &p->rv[r];
+        }
+        p->part.node_id = (char *)pv.node_id;
+        p->part.rank = pv.rank;
+        p->part.role = (Kvfence__V1__Role)pv.role;
+        p->lease.lease_id = pv.lease_id;
+        p->lease.room = &b->key;
+        p->lease.participant = &p->part;
+        p->lease.pool_id = pv.pool_id;
+        p->lease.n_ranges = pv.range_count;
+        p->lease.ranges = p->rp;
+        p->lease.mode = pv.role == KVF_CPS_ROLE_SOURCE ? KVFENCE__V1__LEASE_MODE__LEASE_MODE_READ
+                                                       : KVFENCE__V1__LEASE_MODE__LEASE_MODE_WRITE;
+        p->lease.state = (Kvfence__V1__LeaseState)pv.lease_state;
+        p->pi.participant = &p->part;
+        p->pi.node_incarnation = pv.incarnation;
+        p->pi.lease = &p->lease;
+        p->pi.completed = pv.completed;
+        p->pi.drained = pv.node_drained;
+        p->pi.fenced = pv.node_fenced;
+        /* notice_attempts: not in the core's participant view; 0. */
+    }
+    b->info.n_participants = n;
+    b->info.participants = b->pp;
+    return 0;
+}
+
+/* ---- GetRoom ------------------------------------------------------------------ */
+
+static int room_key_validate(const Kvfence__V1__RoomKey *room, struct kvf_error *err)
+{
+    if (!room) {
+        return kvf_error_set(err, -EINVAL, "room: required");
+    }
+    if (room->room_id == 0 || room->room_id > KVF_ROOM_ID_MAX) {
+        return kvf_error_set(err, -EINVAL, "room.room_id: must be 1 .. 2^63-1, got %" PRIu64,
+                             room->room_id);
+    }
+    return 0;
+}
+
+static int get_room_validate(const ProtobufCMessage *m, struct kvf_error *err)
+{
+    return room_key_validate(((const Kvfence__V1__GetRoomRequest *)m)->room, err);
+}
+
+static void get_room_run(struct kvf_svc_ctx *ctx, struct kvf_rpc_call *call,
+                         const ProtobufCMessage *m, kvf_time_ns now)
+{
+    const Kvfence__V1__GetRoomRequest *rq = (const Kvfence__V1__GetRoomRequest *)m;
+    kvf_room_key k = {.room_id = rq->room->room_id, .generation = rq->room->generation};
+    struct kvf_cps_room_view v;
+    struct kvf_error err;
+    kvf_error_clear(&err);
+    if (kvf_cps_room_get(ctx->cps, k, &v) < 0) {
+        if (k.generation) {
+            kvf_error_set(&err, -ENOENT, "room %" PRIu64 ":%" PRIu64 ": unknown", k.room_id,
+                          k.generation);
+        } else {
+            kvf_error_set(&err, -ENOENT, "room %" PRIu64 ": unknown", k.room_id);
+        }
+        kvf_svc_fail(call, -ENOENT, &err);
+        return;
+    }
+    struct room_info_buf b = {0};
+    room_info_fill(&b, &v, now);
+    if (room_info_participants(&b, ctx->cps, &v) < 0) {
+        room_info_free(&b);
+        kvf_svc_fail(call, -ENOMEM, NULL);
+        return;
+    }
+    kvf_svc_reply(call, &b.info.base);
+    room_info_free(&b);
+}
+
+/* ---- ListRooms ---------------------------------------------------------------- */
+
+static int page_validate(uint32_t page_size, const char *page_token, struct kvf_error *err)
+{
+    if (page_size > KVF_SVC_PAGE_SIZE_MAX) {
+        return kvf_error_set(err, -EINVAL, "page_size: at most %u, got %" PRIu32,
+                             KVF_SVC_PAGE_SIZE_MAX, page_size);
+    }
+    if (page_token && page_token[0]) {
+        char *end = NULL;
+        errno = 0;
+        unsigned long long off = strtoull(page_token, &end, 10);
+        (void)off;
+        if (errno || !end || *end || page_token[0] < '0' || page_token[0] > '9') {
+            return kvf_error_set(err, -EINVAL, "page_token: not a token this server issued");
+        }
+    }
+    return 0;
+}
+
+static int list_rooms_validate(const ProtobufCMessage *m, struct kvf_error *err)
+{
+    const Kvfence__V1__ListRoomsRequest *rq = (const Kvfence__V1__ListRoomsRequest *)m;
+    for (size_t i = 0; i < rq->n_states; i++) {
+        if (rq->states[i] < KVFENCE__V1__ROOM_STATE__ROOM_STATE_OPENING ||
+            rq->states[i] > KVFENCE__V1__ROOM_STATE__ROOM_STATE_ABORTED) {
+            return kvf_error_set(err, -EINVAL, "states[%zu]: not a room state", i);
+        }
+    }
+    return page_validate(rq->page_size, rq->page_token, err);
+}
+
+struct room_list {
+    struct kvf_cps_room_view *v;
+    size_t n, cap;
+};
+
+static int collect_room(void *vctx, const struct kvf_cps_room_view *view)
+{
+    struct room_list *l = vctx;
+    if (l->n == l->cap) {
+        size_t cap = l->cap ? l->cap * 2 : 64;
+        struct kvf_cps_room_view *nv = realloc(l->v, cap * sizeof *nv);
+        if (!nv) {
+            return -ENOMEM;
+        }
+        l->v = nv;
+        l->cap = cap;
+    }
+    l->v[l->n++] = *view;
+    return 0;
+}
+
+static int room_cmp(const void *a, const void *b)
+{
+    const struct kvf_cps_room_view *x = a, *y = b;
+    if (x->created_at != y->created_at) {
+        return x->created_at < y->created_at ? -1 : 1;
+    }
+    if (x->key.room_id != y->key.room_id) {
+        return x->key.room_id < y->key.room_id ? -1 : 1;
+    }
+    if (x->key.generation != y->key.generation) {
+        return x->key.generation < y->key.generation ? -1 : 1;
+    }
+    return 0;
+}
+
+static bool room_matches(const struct kvf_cps *cps, const Kvfence__V1__ListRoomsRequest *rq,
+                         const struct kvf_cps_room_view *v, kvf_time_ns now)
+{
+    if (rq->n_states) {
+        bool ok = false;
+        for (size_t i = 0; i < rq->n_states; i++) {
+            ok = ok || (int)rq->states[i] == (int)v->state;
+        }
+        if (!ok) {
+            return false;
+        }
+    }
+    if (rq->min_age_ms && age_ms(now, v->created_at) < rq->min_age_ms) {
+        return false;
+    }
+    if (rq->node_id && rq->node_id[0]) {
+        for (size_t i = 0; i < v->participant_count; i++) {
+            struct kvf_cps_participant_view pv;
+            if (kvf_cps_room_participant(cps, v->key, i, &pv) == 0 &&
+                strcmp(pv.node_id, rq->node_id) == 0) {
+                return true;
+            }
+        }
+        return false;
+    }
+    return true;
+}
+
+/*
+ * Paging: the token is the offset into the filtered list, oldest first. It is
+ * not stable across changes (a room created or expired between two pages
+ * shifts the rest); good enough for an operator's listing in this version.
+ */
+static void list_rooms_run(struct kvf_svc_ctx *ctx, struct kvf_rpc_call *call,
+                           const ProtobufCMessage *m, kvf_time_ns now)
+{
+    const Kvfence__V1__ListRoomsRequest *rq = (const Kvfence__V1__ListRoomsRequest *)m;
+    struct room_list l = {0};
+    if (kvf_cps_room_foreach(ctx->cps, collect_room, &l) != 0) {
+        free(l.v);
+        kvf_svc_fail(call, -ENOMEM, NULL);
+        return;
+    }
+    if (l.n > 1) {
+        qsort(l.v, l.n, sizeof *l.v, room_cmp);
+    }
+    size_t kept = 0;
+    for (size_t i = 0; i < l.n; i++) {
+        if (room_matches(ctx->cps, rq, &l.v[i], now)) {
+            l.v[kept++] = l.v[i];
+        }
+    }
+    size_t off = (rq->page_token && rq->page_token[0]) ? strtoull(rq->page_token, NULL, 10) : 0;
+    if (off > kept) {
+        off = kept;
+    }
+    size_t page = rq->page_size ? rq->page_size : KVF_SVC_PAGE_SIZE_DEFAULT;
+    size_t n = kept - off < page ? kept - off : page;
+    struct room_info_buf *bufs = calloc(n ? n : 1, sizeof *bufs);
+    Kvfence__V1__RoomInfo **infos = calloc(n ? n : 1, sizeof *infos);
+    if (!bufs || !infos) {
+        free(bufs);
+        free(infos);
+        free(l.v);
+        kvf_svc_fail(call, -ENOMEM, NULL);
+        return;
+    }
+    for (size_t i = 0; i < n; i++) {
+        room_info_fill(&bufs[i], &l.v[off + i], now);
+        infos[i] = &bufs[i].info;
+    }
+    char next[32] = "";
+    if (off + n < kept) {
+        snprintf(next, sizeof next, "%zu", off + n);
+    }
+    Kvfence__V1__ListRoomsResponse rs = KVFENCE__V1__LIST_ROOMS_RESPONSE__INIT;
+    rs.n_rooms = n;
+    rs.rooms = infos;
+    rs.next_page_token = next;
+    kvf_svc_reply(call, &rs.base);
+    free(bufs);
+    free(infos);
+    free(l.v);
+}
+
+/* ---- GetNode ------------------------------------------------------------------ */
+
+static int get_node_validate(const ProtobufCMessage *m, struct kvf_error *err)
+{
+    const Kvfence__V1__GetNodeRequest *rq = (const Kvfence__V1__GetNodeRequest *)m;
+    if (!rq->node_id || !rq->node_id[0]) {
+        return kvf_error_set(err, -EINVAL, "node_id: required");
+    }
+    return 0;
+}
+
+static void get_node_run(struct kvf_svc_ctx *ctx, struct kvf_rpc_call *call,
+                         const ProtobufCMessage *m, kvf_time_ns now)
+{
+    const Kvfence__V1__GetNodeRequest *rq = (const Kvfence__V1__GetNodeRequest *)m;
+    struct kvf_cps_node_view v;
+    struct kvf_error err;
+    kvf_error_clear(&err);
+    (void)now;
+    int rc = kvf_cps_node_get(ctx->cps, rq->node_id, &v);
+    if (rc < 0) {
+        kvf_error_set(&err, rc, "node_id: node %s is unknown", rq->node_id);
+        kvf_svc_fail(call, rc, &err);
+        return;
+    }
+    char *names[KVF_FEATURE_COUNT];
+    size_t nn = 0;
+    for (unsigned i = 0; i < KVF_FEATURE_COUNT; i++) {
+        if (v.features & (1u << i)) {
+            const char *name = kvf_feature_name(1u << i);
+            if (name) {
+                names[nn++] = (char *)name;
+            }
+        }
+    }
+    Kvfence__V1__CapabilitySet caps = KVFENCE__V1__CAPABILITY_SET__INIT;
+    caps.n_features = nn;
+    caps.features = names;
+    Kvfence__V1__NodeInfo rs = KVFENCE__V1__NODE_INFO__INIT;
+    rs.node_id = (char *)v.node_id;
+    rs.incarnation = v.incarnation;
+    rs.state = (Kvfence__V1__NodeState)v.state;
+    rs.protocol_version = v.protocol_version;
+    rs.capabilities = &caps;
+    rs.room_count = (uint32_t)v.room_count;
+    kvf_svc_reply(call, &rs.base);
+}
+
+/* ---- AdminAbortRoom ------------------------------------------------------------- */
+
+static int admin_abort_validate(const ProtobufCMessage *m, struct kvf_error *err)
+{
+    const Kvfence__V1__AdminAbortRoomRequest *rq = (const Kvfence__V1__AdminAbortRoomRequest *)m;
+    return kvf_svc_abort_validate(rq->room, rq->detail, err);
+}
+
+static void admin_abort_run(struct kvf_svc_ctx *ctx, struct kvf_rpc_call *call,
+                            const ProtobufCMessage *m, kvf_time_ns now)
+{
+    const Kvfence__V1__AdminAbortRoomRequest *rq = (const Kvfence__V1__AdminAbortRoomRequest *)m;
+    kvf_svc_abort_run(ctx, call, rq->room, rq->detail, KVF_CPS_ABORT_ADMIN, now);
+}
+
+const struct kvf_svc_method kvf_svc_admin_methods[] = {
+    {"/kvfence.v1.Admin/Ping", &kvfence__v1__ping_request__descriptor, NULL, ping_run},
+    {"/kvfence.v1.Admin/GetStats", &kvfence__v1__get_stats_request__descriptor, NULL, stats_run},
+    {"/kvfence.v1.Admin/GetRoom", &kvfence__v1__get_room_request__descriptor, get_room_validate,
+     get_room_run},
+    {"/kvfence.v1.Admin/ListRooms", &kvfence__v1__list_rooms_request__descriptor,
+     list_rooms_validate, list_rooms_run},
+    {"/kvfence.v1.Admin/GetNode", &kvfence__v1__get_node_request__descriptor, get_node_validate,
+     get_node_run},
+    {"/kvfence.v1.Admin/AdminAbortRoom", &kvfence__v1__admin_abort_room_request__descriptor,
+     admin_abort_validate, admin_abort_run},
+};
+const size_t kvf_svc_admin_method_count =
+    sizeof kvf_svc_admin_methods / sizeof kvf_svc_admin_methods[0];

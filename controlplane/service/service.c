@@ -1,0 +1,546 @@
+/*
+ * service.c: the state thread, the job queue, and the wiring of every method
+ * (Control, Admin, grpc.health.v1, grpc.reflection v1/v1alpha) onto kvf_rpc.
+ *
+ * SCOPE OF THIS VERSION: there is no node session (kvfence.v1.NodeSession /
+ * Attach are not registered, so they answer UNIMPLEMENTED) and no store (the
+ * state lives in memory only and is lost on restart). Without node sessions
+ * no node can attach, so JoinRoom refuses every node (NOT_FOUND), and the
+ * core's effects addressed to nodes or engines (room updates, abort notices,
+ * fence requests, lease releases) are only logged. WatchLeases, ListNodes,
+ * ListLeases and FenceNode are not registered either (UNIMPLEMENTED).
+ *
+ * Threads: CQ threads decode and validate requests and post jobs to a
+ * mutex+condvar queue; the state thread alone touches the struct kvf_cps. It
+ * runs each job, drains the effects, and fires the core's timers when
+ * kvf_cps_next_deadline() passes (CLOCK_MONOTONIC, the clock of `now`).
+ */
+#include "service.h"
+
+#include <errno.h>
+#include <inttypes.h>
+#include <pthread.h>
+#include <stdbool.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/random.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "health.h"
+#include "kvf_api_descriptors.h"
+#include "reflection.h"
+#include "rpc_server.h"
+#include "service_internal.h"
+
+/* ---- logging -------------------------------------------------------------- */
+
+static size_t json_escape(char *out, size_t cap, const char *in)
+{
+    size_t o = 0;
+    for (const unsigned char *p = (const unsigned char *)in; *p && o + 7 < cap; p++) {
+        unsigned char c = *p;
+        if (c == '"' || c == '\\') {
+            out[o++] = '\\';
+            out[o++] = (char)c;
+        } else if (c == '\n') {
+            out[o++] = '\\';
+            out[o++] = 'n';
+        } else if (c < 0x20) {
+            o += (size_t)snprintf(out + o, cap - o, "\\u%04x", c);
+        } else {
+            out[o++] = (char)c;
+        }
+    }
+    out[o] = '\0';
+    return o;
+}
+
+void kvf_logv(const char *level, const char *fmt, va_list ap)
+{
+    char msg[1024];
+    char esc[2048];
+    char line[2304];
+    struct timespec ts;
+    struct tm tm;
+
+    vsnprintf(msg, sizeof msg, fmt, ap);
+    json_escape(esc, sizeof esc, msg);
+    clock_gettime(CLOCK_REALTIME, &ts);
+    gmtime_r(&ts.tv_sec, &tm);
+    int n = snprintf(line, sizeof line,
+                     "{\"ts\":\"%04d-%02d-%02dT%02d:%02d:%02d.%03ldZ\",\"level\":\"%s\","
+                     "\"msg\":\"%s\"}\n",
+                     tm.tm_year + 1900, tm.tm_mon + 1, tm.tm_mday, tm.tm_hour, tm.tm_min, tm.tm_sec,
+                     ts.tv_nsec / 1000000L, level, esc);
+    if (n < 0) {
+        return;
+    }
+    if ((size_t)n >= sizeof line) {
+        n = (int)sizeof line - 1;
+        line[n - 1] = '\n';
+    }
+    ssize_t w = write(STDERR_FILENO, line, (size_t)n);
+    (void)w;
+}
+
+void kvf_log(const char *level, const char *fmt, ...)
+{
+    va_list ap;
+    va_start(ap, fmt);
+    kvf_logv(level, fmt, ap);
+    va_end(ap);
+}
+
+/* ---- types ----------------------------------------------------------------- */
+
+struct kvf_svc;
+
+struct kvf_svc_binding {
+    struct kvf_svc *svc;
+    const struct kvf_svc_method *m;
+};
+
+struct kvf_svc_job {
+    struct kvf_svc_job *next;
+    const struct kvf_svc_method *m;
+    struct kvf_rpc_call *call;
+    ProtobufCMessage *req;
+};
+
+struct kvf_svc {
+    struct kvf_svc_ctx ctx; /* state thread only */
+    struct kvf_health *health;
+    struct kvf_reflection *refl;
+
+    struct kvf_svc_binding *bindings;
+    size_t n_bindings;
+
+    pthread_mutex_t mu;
+    pthread_cond_t cv;
+    struct kvf_svc_job *head; /* under mu */
+    struct kvf_svc_job *tail;
+    bool stopping; /* under mu */
+    bool thread_started;
+    pthread_t thread;
+};
+
+static const char *const kvf_svc_service_names[] = {"kvfence.v1.Control", "kvfence.v1.Admin"};
+
+static kvf_time_ns mono_now(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (kvf_time_ns)ts.tv_sec * KVF_NS_PER_S + (kvf_time_ns)ts.tv_nsec;
+}
+
+static void random_fill(void *ctx, void *buf, size_t len)
+{
+    (void)ctx;
+    uint8_t *p = buf;
+    while (len > 0) {
+        ssize_t n = getrandom(p, len, 0);
+        if (n < 0) {
+            if (errno == EINTR) {
+                continue;
+            }
+            /* getrandom(2) cannot fail otherwise on Linux >= 3.17 with these
+             * flags; abort rather than mint a predictable token. */
+            kvf_log("error", "getrandom failed: %s", strerror(errno));
+            abort();
+        }
+        p += n;
+        len -= (size_t)n;
+    }
+}
+
+/* ---- replies ------------------------------------------------------------- */
+
+void kvf_svc_reply(struct kvf_rpc_call *call, const ProtobufCMessage *msg)
+{
+    size_t len = protobuf_c_message_get_packed_size(msg);
+    uint8_t *buf = malloc(len ? len : 1);
+    if (!buf) {
+        kvf_rpc_call_fail(call, KVF_GRPC_RESOURCE_EXHAUSTED, "out of memory packing the reply");
+        return;
+    }
+    protobuf_c_message_pack(msg, buf);
+    kvf_rpc_call_reply(call, buf, len);
+    free(buf);
+}
+
+void kvf_svc_fail(struct kvf_rpc_call *call, int neg_errno, const struct kvf_error *err)
+{
+    enum kvf_grpc_code code = kvf_errno_to_grpc_code(neg_errno);
+    if (code == KVF_GRPC_OK) {
+        code = KVF_GRPC_INTERNAL;
+    }
+    const char *msg = (err && err->msg[0]) ? err->msg : kvf_grpc_code_name(code);
+    kvf_rpc_call_fail(call, (int)code, msg);
+}
+
+/* ---- the state thread ------------------------------------------------------ */
+
+static void drain_effects(struct kvf_svc *svc)
+{
+    size_t n = 0;
+    const struct kvf_cps_effect *fx = kvf_cps_effects_take(svc->ctx.cps, &n);
+    for (size_t i = 0; i < n; i++) {
+        const struct kvf_cps_effect *e = &fx[i];
+        switch (e->kind) {
+        case KVF_CPS_FX_ROOM_STATE:
+            kvf_log("info", "room %" PRIu64 ":%" PRIu64 " %s -> %s%s%s", e->key.room_id,
+                    e->key.generation,
+                    e->old_state ? kvf_cps_room_state_name((enum kvf_cps_room_state)e->old_state)
+                                 : "NONE",
+                    kvf_cps_room_state_name((enum kvf_cps_room_state)e->new_state),
+                    e->new_state == KVF_CPS_ROOM_ABORTING ? " reason " : "",
+                    e->new_state == KVF_CPS_ROOM_ABORTING ? kvf_cps_abort_reason_name(e->reason)
+                                                          : "");
+            break;
+        case KVF_CPS_FX_NODE_STATE:
+            kvf_log("info", "node %s incarnation %" PRIu64 " -> %s", e->node_id, e->incarnation,
+                    kvf_cps_node_state_name((enum kvf_cps_node_state)e->new_state));
+            break;
+        case KVF_CPS_FX_ESCALATION:
+            kvf_log("warn", "room %" PRIu64 ":%" PRIu64 ": node %s has not drained by the deadline",
+                    e->key.room_id, e->key.generation, e->node_id);
+            break;
+        default:
+            /* Room updates, abort notices, fence requests and lease releases
+             * go to node sessions and WatchLeases, which this version does
+             * not have: the core keeps them pending and re-sends them. */
+            break;
+        }
+    }
+}
+
+static void fail_job(struct kvf_svc_job *job, int code, const char *msg)
+{
+    kvf_rpc_call_fail(job->call, code, msg);
+    protobuf_c_message_free_unpacked(job->req, NULL);
+    free(job);
+}
+
+static void *state_thread(void *arg)
+{
+    struct kvf_svc *svc = arg;
+
+    pthread_mutex_lock(&svc->mu);
+    while (!svc->stopping) {
+        struct kvf_svc_job *job = svc->head;
+        if (job) {
+            svc->head = job->next;
+            if (!svc->head) {
+                svc->tail = NULL;
+            }
+        }
+        pthread_mutex_unlock(&svc->mu);
+
+        if (job) {
+            job->m->run(&svc->ctx, job->call, job->req, mono_now());
+            drain_effects(svc);
+            protobuf_c_message_free_unpacked(job->req, NULL);
+            free(job);
+        }
+        kvf_time_ns now = mono_now();
+        kvf_time_ns dl = kvf_cps_next_deadline(svc->ctx.cps);
+        if (dl <= now) {
+            kvf_cps_tick(svc->ctx.cps, now);
+            drain_effects(svc);
+            dl = kvf_cps_next_deadline(svc->ctx.cps);
+        }
+
+        pthread_mutex_lock(&svc->mu);
+        if (job || svc->head || svc->stopping) {
+            continue;
+        }
+        if (dl == UINT64_MAX) {
+            pthread_cond_wait(&svc->cv, &svc->mu);
+        } else if (dl > now) {
+            struct timespec abs = {.tv_sec = (time_t)(dl / KVF_NS_PER_S),
+                                   .tv_nsec = (long)(dl % KVF_NS_PER_S)};
+            pthread_cond_timedwait(&svc->cv, &svc->mu, &abs);
+        }
+    }
+    pthread_mutex_unlock(&svc->mu);
+    return NULL;
+}
+
+static void post_job(struct kvf_svc *svc, struct kvf_svc_job *job)
+{
+    pthread_mutex_lock(&svc->mu);
+    if (svc->stopping) {
+        pthread_mutex_unlock(&svc->mu);
+        fail_job(job, KVF_GRPC_UNAVAILABLE, "the control plane is shutting down");
+        return;
+    }
+    job->next = NULL;
+    if (svc->tail) {
+        svc->tail->next = job;
+    } else {
+        svc->head = job;
+    }
+    svc->tail = job;
+    pthread_cond_signal(&svc->cv);
+    pthread_mutex_unlock(&svc->mu);
+}
+
+/* ---- unary glue ------------------------------------------------------------ */
+
+static const uint8_t empty_msg[1];
+
+static void unary_handler(void *vctx, struct kvf_rpc_call *call, const uint8_t *req, size_t len)
+{
+    struct kvf_svc_binding *b = vctx;
+    ProtobufCMessage *msg =
+        protobuf_c_message_unpack(b->m->req_desc, NULL, len, req ? req : empty_msg);
+    if (!msg) {
+        char text[160];
+        snprintf(text, sizeof text, "request: does not decode as %s", b->m->req_desc->name);
+        kvf_rpc_call_fail(call, KVF_GRPC_INVALID_ARGUMENT, text);
+        return;
+    }
+    if (b->m->validate) {
+        struct kvf_error err;
+        kvf_error_clear(&err);
+        int rc = b->m->validate(msg, &err);
+        if (rc < 0) {
+            kvf_svc_fail(call, rc, &err);
+            protobuf_c_message_free_unpacked(msg, NULL);
+            return;
+        }
+    }
+    struct kvf_svc_job *job = calloc(1, sizeof *job);
+    if (!job) {
+        kvf_rpc_call_fail(call, KVF_GRPC_RESOURCE_EXHAUSTED, "out of memory");
+        protobuf_c_message_free_unpacked(msg, NULL);
+        return;
+    }
+    job->m = b->m;
+    job->call = call;
+    job->req = msg;
+    post_job(b->svc, job);
+}
+
+/* ---- health ------------------------------------------------------------------ */
+
+static void health_check(void *vctx, struct kvf_rpc_call *call, const uint8_t *req, size_t len)
+{
+    struct kvf_svc *svc = vctx;
+    uint8_t *resp = NULL;
+    size_t resp_len = 0;
+    int code = 0;
+    int rc = kvf_health_check(svc->health, req ? req : empty_msg, len, &resp, &resp_len, &code);
+    if (rc < 0) {
+        kvf_rpc_call_fail(
+            call, rc == -ENOMEM ? KVF_GRPC_RESOURCE_EXHAUSTED : KVF_GRPC_INVALID_ARGUMENT,
+            rc == -ENOMEM ? "out of memory" : "request: does not decode as HealthCheckRequest");
+        return;
+    }
+    if (code == KVF_GRPC_OK) {
+        kvf_rpc_call_reply(call, resp, resp_len);
+    } else {
+        kvf_rpc_call_fail(call, code, "service: not registered with the health service");
+    }
+    free(resp);
+}
+
+/* Runs with the health registry's mutex held: only queue the bytes. */
+static void health_watch_cb(void *ctx, const uint8_t *resp, size_t len)
+{
+    struct kvf_rpc_stream *stream = ctx;
+    kvf_rpc_stream_send(stream, len ? resp : empty_msg, len);
+}
+
+static void health_watch_open(void *vctx, struct kvf_rpc_stream *stream, const uint8_t *req,
+                              size_t len)
+{
+    struct kvf_svc *svc = vctx;
+    int rc = kvf_health_watch_add_request(svc->health, req ? req : empty_msg, len, health_watch_cb,
+                                          stream);
+    if (rc < 0) {
+        kvf_rpc_stream_finish(
+            stream, rc == -ENOMEM ? KVF_GRPC_RESOURCE_EXHAUSTED : KVF_GRPC_INVALID_ARGUMENT,
+            rc == -ENOMEM ? "out of memory" : "request: does not decode as HealthCheckRequest");
+        return;
+    }
+    kvf_rpc_stream_set_user(stream, svc);
+}
+
+static void health_watch_closed(void *vctx, struct kvf_rpc_stream *stream,
+                                enum kvf_rpc_close_reason reason)
+{
+    struct kvf_svc *svc = vctx;
+    (void)reason;
+    if (kvf_rpc_stream_user(stream)) {
+        kvf_health_watch_remove(svc->health, health_watch_cb, stream);
+        kvf_rpc_stream_set_user(stream, NULL);
+    }
+}
+
+/* ---- reflection ---------------------------------------------------------------- */
+
+static void refl_open(void *vctx, struct kvf_rpc_stream *stream, const uint8_t *req, size_t len)
+{
+    (void)vctx;
+    (void)stream;
+    (void)req;
+    (void)len;
+}
+
+static void refl_message(void *vctx, struct kvf_rpc_stream *stream, const uint8_t *msg, size_t len)
+{
+    struct kvf_svc *svc = vctx;
+    uint8_t *resp = NULL;
+    size_t resp_len = 0;
+    int rc = kvf_reflection_handle(svc->refl, msg ? msg : empty_msg, len, &resp, &resp_len);
+    if (rc < 0) {
+        kvf_rpc_stream_finish(
+            stream, rc == -ENOMEM ? KVF_GRPC_RESOURCE_EXHAUSTED : KVF_GRPC_INVALID_ARGUMENT,
+            rc == -ENOMEM ? "out of memory"
+                          : "request: does not decode as ServerReflectionRequest");
+        return;
+    }
+    kvf_rpc_stream_send(stream, resp_len ? resp : empty_msg, resp_len);
+    free(resp);
+}
+
+static void refl_half_close(void *vctx, struct kvf_rpc_stream *stream)
+{
+    (void)vctx;
+    kvf_rpc_stream_finish(stream, KVF_GRPC_OK, NULL);
+}
+
+/* ---- lifecycle ------------------------------------------------------------------ */
+
+struct kvf_svc *kvf_svc_create(void)
+{
+    struct kvf_svc *svc = calloc(1, sizeof *svc);
+    if (!svc) {
+        kvf_log("error", "out of memory creating the service");
+        return NULL;
+    }
+    pthread_mutex_init(&svc->mu, NULL);
+    pthread_condattr_t ca;
+    pthread_condattr_init(&ca);
+    pthread_condattr_setclock(&ca, CLOCK_MONOTONIC);
+    pthread_cond_init(&svc->cv, &ca);
+    pthread_condattr_destroy(&ca);
+
+    struct kvf_cps_opts opts;
+    kvf_cps_opts_init(&opts);
+    opts.random_fn = random_fill;
+    svc->ctx.cps = kvf_cps_create(&opts);
+    svc->ctx.started_at = mono_now();
+    svc->health = kvf_health_create();
+    svc->refl = kvf_reflection_create(kvf_api_descriptor_set, kvf_api_descriptor_set_len,
+                                      kvf_svc_service_names,
+                                      sizeof kvf_svc_service_names / sizeof *kvf_svc_service_names);
+    svc->n_bindings = kvf_svc_control_method_count + kvf_svc_admin_method_count;
+    svc->bindings = calloc(svc->n_bindings, sizeof *svc->bindings);
+    if (!svc->ctx.cps || !svc->health || !svc->refl || !svc->bindings) {
+        kvf_log("error", "cannot create the service (state core, health, reflection or memory)");
+        kvf_svc_destroy(svc);
+        return NULL;
+    }
+    for (size_t i = 0; i < sizeof kvf_svc_service_names / sizeof *kvf_svc_service_names; i++) {
+        kvf_health_set(svc->health, kvf_svc_service_names[i], KVF_HEALTH_SERVING);
+    }
+    int rc = pthread_create(&svc->thread, NULL, state_thread, svc);
+    if (rc != 0) {
+        kvf_log("error", "cannot start the state thread: %s", strerror(rc));
+        kvf_svc_destroy(svc);
+        return NULL;
+    }
+    svc->thread_started = true;
+    return svc;
+}
+
+int kvf_svc_register(struct kvf_svc *svc, struct kvf_rpc_server *srv)
+{
+    size_t k = 0;
+    int rc;
+    for (size_t i = 0; i < kvf_svc_control_method_count; i++, k++) {
+        svc->bindings[k].svc = svc;
+        svc->bindings[k].m = &kvf_svc_control_methods[i];
+    }
+    for (size_t i = 0; i < kvf_svc_admin_method_count; i++, k++) {
+        svc->bindings[k].svc = svc;
+        svc->bindings[k].m = &kvf_svc_admin_methods[i];
+    }
+    for (size_t i = 0; i < svc->n_bindings; i++) {
+        rc = kvf_rpc_server_add_unary(srv, svc->bindings[i].m->name, unary_handler,
+                                      &svc->bindings[i]);
+        if (rc < 0) {
+            kvf_log("error", "cannot register %s: %s", svc->bindings[i].m->name, strerror(-rc));
+            return rc;
+        }
+    }
+    rc = kvf_rpc_server_add_unary(srv, "/grpc.health.v1.Health/Check", health_check, svc);
+    if (rc < 0) {
+        return rc;
+    }
+    const struct kvf_rpc_stream_callbacks watch = {.on_open = health_watch_open,
+                                                   .on_closed = health_watch_closed};
+    rc = kvf_rpc_server_add_stream(srv, "/grpc.health.v1.Health/Watch", KVF_RPC_SERVER_STREAMING,
+                                   &watch, svc);
+    if (rc < 0) {
+        return rc;
+    }
+    const struct kvf_rpc_stream_callbacks refl = {
+        .on_open = refl_open, .on_message = refl_message, .on_half_close = refl_half_close};
+    rc = kvf_rpc_server_add_stream(srv, "/" KVF_REFLECTION_SERVICE_V1 "/ServerReflectionInfo",
+                                   KVF_RPC_BIDI, &refl, svc);
+    if (rc < 0) {
+        return rc;
+    }
+    return kvf_rpc_server_add_stream(
+        srv, "/" KVF_REFLECTION_SERVICE_V1ALPHA "/ServerReflectionInfo", KVF_RPC_BIDI, &refl, svc);
+}
+
+void kvf_svc_not_serving(struct kvf_svc *svc)
+{
+    if (svc && svc->health) {
+        kvf_health_shutdown(svc->health);
+    }
+}
+
+void kvf_svc_stop(struct kvf_svc *svc)
+{
+    if (!svc) {
+        return;
+    }
+    pthread_mutex_lock(&svc->mu);
+    svc->stopping = true;
+    struct kvf_svc_job *rest = svc->head;
+    svc->head = svc->tail = NULL;
+    pthread_cond_signal(&svc->cv);
+    pthread_mutex_unlock(&svc->mu);
+    if (svc->thread_started) {
+        pthread_join(svc->thread, NULL);
+        svc->thread_started = false;
+    }
+    while (rest) {
+        struct kvf_svc_job *next = rest->next;
+        fail_job(rest, KVF_GRPC_UNAVAILABLE, "the control plane is shutting down");
+        rest = next;
+    }
+}
+
+void kvf_svc_destroy(struct kvf_svc *svc)
+{
+    if (!svc) {
+        return;
+    }
+    kvf_svc_stop(svc);
+    kvf_reflection_destroy(svc->refl);
+    kvf_health_destroy(svc->health);
+    kvf_cps_destroy(svc->ctx.cps);
+    free(svc->bindings);
+    pthread_cond_destroy(&svc->cv);
+    pthread_mutex_destroy(&svc->mu);
+    free(svc);
+}

@@ -1,0 +1,52 @@
+/*
+ * service.h: kvfence-control's services on top of kvf_rpc (kvf_svc_*).
+ *
+ * A struct kvf_svc owns the control-plane state core (one struct kvf_cps) and
+ * the thread that runs it (the state thread), the health registry and the
+ * reflection index. kvf_svc_register() puts Control, Admin, grpc.health.v1 and
+ * grpc.reflection (v1 and v1alpha) onto a kvf_rpc server.
+ *
+ * RPC handlers run on the server's CQ threads: they decode and check the
+ * request's shape (INVALID_ARGUMENT naming the field) and post a job to the
+ * state thread, which runs it against the core, drains the core's effects,
+ * encodes the reply and completes the call. The state thread also wakes at
+ * kvf_cps_next_deadline() to fire the core's timers.
+ *
+ * Lifecycle (from one thread, the one that owns the server):
+ *   kvf_svc_create -> kvf_svc_register(srv) -> kvf_rpc_server_start
+ *   ... signal ... -> kvf_svc_not_serving -> kvf_rpc_server_shutdown
+ *   -> kvf_svc_stop -> kvf_rpc_server_destroy -> kvf_svc_destroy.
+ */
+#ifndef KVF_SERVICE_H
+#define KVF_SERVICE_H
+
+#include <stdarg.h>
+
+struct kvf_svc;
+struct kvf_rpc_server;
+
+/* Creates the state core, health registry and reflection index, and starts
+ * the state thread. Returns NULL (and logs why) on failure. */
+struct kvf_svc *kvf_svc_create(void);
+
+/* Registers every method on `srv` (before kvf_rpc_server_start). Returns 0
+ * or the negative errno of the first registration that failed. */
+int kvf_svc_register(struct kvf_svc *svc, struct kvf_rpc_server *srv);
+
+/* Health: every service NOT_SERVING (watchers are told), for shutdown. */
+void kvf_svc_not_serving(struct kvf_svc *svc);
+
+/* Stops the state thread. Jobs still queued, and jobs posted later, fail
+ * with UNAVAILABLE. Idempotent. */
+void kvf_svc_stop(struct kvf_svc *svc);
+
+/* Stops (if needed) and frees everything. Call after the server is shut down
+ * (no stream may still use the health registry). Accepts NULL. */
+void kvf_svc_destroy(struct kvf_svc *svc);
+
+/* One JSON log line on stderr: {"ts":"<UTC ISO-8601>","level":..,"msg":..}.
+ * Thread-safe (one write per line). */
+void kvf_log(const char *level, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+void kvf_logv(const char *level, const char *fmt, va_list ap);
+
+#endif /* KVF_SERVICE_H */
