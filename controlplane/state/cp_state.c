@@ -36,7 +36,7 @@ void kvf_cps_opts_init(struct kvf_cps_opts *opts)
     opts->protocol_max = KVF_PROTOCOL_MAX;
 }
 
-static bool opts_valid(const struct kvf_cps_opts *o)
+bool cp_opts_valid(const struct kvf_cps_opts *o)
 {
     return o->random_fn != NULL && o->join_timeout > 0 && o->node_ttl > 0 &&
            o->drain_deadline > 0 && o->tombstone_ttl > 0 && o->resend_initial > 0 &&
@@ -47,7 +47,7 @@ static bool opts_valid(const struct kvf_cps_opts *o)
 
 struct kvf_cps *kvf_cps_create(const struct kvf_cps_opts *opts)
 {
-    if (opts == NULL || !opts_valid(opts))
+    if (opts == NULL || !cp_opts_valid(opts))
         return NULL;
     struct kvf_cps *st = calloc(1, sizeof(*st));
     if (st == NULL)

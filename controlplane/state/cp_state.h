@@ -359,4 +359,60 @@ const char *kvf_cps_lease_state_name(enum kvf_cps_lease_state s);
 const char *kvf_cps_node_state_name(enum kvf_cps_node_state s);
 const char *kvf_cps_abort_reason_name(enum kvf_cps_abort_reason r);
 
+/* ---- snapshot and restore --------------------------------------------------- */
+
+/*
+ * Writes an image of the whole state to `write_fn`, in pieces of at most 4 KiB,
+ * for the store's periodic snapshots (controlplane/store/store.h). The image is
+ * binary, little-endian and fixed-width: the magic "KVFCPS", a format version,
+ * the counters (last generation, next lease id, node serials, timer sequence),
+ * the stats, the pools (sizes), every node incarnation still referenced (state,
+ * capabilities, pools, fence records with acked / pending and attempts), every
+ * room including tombstones (key, state, reason, token, escalation, shape,
+ * protocol range, participants with their leases, page ranges and completion,
+ * room-nodes with drained / notice pending / attempt), the order of the lists
+ * the rules walk, and a trailer. Times are re-based: created_at and state_since
+ * are written as ages at `now`, and every armed timer as its remaining time at
+ * `now` (negative when overdue), because a monotonic clock does not survive a
+ * restart. The options are not in the image (restore takes the caller's), and
+ * neither are pending effects (the caller drains them after every call). The
+ * same state at the same `now` gives the same bytes.
+ *
+ * `write_fn` returns 0, or a negative errno that stops the snapshot and is
+ * returned (a positive value is returned as -EIO). Other errors: -EINVAL (a
+ * NULL argument), -ENOMEM (the snapshot indexes the state in temporary tables).
+ * The state is not changed and no effect is emitted. O(n log n) in the number
+ * of rooms and nodes plus the size of the leases.
+ */
+int kvf_cps_snapshot(const struct kvf_cps *st, kvf_time_ns now,
+                     int (*write_fn)(void *ctx, const void *buf, size_t len), void *ctx);
+
+/*
+ * Rebuilds a state from an image of kvf_cps_snapshot() at `now`: the maps, the
+ * page index of every pool (writers and readers of every lease not RELEASED)
+ * and the timer heap, with each deadline at `now` plus the remaining time the
+ * image recorded (overdue timers fire at the next kvf_cps_tick()). `opts` is
+ * checked as by kvf_cps_create() and replaces the options of the snapshotted
+ * state; the random source starts where the caller's is.
+ *
+ * Every count, index, enum and cross-reference is checked against the image and
+ * its length, and the state must be consistent (stats against the objects, one
+ * lease per page writer, lease states against room states, ...): a malformed,
+ * truncated or other-version image, or trailing bytes, is -EBADMSG with the
+ * byte offset in the message. Other errors: -EINVAL (NULL or invalid options,
+ * NULL image), -ENOMEM. On error it returns NULL, sets `err` (when not NULL)
+ * and leaves nothing allocated; it never returns a half-built state. The
+ * caller frees the result with kvf_cps_destroy().
+ *
+ * Nodes keep their states: a node that was ATTACHED is still ATTACHED, though
+ * no session survives a restart. The service therefore calls
+ * kvf_cps_node_detach() for every ATTACHED node right after restore, before it
+ * accepts sessions: the node ttl starts, and a node that comes back within it
+ * re-attaches with the same incarnation and gets its pending notices and fence
+ * requests again at once. (A SUSPECT node keeps its remaining ttl; a LOST one
+ * stays LOST.)
+ */
+struct kvf_cps *kvf_cps_restore(const struct kvf_cps_opts *opts, const void *image, size_t len,
+                                kvf_time_ns now, struct kvf_error *err);
+
 #endif /* KVF_CP_STATE_H */

@@ -94,6 +94,9 @@ void cp_heap_fini(struct cp_heap *h);
 int cp_heap_reserve(struct cp_heap *h, size_t extra);
 /* Arms `t` at `when` (moves it if already armed). -ENOMEM only when growing. */
 int cp_heap_arm(struct cp_heap *h, struct cp_timer *t, kvf_time_ns when);
+/* Arms `t` at `when` with a given arming sequence (restore: keeps the order of
+ * timers due at the same instant). The caller keeps seq <= h->seq. */
+int cp_heap_restore(struct cp_heap *h, struct cp_timer *t, kvf_time_ns when, uint64_t seq);
 void cp_heap_cancel(struct cp_heap *h, struct cp_timer *t);
 struct cp_timer *cp_heap_top(const struct cp_heap *h);
 
@@ -217,6 +220,9 @@ struct kvf_cps {
 };
 
 /* ---- cp_state.c ---------------------------------------------------------- */
+
+/* The checks of kvf_cps_create() on the options (restore applies them too). */
+bool cp_opts_valid(const struct kvf_cps_opts *o);
 
 /* Ensures `n` more effects fit without allocating. */
 int cp_fx_reserve(struct kvf_cps *st, size_t n);

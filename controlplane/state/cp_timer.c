@@ -110,6 +110,20 @@ int cp_heap_arm(struct cp_heap *h, struct cp_timer *t, kvf_time_ns when)
     return 0;
 }
 
+int cp_heap_restore(struct cp_heap *h, struct cp_timer *t, kvf_time_ns when, uint64_t seq)
+{
+    if (cp_timer_armed(t))
+        cp_heap_cancel(h, t);
+    int rc = cp_heap_reserve(h, 1);
+    if (rc != 0)
+        return rc;
+    t->when = when;
+    t->seq = seq;
+    place(h, t, h->n++);
+    sift_up(h, t->idx);
+    return 0;
+}
+
 void cp_heap_cancel(struct cp_heap *h, struct cp_timer *t)
 {
     if (!cp_timer_armed(t))
