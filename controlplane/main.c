@@ -5,8 +5,9 @@
  * server reflection (controlplane/service/) on one gRPC port until SIGINT or
  * SIGTERM, then: health NOT_SERVING, server shutdown with a 2 s grace, state
  * thread stopped, everything freed, exit 0. Logs are JSON lines on stderr.
- * This version keeps its state in memory only and has no node sessions (see
- * controlplane/service/service.c).
+ * Settings come from flags, KVF_CONTROL_* environment variables and an
+ * optional config file (kvf_config.h; --help lists them). This version keeps
+ * its state in memory only (see controlplane/service/service.c).
  */
 #include <errno.h>
 #include <signal.h>
@@ -15,26 +16,14 @@
 #include <string.h>
 #include <unistd.h>
 
+#include "kvf_config.h"
+#include "kvf_types.h"
 #include "kvf_version.h"
 #include "rpc_server.h"
 #include "service.h"
 
 #define DEFAULT_LISTEN    "127.0.0.1:7070"
 #define SHUTDOWN_GRACE_MS 2000u
-
-static void usage(FILE *out)
-{
-    fprintf(out,
-            "usage: kvfence-control [options]\n"
-            "  --listen ADDR         gRPC address (default " DEFAULT_LISTEN "; port 0 picks one)\n"
-            "  --threads N           completion-queue threads (default: one per core)\n"
-            "  --tls-cert PATH       server certificate (PEM); with --tls-key enables TLS\n"
-            "  --tls-key PATH        server private key (PEM)\n"
-            "  --tls-client-ca PATH  require client certificates signed by this CA\n"
-            "  --port-file PATH      write the bound port there once serving\n"
-            "  --version             print the version and exit\n"
-            "  --help                print this help and exit\n");
-}
 
 static int write_port_file(const char *path, int port)
 {
@@ -60,57 +49,70 @@ static int write_port_file(const char *path, int port)
     return 0;
 }
 
+/* Every setting, with its default (kvf_config.h: flags > environment
+ * KVF_CONTROL_* > config file > default). */
+struct settings {
+    const char *listen, *tls_cert, *tls_key, *tls_client_ca, *port_file;
+    uint64_t threads;
+    uint64_t node_ttl_ms, join_timeout_ms, drain_deadline_ms, resend_ms, tombstone_ttl_ms;
+    bool version;
+};
+
 int main(int argc, char **argv)
 {
-    const char *listen_addr = DEFAULT_LISTEN;
-    const char *tls_cert = NULL, *tls_key = NULL, *tls_ca = NULL, *port_file = NULL;
-    unsigned threads = 0;
-
-    for (int i = 1; i < argc; i++) {
-        const char *a = argv[i];
-        if (strcmp(a, "--version") == 0) {
-            printf("kvfence-control %s (cuda %s)\n", KVF_VERSION_STRING,
-                   KVF_HAVE_CUDA_BUILD ? "yes" : "no");
-            return 0;
-        }
-        if (strcmp(a, "--help") == 0 || strcmp(a, "-h") == 0) {
-            usage(stdout);
-            return 0;
-        }
-        const char **target = NULL;
-        if (strcmp(a, "--listen") == 0) {
-            target = &listen_addr;
-        } else if (strcmp(a, "--tls-cert") == 0) {
-            target = &tls_cert;
-        } else if (strcmp(a, "--tls-key") == 0) {
-            target = &tls_key;
-        } else if (strcmp(a, "--tls-client-ca") == 0) {
-            target = &tls_ca;
-        } else if (strcmp(a, "--port-file") == 0) {
-            target = &port_file;
-        } else if (strcmp(a, "--threads") != 0) {
-            fprintf(stderr, "kvfence-control: unknown argument '%s'\n", a);
-            usage(stderr);
-            return 2;
-        }
-        if (i + 1 >= argc) {
-            fprintf(stderr, "kvfence-control: %s needs a value\n", a);
-            usage(stderr);
-            return 2;
-        }
-        const char *val = argv[++i];
-        if (target) {
-            *target = val;
-        } else {
-            char *end = NULL;
-            unsigned long n = strtoul(val, &end, 10);
-            if (!val[0] || *end || n > 1024) {
-                fprintf(stderr, "kvfence-control: --threads: '%s' is not a number 0..1024\n", val);
-                return 2;
-            }
-            threads = (unsigned)n;
-        }
+    struct settings cfg = {
+        .listen = DEFAULT_LISTEN,
+        .node_ttl_ms = 10000,
+        .join_timeout_ms = 30000,
+        .drain_deadline_ms = 60000,
+        .resend_ms = 200,
+        .tombstone_ttl_ms = 600000,
+    };
+    const struct kvf_config_item items[] = {
+        {"listen", KVF_CONFIG_STRING, &cfg.listen, 0,
+         "gRPC address: host:port (port 0 picks one) or unix:/path"},
+        {"threads", KVF_CONFIG_UINT, &cfg.threads, 1024,
+         "completion-queue threads (0: one per core)"},
+        {"tls-cert", KVF_CONFIG_STRING, &cfg.tls_cert, 0,
+         "server certificate (PEM); with tls-key enables TLS"},
+        {"tls-key", KVF_CONFIG_STRING, &cfg.tls_key, 0, "server private key (PEM)"},
+        {"tls-client-ca", KVF_CONFIG_STRING, &cfg.tls_client_ca, 0,
+         "require client certificates signed by this CA (mutual TLS)"},
+        {"port-file", KVF_CONFIG_STRING, &cfg.port_file, 0,
+         "write the bound port to this file once serving"},
+        {"node-ttl-ms", KVF_CONFIG_UINT, &cfg.node_ttl_ms, 86400000,
+         "a node whose session is gone this long is LOST (its peers fence it)"},
+        {"join-timeout-ms", KVF_CONFIG_UINT, &cfg.join_timeout_ms, 86400000,
+         "a room still OPENING after this long is aborted"},
+        {"drain-deadline-ms", KVF_CONFIG_UINT, &cfg.drain_deadline_ms, 86400000,
+         "an ABORTING room not drained by then is escalated and its laggards fenced (never "
+         "released)"},
+        {"resend-ms", KVF_CONFIG_UINT, &cfg.resend_ms, 60000,
+         "first re-send of an unacknowledged notice (then doubling, capped at 5 s, with jitter)"},
+        {"tombstone-ttl-ms", KVF_CONFIG_UINT, &cfg.tombstone_ttl_ms, 86400000,
+         "terminal rooms are kept this long to recognise late messages"},
+        {"version", KVF_CONFIG_BOOL, &cfg.version, 0, "print the version and exit"},
+    };
+    struct kvf_error err;
+    kvf_error_clear(&err);
+    int prc = kvf_config_parse(items, sizeof(items) / sizeof(items[0]), "KVF_CONTROL_", argc, argv,
+                               stdout, &err);
+    if (prc == 1)
+        return 0;
+    if (prc < 0) {
+        fprintf(stderr, "kvfence-control: %s\n", err.msg);
+        return 2;
     }
+    if (cfg.version) {
+        printf("kvfence-control %s (cuda %s)\n", KVF_VERSION_STRING,
+               KVF_HAVE_CUDA_BUILD ? "yes" : "no");
+        return 0;
+    }
+    const char *tls_cert = cfg.tls_cert && cfg.tls_cert[0] ? cfg.tls_cert : NULL;
+    const char *tls_key = cfg.tls_key && cfg.tls_key[0] ? cfg.tls_key : NULL;
+    const char *tls_ca = cfg.tls_client_ca && cfg.tls_client_ca[0] ? cfg.tls_client_ca : NULL;
+    const char *port_file = cfg.port_file && cfg.port_file[0] ? cfg.port_file : NULL;
+    const char *listen_addr = cfg.listen;
     if ((tls_cert == NULL) != (tls_key == NULL)) {
         fprintf(stderr, "kvfence-control: --tls-cert and --tls-key go together\n");
         return 2;
@@ -119,6 +121,13 @@ int main(int argc, char **argv)
         fprintf(stderr, "kvfence-control: --tls-client-ca needs --tls-cert and --tls-key\n");
         return 2;
     }
+    struct kvf_svc_opts sopts = {
+        .node_ttl = cfg.node_ttl_ms * KVF_NS_PER_MS,
+        .join_timeout = cfg.join_timeout_ms * KVF_NS_PER_MS,
+        .drain_deadline = cfg.drain_deadline_ms * KVF_NS_PER_MS,
+        .resend_initial = cfg.resend_ms * KVF_NS_PER_MS,
+        .tombstone_ttl = cfg.tombstone_ttl_ms * KVF_NS_PER_MS,
+    };
 
     /* Before grpc_init() starts threads (kvf_rpc_server_create): every thread
      * inherits the mask, so only sigwait() below sees these. */
@@ -129,14 +138,14 @@ int main(int argc, char **argv)
     pthread_sigmask(SIG_BLOCK, &sigs, NULL);
     signal(SIGPIPE, SIG_IGN);
 
-    struct kvf_svc *svc = kvf_svc_create();
+    struct kvf_svc *svc = kvf_svc_create(&sopts);
     if (!svc) {
         return 1;
     }
     struct kvf_rpc_server_opts opts;
     kvf_rpc_server_opts_init(&opts);
     opts.listen_addr = listen_addr;
-    opts.cq_threads = threads;
+    opts.cq_threads = (unsigned)cfg.threads;
     opts.tls_cert_path = tls_cert;
     opts.tls_key_path = tls_key;
     opts.tls_client_ca_path = tls_ca;
@@ -162,9 +171,9 @@ int main(int argc, char **argv)
             listen_addr, port, tls_cert ? (tls_ca ? "mutual TLS" : "TLS") : "plaintext");
     int rc = 0;
     if (port_file) {
-        int prc = write_port_file(port_file, port);
-        if (prc < 0) {
-            kvf_log("error", "cannot write port file %s: %s", port_file, strerror(-prc));
+        int wrc = write_port_file(port_file, port);
+        if (wrc < 0) {
+            kvf_log("error", "cannot write port file %s: %s", port_file, strerror(-wrc));
             rc = 1;
         }
     }
@@ -189,5 +198,6 @@ int main(int argc, char **argv)
     kvf_rpc_server_destroy(srv);
     kvf_svc_destroy(svc);
     kvf_log("info", "stopped");
+    kvf_config_free();
     return rc;
 }

@@ -88,18 +88,13 @@ struct room_info_buf {
 
 struct part_buf {
     Kvfence__V1__ParticipantInfo pi;
-    Kvfence__V1__Participant part;
-    Kvfence__V1__Lease lease;
-    Kvfence__V1__PageRange *rv;
-    Kvfence__V1__PageRange **rp;
+    struct kvf_svc_lease_buf lb;
 };
 
 static void room_info_free(struct room_info_buf *b)
 {
-    for (size_t i = 0; b->parts && i < b->n; i++) {
-        free(b->parts[i].rv);
-        free(b->parts[i].rp);
-    }
+    for (size_t i = 0; b->parts && i < b->n; i++)
+        kvf_svc_lease_free(&b->parts[i].lb);
     free(b->parts);
     free(b->pp);
 }
@@ -144,38 +139,14 @@ static int room_info_participants(struct room_info_buf *b, const struct kvf_cps 
         struct part_buf *p = &b->parts[i];
         struct kvf_cps_participant_view pv;
         kvfence__v1__participant_info__init(&p->pi);
-        kvfence__v1__participant__init(&p->part);
-        kvfence__v1__lease__init(&p->lease);
         b->pp[i] = &p->pi;
-        if (kvf_cps_room_participant(cps, v->key, i, &pv) < 0) {
+        if (kvf_cps_room_participant(cps, v->key, i, &pv) < 0)
             continue;
-        }
-        p->rv = calloc(pv.range_count ? pv.range_count : 1, sizeof *p->rv);
-        p->rp = calloc(pv.range_count ? pv.range_count : 1, sizeof *p->rp);
-        if (!p->rv || !p->rp) {
+        if (kvf_svc_lease_fill(&p->lb, v->key, &pv) != 0)
             return -ENOMEM;
-        }
-        for (size_t r = 0; r < pv.range_count; r++) {
-            kvfence__v1__page_range__init(&p->rv[r]);
-            p->rv[r].first = pv.ranges[r].first;
-            p->rv[r].count = pv.ranges[r].count;
-            p->rp[r] = &p->rv[r];
-        }
-        p->part.node_id = (char *)pv.node_id;
-        p->part.rank = pv.rank;
-        p->part.role = (Kvfence__V1__Role)pv.role;
-        p->lease.lease_id = pv.lease_id;
-        p->lease.room = &b->key;
-        p->lease.participant = &p->part;
-        p->lease.pool_id = pv.pool_id;
-        p->lease.n_ranges = pv.range_count;
-        p->lease.ranges = p->rp;
-        p->lease.mode = pv.role == KVF_CPS_ROLE_SOURCE ? KVFENCE__V1__LEASE_MODE__LEASE_MODE_READ
-                                                       : KVFENCE__V1__LEASE_MODE__LEASE_MODE_WRITE;
-        p->lease.state = (Kvfence__V1__LeaseState)pv.lease_state;
-        p->pi.participant = &p->part;
+        p->pi.participant = &p->lb.part;
+        p->pi.lease = &p->lb.lease;
         p->pi.node_incarnation = pv.incarnation;
-        p->pi.lease = &p->lease;
         p->pi.completed = pv.completed;
         p->pi.drained = pv.node_drained;
         p->pi.fenced = pv.node_fenced;

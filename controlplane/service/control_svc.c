@@ -87,15 +87,6 @@ static int join_validate(const ProtobufCMessage *m, struct kvf_error *err)
     return check_ranges("ranges", rq->ranges, rq->n_ranges, err);
 }
 
-static uint32_t features_from_names(char *const *names, size_t n)
-{
-    uint32_t bits = 0;
-    for (size_t i = 0; i < n; i++) {
-        bits |= kvf_feature_from_name(names[i]); /* unknown names: 0, ignored */
-    }
-    return bits;
-}
-
 static void join_run(struct kvf_svc_ctx *ctx, struct kvf_rpc_call *call, const ProtobufCMessage *m,
                      kvf_time_ns now)
 {
@@ -117,8 +108,8 @@ static void join_run(struct kvf_svc_ctx *ctx, struct kvf_rpc_call *call, const P
         .role = (enum kvf_cps_role)rq->participant->role,
         .engine_protocol_min = rq->engine_capabilities->protocol_min,
         .engine_protocol_max = rq->engine_capabilities->protocol_max,
-        .engine_features = features_from_names(rq->engine_capabilities->features,
-                                               rq->engine_capabilities->n_features),
+        .engine_features = kvf_svc_features_from_names(rq->engine_capabilities->features,
+                                                       rq->engine_capabilities->n_features),
         .pool_id = rq->pool_id,
         .ranges = ranges,
         .range_count = rq->n_ranges,
@@ -187,60 +178,23 @@ static void extend_run(struct kvf_svc_ctx *ctx, struct kvf_rpc_call *call,
         return;
     }
 
-    /* Find the lease to return it whole. */
-    struct kvf_cps_room_view view;
+    /* Return the lease whole. */
     struct kvf_cps_participant_view pv;
-    bool found = false;
-    if (kvf_cps_room_get(ctx->cps, k, &view) == 0) {
-        for (size_t i = 0; i < view.participant_count; i++) {
-            if (kvf_cps_room_participant(ctx->cps, k, i, &pv) == 0 && pv.lease_id == rq->lease_id) {
-                found = true;
-                break;
-            }
-        }
-    }
-    if (!found) {
+    if (kvf_svc_find_lease(ctx->cps, k, rq->lease_id, &pv) != 0) {
         kvf_error_set(&err, -EIO, "lease %" PRIu64 ": extended but not found afterwards",
                       rq->lease_id);
         kvf_svc_fail(call, -EIO, &err);
         return;
     }
-    Kvfence__V1__PageRange *rv = calloc(pv.range_count ? pv.range_count : 1, sizeof *rv);
-    Kvfence__V1__PageRange **rp = calloc(pv.range_count ? pv.range_count : 1, sizeof *rp);
-    if (!rv || !rp) {
-        free(rv);
-        free(rp);
+    struct kvf_svc_lease_buf lb;
+    if (kvf_svc_lease_fill(&lb, k, &pv) != 0) {
         kvf_svc_fail(call, -ENOMEM, NULL);
         return;
     }
-    for (size_t i = 0; i < pv.range_count; i++) {
-        kvfence__v1__page_range__init(&rv[i]);
-        rv[i].first = pv.ranges[i].first;
-        rv[i].count = pv.ranges[i].count;
-        rp[i] = &rv[i];
-    }
-    Kvfence__V1__RoomKey key = KVFENCE__V1__ROOM_KEY__INIT;
-    key.room_id = view.key.room_id;
-    key.generation = view.key.generation;
-    Kvfence__V1__Participant part = KVFENCE__V1__PARTICIPANT__INIT;
-    part.node_id = (char *)pv.node_id;
-    part.rank = pv.rank;
-    part.role = (Kvfence__V1__Role)pv.role;
-    Kvfence__V1__Lease lease = KVFENCE__V1__LEASE__INIT;
-    lease.lease_id = pv.lease_id;
-    lease.room = &key;
-    lease.participant = &part;
-    lease.pool_id = pv.pool_id;
-    lease.n_ranges = pv.range_count;
-    lease.ranges = rp;
-    lease.mode = pv.role == KVF_CPS_ROLE_SOURCE ? KVFENCE__V1__LEASE_MODE__LEASE_MODE_READ
-                                                : KVFENCE__V1__LEASE_MODE__LEASE_MODE_WRITE;
-    lease.state = (Kvfence__V1__LeaseState)pv.lease_state;
     Kvfence__V1__ExtendLeaseResponse rs = KVFENCE__V1__EXTEND_LEASE_RESPONSE__INIT;
-    rs.lease = &lease;
+    rs.lease = &lb.lease;
     kvf_svc_reply(call, &rs.base);
-    free(rv);
-    free(rp);
+    kvf_svc_lease_free(&lb);
 }
 
 /* ---- CompleteRoom ------------------------------------------------------------ */

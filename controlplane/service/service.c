@@ -2,13 +2,9 @@
  * service.c: the state thread, the job queue, and the wiring of every method
  * (Control, Admin, grpc.health.v1, grpc.reflection v1/v1alpha) onto kvf_rpc.
  *
- * SCOPE OF THIS VERSION: there is no node session (kvfence.v1.NodeSession /
- * Attach are not registered, so they answer UNIMPLEMENTED) and no store (the
- * state lives in memory only and is lost on restart). Without node sessions
- * no node can attach, so JoinRoom refuses every node (NOT_FOUND), and the
- * core's effects addressed to nodes or engines (room updates, abort notices,
- * fence requests, lease releases) are only logged. WatchLeases, ListNodes,
- * ListLeases and FenceNode are not registered either (UNIMPLEMENTED).
+ * SCOPE OF THIS VERSION: no store yet (the state lives in memory only and is
+ * lost on restart). ListNodes, ListLeases and FenceNode are not registered
+ * (UNIMPLEMENTED). Node sessions and WatchLeases are in node_svc.c.
  *
  * Threads: CQ threads decode and validate requests and post jobs to a
  * mutex+condvar queue; the state thread alone touches the struct kvf_cps. It
@@ -103,11 +99,15 @@ struct kvf_svc_binding {
     const struct kvf_svc_method *m;
 };
 
+/* A unary call (m, call, req) or a stream event (run, drop, arg). */
 struct kvf_svc_job {
     struct kvf_svc_job *next;
     const struct kvf_svc_method *m;
     struct kvf_rpc_call *call;
     ProtobufCMessage *req;
+    kvf_svc_job_fn run;
+    void (*drop)(void *arg);
+    void *arg;
 };
 
 struct kvf_svc {
@@ -127,7 +127,8 @@ struct kvf_svc {
     pthread_t thread;
 };
 
-static const char *const kvf_svc_service_names[] = {"kvfence.v1.Control", "kvfence.v1.Admin"};
+static const char *const kvf_svc_service_names[] = {"kvfence.v1.Control", "kvfence.v1.Admin",
+                                                    "kvfence.v1.NodeSession"};
 
 static kvf_time_ns mono_now(void)
 {
@@ -209,18 +210,20 @@ static void drain_effects(struct kvf_svc *svc)
                     e->key.room_id, e->key.generation, e->node_id);
             break;
         default:
-            /* Room updates, abort notices, fence requests and lease releases
-             * go to node sessions and WatchLeases, which this version does
-             * not have: the core keeps them pending and re-sends them. */
             break;
         }
+        kvf_svc_route_effect(&svc->ctx, e);
     }
 }
 
 static void fail_job(struct kvf_svc_job *job, int code, const char *msg)
 {
-    kvf_rpc_call_fail(job->call, code, msg);
-    protobuf_c_message_free_unpacked(job->req, NULL);
+    if (job->run != NULL) {
+        job->drop(job->arg);
+    } else {
+        kvf_rpc_call_fail(job->call, code, msg);
+        protobuf_c_message_free_unpacked(job->req, NULL);
+    }
     free(job);
 }
 
@@ -240,9 +243,13 @@ static void *state_thread(void *arg)
         pthread_mutex_unlock(&svc->mu);
 
         if (job) {
-            job->m->run(&svc->ctx, job->call, job->req, mono_now());
+            if (job->run != NULL) {
+                job->run(&svc->ctx, job->arg, mono_now());
+            } else {
+                job->m->run(&svc->ctx, job->call, job->req, mono_now());
+                protobuf_c_message_free_unpacked(job->req, NULL);
+            }
             drain_effects(svc);
-            protobuf_c_message_free_unpacked(job->req, NULL);
             free(job);
         }
         kvf_time_ns now = mono_now();
@@ -286,6 +293,20 @@ static void post_job(struct kvf_svc *svc, struct kvf_svc_job *job)
     svc->tail = job;
     pthread_cond_signal(&svc->cv);
     pthread_mutex_unlock(&svc->mu);
+}
+
+void kvf_svc_post(struct kvf_svc *svc, kvf_svc_job_fn run, void (*drop)(void *arg), void *arg)
+{
+    struct kvf_svc_job *job = calloc(1, sizeof *job);
+    if (!job) {
+        kvf_log("error", "out of memory queuing a stream event");
+        drop(arg);
+        return;
+    }
+    job->run = run;
+    job->drop = drop;
+    job->arg = arg;
+    post_job(svc, job);
 }
 
 /* ---- unary glue ------------------------------------------------------------ */
@@ -416,7 +437,7 @@ static void refl_half_close(void *vctx, struct kvf_rpc_stream *stream)
 
 /* ---- lifecycle ------------------------------------------------------------------ */
 
-struct kvf_svc *kvf_svc_create(void)
+struct kvf_svc *kvf_svc_create(const struct kvf_svc_opts *sopts)
 {
     struct kvf_svc *svc = calloc(1, sizeof *svc);
     if (!svc) {
@@ -433,15 +454,29 @@ struct kvf_svc *kvf_svc_create(void)
     struct kvf_cps_opts opts;
     kvf_cps_opts_init(&opts);
     opts.random_fn = random_fill;
+    if (sopts != NULL) {
+        if (sopts->node_ttl)
+            opts.node_ttl = sopts->node_ttl;
+        if (sopts->join_timeout)
+            opts.join_timeout = sopts->join_timeout;
+        if (sopts->drain_deadline)
+            opts.drain_deadline = sopts->drain_deadline;
+        if (sopts->resend_initial)
+            opts.resend_initial = sopts->resend_initial;
+        if (sopts->tombstone_ttl)
+            opts.tombstone_ttl = sopts->tombstone_ttl;
+    }
     svc->ctx.cps = kvf_cps_create(&opts);
+    svc->ctx.sessions = kvf_svc_sessions_create();
     svc->ctx.started_at = mono_now();
+    svc->ctx.node_ttl = opts.node_ttl;
     svc->health = kvf_health_create();
     svc->refl = kvf_reflection_create(kvf_api_descriptor_set, kvf_api_descriptor_set_len,
                                       kvf_svc_service_names,
                                       sizeof kvf_svc_service_names / sizeof *kvf_svc_service_names);
     svc->n_bindings = kvf_svc_control_method_count + kvf_svc_admin_method_count;
     svc->bindings = calloc(svc->n_bindings, sizeof *svc->bindings);
-    if (!svc->ctx.cps || !svc->health || !svc->refl || !svc->bindings) {
+    if (!svc->ctx.cps || !svc->ctx.sessions || !svc->health || !svc->refl || !svc->bindings) {
         kvf_log("error", "cannot create the service (state core, health, reflection or memory)");
         kvf_svc_destroy(svc);
         return NULL;
@@ -478,6 +513,10 @@ int kvf_svc_register(struct kvf_svc *svc, struct kvf_rpc_server *srv)
             kvf_log("error", "cannot register %s: %s", svc->bindings[i].m->name, strerror(-rc));
             return rc;
         }
+    }
+    rc = kvf_svc_register_streams(svc, srv);
+    if (rc < 0) {
+        return rc;
     }
     rc = kvf_rpc_server_add_unary(srv, "/grpc.health.v1.Health/Check", health_check, svc);
     if (rc < 0) {
@@ -538,6 +577,7 @@ void kvf_svc_destroy(struct kvf_svc *svc)
     kvf_svc_stop(svc);
     kvf_reflection_destroy(svc->refl);
     kvf_health_destroy(svc->health);
+    kvf_svc_sessions_destroy(svc->ctx.sessions);
     kvf_cps_destroy(svc->ctx.cps);
     free(svc->bindings);
     pthread_cond_destroy(&svc->cv);

@@ -25,9 +25,20 @@
 struct kvf_svc;
 struct kvf_rpc_server;
 
+#include "kvf_types.h"
+
+/* The core's timers (cp_state.h); 0 keeps the core's default. */
+struct kvf_svc_opts {
+    kvf_time_ns node_ttl;
+    kvf_time_ns join_timeout;
+    kvf_time_ns drain_deadline;
+    kvf_time_ns resend_initial;
+    kvf_time_ns tombstone_ttl;
+};
+
 /* Creates the state core, health registry and reflection index, and starts
- * the state thread. Returns NULL (and logs why) on failure. */
-struct kvf_svc *kvf_svc_create(void);
+ * the state thread. `opts` may be NULL. Returns NULL (and logs why). */
+struct kvf_svc *kvf_svc_create(const struct kvf_svc_opts *opts);
 
 /* Registers every method on `srv` (before kvf_rpc_server_start). Returns 0
  * or the negative errno of the first registration that failed. */

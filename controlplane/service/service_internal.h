@@ -16,11 +16,30 @@
 
 struct kvf_rpc_call;
 
-/* What a job sees of the service: the core and the service's start time. */
+struct kvf_svc_sessions;
+struct kvf_rpc_server;
+struct kvf_svc;
+
+/* What a job sees of the service: the core, the node sessions and lease
+ * watchers (node_svc.c), and the service's start time. State thread only. */
 struct kvf_svc_ctx {
     struct kvf_cps *cps;
+    struct kvf_svc_sessions *sessions;
     kvf_time_ns started_at; /* CLOCK_MONOTONIC ns */
+    kvf_time_ns node_ttl;   /* as configured in the core */
 };
+
+/* A job for the state thread that is not a unary call (stream events): `run`
+ * runs there; `drop` frees `arg` instead when the service is stopping. */
+typedef void (*kvf_svc_job_fn)(struct kvf_svc_ctx *ctx, void *arg, kvf_time_ns now);
+void kvf_svc_post(struct kvf_svc *svc, kvf_svc_job_fn run, void (*drop)(void *arg), void *arg);
+
+/* node_svc.c: the NodeSession/Attach and Control/WatchLeases streams. */
+struct kvf_svc_sessions *kvf_svc_sessions_create(void);
+void kvf_svc_sessions_destroy(struct kvf_svc_sessions *reg);
+int kvf_svc_register_streams(struct kvf_svc *svc, struct kvf_rpc_server *srv);
+/* Delivers one core effect to the node sessions and lease watchers. */
+void kvf_svc_route_effect(struct kvf_svc_ctx *ctx, const struct kvf_cps_effect *e);
 
 /*
  * One unary method. `validate` runs on the CQ thread on the decoded request
@@ -53,6 +72,31 @@ int kvf_svc_abort_validate(const Kvfence__V1__RoomKey *room, const char *detail,
 void kvf_svc_abort_run(struct kvf_svc_ctx *ctx, struct kvf_rpc_call *call,
                        const Kvfence__V1__RoomKey *room, const char *detail,
                        enum kvf_cps_abort_reason reason, kvf_time_ns now);
+
+/* ---- conversions (svc_convert.c) ------------------------------------------ */
+
+/* Feature names on the wire -> enum kvf_feature bits (unknown names ignored). */
+uint32_t kvf_svc_features_from_names(char *const *names, size_t n);
+
+/* A Lease message built from a participant view, with the storage it points
+ * at. The view's strings must outlive the message (until the next mutating
+ * call into the core). */
+struct kvf_svc_lease_buf {
+    Kvfence__V1__Lease lease;
+    Kvfence__V1__Participant part;
+    Kvfence__V1__RoomKey key;
+    Kvfence__V1__PageRange *rv;
+    Kvfence__V1__PageRange **rp;
+};
+
+/* Fills `b` (0 or -ENOMEM, then nothing to free). */
+int kvf_svc_lease_fill(struct kvf_svc_lease_buf *b, kvf_room_key key,
+                       const struct kvf_cps_participant_view *pv);
+void kvf_svc_lease_free(struct kvf_svc_lease_buf *b);
+
+/* The participant that holds `lease_id` in room `key`: 0 or -ENOENT. */
+int kvf_svc_find_lease(const struct kvf_cps *cps, kvf_room_key key, uint64_t lease_id,
+                       struct kvf_cps_participant_view *pv_p);
 
 /* Conversions shared by both services. */
 #define KVF_SVC_PAGE_SIZE_DEFAULT 100u

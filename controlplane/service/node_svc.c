@@ -1,0 +1,831 @@
+/*
+ * node_svc.c: the node session (kvfence.v1.NodeSession/Attach) and the
+ * engines' release stream (kvfence.v1.Control/WatchLeases), and the routing of
+ * the state core's effects to them.
+ *
+ * A node holds one bidirectional Attach stream. Its first message is Hello:
+ * the state thread attaches the node in the core (versions and features
+ * negotiated there; an incompatible node is refused with FAILED_PRECONDITION
+ * and the stream ends) and answers Welcome. After that the node's reports
+ * (Drained, Completed, TransferFailed, PeerFenced, PoolUpdate) go into the
+ * core, and the core's effects addressed to the node (RoomUpdate, AbortNotice,
+ * FencePeer) go out on its stream. The core decides when a notice is re-sent
+ * (backoff with jitter, and at once on re-attach); this file only delivers
+ * what the core emits, and drops what is addressed to a node without a
+ * session. When a stream ends, the node is detached in the core (SUSPECT; its
+ * ttl starts there). A newer session of the same node replaces the older one,
+ * which is finished with ABORTED.
+ *
+ * WatchLeases streams get every LeaseEvent.released that matches their filter
+ * (node, ranks, lease ids) and, when asked, every room state change.
+ *
+ * DESIGN: stream callbacks run on CQ threads. They decode messages there and
+ * post jobs to the state thread; the session registry, the watcher list and
+ * the core are touched by the state thread alone. A session is reference
+ * counted: one reference for its stream (dropped by the job that handles the
+ * stream's end) and one while it is in the registry. Jobs of one stream run
+ * in the order its callbacks posted them (the job queue is FIFO and the
+ * callbacks of one stream never run concurrently), so the end-of-stream job is
+ * the last one to touch a session through its stream.
+ */
+#include <errno.h>
+#include <inttypes.h>
+#include <stdatomic.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "kvfence/v1/node.pb-c.h"
+#include "rpc_server.h"
+#include "service_internal.h"
+
+#define HEARTBEAT_INTERVAL_MS 1000u
+
+struct node_sess {
+    atomic_int refs;
+    struct kvf_svc *svc;
+    struct kvf_rpc_stream *stream; /* one stream reference, released at free */
+    /* State thread only: */
+    bool attached; /* Hello accepted: in the registry */
+    bool replaced; /* a newer session of the node took over */
+    bool closed;   /* the stream ended */
+    char node_id[129];
+    uint64_t incarnation;
+    Kvfence__V1__Hello *hello; /* endpoints and capabilities, for peers' room updates */
+    struct node_sess *next;    /* in the registry */
+};
+
+struct lease_watch {
+    struct kvf_rpc_stream *stream; /* one stream reference */
+    Kvfence__V1__WatchLeasesRequest *rq;
+    bool closed;
+    struct lease_watch *next;
+};
+
+struct kvf_svc_sessions {
+    struct node_sess *nodes;     /* attached sessions, one per node id */
+    struct lease_watch *watches; /* open WatchLeases streams */
+    uint64_t next_notice_id;
+};
+
+/* ---- sessions ------------------------------------------------------------ */
+
+static void sess_unref(struct node_sess *s)
+{
+    if (atomic_fetch_sub(&s->refs, 1) != 1)
+        return;
+    if (s->hello != NULL)
+        protobuf_c_message_free_unpacked(&s->hello->base, NULL);
+    kvf_rpc_stream_unref(s->stream);
+    free(s);
+}
+
+static struct node_sess *registry_find(struct kvf_svc_sessions *reg, const char *node_id)
+{
+    for (struct node_sess *s = reg->nodes; s != NULL; s = s->next) {
+        if (strcmp(s->node_id, node_id) == 0)
+            return s;
+    }
+    return NULL;
+}
+
+static void registry_remove(struct kvf_svc_sessions *reg, struct node_sess *gone)
+{
+    for (struct node_sess **pp = &reg->nodes; *pp != NULL; pp = &(*pp)->next) {
+        if (*pp == gone) {
+            *pp = gone->next;
+            gone->attached = false;
+            sess_unref(gone);
+            return;
+        }
+    }
+}
+
+/* Packs and queues one ControlMessage on a session's stream. */
+static void sess_send(struct node_sess *s, const Kvfence__V1__ControlMessage *cm)
+{
+    size_t len = protobuf_c_message_get_packed_size(&cm->base);
+    uint8_t *buf = malloc(len ? len : 1);
+    if (buf == NULL) {
+        kvf_log("error", "node %s: out of memory packing a message; the core will re-send",
+                s->node_id);
+        return;
+    }
+    protobuf_c_message_pack(&cm->base, buf);
+    kvf_rpc_stream_send(s->stream, buf, len);
+    free(buf);
+}
+
+/* ---- building room updates ------------------------------------------------ */
+
+struct room_update_buf {
+    Kvfence__V1__ControlMessage cm;
+    Kvfence__V1__RoomUpdate ru;
+    Kvfence__V1__RoomKey key;
+    size_t nmembers, npeers;
+    Kvfence__V1__RoomMember *mv;
+    Kvfence__V1__RoomMember **mp;
+    Kvfence__V1__Pool *pv;
+    struct kvf_svc_lease_buf *lb;
+    Kvfence__V1__PeerNode *peerv;
+    Kvfence__V1__PeerNode **peerp;
+};
+
+static void room_update_free(struct room_update_buf *b)
+{
+    for (size_t i = 0; b->lb != NULL && i < b->nmembers; i++)
+        kvf_svc_lease_free(&b->lb[i]);
+    free(b->mv);
+    free(b->mp);
+    free(b->pv);
+    free(b->lb);
+    free(b->peerv);
+    free(b->peerp);
+}
+
+/* The room's leases and its nodes' endpoints, as one RoomUpdate. */
+static int room_update_build(struct room_update_buf *b, struct kvf_svc_ctx *ctx, kvf_room_key key)
+{
+    memset(b, 0, sizeof(*b));
+    struct kvf_cps_room_view v;
+    if (kvf_cps_room_get(ctx->cps, key, &v) != 0)
+        return -ENOENT;
+    size_t n = v.participant_count;
+    b->mv = calloc(n ? n : 1, sizeof(*b->mv));
+    b->mp = calloc(n ? n : 1, sizeof(*b->mp));
+    b->pv = calloc(n ? n : 1, sizeof(*b->pv));
+    b->lb = calloc(n ? n : 1, sizeof(*b->lb));
+    b->peerv = calloc(n ? n : 1, sizeof(*b->peerv));
+    b->peerp = calloc(n ? n : 1, sizeof(*b->peerp));
+    if (!b->mv || !b->mp || !b->pv || !b->lb || !b->peerv || !b->peerp)
+        return -ENOMEM;
+    for (size_t i = 0; i < n; i++) {
+        struct kvf_cps_participant_view pv;
+        if (kvf_cps_room_participant(ctx->cps, v.key, i, &pv) != 0)
+            continue;
+        if (kvf_svc_lease_fill(&b->lb[b->nmembers], v.key, &pv) != 0)
+            return -ENOMEM;
+        Kvfence__V1__RoomMember *m = &b->mv[b->nmembers];
+        kvfence__v1__room_member__init(m);
+        kvfence__v1__pool__init(&b->pv[b->nmembers]);
+        b->pv[b->nmembers].pool_id = pv.pool_id;
+        m->lease = &b->lb[b->nmembers].lease;
+        m->pool = &b->pv[b->nmembers];
+        m->node_incarnation = pv.incarnation;
+        b->mp[b->nmembers] = m;
+        b->nmembers++;
+        /* One PeerNode per distinct node, with what its Hello said. */
+        bool seen = false;
+        for (size_t k = 0; k < b->npeers && !seen; k++)
+            seen = strcmp(b->peerv[k].node_id, pv.node_id) == 0;
+        if (seen)
+            continue;
+        Kvfence__V1__PeerNode *p = &b->peerv[b->npeers];
+        kvfence__v1__peer_node__init(p);
+        p->node_id = (char *)pv.node_id;
+        p->incarnation = pv.incarnation;
+        struct node_sess *s = registry_find(ctx->sessions, pv.node_id);
+        if (s != NULL && s->incarnation == pv.incarnation && s->hello != NULL) {
+            p->n_endpoints = s->hello->n_endpoints;
+            p->endpoints = s->hello->endpoints;
+            p->capabilities = s->hello->capabilities;
+        }
+        b->peerp[b->npeers++] = p;
+    }
+    kvfence__v1__control_message__init(&b->cm);
+    kvfence__v1__room_update__init(&b->ru);
+    kvfence__v1__room_key__init(&b->key);
+    b->key.room_id = v.key.room_id;
+    b->key.generation = v.key.generation;
+    b->ru.notice_id = ++ctx->sessions->next_notice_id;
+    b->ru.room = &b->key;
+    b->ru.state = (Kvfence__V1__RoomState)v.state;
+    b->ru.protocol_version = v.protocol_version;
+    b->ru.n_members = b->nmembers;
+    b->ru.members = b->mp;
+    b->ru.n_peers = b->npeers;
+    b->ru.peers = b->peerp;
+    b->cm.msg_case = KVFENCE__V1__CONTROL_MESSAGE__MSG_ROOM_UPDATE;
+    b->cm.room_update = &b->ru;
+    return 0;
+}
+
+static void send_room_update(struct kvf_svc_ctx *ctx, struct node_sess *s, kvf_room_key key)
+{
+    struct room_update_buf b;
+    int rc = room_update_build(&b, ctx, key);
+    if (rc == 0)
+        sess_send(s, &b.cm);
+    else if (rc == -ENOMEM)
+        kvf_log("error", "room %" PRIu64 ":%" PRIu64 ": out of memory building its update for %s",
+                key.room_id, key.generation, s->node_id);
+    room_update_free(&b);
+}
+
+/* ---- effects --------------------------------------------------------------- */
+
+static struct node_sess *addressee(struct kvf_svc_ctx *ctx, const struct kvf_cps_effect *e)
+{
+    struct node_sess *s = registry_find(ctx->sessions, e->node_id);
+    if (s == NULL || s->incarnation != e->incarnation || s->closed)
+        return NULL; /* no session: the core re-sends on re-attach */
+    return s;
+}
+
+static bool watch_wants_lease(const Kvfence__V1__WatchLeasesRequest *rq,
+                              const struct kvf_cps_effect *e)
+{
+    if (rq->node_id != NULL && rq->node_id[0] != '\0' && strcmp(rq->node_id, e->node_id) != 0)
+        return false;
+    if (rq->n_ranks > 0) {
+        bool hit = false;
+        for (size_t i = 0; i < rq->n_ranks && !hit; i++)
+            hit = rq->ranks[i] == e->rank;
+        if (!hit)
+            return false;
+    }
+    if (rq->n_lease_ids > 0) {
+        bool hit = false;
+        for (size_t i = 0; i < rq->n_lease_ids && !hit; i++)
+            hit = rq->lease_ids[i] == e->lease_id;
+        if (!hit)
+            return false;
+    }
+    return true;
+}
+
+static void watch_send(struct lease_watch *w, const Kvfence__V1__LeaseEvent *ev)
+{
+    size_t len = protobuf_c_message_get_packed_size(&ev->base);
+    uint8_t *buf = malloc(len ? len : 1);
+    if (buf == NULL) {
+        kvf_log("error", "out of memory packing a lease event");
+        return;
+    }
+    protobuf_c_message_pack(&ev->base, buf);
+    kvf_rpc_stream_send(w->stream, buf, len);
+    free(buf);
+}
+
+static void route_lease_released(struct kvf_svc_ctx *ctx, const struct kvf_cps_effect *e)
+{
+    struct kvf_cps_participant_view pv;
+    struct kvf_svc_lease_buf lb;
+    bool have = kvf_svc_find_lease(ctx->cps, e->key, e->lease_id, &pv) == 0 &&
+                kvf_svc_lease_fill(&lb, e->key, &pv) == 0;
+    if (!have) {
+        kvf_log("error", "lease %" PRIu64 ": released but not found in room %" PRIu64 ":%" PRIu64,
+                e->lease_id, e->key.room_id, e->key.generation);
+        return;
+    }
+    Kvfence__V1__LeaseEvent ev = KVFENCE__V1__LEASE_EVENT__INIT;
+    ev.event_case = KVFENCE__V1__LEASE_EVENT__EVENT_RELEASED;
+    ev.released = &lb.lease;
+    for (struct lease_watch *w = ctx->sessions->watches; w != NULL; w = w->next) {
+        if (!w->closed && watch_wants_lease(w->rq, e))
+            watch_send(w, &ev);
+    }
+    kvf_svc_lease_free(&lb);
+}
+
+static void route_room_state(struct kvf_svc_ctx *ctx, const struct kvf_cps_effect *e)
+{
+    Kvfence__V1__RoomKey key = KVFENCE__V1__ROOM_KEY__INIT;
+    key.room_id = e->key.room_id;
+    key.generation = e->key.generation;
+    Kvfence__V1__RoomStateChange ch = KVFENCE__V1__ROOM_STATE_CHANGE__INIT;
+    ch.room = &key;
+    ch.old_state = (Kvfence__V1__RoomState)e->old_state;
+    ch.new_state = (Kvfence__V1__RoomState)e->new_state;
+    ch.reason = (Kvfence__V1__AbortReason)e->reason;
+    Kvfence__V1__AbortToken tok = KVFENCE__V1__ABORT_TOKEN__INIT;
+    struct kvf_cps_room_view v;
+    if (kvf_cps_room_get(ctx->cps, e->key, &v) == 0 && !kvf_token_is_zero(v.token)) {
+        tok.hi = v.token.hi;
+        tok.lo = v.token.lo;
+        ch.token = &tok;
+    }
+    Kvfence__V1__LeaseEvent ev = KVFENCE__V1__LEASE_EVENT__INIT;
+    ev.event_case = KVFENCE__V1__LEASE_EVENT__EVENT_ROOM_STATE;
+    ev.room_state = &ch;
+    for (struct lease_watch *w = ctx->sessions->watches; w != NULL; w = w->next) {
+        if (!w->closed && w->rq->include_room_states)
+            watch_send(w, &ev);
+    }
+}
+
+void kvf_svc_route_effect(struct kvf_svc_ctx *ctx, const struct kvf_cps_effect *e)
+{
+    struct node_sess *s;
+    switch (e->kind) {
+    case KVF_CPS_FX_ROOM_UPDATE:
+        if ((s = addressee(ctx, e)) != NULL)
+            send_room_update(ctx, s, e->key);
+        break;
+    case KVF_CPS_FX_ABORT_NOTICE:
+        if ((s = addressee(ctx, e)) != NULL) {
+            Kvfence__V1__RoomKey key = KVFENCE__V1__ROOM_KEY__INIT;
+            key.room_id = e->key.room_id;
+            key.generation = e->key.generation;
+            Kvfence__V1__AbortToken tok = KVFENCE__V1__ABORT_TOKEN__INIT;
+            tok.hi = e->token.hi;
+            tok.lo = e->token.lo;
+            Kvfence__V1__AbortNotice an = KVFENCE__V1__ABORT_NOTICE__INIT;
+            an.notice_id = ++ctx->sessions->next_notice_id;
+            an.room = &key;
+            an.token = &tok;
+            an.attempt = e->attempt;
+            struct kvf_cps_room_view v;
+            if (kvf_cps_room_get(ctx->cps, e->key, &v) == 0)
+                an.reason = (Kvfence__V1__AbortReason)v.abort_reason;
+            Kvfence__V1__ControlMessage cm = KVFENCE__V1__CONTROL_MESSAGE__INIT;
+            cm.msg_case = KVFENCE__V1__CONTROL_MESSAGE__MSG_ABORT_NOTICE;
+            cm.abort_notice = &an;
+            sess_send(s, &cm);
+        }
+        break;
+    case KVF_CPS_FX_FENCE_PEER:
+        if ((s = addressee(ctx, e)) != NULL) {
+            Kvfence__V1__FencePeer fp = KVFENCE__V1__FENCE_PEER__INIT;
+            fp.notice_id = ++ctx->sessions->next_notice_id;
+            fp.node_id = (char *)e->peer_node;
+            fp.incarnation = e->peer_incarnation;
+            fp.attempt = e->attempt;
+            Kvfence__V1__ControlMessage cm = KVFENCE__V1__CONTROL_MESSAGE__INIT;
+            cm.msg_case = KVFENCE__V1__CONTROL_MESSAGE__MSG_FENCE_PEER;
+            cm.fence_peer = &fp;
+            sess_send(s, &cm);
+        }
+        break;
+    case KVF_CPS_FX_LEASE_RELEASED:
+        route_lease_released(ctx, e);
+        break;
+    case KVF_CPS_FX_ROOM_STATE:
+        route_room_state(ctx, e);
+        break;
+    default:
+        break;
+    }
+}
+
+/* ---- node messages (state thread) ---------------------------------------- */
+
+struct sess_job {
+    struct node_sess *s;
+    Kvfence__V1__NodeMessage *msg; /* NULL: the stream ended */
+};
+
+static void sess_finish(struct node_sess *s, int neg_errno, const struct kvf_error *err)
+{
+    enum kvf_grpc_code code = kvf_errno_to_grpc_code(neg_errno);
+    kvf_rpc_stream_finish(s->stream, (int)code,
+                          err && err->msg[0] ? err->msg : kvf_grpc_code_name(code));
+}
+
+static int pools_from_wire(Kvfence__V1__Pool *const *in, size_t n, struct kvf_cps_pool **out_p)
+{
+    struct kvf_cps_pool *out = calloc(n ? n : 1, sizeof(*out));
+    if (out == NULL)
+        return -ENOMEM;
+    for (size_t i = 0; i < n; i++) {
+        out[i].pool_id = in[i]->pool_id;
+        out[i].page_size = in[i]->page_size;
+        out[i].page_count = in[i]->page_count;
+    }
+    *out_p = out;
+    return 0;
+}
+
+/* Re-sends the leases of every live room of a node that came back, since room
+ * updates are not kept pending by the core. O(rooms): re-attach is rare. */
+struct resync_ctx {
+    struct kvf_svc_ctx *ctx;
+    struct node_sess *s;
+};
+
+static int resync_room(void *vctx, const struct kvf_cps_room_view *v)
+{
+    struct resync_ctx *rc = vctx;
+    if (v->state != KVF_CPS_ROOM_ACTIVE)
+        return 0;
+    for (size_t i = 0; i < v->participant_count; i++) {
+        struct kvf_cps_participant_view pv;
+        if (kvf_cps_room_participant(rc->ctx->cps, v->key, i, &pv) == 0 &&
+            strcmp(pv.node_id, rc->s->node_id) == 0 && pv.incarnation == rc->s->incarnation) {
+            send_room_update(rc->ctx, rc->s, v->key);
+            break;
+        }
+    }
+    return 0;
+}
+
+static void handle_hello(struct kvf_svc_ctx *ctx, struct node_sess *s, Kvfence__V1__NodeMessage *m,
+                         kvf_time_ns now)
+{
+    Kvfence__V1__Hello *h = m->hello;
+    struct kvf_error err;
+    kvf_error_clear(&err);
+    if (s->attached) {
+        kvf_error_set(&err, -EPERM, "hello: this session already said hello");
+        sess_finish(s, -EPERM, &err);
+        return;
+    }
+    if (h->node_id == NULL || h->node_id[0] == '\0' || strlen(h->node_id) > 128) {
+        kvf_error_set(&err, -EINVAL, "hello.node_id: must be 1..128 bytes");
+        sess_finish(s, -EINVAL, &err);
+        return;
+    }
+    if (h->capabilities == NULL) {
+        kvf_error_set(&err, -EINVAL, "hello.capabilities: missing");
+        sess_finish(s, -EINVAL, &err);
+        return;
+    }
+    struct kvf_cps_pool *pools;
+    if (pools_from_wire(h->pools, h->n_pools, &pools) != 0) {
+        kvf_error_set(&err, -ENOMEM, "out of memory");
+        sess_finish(s, -ENOMEM, &err);
+        return;
+    }
+    struct kvf_cps_node_hello ch = {
+        .node_id = h->node_id,
+        .incarnation = h->incarnation,
+        .protocol_min = h->capabilities->protocol_min,
+        .protocol_max = h->capabilities->protocol_max,
+        .features =
+            kvf_svc_features_from_names(h->capabilities->features, h->capabilities->n_features),
+        .pools = pools,
+        .pool_count = h->n_pools,
+    };
+    uint32_t features_missing = kvf_features_first_missing(ch.features, KVF_FEATURES_REQUIRED);
+    uint32_t version = 0;
+    int rc;
+    if (features_missing != 0)
+        rc = kvf_error_set(&err, -ENOTSUP,
+                           "hello.capabilities.features: node %s does not advertise %s; this "
+                           "control plane refuses nodes without it",
+                           h->node_id, kvf_feature_name(features_missing));
+    else
+        rc = kvf_cps_node_attach(ctx->cps, &ch, now, &version, &err);
+    free(pools);
+    if (rc != 0) {
+        kvf_log("warn", "node %s incarnation %" PRIu64 " refused: %s", h->node_id, h->incarnation,
+                err.msg);
+        sess_finish(s, rc, &err);
+        return;
+    }
+    struct node_sess *old = registry_find(ctx->sessions, h->node_id);
+    if (old != NULL) {
+        struct kvf_error why;
+        kvf_error_set(&why, -ECANCELED, "replaced by a newer session of node %s", h->node_id);
+        old->replaced = true;
+        sess_finish(old, -ECANCELED, &why);
+        registry_remove(ctx->sessions, old);
+    }
+    snprintf(s->node_id, sizeof(s->node_id), "%s", h->node_id);
+    s->incarnation = h->incarnation;
+    s->hello = h;
+    m->hello = NULL; /* the session keeps the Hello */
+    m->msg_case = KVFENCE__V1__NODE_MESSAGE__MSG__NOT_SET;
+    s->attached = true;
+    atomic_fetch_add(&s->refs, 1);
+    s->next = ctx->sessions->nodes;
+    ctx->sessions->nodes = s;
+
+    Kvfence__V1__CapabilitySet caps = KVFENCE__V1__CAPABILITY_SET__INIT;
+    char *names[KVF_FEATURE_COUNT];
+    size_t nn = 0;
+    for (unsigned i = 0; i < KVF_FEATURE_COUNT; i++)
+        names[nn++] = (char *)kvf_feature_name(1u << i);
+    caps.protocol_min = KVF_PROTOCOL_MIN;
+    caps.protocol_max = KVF_PROTOCOL_MAX;
+    caps.n_features = nn;
+    caps.features = names;
+    Kvfence__V1__Welcome w = KVFENCE__V1__WELCOME__INIT;
+    w.negotiated_version = version;
+    w.capabilities = &caps;
+    w.heartbeat_interval_ms = HEARTBEAT_INTERVAL_MS;
+    w.node_ttl_ms = (uint32_t)(ctx->node_ttl / KVF_NS_PER_MS);
+    w.control_plane_id = (char *)"kvfence-control";
+    Kvfence__V1__ControlMessage cm = KVFENCE__V1__CONTROL_MESSAGE__INIT;
+    cm.msg_case = KVFENCE__V1__CONTROL_MESSAGE__MSG_WELCOME;
+    cm.welcome = &w;
+    sess_send(s, &cm);
+    kvf_log("info", "node %s incarnation %" PRIu64 " attached, protocol %" PRIu32, s->node_id,
+            s->incarnation, version);
+    struct resync_ctx rctx = {ctx, s};
+    kvf_cps_room_foreach(ctx->cps, resync_room, &rctx);
+}
+
+static bool key_from_wire(const Kvfence__V1__RoomKey *k, kvf_room_key *out)
+{
+    if (k == NULL)
+        return false;
+    out->room_id = k->room_id;
+    out->generation = k->generation;
+    return true;
+}
+
+static void handle_report(struct kvf_svc_ctx *ctx, struct node_sess *s,
+                          const Kvfence__V1__NodeMessage *m, kvf_time_ns now)
+{
+    struct kvf_error err;
+    kvf_error_clear(&err);
+    kvf_room_key key = {0, 0};
+    int rc = 0;
+    const char *what = "message";
+    switch (m->msg_case) {
+    case KVFENCE__V1__NODE_MESSAGE__MSG_HEARTBEAT:
+    case KVFENCE__V1__NODE_MESSAGE__MSG_ACK:
+    case KVFENCE__V1__NODE_MESSAGE__MSG_RESYNC:
+        return; /* liveness is the stream itself; acks prove nothing */
+    case KVFENCE__V1__NODE_MESSAGE__MSG_DRAINED: {
+        what = "drained";
+        kvf_token tok = {0, 0};
+        if (m->drained->token != NULL)
+            tok = (kvf_token){m->drained->token->hi, m->drained->token->lo};
+        if (!key_from_wire(m->drained->room, &key))
+            rc = kvf_error_set(&err, -EINVAL, "drained.room: missing");
+        else
+            rc = kvf_cps_report_drained(ctx->cps, s->node_id, s->incarnation, key, tok, now, &err);
+        break;
+    }
+    case KVFENCE__V1__NODE_MESSAGE__MSG_COMPLETED:
+        what = "completed";
+        if (!key_from_wire(m->completed->room, &key))
+            rc = kvf_error_set(&err, -EINVAL, "completed.room: missing");
+        else
+            rc = kvf_cps_report_completed(ctx->cps, s->node_id, s->incarnation, key,
+                                          m->completed->rank, (enum kvf_cps_role)m->completed->role,
+                                          now, &err);
+        break;
+    case KVFENCE__V1__NODE_MESSAGE__MSG_TRANSFER_FAILED: {
+        what = "transfer_failed";
+        kvf_token tok;
+        if (!key_from_wire(m->transfer_failed->room, &key))
+            rc = kvf_error_set(&err, -EINVAL, "transfer_failed.room: missing");
+        else
+            rc = kvf_cps_report_failed(ctx->cps, s->node_id, s->incarnation, key, now, &tok, &err);
+        break;
+    }
+    case KVFENCE__V1__NODE_MESSAGE__MSG_PEER_FENCED:
+        what = "peer_fenced";
+        rc = kvf_cps_report_fenced(ctx->cps, s->node_id, s->incarnation,
+                                   m->peer_fenced->node_id ? m->peer_fenced->node_id : "",
+                                   m->peer_fenced->incarnation, now, &err);
+        break;
+    case KVFENCE__V1__NODE_MESSAGE__MSG_POOL_UPDATE: {
+        what = "pool_update";
+        const Kvfence__V1__PoolUpdate *pu = m->pool_update;
+        for (size_t i = 0; i < pu->n_upserted && rc == 0; i++) {
+            struct kvf_cps_pool p = {pu->upserted[i]->pool_id, pu->upserted[i]->page_size,
+                                     pu->upserted[i]->page_count};
+            rc = kvf_cps_node_set_pool(ctx->cps, s->node_id, s->incarnation, &p, &err);
+        }
+        break;
+    }
+    default:
+        rc = kvf_error_set(&err, -EINVAL, "message: empty or unknown kind");
+        break;
+    }
+    /* A refused report changes nothing and is counted by the core (stale,
+     * tokenless, late): log it; the session goes on. */
+    if (rc != 0)
+        kvf_log("warn", "node %s: %s report for room %" PRIu64 ":%" PRIu64 " refused (%s): %s",
+                s->node_id, what, key.room_id, key.generation,
+                kvf_grpc_code_name(kvf_errno_to_grpc_code(rc)), err.msg);
+}
+
+static void sess_job_run(struct kvf_svc_ctx *ctx, void *arg, kvf_time_ns now)
+{
+    struct sess_job *j = arg;
+    struct node_sess *s = j->s;
+    if (j->msg == NULL) { /* the stream ended */
+        s->closed = true;
+        if (s->attached && !s->replaced) {
+            kvf_cps_node_detach(ctx->cps, s->node_id, s->incarnation, now, NULL);
+            kvf_log("info", "node %s incarnation %" PRIu64 ": session ended", s->node_id,
+                    s->incarnation);
+        }
+        if (s->attached)
+            registry_remove(ctx->sessions, s);
+        sess_unref(s); /* the stream's reference */
+        free(j);
+        return;
+    }
+    if (!s->closed && !s->replaced) {
+        if (j->msg->msg_case == KVFENCE__V1__NODE_MESSAGE__MSG_HELLO) {
+            handle_hello(ctx, s, j->msg, now);
+        } else if (!s->attached) {
+            struct kvf_error err;
+            kvf_error_set(&err, -EPERM, "message: the first message of a session is hello");
+            sess_finish(s, -EPERM, &err);
+        } else {
+            handle_report(ctx, s, j->msg, now);
+        }
+    }
+    protobuf_c_message_free_unpacked(&j->msg->base, NULL);
+    free(j);
+}
+
+static void sess_job_drop(void *arg)
+{
+    struct sess_job *j = arg;
+    if (j->msg != NULL)
+        protobuf_c_message_free_unpacked(&j->msg->base, NULL);
+    else
+        sess_unref(j->s);
+    free(j);
+}
+
+/* ---- Attach stream callbacks (CQ threads) --------------------------------- */
+
+static void attach_open(void *vctx, struct kvf_rpc_stream *stream, const uint8_t *req, size_t len)
+{
+    (void)req;
+    (void)len;
+    struct node_sess *s = calloc(1, sizeof(*s));
+    if (s == NULL) {
+        kvf_rpc_stream_finish(stream, KVF_GRPC_RESOURCE_EXHAUSTED, "out of memory");
+        return;
+    }
+    atomic_init(&s->refs, 1);
+    s->svc = vctx;
+    kvf_rpc_stream_ref(stream);
+    s->stream = stream;
+    kvf_rpc_stream_set_user(stream, s);
+}
+
+static void attach_post(struct node_sess *s, Kvfence__V1__NodeMessage *msg)
+{
+    struct sess_job *j = calloc(1, sizeof(*j));
+    if (j == NULL) {
+        if (msg != NULL)
+            protobuf_c_message_free_unpacked(&msg->base, NULL);
+        else
+            sess_unref(s);
+        return;
+    }
+    j->s = s;
+    j->msg = msg;
+    kvf_svc_post(s->svc, sess_job_run, sess_job_drop, j);
+}
+
+static void attach_message(void *vctx, struct kvf_rpc_stream *stream, const uint8_t *msg,
+                           size_t len)
+{
+    (void)vctx;
+    struct node_sess *s = kvf_rpc_stream_user(stream);
+    if (s == NULL)
+        return;
+    static const uint8_t empty[1];
+    Kvfence__V1__NodeMessage *m =
+        kvfence__v1__node_message__unpack(NULL, len, msg != NULL ? msg : empty);
+    if (m == NULL) {
+        kvf_rpc_stream_finish(stream, KVF_GRPC_INVALID_ARGUMENT,
+                              "message: does not decode as kvfence.v1.NodeMessage");
+        return;
+    }
+    attach_post(s, m);
+}
+
+static void attach_closed(void *vctx, struct kvf_rpc_stream *stream,
+                          enum kvf_rpc_close_reason reason)
+{
+    (void)vctx;
+    (void)reason;
+    struct node_sess *s = kvf_rpc_stream_user(stream);
+    if (s == NULL)
+        return;
+    kvf_rpc_stream_set_user(stream, NULL);
+    attach_post(s, NULL);
+}
+
+/* ---- WatchLeases (CQ threads post, the state thread owns the list) -------- */
+
+struct watch_job {
+    struct lease_watch *w;
+    bool closing;
+};
+
+static void watch_free(struct lease_watch *w)
+{
+    if (w->rq != NULL)
+        protobuf_c_message_free_unpacked(&w->rq->base, NULL);
+    kvf_rpc_stream_unref(w->stream);
+    free(w);
+}
+
+static void watch_job_run(struct kvf_svc_ctx *ctx, void *arg, kvf_time_ns now)
+{
+    (void)now;
+    struct watch_job *j = arg;
+    struct lease_watch *w = j->w;
+    if (!j->closing) {
+        w->next = ctx->sessions->watches;
+        ctx->sessions->watches = w;
+        /* Everything from here on reaches the watcher; say so. */
+        Kvfence__V1__WatchSynced sy = KVFENCE__V1__WATCH_SYNCED__INIT;
+        Kvfence__V1__LeaseEvent ev = KVFENCE__V1__LEASE_EVENT__INIT;
+        ev.event_case = KVFENCE__V1__LEASE_EVENT__EVENT_SYNCED;
+        ev.synced = &sy;
+        watch_send(w, &ev);
+    } else {
+        for (struct lease_watch **pp = &ctx->sessions->watches; *pp != NULL; pp = &(*pp)->next) {
+            if (*pp == w) {
+                *pp = w->next;
+                break;
+            }
+        }
+        watch_free(w);
+    }
+    free(j);
+}
+
+static void watch_job_drop(void *arg)
+{
+    struct watch_job *j = arg;
+    if (j->closing)
+        watch_free(j->w);
+    free(j);
+}
+
+static void watch_post(struct kvf_svc *svc, struct lease_watch *w, bool closing)
+{
+    struct watch_job *j = calloc(1, sizeof(*j));
+    if (j == NULL) {
+        kvf_log("error", "out of memory queuing a WatchLeases event");
+        return;
+    }
+    j->w = w;
+    j->closing = closing;
+    kvf_svc_post(svc, watch_job_run, watch_job_drop, j);
+}
+
+static void watch_open(void *vctx, struct kvf_rpc_stream *stream, const uint8_t *req, size_t len)
+{
+    static const uint8_t empty[1];
+    Kvfence__V1__WatchLeasesRequest *rq =
+        kvfence__v1__watch_leases_request__unpack(NULL, len, req != NULL ? req : empty);
+    if (rq == NULL) {
+        kvf_rpc_stream_finish(stream, KVF_GRPC_INVALID_ARGUMENT,
+                              "request: does not decode as kvfence.v1.WatchLeasesRequest");
+        return;
+    }
+    struct lease_watch *w = calloc(1, sizeof(*w));
+    if (w == NULL) {
+        protobuf_c_message_free_unpacked(&rq->base, NULL);
+        kvf_rpc_stream_finish(stream, KVF_GRPC_RESOURCE_EXHAUSTED, "out of memory");
+        return;
+    }
+    kvf_rpc_stream_ref(stream);
+    w->stream = stream;
+    w->rq = rq;
+    kvf_rpc_stream_set_user(stream, w);
+    watch_post(vctx, w, false);
+}
+
+static void watch_closed(void *vctx, struct kvf_rpc_stream *stream,
+                         enum kvf_rpc_close_reason reason)
+{
+    (void)reason;
+    struct lease_watch *w = kvf_rpc_stream_user(stream);
+    if (w == NULL)
+        return;
+    kvf_rpc_stream_set_user(stream, NULL);
+    watch_post(vctx, w, true);
+}
+
+/* ---- lifecycle --------------------------------------------------------------- */
+
+struct kvf_svc_sessions *kvf_svc_sessions_create(void)
+{
+    return calloc(1, sizeof(struct kvf_svc_sessions));
+}
+
+void kvf_svc_sessions_destroy(struct kvf_svc_sessions *reg)
+{
+    if (reg == NULL)
+        return;
+    while (reg->nodes != NULL)
+        registry_remove(reg, reg->nodes);
+    while (reg->watches != NULL) {
+        struct lease_watch *w = reg->watches;
+        reg->watches = w->next;
+        watch_free(w);
+    }
+    free(reg);
+}
+
+int kvf_svc_register_streams(struct kvf_svc *svc, struct kvf_rpc_server *srv)
+{
+    const struct kvf_rpc_stream_callbacks attach = {
+        .on_open = attach_open, .on_message = attach_message, .on_closed = attach_closed};
+    int rc = kvf_rpc_server_add_stream(srv, "/kvfence.v1.NodeSession/Attach", KVF_RPC_BIDI, &attach,
+                                       svc);
+    if (rc != 0)
+        return rc;
+    const struct kvf_rpc_stream_callbacks watch = {.on_open = watch_open,
+                                                   .on_closed = watch_closed};
+    return kvf_rpc_server_add_stream(srv, "/kvfence.v1.Control/WatchLeases",
+                                     KVF_RPC_SERVER_STREAMING, &watch, svc);
+}

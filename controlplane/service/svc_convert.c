@@ -1,0 +1,74 @@
+/*
+ * svc_convert.c: conversions between the state core's views and the wire
+ * messages that more than one handler builds (a lease with its ranges, a
+ * capability set). Every function here runs on the state thread.
+ */
+#include <errno.h>
+#include <stdlib.h>
+
+#include "service_internal.h"
+
+uint32_t kvf_svc_features_from_names(char *const *names, size_t n)
+{
+    uint32_t bits = 0;
+    for (size_t i = 0; i < n; i++)
+        bits |= kvf_feature_from_name(names[i]); /* unknown names: 0, ignored */
+    return bits;
+}
+
+int kvf_svc_lease_fill(struct kvf_svc_lease_buf *b, kvf_room_key key,
+                       const struct kvf_cps_participant_view *pv)
+{
+    kvfence__v1__lease__init(&b->lease);
+    kvfence__v1__participant__init(&b->part);
+    kvfence__v1__room_key__init(&b->key);
+    size_t n = pv->range_count;
+    b->rv = calloc(n ? n : 1, sizeof(*b->rv));
+    b->rp = calloc(n ? n : 1, sizeof(*b->rp));
+    if (b->rv == NULL || b->rp == NULL) {
+        kvf_svc_lease_free(b);
+        return -ENOMEM;
+    }
+    for (size_t r = 0; r < n; r++) {
+        kvfence__v1__page_range__init(&b->rv[r]);
+        b->rv[r].first = pv->ranges[r].first;
+        b->rv[r].count = pv->ranges[r].count;
+        b->rp[r] = &b->rv[r];
+    }
+    b->key.room_id = key.room_id;
+    b->key.generation = key.generation;
+    b->part.node_id = (char *)pv->node_id;
+    b->part.rank = pv->rank;
+    b->part.role = (Kvfence__V1__Role)pv->role;
+    b->lease.lease_id = pv->lease_id;
+    b->lease.room = &b->key;
+    b->lease.participant = &b->part;
+    b->lease.pool_id = pv->pool_id;
+    b->lease.n_ranges = n;
+    b->lease.ranges = b->rp;
+    b->lease.mode = pv->role == KVF_CPS_ROLE_SOURCE ? KVFENCE__V1__LEASE_MODE__LEASE_MODE_READ
+                                                    : KVFENCE__V1__LEASE_MODE__LEASE_MODE_WRITE;
+    b->lease.state = (Kvfence__V1__LeaseState)pv->lease_state;
+    return 0;
+}
+
+void kvf_svc_lease_free(struct kvf_svc_lease_buf *b)
+{
+    free(b->rv);
+    free(b->rp);
+    b->rv = NULL;
+    b->rp = NULL;
+}
+
+int kvf_svc_find_lease(const struct kvf_cps *cps, kvf_room_key key, uint64_t lease_id,
+                       struct kvf_cps_participant_view *pv_p)
+{
+    struct kvf_cps_room_view view;
+    if (kvf_cps_room_get(cps, key, &view) != 0)
+        return -ENOENT;
+    for (size_t i = 0; i < view.participant_count; i++) {
+        if (kvf_cps_room_participant(cps, view.key, i, pv_p) == 0 && pv_p->lease_id == lease_id)
+            return 0;
+    }
+    return -ENOENT;
+}
