@@ -52,8 +52,8 @@ static int write_port_file(const char *path, int port)
 /* Every setting, with its default (kvf_config.h: flags > environment
  * KVF_CONTROL_* > config file > default). */
 struct settings {
-    const char *listen, *tls_cert, *tls_key, *tls_client_ca, *port_file;
-    uint64_t threads;
+    const char *listen, *tls_cert, *tls_key, *tls_client_ca, *port_file, *data_dir;
+    uint64_t threads, snapshot_every;
     uint64_t node_ttl_ms, join_timeout_ms, drain_deadline_ms, resend_ms, tombstone_ttl_ms;
     bool version;
 };
@@ -67,6 +67,7 @@ int main(int argc, char **argv)
         .drain_deadline_ms = 60000,
         .resend_ms = 200,
         .tombstone_ttl_ms = 600000,
+        .snapshot_every = 4096,
     };
     const struct kvf_config_item items[] = {
         {"listen", KVF_CONFIG_STRING, &cfg.listen, 0,
@@ -78,6 +79,10 @@ int main(int argc, char **argv)
         {"tls-key", KVF_CONFIG_STRING, &cfg.tls_key, 0, "server private key (PEM)"},
         {"tls-client-ca", KVF_CONFIG_STRING, &cfg.tls_client_ca, 0,
          "require client certificates signed by this CA (mutual TLS)"},
+        {"data-dir", KVF_CONFIG_STRING, &cfg.data_dir, 0,
+         "write-ahead log and snapshots; empty or absent: a new cluster; unset: memory only"},
+        {"snapshot-every", KVF_CONFIG_UINT, &cfg.snapshot_every, 100000000,
+         "write a snapshot (and truncate the log) every this many logged changes"},
         {"port-file", KVF_CONFIG_STRING, &cfg.port_file, 0,
          "write the bound port to this file once serving"},
         {"node-ttl-ms", KVF_CONFIG_UINT, &cfg.node_ttl_ms, 86400000,
@@ -127,6 +132,8 @@ int main(int argc, char **argv)
         .drain_deadline = cfg.drain_deadline_ms * KVF_NS_PER_MS,
         .resend_initial = cfg.resend_ms * KVF_NS_PER_MS,
         .tombstone_ttl = cfg.tombstone_ttl_ms * KVF_NS_PER_MS,
+        .data_dir = cfg.data_dir,
+        .snapshot_every = cfg.snapshot_every,
     };
 
     /* Before grpc_init() starts threads (kvf_rpc_server_create): every thread

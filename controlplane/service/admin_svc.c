@@ -431,7 +431,7 @@ const struct kvf_svc_method kvf_svc_admin_methods[] = {
     {"/kvfence.v1.Admin/GetNode", &kvfence__v1__get_node_request__descriptor, get_node_validate,
      get_node_run},
     {"/kvfence.v1.Admin/AdminAbortRoom", &kvfence__v1__admin_abort_room_request__descriptor,
-     admin_abort_validate, admin_abort_run},
+     admin_abort_validate, admin_abort_run, true},
 };
 const size_t kvf_svc_admin_method_count =
     sizeof kvf_svc_admin_methods / sizeof kvf_svc_admin_methods[0];

@@ -384,13 +384,13 @@ static void abort_run(struct kvf_svc_ctx *ctx, struct kvf_rpc_call *call, const 
 
 const struct kvf_svc_method kvf_svc_control_methods[] = {
     {"/kvfence.v1.Control/JoinRoom", &kvfence__v1__join_room_request__descriptor, join_validate,
-     join_run},
+     join_run, true},
     {"/kvfence.v1.Control/ExtendLease", &kvfence__v1__extend_lease_request__descriptor,
-     extend_validate, extend_run},
+     extend_validate, extend_run, true},
     {"/kvfence.v1.Control/CompleteRoom", &kvfence__v1__complete_room_request__descriptor,
      complete_validate, complete_run},
     {"/kvfence.v1.Control/AbortRoom", &kvfence__v1__abort_room_request__descriptor, abort_validate,
-     abort_run},
+     abort_run, true},
 };
 const size_t kvf_svc_control_method_count =
     sizeof kvf_svc_control_methods / sizeof kvf_svc_control_methods[0];

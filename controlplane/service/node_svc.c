@@ -370,9 +370,15 @@ void kvf_svc_route_effect(struct kvf_svc_ctx *ctx, const struct kvf_cps_effect *
 
 /* ---- node messages (state thread) ---------------------------------------- */
 
+static void log_command(struct kvf_svc_ctx *ctx, enum kvf_svc_rec_kind kind, kvf_time_ns now,
+                        const char *node_id, uint64_t incarnation, const uint8_t *raw,
+                        size_t raw_len);
+
 struct sess_job {
     struct node_sess *s;
     Kvfence__V1__NodeMessage *msg; /* NULL: the stream ended */
+    uint8_t *raw;                  /* the message's bytes, for the log */
+    size_t raw_len;
 };
 
 static void sess_finish(struct node_sess *s, int neg_errno, const struct kvf_error *err)
@@ -419,33 +425,18 @@ static int resync_room(void *vctx, const struct kvf_cps_room_view *v)
     return 0;
 }
 
-static void handle_hello(struct kvf_svc_ctx *ctx, struct node_sess *s, Kvfence__V1__NodeMessage *m,
-                         kvf_time_ns now)
+/* The core's part of a Hello: checks and attaches. 0 or a negative errno
+ * with `err` set. Also used to replay the log. */
+static int apply_hello(struct kvf_svc_ctx *ctx, const Kvfence__V1__Hello *h, kvf_time_ns now,
+                       uint32_t *version_p, struct kvf_error *err)
 {
-    Kvfence__V1__Hello *h = m->hello;
-    struct kvf_error err;
-    kvf_error_clear(&err);
-    if (s->attached) {
-        kvf_error_set(&err, -EPERM, "hello: this session already said hello");
-        sess_finish(s, -EPERM, &err);
-        return;
-    }
-    if (h->node_id == NULL || h->node_id[0] == '\0' || strlen(h->node_id) > 128) {
-        kvf_error_set(&err, -EINVAL, "hello.node_id: must be 1..128 bytes");
-        sess_finish(s, -EINVAL, &err);
-        return;
-    }
-    if (h->capabilities == NULL) {
-        kvf_error_set(&err, -EINVAL, "hello.capabilities: missing");
-        sess_finish(s, -EINVAL, &err);
-        return;
-    }
+    if (h->node_id == NULL || h->node_id[0] == '\0' || strlen(h->node_id) > 128)
+        return kvf_error_set(err, -EINVAL, "hello.node_id: must be 1..128 bytes");
+    if (h->capabilities == NULL)
+        return kvf_error_set(err, -EINVAL, "hello.capabilities: missing");
     struct kvf_cps_pool *pools;
-    if (pools_from_wire(h->pools, h->n_pools, &pools) != 0) {
-        kvf_error_set(&err, -ENOMEM, "out of memory");
-        sess_finish(s, -ENOMEM, &err);
-        return;
-    }
+    if (pools_from_wire(h->pools, h->n_pools, &pools) != 0)
+        return kvf_error_set(err, -ENOMEM, "out of memory");
     struct kvf_cps_node_hello ch = {
         .node_id = h->node_id,
         .incarnation = h->incarnation,
@@ -457,16 +448,33 @@ static void handle_hello(struct kvf_svc_ctx *ctx, struct node_sess *s, Kvfence__
         .pool_count = h->n_pools,
     };
     uint32_t features_missing = kvf_features_first_missing(ch.features, KVF_FEATURES_REQUIRED);
-    uint32_t version = 0;
     int rc;
     if (features_missing != 0)
-        rc = kvf_error_set(&err, -ENOTSUP,
+        rc = kvf_error_set(err, -ENOTSUP,
                            "hello.capabilities.features: node %s does not advertise %s; this "
                            "control plane refuses nodes without it",
                            h->node_id, kvf_feature_name(features_missing));
     else
-        rc = kvf_cps_node_attach(ctx->cps, &ch, now, &version, &err);
+        rc = kvf_cps_node_attach(ctx->cps, &ch, now, version_p, err);
     free(pools);
+    return rc;
+}
+
+static void handle_hello(struct kvf_svc_ctx *ctx, struct node_sess *s, Kvfence__V1__NodeMessage *m,
+                         const uint8_t *raw, size_t raw_len, kvf_time_ns now)
+{
+    Kvfence__V1__Hello *h = m->hello;
+    struct kvf_error err;
+    kvf_error_clear(&err);
+    if (s->attached) {
+        kvf_error_set(&err, -EPERM, "hello: this session already said hello");
+        sess_finish(s, -EPERM, &err);
+        return;
+    }
+    uint32_t version = 0;
+    kvf_svc_persist_begin(ctx);
+    int rc = apply_hello(ctx, h, now, &version, &err);
+    log_command(ctx, KVF_SVC_REC_NODE_MSG, now, NULL, 0, raw, raw_len);
     if (rc != 0) {
         kvf_log("warn", "node %s incarnation %" PRIu64 " refused: %s", h->node_id, h->incarnation,
                 err.msg);
@@ -525,11 +533,25 @@ static bool key_from_wire(const Kvfence__V1__RoomKey *k, kvf_room_key *out)
     return true;
 }
 
-static void handle_report(struct kvf_svc_ctx *ctx, struct node_sess *s,
-                          const Kvfence__V1__NodeMessage *m, kvf_time_ns now)
+/* Logs a command when a store is open (persist.c). */
+static void log_command(struct kvf_svc_ctx *ctx, enum kvf_svc_rec_kind kind, kvf_time_ns now,
+                        const char *node_id, uint64_t incarnation, const uint8_t *raw,
+                        size_t raw_len)
 {
-    struct kvf_error err;
-    kvf_error_clear(&err);
+    if (!kvf_svc_persist_enabled(ctx))
+        return;
+    int rc = kvf_svc_persist_commit(ctx, kind, now, node_id, incarnation, raw, raw_len, NULL, NULL);
+    if (rc != 0)
+        kvf_log("error", "node %s: cannot log a session event: %s", node_id ? node_id : "?",
+                strerror(-rc));
+}
+
+/* The core's part of a report from node `node_id`. Returns 0, or a negative
+ * errno with `err` and `what_p` set (the core counted a refused report). */
+static int apply_report(struct kvf_svc_ctx *ctx, const char *node_id, uint64_t incarnation,
+                        const Kvfence__V1__NodeMessage *m, kvf_time_ns now, kvf_room_key *key_p,
+                        const char **what_p, struct kvf_error *err)
+{
     kvf_room_key key = {0, 0};
     int rc = 0;
     const char *what = "message";
@@ -537,41 +559,40 @@ static void handle_report(struct kvf_svc_ctx *ctx, struct node_sess *s,
     case KVFENCE__V1__NODE_MESSAGE__MSG_HEARTBEAT:
     case KVFENCE__V1__NODE_MESSAGE__MSG_ACK:
     case KVFENCE__V1__NODE_MESSAGE__MSG_RESYNC:
-        return; /* liveness is the stream itself; acks prove nothing */
+        return 0; /* liveness is the stream itself; acks prove nothing */
     case KVFENCE__V1__NODE_MESSAGE__MSG_DRAINED: {
         what = "drained";
         kvf_token tok = {0, 0};
         if (m->drained->token != NULL)
             tok = (kvf_token){m->drained->token->hi, m->drained->token->lo};
         if (!key_from_wire(m->drained->room, &key))
-            rc = kvf_error_set(&err, -EINVAL, "drained.room: missing");
+            rc = kvf_error_set(err, -EINVAL, "drained.room: missing");
         else
-            rc = kvf_cps_report_drained(ctx->cps, s->node_id, s->incarnation, key, tok, now, &err);
+            rc = kvf_cps_report_drained(ctx->cps, node_id, incarnation, key, tok, now, err);
         break;
     }
     case KVFENCE__V1__NODE_MESSAGE__MSG_COMPLETED:
         what = "completed";
         if (!key_from_wire(m->completed->room, &key))
-            rc = kvf_error_set(&err, -EINVAL, "completed.room: missing");
+            rc = kvf_error_set(err, -EINVAL, "completed.room: missing");
         else
-            rc = kvf_cps_report_completed(ctx->cps, s->node_id, s->incarnation, key,
-                                          m->completed->rank, (enum kvf_cps_role)m->completed->role,
-                                          now, &err);
+            rc = kvf_cps_report_completed(ctx->cps, node_id, incarnation, key, m->completed->rank,
+                                          (enum kvf_cps_role)m->completed->role, now, err);
         break;
     case KVFENCE__V1__NODE_MESSAGE__MSG_TRANSFER_FAILED: {
         what = "transfer_failed";
         kvf_token tok;
         if (!key_from_wire(m->transfer_failed->room, &key))
-            rc = kvf_error_set(&err, -EINVAL, "transfer_failed.room: missing");
+            rc = kvf_error_set(err, -EINVAL, "transfer_failed.room: missing");
         else
-            rc = kvf_cps_report_failed(ctx->cps, s->node_id, s->incarnation, key, now, &tok, &err);
+            rc = kvf_cps_report_failed(ctx->cps, node_id, incarnation, key, now, &tok, err);
         break;
     }
     case KVFENCE__V1__NODE_MESSAGE__MSG_PEER_FENCED:
         what = "peer_fenced";
-        rc = kvf_cps_report_fenced(ctx->cps, s->node_id, s->incarnation,
+        rc = kvf_cps_report_fenced(ctx->cps, node_id, incarnation,
                                    m->peer_fenced->node_id ? m->peer_fenced->node_id : "",
-                                   m->peer_fenced->incarnation, now, &err);
+                                   m->peer_fenced->incarnation, now, err);
         break;
     case KVFENCE__V1__NODE_MESSAGE__MSG_POOL_UPDATE: {
         what = "pool_update";
@@ -579,14 +600,56 @@ static void handle_report(struct kvf_svc_ctx *ctx, struct node_sess *s,
         for (size_t i = 0; i < pu->n_upserted && rc == 0; i++) {
             struct kvf_cps_pool p = {pu->upserted[i]->pool_id, pu->upserted[i]->page_size,
                                      pu->upserted[i]->page_count};
-            rc = kvf_cps_node_set_pool(ctx->cps, s->node_id, s->incarnation, &p, &err);
+            rc = kvf_cps_node_set_pool(ctx->cps, node_id, incarnation, &p, err);
         }
         break;
     }
     default:
-        rc = kvf_error_set(&err, -EINVAL, "message: empty or unknown kind");
+        rc = kvf_error_set(err, -EINVAL, "message: empty or unknown kind");
         break;
     }
+    *key_p = key;
+    *what_p = what;
+    return rc;
+}
+
+int kvf_svc_node_apply(struct kvf_svc_ctx *ctx, const char *node_id, uint64_t incarnation,
+                       const uint8_t *payload, size_t len, kvf_time_ns now)
+{
+    static const uint8_t empty[1];
+    Kvfence__V1__NodeMessage *m =
+        kvfence__v1__node_message__unpack(NULL, len, len ? payload : empty);
+    if (m == NULL)
+        return -EBADMSG;
+    struct kvf_error err;
+    kvf_error_clear(&err);
+    if (m->msg_case == KVFENCE__V1__NODE_MESSAGE__MSG_HELLO) {
+        uint32_t version;
+        apply_hello(ctx, m->hello, now, &version, &err);
+    } else {
+        kvf_room_key key;
+        const char *what;
+        apply_report(ctx, node_id, incarnation, m, now, &key, &what, &err);
+    }
+    protobuf_c_message_free_unpacked(&m->base, NULL);
+    return 0;
+}
+
+static void handle_report(struct kvf_svc_ctx *ctx, struct node_sess *s,
+                          const Kvfence__V1__NodeMessage *m, const uint8_t *raw, size_t raw_len,
+                          kvf_time_ns now)
+{
+    if (m->msg_case == KVFENCE__V1__NODE_MESSAGE__MSG_HEARTBEAT ||
+        m->msg_case == KVFENCE__V1__NODE_MESSAGE__MSG_ACK ||
+        m->msg_case == KVFENCE__V1__NODE_MESSAGE__MSG_RESYNC)
+        return; /* nothing for the core, nothing to log */
+    struct kvf_error err;
+    kvf_error_clear(&err);
+    kvf_room_key key;
+    const char *what;
+    kvf_svc_persist_begin(ctx);
+    int rc = apply_report(ctx, s->node_id, s->incarnation, m, now, &key, &what, &err);
+    log_command(ctx, KVF_SVC_REC_NODE_MSG, now, s->node_id, s->incarnation, raw, raw_len);
     /* A refused report changes nothing and is counted by the core (stale,
      * tokenless, late): log it; the session goes on. */
     if (rc != 0)
@@ -602,7 +665,9 @@ static void sess_job_run(struct kvf_svc_ctx *ctx, void *arg, kvf_time_ns now)
     if (j->msg == NULL) { /* the stream ended */
         s->closed = true;
         if (s->attached && !s->replaced) {
+            kvf_svc_persist_begin(ctx);
             kvf_cps_node_detach(ctx->cps, s->node_id, s->incarnation, now, NULL);
+            log_command(ctx, KVF_SVC_REC_NODE_END, now, s->node_id, s->incarnation, NULL, 0);
             kvf_log("info", "node %s incarnation %" PRIu64 ": session ended", s->node_id,
                     s->incarnation);
         }
@@ -614,16 +679,17 @@ static void sess_job_run(struct kvf_svc_ctx *ctx, void *arg, kvf_time_ns now)
     }
     if (!s->closed && !s->replaced) {
         if (j->msg->msg_case == KVFENCE__V1__NODE_MESSAGE__MSG_HELLO) {
-            handle_hello(ctx, s, j->msg, now);
+            handle_hello(ctx, s, j->msg, j->raw, j->raw_len, now);
         } else if (!s->attached) {
             struct kvf_error err;
             kvf_error_set(&err, -EPERM, "message: the first message of a session is hello");
             sess_finish(s, -EPERM, &err);
         } else {
-            handle_report(ctx, s, j->msg, now);
+            handle_report(ctx, s, j->msg, j->raw, j->raw_len, now);
         }
     }
     protobuf_c_message_free_unpacked(&j->msg->base, NULL);
+    free(j->raw);
     free(j);
 }
 
@@ -634,6 +700,7 @@ static void sess_job_drop(void *arg)
         protobuf_c_message_free_unpacked(&j->msg->base, NULL);
     else
         sess_unref(j->s);
+    free(j->raw);
     free(j);
 }
 
@@ -655,9 +722,20 @@ static void attach_open(void *vctx, struct kvf_rpc_stream *stream, const uint8_t
     kvf_rpc_stream_set_user(stream, s);
 }
 
-static void attach_post(struct node_sess *s, Kvfence__V1__NodeMessage *msg)
+static void attach_post(struct node_sess *s, Kvfence__V1__NodeMessage *msg, const uint8_t *raw,
+                        size_t raw_len)
 {
     struct sess_job *j = calloc(1, sizeof(*j));
+    if (j != NULL && raw_len > 0) {
+        j->raw = malloc(raw_len);
+        if (j->raw == NULL) {
+            free(j);
+            j = NULL;
+        } else {
+            memcpy(j->raw, raw, raw_len);
+            j->raw_len = raw_len;
+        }
+    }
     if (j == NULL) {
         if (msg != NULL)
             protobuf_c_message_free_unpacked(&msg->base, NULL);
@@ -685,7 +763,7 @@ static void attach_message(void *vctx, struct kvf_rpc_stream *stream, const uint
                               "message: does not decode as kvfence.v1.NodeMessage");
         return;
     }
-    attach_post(s, m);
+    attach_post(s, m, msg, len);
 }
 
 static void attach_closed(void *vctx, struct kvf_rpc_stream *stream,
@@ -697,7 +775,7 @@ static void attach_closed(void *vctx, struct kvf_rpc_stream *stream,
     if (s == NULL)
         return;
     kvf_rpc_stream_set_user(stream, NULL);
-    attach_post(s, NULL);
+    attach_post(s, NULL, NULL, 0);
 }
 
 /* ---- WatchLeases (CQ threads post, the state thread owns the list) -------- */

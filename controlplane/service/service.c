@@ -105,6 +105,8 @@ struct kvf_svc_job {
     const struct kvf_svc_method *m;
     struct kvf_rpc_call *call;
     ProtobufCMessage *req;
+    uint8_t *raw; /* the request's bytes, for the log (mutating methods) */
+    size_t raw_len;
     kvf_svc_job_fn run;
     void (*drop)(void *arg);
     void *arg;
@@ -137,9 +139,8 @@ static kvf_time_ns mono_now(void)
     return (kvf_time_ns)ts.tv_sec * KVF_NS_PER_S + (kvf_time_ns)ts.tv_nsec;
 }
 
-static void random_fill(void *ctx, void *buf, size_t len)
+void kvf_svc_random_os(void *buf, size_t len)
 {
-    (void)ctx;
     uint8_t *p = buf;
     while (len > 0) {
         ssize_t n = getrandom(p, len, 0);
@@ -159,16 +160,73 @@ static void random_fill(void *ctx, void *buf, size_t len)
 
 /* ---- replies ------------------------------------------------------------- */
 
+/* The state thread's active capture (see kvf_svc_capture_start). */
+static _Thread_local struct kvf_svc_reply_capture *capture;
+
+void kvf_svc_capture_start(struct kvf_svc_reply_capture *cap)
+{
+    memset(cap, 0, sizeof(*cap));
+    capture = cap;
+}
+
+void kvf_svc_capture_stop(void)
+{
+    capture = NULL;
+}
+
+void kvf_svc_capture_send(struct kvf_rpc_call *call, const struct kvf_svc_reply_capture *cap)
+{
+    if (call == NULL) {
+        return;
+    }
+    if (!cap->set) {
+        kvf_rpc_call_fail(call, KVF_GRPC_INTERNAL, "the handler produced no reply");
+    } else if (cap->code == KVF_GRPC_OK) {
+        kvf_rpc_call_reply(call, cap->bytes, cap->len);
+    } else {
+        kvf_rpc_call_fail(call, cap->code, cap->msg ? cap->msg : kvf_grpc_code_name(cap->code));
+    }
+}
+
+void kvf_svc_capture_free(struct kvf_svc_reply_capture *cap)
+{
+    free(cap->bytes);
+    free(cap->msg);
+    memset(cap, 0, sizeof(*cap));
+}
+
+static void fail_code(struct kvf_rpc_call *call, int code, const char *msg)
+{
+    if (capture != NULL) {
+        capture->set = true;
+        capture->code = code;
+        capture->msg = strdup(msg);
+        return;
+    }
+    if (call != NULL) {
+        kvf_rpc_call_fail(call, code, msg);
+    }
+}
+
 void kvf_svc_reply(struct kvf_rpc_call *call, const ProtobufCMessage *msg)
 {
     size_t len = protobuf_c_message_get_packed_size(msg);
     uint8_t *buf = malloc(len ? len : 1);
     if (!buf) {
-        kvf_rpc_call_fail(call, KVF_GRPC_RESOURCE_EXHAUSTED, "out of memory packing the reply");
+        fail_code(call, KVF_GRPC_RESOURCE_EXHAUSTED, "out of memory packing the reply");
         return;
     }
     protobuf_c_message_pack(msg, buf);
-    kvf_rpc_call_reply(call, buf, len);
+    if (capture != NULL) {
+        capture->set = true;
+        capture->code = KVF_GRPC_OK;
+        capture->bytes = buf;
+        capture->len = len;
+        return;
+    }
+    if (call != NULL) {
+        kvf_rpc_call_reply(call, buf, len);
+    }
     free(buf);
 }
 
@@ -179,7 +237,7 @@ void kvf_svc_fail(struct kvf_rpc_call *call, int neg_errno, const struct kvf_err
         code = KVF_GRPC_INTERNAL;
     }
     const char *msg = (err && err->msg[0]) ? err->msg : kvf_grpc_code_name(code);
-    kvf_rpc_call_fail(call, (int)code, msg);
+    fail_code(call, (int)code, msg);
 }
 
 /* ---- the state thread ------------------------------------------------------ */
@@ -223,8 +281,90 @@ static void fail_job(struct kvf_svc_job *job, int code, const char *msg)
     } else {
         kvf_rpc_call_fail(job->call, code, msg);
         protobuf_c_message_free_unpacked(job->req, NULL);
+        free(job->raw);
     }
     free(job);
+}
+
+static kvf_time_ns svc_now(const struct kvf_svc *svc)
+{
+    return mono_now() + svc->ctx.clock_offset;
+}
+
+/* A unary call on the state thread. A mutating one is logged and answered
+ * only once its record is durable (persist.c). */
+static void run_unary(struct kvf_svc *svc, struct kvf_svc_job *job)
+{
+    kvf_time_ns now = svc_now(svc);
+    if (!job->m->mutates || !kvf_svc_persist_enabled(&svc->ctx)) {
+        job->m->run(&svc->ctx, job->call, job->req, now);
+    } else {
+        struct kvf_svc_reply_capture cap;
+        kvf_svc_persist_begin(&svc->ctx);
+        kvf_svc_capture_start(&cap);
+        job->m->run(&svc->ctx, job->call, job->req, now);
+        kvf_svc_capture_stop();
+        int rc = kvf_svc_persist_commit(&svc->ctx, KVF_SVC_REC_UNARY, now, job->m->name, 0,
+                                        job->raw, job->raw_len, job->call, &cap);
+        if (rc < 0) {
+            /* Applied but not logged: say so rather than pretend. */
+            kvf_log("error", "%s: cannot log the change: %s", job->m->name, strerror(-rc));
+            kvf_rpc_call_fail(job->call, KVF_GRPC_UNAVAILABLE,
+                              "the change could not be made durable; the control plane must "
+                              "restart");
+        }
+        kvf_svc_capture_free(&cap);
+    }
+    protobuf_c_message_free_unpacked(job->req, NULL);
+    free(job->raw);
+}
+
+int kvf_svc_replay(struct kvf_svc_ctx *ctx, enum kvf_svc_rec_kind kind, kvf_time_ns now,
+                   const char *name, uint64_t incarnation, const uint8_t *payload, size_t len)
+{
+    static const uint8_t empty[1];
+    switch (kind) {
+    case KVF_SVC_REC_UNARY: {
+        const struct kvf_svc_method *m = NULL;
+        for (size_t i = 0; i < kvf_svc_control_method_count && !m; i++) {
+            if (strcmp(kvf_svc_control_methods[i].name, name) == 0) {
+                m = &kvf_svc_control_methods[i];
+            }
+        }
+        for (size_t i = 0; i < kvf_svc_admin_method_count && !m; i++) {
+            if (strcmp(kvf_svc_admin_methods[i].name, name) == 0) {
+                m = &kvf_svc_admin_methods[i];
+            }
+        }
+        if (!m) {
+            return -EBADMSG;
+        }
+        ProtobufCMessage *req =
+            protobuf_c_message_unpack(m->req_desc, NULL, len, len ? payload : empty);
+        if (!req) {
+            return -EBADMSG;
+        }
+        struct kvf_svc_reply_capture cap;
+        kvf_svc_capture_start(&cap);
+        m->run(ctx, NULL, req, now);
+        kvf_svc_capture_stop();
+        kvf_svc_capture_free(&cap);
+        protobuf_c_message_free_unpacked(req, NULL);
+        return 0;
+    }
+    case KVF_SVC_REC_NODE_MSG:
+        return kvf_svc_node_apply(ctx, name, incarnation, payload, len, now);
+    case KVF_SVC_REC_NODE_END:
+        kvf_cps_node_detach(ctx->cps, name, incarnation, now, NULL);
+        return 0;
+    case KVF_SVC_REC_TICK:
+        kvf_cps_tick(ctx->cps, now);
+        return 0;
+    case KVF_SVC_REC_DETACH_ALL:
+        kvf_svc_detach_all(ctx, now);
+        return 0;
+    }
+    return -EBADMSG;
 }
 
 static void *state_thread(void *arg)
@@ -244,21 +384,33 @@ static void *state_thread(void *arg)
 
         if (job) {
             if (job->run != NULL) {
-                job->run(&svc->ctx, job->arg, mono_now());
+                job->run(&svc->ctx, job->arg, svc_now(svc));
             } else {
-                job->m->run(&svc->ctx, job->call, job->req, mono_now());
-                protobuf_c_message_free_unpacked(job->req, NULL);
+                run_unary(svc, job);
             }
             drain_effects(svc);
             free(job);
         }
-        kvf_time_ns now = mono_now();
+        kvf_time_ns now = svc_now(svc);
         kvf_time_ns dl = kvf_cps_next_deadline(svc->ctx.cps);
         if (dl <= now) {
+            kvf_svc_persist_begin(&svc->ctx);
             kvf_cps_tick(svc->ctx.cps, now);
+            if (kvf_svc_persist_enabled(&svc->ctx)) {
+                int prc = kvf_svc_persist_commit(&svc->ctx, KVF_SVC_REC_TICK, now, NULL, 0, NULL, 0,
+                                                 NULL, NULL);
+                if (prc < 0) {
+                    kvf_log("error", "cannot log a timer tick: %s", strerror(-prc));
+                }
+            }
             drain_effects(svc);
             dl = kvf_cps_next_deadline(svc->ctx.cps);
         }
+        /* The condvar waits on CLOCK_MONOTONIC: back to its time base. */
+        if (dl != UINT64_MAX) {
+            dl = dl > svc->ctx.clock_offset ? dl - svc->ctx.clock_offset : 0;
+        }
+        now = mono_now();
 
         pthread_mutex_lock(&svc->mu);
         if (job || svc->head || svc->stopping) {
@@ -343,6 +495,17 @@ static void unary_handler(void *vctx, struct kvf_rpc_call *call, const uint8_t *
     job->m = b->m;
     job->call = call;
     job->req = msg;
+    if (b->m->mutates && len > 0) {
+        job->raw = malloc(len);
+        if (!job->raw) {
+            kvf_rpc_call_fail(call, KVF_GRPC_RESOURCE_EXHAUSTED, "out of memory");
+            protobuf_c_message_free_unpacked(msg, NULL);
+            free(job);
+            return;
+        }
+        memcpy(job->raw, req, len);
+        job->raw_len = len;
+    }
     post_job(b->svc, job);
 }
 
@@ -453,7 +616,8 @@ struct kvf_svc *kvf_svc_create(const struct kvf_svc_opts *sopts)
 
     struct kvf_cps_opts opts;
     kvf_cps_opts_init(&opts);
-    opts.random_fn = random_fill;
+    opts.random_fn = kvf_svc_random;
+    opts.random_ctx = &svc->ctx;
     if (sopts != NULL) {
         if (sopts->node_ttl)
             opts.node_ttl = sopts->node_ttl;
@@ -470,6 +634,23 @@ struct kvf_svc *kvf_svc_create(const struct kvf_svc_opts *sopts)
     svc->ctx.sessions = kvf_svc_sessions_create();
     svc->ctx.started_at = mono_now();
     svc->ctx.node_ttl = opts.node_ttl;
+    if (svc->ctx.cps && sopts != NULL && sopts->data_dir != NULL && sopts->data_dir[0] != '\0') {
+        struct kvf_error err;
+        kvf_error_clear(&err);
+        int prc =
+            kvf_svc_persist_open(&svc->ctx, sopts->data_dir, sopts->snapshot_every, &opts, &err);
+        if (prc < 0) {
+            kvf_log("error", "cannot recover from data-dir %s: %s", sopts->data_dir,
+                    err.msg[0] ? err.msg : strerror(-prc));
+            kvf_svc_destroy(svc);
+            return NULL;
+        }
+        /* Service time continues from the last time the log saw. */
+        kvf_time_ns last = kvf_svc_persist_last_now(&svc->ctx), mono = mono_now();
+        svc->ctx.clock_offset = last > mono ? last - mono : 0;
+    } else if (svc->ctx.cps) {
+        kvf_log("warn", "no data-dir: the state lives in memory only and is lost on restart");
+    }
     svc->health = kvf_health_create();
     svc->refl = kvf_reflection_create(kvf_api_descriptor_set, kvf_api_descriptor_set_len,
                                       kvf_svc_service_names,
@@ -576,6 +757,7 @@ void kvf_svc_destroy(struct kvf_svc *svc)
     }
     kvf_svc_stop(svc);
     kvf_reflection_destroy(svc->refl);
+    kvf_svc_persist_close(&svc->ctx);
     kvf_health_destroy(svc->health);
     kvf_svc_sessions_destroy(svc->ctx.sessions);
     kvf_cps_destroy(svc->ctx.cps);

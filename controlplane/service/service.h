@@ -34,6 +34,8 @@ struct kvf_svc_opts {
     kvf_time_ns drain_deadline;
     kvf_time_ns resend_initial;
     kvf_time_ns tombstone_ttl;
+    const char *data_dir;    /* NULL or "": no durability (state in memory only) */
+    uint64_t snapshot_every; /* records between snapshots; 0: 4096 */
 };
 
 /* Creates the state core, health registry and reflection index, and starts

@@ -6,7 +6,9 @@
 #define KVF_SERVICE_INTERNAL_H
 
 #include <protobuf-c/protobuf-c.h>
+#include <stdbool.h>
 #include <stddef.h>
+#include <stdint.h>
 
 #include "cp_state.h"
 #include "kvfence/v1/control.pb-c.h"
@@ -22,11 +24,15 @@ struct kvf_svc;
 
 /* What a job sees of the service: the core, the node sessions and lease
  * watchers (node_svc.c), and the service's start time. State thread only. */
+struct kvf_svc_persist;
+
 struct kvf_svc_ctx {
     struct kvf_cps *cps;
     struct kvf_svc_sessions *sessions;
-    kvf_time_ns started_at; /* CLOCK_MONOTONIC ns */
-    kvf_time_ns node_ttl;   /* as configured in the core */
+    struct kvf_svc_persist *persist; /* NULL: state in memory only */
+    kvf_time_ns clock_offset;        /* service time = CLOCK_MONOTONIC + this */
+    kvf_time_ns started_at;          /* CLOCK_MONOTONIC ns */
+    kvf_time_ns node_ttl;            /* as configured in the core */
 };
 
 /* A job for the state thread that is not a unary call (stream events): `run`
@@ -41,6 +47,67 @@ int kvf_svc_register_streams(struct kvf_svc *svc, struct kvf_rpc_server *srv);
 /* Delivers one core effect to the node sessions and lease watchers. */
 void kvf_svc_route_effect(struct kvf_svc_ctx *ctx, const struct kvf_cps_effect *e);
 
+/* ---- replies held until durable (service.c) ---------------------------- */
+
+/* While a capture is active on the state thread, kvf_svc_reply() and
+ * kvf_svc_fail() store the reply here instead of sending it. */
+struct kvf_svc_reply_capture {
+    bool set;
+    int code; /* enum kvf_grpc_code */
+    char *msg;
+    uint8_t *bytes;
+    size_t len;
+};
+void kvf_svc_capture_start(struct kvf_svc_reply_capture *cap);
+void kvf_svc_capture_stop(void);
+/* Sends a captured reply on `call` (any thread). */
+void kvf_svc_capture_send(struct kvf_rpc_call *call, const struct kvf_svc_reply_capture *cap);
+void kvf_svc_capture_free(struct kvf_svc_reply_capture *cap);
+
+/* ---- durability (persist.c) ----------------------------------------------- */
+
+enum kvf_svc_rec_kind {
+    KVF_SVC_REC_UNARY = 1,      /* name: method; payload: request */
+    KVF_SVC_REC_NODE_MSG = 2,   /* name: node id (empty for hello); payload: NodeMessage */
+    KVF_SVC_REC_NODE_END = 3,   /* name: node id; the session ended */
+    KVF_SVC_REC_TICK = 4,       /* timers fired */
+    KVF_SVC_REC_DETACH_ALL = 5, /* start-up: no session survived the restart */
+};
+
+/* Opens the store in `data_dir`, restores the snapshot and replays the log
+ * into ctx->cps (replacing it). A snapshot is written every `snapshot_every`
+ * records (0: 4096). */
+int kvf_svc_persist_open(struct kvf_svc_ctx *ctx, const char *data_dir, uint64_t snapshot_every,
+                         const struct kvf_cps_opts *opts, struct kvf_error *err);
+/* Makes every record durable (their held replies are sent) and closes. */
+void kvf_svc_persist_close(struct kvf_svc_ctx *ctx);
+/* True when commands must be logged (a store is open and not replaying). */
+bool kvf_svc_persist_enabled(const struct kvf_svc_ctx *ctx);
+/* Before running a command that may change the core: forget the random bytes
+ * of the previous one. */
+void kvf_svc_persist_begin(struct kvf_svc_ctx *ctx);
+/* Logs the command just run. With `call`, the reply held in `cap` is sent once
+ * the record is durable (and `cap` is emptied). Returns 0 or a negative errno
+ * (then nothing was logged and `cap` is untouched). */
+int kvf_svc_persist_commit(struct kvf_svc_ctx *ctx, enum kvf_svc_rec_kind kind, kvf_time_ns now,
+                           const char *name, uint64_t incarnation, const uint8_t *payload,
+                           size_t payload_len, struct kvf_rpc_call *call,
+                           struct kvf_svc_reply_capture *cap);
+kvf_time_ns kvf_svc_persist_last_now(const struct kvf_svc_ctx *ctx);
+/* The core's random source (ctx = the struct kvf_svc_ctx): records what it
+ * draws, or feeds back what a replayed record drew. */
+void kvf_svc_random(void *ctx, void *buf, size_t len);
+/* Fresh random bytes from the kernel. */
+void kvf_svc_random_os(void *buf, size_t len);
+/* Re-runs one logged command (service.c). */
+int kvf_svc_replay(struct kvf_svc_ctx *ctx, enum kvf_svc_rec_kind kind, kvf_time_ns now,
+                   const char *name, uint64_t incarnation, const uint8_t *payload, size_t len);
+/* Detaches every attached node (start-up). */
+void kvf_svc_detach_all(struct kvf_svc_ctx *ctx, kvf_time_ns now);
+/* node_svc.c: applies one node message to the core, without a session. */
+int kvf_svc_node_apply(struct kvf_svc_ctx *ctx, const char *node_id, uint64_t incarnation,
+                       const uint8_t *payload, size_t len, kvf_time_ns now);
+
 /*
  * One unary method. `validate` runs on the CQ thread on the decoded request
  * and returns 0 or -EINVAL with a message naming the field (may be NULL).
@@ -52,6 +119,7 @@ struct kvf_svc_method {
     int (*validate)(const ProtobufCMessage *req, struct kvf_error *err);
     void (*run)(struct kvf_svc_ctx *ctx, struct kvf_rpc_call *call, const ProtobufCMessage *req,
                 kvf_time_ns now);
+    bool mutates; /* may change the core: logged, answered once durable */
 };
 
 extern const struct kvf_svc_method kvf_svc_control_methods[];

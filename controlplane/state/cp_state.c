@@ -277,14 +277,8 @@ int kvf_cps_room_participant(const struct kvf_cps *st, kvf_room_key key, size_t 
     return 0;
 }
 
-int kvf_cps_node_get(const struct kvf_cps *st, const char *node_id,
-                     struct kvf_cps_node_view *view_p)
+static void node_view(const struct cp_node *node, struct kvf_cps_node_view *view_p)
 {
-    if (node_id == NULL)
-        return -ENOENT;
-    const struct cp_node *node = cp_node_current(st, node_id);
-    if (node == NULL)
-        return -ENOENT;
     memset(view_p, 0, sizeof(*view_p));
     view_p->node_id = node->id;
     view_p->incarnation = node->incarnation;
@@ -293,6 +287,32 @@ int kvf_cps_node_get(const struct kvf_cps *st, const char *node_id,
     view_p->features = node->features;
     view_p->pool_count = node->npools;
     view_p->room_count = node->room_count;
+}
+
+int kvf_cps_node_get(const struct kvf_cps *st, const char *node_id,
+                     struct kvf_cps_node_view *view_p)
+{
+    if (node_id == NULL)
+        return -ENOENT;
+    const struct cp_node *node = cp_node_current(st, node_id);
+    if (node == NULL)
+        return -ENOENT;
+    node_view(node, view_p);
+    return 0;
+}
+
+int kvf_cps_node_foreach(const struct kvf_cps *st,
+                         int (*fn)(void *ctx, const struct kvf_cps_node_view *view), void *ctx)
+{
+    size_t pos = 0;
+    const struct cp_node *node;
+    while ((node = cp_map_next(&st->nodes, &pos)) != NULL) {
+        struct kvf_cps_node_view v;
+        node_view(node, &v);
+        int rc = fn(ctx, &v);
+        if (rc != 0)
+            return rc;
+    }
     return 0;
 }
 

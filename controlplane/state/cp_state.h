@@ -353,6 +353,12 @@ void kvf_cps_stats_get(const struct kvf_cps *st, struct kvf_cps_stats *stats_p);
 int kvf_cps_room_foreach(const struct kvf_cps *st,
                          int (*fn)(void *ctx, const struct kvf_cps_room_view *view), void *ctx);
 
+/* Visits the current incarnation of every known node id. Order unspecified.
+ * Stop early by returning non-zero from `fn`, which is then returned. The view
+ * is valid during the call only. */
+int kvf_cps_node_foreach(const struct kvf_cps *st,
+                         int (*fn)(void *ctx, const struct kvf_cps_node_view *view), void *ctx);
+
 /* Names for logs and admin output. */
 const char *kvf_cps_room_state_name(enum kvf_cps_room_state s);
 const char *kvf_cps_lease_state_name(enum kvf_cps_lease_state s);
