@@ -406,6 +406,243 @@ static void get_node_run(struct kvf_svc_ctx *ctx, struct kvf_rpc_call *call,
     kvf_svc_reply(call, &rs.base);
 }
 
+/* ---- ListNodes ------------------------------------------------------------------ */
+
+struct node_list {
+    struct kvf_cps_node_view *v;
+    char (*ids)[129]; /* the views' ids, copied: views are valid during foreach only */
+    size_t n, cap;
+};
+
+static int collect_node(void *vctx, const struct kvf_cps_node_view *view)
+{
+    struct node_list *l = vctx;
+    if (l->n == l->cap) {
+        size_t cap = l->cap ? l->cap * 2 : 16;
+        struct kvf_cps_node_view *v = realloc(l->v, cap * sizeof *v);
+        if (!v) {
+            return -ENOMEM;
+        }
+        l->v = v;
+        char(*ids)[129] = realloc(l->ids, cap * sizeof *ids);
+        if (!ids) {
+            return -ENOMEM;
+        }
+        l->ids = ids;
+        l->cap = cap;
+    }
+    l->v[l->n] = *view;
+    snprintf(l->ids[l->n], sizeof l->ids[l->n], "%s", view->node_id);
+    l->n++;
+    return 0;
+}
+
+static int list_nodes_validate(const ProtobufCMessage *m, struct kvf_error *err)
+{
+    const Kvfence__V1__ListNodesRequest *rq = (const Kvfence__V1__ListNodesRequest *)m;
+    return page_validate(rq->page_size, rq->page_token, err);
+}
+
+static void list_nodes_run(struct kvf_svc_ctx *ctx, struct kvf_rpc_call *call,
+                           const ProtobufCMessage *m, kvf_time_ns now)
+{
+    (void)now;
+    const Kvfence__V1__ListNodesRequest *rq = (const Kvfence__V1__ListNodesRequest *)m;
+    struct node_list l = {0};
+    if (kvf_cps_node_foreach(ctx->cps, collect_node, &l) != 0) {
+        free(l.v);
+        free(l.ids);
+        kvf_svc_fail(call, -ENOMEM, NULL);
+        return;
+    }
+    /* Sorted by id (insertion sort: node counts are small), filtered by state. */
+    size_t kept = 0;
+    for (size_t i = 0; i < l.n; i++) {
+        bool want = rq->n_states == 0;
+        for (size_t k = 0; k < rq->n_states && !want; k++) {
+            want = (int)rq->states[k] == (int)l.v[i].state;
+        }
+        if (!want) {
+            continue;
+        }
+        size_t j = kept++;
+        struct kvf_cps_node_view v = l.v[i];
+        char id[129];
+        memcpy(id, l.ids[i], sizeof id);
+        while (j > 0 && strcmp(l.ids[j - 1], id) > 0) {
+            l.v[j] = l.v[j - 1];
+            memcpy(l.ids[j], l.ids[j - 1], sizeof id);
+            j--;
+        }
+        l.v[j] = v;
+        memcpy(l.ids[j], id, sizeof id);
+    }
+    size_t off = (rq->page_token && rq->page_token[0]) ? strtoull(rq->page_token, NULL, 10) : 0;
+    if (off > kept) {
+        off = kept;
+    }
+    size_t page = rq->page_size ? rq->page_size : KVF_SVC_PAGE_SIZE_DEFAULT;
+    size_t n = kept - off < page ? kept - off : page;
+    Kvfence__V1__NodeInfo *infos = calloc(n ? n : 1, sizeof *infos);
+    Kvfence__V1__NodeInfo **ip = calloc(n ? n : 1, sizeof *ip);
+    if (!infos || !ip) {
+        free(infos);
+        free(ip);
+        free(l.v);
+        free(l.ids);
+        kvf_svc_fail(call, -ENOMEM, NULL);
+        return;
+    }
+    for (size_t i = 0; i < n; i++) {
+        const struct kvf_cps_node_view *v = &l.v[off + i];
+        kvfence__v1__node_info__init(&infos[i]);
+        infos[i].node_id = l.ids[off + i];
+        infos[i].incarnation = v->incarnation;
+        infos[i].state = (Kvfence__V1__NodeState)v->state;
+        infos[i].protocol_version = v->protocol_version;
+        infos[i].room_count = (uint32_t)v->room_count;
+        ip[i] = &infos[i];
+    }
+    char next[32] = "";
+    if (off + n < kept) {
+        snprintf(next, sizeof next, "%zu", off + n);
+    }
+    Kvfence__V1__ListNodesResponse rs = KVFENCE__V1__LIST_NODES_RESPONSE__INIT;
+    rs.n_nodes = n;
+    rs.nodes = ip;
+    rs.next_page_token = next;
+    kvf_svc_reply(call, &rs.base);
+    free(infos);
+    free(ip);
+    free(l.v);
+    free(l.ids);
+}
+
+/* ---- ListLeases ----------------------------------------------------------------- */
+
+static int list_leases_validate(const ProtobufCMessage *m, struct kvf_error *err)
+{
+    const Kvfence__V1__ListLeasesRequest *rq = (const Kvfence__V1__ListLeasesRequest *)m;
+    return page_validate(rq->page_size, rq->page_token, err);
+}
+
+static bool lease_matches(const Kvfence__V1__ListLeasesRequest *rq,
+                          const struct kvf_cps_participant_view *pv)
+{
+    if (rq->node_id && rq->node_id[0] && strcmp(rq->node_id, pv->node_id) != 0) {
+        return false;
+    }
+    bool want = rq->n_states == 0;
+    for (size_t k = 0; k < rq->n_states && !want; k++) {
+        want = (int)rq->states[k] == (int)pv->lease_state;
+    }
+    return want;
+}
+
+static void list_leases_run(struct kvf_svc_ctx *ctx, struct kvf_rpc_call *call,
+                            const ProtobufCMessage *m, kvf_time_ns now)
+{
+    (void)now;
+    const Kvfence__V1__ListLeasesRequest *rq = (const Kvfence__V1__ListLeasesRequest *)m;
+    /* Rooms in the order ListRooms gives them, then participants in order. */
+    struct room_list l = {0};
+    if (kvf_cps_room_foreach(ctx->cps, collect_room, &l) != 0) {
+        free(l.v);
+        kvf_svc_fail(call, -ENOMEM, NULL);
+        return;
+    }
+    if (l.n > 1) {
+        qsort(l.v, l.n, sizeof *l.v, room_cmp);
+    }
+    size_t off = (rq->page_token && rq->page_token[0]) ? strtoull(rq->page_token, NULL, 10) : 0;
+    size_t page = rq->page_size ? rq->page_size : KVF_SVC_PAGE_SIZE_DEFAULT;
+    struct kvf_svc_lease_buf *lb = calloc(page, sizeof *lb);
+    Kvfence__V1__Lease **lp = calloc(page, sizeof *lp);
+    if (!lb || !lp) {
+        free(lb);
+        free(lp);
+        free(l.v);
+        kvf_svc_fail(call, -ENOMEM, NULL);
+        return;
+    }
+    size_t seen = 0, n = 0;
+    bool more = false;
+    for (size_t i = 0; i < l.n && !more; i++) {
+        if (rq->room_id && l.v[i].key.room_id != rq->room_id) {
+            continue;
+        }
+        for (size_t p = 0; p < l.v[i].participant_count; p++) {
+            struct kvf_cps_participant_view pv;
+            if (kvf_cps_room_participant(ctx->cps, l.v[i].key, p, &pv) != 0 ||
+                !lease_matches(rq, &pv)) {
+                continue;
+            }
+            if (seen++ < off) {
+                continue;
+            }
+            if (n == page) {
+                more = true;
+                break;
+            }
+            if (kvf_svc_lease_fill(&lb[n], l.v[i].key, &pv) != 0) {
+                more = true; /* out of memory: stop here; the token resumes */
+                break;
+            }
+            lp[n] = &lb[n].lease;
+            n++;
+        }
+    }
+    char next[32] = "";
+    if (more) {
+        snprintf(next, sizeof next, "%zu", off + n);
+    }
+    Kvfence__V1__ListLeasesResponse rs = KVFENCE__V1__LIST_LEASES_RESPONSE__INIT;
+    rs.n_leases = n;
+    rs.leases = lp;
+    rs.next_page_token = next;
+    kvf_svc_reply(call, &rs.base);
+    for (size_t i = 0; i < n; i++) {
+        kvf_svc_lease_free(&lb[i]);
+    }
+    free(lb);
+    free(lp);
+    free(l.v);
+}
+
+/* ---- FenceNode -------------------------------------------------------------------- */
+
+static int fence_node_validate(const ProtobufCMessage *m, struct kvf_error *err)
+{
+    const Kvfence__V1__FenceNodeRequest *rq = (const Kvfence__V1__FenceNodeRequest *)m;
+    if (!rq->node_id || !rq->node_id[0]) {
+        return kvf_error_set(err, -EINVAL, "node_id: required");
+    }
+    return 0;
+}
+
+static void fence_node_run(struct kvf_svc_ctx *ctx, struct kvf_rpc_call *call,
+                           const ProtobufCMessage *m, kvf_time_ns now)
+{
+    const Kvfence__V1__FenceNodeRequest *rq = (const Kvfence__V1__FenceNodeRequest *)m;
+    struct kvf_error err;
+    kvf_error_clear(&err);
+    struct kvf_cps_stats before, after;
+    kvf_cps_stats_get(ctx->cps, &before);
+    int rc = kvf_cps_admin_fence(ctx->cps, rq->node_id, now, &err);
+    if (rc < 0) {
+        kvf_svc_fail(call, rc, &err);
+        return;
+    }
+    kvf_cps_stats_get(ctx->cps, &after);
+    struct kvf_cps_node_view v;
+    Kvfence__V1__FenceNodeResponse rs = KVFENCE__V1__FENCE_NODE_RESPONSE__INIT;
+    if (kvf_cps_node_get(ctx->cps, rq->node_id, &v) == 0) {
+        rs.incarnation = v.incarnation;
+    }
+    rs.fencers = (uint32_t)(after.fences_requested - before.fences_requested);
+    kvf_svc_reply(call, &rs.base);
+}
+
 /* ---- AdminAbortRoom ------------------------------------------------------------- */
 
 static int admin_abort_validate(const ProtobufCMessage *m, struct kvf_error *err)
@@ -432,6 +669,12 @@ const struct kvf_svc_method kvf_svc_admin_methods[] = {
      get_node_run},
     {"/kvfence.v1.Admin/AdminAbortRoom", &kvfence__v1__admin_abort_room_request__descriptor,
      admin_abort_validate, admin_abort_run, true},
+    {"/kvfence.v1.Admin/ListNodes", &kvfence__v1__list_nodes_request__descriptor,
+     list_nodes_validate, list_nodes_run},
+    {"/kvfence.v1.Admin/ListLeases", &kvfence__v1__list_leases_request__descriptor,
+     list_leases_validate, list_leases_run},
+    {"/kvfence.v1.Admin/FenceNode", &kvfence__v1__fence_node_request__descriptor,
+     fence_node_validate, fence_node_run, true},
 };
 const size_t kvf_svc_admin_method_count =
     sizeof kvf_svc_admin_methods / sizeof kvf_svc_admin_methods[0];
