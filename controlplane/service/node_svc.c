@@ -65,8 +65,28 @@ struct lease_watch {
 struct kvf_svc_sessions {
     struct node_sess *nodes;     /* attached sessions, one per node id */
     struct lease_watch *watches; /* open WatchLeases streams */
-    uint64_t next_notice_id;
 };
+
+/*
+ * Notice ids are derived from what the notice is about, so that a re-send
+ * carries the same id with a higher attempt (node.proto): the top two bits say
+ * the kind, the rest is the room generation (room updates, abort notices; a
+ * generation is unique per room) or a hash of the fenced node and incarnation.
+ */
+#define NOTICE_ROOM_UPDATE (1ull << 62)
+#define NOTICE_ABORT       (2ull << 62)
+#define NOTICE_FENCE       (3ull << 62)
+#define NOTICE_VALUE_MASK  ((1ull << 62) - 1)
+
+static uint64_t fence_notice_id(const char *node_id, uint64_t incarnation)
+{
+    uint64_t h = 1469598103934665603ull; /* FNV-1a */
+    for (const unsigned char *p = (const unsigned char *)node_id; *p; p++)
+        h = (h ^ *p) * 1099511628211ull;
+    for (int i = 0; i < 8; i++)
+        h = (h ^ ((incarnation >> (8 * i)) & 0xff)) * 1099511628211ull;
+    return NOTICE_FENCE | (h & NOTICE_VALUE_MASK);
+}
 
 /* ---- sessions ------------------------------------------------------------ */
 
@@ -143,8 +163,10 @@ static void room_update_free(struct room_update_buf *b)
     free(b->peerp);
 }
 
-/* The room's leases and its nodes' endpoints, as one RoomUpdate. */
-static int room_update_build(struct room_update_buf *b, struct kvf_svc_ctx *ctx, kvf_room_key key)
+/* The room's leases and the endpoints of its nodes other than `addressee`,
+ * as one RoomUpdate. */
+static int room_update_build(struct room_update_buf *b, struct kvf_svc_ctx *ctx, kvf_room_key key,
+                             const char *addressee)
 {
     memset(b, 0, sizeof(*b));
     struct kvf_cps_room_view v;
@@ -174,8 +196,8 @@ static int room_update_build(struct room_update_buf *b, struct kvf_svc_ctx *ctx,
         m->node_incarnation = pv.incarnation;
         b->mp[b->nmembers] = m;
         b->nmembers++;
-        /* One PeerNode per distinct node, with what its Hello said. */
-        bool seen = false;
+        /* One PeerNode per distinct other node, with what its Hello said. */
+        bool seen = strcmp(pv.node_id, addressee) == 0;
         for (size_t k = 0; k < b->npeers && !seen; k++)
             seen = strcmp(b->peerv[k].node_id, pv.node_id) == 0;
         if (seen)
@@ -197,7 +219,7 @@ static int room_update_build(struct room_update_buf *b, struct kvf_svc_ctx *ctx,
     kvfence__v1__room_key__init(&b->key);
     b->key.room_id = v.key.room_id;
     b->key.generation = v.key.generation;
-    b->ru.notice_id = ++ctx->sessions->next_notice_id;
+    b->ru.notice_id = NOTICE_ROOM_UPDATE | (v.key.generation & NOTICE_VALUE_MASK);
     b->ru.room = &b->key;
     b->ru.state = (Kvfence__V1__RoomState)v.state;
     b->ru.protocol_version = v.protocol_version;
@@ -213,7 +235,7 @@ static int room_update_build(struct room_update_buf *b, struct kvf_svc_ctx *ctx,
 static void send_room_update(struct kvf_svc_ctx *ctx, struct node_sess *s, kvf_room_key key)
 {
     struct room_update_buf b;
-    int rc = room_update_build(&b, ctx, key);
+    int rc = room_update_build(&b, ctx, key, s->node_id);
     if (rc == 0)
         sess_send(s, &b.cm);
     else if (rc == -ENOMEM)
@@ -232,26 +254,43 @@ static struct node_sess *addressee(struct kvf_svc_ctx *ctx, const struct kvf_cps
     return s;
 }
 
-static bool watch_wants_lease(const Kvfence__V1__WatchLeasesRequest *rq,
-                              const struct kvf_cps_effect *e)
+/* Does a watcher want the lease of (node, rank, lease id)? No filter: yes. */
+static bool watch_wants_lease(const Kvfence__V1__WatchLeasesRequest *rq, const char *node_id,
+                              uint32_t rank, uint64_t lease_id)
 {
-    if (rq->node_id != NULL && rq->node_id[0] != '\0' && strcmp(rq->node_id, e->node_id) != 0)
+    if (rq->node_id != NULL && rq->node_id[0] != '\0' && strcmp(rq->node_id, node_id) != 0)
         return false;
     if (rq->n_ranks > 0) {
         bool hit = false;
         for (size_t i = 0; i < rq->n_ranks && !hit; i++)
-            hit = rq->ranks[i] == e->rank;
+            hit = rq->ranks[i] == rank;
         if (!hit)
             return false;
     }
     if (rq->n_lease_ids > 0) {
         bool hit = false;
         for (size_t i = 0; i < rq->n_lease_ids && !hit; i++)
-            hit = rq->lease_ids[i] == e->lease_id;
+            hit = rq->lease_ids[i] == lease_id;
         if (!hit)
             return false;
     }
     return true;
+}
+
+/* Does a watcher want the state changes of a room: one of its leases matches. */
+static bool watch_wants_room(const struct kvf_cps *cps, const Kvfence__V1__WatchLeasesRequest *rq,
+                             kvf_room_key key)
+{
+    struct kvf_cps_room_view v;
+    if (kvf_cps_room_get(cps, key, &v) != 0)
+        return false;
+    for (size_t i = 0; i < v.participant_count; i++) {
+        struct kvf_cps_participant_view pv;
+        if (kvf_cps_room_participant(cps, v.key, i, &pv) == 0 &&
+            watch_wants_lease(rq, pv.node_id, pv.rank, pv.lease_id))
+            return true;
+    }
+    return false;
 }
 
 static void watch_send(struct lease_watch *w, const Kvfence__V1__LeaseEvent *ev)
@@ -282,7 +321,7 @@ static void route_lease_released(struct kvf_svc_ctx *ctx, const struct kvf_cps_e
     ev.event_case = KVFENCE__V1__LEASE_EVENT__EVENT_RELEASED;
     ev.released = &lb.lease;
     for (struct lease_watch *w = ctx->sessions->watches; w != NULL; w = w->next) {
-        if (!w->closed && watch_wants_lease(w->rq, e))
+        if (!w->closed && watch_wants_lease(w->rq, e->node_id, e->rank, e->lease_id))
             watch_send(w, &ev);
     }
     kvf_svc_lease_free(&lb);
@@ -309,7 +348,7 @@ static void route_room_state(struct kvf_svc_ctx *ctx, const struct kvf_cps_effec
     ev.event_case = KVFENCE__V1__LEASE_EVENT__EVENT_ROOM_STATE;
     ev.room_state = &ch;
     for (struct lease_watch *w = ctx->sessions->watches; w != NULL; w = w->next) {
-        if (!w->closed && w->rq->include_room_states)
+        if (!w->closed && w->rq->include_room_states && watch_wants_room(ctx->cps, w->rq, e->key))
             watch_send(w, &ev);
     }
 }
@@ -331,7 +370,7 @@ void kvf_svc_route_effect(struct kvf_svc_ctx *ctx, const struct kvf_cps_effect *
             tok.hi = e->token.hi;
             tok.lo = e->token.lo;
             Kvfence__V1__AbortNotice an = KVFENCE__V1__ABORT_NOTICE__INIT;
-            an.notice_id = ++ctx->sessions->next_notice_id;
+            an.notice_id = NOTICE_ABORT | (e->key.generation & NOTICE_VALUE_MASK);
             an.room = &key;
             an.token = &tok;
             an.attempt = e->attempt;
@@ -347,7 +386,7 @@ void kvf_svc_route_effect(struct kvf_svc_ctx *ctx, const struct kvf_cps_effect *
     case KVF_CPS_FX_FENCE_PEER:
         if ((s = addressee(ctx, e)) != NULL) {
             Kvfence__V1__FencePeer fp = KVFENCE__V1__FENCE_PEER__INIT;
-            fp.notice_id = ++ctx->sessions->next_notice_id;
+            fp.notice_id = fence_notice_id(e->peer_node, e->peer_incarnation);
             fp.node_id = (char *)e->peer_node;
             fp.incarnation = e->peer_incarnation;
             fp.attempt = e->attempt;
@@ -412,7 +451,11 @@ struct resync_ctx {
 static int resync_room(void *vctx, const struct kvf_cps_room_view *v)
 {
     struct resync_ctx *rc = vctx;
-    if (v->state != KVF_CPS_ROOM_ACTIVE)
+    /* ACTIVE rooms, and ABORTING ones that were ACTIVE (every participant
+     * joined): an ABORTING room that never got all its participants never
+     * sent a page address, and must not now. */
+    bool was_active = v->participant_count == (size_t)v->expected_sources + v->expected_sinks;
+    if (v->state != KVF_CPS_ROOM_ACTIVE && !(v->state == KVF_CPS_ROOM_ABORTING && was_active))
         return 0;
     for (size_t i = 0; i < v->participant_count; i++) {
         struct kvf_cps_participant_view pv;
@@ -467,8 +510,8 @@ static void handle_hello(struct kvf_svc_ctx *ctx, struct node_sess *s, Kvfence__
     struct kvf_error err;
     kvf_error_clear(&err);
     if (s->attached) {
-        kvf_error_set(&err, -EPERM, "hello: this session already said hello");
-        sess_finish(s, -EPERM, &err);
+        kvf_error_set(&err, -EINVAL, "hello: this session already said hello");
+        sess_finish(s, -EINVAL, &err);
         return;
     }
     uint32_t version = 0;
@@ -682,8 +725,8 @@ static void sess_job_run(struct kvf_svc_ctx *ctx, void *arg, kvf_time_ns now)
             handle_hello(ctx, s, j->msg, j->raw, j->raw_len, now);
         } else if (!s->attached) {
             struct kvf_error err;
-            kvf_error_set(&err, -EPERM, "message: the first message of a session is hello");
-            sess_finish(s, -EPERM, &err);
+            kvf_error_set(&err, -EINVAL, "message: the first message of a session is hello");
+            sess_finish(s, -EINVAL, &err);
         } else {
             handle_report(ctx, s, j->msg, j->raw, j->raw_len, now);
         }
@@ -766,6 +809,13 @@ static void attach_message(void *vctx, struct kvf_rpc_stream *stream, const uint
     attach_post(s, m, msg, len);
 }
 
+/* A node that half-closes is saying goodbye: end the session cleanly. */
+static void attach_half_close(void *vctx, struct kvf_rpc_stream *stream)
+{
+    (void)vctx;
+    kvf_rpc_stream_finish(stream, KVF_GRPC_OK, NULL);
+}
+
 static void attach_closed(void *vctx, struct kvf_rpc_stream *stream,
                           enum kvf_rpc_close_reason reason)
 {
@@ -793,6 +843,35 @@ static void watch_free(struct lease_watch *w)
     free(w);
 }
 
+struct replay_ctx {
+    struct kvf_svc_ctx *ctx;
+    struct lease_watch *w;
+    uint64_t replayed;
+};
+
+static int replay_room(void *vctx, const struct kvf_cps_room_view *v)
+{
+    struct replay_ctx *rc = vctx;
+    if (v->state != KVF_CPS_ROOM_COMPLETED && v->state != KVF_CPS_ROOM_ABORTED)
+        return 0;
+    for (size_t i = 0; i < v->participant_count; i++) {
+        struct kvf_cps_participant_view pv;
+        struct kvf_svc_lease_buf lb;
+        if (kvf_cps_room_participant(rc->ctx->cps, v->key, i, &pv) != 0 ||
+            pv.lease_state != KVF_CPS_LEASE_RELEASED ||
+            !watch_wants_lease(rc->w->rq, pv.node_id, pv.rank, pv.lease_id) ||
+            kvf_svc_lease_fill(&lb, v->key, &pv) != 0)
+            continue;
+        Kvfence__V1__LeaseEvent ev = KVFENCE__V1__LEASE_EVENT__INIT;
+        ev.event_case = KVFENCE__V1__LEASE_EVENT__EVENT_RELEASED;
+        ev.released = &lb.lease;
+        watch_send(rc->w, &ev);
+        kvf_svc_lease_free(&lb);
+        rc->replayed++;
+    }
+    return 0;
+}
+
 static void watch_job_run(struct kvf_svc_ctx *ctx, void *arg, kvf_time_ns now)
 {
     (void)now;
@@ -801,8 +880,12 @@ static void watch_job_run(struct kvf_svc_ctx *ctx, void *arg, kvf_time_ns now)
     if (!j->closing) {
         w->next = ctx->sessions->watches;
         ctx->sessions->watches = w;
-        /* Everything from here on reaches the watcher; say so. */
+        /* First the releases still held as tombstones, then `synced`: from
+         * here on every release reaches the watcher. */
+        struct replay_ctx rc = {ctx, w, 0};
+        kvf_cps_room_foreach(ctx->cps, replay_room, &rc);
         Kvfence__V1__WatchSynced sy = KVFENCE__V1__WATCH_SYNCED__INIT;
+        sy.replayed = rc.replayed;
         Kvfence__V1__LeaseEvent ev = KVFENCE__V1__LEASE_EVENT__INIT;
         ev.event_case = KVFENCE__V1__LEASE_EVENT__EVENT_SYNCED;
         ev.synced = &sy;
@@ -896,8 +979,10 @@ void kvf_svc_sessions_destroy(struct kvf_svc_sessions *reg)
 
 int kvf_svc_register_streams(struct kvf_svc *svc, struct kvf_rpc_server *srv)
 {
-    const struct kvf_rpc_stream_callbacks attach = {
-        .on_open = attach_open, .on_message = attach_message, .on_closed = attach_closed};
+    const struct kvf_rpc_stream_callbacks attach = {.on_open = attach_open,
+                                                    .on_message = attach_message,
+                                                    .on_half_close = attach_half_close,
+                                                    .on_closed = attach_closed};
     int rc = kvf_rpc_server_add_stream(srv, "/kvfence.v1.NodeSession/Attach", KVF_RPC_BIDI, &attach,
                                        svc);
     if (rc != 0)

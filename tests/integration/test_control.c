@@ -1,12 +1,12 @@
 /*
  * test_control.c: kvfence-control end to end. The group setup starts the real
- * binary (KVF_CONTROL_BIN) on 127.0.0.1 port 0 with --port-file, waits for the
- * port, and the tests talk to it through kvf_rpc's blocking client and
+ * binary (KVF_CONTROL_BIN) on 127.0.0.1 port 0 with --port-file through
+ * kvf_proc.c, and the tests talk to it through kvf_rpc's blocking client and
  * protobuf-c. The last test sends SIGTERM and checks the exit status; the
  * group teardown kills the child if it is still running.
  *
- * There is no node session in this version, so no node can attach: JoinRoom
- * is checked only for its refusals.
+ * No node attaches here, so JoinRoom is checked only for its refusals; node
+ * sessions are tested end to end in test_node_session.c.
  */
 #include <errno.h>
 #include <fcntl.h>
@@ -28,41 +28,16 @@
 #include "grpc/health/v1/health.pb-c.h"
 #include "grpc/reflection/v1alpha/reflection.pb-c.h"
 #include "kvf_error.h"
+#include "kvf_proc.h"
 #include "kvfence/v1/control.pb-c.h"
 #include "rpc_client.h"
 
 #define CALL_TIMEOUT_MS 5000
 
 struct fixture {
-    pid_t pid;
-    bool reaped;
-    char dir[64];
-    char port_file[128];
-    char target[64];
+    struct kvf_proc proc;
     struct kvf_rpc_channel *ch;
 };
-
-static void sleep_ms(long ms)
-{
-    struct timespec ts = {.tv_sec = ms / 1000, .tv_nsec = (ms % 1000) * 1000000L};
-    nanosleep(&ts, NULL);
-}
-
-/* Waits up to `ms` for the child; returns 1 with *status_p when it exited. */
-static int wait_child(struct fixture *f, long ms, int *status_p)
-{
-    for (long waited = 0;; waited += 20) {
-        pid_t r = waitpid(f->pid, status_p, WNOHANG);
-        if (r == f->pid) {
-            f->reaped = true;
-            return 1;
-        }
-        if (waited >= ms) {
-            return 0;
-        }
-        sleep_ms(20);
-    }
-}
 
 static int group_setup(void **state)
 {
@@ -70,53 +45,15 @@ static int group_setup(void **state)
     if (!f) {
         return -1;
     }
-    snprintf(f->dir, sizeof f->dir, "/tmp/kvf-test-control-XXXXXX");
-    if (!mkdtemp(f->dir)) {
-        free(f);
-        return -1;
-    }
-    snprintf(f->port_file, sizeof f->port_file, "%s/port", f->dir);
-
-    f->pid = fork();
-    if (f->pid < 0) {
-        free(f);
-        return -1;
-    }
-    if (f->pid == 0) {
-        /* The child logs to our stderr (ctest shows it on failure). */
-        execl(KVF_CONTROL_BIN, KVF_CONTROL_BIN, "--listen", "127.0.0.1:0", "--threads", "2",
-              "--port-file", f->port_file, (char *)NULL);
-        _exit(127);
-    }
     *state = f;
-
-    int port = 0;
-    for (int i = 0; i < 500 && port <= 0; i++) { /* 10 s */
-        FILE *pf = fopen(f->port_file, "r");
-        if (pf) {
-            if (fscanf(pf, "%d", &port) != 1) {
-                port = 0;
-            }
-            fclose(pf);
-        }
-        int status;
-        if (port <= 0 && wait_child(f, 0, &status)) {
-            fprintf(stderr, "kvfence-control exited early (status 0x%x)\n", status);
-            return -1;
-        }
-        if (port <= 0) {
-            sleep_ms(20);
-        }
-    }
-    if (port <= 0) {
-        fprintf(stderr, "no port file after 10 s\n");
+    static const char *const args[] = {"--threads", "2", NULL};
+    if (kvf_proc_start(&f->proc, KVF_CONTROL_BIN, args) != 0) {
         return -1;
     }
-    snprintf(f->target, sizeof f->target, "127.0.0.1:%d", port);
     struct kvf_rpc_channel_opts co;
     kvf_rpc_channel_opts_init(&co);
     co.wait_for_ready = true;
-    f->ch = kvf_rpc_channel_create(f->target, &co);
+    f->ch = kvf_rpc_channel_create(f->proc.target, &co);
     return f->ch ? 0 : -1;
 }
 
@@ -127,13 +64,7 @@ static int group_teardown(void **state)
         return 0;
     }
     kvf_rpc_channel_destroy(f->ch);
-    if (f->pid > 0 && !f->reaped) {
-        int status;
-        kill(f->pid, SIGKILL);
-        waitpid(f->pid, &status, 0);
-    }
-    unlink(f->port_file);
-    rmdir(f->dir);
+    kvf_proc_kill(&f->proc);
     free(f);
     return 0;
 }
@@ -418,9 +349,8 @@ static void test_health_watch(void **state)
 static void test_sigterm_exits_zero(void **state)
 {
     struct fixture *f = *state;
-    assert_int_equal(kill(f->pid, SIGTERM), 0);
-    int status = 0;
-    assert_int_equal(wait_child(f, 10000, &status), 1);
+    int status = kvf_proc_stop(&f->proc, 10000);
+    assert_int_not_equal(status, -1);
     assert_true(WIFEXITED(status));
     assert_int_equal(WEXITSTATUS(status), 0);
 }
