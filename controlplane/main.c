@@ -5,6 +5,8 @@
  * server reflection (controlplane/service/) on one gRPC port until SIGINT or
  * SIGTERM, then: health NOT_SERVING, server shutdown with a 2 s grace, state
  * thread stopped, everything freed, exit 0. Logs are JSON lines on stderr.
+ * Prometheus metrics (docs/metrics.md) are served over HTTP on
+ * --metrics-listen (GET /metrics), 127.0.0.1:9464 by default.
  * Settings come from flags, KVF_CONTROL_* environment variables and an
  * optional config file (kvf_config.h; --help lists them). This version keeps
  * its state in memory only (see controlplane/service/service.c).
@@ -16,6 +18,7 @@
 #include <string.h>
 #include <unistd.h>
 
+#include "http.h"
 #include "kvf_config.h"
 #include "kvf_types.h"
 #include "kvf_version.h"
@@ -23,6 +26,7 @@
 #include "service.h"
 
 #define DEFAULT_LISTEN    "127.0.0.1:7070"
+#define DEFAULT_METRICS   "127.0.0.1:9464"
 #define SHUTDOWN_GRACE_MS 2000u
 
 static int write_port_file(const char *path, int port)
@@ -53,6 +57,7 @@ static int write_port_file(const char *path, int port)
  * KVF_CONTROL_* > config file > default). */
 struct settings {
     const char *listen, *tls_cert, *tls_key, *tls_client_ca, *port_file, *data_dir;
+    const char *metrics_listen, *metrics_port_file;
     uint64_t threads, snapshot_every;
     uint64_t node_ttl_ms, join_timeout_ms, drain_deadline_ms, resend_ms, tombstone_ttl_ms;
     bool version;
@@ -62,6 +67,7 @@ int main(int argc, char **argv)
 {
     struct settings cfg = {
         .listen = DEFAULT_LISTEN,
+        .metrics_listen = DEFAULT_METRICS,
         .node_ttl_ms = 10000,
         .join_timeout_ms = 30000,
         .drain_deadline_ms = 60000,
@@ -85,6 +91,11 @@ int main(int argc, char **argv)
          "write a snapshot (and truncate the log) every this many logged changes"},
         {"port-file", KVF_CONFIG_STRING, &cfg.port_file, 0,
          "write the bound port to this file once serving"},
+        {"metrics-listen", KVF_CONFIG_STRING, &cfg.metrics_listen, 0,
+         "Prometheus /metrics HTTP address: host:port, [v6]:port or a port (port 0 picks "
+         "one); empty disables"},
+        {"metrics-port-file", KVF_CONFIG_STRING, &cfg.metrics_port_file, 0,
+         "write the bound metrics port to this file once serving (before port-file)"},
         {"node-ttl-ms", KVF_CONFIG_UINT, &cfg.node_ttl_ms, 86400000,
          "a node whose session is gone this long is LOST (its peers fence it)"},
         {"join-timeout-ms", KVF_CONFIG_UINT, &cfg.join_timeout_ms, 86400000,
@@ -118,6 +129,10 @@ int main(int argc, char **argv)
     const char *tls_ca = cfg.tls_client_ca && cfg.tls_client_ca[0] ? cfg.tls_client_ca : NULL;
     const char *port_file = cfg.port_file && cfg.port_file[0] ? cfg.port_file : NULL;
     const char *listen_addr = cfg.listen;
+    const char *metrics_listen =
+        cfg.metrics_listen && cfg.metrics_listen[0] ? cfg.metrics_listen : NULL;
+    const char *metrics_port_file =
+        cfg.metrics_port_file && cfg.metrics_port_file[0] ? cfg.metrics_port_file : NULL;
     if ((tls_cert == NULL) != (tls_key == NULL)) {
         fprintf(stderr, "kvfence-control: --tls-cert and --tls-key go together\n");
         return 2;
@@ -156,6 +171,7 @@ int main(int argc, char **argv)
     opts.tls_cert_path = tls_cert;
     opts.tls_key_path = tls_key;
     opts.tls_client_ca_path = tls_ca;
+    kvf_svc_rpc_observer(svc, &opts);
     struct kvf_rpc_server *srv = kvf_rpc_server_create(&opts);
     if (!srv) {
         kvf_log("error", "cannot create the gRPC server");
@@ -177,7 +193,36 @@ int main(int argc, char **argv)
     kvf_log("info", "kvfence-control %s serving on %s (port %d, %s)", KVF_VERSION_STRING,
             listen_addr, port, tls_cert ? (tls_ca ? "mutual TLS" : "TLS") : "plaintext");
     int rc = 0;
-    if (port_file) {
+    /* Metrics next, so that port-file (the readiness signal) comes last. A
+     * metrics endpoint that cannot start is logged, not fatal: the control
+     * plane keeps serving. */
+    struct kvf_metrics_http *mhttp = NULL;
+    if (metrics_listen && kvf_svc_metrics(svc)) {
+        struct kvf_metrics_http_opts mo;
+        kvf_metrics_http_opts_init(&mo);
+        mo.listen_addr = metrics_listen;
+        uint16_t mport = 0;
+        int mrc = kvf_metrics_http_start(kvf_svc_metrics(svc), &mo, &mhttp, &mport);
+        if (mrc < 0) {
+            kvf_log("error", "cannot serve metrics on %s: %s (continuing without)", metrics_listen,
+                    strerror(-mrc));
+            mhttp = NULL;
+        } else {
+            kvf_log("info", "metrics on http://%s/metrics (port %u)", metrics_listen,
+                    (unsigned)mport);
+            if (metrics_port_file) {
+                int wrc = write_port_file(metrics_port_file, mport);
+                if (wrc < 0) {
+                    kvf_log("error", "cannot write metrics port file %s: %s", metrics_port_file,
+                            strerror(-wrc));
+                    rc = 1;
+                }
+            }
+        }
+    } else if (!metrics_listen) {
+        kvf_log("info", "metrics disabled (empty metrics-listen)");
+    }
+    if (rc == 0 && port_file) {
         int wrc = write_port_file(port_file, port);
         if (wrc < 0) {
             kvf_log("error", "cannot write port file %s: %s", port_file, strerror(-wrc));
@@ -201,6 +246,7 @@ int main(int argc, char **argv)
     }
     kvf_svc_not_serving(svc);
     kvf_rpc_server_shutdown(srv, SHUTDOWN_GRACE_MS);
+    kvf_metrics_http_stop(mhttp); /* before the registry goes with the service */
     kvf_svc_stop(svc);
     kvf_rpc_server_destroy(srv);
     kvf_svc_destroy(svc);

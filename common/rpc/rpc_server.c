@@ -32,6 +32,14 @@
  * `live`; shutdown waits for that count and the shutdown tag before
  * destroying the server and shutting the CQ down, then joins the threads.
  *
+ * Observer. When opts.on_call_done is set, each call reports once, at the one
+ * point where its gRPC side is let go (call_settle_unlock,
+ * stream_settle_unlock, srv_generic_done), just before the server's `live`
+ * count drops, so the server (and the method name it owns) is still alive.
+ * The code is the status we sent, unless it never went out or the client
+ * cancelled (then CANCELLED or DEADLINE_EXCEEDED). No lock is held while the
+ * observer runs.
+ *
  * Lock order: call/stream mutex, then server mutex.
  */
 #include "rpc_server.h"
@@ -103,6 +111,7 @@ struct srv_generic {
     grpc_metadata_array md;
     int cancelled;
     grpc_slice status_msg;
+    int64_t arrived_ns; /* for the observer */
 };
 
 enum srv_state { SRV_CREATED, SRV_STARTED, SRV_STOPPED };
@@ -113,6 +122,9 @@ struct kvf_rpc_server {
     size_t max_message;
     char *pem_cert, *pem_key, *pem_client_ca; /* NULL when plaintext */
     struct srv_method *methods;
+    /* The observer (rpc_server.h); fixed after create. */
+    void (*on_call_done)(void *ctx, const char *method, int grpc_code, uint64_t latency_ns);
+    void *observer_ctx;
 
     grpc_server *gsrv;
     grpc_completion_queue *cq;
@@ -141,7 +153,11 @@ struct kvf_rpc_call {
     unsigned ops_pending; /* batches in flight */
     int cancelled;        /* RECV_CLOSE_ON_SERVER output */
     bool close_done;
-    bool completed; /* reply or fail was called */
+    bool completed;          /* reply or fail was called */
+    bool status_sent;        /* the reply batch (with its status) was handed to gRPC */
+    int sent_code;           /* that status */
+    const char *method_name; /* the server's copy, for the observer */
+    int64_t arrived_ns;
     grpc_byte_buffer *reply_bb;
     grpc_slice details;
     bool has_details;
@@ -183,6 +199,7 @@ struct kvf_rpc_stream {
     int fin_code;
     grpc_slice fin_details;
     bool fin_has_details;
+    int64_t arrived_ns; /* for the observer */
     void *user;
 };
 
@@ -222,6 +239,29 @@ static grpc_status_code srv_status_code(int code)
     if (code <= 0 || code > KVF_GRPC_UNAUTHENTICATED)
         return GRPC_STATUS_UNKNOWN; /* OK is not a failure; garbage neither */
     return (grpc_status_code)code;
+}
+
+/* The code a call ended with, for the observer: the status we sent if it went
+ * out and the client did not cancel, else why it did not. */
+static int srv_end_code(bool status_sent, int sent_code, int cancelled, int64_t deadline_ns)
+{
+    if (status_sent && !cancelled)
+        return sent_code;
+    if (deadline_ns != INT64_MAX && rpc_now_ns() + 1000000 >= deadline_ns)
+        return KVF_GRPC_DEADLINE_EXCEEDED;
+    return KVF_GRPC_CANCELLED;
+}
+
+/* Tells the observer, if any, that a call ended. The server must be alive:
+ * call it before dropping the call from `live`. */
+static void srv_observe(struct kvf_rpc_server *srv, const char *method, int code,
+                        int64_t arrived_ns)
+{
+    if (!srv->on_call_done)
+        return;
+    int64_t now = rpc_now_ns();
+    srv->on_call_done(srv->observer_ctx, method, code,
+                      now > arrived_ns ? (uint64_t)(now - arrived_ns) : 0);
 }
 
 /* --- posted requests ---------------------------------------------------- */
@@ -279,6 +319,7 @@ static void srv_generic_post_locked(struct kvf_rpc_server *srv)
     }
     g->tag_req.kind = TAG_GENERIC_REQUEST;
     g->tag_done.kind = TAG_GENERIC_DONE;
+    g->arrived_ns = 0;
     g->srv = srv;
     g->status_msg = grpc_empty_slice();
     grpc_call_details_init(&g->details);
@@ -301,6 +342,7 @@ static void srv_generic_arrived(struct kvf_rpc_server *srv, struct srv_generic *
         srv_live_drop(srv, false);
         return;
     }
+    g->arrived_ns = rpc_now_ns();
     pthread_mutex_lock(&srv->mu);
     srv->calls++; /* g now counts as a call; a fresh request takes its place */
     srv_generic_post_locked(srv);
@@ -324,7 +366,9 @@ static void srv_generic_arrived(struct kvf_rpc_server *srv, struct srv_generic *
         rpc_log("UNIMPLEMENTED batch: %s", grpc_call_error_to_string(ce));
         grpc_call_cancel(g->gcall, NULL);
         grpc_call_unref(g->gcall);
+        int64_t arrived = g->arrived_ns;
         srv_generic_free(g);
+        srv_observe(srv, "unknown", KVF_GRPC_CANCELLED, arrived);
         srv_live_drop(srv, true);
     }
 }
@@ -332,7 +376,9 @@ static void srv_generic_arrived(struct kvf_rpc_server *srv, struct srv_generic *
 static void srv_generic_done(struct kvf_rpc_server *srv, struct srv_generic *g)
 {
     grpc_call_unref(g->gcall);
+    int64_t arrived = g->arrived_ns;
     srv_generic_free(g);
+    srv_observe(srv, "unknown", KVF_GRPC_UNIMPLEMENTED, arrived);
     srv_live_drop(srv, true);
 }
 
@@ -344,6 +390,9 @@ static void call_settle_unlock(struct kvf_rpc_call *c, unsigned drop)
 {
     grpc_call *g = NULL;
     struct kvf_rpc_server *srv = NULL;
+    const char *method = NULL;
+    int end_code = 0;
+    int64_t arrived = 0;
     if (c->gcall && c->ops_pending == 0) {
         g = c->gcall;
         srv = c->srv;
@@ -351,12 +400,19 @@ static void call_settle_unlock(struct kvf_rpc_call *c, unsigned drop)
         c->srv = NULL;
         grpc_metadata_array_destroy(&c->md);
         drop++;
+        if (srv->on_call_done) {
+            method = c->method_name;
+            end_code = srv_end_code(c->status_sent, c->sent_code, c->cancelled, c->deadline_ns);
+            arrived = c->arrived_ns;
+        }
     }
     c->refs -= drop;
     bool last = c->refs == 0;
     pthread_mutex_unlock(&c->mu);
     if (g) {
         grpc_call_unref(g);
+        if (method)
+            srv_observe(srv, method, end_code, arrived);
         srv_live_drop(srv, true);
     }
     if (last) {
@@ -369,6 +425,7 @@ static void srv_unary_arrived(struct kvf_rpc_server *srv, struct srv_method *m, 
                               grpc_metadata_array md, gpr_timespec deadline,
                               grpc_byte_buffer *payload)
 {
+    int64_t arrived = rpc_now_ns();
     struct kvf_rpc_call *c = calloc(1, sizeof(*c));
     if (!c) {
         grpc_call_cancel_with_status(gcall, GRPC_STATUS_RESOURCE_EXHAUSTED, "out of memory", NULL);
@@ -376,8 +433,11 @@ static void srv_unary_arrived(struct kvf_rpc_server *srv, struct srv_method *m, 
         grpc_metadata_array_destroy(&md);
         if (payload)
             grpc_byte_buffer_destroy(payload);
+        srv_observe(srv, m->name, KVF_GRPC_RESOURCE_EXHAUSTED, arrived);
         return;
     }
+    c->method_name = m->name;
+    c->arrived_ns = arrived;
     c->tag_close.kind = TAG_UNARY_CLOSE;
     c->tag_reply.kind = TAG_UNARY_REPLY;
     pthread_mutex_init(&c->mu, NULL);
@@ -457,6 +517,8 @@ static int call_complete(struct kvf_rpc_call *c, grpc_status_code code, const ch
             c->reply_bb = bb;
             bb = NULL;
             c->ops_pending++;
+            c->status_sent = true;
+            c->sent_code = (int)code;
             rc = 0;
         } else {
             rpc_log("reply batch: %s", grpc_call_error_to_string(ce));
@@ -579,7 +641,12 @@ static enum kvf_rpc_close_reason stream_close_reason(struct kvf_rpc_stream *s)
 {
     if (!s->cancelled)
         return KVF_RPC_CLOSED_FINISHED;
-    if (s->deadline_ns != INT64_MAX && rpc_now_ns() + 1000000 >= s->deadline_ns)
+    /* gRPC core reports only "cancelled". The server's idea of the deadline
+     * comes from the timeout the client sent, measured from when the call
+     * arrived, so it runs a little behind the client's: a cancel within
+     * 100 ms of it is taken as the deadline (a diagnosis only; under load the
+     * gap reaches tens of ms). */
+    if (s->deadline_ns != INT64_MAX && rpc_now_ns() + 100000000 >= s->deadline_ns)
         return KVF_RPC_CLOSED_DEADLINE;
     if (s->srv && atomic_load(&s->srv->stopping))
         return KVF_RPC_CLOSED_SHUTDOWN;
@@ -604,6 +671,9 @@ static void stream_settle_unlock(struct kvf_rpc_stream *s, unsigned drop)
     }
     grpc_call *g = NULL;
     struct kvf_rpc_server *srv = NULL;
+    const char *method = NULL;
+    int end_code = 0;
+    int64_t arrived = 0;
     if (s->gcall && s->closed_cb_done && s->ops_pending == 0) {
         g = s->gcall;
         srv = s->srv;
@@ -611,12 +681,19 @@ static void stream_settle_unlock(struct kvf_rpc_stream *s, unsigned drop)
         s->srv = NULL;
         grpc_metadata_array_destroy(&s->md);
         drop++;
+        if (srv->on_call_done) {
+            method = s->method->name;
+            end_code = srv_end_code(s->status_started, s->fin_code, s->cancelled, s->deadline_ns);
+            arrived = s->arrived_ns;
+        }
     }
     s->refs -= drop;
     bool last = s->refs == 0;
     pthread_mutex_unlock(&s->mu);
     if (g) {
         grpc_call_unref(g);
+        if (method)
+            srv_observe(srv, method, end_code, arrived);
         srv_live_drop(srv, true);
     }
     if (last)
@@ -694,6 +771,7 @@ static void srv_stream_arrived(struct kvf_rpc_server *srv, const struct srv_meth
                                grpc_call *gcall, grpc_metadata_array md, gpr_timespec deadline,
                                grpc_byte_buffer *payload)
 {
+    int64_t arrived = rpc_now_ns();
     struct kvf_rpc_stream *s = calloc(1, sizeof(*s));
     if (!s) {
         grpc_call_cancel_with_status(gcall, GRPC_STATUS_RESOURCE_EXHAUSTED, "out of memory", NULL);
@@ -701,8 +779,10 @@ static void srv_stream_arrived(struct kvf_rpc_server *srv, const struct srv_meth
         grpc_metadata_array_destroy(&md);
         if (payload)
             grpc_byte_buffer_destroy(payload);
+        srv_observe(srv, m->name, KVF_GRPC_RESOURCE_EXHAUSTED, arrived);
         return;
     }
+    s->arrived_ns = arrived;
     s->tag_close.kind = TAG_STREAM_CLOSE;
     s->tag_read.kind = TAG_STREAM_READ;
     s->tag_send.kind = TAG_STREAM_SEND;
@@ -1095,6 +1175,8 @@ struct kvf_rpc_server *kvf_rpc_server_create(const struct kvf_rpc_server_opts *o
     pthread_condattr_destroy(&ca);
     pthread_mutex_init(&srv->mu, NULL);
     srv->tag_shutdown.kind = TAG_SHUTDOWN;
+    srv->on_call_done = opts->on_call_done;
+    srv->observer_ctx = opts->observer_ctx;
     srv->state = SRV_CREATED;
     grpc_init();
     return srv;

@@ -45,6 +45,22 @@ struct kvf_rpc_server_opts {
     /* With TLS: when set, clients must present a certificate signed by this CA
      * (mutual TLS); when NULL, client certificates are not requested. */
     const char *tls_client_ca_path;
+    /* Optional observer (metrics): when not NULL, called once for every call
+     * that ends, with `observer_ctx`, the method name ("unknown" for methods
+     * that are not registered), the final status code (enum kvf_grpc_code) and
+     * the time from the call's arrival to its end in nanoseconds. A unary call
+     * ends when gRPC lets it go: after its reply or failure was sent (the code
+     * sent), or when the client cancelled, missed its deadline or the server
+     * shut down before the owner completed it (CANCELLED or
+     * DEADLINE_EXCEEDED). A stream ends likewise after on_closed (its finish
+     * code, or CANCELLED / DEADLINE_EXCEEDED). Unknown methods report
+     * UNIMPLEMENTED. Runs on a CQ thread (whichever finished the call), with
+     * no lock of the server held; it must not block and must not call into the
+     * server. `method` is valid during the call only. `observer_ctx` must stay
+     * valid until kvf_rpc_server_shutdown() returns (every call has ended by
+     * then). NULL: no observer, no cost. */
+    void (*on_call_done)(void *ctx, const char *method, int grpc_code, uint64_t latency_ns);
+    void *observer_ctx;
 };
 
 /* Fills `opts` with defaults: "127.0.0.1:0", one thread per core, 16 MiB,

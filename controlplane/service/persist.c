@@ -254,7 +254,8 @@ int kvf_svc_persist_commit(struct kvf_svc_ctx *ctx, enum kvf_svc_rec_kind kind, 
     memcpy(q, p->random, p->random_len);
     q += p->random_len;
     q = put(q, name_len, 2);
-    memcpy(q, name, name_len);
+    if (name_len > 0)
+        memcpy(q, name, name_len); /* name may be NULL (ticks, detach-all) */
     q += name_len;
     q = put(q, incarnation, 8);
     q = put(q, payload_len, 4);
@@ -411,6 +412,11 @@ int kvf_svc_persist_open(struct kvf_svc_ctx *ctx, const char *data_dir, uint64_t
 kvf_time_ns kvf_svc_persist_last_now(const struct kvf_svc_ctx *ctx)
 {
     return ctx->persist != NULL ? ctx->persist->last_now : 0;
+}
+
+struct kvf_store *kvf_svc_persist_store(const struct kvf_svc_ctx *ctx)
+{
+    return ctx->persist != NULL ? ctx->persist->store : NULL;
 }
 
 void kvf_svc_persist_close(struct kvf_svc_ctx *ctx)

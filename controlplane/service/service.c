@@ -270,6 +270,7 @@ static void drain_effects(struct kvf_svc *svc)
         default:
             break;
         }
+        kvf_svc_metrics_effect(svc->ctx.metrics, &svc->ctx, e);
         kvf_svc_route_effect(&svc->ctx, e);
     }
 }
@@ -406,6 +407,8 @@ static void *state_thread(void *arg)
             drain_effects(svc);
             dl = kvf_cps_next_deadline(svc->ctx.cps);
         }
+        /* Every job and tick (and spurious wake-up): one struct copy. */
+        kvf_svc_metrics_publish(svc->ctx.metrics, &svc->ctx);
         /* The condvar waits on CLOCK_MONOTONIC: back to its time base. */
         if (dl != UINT64_MAX) {
             dl = dl > svc->ctx.clock_offset ? dl - svc->ctx.clock_offset : 0;
@@ -665,6 +668,12 @@ struct kvf_svc *kvf_svc_create(const struct kvf_svc_opts *sopts)
     for (size_t i = 0; i < sizeof kvf_svc_service_names / sizeof *kvf_svc_service_names; i++) {
         kvf_health_set(svc->health, kvf_svc_service_names[i], KVF_HEALTH_SERVING);
     }
+    svc->ctx.metrics = kvf_svc_metrics_create(&svc->ctx, kvf_svc_persist_store(&svc->ctx));
+    if (!svc->ctx.metrics) {
+        kvf_log("error", "cannot create the metrics registry (out of memory)");
+        kvf_svc_destroy(svc);
+        return NULL;
+    }
     int rc = pthread_create(&svc->thread, NULL, state_thread, svc);
     if (rc != 0) {
         kvf_log("error", "cannot start the state thread: %s", strerror(rc));
@@ -721,6 +730,19 @@ int kvf_svc_register(struct kvf_svc *svc, struct kvf_rpc_server *srv)
         srv, "/" KVF_REFLECTION_SERVICE_V1ALPHA "/ServerReflectionInfo", KVF_RPC_BIDI, &refl, svc);
 }
 
+struct kvf_metrics *kvf_svc_metrics(struct kvf_svc *svc)
+{
+    return svc ? kvf_svc_metrics_registry(svc->ctx.metrics) : NULL;
+}
+
+void kvf_svc_rpc_observer(struct kvf_svc *svc, struct kvf_rpc_server_opts *opts)
+{
+    if (svc && svc->ctx.metrics && opts) {
+        opts->on_call_done = kvf_svc_metrics_rpc_done;
+        opts->observer_ctx = svc->ctx.metrics;
+    }
+}
+
 void kvf_svc_not_serving(struct kvf_svc *svc)
 {
     if (svc && svc->health) {
@@ -756,6 +778,8 @@ void kvf_svc_destroy(struct kvf_svc *svc)
         return;
     }
     kvf_svc_stop(svc);
+    kvf_svc_metrics_destroy(svc->ctx.metrics);
+    svc->ctx.metrics = NULL;
     kvf_reflection_destroy(svc->refl);
     kvf_svc_persist_close(&svc->ctx);
     kvf_health_destroy(svc->health);

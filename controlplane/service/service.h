@@ -24,6 +24,8 @@
 
 struct kvf_svc;
 struct kvf_rpc_server;
+struct kvf_rpc_server_opts;
+struct kvf_metrics;
 
 #include "kvf_types.h"
 
@@ -45,6 +47,15 @@ struct kvf_svc *kvf_svc_create(const struct kvf_svc_opts *opts);
 /* Registers every method on `srv` (before kvf_rpc_server_start). Returns 0
  * or the negative errno of the first registration that failed. */
 int kvf_svc_register(struct kvf_svc *svc, struct kvf_rpc_server *srv);
+
+/* The service's metrics registry (docs/metrics.md), to serve with
+ * kvf_metrics_http_start(); NULL if it could not be created. Valid until
+ * kvf_svc_destroy(): stop the HTTP server before that. */
+struct kvf_metrics *kvf_svc_metrics(struct kvf_svc *svc);
+
+/* Sets the call observer of `opts` (before kvf_rpc_server_create) so that the
+ * server feeds the RPC metrics. Does nothing without a registry. */
+void kvf_svc_rpc_observer(struct kvf_svc *svc, struct kvf_rpc_server_opts *opts);
 
 /* Health: every service NOT_SERVING (watchers are told), for shutdown. */
 void kvf_svc_not_serving(struct kvf_svc *svc);

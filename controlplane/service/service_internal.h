@@ -25,6 +25,9 @@ struct kvf_svc;
 /* What a job sees of the service: the core, the node sessions and lease
  * watchers (node_svc.c), and the service's start time. State thread only. */
 struct kvf_svc_persist;
+struct kvf_svc_metrics;
+struct kvf_store;
+struct kvf_metrics;
 
 struct kvf_svc_ctx {
     struct kvf_cps *cps;
@@ -33,6 +36,7 @@ struct kvf_svc_ctx {
     kvf_time_ns clock_offset;        /* service time = CLOCK_MONOTONIC + this */
     kvf_time_ns started_at;          /* CLOCK_MONOTONIC ns */
     kvf_time_ns node_ttl;            /* as configured in the core */
+    struct kvf_svc_metrics *metrics; /* NULL: none (svc_metrics.c) */
 };
 
 /* A job for the state thread that is not a unary call (stream events): `run`
@@ -94,6 +98,8 @@ int kvf_svc_persist_commit(struct kvf_svc_ctx *ctx, enum kvf_svc_rec_kind kind, 
                            size_t payload_len, struct kvf_rpc_call *call,
                            struct kvf_svc_reply_capture *cap);
 kvf_time_ns kvf_svc_persist_last_now(const struct kvf_svc_ctx *ctx);
+/* The open store (its stats are readable from any thread), NULL if none. */
+struct kvf_store *kvf_svc_persist_store(const struct kvf_svc_ctx *ctx);
 /* The core's random source (ctx = the struct kvf_svc_ctx): records what it
  * draws, or feeds back what a replayed record drew. */
 void kvf_svc_random(void *ctx, void *buf, size_t len);
@@ -140,6 +146,26 @@ int kvf_svc_abort_validate(const Kvfence__V1__RoomKey *room, const char *detail,
 void kvf_svc_abort_run(struct kvf_svc_ctx *ctx, struct kvf_rpc_call *call,
                        const Kvfence__V1__RoomKey *room, const char *detail,
                        enum kvf_cps_abort_reason reason, kvf_time_ns now);
+
+/* ---- metrics (svc_metrics.c) ------------------------------------------------ */
+
+/* Creates the service's registry, its families and its collector, seeds the
+ * abort-latency map from the core's ABORTING rooms and publishes the core's
+ * stats once. Before the state thread starts. `store` (NULL: none) must
+ * outlive the registry's HTTP server. Returns NULL on out of memory. */
+struct kvf_svc_metrics *kvf_svc_metrics_create(struct kvf_svc_ctx *ctx, struct kvf_store *store);
+/* Frees it; no scrape may run (the HTTP server is stopped). Accepts NULL. */
+void kvf_svc_metrics_destroy(struct kvf_svc_metrics *m);
+/* The registry to serve (NULL for a NULL `m`). */
+struct kvf_metrics *kvf_svc_metrics_registry(struct kvf_svc_metrics *m);
+/* State thread: copies the core's stats for the collector (after each job and
+ * tick). Accepts a NULL `m`. */
+void kvf_svc_metrics_publish(struct kvf_svc_metrics *m, const struct kvf_svc_ctx *ctx);
+/* State thread: one drained core effect (abort-to-released latency). */
+void kvf_svc_metrics_effect(struct kvf_svc_metrics *m, const struct kvf_svc_ctx *ctx,
+                            const struct kvf_cps_effect *e);
+/* The kvf_rpc server's call observer (ctx = the struct kvf_svc_metrics). */
+void kvf_svc_metrics_rpc_done(void *ctx, const char *method, int grpc_code, uint64_t latency_ns);
 
 /* ---- conversions (svc_convert.c) ------------------------------------------ */
 

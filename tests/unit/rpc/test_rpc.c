@@ -34,6 +34,14 @@
 
 #define MAX_HELD  16
 #define MAX_DELAY 4096
+#define MAX_SEEN  16
+
+/* One call the server's observer reported. */
+struct seen_call {
+    char method[64];
+    int code;
+    uint64_t latency_ns;
+};
 
 /* A reply the worker thread sends later. */
 struct delayed {
@@ -69,6 +77,9 @@ struct fixture {
     int n_closed;
     enum kvf_rpc_close_reason last_reason;
     int n_half_closed;
+    /* The observer (setup_observed). */
+    struct seen_call seen[MAX_SEEN];
+    int n_seen;
 };
 
 /* The throwaway CA and certificates of the TLS tests (made once). */
@@ -253,6 +264,21 @@ static void abort_open(void *ctx, struct kvf_rpc_stream *stream, const uint8_t *
     kvf_rpc_stream_finish(stream, KVF_GRPC_ABORTED, "room 7 aborted");
 }
 
+/* --- observer ----------------------------------------------------------- */
+
+static void observe_call(void *ctx, const char *method, int code, uint64_t latency_ns)
+{
+    struct fixture *f = ctx;
+    pthread_mutex_lock(&f->mu);
+    if (f->n_seen < MAX_SEEN) {
+        struct seen_call *c = &f->seen[f->n_seen++];
+        snprintf(c->method, sizeof(c->method), "%s", method);
+        c->code = code;
+        c->latency_ns = latency_ns;
+    }
+    pthread_mutex_unlock(&f->mu);
+}
+
 /* --- fixture ------------------------------------------------------------ */
 
 static struct kvf_rpc_server *make_server(struct fixture *f, const struct kvf_rpc_server_opts *o)
@@ -317,6 +343,21 @@ static int setup_plain(void **state)
     struct kvf_rpc_server_opts o;
     kvf_rpc_server_opts_init(&o);
     o.cq_threads = 2;
+    start_with(f, &o, NULL);
+    return 0;
+}
+
+/* Plain server with the call observer. */
+static int setup_observed(void **state)
+{
+    if (setup(state) != 0)
+        return -1;
+    struct fixture *f = *state;
+    struct kvf_rpc_server_opts o;
+    kvf_rpc_server_opts_init(&o);
+    o.cq_threads = 2;
+    o.on_call_done = observe_call;
+    o.observer_ctx = f;
     start_with(f, &o, NULL);
     return 0;
 }
@@ -493,6 +534,69 @@ static void unary_unknown_method_unimplemented(void **state)
         assert_int_equal(st.code, KVF_GRPC_UNIMPLEMENTED);
     }
     assert_true((now_ns() - t0) / 1000000 < 1000);
+}
+
+/* Waits until the observer has seen `n` calls (it runs when gRPC lets a call
+ * go, which may be just after the client has its answer). */
+static void wait_seen(struct fixture *f, int n)
+{
+    int64_t until = now_ns() + 5000000000LL;
+    pthread_mutex_lock(&f->mu);
+    while (f->n_seen < n && now_ns() < until) {
+        pthread_mutex_unlock(&f->mu);
+        usleep(2000);
+        pthread_mutex_lock(&f->mu);
+    }
+    int got = f->n_seen;
+    pthread_mutex_unlock(&f->mu);
+    assert_int_equal(got, n);
+}
+
+static void unary_observer_sees_method_code_latency(void **state)
+{
+    struct fixture *f = *state;
+    struct kvf_rpc_status st;
+    char resp[64];
+    assert_int_equal(call_str(f, f->ch, M_ECHO, "hi", 5000, resp, sizeof(resp), &st), 0);
+    wait_seen(f, 1);
+    assert_int_equal(call_str(f, f->ch, M_FAIL, "x", 5000, resp, sizeof(resp), &st), -EREMOTEIO);
+    wait_seen(f, 2);
+    assert_int_equal(call_str(f, f->ch, "/kvf.test.T/Nope", "x", 5000, resp, sizeof(resp), &st),
+                     -EREMOTEIO);
+    wait_seen(f, 3);
+    f->async_delay_ms = 50;
+    assert_int_equal(call_str(f, f->ch, M_ASYNC_ECHO, "later", 5000, resp, sizeof(resp), &st), 0);
+    wait_seen(f, 4);
+
+    assert_string_equal(f->seen[0].method, M_ECHO);
+    assert_int_equal(f->seen[0].code, KVF_GRPC_OK);
+    assert_string_equal(f->seen[1].method, M_FAIL);
+    assert_int_equal(f->seen[1].code, KVF_GRPC_FAILED_PRECONDITION);
+    assert_string_equal(f->seen[2].method, "unknown");
+    assert_int_equal(f->seen[2].code, KVF_GRPC_UNIMPLEMENTED);
+    assert_string_equal(f->seen[3].method, M_ASYNC_ECHO);
+    assert_int_equal(f->seen[3].code, KVF_GRPC_OK);
+    for (int i = 0; i < 4; i++) {
+        assert_true(f->seen[i].latency_ns > 0);
+        assert_true(f->seen[i].latency_ns < 5000000000ULL);
+    }
+    /* The latency runs from arrival to the end: the 50 ms the owner waited. */
+    assert_true(f->seen[3].latency_ns >= 45000000ULL);
+
+    /* A stream reports once, with its final code. */
+    struct kvf_rpc_client_stream *cs = kvf_rpc_client_stream_open(f->ch, M_BIDI_ECHO, 5000);
+    assert_non_null(cs);
+    assert_int_equal(kvf_rpc_client_stream_half_close(cs), 0);
+    uint8_t *msg;
+    size_t len;
+    assert_int_equal(kvf_rpc_client_stream_recv(cs, 5000, &msg, &len, &st), KVF_RPC_STREAM_END);
+    assert_int_equal(st.code, KVF_GRPC_OK);
+    kvf_rpc_client_stream_close(cs);
+    wait_seen(f, 5);
+    assert_string_equal(f->seen[4].method, M_BIDI_ECHO);
+    assert_int_equal(f->seen[4].code, KVF_GRPC_OK);
+    usleep(20000);
+    assert_int_equal(f->n_seen, 5); /* once per call */
 }
 
 static void unary_deadline_exceeded_late_reply(void **state)
@@ -983,6 +1087,8 @@ int main(void)
         cmocka_unit_test_setup_teardown(unary_failure_code_and_message, setup_plain, teardown),
         cmocka_unit_test_setup_teardown(unary_unknown_method_unimplemented, setup_plain, teardown),
         cmocka_unit_test_setup_teardown(unary_deadline_exceeded_late_reply, setup_plain, teardown),
+        cmocka_unit_test_setup_teardown(unary_observer_sees_method_code_latency, setup_observed,
+                                        teardown),
         cmocka_unit_test_setup_teardown(unary_large_message_round_trip, setup_plain, teardown),
         cmocka_unit_test_setup_teardown(unary_metadata_reaches_handler, setup_plain, teardown),
         cmocka_unit_test_setup_teardown(server_streaming_in_order, setup_plain, teardown),
