@@ -103,8 +103,8 @@ int main(int argc, char **argv)
         {"drain-deadline-ms", KVF_CONFIG_UINT, &cfg.drain_deadline_ms, 86400000,
          "an ABORTING room not drained by then is escalated and its laggards fenced (never "
          "released)"},
-        {"resend-ms", KVF_CONFIG_UINT, &cfg.resend_ms, 60000,
-         "first re-send of an unacknowledged notice (then doubling, capped at 5 s, with jitter)"},
+        {"resend-ms", KVF_CONFIG_UINT, &cfg.resend_ms, 5000,
+         "first re-send of an unacknowledged notice, at most 5000 (then doubling to 5 s, with jitter)"},
         {"tombstone-ttl-ms", KVF_CONFIG_UINT, &cfg.tombstone_ttl_ms, 86400000,
          "terminal rooms are kept this long to recognise late messages"},
         {"version", KVF_CONFIG_BOOL, &cfg.version, 0, "print the version and exit"},

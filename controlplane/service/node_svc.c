@@ -517,7 +517,7 @@ static void handle_hello(struct kvf_svc_ctx *ctx, struct node_sess *s, Kvfence__
     uint32_t version = 0;
     kvf_svc_persist_begin(ctx);
     int rc = apply_hello(ctx, h, now, &version, &err);
-    log_command(ctx, KVF_SVC_REC_NODE_MSG, now, NULL, 0, raw, raw_len);
+    log_command(ctx, KVF_SVC_REC_NODE_MSG, now, h->node_id, 0, raw, raw_len);
     if (rc != 0) {
         kvf_log("warn", "node %s incarnation %" PRIu64 " refused: %s", h->node_id, h->incarnation,
                 err.msg);

@@ -25,7 +25,7 @@
  * so that it continues from the last recorded `now` (downtime counts as
  * zero: timers only ever escalate, so running them late is safe).
  *
- * Record layout (little-endian): u8 kind, u64 now, u16 random length + bytes,
+ * Record layout (little-endian): u8 kind, u64 now, u32 random length + bytes,
  * u16 name length + bytes (method or node id), u64 incarnation, u32 payload
  * length + payload (a protobuf request or NodeMessage). Snapshot: "KVFSVC01",
  * u64 now, then the core's image.
@@ -35,6 +35,7 @@
  */
 #include <errno.h>
 #include <inttypes.h>
+#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -46,19 +47,24 @@
 #include "wal.h"
 
 #define SNAPSHOT_MAGIC "KVFSVC01"
-#define RANDOM_MAX     4096u /* random bytes one command may draw */
 
 struct kvf_svc_persist {
     struct kvf_store *store;
     struct kvf_cps_opts opts;
     /* Random bytes of the command being run (recorded) or replayed (fed). */
-    uint8_t random[RANDOM_MAX];
+    uint8_t *random;              /* grows with the command that draws the most */
+    const uint8_t *replay_random; /* the record being replayed */
+    size_t random_cap;
     size_t random_len, random_pos;
     bool replaying;
     bool overflow;
     kvf_time_ns last_now;
     uint64_t since_snapshot;
-    uint64_t snapshot_every; /* records between snapshots */
+    uint64_t snapshot_every;      /* records between snapshots */
+    uint64_t last_seq;            /* the last record appended (state thread) */
+    _Atomic uint64_t durable_seq; /* every record up to it is durable (committer writes) */
+    void (*wake)(void *arg);      /* tells the state thread that durable_seq moved */
+    void *wake_arg;
 };
 
 /* ---- the random source ------------------------------------------------------ */
@@ -76,15 +82,25 @@ void kvf_svc_random(void *vctx, void *buf, size_t len)
             kvf_svc_random_os(buf, len);
             return;
         }
-        memcpy(buf, p->random + p->random_pos, len);
+        memcpy(buf, p->replay_random + p->random_pos, len);
         p->random_pos += len;
         return;
     }
     kvf_svc_random_os(buf, len);
     if (p != NULL) {
-        if (p->random_len + len > RANDOM_MAX) {
-            p->overflow = true;
-            return;
+        /* A command may draw any number of bytes (a re-attach that re-sends a
+         * thousand notices draws jitter for each): grow the buffer. */
+        if (p->random_len + len > p->random_cap) {
+            size_t cap = p->random_cap ? p->random_cap : 256;
+            while (cap < p->random_len + len)
+                cap *= 2;
+            uint8_t *r = realloc(p->random, cap);
+            if (r == NULL) {
+                p->overflow = true;
+                return;
+            }
+            p->random = r;
+            p->random_cap = cap;
         }
         memcpy(p->random + p->random_len, buf, len);
         p->random_len += len;
@@ -128,11 +144,11 @@ static int rec_decode(const uint8_t *b, size_t len, struct rec *r)
         if (len - off < (size_t)(n)) \
             return -EBADMSG;         \
     } while (0)
-    NEED(1 + 8 + 2);
+    NEED(1 + 8 + 4);
     r->kind = b[off];
     r->now = get(b + off + 1, 8);
-    r->random_len = get(b + off + 9, 2);
-    off += 11;
+    r->random_len = get(b + off + 9, 4);
+    off += 13;
     NEED(r->random_len + 2);
     r->random = b + off;
     off += r->random_len;
@@ -151,25 +167,51 @@ static int rec_decode(const uint8_t *b, size_t len, struct rec *r)
     return off == len ? 0 : -EBADMSG;
 }
 
-/* A reply held until its record is durable. */
+/* What waits for one record to be durable: the held reply of its RPC, if
+ * any, and the effects the state thread holds back until then. */
 struct held_reply {
-    struct kvf_rpc_call *call;
+    struct kvf_svc_persist *p;
+    struct kvf_rpc_call *call; /* NULL: no reply to send */
     struct kvf_svc_reply_capture cap;
 };
 
 static void reply_when_durable(void *vctx, uint64_t seq, int status)
 {
-    (void)seq;
     struct held_reply *h = vctx;
-    if (h != NULL) {
+    if (h->call != NULL) {
         if (status != 0)
             kvf_rpc_call_fail(h->call, KVF_GRPC_UNAVAILABLE,
                               "the store failed before this change was durable; retry");
         else
             kvf_svc_capture_send(h->call, &h->cap);
-        kvf_svc_capture_free(&h->cap);
-        free(h);
     }
+    kvf_svc_capture_free(&h->cap);
+    /* Completions come in seq order. A failed store stops every later
+     * append, so effects held behind a failed record are never released. */
+    if (status == 0) {
+        atomic_store(&h->p->durable_seq, seq);
+        if (h->p->wake != NULL)
+            h->p->wake(h->p->wake_arg);
+    }
+    free(h);
+}
+
+void kvf_svc_persist_set_wake(struct kvf_svc_ctx *ctx, void (*wake)(void *arg), void *arg)
+{
+    if (ctx->persist != NULL) {
+        ctx->persist->wake = wake;
+        ctx->persist->wake_arg = arg;
+    }
+}
+
+bool kvf_svc_persist_is_durable(const struct kvf_svc_ctx *ctx, uint64_t seq)
+{
+    return ctx->persist == NULL || atomic_load(&ctx->persist->durable_seq) >= seq;
+}
+
+uint64_t kvf_svc_persist_last_seq(const struct kvf_svc_ctx *ctx)
+{
+    return ctx->persist != NULL ? ctx->persist->last_seq : 0;
 }
 
 bool kvf_svc_persist_enabled(const struct kvf_svc_ctx *ctx)
@@ -233,16 +275,13 @@ int kvf_svc_persist_commit(struct kvf_svc_ctx *ctx, enum kvf_svc_rec_kind kind, 
     struct kvf_svc_persist *p = ctx->persist;
     size_t name_len = name != NULL ? strlen(name) : 0;
     if (p->overflow) {
-        kvf_log("error", "a command drew more than %u random bytes; it cannot be logged",
-                RANDOM_MAX);
-        return -E2BIG;
+        kvf_log("error", "out of memory recording a command's random bytes; it cannot be logged");
+        return -ENOMEM;
     }
-    size_t len = 1 + 8 + 2 + p->random_len + 2 + name_len + 8 + 4 + payload_len;
+    size_t len = 1 + 8 + 4 + p->random_len + 2 + name_len + 8 + 4 + payload_len;
     uint8_t *b = malloc(len);
-    struct held_reply *h = NULL;
-    if (call != NULL)
-        h = calloc(1, sizeof(*h));
-    if (b == NULL || (call != NULL && h == NULL)) {
+    struct held_reply *h = calloc(1, sizeof(*h));
+    if (b == NULL || h == NULL) {
         free(b);
         free(h);
         return -ENOMEM;
@@ -250,7 +289,7 @@ int kvf_svc_persist_commit(struct kvf_svc_ctx *ctx, enum kvf_svc_rec_kind kind, 
     uint8_t *q = b;
     *q++ = (uint8_t)kind;
     q = put(q, now, 8);
-    q = put(q, p->random_len, 2);
+    q = put(q, p->random_len, 4);
     memcpy(q, p->random, p->random_len);
     q += p->random_len;
     q = put(q, name_len, 2);
@@ -261,7 +300,8 @@ int kvf_svc_persist_commit(struct kvf_svc_ctx *ctx, enum kvf_svc_rec_kind kind, 
     q = put(q, payload_len, 4);
     if (payload_len > 0)
         memcpy(q, payload, payload_len);
-    if (h != NULL) {
+    h->p = p;
+    if (call != NULL) {
         h->call = call;
         h->cap = *cap; /* the held reply now belongs to the callback */
         memset(cap, 0, sizeof(*cap));
@@ -270,12 +310,12 @@ int kvf_svc_persist_commit(struct kvf_svc_ctx *ctx, enum kvf_svc_rec_kind kind, 
     int rc = kvf_store_append(p->store, b, len, reply_when_durable, h, &seq);
     free(b);
     if (rc != 0) {
-        if (h != NULL) {
+        if (call != NULL)
             *cap = h->cap;
-            free(h);
-        }
+        free(h);
         return rc;
     }
+    p->last_seq = seq;
     p->last_now = now;
     maybe_snapshot(ctx, now);
     return 0;
@@ -310,11 +350,11 @@ static int on_record(void *vctx, uint64_t seq, const void *bytes, size_t len)
     struct kvf_svc_ctx *ctx = vctx;
     struct kvf_svc_persist *p = ctx->persist;
     struct rec r;
-    if (rec_decode(bytes, len, &r) != 0 || r.random_len > RANDOM_MAX) {
+    if (rec_decode(bytes, len, &r) != 0) {
         kvf_log("error", "record %" PRIu64 ": malformed", seq);
         return -EBADMSG;
     }
-    memcpy(p->random, r.random, r.random_len);
+    p->replay_random = r.random;
     p->random_len = r.random_len;
     p->random_pos = 0;
     char name[256];
@@ -394,11 +434,6 @@ int kvf_svc_persist_open(struct kvf_svc_ctx *ctx, const char *data_dir, uint64_t
                 "recovered from %s: snapshot seq %" PRIu64 ", %" PRIu64
                 " records replayed, in %.1f ms",
                 data_dir, info.snapshot_seq, info.records, (double)info.elapsed_ns / 1e6);
-    if (info.tail_cut)
-        kvf_log("warn",
-                "store: cut a torn or corrupt tail of %s (%s): %" PRIu64
-                " bytes after record %" PRIu64,
-                info.tail_file, info.tail_reason, info.tail_cut_bytes, info.tail_good_seq);
     /* No node session survives a restart: every attached node is SUSPECT now
      * (its ttl runs from here) until it re-attaches. This is a command too. */
     kvf_svc_persist_begin(ctx);
@@ -425,6 +460,7 @@ void kvf_svc_persist_close(struct kvf_svc_ctx *ctx)
     if (p == NULL)
         return;
     kvf_store_destroy(p->store); /* makes every queued record durable first */
+    free(p->random);
     free(p);
     ctx->persist = NULL;
 }

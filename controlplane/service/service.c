@@ -124,9 +124,22 @@ struct kvf_svc {
     pthread_cond_t cv;
     struct kvf_svc_job *head; /* under mu */
     struct kvf_svc_job *tail;
-    bool stopping; /* under mu */
+    bool stopping;      /* under mu */
+    bool durable_moved; /* under mu: the store made more records durable */
     bool thread_started;
     pthread_t thread;
+
+    /* State thread: effects held back until the record of the command that
+     * caused them is durable (with --data-dir), in the order they came. */
+    struct fx_batch *held_head, *held_tail;
+};
+
+/* The effects of one command, released once record `seq` is durable. */
+struct fx_batch {
+    struct fx_batch *next;
+    uint64_t seq;
+    size_t n;
+    struct kvf_cps_effect fx[];
 };
 
 static const char *const kvf_svc_service_names[] = {"kvfence.v1.Control", "kvfence.v1.Admin",
@@ -242,10 +255,69 @@ void kvf_svc_fail(struct kvf_rpc_call *call, int neg_errno, const struct kvf_err
 
 /* ---- the state thread ------------------------------------------------------ */
 
+/* Sends what the core asked for: notices to node sessions, releases and room
+ * states to watchers. */
+static void route_effects(struct kvf_svc *svc, const struct kvf_cps_effect *fx, size_t n)
+{
+    for (size_t i = 0; i < n; i++) {
+        kvf_svc_route_effect(&svc->ctx, &fx[i]);
+    }
+}
+
+/* Routes every held batch whose record is durable now, in order. */
+static void release_held_effects(struct kvf_svc *svc)
+{
+    while (svc->held_head && kvf_svc_persist_is_durable(&svc->ctx, svc->held_head->seq)) {
+        struct fx_batch *b = svc->held_head;
+        svc->held_head = b->next;
+        if (!svc->held_head) {
+            svc->held_tail = NULL;
+        }
+        route_effects(svc, b->fx, b->n);
+        free(b);
+    }
+}
+
+/* Called on the store's thread: more records are durable. */
+static void durable_wake(void *arg)
+{
+    struct kvf_svc *svc = arg;
+    pthread_mutex_lock(&svc->mu);
+    svc->durable_moved = true;
+    pthread_cond_signal(&svc->cv);
+    pthread_mutex_unlock(&svc->mu);
+}
+
+/*
+ * Takes the core's effects after a command: logs and counts them at once, and
+ * routes them once the command's record is durable. Holding them back is what
+ * makes a release (an engine told its pages are free) never precede the
+ * record that proves it: after a crash the replayed log reaches the same
+ * release, and no engine was told of one the log does not hold.
+ */
 static void drain_effects(struct kvf_svc *svc)
 {
     size_t n = 0;
     const struct kvf_cps_effect *fx = kvf_cps_effects_take(svc->ctx.cps, &n);
+    if (n > 0 && kvf_svc_persist_enabled(&svc->ctx)) {
+        struct fx_batch *b = malloc(sizeof(*b) + n * sizeof(b->fx[0]));
+        if (b) {
+            b->next = NULL;
+            b->seq = kvf_svc_persist_last_seq(&svc->ctx);
+            b->n = n;
+            memcpy(b->fx, fx, n * sizeof(fx[0]));
+            if (svc->held_tail) {
+                svc->held_tail->next = b;
+            } else {
+                svc->held_head = b;
+            }
+            svc->held_tail = b;
+        } else {
+            /* Out of memory: the core re-sends notices; releases and room
+             * states for watchers are lost (logged). */
+            kvf_log("error", "out of memory holding %zu effects; they are dropped", n);
+        }
+    }
     for (size_t i = 0; i < n; i++) {
         const struct kvf_cps_effect *e = &fx[i];
         switch (e->kind) {
@@ -271,8 +343,11 @@ static void drain_effects(struct kvf_svc *svc)
             break;
         }
         kvf_svc_metrics_effect(svc->ctx.metrics, &svc->ctx, e);
-        kvf_svc_route_effect(&svc->ctx, e);
     }
+    if (!kvf_svc_persist_enabled(&svc->ctx)) {
+        route_effects(svc, fx, n);
+    }
+    release_held_effects(svc);
 }
 
 static void fail_job(struct kvf_svc_job *job, int code, const char *msg)
@@ -415,8 +490,10 @@ static void *state_thread(void *arg)
         }
         now = mono_now();
 
+        release_held_effects(svc);
         pthread_mutex_lock(&svc->mu);
-        if (job || svc->head || svc->stopping) {
+        if (job || svc->head || svc->stopping || svc->durable_moved) {
+            svc->durable_moved = false;
             continue;
         }
         if (dl == UINT64_MAX) {
@@ -648,6 +725,7 @@ struct kvf_svc *kvf_svc_create(const struct kvf_svc_opts *sopts)
             kvf_svc_destroy(svc);
             return NULL;
         }
+        kvf_svc_persist_set_wake(&svc->ctx, durable_wake, svc);
         /* Service time continues from the last time the log saw. */
         kvf_time_ns last = kvf_svc_persist_last_now(&svc->ctx), mono = mono_now();
         svc->ctx.clock_offset = last > mono ? last - mono : 0;
@@ -782,6 +860,11 @@ void kvf_svc_destroy(struct kvf_svc *svc)
     svc->ctx.metrics = NULL;
     kvf_reflection_destroy(svc->refl);
     kvf_svc_persist_close(&svc->ctx);
+    while (svc->held_head) { /* effects whose records never became durable */
+        struct fx_batch *b = svc->held_head;
+        svc->held_head = b->next;
+        free(b);
+    }
     kvf_health_destroy(svc->health);
     kvf_svc_sessions_destroy(svc->ctx.sessions);
     kvf_cps_destroy(svc->ctx.cps);

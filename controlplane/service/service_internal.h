@@ -98,6 +98,13 @@ int kvf_svc_persist_commit(struct kvf_svc_ctx *ctx, enum kvf_svc_rec_kind kind, 
                            size_t payload_len, struct kvf_rpc_call *call,
                            struct kvf_svc_reply_capture *cap);
 kvf_time_ns kvf_svc_persist_last_now(const struct kvf_svc_ctx *ctx);
+/* The seq of the last record appended, and whether a seq is durable yet (true
+ * when no store is open). The state thread holds back the effects of a
+ * command until its record is durable; `wake` (called on the store's thread)
+ * tells it that more records became durable. */
+uint64_t kvf_svc_persist_last_seq(const struct kvf_svc_ctx *ctx);
+bool kvf_svc_persist_is_durable(const struct kvf_svc_ctx *ctx, uint64_t seq);
+void kvf_svc_persist_set_wake(struct kvf_svc_ctx *ctx, void (*wake)(void *arg), void *arg);
 /* The open store (its stats are readable from any thread), NULL if none. */
 struct kvf_store *kvf_svc_persist_store(const struct kvf_svc_ctx *ctx);
 /* The core's random source (ctx = the struct kvf_svc_ctx): records what it

@@ -4,6 +4,8 @@
 #include "kvf_proc.h"
 
 #include <errno.h>
+#include <ftw.h>
+#include <sys/stat.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -21,14 +23,20 @@ static void sleep_ms(long ms)
     nanosleep(&ts, NULL);
 }
 
+static int remove_entry(const char *path, const struct stat *st, int flag, struct FTW *ftw)
+{
+    (void)st;
+    (void)flag;
+    (void)ftw;
+    return remove(path);
+}
+
 static void remove_files(struct kvf_proc *p)
 {
-    if (p->port_file[0]) {
-        unlink(p->port_file);
-        p->port_file[0] = '\0';
-    }
+    p->port_file[0] = '\0';
     if (p->dir[0]) {
-        rmdir(p->dir);
+        /* The port file, and the data directory when one was used. */
+        nftw(p->dir, remove_entry, 8, FTW_DEPTH | FTW_PHYS);
         p->dir[0] = '\0';
     }
 }
@@ -108,6 +116,18 @@ int kvf_proc_start(struct kvf_proc *p, const char *bin, const char *const *extra
     argv[n++] = "127.0.0.1:0";
     argv[n++] = "--port-file";
     argv[n++] = p->port_file;
+    /* Tests run side by side: no fixed metrics port (a test may override). */
+    argv[n++] = "--metrics-listen";
+    argv[n++] = "127.0.0.1:0";
+    /* KVF_TEST_DURABLE=1 runs the same tests against a durable control plane
+     * (a write-ahead log in the test's own directory). */
+    char data_dir[96];
+    const char *durable = getenv("KVF_TEST_DURABLE");
+    if (durable && strcmp(durable, "1") == 0) {
+        snprintf(data_dir, sizeof data_dir, "%s/data", p->dir);
+        argv[n++] = "--data-dir";
+        argv[n++] = data_dir;
+    }
     for (size_t i = 0; extra_args && extra_args[i]; i++) {
         if (n + 1 >= MAX_ARGS) {
             fprintf(stderr, "kvf_proc: more than %d arguments\n", MAX_ARGS - 6);

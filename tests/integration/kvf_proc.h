@@ -13,9 +13,9 @@
 #include <sys/types.h>
 
 struct kvf_proc {
-    pid_t pid;  /* 0: not running (never started, or reaped) */
-    int status; /* the wait status once reaped */
-    char dir[64];
+    pid_t pid;    /* 0: not running (never started, or reaped) */
+    int status;   /* the wait status once reaped */
+    char dir[64]; /* the port file, and the data directory with KVF_TEST_DURABLE=1 */
     char port_file[128];
     char target[64]; /* "127.0.0.1:PORT" */
 };

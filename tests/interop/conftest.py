@@ -65,7 +65,8 @@ def control_server(control_bin, tmp_path):
     log_path = tmp_path / "control.log"
     log = open(log_path, "wb")
     proc = subprocess.Popen(
-        [control_bin, "--listen", "127.0.0.1:0", "--port-file", str(port_file)],
+        [control_bin, "--listen", "127.0.0.1:0", "--port-file", str(port_file),
+         "--metrics-listen", "127.0.0.1:0"],
         stdin=subprocess.DEVNULL,
         stdout=log,
         stderr=subprocess.STDOUT,
