@@ -12,9 +12,9 @@
  *
  * Decided here: a page cannot be read and written at once even inside one room
  * (a source and a sink of one room on one pool naming the same page is a
- * malformed request, not a shared prefix), and a write lease may not list a
- * page twice. A read lease that lists a page twice counts it twice and gives
- * it back twice, which is harmless.
+ * malformed request, not a shared prefix), and no lease lists a page twice:
+ * the ranges of a request must not overlap each other nor the ranges the
+ * lease already holds (cp_pages_check_disjoint; INVALID_ARGUMENT).
  *
  * The index is allocated at the first lease of a pool, so a node that
  * registers large pools costs nothing until it is used.
@@ -42,6 +42,46 @@ int cp_pages_check_bounds(const struct cp_node *node, const struct cp_pool *pool
         }
     }
     return 0;
+}
+
+struct range_ref {
+    uint32_t first, count;
+    size_t index; /* in the request, or SIZE_MAX for a range the lease holds */
+};
+
+static int range_ref_cmp(const void *a, const void *b)
+{
+    const struct range_ref *x = a, *y = b;
+    return x->first < y->first ? -1 : x->first > y->first ? 1 : 0;
+}
+
+int cp_pages_check_disjoint(const struct cp_part *part, const struct kvf_cps_page_range *ranges,
+                            size_t n, struct kvf_error *err)
+{
+    size_t held = part != NULL ? part->nranges : 0;
+    if (n + held < 2)
+        return 0;
+    struct range_ref *v = malloc((n + held) * sizeof(*v));
+    if (v == NULL)
+        return kvf_error_set(err, -ENOMEM, "out of memory");
+    for (size_t i = 0; i < held; i++)
+        v[i] = (struct range_ref){part->ranges[i].first, part->ranges[i].count, SIZE_MAX};
+    for (size_t i = 0; i < n; i++)
+        v[held + i] = (struct range_ref){ranges[i].first, ranges[i].count, i};
+    qsort(v, n + held, sizeof(*v), range_ref_cmp);
+    int rc = 0;
+    for (size_t i = 1; i < n + held && rc == 0; i++) {
+        const struct range_ref *a = &v[i - 1], *b = &v[i];
+        if ((uint64_t)a->first + a->count <= b->first)
+            continue;
+        size_t idx = b->index != SIZE_MAX ? b->index : a->index;
+        rc = kvf_error_set(err, -EINVAL, "ranges[%zu]: page %" PRIu32 " is %s", idx, b->first,
+                           a->index == SIZE_MAX || b->index == SIZE_MAX
+                               ? "already in this lease"
+                               : "listed twice (ranges overlap)");
+    }
+    free(v);
+    return rc;
 }
 
 static bool part_has_page(const struct cp_part *p, uint32_t page)

@@ -553,6 +553,8 @@ int kvf_cps_join(struct kvf_cps *st, const struct kvf_cps_join *join, kvf_time_n
         return kvf_error_set(err, -ENOENT, "pool_id: node %s has no pool %" PRIu32, node->id,
                              join->pool_id);
     rc = cp_pages_check_bounds(node, pool, join->ranges, join->range_count, err);
+    if (rc == 0)
+        rc = cp_pages_check_disjoint(NULL, join->ranges, join->range_count, err);
     if (rc != 0)
         return rc;
 
@@ -725,6 +727,8 @@ int kvf_cps_lease_extend(struct kvf_cps *st, kvf_room_key key, uint64_t lease_id
                              "ranges: lease %" PRIu64 " would hold %zu ranges, limit %" PRIu32,
                              lease_id, total, st->opts.max_ranges_per_call);
     rc = cp_pages_check_bounds(part->rn->node, part->pool, ranges, range_count, err);
+    if (rc == 0)
+        rc = cp_pages_check_disjoint(part, ranges, range_count, err);
     if (rc != 0)
         return rc;
     if (total > part->capranges) {

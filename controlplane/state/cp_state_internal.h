@@ -275,6 +275,10 @@ struct cp_room *cp_room_lookup(const struct kvf_cps *st, kvf_room_key key);
 
 /* ---- cp_pages.c ---------------------------------------------------------- */
 
+/* Checks that the ranges of a request overlap neither each other nor the
+ * ranges `part` already holds (NULL: a new lease). -EINVAL naming the page. */
+int cp_pages_check_disjoint(const struct cp_part *part, const struct kvf_cps_page_range *ranges,
+                            size_t n, struct kvf_error *err);
 /* Checks that every range is well formed and inside `pool` (-EINVAL). */
 int cp_pages_check_bounds(const struct cp_node *node, const struct cp_pool *pool,
                           const struct kvf_cps_page_range *ranges, size_t n, struct kvf_error *err);
