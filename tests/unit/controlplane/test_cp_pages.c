@@ -355,12 +355,17 @@ static void failed_join_rolls_back_pages_of_earlier_ranges(void **state)
              &(struct join_args){.room_id = 16, .node = "n1", .role = SNK, .first = 45, .count = 5},
              NULL),
         0);
-    /* A write lease may not list a page twice. */
+    /* No lease lists a page twice: a malformed request, refused before any
+     * page is marked, for write and read leases alike. */
     struct kvf_cps_page_range twice[2] = {{100, 4}, {102, 1}};
     j.room_id = 17;
     j.ranges = twice;
-    assert_int_equal(kvf_cps_join(f->st, &j, f->now, NULL, &f->err), -EBUSY);
+    assert_int_equal(kvf_cps_join(f->st, &j, f->now, NULL, &f->err), -EINVAL);
+    assert_non_null(strstr(f->err.msg, "ranges[1]: page 102 is listed twice"));
+    j.role = KVF_CPS_ROLE_SOURCE;
+    assert_int_equal(kvf_cps_join(f->st, &j, f->now, NULL, &f->err), -EINVAL);
     assert_non_null(strstr(f->err.msg, "listed twice"));
+    j.role = KVF_CPS_ROLE_SINK;
     assert_int_equal(join(f,
                           &(struct join_args){
                               .room_id = 18, .node = "n1", .role = SNK, .first = 100, .count = 4},
