@@ -104,7 +104,8 @@ int main(int argc, char **argv)
          "an ABORTING room not drained by then is escalated and its laggards fenced (never "
          "released)"},
         {"resend-ms", KVF_CONFIG_UINT, &cfg.resend_ms, 5000,
-         "first re-send of an unacknowledged notice, at most 5000 (then doubling to 5 s, with jitter)"},
+         "first re-send of an unacknowledged notice, at most 5000 (then doubling to 5 s, with "
+         "jitter)"},
         {"tombstone-ttl-ms", KVF_CONFIG_UINT, &cfg.tombstone_ttl_ms, 86400000,
          "terminal rooms are kept this long to recognise late messages"},
         {"version", KVF_CONFIG_BOOL, &cfg.version, 0, "print the version and exit"},
