@@ -1,0 +1,1076 @@
+/*
+ * tcp.c: the TCP data transport: frames of page bytes between nodes, checked
+ * against the sink lease before they land, fenced by closing sockets and
+ * joining the threads that read them.
+ *
+ * The wire format and the rules a receiver applies are in tcp.h. This file
+ * owns the listening socket, one outbound connection per peer (with its send
+ * queue), the inbound connections, the registered pools and the completion
+ * list.
+ *
+ * DESIGN (threads and ordering):
+ * - Acceptor thread: accepts inbound connections and starts one receiver
+ *   thread for each. It also joins receivers that ended on their own (EOF,
+ *   malformed frame, bad hello). It stops when destroy writes to its wake
+ *   pipe.
+ * - Receiver thread (one per inbound connection): owns its socket and is the
+ *   only writer of pool memory for frames from its peer. It reads the hello,
+ *   names its peer under the transport lock (a fenced or unknown node is
+ *   refused there, so a fence and an identification are ordered by that
+ *   lock), then loops: header, bounds, check (admits the receive op), payload
+ *   straight into the pool, retire, on_frame.
+ * - Sender thread (one per outbound connection): owns its socket and its
+ *   frame sequence; pops xfers from the connection's queue and writes each as
+ *   one header + payload with sendmsg, so frames never interleave. A frame
+ *   completes OK when its last byte is in the socket, ERROR on a write failure
+ *   (then every queued xfer completes ERROR and later posts fail -EIO).
+ * - Fence (control thread): marks the peer fenced under the transport lock,
+ *   takes its receivers off the list, sets their stop flags and shuts their
+ *   sockets down; sets the sender's stop flag and shuts its socket down; then
+ *   joins all of them and completes the sender's queue FLUSHED. Only then does
+ *   it close the descriptors (with SO_LINGER 0: an abortive close) and return.
+ *   A receiver checks its stop flag before every recv, so the join is prompt,
+ *   and after the join no byte from that peer can land.
+ * - poll (any one thread): empties the completion list and retires each op
+ *   there, outside the lock.
+ * Lock order: transport lock, then a connection's queue lock; the completion
+ * lock is taken alone.
+ */
+#include "tcp.h"
+
+#include <arpa/inet.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <limits.h>
+#include <netinet/in.h>
+#include <netinet/tcp.h>
+#include <poll.h>
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stddef.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <sys/uio.h>
+#include <unistd.h>
+
+#define TCP_SCRATCH_SIZE (64u * 1024u)
+#define TCP_NO_PEER      UINT32_MAX
+
+struct tcp;
+
+struct tcp_pool {
+    uint32_t id;
+    uint8_t *base;
+    uint64_t page_size;
+    uint64_t page_count;
+};
+
+/* One outbound connection. `fd` and `seq` belong to the sender thread; the
+ * queue, `stop` and `broken` are under `lock`. */
+struct tcp_tx {
+    struct tcp *t;
+    uint32_t peer;
+    int fd;
+    pthread_t thread;
+    pthread_mutex_t lock;
+    pthread_cond_t cond;
+    struct kvf_xfer *head;
+    struct kvf_xfer *tail;
+    bool stop;
+    int broken; /* -errno once a write failed */
+    bool joined;
+    uint64_t seq;
+};
+
+/* One inbound connection. `fd` belongs to the receiver thread; `peer` and
+ * `next` are under the transport lock. */
+struct tcp_rx {
+    struct tcp *t;
+    int fd;
+    pthread_t thread;
+    uint32_t peer;
+    atomic_bool stop;
+    atomic_bool done;
+    struct tcp_rx *next;
+    uint8_t *scratch;
+};
+
+struct tcp_peer {
+    uint64_t node_id; /* 0: unused slot */
+    bool fenced;
+    struct tcp_tx *tx; /* kept until destroy */
+};
+
+struct tcp_counters {
+    atomic_uint_fast64_t frames_sent;
+    atomic_uint_fast64_t bytes_sent;
+    atomic_uint_fast64_t frames_received;
+    atomic_uint_fast64_t bytes_received;
+    atomic_uint_fast64_t frames_rejected;
+    atomic_uint_fast64_t frames_malformed;
+    atomic_uint_fast64_t frames_cut;
+    atomic_uint_fast64_t conns_accepted;
+    atomic_uint_fast64_t conns_refused;
+};
+
+struct tcp {
+    struct kvf_transport base;
+    struct kvf_transport_tcp_opts opts;
+    int listen_fd;
+    uint16_t port;
+    int wake_fd[2];
+    pthread_t acceptor;
+    bool acceptor_running;
+
+    pthread_mutex_t lock; /* peers, pools, rx list, closing */
+    struct tcp_peer *peers;
+    struct tcp_pool *pools;
+    uint32_t pool_count;
+    struct tcp_rx *rx_list;
+    bool closing;
+
+    pthread_mutex_t cq_lock;
+    struct kvf_xfer *cq_head;
+    struct kvf_xfer *cq_tail;
+
+    struct tcp_counters c;
+};
+
+/* The header of one data frame, decoded. */
+struct tcp_hdr {
+    uint32_t magic;
+    uint16_t version;
+    uint16_t flags;
+    kvf_room_key room;
+    uint64_t seq;
+    uint32_t pool;
+    uint32_t first_page;
+    uint32_t page_count;
+    uint32_t reserved;
+    uint64_t offset;
+    uint64_t length;
+};
+
+#define CNT_ADD(t, field, v) atomic_fetch_add_explicit(&(t)->c.field, (v), memory_order_relaxed)
+
+static struct tcp *tcp_of(struct kvf_transport *base)
+{
+    return (struct tcp *)((char *)base - offsetof(struct tcp, base));
+}
+
+static const struct tcp *tcp_of_const(const struct kvf_transport *base)
+{
+    return (const struct tcp *)((const char *)base - offsetof(struct tcp, base));
+}
+
+/* ---- encoding ------------------------------------------------------------ */
+
+static void put_u16(uint8_t *p, uint16_t v)
+{
+    p[0] = (uint8_t)v;
+    p[1] = (uint8_t)(v >> 8);
+}
+
+static void put_u32(uint8_t *p, uint32_t v)
+{
+    for (int i = 0; i < 4; i++)
+        p[i] = (uint8_t)(v >> (8 * i));
+}
+
+static void put_u64(uint8_t *p, uint64_t v)
+{
+    for (int i = 0; i < 8; i++)
+        p[i] = (uint8_t)(v >> (8 * i));
+}
+
+static uint16_t get_u16(const uint8_t *p)
+{
+    return (uint16_t)(p[0] | (p[1] << 8));
+}
+
+static uint32_t get_u32(const uint8_t *p)
+{
+    uint32_t v = 0;
+    for (int i = 3; i >= 0; i--)
+        v = (v << 8) | p[i];
+    return v;
+}
+
+static uint64_t get_u64(const uint8_t *p)
+{
+    uint64_t v = 0;
+    for (int i = 7; i >= 0; i--)
+        v = (v << 8) | p[i];
+    return v;
+}
+
+static void hdr_encode(uint8_t out[KVF_TCP_HEADER_SIZE], const struct kvf_xfer *x, uint64_t seq)
+{
+    put_u32(out + 0, KVF_TCP_MAGIC_DATA);
+    put_u16(out + 4, KVF_TCP_VERSION);
+    put_u16(out + 6, 0);
+    put_u64(out + 8, x->room.room_id);
+    put_u64(out + 16, x->room.generation);
+    put_u64(out + 24, seq);
+    put_u32(out + 32, x->sink_pool);
+    put_u32(out + 36, x->first_page);
+    put_u32(out + 40, x->page_count);
+    put_u32(out + 44, 0);
+    put_u64(out + 48, x->offset);
+    put_u64(out + 56, x->len);
+}
+
+static void hdr_decode(const uint8_t in[KVF_TCP_HEADER_SIZE], struct tcp_hdr *h)
+{
+    h->magic = get_u32(in + 0);
+    h->version = get_u16(in + 4);
+    h->flags = get_u16(in + 6);
+    h->room.room_id = get_u64(in + 8);
+    h->room.generation = get_u64(in + 16);
+    h->seq = get_u64(in + 24);
+    h->pool = get_u32(in + 32);
+    h->first_page = get_u32(in + 36);
+    h->page_count = get_u32(in + 40);
+    h->reserved = get_u32(in + 44);
+    h->offset = get_u64(in + 48);
+    h->length = get_u64(in + 56);
+}
+
+/*
+ * True when the frame's bytes lie inside the pool and its page range names
+ * exactly the pages they touch (tcp.h). All arithmetic is in 64 bits, where
+ * page_count * page_size (both < 2^32) cannot overflow.
+ */
+static bool hdr_in_pool(const struct tcp_hdr *h, const struct tcp_pool *p)
+{
+    if (h->page_count == 0 || h->length == 0)
+        return false;
+    if ((uint64_t)h->first_page + h->page_count > p->page_count)
+        return false;
+    if (h->offset >= p->page_size)
+        return false;
+    uint64_t span = (uint64_t)h->page_count * p->page_size;
+    if (h->length > span - h->offset)
+        return false;
+    uint64_t end = h->offset + h->length;
+    return end > span - p->page_size;
+}
+
+/* ---- socket helpers --------------------------------------------------------- */
+
+static int send_full(int fd, const void *buf, size_t len)
+{
+    const uint8_t *p = buf;
+    while (len > 0) {
+        ssize_t n = send(fd, p, len, MSG_NOSIGNAL);
+        if (n < 0) {
+            if (errno == EINTR)
+                continue;
+            return -errno;
+        }
+        p += n;
+        len -= (size_t)n;
+    }
+    return 0;
+}
+
+/*
+ * Reads exactly `len` bytes. 0 when done; 1 on a clean EOF before the first
+ * byte (if `eof_ok`); -ECANCELED when `stop` was set; -ECONNRESET on EOF part
+ * way; -errno on an error. The stop flag is checked before every recv, so a
+ * fenced receiver gives up after at most one more recv call.
+ */
+static int recv_full(int fd, void *buf, uint64_t len, atomic_bool *stop, bool eof_ok)
+{
+    uint8_t *p = buf;
+    uint64_t got = 0;
+    while (got < len) {
+        if (atomic_load_explicit(stop, memory_order_acquire))
+            return -ECANCELED;
+        size_t want = (len - got > (uint64_t)SSIZE_MAX) ? (size_t)SSIZE_MAX : (size_t)(len - got);
+        ssize_t n = recv(fd, p + got, want, 0);
+        if (n < 0) {
+            if (errno == EINTR)
+                continue;
+            return -errno;
+        }
+        if (n == 0)
+            return (got == 0 && eof_ok) ? 1 : -ECONNRESET;
+        got += (uint64_t)n;
+    }
+    return 0;
+}
+
+/* Reads and drops `len` bytes through `scratch`. */
+static int recv_drop(int fd, uint8_t *scratch, uint64_t len, atomic_bool *stop)
+{
+    while (len > 0) {
+        uint64_t n = len < TCP_SCRATCH_SIZE ? len : TCP_SCRATCH_SIZE;
+        int rc = recv_full(fd, scratch, n, stop, false);
+        if (rc != 0)
+            return rc;
+        len -= n;
+    }
+    return 0;
+}
+
+static void set_nodelay(int fd)
+{
+    int one = 1;
+    (void)setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
+}
+
+/* Closes with an RST: nothing still queued on the socket is sent. */
+static void close_abortive(int fd)
+{
+    if (fd < 0)
+        return;
+    struct linger lg = {.l_onoff = 1, .l_linger = 0};
+    (void)setsockopt(fd, SOL_SOCKET, SO_LINGER, &lg, sizeof(lg));
+    close(fd);
+}
+
+/* ---- completions -------------------------------------------------------------- */
+
+static void cq_push(struct tcp *t, struct kvf_xfer *x, enum kvf_lt_outcome outcome, int status)
+{
+    x->toutcome = (uint8_t)outcome;
+    x->tstatus = status;
+    x->tnext = NULL;
+    pthread_mutex_lock(&t->cq_lock);
+    if (t->cq_tail)
+        t->cq_tail->tnext = x;
+    else
+        t->cq_head = x;
+    t->cq_tail = x;
+    pthread_mutex_unlock(&t->cq_lock);
+}
+
+/* Completes a detached list of xfers with one outcome. */
+static void cq_push_list(struct tcp *t, struct kvf_xfer *list, enum kvf_lt_outcome outcome,
+                         int status)
+{
+    while (list) {
+        struct kvf_xfer *next = list->tnext;
+        cq_push(t, list, outcome, status);
+        list = next;
+    }
+}
+
+static int tcp_poll(struct kvf_transport *base, unsigned max, struct kvf_completion *out)
+{
+    struct tcp *t = tcp_of(base);
+    if (max == 0)
+        return 0;
+    if (!out)
+        return -EINVAL;
+    pthread_mutex_lock(&t->cq_lock);
+    struct kvf_xfer *list = t->cq_head;
+    struct kvf_xfer *last = NULL;
+    unsigned n = 0;
+    for (struct kvf_xfer *x = list; x && n < max; x = x->tnext) {
+        last = x;
+        n++;
+    }
+    if (n > 0) {
+        t->cq_head = last->tnext;
+        if (!t->cq_head)
+            t->cq_tail = NULL;
+        last->tnext = NULL;
+    }
+    pthread_mutex_unlock(&t->cq_lock);
+
+    unsigned i = 0;
+    for (struct kvf_xfer *x = list; i < n; i++) {
+        struct kvf_xfer *next = x->tnext;
+        enum kvf_lt_outcome outcome = (enum kvf_lt_outcome)x->toutcome;
+        out[i].xfer = x;
+        out[i].outcome = outcome;
+        out[i].status = x->tstatus;
+        out[i].drained = kvf_lt_op_retire(&x->op, outcome);
+        x = next;
+    }
+    return (int)n;
+}
+
+/* ---- sender -------------------------------------------------------------------- */
+
+/* Writes one frame: header and payload in as few sendmsg calls as the socket
+ * allows. 0 or -errno. */
+static int tx_send_frame(struct tcp_tx *tx, const struct kvf_xfer *x)
+{
+    uint8_t hdr[KVF_TCP_HEADER_SIZE];
+    hdr_encode(hdr, x, ++tx->seq);
+    struct iovec iov[2] = {
+        {.iov_base = hdr, .iov_len = sizeof(hdr)},
+        {.iov_base = (void *)(uintptr_t)x->src, .iov_len = (size_t)x->len},
+    };
+    struct msghdr msg = {.msg_iov = iov, .msg_iovlen = 2};
+    while (msg.msg_iovlen > 0) {
+        ssize_t n = sendmsg(tx->fd, &msg, MSG_NOSIGNAL);
+        if (n < 0) {
+            if (errno == EINTR)
+                continue;
+            return -errno;
+        }
+        size_t left = (size_t)n;
+        while (msg.msg_iovlen > 0 && left >= msg.msg_iov[0].iov_len) {
+            left -= msg.msg_iov[0].iov_len;
+            msg.msg_iov++;
+            msg.msg_iovlen--;
+        }
+        if (msg.msg_iovlen > 0) {
+            msg.msg_iov[0].iov_base = (uint8_t *)msg.msg_iov[0].iov_base + left;
+            msg.msg_iov[0].iov_len -= left;
+        }
+    }
+    return 0;
+}
+
+static void *tx_main(void *arg)
+{
+    struct tcp_tx *tx = arg;
+    struct tcp *t = tx->t;
+    for (;;) {
+        pthread_mutex_lock(&tx->lock);
+        while (!tx->head && !tx->stop)
+            pthread_cond_wait(&tx->cond, &tx->lock);
+        if (tx->stop) {
+            /* The fencer completes what is still queued, after the join. */
+            pthread_mutex_unlock(&tx->lock);
+            return NULL;
+        }
+        struct kvf_xfer *x = tx->head;
+        tx->head = x->tnext;
+        if (!tx->head)
+            tx->tail = NULL;
+        pthread_mutex_unlock(&tx->lock);
+
+        int rc = tx_send_frame(tx, x);
+        if (rc == 0) {
+            CNT_ADD(t, frames_sent, 1);
+            CNT_ADD(t, bytes_sent, x->len);
+            cq_push(t, x, KVF_LT_DONE_OK, 0);
+            continue;
+        }
+
+        pthread_mutex_lock(&tx->lock);
+        bool fenced = tx->stop;
+        struct kvf_xfer *rest = NULL;
+        if (!fenced) {
+            /* The connection is dead: nothing more is written on it. */
+            tx->broken = rc;
+            rest = tx->head;
+            tx->head = tx->tail = NULL;
+        }
+        pthread_mutex_unlock(&tx->lock);
+        if (fenced) {
+            cq_push(t, x, KVF_LT_DONE_FLUSHED, -ECANCELED);
+        } else {
+            fprintf(stderr, "kvf_tcp: write to peer %u failed: %s\n", tx->peer, strerror(-rc));
+            cq_push(t, x, KVF_LT_DONE_ERROR, rc);
+            cq_push_list(t, rest, KVF_LT_DONE_ERROR, rc);
+        }
+        return NULL;
+    }
+}
+
+/* Stops the sender (once): wakes it, joins it, completes its queue FLUSHED
+ * and closes the socket. Control thread. */
+static void tx_fence(struct tcp *t, struct tcp_tx *tx)
+{
+    if (tx->joined)
+        return;
+    pthread_mutex_lock(&tx->lock);
+    tx->stop = true;
+    pthread_cond_signal(&tx->cond);
+    pthread_mutex_unlock(&tx->lock);
+    (void)shutdown(tx->fd, SHUT_RDWR);
+    pthread_join(tx->thread, NULL);
+    tx->joined = true;
+
+    pthread_mutex_lock(&tx->lock);
+    struct kvf_xfer *rest = tx->head;
+    tx->head = tx->tail = NULL;
+    pthread_mutex_unlock(&tx->lock);
+    cq_push_list(t, rest, KVF_LT_DONE_FLUSHED, -ECANCELED);
+    close_abortive(tx->fd);
+    tx->fd = -1;
+}
+
+static void tx_free(struct tcp_tx *tx)
+{
+    if (!tx)
+        return;
+    pthread_cond_destroy(&tx->cond);
+    pthread_mutex_destroy(&tx->lock);
+    free(tx);
+}
+
+static int tcp_post_write(struct kvf_transport *base, struct kvf_xfer *x)
+{
+    struct tcp *t = tcp_of(base);
+    if (!x || !x->src || x->len == 0 || x->page_count == 0 || !x->op.lt || x->op.peer != x->peer ||
+        x->op.kind != KVF_LT_OP_TCP_FRAME || x->len > (uint64_t)SIZE_MAX)
+        return -EINVAL;
+    if (x->peer >= t->opts.max_peers)
+        return -ENOENT;
+
+    pthread_mutex_lock(&t->lock);
+    struct tcp_peer *p = &t->peers[x->peer];
+    int rc = 0;
+    struct tcp_tx *tx = p->tx;
+    if (p->node_id == 0 || (!tx && !p->fenced))
+        rc = -ENOENT;
+    else if (p->fenced)
+        rc = -ESTALE;
+    pthread_mutex_unlock(&t->lock);
+    if (rc != 0)
+        return rc;
+
+    x->tnext = NULL;
+    pthread_mutex_lock(&tx->lock);
+    if (tx->stop)
+        rc = -ESTALE;
+    else if (tx->broken)
+        rc = -EIO;
+    else {
+        if (tx->tail)
+            tx->tail->tnext = x;
+        else
+            tx->head = x;
+        tx->tail = x;
+        pthread_cond_signal(&tx->cond);
+    }
+    pthread_mutex_unlock(&tx->lock);
+    return rc;
+}
+
+/* ---- receiver ------------------------------------------------------------------ */
+
+/* Reads the hello and names the connection's peer. 0, or -errno (refused). */
+static int rx_hello(struct tcp_rx *rx)
+{
+    struct tcp *t = rx->t;
+    uint8_t buf[KVF_TCP_HELLO_SIZE];
+    int rc = recv_full(rx->fd, buf, sizeof(buf), &rx->stop, false);
+    if (rc != 0)
+        return rc;
+    uint64_t from = get_u64(buf + 8);
+    if (get_u32(buf) != KVF_TCP_MAGIC_HELLO || get_u16(buf + 4) != KVF_TCP_VERSION ||
+        get_u16(buf + 6) != 0 || get_u64(buf + 16) != t->opts.node_id || from == 0)
+        return -EINVAL;
+
+    rc = -ENOENT;
+    pthread_mutex_lock(&t->lock);
+    for (uint32_t i = 0; i < t->opts.max_peers; i++) {
+        if (t->peers[i].node_id != from)
+            continue;
+        /* Ordered with fence_peer by the lock: a fenced peer is never named. */
+        if (t->peers[i].fenced || atomic_load(&rx->stop)) {
+            rc = -ESTALE;
+        } else {
+            rx->peer = i;
+            rc = 0;
+        }
+        break;
+    }
+    pthread_mutex_unlock(&t->lock);
+    return rc;
+}
+
+static bool rx_find_pool(struct tcp *t, uint32_t id, struct tcp_pool *out)
+{
+    bool found = false;
+    pthread_mutex_lock(&t->lock);
+    for (uint32_t i = 0; i < t->pool_count; i++) {
+        if (t->pools[i].id == id) {
+            *out = t->pools[i];
+            found = true;
+            break;
+        }
+    }
+    pthread_mutex_unlock(&t->lock);
+    return found;
+}
+
+/* Reads frames until the connection ends, is fenced, or misbehaves. */
+static void rx_frames(struct tcp_rx *rx)
+{
+    struct tcp *t = rx->t;
+    uint64_t expect_seq = 1;
+    for (;;) {
+        uint8_t buf[KVF_TCP_HEADER_SIZE];
+        int rc = recv_full(rx->fd, buf, sizeof(buf), &rx->stop, true);
+        if (rc != 0)
+            return; /* EOF between frames, fence, or error: nothing admitted */
+
+        struct tcp_hdr h;
+        struct tcp_pool pool;
+        hdr_decode(buf, &h);
+        if (h.magic != KVF_TCP_MAGIC_DATA || h.version != KVF_TCP_VERSION || h.flags != 0 ||
+            h.reserved != 0 || h.seq != expect_seq || !rx_find_pool(t, h.pool, &pool) ||
+            !hdr_in_pool(&h, &pool)) {
+            CNT_ADD(t, frames_malformed, 1);
+            fprintf(stderr,
+                    "kvf_tcp: malformed frame from peer %u (seq %llu, pool %u, pages %u+%u, "
+                    "offset %llu, length %llu): closing\n",
+                    rx->peer, (unsigned long long)h.seq, h.pool, h.first_page, h.page_count,
+                    (unsigned long long)h.offset, (unsigned long long)h.length);
+            return;
+        }
+        expect_seq++;
+
+        struct kvf_lt_op op;
+        memset(&op, 0, sizeof(op));
+        rc = t->opts.check(t->opts.ctx, rx->peer, h.room, h.pool, h.first_page, h.page_count, &op);
+        if (rc != 0 || !op.lt) {
+            CNT_ADD(t, frames_rejected, 1);
+            if (recv_drop(rx->fd, rx->scratch, h.length, &rx->stop) != 0)
+                return;
+            continue;
+        }
+
+        uint8_t *dst = pool.base + (uint64_t)h.first_page * pool.page_size + h.offset;
+        rc = recv_full(rx->fd, dst, h.length, &rx->stop, false);
+        /* The read has stopped either way: retire before telling anyone. */
+        enum kvf_lt_outcome outcome = KVF_LT_DONE_OK;
+        if (rc != 0)
+            outcome = rc == -ECANCELED ? KVF_LT_DONE_FLUSHED : KVF_LT_DONE_ERROR;
+        bool drained = kvf_lt_op_retire(&op, outcome);
+        if (rc == 0) {
+            CNT_ADD(t, frames_received, 1);
+            CNT_ADD(t, bytes_received, h.length);
+        } else {
+            CNT_ADD(t, frames_cut, 1);
+        }
+        if (t->opts.on_frame)
+            t->opts.on_frame(t->opts.ctx, rx->peer, h.room, h.length, rc, drained);
+        if (rc != 0)
+            return;
+    }
+}
+
+static void *rx_main(void *arg)
+{
+    struct tcp_rx *rx = arg;
+    struct tcp *t = rx->t;
+    int rc = rx_hello(rx);
+    if (rc == 0) {
+        CNT_ADD(t, conns_accepted, 1);
+        rx_frames(rx);
+    } else if (rc != -ECANCELED) {
+        CNT_ADD(t, conns_refused, 1);
+    }
+    /* Close here, abortively, so that a peer still writing gets an error at
+     * once instead of filling a window nobody reads. Under the lock: fencers
+     * shut the descriptor down under it and must never see a reused number. */
+    pthread_mutex_lock(&t->lock);
+    close_abortive(rx->fd);
+    rx->fd = -1;
+    atomic_store_explicit(&rx->done, true, memory_order_release);
+    pthread_mutex_unlock(&t->lock);
+    return NULL;
+}
+
+/* Joins a receiver already taken off the list and frees it (the thread
+ * closed its socket). */
+static void rx_join_free(struct tcp_rx *rx)
+{
+    pthread_join(rx->thread, NULL);
+    free(rx->scratch);
+    free(rx);
+}
+
+/* Takes receivers off the list: those of `peer`, or `all`, or (done_only)
+ * those whose thread ended. Stops the ones still running (flag, then
+ * shutdown(2) to wake a blocked recv); the caller joins them after unlocking.
+ * Under the transport lock. */
+static struct tcp_rx *rx_detach_locked(struct tcp *t, uint32_t peer, bool all, bool done_only)
+{
+    struct tcp_rx *taken = NULL;
+    struct tcp_rx **pp = &t->rx_list;
+    while (*pp) {
+        struct tcp_rx *rx = *pp;
+        bool pick = all || (done_only ? atomic_load(&rx->done) : rx->peer == peer);
+        if (!pick) {
+            pp = &rx->next;
+            continue;
+        }
+        *pp = rx->next;
+        if (!done_only) {
+            atomic_store_explicit(&rx->stop, true, memory_order_release);
+            if (rx->fd >= 0)
+                (void)shutdown(rx->fd, SHUT_RDWR);
+        }
+        rx->next = taken;
+        taken = rx;
+    }
+    return taken;
+}
+
+static void rx_join_list(struct tcp_rx *list)
+{
+    while (list) {
+        struct tcp_rx *next = list->next;
+        rx_join_free(list);
+        list = next;
+    }
+}
+
+/* ---- acceptor ------------------------------------------------------------------ */
+
+static void *acceptor_main(void *arg)
+{
+    struct tcp *t = arg;
+    for (;;) {
+        struct pollfd fds[2] = {{.fd = t->listen_fd, .events = POLLIN},
+                                {.fd = t->wake_fd[0], .events = POLLIN}};
+        if (poll(fds, 2, -1) < 0) {
+            if (errno == EINTR)
+                continue;
+            fprintf(stderr, "kvf_tcp: poll: %s\n", strerror(errno));
+            return NULL;
+        }
+        if (fds[1].revents)
+            return NULL;
+        int fd = accept4(t->listen_fd, NULL, NULL, SOCK_CLOEXEC);
+        if (fd < 0) {
+            /* Out of descriptors or memory: back off instead of spinning on a
+             * listener that stays readable. EINTR, ECONNABORTED: retry. */
+            if (errno == EMFILE || errno == ENFILE || errno == ENOBUFS || errno == ENOMEM)
+                (void)poll(&fds[1], 1, 10);
+            continue;
+        }
+        set_nodelay(fd);
+
+        pthread_mutex_lock(&t->lock);
+        struct tcp_rx *ended = rx_detach_locked(t, TCP_NO_PEER, false, true);
+        pthread_mutex_unlock(&t->lock);
+        rx_join_list(ended);
+
+        struct tcp_rx *rx = calloc(1, sizeof(*rx));
+        uint8_t *scratch = malloc(TCP_SCRATCH_SIZE);
+        if (!rx || !scratch) {
+            fprintf(stderr, "kvf_tcp: out of memory for a connection\n");
+            free(rx);
+            free(scratch);
+            close_abortive(fd);
+            continue;
+        }
+        rx->t = t;
+        rx->fd = fd;
+        rx->peer = TCP_NO_PEER;
+        rx->scratch = scratch;
+        atomic_init(&rx->stop, false);
+        atomic_init(&rx->done, false);
+
+        pthread_mutex_lock(&t->lock);
+        int rc = t->closing ? -ECANCELED : pthread_create(&rx->thread, NULL, rx_main, rx);
+        if (rc == 0) {
+            rx->next = t->rx_list;
+            t->rx_list = rx;
+        }
+        pthread_mutex_unlock(&t->lock);
+        if (rc != 0) {
+            close_abortive(fd);
+            free(scratch);
+            free(rx);
+        }
+    }
+}
+
+/* ---- fence and destroy ----------------------------------------------------------- */
+
+static int tcp_fence_peer(struct kvf_transport *base, uint32_t peer)
+{
+    struct tcp *t = tcp_of(base);
+    if (peer >= t->opts.max_peers)
+        return -ENOENT;
+    pthread_mutex_lock(&t->lock);
+    struct tcp_peer *p = &t->peers[peer];
+    if (p->node_id == 0) {
+        pthread_mutex_unlock(&t->lock);
+        return -ENOENT;
+    }
+    p->fenced = true;
+    struct tcp_tx *tx = p->tx;
+    struct tcp_rx *rxs = rx_detach_locked(t, peer, false, false);
+    pthread_mutex_unlock(&t->lock);
+
+    if (tx)
+        tx_fence(t, tx);
+    rx_join_list(rxs);
+    return 0;
+}
+
+static void tcp_destroy(struct kvf_transport *base)
+{
+    if (!base)
+        return;
+    struct tcp *t = tcp_of(base);
+
+    if (t->acceptor_running) {
+        ssize_t n;
+        do {
+            n = write(t->wake_fd[1], "x", 1);
+        } while (n < 0 && errno == EINTR);
+        pthread_join(t->acceptor, NULL);
+    }
+    pthread_mutex_lock(&t->lock);
+    t->closing = true;
+    pthread_mutex_unlock(&t->lock);
+
+    for (uint32_t i = 0; t->peers && i < t->opts.max_peers; i++) {
+        if (t->peers[i].node_id != 0)
+            (void)tcp_fence_peer(base, i);
+    }
+    /* Connections that never named a peer. */
+    pthread_mutex_lock(&t->lock);
+    struct tcp_rx *rest = rx_detach_locked(t, TCP_NO_PEER, true, false);
+    pthread_mutex_unlock(&t->lock);
+    rx_join_list(rest);
+
+    /* Nobody will poll any more: retire what is left so no op stays counted. */
+    for (struct kvf_xfer *x = t->cq_head; x;) {
+        struct kvf_xfer *next = x->tnext;
+        (void)kvf_lt_op_retire(&x->op, (enum kvf_lt_outcome)x->toutcome);
+        x = next;
+    }
+    t->cq_head = t->cq_tail = NULL;
+
+    for (uint32_t i = 0; t->peers && i < t->opts.max_peers; i++)
+        tx_free(t->peers[i].tx);
+    if (t->listen_fd >= 0)
+        close(t->listen_fd);
+    if (t->wake_fd[0] >= 0)
+        close(t->wake_fd[0]);
+    if (t->wake_fd[1] >= 0)
+        close(t->wake_fd[1]);
+    pthread_mutex_destroy(&t->cq_lock);
+    pthread_mutex_destroy(&t->lock);
+    free(t->pools);
+    free(t->peers);
+    free(t);
+}
+
+static const struct kvf_transport_ops tcp_ops = {
+    .name = "tcp",
+    .post_write = tcp_post_write,
+    .poll = tcp_poll,
+    .fence_peer = tcp_fence_peer,
+    .destroy = tcp_destroy,
+};
+
+/* ---- public ------------------------------------------------------------------------ */
+
+void kvf_transport_tcp_opts_init(struct kvf_transport_tcp_opts *opts)
+{
+    memset(opts, 0, sizeof(*opts));
+    opts->bind_host = "127.0.0.1";
+    opts->max_peers = 64;
+    opts->max_pools = 64;
+}
+
+static int tcp_listen(struct tcp *t)
+{
+    struct sockaddr_in sa = {.sin_family = AF_INET, .sin_port = htons(t->opts.port)};
+    if (inet_pton(AF_INET, t->opts.bind_host, &sa.sin_addr) != 1) {
+        fprintf(stderr, "kvf_tcp: bad bind host '%s'\n", t->opts.bind_host);
+        return -EINVAL;
+    }
+    t->listen_fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    if (t->listen_fd < 0)
+        goto err;
+    int one = 1;
+    (void)setsockopt(t->listen_fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof(one));
+    if (bind(t->listen_fd, (struct sockaddr *)&sa, sizeof(sa)) != 0 ||
+        listen(t->listen_fd, 64) != 0)
+        goto err;
+    socklen_t len = sizeof(sa);
+    if (getsockname(t->listen_fd, (struct sockaddr *)&sa, &len) != 0)
+        goto err;
+    t->port = ntohs(sa.sin_port);
+    return 0;
+err:
+    fprintf(stderr, "kvf_tcp: listen on %s:%u: %s\n", t->opts.bind_host, t->opts.port,
+            strerror(errno));
+    return -EIO;
+}
+
+struct kvf_transport *kvf_transport_tcp_create(const struct kvf_transport_tcp_opts *opts)
+{
+    if (!opts || !opts->check || opts->node_id == 0 || opts->max_peers == 0 ||
+        opts->max_peers == TCP_NO_PEER || opts->max_pools == 0) {
+        fprintf(stderr, "kvf_tcp: bad options (check, node_id, max_peers, max_pools)\n");
+        return NULL;
+    }
+    struct tcp *t = calloc(1, sizeof(*t));
+    if (!t) {
+        fprintf(stderr, "kvf_tcp: out of memory\n");
+        return NULL;
+    }
+    t->base.ops = &tcp_ops;
+    t->opts = *opts;
+    if (!t->opts.bind_host)
+        t->opts.bind_host = "127.0.0.1";
+    t->listen_fd = -1;
+    t->wake_fd[0] = t->wake_fd[1] = -1;
+    pthread_mutex_init(&t->lock, NULL);
+    pthread_mutex_init(&t->cq_lock, NULL);
+    t->peers = calloc(opts->max_peers, sizeof(*t->peers));
+    t->pools = calloc(opts->max_pools, sizeof(*t->pools));
+    if (!t->peers || !t->pools) {
+        fprintf(stderr, "kvf_tcp: out of memory\n");
+        goto err_destroy;
+    }
+    if (pipe2(t->wake_fd, O_CLOEXEC) != 0) {
+        fprintf(stderr, "kvf_tcp: pipe: %s\n", strerror(errno));
+        goto err_destroy;
+    }
+    if (tcp_listen(t) != 0)
+        goto err_destroy;
+    if (pthread_create(&t->acceptor, NULL, acceptor_main, t) != 0) {
+        fprintf(stderr, "kvf_tcp: cannot start the acceptor thread\n");
+        goto err_destroy;
+    }
+    t->acceptor_running = true;
+    return &t->base;
+
+err_destroy:
+    tcp_destroy(&t->base);
+    return NULL;
+}
+
+uint16_t kvf_transport_tcp_port(const struct kvf_transport *base)
+{
+    return tcp_of_const(base)->port;
+}
+
+int kvf_transport_tcp_add_pool(struct kvf_transport *base, uint32_t pool_id, void *mem,
+                               uint32_t page_size, uint32_t page_count)
+{
+    struct tcp *t = tcp_of(base);
+    if (!mem || page_size == 0 || page_count == 0 ||
+        (uint64_t)page_size * page_count > (uint64_t)SIZE_MAX)
+        return -EINVAL;
+    int rc = 0;
+    pthread_mutex_lock(&t->lock);
+    for (uint32_t i = 0; i < t->pool_count; i++) {
+        if (t->pools[i].id == pool_id)
+            rc = -EEXIST;
+    }
+    if (rc == 0 && t->pool_count == t->opts.max_pools)
+        rc = -E2BIG;
+    if (rc == 0) {
+        t->pools[t->pool_count++] = (struct tcp_pool){
+            .id = pool_id, .base = mem, .page_size = page_size, .page_count = page_count};
+    }
+    pthread_mutex_unlock(&t->lock);
+    return rc;
+}
+
+int kvf_transport_tcp_add_peer(struct kvf_transport *base, uint32_t peer, uint64_t node_id)
+{
+    struct tcp *t = tcp_of(base);
+    if (peer >= t->opts.max_peers || node_id == 0)
+        return -EINVAL;
+    int rc = 0;
+    pthread_mutex_lock(&t->lock);
+    for (uint32_t i = 0; i < t->opts.max_peers; i++) {
+        if (t->peers[i].node_id == node_id)
+            rc = -EEXIST;
+    }
+    if (t->peers[peer].node_id != 0)
+        rc = -EEXIST;
+    if (rc == 0)
+        t->peers[peer].node_id = node_id;
+    pthread_mutex_unlock(&t->lock);
+    return rc;
+}
+
+int kvf_transport_tcp_connect(struct kvf_transport *base, uint32_t peer, const char *host,
+                              uint16_t port)
+{
+    struct tcp *t = tcp_of(base);
+    if (peer >= t->opts.max_peers || !host)
+        return peer >= t->opts.max_peers ? -ENOENT : -EINVAL;
+    struct sockaddr_in sa = {.sin_family = AF_INET, .sin_port = htons(port)};
+    if (inet_pton(AF_INET, host, &sa.sin_addr) != 1)
+        return -EINVAL;
+
+    pthread_mutex_lock(&t->lock);
+    struct tcp_peer *p = &t->peers[peer];
+    int rc = p->node_id == 0 ? -ENOENT : p->fenced ? -ESTALE : p->tx ? -EEXIST : 0;
+    uint64_t to_node = p->node_id;
+    pthread_mutex_unlock(&t->lock);
+    if (rc != 0)
+        return rc;
+
+    int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    if (fd < 0 || connect(fd, (struct sockaddr *)&sa, sizeof(sa)) != 0) {
+        fprintf(stderr, "kvf_tcp: connect to peer %u at %s:%u: %s\n", peer, host, port,
+                strerror(errno));
+        if (fd >= 0)
+            close(fd);
+        return -EIO;
+    }
+    set_nodelay(fd);
+    uint8_t hello[KVF_TCP_HELLO_SIZE];
+    put_u32(hello, KVF_TCP_MAGIC_HELLO);
+    put_u16(hello + 4, KVF_TCP_VERSION);
+    put_u16(hello + 6, 0);
+    put_u64(hello + 8, t->opts.node_id);
+    put_u64(hello + 16, to_node);
+    rc = send_full(fd, hello, sizeof(hello));
+    if (rc != 0) {
+        fprintf(stderr, "kvf_tcp: hello to peer %u: %s\n", peer, strerror(-rc));
+        close_abortive(fd);
+        return -EIO;
+    }
+
+    struct tcp_tx *tx = calloc(1, sizeof(*tx));
+    if (!tx) {
+        close_abortive(fd);
+        return -ENOMEM;
+    }
+    tx->t = t;
+    tx->peer = peer;
+    tx->fd = fd;
+    pthread_mutex_init(&tx->lock, NULL);
+    pthread_cond_init(&tx->cond, NULL);
+    if (pthread_create(&tx->thread, NULL, tx_main, tx) != 0) {
+        close_abortive(fd);
+        tx_free(tx);
+        return -ENOMEM;
+    }
+
+    pthread_mutex_lock(&t->lock);
+    rc = p->fenced ? -ESTALE : p->tx ? -EEXIST : 0;
+    if (rc == 0)
+        p->tx = tx;
+    pthread_mutex_unlock(&t->lock);
+    if (rc != 0) {
+        tx_fence(t, tx);
+        tx_free(tx);
+    }
+    return rc;
+}
+
+void kvf_transport_tcp_stats(const struct kvf_transport *base, struct kvf_transport_tcp_stats *out)
+{
+    struct tcp *t = (struct tcp *)tcp_of_const(base);
+#define LOAD(f) out->f = atomic_load_explicit(&t->c.f, memory_order_relaxed)
+    LOAD(frames_sent);
+    LOAD(bytes_sent);
+    LOAD(frames_received);
+    LOAD(bytes_received);
+    LOAD(frames_rejected);
+    LOAD(frames_malformed);
+    LOAD(frames_cut);
+    LOAD(conns_accepted);
+    LOAD(conns_refused);
+#undef LOAD
+}

@@ -1,0 +1,149 @@
+/*
+ * tcp.h: the TCP data transport (struct kvf_transport_ops "tcp").
+ *
+ * A node listens on one TCP port and opens one outbound connection to each
+ * peer it writes to; a peer's writes arrive on the connection it opened. Pages
+ * are written straight from the socket into the registered pool, but only
+ * after the receiver checked the frame's header against the pool and asked
+ * the node (the `check` callback) whether the room-generation's sink lease
+ * covers the pages and its admission is open (DESIGN.md §2.3).
+ *
+ * Wire format (all integers little-endian; version 1). This is a fixed binary
+ * header rather than the protobuf records sketched in peer.proto: a fixed size
+ * is read with one recv, needs no allocation and no length prefix, and every
+ * field has a fixed range to check. The fields are DataFrameHeader's.
+ *
+ *   hello, once, connector -> acceptor (24 bytes):
+ *     u32 magic 'KVFH' (0x4846564b)   u16 version (1)   u16 flags (0)
+ *     u64 from_node                    u64 to_node
+ *   data frame header (64 bytes), then `length` payload bytes:
+ *     u32 magic 'KVFD' (0x4446564b)   u16 version (1)   u16 flags (0)
+ *     u64 room_id   u64 generation     u64 seq (1, 2, ... per connection)
+ *     u32 sink_pool u32 first_page     u32 page_count   u32 reserved (0)
+ *     u64 offset    u64 length
+ *
+ * A frame is well formed when magic, version, flags and reserved are as
+ * above, seq is the previous one + 1, the pool is registered, 1 <= page_count,
+ * first_page + page_count <= the pool's pages, offset < page_size, length >= 1
+ * and offset + length lies in ((page_count - 1) * page_size, page_count *
+ * page_size]: the named pages are exactly the pages written. A malformed frame
+ * closes the connection (counted in frames_malformed) before any byte of it is
+ * written. A well-formed frame that `check` refuses is read into a scratch
+ * buffer and dropped (frames_rejected); the connection goes on.
+ *
+ * Receive-side ops: `check` admits the frame as an op of the room's lifetime
+ * (kvf_lt_admit into the `op` it is given, kind KVF_LT_OP_TCP_FRAME); the
+ * receiver retires it when the payload has landed (OK) or the read stopped
+ * (ERROR, or FLUSHED when a fence stopped it), then calls `on_frame`. So an
+ * aborted room cannot drain while bytes of one of its frames are still being
+ * written into its pages, and fence_peer returns only after that retirement.
+ *
+ * DESIGN (threads): one acceptor thread; one receiver thread per inbound
+ * connection, which alone reads its socket and writes into the pools; one
+ * sender thread per outbound connection, which alone writes its socket and
+ * takes xfers from that connection's queue (a mutex and condition variable;
+ * post_write from any thread appends). A frame is written by one thread with
+ * one header, so frames never interleave. Completions go on one
+ * mutex-protected list that poll() empties; poll never waits for I/O. Other
+ * threads touch a socket only with shutdown(2) (fence, destroy), which wakes
+ * its owner; the descriptor is closed after its owner thread is joined.
+ * Peers, pools and counters are shared: peers and pools under the transport's
+ * lock, counters atomic.
+ */
+#ifndef KVF_TRANSPORT_TCP_H
+#define KVF_TRANSPORT_TCP_H
+
+#include <stdbool.h>
+#include <stdint.h>
+
+#include "transport.h"
+
+#define KVF_TCP_HELLO_SIZE  24u
+#define KVF_TCP_HEADER_SIZE 64u
+#define KVF_TCP_MAGIC_HELLO 0x4846564bu
+#define KVF_TCP_MAGIC_DATA  0x4446564bu
+#define KVF_TCP_VERSION     1u
+
+/*
+ * Sink-lease check, on a receiver thread, once per well-formed frame and
+ * before any byte of it is written. Returns 0 after admitting `op` (zeroed on
+ * entry) into the room's lifetime with kvf_lt_admit(lt, op,
+ * KVF_LT_OP_TCP_FRAME, peer), or a negative errno to refuse the frame (room
+ * unknown, aborting, or pages outside its ACTIVE sink lease). A 0 without an
+ * admitted op counts as a refusal. Must not block for long: the connection
+ * waits, and a fence of `peer` waits for it.
+ */
+typedef int (*kvf_tcp_check_fn)(void *ctx, uint32_t peer, kvf_room_key room, uint32_t pool_id,
+                                uint32_t first_page, uint32_t page_count, struct kvf_lt_op *op);
+
+/*
+ * After an admitted frame's op is retired, on the receiver thread. `status` is
+ * 0 when all `bytes` landed, else -errno (the read stopped part way; the
+ * frame's pages hold a partial write). `drained` says the retirement drained
+ * the lifetime: tell its owner thread (kvf_lt_take_drained there).
+ */
+typedef void (*kvf_tcp_frame_fn)(void *ctx, uint32_t peer, kvf_room_key room, uint64_t bytes,
+                                 int status, bool drained);
+
+struct kvf_transport_tcp_opts {
+    uint64_t node_id;          /* this node (incarnation), carried in hellos; != 0 */
+    const char *bind_host;     /* numeric IPv4; default "127.0.0.1" */
+    uint16_t port;             /* 0: any free port (kvf_transport_tcp_port) */
+    uint32_t max_peers;        /* peer indices are < max_peers; default 64 */
+    uint32_t max_pools;        /* default 64 */
+    kvf_tcp_check_fn check;    /* required */
+    kvf_tcp_frame_fn on_frame; /* may be NULL */
+    void *ctx;
+};
+
+struct kvf_transport_tcp_stats {
+    uint64_t frames_sent;      /* written whole to a socket (completed OK) */
+    uint64_t bytes_sent;       /* payload bytes of those */
+    uint64_t frames_received;  /* landed whole in a pool */
+    uint64_t bytes_received;   /* payload bytes of those */
+    uint64_t frames_rejected;  /* refused by `check`, drained to scratch */
+    uint64_t frames_malformed; /* bad header: connection closed */
+    uint64_t frames_cut;       /* admitted, then the connection ended mid-payload */
+    uint64_t conns_accepted;   /* inbound connections that passed the hello */
+    uint64_t conns_refused;    /* bad hello, unknown or fenced peer */
+};
+
+void kvf_transport_tcp_opts_init(struct kvf_transport_tcp_opts *opts);
+
+/* Creates the transport and starts listening. NULL (logged on stderr) on a bad
+ * option, a socket error or out of memory. Destroy with kvf_transport_destroy. */
+struct kvf_transport *kvf_transport_tcp_create(const struct kvf_transport_tcp_opts *opts);
+
+/* The port the transport listens on. */
+uint16_t kvf_transport_tcp_port(const struct kvf_transport *t);
+
+/*
+ * Registers a pool frames may write into. `base` stays valid until destroy
+ * (pools are not removed: the node tears down the transport only after every
+ * lifetime drained). -EEXIST, -E2BIG (max_pools), -EINVAL (sizes 0 or the
+ * pool larger than the address space). Any thread.
+ */
+int kvf_transport_tcp_add_pool(struct kvf_transport *t, uint32_t pool_id, void *base,
+                               uint32_t page_size, uint32_t page_count);
+
+/*
+ * Names peer index `peer` as node `node_id` (non-zero): inbound connections
+ * whose hello says they come from that node are accepted as that peer.
+ * -EINVAL (index out of range, node 0), -EEXIST (index or node taken).
+ * Control thread.
+ */
+int kvf_transport_tcp_add_peer(struct kvf_transport *t, uint32_t peer, uint64_t node_id);
+
+/*
+ * Opens the outbound connection to a registered peer at `host:port` (numeric
+ * IPv4), sends the hello and starts its sender thread. Blocks for the connect.
+ * -ENOENT (unknown peer), -EEXIST (already connected), -ESTALE (fenced),
+ * -EIO (connect failed; errno logged), -ENOMEM. Control thread.
+ */
+int kvf_transport_tcp_connect(struct kvf_transport *t, uint32_t peer, const char *host,
+                              uint16_t port);
+
+/* A snapshot of the counters. Any thread. */
+void kvf_transport_tcp_stats(const struct kvf_transport *t, struct kvf_transport_tcp_stats *out);
+
+#endif /* KVF_TRANSPORT_TCP_H */

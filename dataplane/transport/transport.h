@@ -1,0 +1,132 @@
+/*
+ * transport.h: the data-plane transport interface (post, poll, fence).
+ *
+ * A transport moves the bytes of one op from host memory on this node into a
+ * peer node's registered sink pool (TCP today, RDMA later). It is driven by
+ * three verbs, shaped after verbs' post/poll so that an RDMA provider fits the
+ * same table:
+ *
+ *   post_write   queue one write (a struct kvf_xfer); no completion yet;
+ *   poll         reap up to `max` completions, never blocking;
+ *   fence_peer   make it impossible for a peer to touch this node's memory and
+ *                for this node's queued writes to reach it; returns only once
+ *                that is true (DESIGN.md §1, "fenced").
+ *
+ * Lifetime accounting (DESIGN.md §2.1-2.2): the caller admits every op in the
+ * room's lifetime (kvf_lt_admit, kind KVF_LT_OP_TCP_FRAME or KVF_LT_OP_RDMA_WR,
+ * towards x->peer) BEFORE post_write, into the struct kvf_lt_op embedded in
+ * the xfer. From a successful post_write on, the transport owns that op and
+ * retires it (kvf_lt_op_retire) inside poll(), just before it hands the
+ * completion back; the completion says whether that retirement drained the
+ * lifetime, so the poller can tell the lifetime's owner thread. A post_write
+ * that fails posted nothing: the caller undoes the admission with
+ * kvf_lt_op_cancel(). Every posted xfer completes exactly once: OK, ERROR (the
+ * write failed; it has stopped) or FLUSHED (a fence stopped it).
+ *
+ * DESIGN: the ops table is const and every slot is set. post_write may be
+ * called from any thread; ops posted to one peer are written in post order
+ * (per calling thread) and never interleave. poll may be called from any one
+ * thread at a time. fence_peer and destroy are called from the node's control
+ * thread. Each implementation says which threads it runs.
+ *
+ * Errors: 0 or a negative errno (common/kvf_error.h).
+ */
+#ifndef KVF_TRANSPORT_H
+#define KVF_TRANSPORT_H
+
+#include <stdbool.h>
+#include <stdint.h>
+
+#include "kvf_types.h"
+#include "lifetime.h"
+
+struct kvf_transport;
+
+/*
+ * One write: `len` bytes at `src` (host memory, not touched after the
+ * completion) into the peer's pool `sink_pool`, starting `offset` bytes into
+ * page `first_page`; the write must lie inside pages [first_page, first_page +
+ * page_count) and touch every one of them (the receiver checks this against
+ * its pool and the room's sink lease). The caller owns the struct and keeps it
+ * alive and unchanged until its completion is polled.
+ */
+struct kvf_xfer {
+    struct kvf_lt_op op; /* admitted by the caller, towards `peer` */
+    uint32_t peer;       /* node-local peer index */
+    kvf_room_key room;
+    const void *src;
+    uint64_t len;
+    uint32_t sink_pool;
+    uint32_t first_page;
+    uint32_t page_count;
+    uint64_t offset; /* bytes from the start of first_page */
+
+    /* Transport-private from post_write until the completion is polled. */
+    struct kvf_xfer *tnext;
+    int tstatus;
+    uint8_t toutcome;
+};
+
+/* One completion, returned by poll(). The xfer's op is already retired. */
+struct kvf_completion {
+    struct kvf_xfer *xfer;
+    enum kvf_lt_outcome outcome; /* OK, ERROR or FLUSHED */
+    int status;                  /* 0, or the -errno of the failure */
+    bool drained;                /* retiring the op drained its lifetime */
+};
+
+struct kvf_transport_ops {
+    const char *name;
+
+    /* Queues `x` (its op admitted). 0, or -errno and nothing was posted. */
+    int (*post_write)(struct kvf_transport *t, struct kvf_xfer *x);
+
+    /* Writes up to `max` completions into `out`; returns how many (>= 0) or
+     * -errno. Never blocks on I/O. */
+    int (*poll)(struct kvf_transport *t, unsigned max, struct kvf_completion *out);
+
+    /* Fences `peer`: when it returns 0, no byte from that peer can land in
+     * this node's pools any more, and every write posted to it has completed
+     * (they are waiting in poll, FLUSHED unless they had finished). The peer
+     * stays fenced: later posts to it fail with -ESTALE. -ENOENT for an
+     * unknown peer. Idempotent. */
+    int (*fence_peer)(struct kvf_transport *t, uint32_t peer);
+
+    /* Fences every peer, retires any completions nobody polled, and frees
+     * the transport. Accepts NULL. */
+    void (*destroy)(struct kvf_transport *t);
+};
+
+/* The base every transport embeds first. */
+struct kvf_transport {
+    const struct kvf_transport_ops *ops;
+};
+
+static inline int kvf_transport_post_write(struct kvf_transport *t, struct kvf_xfer *x)
+{
+    return t->ops->post_write(t, x);
+}
+
+static inline int kvf_transport_poll(struct kvf_transport *t, unsigned max,
+                                     struct kvf_completion *out)
+{
+    return t->ops->poll(t, max, out);
+}
+
+static inline int kvf_transport_fence_peer(struct kvf_transport *t, uint32_t peer)
+{
+    return t->ops->fence_peer(t, peer);
+}
+
+static inline void kvf_transport_destroy(struct kvf_transport *t)
+{
+    if (t)
+        t->ops->destroy(t);
+}
+
+static inline const char *kvf_transport_name(const struct kvf_transport *t)
+{
+    return t->ops->name;
+}
+
+#endif /* KVF_TRANSPORT_H */

@@ -1,0 +1,740 @@
+/*
+ * test_tcp.c: the TCP transport over real loopback sockets, two transports
+ * (node A, the source, and node B, the sink) in one process.
+ *
+ * Each node has a lifetime table with one room open, and a pool of malloc'd
+ * pages filled with a canary pattern. B's sink-lease check admits a frame
+ * only for its room and for pages inside a lease range the test sets, and can
+ * be made to wait on a gate (to hold a frame "in the check" while the test
+ * fences). The tests check bytes in the pool, completion outcomes, the
+ * transport's counters and the lifetimes' in-flight counts; every assertion
+ * runs on the main thread.
+ */
+#include <errno.h>
+#include <pthread.h>
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stdatomic.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
+
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
+
+#include <cmocka.h>
+
+#include "lifetime.h"
+#include "tcp.h"
+#include "transport.h"
+
+#define PAGE       (64u * 1024u)
+#define POOL_PAGES 256u
+#define POOL_BYTES ((size_t)PAGE * POOL_PAGES)
+#define POOL_ID    7u
+#define NODE_A     101u
+#define NODE_B     202u
+#define A_PEER_B   3u /* A's index for B */
+#define B_PEER_A   5u /* B's index for A */
+#define WAIT_MS    10000
+
+struct node {
+    struct kvf_transport *t;
+    struct kvf_lt_table *tab;
+    struct kvf_lt *lt; /* the room's lifetime on this node */
+    uint8_t *pool;
+
+    pthread_mutex_t lock; /* lease range */
+    uint32_t lease_first;
+    uint32_t lease_count;
+
+    pthread_mutex_t gate_lock;
+    pthread_cond_t gate_cond;
+    bool gate_closed;
+    atomic_int in_gate;
+
+    atomic_uint checks;
+    atomic_uint frames_ok;
+    atomic_uint frames_cut;
+    atomic_uint drained_events;
+};
+
+struct pair {
+    struct node a;
+    struct node b;
+};
+
+static const kvf_room_key ROOM = {.room_id = 42, .generation = 1};
+static const kvf_room_key OTHER_ROOM = {.room_id = 43, .generation = 1};
+
+/* ---- helpers ------------------------------------------------------------------- */
+
+static uint64_t now_ms(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (uint64_t)ts.tv_sec * 1000u + (uint64_t)ts.tv_nsec / 1000000u;
+}
+
+static void sleep_ms(unsigned ms)
+{
+    struct timespec ts = {.tv_sec = ms / 1000u, .tv_nsec = (long)(ms % 1000u) * 1000000L};
+    nanosleep(&ts, NULL);
+}
+
+static uint8_t canary_byte(size_t i)
+{
+    return (uint8_t)(i * 7u + 0x5au);
+}
+
+static void fill_canary(uint8_t *p, size_t len)
+{
+    for (size_t i = 0; i < len; i++)
+        p[i] = canary_byte(i);
+}
+
+static bool canary_intact(const uint8_t *p, size_t len)
+{
+    for (size_t i = 0; i < len; i++) {
+        if (p[i] != canary_byte(i))
+            return false;
+    }
+    return true;
+}
+
+/* A pattern that differs for every seed and every 8 bytes. */
+static void fill_pattern(uint8_t *p, size_t len, uint64_t seed)
+{
+    uint64_t x = seed * 0x9e3779b97f4a7c15ull + 1;
+    for (size_t i = 0; i < len; i++) {
+        if (i % 8 == 0) {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+        }
+        p[i] = (uint8_t)(x >> (8 * (i % 8)));
+    }
+}
+
+static int check_cb(void *ctx, uint32_t peer, kvf_room_key room, uint32_t pool_id,
+                    uint32_t first_page, uint32_t page_count, struct kvf_lt_op *op)
+{
+    struct node *n = ctx;
+    atomic_fetch_add(&n->checks, 1);
+    pthread_mutex_lock(&n->gate_lock);
+    if (n->gate_closed) {
+        atomic_fetch_add(&n->in_gate, 1);
+        while (n->gate_closed)
+            pthread_cond_wait(&n->gate_cond, &n->gate_lock);
+        atomic_fetch_sub(&n->in_gate, 1);
+    }
+    pthread_mutex_unlock(&n->gate_lock);
+
+    int rc = -EPERM;
+    pthread_mutex_lock(&n->lock);
+    if (kvf_room_key_eq(room, ROOM) && pool_id == POOL_ID && first_page >= n->lease_first &&
+        (uint64_t)first_page + page_count <= (uint64_t)n->lease_first + n->lease_count)
+        rc = kvf_lt_admit(n->lt, op, KVF_LT_OP_TCP_FRAME, peer);
+    pthread_mutex_unlock(&n->lock);
+    return rc;
+}
+
+static void frame_cb(void *ctx, uint32_t peer, kvf_room_key room, uint64_t bytes, int status,
+                     bool drained)
+{
+    struct node *n = ctx;
+    (void)peer;
+    (void)room;
+    (void)bytes;
+    atomic_fetch_add(status == 0 ? &n->frames_ok : &n->frames_cut, 1);
+    if (drained)
+        atomic_fetch_add(&n->drained_events, 1);
+}
+
+static void node_init(struct node *n, uint64_t node_id)
+{
+    memset(n, 0, sizeof(*n));
+    pthread_mutex_init(&n->lock, NULL);
+    pthread_mutex_init(&n->gate_lock, NULL);
+    pthread_cond_init(&n->gate_cond, NULL);
+    n->lease_first = 0;
+    n->lease_count = POOL_PAGES;
+    n->pool = malloc(POOL_BYTES);
+    assert_non_null(n->pool);
+    fill_canary(n->pool, POOL_BYTES);
+    n->tab = kvf_lt_table_create();
+    assert_non_null(n->tab);
+    assert_int_equal(kvf_lt_table_open(n->tab, ROOM, &n->lt), 0);
+
+    struct kvf_transport_tcp_opts o;
+    kvf_transport_tcp_opts_init(&o);
+    o.node_id = node_id;
+    o.check = check_cb;
+    o.on_frame = frame_cb;
+    o.ctx = n;
+    n->t = kvf_transport_tcp_create(&o);
+    assert_non_null(n->t);
+    assert_string_equal(kvf_transport_name(n->t), "tcp");
+    assert_int_not_equal(kvf_transport_tcp_port(n->t), 0);
+    assert_int_equal(kvf_transport_tcp_add_pool(n->t, POOL_ID, n->pool, PAGE, POOL_PAGES), 0);
+}
+
+static void node_fini(struct node *n)
+{
+    kvf_transport_destroy(n->t);
+    (void)kvf_lt_close(n->lt, NULL, NULL);
+    assert_int_equal(kvf_lt_inflight(n->lt), 0);
+    assert_true(kvf_lt_table_can_teardown(n->tab));
+    kvf_lt_table_destroy(n->tab);
+    free(n->pool);
+    pthread_cond_destroy(&n->gate_cond);
+    pthread_mutex_destroy(&n->gate_lock);
+    pthread_mutex_destroy(&n->lock);
+}
+
+static int pair_setup(void **state)
+{
+    struct pair *p = calloc(1, sizeof(*p));
+    assert_non_null(p);
+    node_init(&p->a, NODE_A);
+    node_init(&p->b, NODE_B);
+    assert_int_equal(kvf_transport_tcp_add_peer(p->a.t, A_PEER_B, NODE_B), 0);
+    assert_int_equal(kvf_transport_tcp_add_peer(p->b.t, B_PEER_A, NODE_A), 0);
+    assert_int_equal(
+        kvf_transport_tcp_connect(p->a.t, A_PEER_B, "127.0.0.1", kvf_transport_tcp_port(p->b.t)),
+        0);
+    assert_int_equal(
+        kvf_transport_tcp_connect(p->b.t, B_PEER_A, "127.0.0.1", kvf_transport_tcp_port(p->a.t)),
+        0);
+    *state = p;
+    return 0;
+}
+
+static int pair_teardown(void **state)
+{
+    struct pair *p = *state;
+    node_fini(&p->a);
+    node_fini(&p->b);
+    free(p);
+    return 0;
+}
+
+/* Admits and posts one frame from A to B; returns post_write's answer (the
+ * admission is undone when it fails). */
+static int post(struct node *a, struct kvf_xfer *x, kvf_room_key room, const void *src,
+                uint64_t len, uint32_t first_page, uint32_t page_count, uint64_t offset)
+{
+    struct kvf_lt *lt = kvf_room_key_eq(room, ROOM) ? a->lt : kvf_lt_table_find(a->tab, room);
+    memset(x, 0, sizeof(*x));
+    int rc = kvf_lt_admit(lt, &x->op, KVF_LT_OP_TCP_FRAME, A_PEER_B);
+    if (rc != 0)
+        return rc;
+    x->peer = A_PEER_B;
+    x->room = room;
+    x->src = src;
+    x->len = len;
+    x->sink_pool = POOL_ID;
+    x->first_page = first_page;
+    x->page_count = page_count;
+    x->offset = offset;
+    rc = kvf_transport_post_write(a->t, x);
+    if (rc != 0)
+        (void)kvf_lt_op_cancel(&x->op);
+    return rc;
+}
+
+struct reaped {
+    unsigned n;
+    unsigned by_outcome[4];
+    unsigned drained;
+};
+
+/* Polls `t` until `want` completions came back (fails the test after
+ * WAIT_MS). */
+static void reap(struct kvf_transport *t, unsigned want, struct reaped *r)
+{
+    struct kvf_completion c[16];
+    uint64_t deadline = now_ms() + WAIT_MS;
+    while (r->n < want) {
+        int n = kvf_transport_poll(t, 16, c);
+        assert_true(n >= 0);
+        for (int i = 0; i < n; i++) {
+            assert_true(c[i].outcome >= KVF_LT_DONE_OK && c[i].outcome <= KVF_LT_DONE_FLUSHED);
+            assert_true((c[i].outcome == KVF_LT_DONE_OK) == (c[i].status == 0));
+            r->by_outcome[c[i].outcome]++;
+            r->drained += c[i].drained;
+        }
+        r->n += (unsigned)n;
+        if (n == 0) {
+            assert_true(now_ms() < deadline);
+            sleep_ms(1);
+        }
+    }
+}
+
+static void wait_count(atomic_uint *v, unsigned want)
+{
+    uint64_t deadline = now_ms() + WAIT_MS;
+    while (atomic_load(v) < want) {
+        assert_true(now_ms() < deadline);
+        sleep_ms(1);
+    }
+}
+
+static void wait_stat(struct kvf_transport *t, size_t field_off, uint64_t want)
+{
+    uint64_t deadline = now_ms() + WAIT_MS;
+    for (;;) {
+        struct kvf_transport_tcp_stats s;
+        kvf_transport_tcp_stats(t, &s);
+        uint64_t v;
+        memcpy(&v, (const char *)&s + field_off, sizeof(v));
+        if (v >= want)
+            return;
+        assert_true(now_ms() < deadline);
+        sleep_ms(1);
+    }
+}
+
+#define WAIT_STAT(t, field, want) \
+    wait_stat((t), offsetof(struct kvf_transport_tcp_stats, field), (want))
+
+/* ---- tests ----------------------------------------------------------------------- */
+
+/* Many frames of 64 KiB and 1 MiB, plus an unaligned one, land byte-exact in
+ * the named pages and nowhere else; every op completes OK and is retired. */
+static void test_transfer_byte_exact(void **state)
+{
+    struct pair *p = *state;
+    enum { ROUNDS = 4, SMALL = 64, BIG = 16 };
+    uint8_t *expect = malloc(POOL_BYTES);
+    uint8_t *src = malloc(POOL_BYTES + 3 * (size_t)PAGE);
+    struct kvf_xfer *x = calloc(SMALL + 1, sizeof(*x));
+    assert_non_null(expect);
+    assert_non_null(src);
+    assert_non_null(x);
+    fill_canary(expect, POOL_BYTES);
+    unsigned frames = 0;
+
+    for (unsigned round = 0; round < ROUNDS; round++) {
+        unsigned posted = 0;
+        if (round % 2 == 0) {
+            /* 64 KiB frames into every fourth page (and the pages between keep
+             * what they had). */
+            for (unsigned i = 0; i < SMALL; i++) {
+                uint32_t page = i * 4 + round % 4;
+                uint8_t *s = src + (size_t)i * PAGE;
+                fill_pattern(s, PAGE, round * 1000u + i);
+                memcpy(expect + (size_t)page * PAGE, s, PAGE);
+                assert_int_equal(post(&p->a, &x[posted++], ROOM, s, PAGE, page, 1, 0), 0);
+            }
+        } else {
+            /* 1 MiB frames over 16 pages each. */
+            for (unsigned i = 0; i < BIG; i++) {
+                uint32_t page = i * 16;
+                uint8_t *s = src + (size_t)page * PAGE;
+                fill_pattern(s, 16 * PAGE, round * 1000u + i);
+                memcpy(expect + (size_t)page * PAGE, s, 16 * PAGE);
+                assert_int_equal(post(&p->a, &x[posted++], ROOM, s, 16 * PAGE, page, 16, 0), 0);
+            }
+        }
+        /* One frame that starts inside a page and ends inside the next two. */
+        uint64_t off = 100, len = 2 * (uint64_t)PAGE + 4000;
+        uint8_t *s = src + POOL_BYTES; /* its own source: the others are in flight */
+        fill_pattern(s, len, round * 1000u + 999u);
+        memcpy(expect + (size_t)10 * PAGE + off, s, len);
+        assert_int_equal(post(&p->a, &x[posted++], ROOM, s, len, 10, 3, off), 0);
+
+        struct reaped r = {0};
+        reap(p->a.t, posted, &r);
+        assert_int_equal(r.by_outcome[KVF_LT_DONE_OK], posted);
+        assert_int_equal(r.drained, 0);
+        frames += posted;
+        wait_count(&p->b.frames_ok, frames);
+        assert_memory_equal(p->b.pool, expect, POOL_BYTES);
+    }
+
+    assert_int_equal(kvf_lt_inflight(p->a.lt), 0);
+    assert_int_equal(kvf_lt_inflight(p->b.lt), 0);
+    struct kvf_transport_tcp_stats s;
+    kvf_transport_tcp_stats(p->a.t, &s);
+    assert_int_equal(s.frames_sent, frames);
+    kvf_transport_tcp_stats(p->b.t, &s);
+    assert_int_equal(s.frames_received, frames);
+    assert_int_equal(s.frames_rejected + s.frames_malformed + s.frames_cut, 0);
+    assert_int_equal(s.conns_accepted, 1);
+    assert_int_equal(atomic_load(&p->b.checks), frames);
+
+    /* Draining the sink's lifetime: closed with nothing in flight. */
+    assert_true(kvf_lt_close(p->b.lt, NULL, NULL));
+    assert_true(kvf_lt_take_drained(p->b.lt));
+    free(x);
+    free(src);
+    free(expect);
+}
+
+/* Frames for a room the sink does not admit, or for pages outside its lease,
+ * land nowhere and are counted; the connection stays usable. */
+static void test_refused_frames_land_nowhere(void **state)
+{
+    struct pair *p = *state;
+    struct kvf_lt *other;
+    assert_int_equal(kvf_lt_table_open(p->a.tab, OTHER_ROOM, &other), 0);
+    pthread_mutex_lock(&p->b.lock);
+    p->b.lease_first = 0;
+    p->b.lease_count = 8;
+    pthread_mutex_unlock(&p->b.lock);
+
+    uint8_t *src = malloc(4 * PAGE);
+    assert_non_null(src);
+    fill_pattern(src, 4 * PAGE, 1);
+    struct kvf_xfer x[4];
+    assert_int_equal(post(&p->a, &x[0], OTHER_ROOM, src, PAGE, 0, 1, 0), 0); /* wrong room */
+    assert_int_equal(post(&p->a, &x[1], ROOM, src, 2 * PAGE, 7, 2, 0), 0);   /* past lease */
+    assert_int_equal(post(&p->a, &x[2], ROOM, src, 4 * PAGE, 100, 4, 0), 0); /* outside lease */
+    struct reaped r = {0};
+    reap(p->a.t, 3, &r);
+    assert_int_equal(r.by_outcome[KVF_LT_DONE_OK], 3);
+    WAIT_STAT(p->b.t, frames_rejected, 3);
+    assert_true(canary_intact(p->b.pool, POOL_BYTES));
+    assert_int_equal(atomic_load(&p->b.frames_ok), 0);
+    assert_int_equal(kvf_lt_inflight(p->b.lt), 0);
+
+    /* The same connection still carries a good frame. */
+    assert_int_equal(post(&p->a, &x[3], ROOM, src, PAGE, 3, 1, 0), 0);
+    reap(p->a.t, 4, &r);
+    wait_count(&p->b.frames_ok, 1);
+    assert_memory_equal(p->b.pool + 3 * (size_t)PAGE, src, PAGE);
+    assert_true(canary_intact(p->b.pool, 3 * (size_t)PAGE));
+    struct kvf_transport_tcp_stats s;
+    kvf_transport_tcp_stats(p->b.t, &s);
+    assert_int_equal(s.frames_rejected, 3);
+    assert_int_equal(s.frames_malformed, 0);
+    assert_int_equal(s.frames_received, 1);
+    assert_int_equal(kvf_lt_inflight(other), 0);
+    (void)kvf_lt_close(other, NULL, NULL);
+    free(src);
+}
+
+/* A header whose pages do not fit the pool, or whose length does not match
+ * its pages, closes the connection before the check runs or any byte lands;
+ * later writes on that connection fail. */
+static void check_malformed(struct pair *p, uint32_t first_page, uint32_t page_count,
+                            uint64_t offset, uint64_t len)
+{
+    uint8_t *src = malloc(len);
+    assert_non_null(src);
+    fill_pattern(src, len, 7);
+    struct kvf_xfer x[2];
+    assert_int_equal(post(&p->a, &x[0], ROOM, src, len, first_page, page_count, offset), 0);
+    struct reaped r = {0};
+    reap(p->a.t, 1, &r); /* OK: it was written; the receiver refuses it */
+    WAIT_STAT(p->b.t, frames_malformed, 1);
+    sleep_ms(50); /* let the close reach A */
+
+    int rc = post(&p->a, &x[1], ROOM, src, PAGE < len ? PAGE : len, 0, 1, 0);
+    if (rc == 0) {
+        /* Posted before the sender saw the close: the write itself fails. */
+        reap(p->a.t, 2, &r);
+        assert_int_equal(r.by_outcome[KVF_LT_DONE_ERROR], 1);
+    } else {
+        assert_int_equal(rc, -EIO);
+    }
+    assert_int_equal(atomic_load(&p->b.checks), 0);
+    assert_true(canary_intact(p->b.pool, POOL_BYTES));
+    assert_int_equal(kvf_lt_inflight(p->a.lt), 0);
+    assert_int_equal(kvf_lt_inflight(p->b.lt), 0);
+    struct kvf_transport_tcp_stats s;
+    kvf_transport_tcp_stats(p->b.t, &s);
+    assert_int_equal(s.frames_malformed, 1);
+    assert_int_equal(s.frames_received, 0);
+    free(src);
+}
+
+static void test_malformed_range_past_pool(void **state)
+{
+    check_malformed(*state, POOL_PAGES - 1, 2, 0, 2 * (uint64_t)PAGE);
+}
+
+static void test_malformed_length_mismatch(void **state)
+{
+    /* Three pages named, but the bytes fit in one. */
+    check_malformed(*state, 0, 3, 0, PAGE);
+}
+
+static void test_malformed_offset_past_page(void **state)
+{
+    check_malformed(*state, 4, 1, PAGE, 16);
+}
+
+/* A connection whose hello names a node this transport does not know is
+ * refused; so is a hello addressed to another node. */
+static void test_unknown_node_refused(void **state)
+{
+    struct pair *p = *state;
+    for (int i = 0; i < 2; i++) {
+        int fd = socket(AF_INET, SOCK_STREAM, 0);
+        assert_true(fd >= 0);
+        struct sockaddr_in sa = {.sin_family = AF_INET,
+                                 .sin_port = htons(kvf_transport_tcp_port(p->b.t))};
+        sa.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+        assert_int_equal(connect(fd, (struct sockaddr *)&sa, sizeof(sa)), 0);
+        uint8_t hello[KVF_TCP_HELLO_SIZE] = {0};
+        uint32_t magic = KVF_TCP_MAGIC_HELLO; /* the test runs little-endian */
+        uint16_t version = KVF_TCP_VERSION;
+        uint64_t from = i == 0 ? 999 : NODE_A, to = i == 0 ? NODE_B : 998;
+        memcpy(hello, &magic, 4);
+        memcpy(hello + 4, &version, 2);
+        memcpy(hello + 8, &from, 8);
+        memcpy(hello + 16, &to, 8);
+        assert_int_equal(send(fd, hello, sizeof(hello), MSG_NOSIGNAL), (ssize_t)sizeof(hello));
+        WAIT_STAT(p->b.t, conns_refused, (uint64_t)i + 1);
+        char c;
+        assert_true(recv(fd, &c, 1, 0) <= 0); /* closed by B */
+        close(fd);
+    }
+}
+
+/* R1/R12: the sink fences the source in the middle of a stream. Once
+ * fence_peer returns no byte of the pool changes any more, the receive ops are
+ * all retired, and the source's ops all complete and drain its lifetime. */
+static void test_fence_sink_side_mid_stream(void **state)
+{
+    struct pair *p = *state;
+    enum { FRAMES = 3000, SRCS = 61 };
+    uint8_t *src = malloc((size_t)SRCS * PAGE);
+    struct kvf_xfer *x = calloc(FRAMES, sizeof(*x));
+    uint8_t *snap = malloc(POOL_BYTES);
+    assert_non_null(src);
+    assert_non_null(x);
+    assert_non_null(snap);
+    for (unsigned i = 0; i < SRCS; i++)
+        fill_pattern(src + (size_t)i * PAGE, PAGE, 5000u + i);
+
+    unsigned posted = 0;
+    for (unsigned i = 0; i < FRAMES; i++) {
+        int rc = post(&p->a, &x[posted], ROOM, src + (size_t)(i % SRCS) * PAGE, PAGE,
+                      i % POOL_PAGES, 1, 0);
+        assert_int_equal(rc, 0);
+        posted++;
+    }
+    wait_count(&p->b.frames_ok, 200);
+    assert_int_equal(kvf_transport_fence_peer(p->b.t, B_PEER_A), 0);
+
+    /* From here on nothing may land. */
+    unsigned landed = atomic_load(&p->b.frames_ok) + atomic_load(&p->b.frames_cut);
+    assert_int_equal(kvf_lt_inflight(p->b.lt), 0);
+    memcpy(snap, p->b.pool, POOL_BYTES);
+    sleep_ms(300);
+    assert_memory_equal(snap, p->b.pool, POOL_BYTES);
+    assert_int_equal(atomic_load(&p->b.frames_ok) + atomic_load(&p->b.frames_cut), landed);
+    assert_true(landed < FRAMES);
+
+    /* The source's writes fail (connection reset) or are flushed by its own
+     * fence of the sink; either way each completes once and is retired. */
+    assert_int_equal(kvf_transport_fence_peer(p->a.t, A_PEER_B), 0);
+    struct reaped r = {0};
+    reap(p->a.t, posted, &r);
+    assert_int_equal(r.n, posted);
+    assert_int_equal(r.by_outcome[KVF_LT_DONE_OK] + r.by_outcome[KVF_LT_DONE_ERROR] +
+                         r.by_outcome[KVF_LT_DONE_FLUSHED],
+                     posted);
+    assert_true(r.by_outcome[KVF_LT_DONE_OK] < posted);
+    assert_int_equal(kvf_lt_inflight(p->a.lt), 0);
+    struct kvf_completion c;
+    assert_int_equal(kvf_transport_poll(p->a.t, 1, &c), 0);
+
+    /* Both lifetimes drain on close, with nothing in flight. */
+    assert_true(kvf_lt_close(p->a.lt, NULL, NULL));
+    assert_true(kvf_lt_close(p->b.lt, NULL, NULL));
+
+    /* Fenced stays fenced: no posts, no reconnects. */
+    struct kvf_xfer y;
+    assert_int_equal(
+        kvf_lt_table_open(p->a.tab, (kvf_room_key){.room_id = 42, .generation = 2}, &p->a.lt), 0);
+    assert_int_equal(post(&p->a, &y, ROOM, src, PAGE, 0, 1, 0), -ESTALE);
+    assert_int_equal(
+        kvf_transport_tcp_connect(p->a.t, A_PEER_B, "127.0.0.1", kvf_transport_tcp_port(p->b.t)),
+        -ESTALE);
+    assert_int_equal(kvf_transport_fence_peer(p->b.t, B_PEER_A), 0); /* idempotent */
+    assert_int_equal(kvf_transport_fence_peer(p->b.t, 9), -ENOENT);
+    free(snap);
+    free(x);
+    free(src);
+}
+
+/* The source fences the sink while its writes are queued behind a full
+ * socket (the sink's receiver is held in its check): the frame being written
+ * and every queued one complete FLUSHED, and the lifetime drains. */
+static void test_fence_source_side_flushes(void **state)
+{
+    struct pair *p = *state;
+    enum { FRAMES = 64, BIG = 16 * PAGE };
+    uint8_t *src = malloc(BIG);
+    struct kvf_xfer *x = calloc(FRAMES, sizeof(*x));
+    assert_non_null(src);
+    assert_non_null(x);
+    fill_pattern(src, BIG, 77);
+
+    pthread_mutex_lock(&p->b.gate_lock);
+    p->b.gate_closed = true;
+    pthread_mutex_unlock(&p->b.gate_lock);
+
+    for (unsigned i = 0; i < FRAMES; i++)
+        assert_int_equal(post(&p->a, &x[i], ROOM, src, BIG, (i % 16) * 16, 16, 0), 0);
+    uint64_t deadline = now_ms() + WAIT_MS;
+    while (atomic_load(&p->b.in_gate) == 0) {
+        assert_true(now_ms() < deadline);
+        sleep_ms(1);
+    }
+    sleep_ms(100); /* the sender fills the socket buffers and blocks */
+
+    assert_int_equal(kvf_transport_fence_peer(p->a.t, A_PEER_B), 0);
+    struct reaped r = {0};
+    reap(p->a.t, FRAMES, &r);
+    assert_true(r.by_outcome[KVF_LT_DONE_FLUSHED] > FRAMES / 2);
+    assert_int_equal(r.by_outcome[KVF_LT_DONE_ERROR], 0);
+    assert_int_equal(kvf_lt_inflight(p->a.lt), 0);
+    assert_true(kvf_lt_close(p->a.lt, NULL, NULL));
+    assert_true(kvf_lt_take_drained(p->a.lt));
+    assert_int_equal(kvf_transport_post_write(p->a.t, &x[0]), -ESTALE);
+
+    /* Let the sink's receiver go: it ends with the connection, retiring
+     * whatever it admitted; its own fence then joins it. */
+    pthread_mutex_lock(&p->b.gate_lock);
+    p->b.gate_closed = false;
+    pthread_cond_broadcast(&p->b.gate_cond);
+    pthread_mutex_unlock(&p->b.gate_lock);
+    assert_int_equal(kvf_transport_fence_peer(p->b.t, B_PEER_A), 0);
+    assert_int_equal(kvf_lt_inflight(p->b.lt), 0);
+    free(x);
+    free(src);
+}
+
+/* R11: many threads post to one peer at once; every frame lands whole. */
+enum { POSTERS = 8, PER_POSTER = 8, FRAME_PAGES = 4, MT_ROUNDS = 3 };
+
+struct poster {
+    struct pair *p;
+    unsigned id;
+    unsigned round;
+    uint8_t *src;
+    struct kvf_xfer x[PER_POSTER];
+    atomic_int failures;
+};
+
+static void *poster_main(void *arg)
+{
+    struct poster *w = arg;
+    for (unsigned i = 0; i < PER_POSTER; i++) {
+        uint32_t page = (w->id * PER_POSTER + i) * FRAME_PAGES;
+        uint8_t *s = w->src + (size_t)i * FRAME_PAGES * PAGE;
+        if (post(&w->p->a, &w->x[i], ROOM, s, (uint64_t)FRAME_PAGES * PAGE, page, FRAME_PAGES, 0) !=
+            0)
+            atomic_fetch_add(&w->failures, 1);
+    }
+    return NULL;
+}
+
+static void test_many_posters_never_interleave(void **state)
+{
+    struct pair *p = *state;
+    static struct poster w[POSTERS];
+    unsigned total = 0;
+    for (unsigned round = 0; round < MT_ROUNDS; round++) {
+        pthread_t th[POSTERS];
+        for (unsigned k = 0; k < POSTERS; k++) {
+            w[k].p = p;
+            w[k].id = k;
+            w[k].round = round;
+            atomic_init(&w[k].failures, 0);
+            if (!w[k].src)
+                w[k].src = malloc((size_t)PER_POSTER * FRAME_PAGES * PAGE);
+            assert_non_null(w[k].src);
+            for (unsigned i = 0; i < PER_POSTER; i++)
+                fill_pattern(w[k].src + (size_t)i * FRAME_PAGES * PAGE, (size_t)FRAME_PAGES * PAGE,
+                             (round * POSTERS + k) * 100u + i);
+        }
+        for (unsigned k = 0; k < POSTERS; k++)
+            assert_int_equal(pthread_create(&th[k], NULL, poster_main, &w[k]), 0);
+        for (unsigned k = 0; k < POSTERS; k++)
+            assert_int_equal(pthread_join(th[k], NULL), 0);
+        for (unsigned k = 0; k < POSTERS; k++)
+            assert_int_equal(atomic_load(&w[k].failures), 0);
+
+        struct reaped r = {0};
+        reap(p->a.t, POSTERS * PER_POSTER, &r);
+        assert_int_equal(r.by_outcome[KVF_LT_DONE_OK], POSTERS * PER_POSTER);
+        total += POSTERS * PER_POSTER;
+        wait_count(&p->b.frames_ok, total);
+        for (unsigned k = 0; k < POSTERS; k++) {
+            for (unsigned i = 0; i < PER_POSTER; i++) {
+                size_t page = (size_t)(k * PER_POSTER + i) * FRAME_PAGES;
+                assert_memory_equal(p->b.pool + page * PAGE,
+                                    w[k].src + (size_t)i * FRAME_PAGES * PAGE,
+                                    (size_t)FRAME_PAGES * PAGE);
+            }
+        }
+    }
+    assert_int_equal(kvf_lt_inflight(p->a.lt), 0);
+    assert_int_equal(kvf_lt_inflight(p->b.lt), 0);
+    for (unsigned k = 0; k < POSTERS; k++) {
+        free(w[k].src);
+        w[k].src = NULL;
+    }
+}
+
+/* Bad arguments are refused before anything is queued. */
+static void test_post_checks_arguments(void **state)
+{
+    struct pair *p = *state;
+    uint8_t buf[16];
+    struct kvf_xfer x;
+    memset(&x, 0, sizeof(x));
+    x.peer = A_PEER_B;
+    x.src = buf;
+    x.len = sizeof(buf);
+    x.page_count = 1;
+    assert_int_equal(kvf_transport_post_write(p->a.t, &x), -EINVAL); /* not admitted */
+    assert_int_equal(post(&p->a, &x, ROOM, buf, 0, 0, 1, 0), -EINVAL);
+    assert_int_equal(post(&p->a, &x, ROOM, buf, sizeof(buf), 0, 0, 0), -EINVAL);
+    assert_int_equal(kvf_lt_admit(p->a.lt, &x.op, KVF_LT_OP_TCP_FRAME, 9), 0);
+    x.page_count = 1;
+    x.peer = 9; /* registered nowhere */
+    assert_int_equal(kvf_transport_post_write(p->a.t, &x), -ENOENT);
+    x.peer = 1000;
+    assert_int_equal(kvf_transport_post_write(p->a.t, &x), -EINVAL); /* op.peer differs */
+    (void)kvf_lt_op_cancel(&x.op);
+    assert_int_equal(kvf_lt_inflight(p->a.lt), 0);
+    assert_int_equal(kvf_transport_tcp_add_pool(p->b.t, POOL_ID, buf, PAGE, 1), -EEXIST);
+    assert_int_equal(kvf_transport_tcp_add_peer(p->b.t, 6, NODE_A), -EEXIST);
+    assert_int_equal(kvf_transport_tcp_add_peer(p->b.t, B_PEER_A, 555), -EEXIST);
+    assert_int_equal(
+        kvf_transport_tcp_connect(p->a.t, A_PEER_B, "127.0.0.1", kvf_transport_tcp_port(p->b.t)),
+        -EEXIST);
+    struct kvf_completion c;
+    assert_int_equal(kvf_transport_poll(p->a.t, 1, &c), 0);
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test_setup_teardown(test_transfer_byte_exact, pair_setup, pair_teardown),
+        cmocka_unit_test_setup_teardown(test_refused_frames_land_nowhere, pair_setup,
+                                        pair_teardown),
+        cmocka_unit_test_setup_teardown(test_malformed_range_past_pool, pair_setup, pair_teardown),
+        cmocka_unit_test_setup_teardown(test_malformed_length_mismatch, pair_setup, pair_teardown),
+        cmocka_unit_test_setup_teardown(test_malformed_offset_past_page, pair_setup, pair_teardown),
+        cmocka_unit_test_setup_teardown(test_unknown_node_refused, pair_setup, pair_teardown),
+        cmocka_unit_test_setup_teardown(test_fence_sink_side_mid_stream, pair_setup, pair_teardown),
+        cmocka_unit_test_setup_teardown(test_fence_source_side_flushes, pair_setup, pair_teardown),
+        cmocka_unit_test_setup_teardown(test_many_posters_never_interleave, pair_setup,
+                                        pair_teardown),
+        cmocka_unit_test_setup_teardown(test_post_checks_arguments, pair_setup, pair_teardown),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
