@@ -9,9 +9,9 @@
  * covers the pages and its admission is open (DESIGN.md §2.3).
  *
  * Wire format (all integers little-endian; version 1). This is a fixed binary
- * header rather than the protobuf records sketched in peer.proto: a fixed size
- * is read with one recv, needs no allocation and no length prefix, and every
- * field has a fixed range to check. The fields are DataFrameHeader's.
+ * header, not protobuf (peer.proto points here): a fixed size is read with one
+ * recv, needs no allocation and no length prefix, and every field has a fixed
+ * range to check before anything variable is read.
  *
  *   hello, once, connector -> acceptor (24 bytes):
  *     u32 magic 'KVFH' (0x4846564b)   u16 version (1)   u16 flags (0)
