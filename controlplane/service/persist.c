@@ -290,7 +290,8 @@ int kvf_svc_persist_commit(struct kvf_svc_ctx *ctx, enum kvf_svc_rec_kind kind, 
     *q++ = (uint8_t)kind;
     q = put(q, now, 8);
     q = put(q, p->random_len, 4);
-    memcpy(q, p->random, p->random_len);
+    if (p->random_len > 0)
+        memcpy(q, p->random, p->random_len); /* the buffer is NULL until first used */
     q += p->random_len;
     q = put(q, name_len, 2);
     if (name_len > 0)
