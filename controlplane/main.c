@@ -59,7 +59,8 @@ struct settings {
     const char *listen, *tls_cert, *tls_key, *tls_client_ca, *port_file, *data_dir;
     const char *metrics_listen, *metrics_port_file;
     uint64_t threads, snapshot_every;
-    uint64_t node_ttl_ms, join_timeout_ms, drain_deadline_ms, resend_ms, tombstone_ttl_ms;
+    uint64_t node_ttl_ms, heartbeat_timeout_ms, join_timeout_ms, drain_deadline_ms, resend_ms,
+        tombstone_ttl_ms;
     bool version;
 };
 
@@ -69,6 +70,7 @@ int main(int argc, char **argv)
         .listen = DEFAULT_LISTEN,
         .metrics_listen = DEFAULT_METRICS,
         .node_ttl_ms = 10000,
+        .heartbeat_timeout_ms = 15000,
         .join_timeout_ms = 30000,
         .drain_deadline_ms = 60000,
         .resend_ms = 200,
@@ -98,6 +100,9 @@ int main(int argc, char **argv)
          "write the bound metrics port to this file once serving (before port-file)"},
         {"node-ttl-ms", KVF_CONFIG_UINT, &cfg.node_ttl_ms, 86400000,
          "a node whose session is gone this long is LOST (its peers fence it)"},
+        {"heartbeat-timeout-ms", KVF_CONFIG_UINT, &cfg.heartbeat_timeout_ms, 86400000,
+         "end the session of a node that sent nothing for this long (nodes heartbeat every "
+         "second); 0: never"},
         {"join-timeout-ms", KVF_CONFIG_UINT, &cfg.join_timeout_ms, 86400000,
          "a room still OPENING after this long is aborted"},
         {"drain-deadline-ms", KVF_CONFIG_UINT, &cfg.drain_deadline_ms, 86400000,
@@ -144,6 +149,7 @@ int main(int argc, char **argv)
     }
     struct kvf_svc_opts sopts = {
         .node_ttl = cfg.node_ttl_ms * KVF_NS_PER_MS,
+        .heartbeat_timeout = cfg.heartbeat_timeout_ms * KVF_NS_PER_MS,
         .join_timeout = cfg.join_timeout_ms * KVF_NS_PER_MS,
         .drain_deadline = cfg.drain_deadline_ms * KVF_NS_PER_MS,
         .resend_initial = cfg.resend_ms * KVF_NS_PER_MS,

@@ -34,6 +34,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #include "kvfence/v1/node.pb-c.h"
 #include "rpc_server.h"
@@ -43,6 +44,7 @@
 
 struct node_sess {
     atomic_int refs;
+    _Atomic uint64_t last_seen_ns; /* CLOCK_MONOTONIC of the last message (CQ threads) */
     struct kvf_svc *svc;
     struct kvf_rpc_stream *stream; /* one stream reference, released at free */
     /* State thread only: */
@@ -519,8 +521,9 @@ static void handle_hello(struct kvf_svc_ctx *ctx, struct node_sess *s, Kvfence__
     int rc = apply_hello(ctx, h, now, &version, &err);
     log_command(ctx, KVF_SVC_REC_NODE_MSG, now, h->node_id, 0, raw, raw_len);
     if (rc != 0) {
-        kvf_log("warn", "node %s incarnation %" PRIu64 " refused: %s", h->node_id, h->incarnation,
-                err.msg);
+        kvf_log_node("warn", h->node_id, h->incarnation,
+                     "node %s incarnation %" PRIu64 " refused: %s", h->node_id, h->incarnation,
+                     err.msg);
         sess_finish(s, rc, &err);
         return;
     }
@@ -561,8 +564,9 @@ static void handle_hello(struct kvf_svc_ctx *ctx, struct node_sess *s, Kvfence__
     cm.msg_case = KVFENCE__V1__CONTROL_MESSAGE__MSG_WELCOME;
     cm.welcome = &w;
     sess_send(s, &cm);
-    kvf_log("info", "node %s incarnation %" PRIu64 " attached, protocol %" PRIu32, s->node_id,
-            s->incarnation, version);
+    kvf_log_node("info", s->node_id, s->incarnation,
+                 "node %s incarnation %" PRIu64 " attached, protocol %" PRIu32, s->node_id,
+                 s->incarnation, version);
     struct resync_ctx rctx = {ctx, s};
     kvf_cps_room_foreach(ctx->cps, resync_room, &rctx);
 }
@@ -696,9 +700,10 @@ static void handle_report(struct kvf_svc_ctx *ctx, struct node_sess *s,
     /* A refused report changes nothing and is counted by the core (stale,
      * tokenless, late): log it; the session goes on. */
     if (rc != 0)
-        kvf_log("warn", "node %s: %s report for room %" PRIu64 ":%" PRIu64 " refused (%s): %s",
-                s->node_id, what, key.room_id, key.generation,
-                kvf_grpc_code_name(kvf_errno_to_grpc_code(rc)), err.msg);
+        kvf_log_room("warn", key, s->node_id,
+                     "node %s: %s report for room %" PRIu64 ":%" PRIu64 " refused (%s): %s",
+                     s->node_id, what, key.room_id, key.generation,
+                     kvf_grpc_code_name(kvf_errno_to_grpc_code(rc)), err.msg);
 }
 
 static void sess_job_run(struct kvf_svc_ctx *ctx, void *arg, kvf_time_ns now)
@@ -711,8 +716,9 @@ static void sess_job_run(struct kvf_svc_ctx *ctx, void *arg, kvf_time_ns now)
             kvf_svc_persist_begin(ctx);
             kvf_cps_node_detach(ctx->cps, s->node_id, s->incarnation, now, NULL);
             log_command(ctx, KVF_SVC_REC_NODE_END, now, s->node_id, s->incarnation, NULL, 0);
-            kvf_log("info", "node %s incarnation %" PRIu64 ": session ended", s->node_id,
-                    s->incarnation);
+            kvf_log_node("info", s->node_id, s->incarnation,
+                         "node %s incarnation %" PRIu64 ": session ended", s->node_id,
+                         s->incarnation);
         }
         if (s->attached)
             registry_remove(ctx->sessions, s);
@@ -759,6 +765,9 @@ static void attach_open(void *vctx, struct kvf_rpc_stream *stream, const uint8_t
         return;
     }
     atomic_init(&s->refs, 1);
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    atomic_init(&s->last_seen_ns, (uint64_t)ts.tv_sec * KVF_NS_PER_S + (uint64_t)ts.tv_nsec);
     s->svc = vctx;
     kvf_rpc_stream_ref(stream);
     s->stream = stream;
@@ -799,6 +808,9 @@ static void attach_message(void *vctx, struct kvf_rpc_stream *stream, const uint
     if (s == NULL)
         return;
     static const uint8_t empty[1];
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    atomic_store(&s->last_seen_ns, (uint64_t)ts.tv_sec * KVF_NS_PER_S + (uint64_t)ts.tv_nsec);
     Kvfence__V1__NodeMessage *m =
         kvfence__v1__node_message__unpack(NULL, len, msg != NULL ? msg : empty);
     if (m == NULL) {
@@ -954,6 +966,29 @@ static void watch_closed(void *vctx, struct kvf_rpc_stream *stream,
         return;
     kvf_rpc_stream_set_user(stream, NULL);
     watch_post(vctx, w, true);
+}
+
+/* ---- heartbeats ---------------------------------------------------------------- */
+
+void kvf_svc_sessions_sweep(struct kvf_svc_ctx *ctx, uint64_t mono_now, uint64_t timeout_ns)
+{
+    if (timeout_ns == 0)
+        return;
+    for (struct node_sess *s = ctx->sessions->nodes; s != NULL; s = s->next) {
+        uint64_t seen = atomic_load(&s->last_seen_ns);
+        if (s->closed || s->replaced || mono_now < seen || mono_now - seen < timeout_ns)
+            continue;
+        /* A live stream that says nothing is a hung node: end the session, so
+         * that the node goes SUSPECT (and LOST after node_ttl) as if its
+         * connection had dropped. Its stream's end detaches it. */
+        char why[256];
+        snprintf(why, sizeof(why),
+                 "no message from node %s for %" PRIu64 " ms (heartbeats stopped)", s->node_id,
+                 (uint64_t)((mono_now - seen) / KVF_NS_PER_MS));
+        kvf_log_node("warn", s->node_id, s->incarnation, "%s", why);
+        kvf_rpc_stream_finish(s->stream, KVF_GRPC_UNAVAILABLE, why);
+        atomic_store(&s->last_seen_ns, UINT64_MAX / 2); /* once */
+    }
 }
 
 /* ---- lifecycle --------------------------------------------------------------- */

@@ -54,23 +54,40 @@ static size_t json_escape(char *out, size_t cap, const char *in)
     return o;
 }
 
-void kvf_logv(const char *level, const char *fmt, va_list ap)
+/* One JSON line: ts, level, msg, and the room and node fields when given. */
+static void log_line(const char *level, const kvf_room_key *room, const char *node,
+                     uint64_t incarnation, const char *fmt, va_list ap)
 {
     char msg[1024];
     char esc[2048];
-    char line[2304];
+    char fields[384] = "";
+    char line[2688];
     struct timespec ts;
     struct tm tm;
 
     vsnprintf(msg, sizeof msg, fmt, ap);
     json_escape(esc, sizeof esc, msg);
+    size_t f = 0;
+    if (room) {
+        f +=
+            (size_t)snprintf(fields + f, sizeof fields - f, ",\"room\":\"%" PRIu64 ":%" PRIu64 "\"",
+                             room->room_id, room->generation);
+    }
+    if (node && f < sizeof fields) {
+        char nesc[280];
+        json_escape(nesc, sizeof nesc, node);
+        f += (size_t)snprintf(fields + f, sizeof fields - f, ",\"node\":\"%s\"", nesc);
+        if (incarnation && f < sizeof fields) {
+            snprintf(fields + f, sizeof fields - f, ",\"incarnation\":%" PRIu64, incarnation);
+        }
+    }
     clock_gettime(CLOCK_REALTIME, &ts);
     gmtime_r(&ts.tv_sec, &tm);
     int n = snprintf(line, sizeof line,
                      "{\"ts\":\"%04d-%02d-%02dT%02d:%02d:%02d.%03ldZ\",\"level\":\"%s\","
-                     "\"msg\":\"%s\"}\n",
+                     "\"msg\":\"%s\"%s}\n",
                      tm.tm_year + 1900, tm.tm_mon + 1, tm.tm_mday, tm.tm_hour, tm.tm_min, tm.tm_sec,
-                     ts.tv_nsec / 1000000L, level, esc);
+                     ts.tv_nsec / 1000000L, level, esc, fields);
     if (n < 0) {
         return;
     }
@@ -82,11 +99,32 @@ void kvf_logv(const char *level, const char *fmt, va_list ap)
     (void)w;
 }
 
+void kvf_logv(const char *level, const char *fmt, va_list ap)
+{
+    log_line(level, NULL, NULL, 0, fmt, ap);
+}
+
 void kvf_log(const char *level, const char *fmt, ...)
 {
     va_list ap;
     va_start(ap, fmt);
-    kvf_logv(level, fmt, ap);
+    log_line(level, NULL, NULL, 0, fmt, ap);
+    va_end(ap);
+}
+
+void kvf_log_room(const char *level, kvf_room_key room, const char *node, const char *fmt, ...)
+{
+    va_list ap;
+    va_start(ap, fmt);
+    log_line(level, &room, node, 0, fmt, ap);
+    va_end(ap);
+}
+
+void kvf_log_node(const char *level, const char *node, uint64_t incarnation, const char *fmt, ...)
+{
+    va_list ap;
+    va_start(ap, fmt);
+    log_line(level, NULL, node, incarnation, fmt, ap);
     va_end(ap);
 }
 
@@ -132,6 +170,7 @@ struct kvf_svc {
     /* State thread: effects held back until the record of the command that
      * caused them is durable (with --data-dir), in the order they came. */
     struct fx_batch *held_head, *held_tail;
+    kvf_time_ns heartbeat_timeout; /* 0: sessions are never swept */
 };
 
 /* The effects of one command, released once record `seq` is durable. */
@@ -322,22 +361,24 @@ static void drain_effects(struct kvf_svc *svc)
         const struct kvf_cps_effect *e = &fx[i];
         switch (e->kind) {
         case KVF_CPS_FX_ROOM_STATE:
-            kvf_log("info", "room %" PRIu64 ":%" PRIu64 " %s -> %s%s%s", e->key.room_id,
-                    e->key.generation,
-                    e->old_state ? kvf_cps_room_state_name((enum kvf_cps_room_state)e->old_state)
-                                 : "NONE",
-                    kvf_cps_room_state_name((enum kvf_cps_room_state)e->new_state),
-                    e->new_state == KVF_CPS_ROOM_ABORTING ? " reason " : "",
-                    e->new_state == KVF_CPS_ROOM_ABORTING ? kvf_cps_abort_reason_name(e->reason)
-                                                          : "");
+            kvf_log_room(
+                "info", e->key, NULL, "room %" PRIu64 ":%" PRIu64 " %s -> %s%s%s", e->key.room_id,
+                e->key.generation,
+                e->old_state ? kvf_cps_room_state_name((enum kvf_cps_room_state)e->old_state)
+                             : "NONE",
+                kvf_cps_room_state_name((enum kvf_cps_room_state)e->new_state),
+                e->new_state == KVF_CPS_ROOM_ABORTING ? " reason " : "",
+                e->new_state == KVF_CPS_ROOM_ABORTING ? kvf_cps_abort_reason_name(e->reason) : "");
             break;
         case KVF_CPS_FX_NODE_STATE:
-            kvf_log("info", "node %s incarnation %" PRIu64 " -> %s", e->node_id, e->incarnation,
-                    kvf_cps_node_state_name((enum kvf_cps_node_state)e->new_state));
+            kvf_log_node("info", e->node_id, e->incarnation,
+                         "node %s incarnation %" PRIu64 " -> %s", e->node_id, e->incarnation,
+                         kvf_cps_node_state_name((enum kvf_cps_node_state)e->new_state));
             break;
         case KVF_CPS_FX_ESCALATION:
-            kvf_log("warn", "room %" PRIu64 ":%" PRIu64 ": node %s has not drained by the deadline",
-                    e->key.room_id, e->key.generation, e->node_id);
+            kvf_log_room("warn", e->key, e->node_id,
+                         "room %" PRIu64 ":%" PRIu64 ": node %s has not drained by the deadline",
+                         e->key.room_id, e->key.generation, e->node_id);
             break;
         default:
             break;
@@ -491,6 +532,11 @@ static void *state_thread(void *arg)
         now = mono_now();
 
         release_held_effects(svc);
+        kvf_svc_sessions_sweep(&svc->ctx, now, svc->heartbeat_timeout);
+        /* Wake at least every second while silent sessions are being watched. */
+        if (svc->heartbeat_timeout && (dl == UINT64_MAX || dl > now + KVF_NS_PER_S)) {
+            dl = now + KVF_NS_PER_S;
+        }
         pthread_mutex_lock(&svc->mu);
         if (job || svc->head || svc->stopping || svc->durable_moved) {
             svc->durable_moved = false;
@@ -714,6 +760,7 @@ struct kvf_svc *kvf_svc_create(const struct kvf_svc_opts *sopts)
     svc->ctx.sessions = kvf_svc_sessions_create();
     svc->ctx.started_at = mono_now();
     svc->ctx.node_ttl = opts.node_ttl;
+    svc->heartbeat_timeout = sopts != NULL ? sopts->heartbeat_timeout : 0;
     if (svc->ctx.cps && sopts != NULL && sopts->data_dir != NULL && sopts->data_dir[0] != '\0') {
         struct kvf_error err;
         kvf_error_clear(&err);

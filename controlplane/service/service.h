@@ -36,8 +36,9 @@ struct kvf_svc_opts {
     kvf_time_ns drain_deadline;
     kvf_time_ns resend_initial;
     kvf_time_ns tombstone_ttl;
-    const char *data_dir;    /* NULL or "": no durability (state in memory only) */
-    uint64_t snapshot_every; /* records between snapshots; 0: 4096 */
+    const char *data_dir;          /* NULL or "": no durability (state in memory only) */
+    uint64_t snapshot_every;       /* records between snapshots; 0: 4096 */
+    kvf_time_ns heartbeat_timeout; /* end a silent node session after this; 0: never */
 };
 
 /* Creates the state core, health registry and reflection index, and starts
@@ -71,6 +72,12 @@ void kvf_svc_destroy(struct kvf_svc *svc);
 /* One JSON log line on stderr: {"ts":"<UTC ISO-8601>","level":..,"msg":..}.
  * Thread-safe (one write per line). */
 void kvf_log(const char *level, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+/* The same, with a "room":"id:generation" field and, when `node` is not
+ * NULL, a "node" field (and "incarnation" when not 0). */
+void kvf_log_room(const char *level, kvf_room_key room, const char *node, const char *fmt, ...)
+    __attribute__((format(printf, 4, 5)));
+void kvf_log_node(const char *level, const char *node, uint64_t incarnation, const char *fmt, ...)
+    __attribute__((format(printf, 4, 5)));
 void kvf_logv(const char *level, const char *fmt, va_list ap);
 
 #endif /* KVF_SERVICE_H */

@@ -48,6 +48,9 @@ void kvf_svc_post(struct kvf_svc *svc, kvf_svc_job_fn run, void (*drop)(void *ar
 struct kvf_svc_sessions *kvf_svc_sessions_create(void);
 void kvf_svc_sessions_destroy(struct kvf_svc_sessions *reg);
 int kvf_svc_register_streams(struct kvf_svc *svc, struct kvf_rpc_server *srv);
+/* Ends the session of every node that sent nothing (not even a heartbeat)
+ * for `timeout_ns` (0: never); `mono_now` is CLOCK_MONOTONIC. State thread. */
+void kvf_svc_sessions_sweep(struct kvf_svc_ctx *ctx, uint64_t mono_now, uint64_t timeout_ns);
 /* Delivers one core effect to the node sessions and lease watchers. */
 void kvf_svc_route_effect(struct kvf_svc_ctx *ctx, const struct kvf_cps_effect *e);
 

@@ -1325,6 +1325,42 @@ static void test_reattach_resends_room_update_of_aborting_room(void **state)
     kvfence__v1__control_message__free_unpacked(m, NULL);
 }
 
+/* Heartbeats drive SUSPECT: a node whose stream stays open but says nothing
+ * (a hung process) loses its session after --heartbeat-timeout-ms, like a
+ * dropped connection; a node that heartbeats keeps it. */
+static void test_silent_node_goes_suspect_heartbeating_node_stays(void **state)
+{
+    struct fx *f = *state;
+    fx_start(f, "--heartbeat-timeout-ms", "700", "--node-ttl-ms", "60000", NULL);
+    fx_attach(f, 0, "quiet", 1);
+    fx_attach(f, 1, "chatty", 1);
+    Kvfence__V1__Heartbeat hb = KVFENCE__V1__HEARTBEAT__INIT;
+    Kvfence__V1__NodeMessage m = KVFENCE__V1__NODE_MESSAGE__INIT;
+    m.msg_case = KVFENCE__V1__NODE_MESSAGE__MSG_HEARTBEAT;
+    m.heartbeat = &hb;
+    for (int i = 0; i < 10; i++) { /* 2 s of heartbeats, one every 200 ms */
+        hb.seq = (uint64_t)i + 1;
+        assert_int_equal(fake_node_send(f->nodes[1], &m), 0);
+        struct timespec ts = {0, 200 * 1000000L};
+        nanosleep(&ts, NULL);
+    }
+    wait_node_state(f, "quiet", KVFENCE__V1__NODE_STATE__NODE_STATE_SUSPECT, 3000);
+    wait_node_state(f, "chatty", KVFENCE__V1__NODE_STATE__NODE_STATE_ATTACHED, 100);
+    /* The quiet node's stream was ended by the server. */
+    Kvfence__V1__ControlMessage *cm = NULL;
+    struct kvf_rpc_status st;
+    int rc;
+    do {
+        cm = NULL;
+        rc = fake_node_recv(f->nodes[0], 2000, &cm, &st);
+        if (cm != NULL)
+            kvfence__v1__control_message__free_unpacked(cm, NULL);
+    } while (rc == 0);
+    assert_int_equal(rc, KVF_RPC_STREAM_END);
+    assert_int_equal(st.code, KVF_GRPC_UNAVAILABLE);
+    assert_non_null(strstr(st.message, "heartbeat"));
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -1349,6 +1385,8 @@ int main(void)
         cmocka_unit_test_setup_teardown(test_first_message_must_be_hello, setup, teardown),
         cmocka_unit_test_setup_teardown(test_reattach_resends_room_update_of_aborting_room, setup,
                                         teardown),
+        cmocka_unit_test_setup_teardown(test_silent_node_goes_suspect_heartbeating_node_stays,
+                                        setup, teardown),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
