@@ -1,0 +1,215 @@
+/*
+ * pool.c: host shared-memory pools and what every pool kind shares (geometry
+ * checks, page addresses, the busy count, close).
+ *
+ * A HOST_SHM pool maps an existing POSIX shm object created by an engine with
+ * shm_open(O_RDWR) + mmap(MAP_SHARED). The pool may start at any byte offset of
+ * the object; mmap needs a page-aligned file offset, so the mapping starts at
+ * the system page below `offset` and `base` points `offset` bytes in. The file
+ * descriptor is closed right after mmap (the mapping keeps the object alive).
+ *
+ * DESIGN: see pool.h. The only mutable field after open is `busy`, an atomic
+ * word whose bit 63 (POOL_CLOSING) is set by close with one CAS from exactly 0,
+ * so close and busy_get never both succeed on one pool.
+ */
+#include <errno.h>
+#include <fcntl.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "pool_internal.h"
+
+int pool_check_geometry(const char *what, uint64_t offset, uint64_t size, uint32_t page_size,
+                        uint32_t page_count, uint64_t avail, struct kvf_error *err)
+{
+    if (page_size == 0)
+        return kvf_error_set(err, -EINVAL, "%s: page_size must be >= 1", what);
+    if (page_count == 0)
+        return kvf_error_set(err, -EINVAL, "%s: page_count must be >= 1", what);
+    uint64_t need = (uint64_t)page_size * page_count; /* < 2^64: both are 32-bit */
+    if (size < need)
+        return kvf_error_set(
+            err, -EINVAL, "%s: size %llu is smaller than page_size %u x page_count %u = %llu", what,
+            (unsigned long long)size, page_size, page_count, (unsigned long long)need);
+    if (offset > avail || size > avail - offset)
+        return kvf_error_set(
+            err, -EINVAL, "%s: offset %llu + size %llu exceeds the object's %llu bytes", what,
+            (unsigned long long)offset, (unsigned long long)size, (unsigned long long)avail);
+    return 0;
+}
+
+struct kvf_pool *pool_alloc(enum kvf_pool_kind kind, uint64_t size, uint32_t page_size,
+                            uint32_t page_count)
+{
+    struct kvf_pool *pool = calloc(1, sizeof(*pool));
+    if (pool == NULL)
+        return NULL;
+    pool->kind = kind;
+    pool->size = size;
+    pool->page_size = page_size;
+    pool->page_count = page_count;
+    atomic_init(&pool->busy, 0);
+    return pool;
+}
+
+/* A POSIX shm name: "/name", 2..NAME_MAX bytes, no other '/'. */
+static int pool_check_shm_name(const char *name, struct kvf_error *err)
+{
+    if (name == NULL || name[0] != '/' || name[1] == '\0')
+        return kvf_error_set(err, -EINVAL, "host_shm.shm_name: \"%s\" must start with '/'",
+                             name != NULL ? name : "(null)");
+    size_t len = strnlen(name, 256);
+    if (len > 255)
+        return kvf_error_set(err, -EINVAL, "host_shm.shm_name: longer than 255 bytes");
+    if (strchr(name + 1, '/') != NULL)
+        return kvf_error_set(err, -EINVAL, "host_shm.shm_name: \"%s\" contains a second '/'", name);
+    return 0;
+}
+
+int kvf_pool_open_shm(const char *name, uint64_t offset, uint64_t size, uint32_t page_size,
+                      uint32_t page_count, struct kvf_pool **pool_p, struct kvf_error *err)
+{
+    int rc = pool_check_shm_name(name, err);
+    if (rc != 0)
+        return rc;
+    rc = pool_check_geometry("host_shm", offset, size, page_size, page_count, UINT64_MAX, err);
+    if (rc != 0)
+        return rc;
+
+    int fd = shm_open(name, O_RDWR, 0);
+    if (fd < 0) {
+        int e = errno;
+        if (e == ENOENT)
+            return kvf_error_set(err, -ENOENT, "host_shm: no shared memory object \"%s\"", name);
+        if (e == EACCES)
+            return kvf_error_set(err, -EACCES, "host_shm: no permission to open \"%s\" read-write",
+                                 name);
+        return kvf_error_set(err, -e, "host_shm: shm_open(\"%s\"): %s", name, strerror(e));
+    }
+    struct stat st;
+    if (fstat(fd, &st) != 0) {
+        int e = errno;
+        rc = kvf_error_set(err, -e, "host_shm: fstat(\"%s\"): %s", name, strerror(e));
+        goto err_close_fd;
+    }
+    rc = pool_check_geometry("host_shm", offset, size, page_size, page_count, (uint64_t)st.st_size,
+                             err);
+    if (rc != 0)
+        goto err_close_fd;
+
+    long sys_page = sysconf(_SC_PAGESIZE);
+    uint64_t map_off = offset / (uint64_t)sys_page * (uint64_t)sys_page;
+    uint64_t map_len = offset - map_off + size;
+    if (map_len > SIZE_MAX) {
+        rc = kvf_error_set(err, -EINVAL, "host_shm: %llu bytes do not fit the address space",
+                           (unsigned long long)map_len);
+        goto err_close_fd;
+    }
+    void *map = mmap(NULL, (size_t)map_len, PROT_READ | PROT_WRITE, MAP_SHARED, fd, (off_t)map_off);
+    if (map == MAP_FAILED) {
+        int e = errno;
+        rc =
+            kvf_error_set(err, e == EACCES ? -EACCES : -e, "host_shm: mmap(\"%s\", %llu bytes): %s",
+                          name, (unsigned long long)map_len, strerror(e));
+        goto err_close_fd;
+    }
+    struct kvf_pool *pool = pool_alloc(KVF_POOL_HOST_SHM, size, page_size, page_count);
+    if (pool == NULL) {
+        rc = kvf_error_set(err, -ENOMEM, "host_shm: out of memory");
+        goto err_unmap;
+    }
+    pool->map_base = map;
+    pool->map_len = (size_t)map_len;
+    pool->base = (uint8_t *)map + (offset - map_off);
+    close(fd);
+    *pool_p = pool;
+    return 0;
+
+err_unmap:
+    munmap(map, (size_t)map_len);
+err_close_fd:
+    close(fd);
+    return rc;
+}
+
+int kvf_pool_close(struct kvf_pool *pool)
+{
+    if (pool == NULL)
+        return 0;
+    uint64_t expect = 0;
+    if (!atomic_compare_exchange_strong_explicit(&pool->busy, &expect, POOL_CLOSING,
+                                                 memory_order_acq_rel, memory_order_acquire))
+        return -EBUSY;
+    switch (pool->kind) {
+    case KVF_POOL_HOST_SHM:
+        if (munmap(pool->map_base, pool->map_len) != 0)
+            fprintf(stderr, "kvf_pool_close: munmap: %s\n", strerror(errno));
+        break;
+    case KVF_POOL_CUDA_IPC:
+        pool_cuda_unmap(pool);
+        break;
+    }
+    free(pool);
+    return 0;
+}
+
+void *kvf_pool_page(const struct kvf_pool *pool, uint32_t page)
+{
+    if (page >= pool->page_count)
+        return NULL;
+    return pool->base + (uint64_t)page * pool->page_size;
+}
+
+int kvf_pool_check_range(const struct kvf_pool *pool, uint32_t first, uint64_t offset, uint64_t len)
+{
+    uint64_t total = (uint64_t)pool->page_size * pool->page_count;
+    uint64_t start = (uint64_t)first * pool->page_size;
+    if (first >= pool->page_count || offset > total - start || len > total - start - offset)
+        return -ERANGE;
+    return 0;
+}
+
+int kvf_pool_busy_get(struct kvf_pool *pool)
+{
+    uint64_t w = atomic_load_explicit(&pool->busy, memory_order_relaxed);
+    do {
+        if (w & POOL_CLOSING)
+            return -ENOENT;
+    } while (!atomic_compare_exchange_weak_explicit(&pool->busy, &w, w + 1, memory_order_acquire,
+                                                    memory_order_relaxed));
+    return 0;
+}
+
+void kvf_pool_busy_put(struct kvf_pool *pool)
+{
+    atomic_fetch_sub_explicit(&pool->busy, 1, memory_order_release);
+}
+
+uint64_t kvf_pool_busy(const struct kvf_pool *pool)
+{
+    return atomic_load_explicit(&pool->busy, memory_order_relaxed) & ~POOL_CLOSING;
+}
+
+enum kvf_pool_kind kvf_pool_kind(const struct kvf_pool *pool)
+{
+    return pool->kind;
+}
+
+uint32_t kvf_pool_page_size(const struct kvf_pool *pool)
+{
+    return pool->page_size;
+}
+
+uint32_t kvf_pool_page_count(const struct kvf_pool *pool)
+{
+    return pool->page_count;
+}
+
+uint64_t kvf_pool_size(const struct kvf_pool *pool)
+{
+    return pool->size;
+}

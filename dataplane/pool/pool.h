@@ -1,0 +1,104 @@
+/*
+ * pool.h: the memory pools an engine registers with its node (DESIGN.md §1,
+ * "pool"): `page_size` bytes x `page_count` pages of host shared memory (a
+ * POSIX shm object the engine created) or of CUDA device memory (an allocation
+ * the engine exported with cudaIpcGetMemHandle). The node maps the memory once
+ * at RegisterPool and hands transports and staging engines page addresses.
+ *
+ * Lifetime of a pool: the node's control thread opens it, publishes it in its
+ * pool registry, and closes it only after it took it out of the registry and
+ * no room's lifetime can still touch its pages (the lifetime table says so:
+ * kvf_lt_table_can_teardown(), or every lease on the pool is released). As a
+ * second line of defence each pool carries a `busy` count: a transport or a
+ * staging engine takes it (kvf_pool_busy_get) for as long as one of its ops
+ * reads or writes the pool, and kvf_pool_close refuses with -EBUSY while it is
+ * above zero. Once close has begun, busy_get refuses (-ENOENT), so no op can
+ * slip in between the check and the unmap.
+ *
+ * DESIGN: open and close run on the node's control thread. kvf_pool_page and
+ * the accessors read fields that never change after open and may run on any
+ * thread; busy_get/busy_put are atomic and may run on any thread, but only on
+ * a pool that is still open (the caller reached it through the registry).
+ *
+ * Errors: 0 or a negative errno (common/kvf_error.h); a struct kvf_error, when
+ * given, says what was wrong.
+ */
+#ifndef KVF_POOL_H
+#define KVF_POOL_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "kvf_error.h"
+
+struct kvf_pool;
+
+enum kvf_pool_kind {
+    KVF_POOL_HOST_SHM = 1, /* host shared memory: page addresses are host pointers */
+    KVF_POOL_CUDA_IPC = 2, /* CUDA device memory: page addresses are device pointers */
+};
+
+/* Size of a cudaIpcMemHandle_t (node.proto CudaIpcMemory.ipc_handle). */
+#define KVF_POOL_CUDA_IPC_HANDLE_SIZE 64u
+
+/*
+ * Maps the existing POSIX shared-memory object `name` ("/sglang-kv-0"; it must
+ * start with '/' and contain no other '/') read-write and shared, and makes the
+ * `size` bytes from byte `offset` of it a pool of `page_count` pages of
+ * `page_size` bytes. Returns 0 and writes `*pool_p`, or:
+ *   -EINVAL  a bad name, page_size or page_count of 0, size < page_size x
+ *            page_count, or the object is shorter than offset + size;
+ *   -ENOENT  no such object;
+ *   -EACCES  the node may not open it read-write;
+ *   -ENOMEM, or another -errno of shm_open/fstat/mmap.
+ * The object stays owned by the engine: the node never unlinks it.
+ * Control thread.
+ */
+int kvf_pool_open_shm(const char *name, uint64_t offset, uint64_t size, uint32_t page_size,
+                      uint32_t page_count, struct kvf_pool **pool_p, struct kvf_error *err);
+
+/*
+ * Opens the CUDA allocation exported by an engine (`handle`, `handle_len`
+ * bytes, a cudaIpcMemHandle_t) on device `device` with cudaIpcOpenMemHandle,
+ * and makes the `size` bytes from `offset` of it a pool. Same errors as
+ * kvf_pool_open_shm for the geometry, -ENODEV for a bad device, -EIO when the
+ * CUDA runtime refuses the handle, and -ENOTSUP when this node was built
+ * without CUDA. Control thread.
+ */
+int kvf_pool_open_cuda_ipc(const void *handle, size_t handle_len, uint32_t device, uint64_t offset,
+                           uint64_t size, uint32_t page_size, uint32_t page_count,
+                           struct kvf_pool **pool_p, struct kvf_error *err);
+
+/*
+ * Unmaps the pool (munmap, or cudaIpcCloseMemHandle) and frees it. Call only
+ * when no room's lifetime can touch its pages any more (see the top of this
+ * file); -EBUSY (and nothing changes) while its busy count is above zero.
+ * Accepts NULL (returns 0). Control thread.
+ */
+int kvf_pool_close(struct kvf_pool *pool);
+
+/* The address of page `page`, or NULL when page >= page_count. For a CUDA
+ * pool it is a device pointer. Any thread. */
+void *kvf_pool_page(const struct kvf_pool *pool, uint32_t page);
+
+/* Checks that bytes [offset, offset + len) from the start of page `first`
+ * lie inside the pool: 0 or -ERANGE. Any thread. */
+int kvf_pool_check_range(const struct kvf_pool *pool, uint32_t first, uint64_t offset,
+                         uint64_t len);
+
+/* Takes one busy reference for an op that touches the pool: 0, or -ENOENT once
+ * close has begun. Any thread. */
+int kvf_pool_busy_get(struct kvf_pool *pool);
+
+/* Drops a reference taken by kvf_pool_busy_get. Any thread. */
+void kvf_pool_busy_put(struct kvf_pool *pool);
+
+/* Current busy count (statistics and tests). */
+uint64_t kvf_pool_busy(const struct kvf_pool *pool);
+
+enum kvf_pool_kind kvf_pool_kind(const struct kvf_pool *pool);
+uint32_t kvf_pool_page_size(const struct kvf_pool *pool);
+uint32_t kvf_pool_page_count(const struct kvf_pool *pool);
+uint64_t kvf_pool_size(const struct kvf_pool *pool);
+
+#endif /* KVF_POOL_H */

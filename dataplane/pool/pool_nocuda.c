@@ -1,0 +1,28 @@
+/*
+ * pool_nocuda.c: the CUDA IPC opener of a node built without CUDA
+ * (KVF_HAVE_CUDA off): every CUDA pool is refused with -ENOTSUP, so the node
+ * does not advertise CUDA pools and an engine that tries gets a clear answer.
+ */
+#include <errno.h>
+
+#include "pool_internal.h"
+
+int kvf_pool_open_cuda_ipc(const void *handle, size_t handle_len, uint32_t device, uint64_t offset,
+                           uint64_t size, uint32_t page_size, uint32_t page_count,
+                           struct kvf_pool **pool_p, struct kvf_error *err)
+{
+    (void)handle;
+    (void)handle_len;
+    (void)device;
+    (void)offset;
+    (void)size;
+    (void)page_size;
+    (void)page_count;
+    (void)pool_p;
+    return kvf_error_set(err, -ENOTSUP, "cuda_ipc: this node was built without CUDA");
+}
+
+void pool_cuda_unmap(struct kvf_pool *pool)
+{
+    (void)pool; /* never reached: no CUDA pool can be opened */
+}
