@@ -417,7 +417,8 @@ static void log_command(struct kvf_svc_ctx *ctx, enum kvf_svc_rec_kind kind, kvf
 
 struct sess_job {
     struct node_sess *s;
-    Kvfence__V1__NodeMessage *msg; /* NULL: the stream ended */
+    bool half_close;               /* the node said goodbye (no msg) */
+    Kvfence__V1__NodeMessage *msg; /* NULL (and not half_close): the stream ended */
     uint8_t *raw;                  /* the message's bytes, for the log */
     size_t raw_len;
 };
@@ -710,6 +711,14 @@ static void sess_job_run(struct kvf_svc_ctx *ctx, void *arg, kvf_time_ns now)
 {
     struct sess_job *j = arg;
     struct node_sess *s = j->s;
+    if (j->half_close) {
+        /* After every message the node sent before it (jobs are FIFO): a
+         * refusal already ended the stream, and this finish is then moot. */
+        if (!s->closed)
+            kvf_rpc_stream_finish(s->stream, KVF_GRPC_OK, NULL);
+        free(j);
+        return;
+    }
     if (j->msg == NULL) { /* the stream ended */
         s->closed = true;
         if (s->attached && !s->replaced) {
@@ -747,7 +756,7 @@ static void sess_job_drop(void *arg)
     struct sess_job *j = arg;
     if (j->msg != NULL)
         protobuf_c_message_free_unpacked(&j->msg->base, NULL);
-    else
+    else if (!j->half_close)
         sess_unref(j->s);
     free(j->raw);
     free(j);
@@ -821,11 +830,22 @@ static void attach_message(void *vctx, struct kvf_rpc_stream *stream, const uint
     attach_post(s, m, msg, len);
 }
 
-/* A node that half-closes is saying goodbye: end the session cleanly. */
+/* A node that half-closes is saying goodbye: end the session cleanly, once
+ * the messages it sent before have been handled. */
 static void attach_half_close(void *vctx, struct kvf_rpc_stream *stream)
 {
     (void)vctx;
-    kvf_rpc_stream_finish(stream, KVF_GRPC_OK, NULL);
+    struct node_sess *s = kvf_rpc_stream_user(stream);
+    if (s == NULL)
+        return;
+    struct sess_job *j = calloc(1, sizeof(*j));
+    if (j == NULL) {
+        kvf_rpc_stream_finish(stream, KVF_GRPC_OK, NULL);
+        return;
+    }
+    j->s = s;
+    j->half_close = true;
+    kvf_svc_post(s->svc, sess_job_run, sess_job_drop, j);
 }
 
 static void attach_closed(void *vctx, struct kvf_rpc_stream *stream,
