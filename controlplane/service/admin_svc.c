@@ -360,13 +360,17 @@ static void list_rooms_run(struct kvf_svc_ctx *ctx, struct kvf_rpc_call *call,
 
 /* ---- GetNode ------------------------------------------------------------------ */
 
-static int get_node_validate(const ProtobufCMessage *m, struct kvf_error *err)
+static int require_node_id(const char *node_id, struct kvf_error *err)
 {
-    const Kvfence__V1__GetNodeRequest *rq = (const Kvfence__V1__GetNodeRequest *)m;
-    if (!rq->node_id || !rq->node_id[0]) {
+    if (!node_id || !node_id[0]) {
         return kvf_error_set(err, -EINVAL, "node_id: required");
     }
     return 0;
+}
+
+static int get_node_validate(const ProtobufCMessage *m, struct kvf_error *err)
+{
+    return require_node_id(((const Kvfence__V1__GetNodeRequest *)m)->node_id, err);
 }
 
 static void get_node_run(struct kvf_svc_ctx *ctx, struct kvf_rpc_call *call,
@@ -613,11 +617,7 @@ static void list_leases_run(struct kvf_svc_ctx *ctx, struct kvf_rpc_call *call,
 
 static int fence_node_validate(const ProtobufCMessage *m, struct kvf_error *err)
 {
-    const Kvfence__V1__FenceNodeRequest *rq = (const Kvfence__V1__FenceNodeRequest *)m;
-    if (!rq->node_id || !rq->node_id[0]) {
-        return kvf_error_set(err, -EINVAL, "node_id: required");
-    }
-    return 0;
+    return require_node_id(((const Kvfence__V1__FenceNodeRequest *)m)->node_id, err);
 }
 
 static void fence_node_run(struct kvf_svc_ctx *ctx, struct kvf_rpc_call *call,

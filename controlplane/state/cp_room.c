@@ -800,22 +800,31 @@ static int room_for_report(struct kvf_cps *st, const struct cp_node *node, kvf_r
     return 0;
 }
 
+/* The node, room and (room, node) record a report names: the checks every
+ * report shares (room id, current incarnation, the node is in the room). */
+static int report_target(struct kvf_cps *st, const char *node_id, uint64_t incarnation,
+                         kvf_room_key key, struct cp_node **node_p, struct cp_room **room_p,
+                         struct cp_rnode **rn_p, struct kvf_error *err)
+{
+    int rc = validate_room_id(key.room_id, err);
+    if (rc != 0)
+        return rc;
+    rc = cp_node_for_report(st, node_id, incarnation, node_p, err);
+    if (rc != 0)
+        return rc;
+    return room_for_report(st, *node_p, key, room_p, rn_p, err);
+}
+
 int kvf_cps_report_completed(struct kvf_cps *st, const char *node_id, uint64_t incarnation,
                              kvf_room_key key, uint32_t rank, enum kvf_cps_role role,
                              kvf_time_ns now, struct kvf_error *err)
 {
     if (role != KVF_CPS_ROLE_SOURCE && role != KVF_CPS_ROLE_SINK)
         return kvf_error_set(err, -EINVAL, "role: %d is not SOURCE or SINK", (int)role);
-    int rc = validate_room_id(key.room_id, err);
-    if (rc != 0)
-        return rc;
     struct cp_node *node;
-    rc = cp_node_for_report(st, node_id, incarnation, &node, err);
-    if (rc != 0)
-        return rc;
     struct cp_room *room;
     struct cp_rnode *rn;
-    rc = room_for_report(st, node, key, &room, &rn, err);
+    int rc = report_target(st, node_id, incarnation, key, &node, &room, &rn, err);
     if (rc != 0)
         return rc;
     struct cp_part *p = find_part(room, node, rank, role);
@@ -854,16 +863,10 @@ int kvf_cps_report_failed(struct kvf_cps *st, const char *node_id, uint64_t inca
                           kvf_room_key key, kvf_time_ns now, kvf_token *token_p,
                           struct kvf_error *err)
 {
-    int rc = validate_room_id(key.room_id, err);
-    if (rc != 0)
-        return rc;
     struct cp_node *node;
-    rc = cp_node_for_report(st, node_id, incarnation, &node, err);
-    if (rc != 0)
-        return rc;
     struct cp_room *room;
     struct cp_rnode *rn;
-    rc = room_for_report(st, node, key, &room, &rn, err);
+    int rc = report_target(st, node_id, incarnation, key, &node, &room, &rn, err);
     if (rc != 0)
         return rc;
     if (room->state == KVF_CPS_ROOM_COMPLETED)
