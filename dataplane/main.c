@@ -1,36 +1,157 @@
 /*
- * main.c: entry point of kvfence-node, the kvfence per-host data-plane worker (transfers arrive
- * with the node issue).
+ * main.c: entry point of kvfence-node, the kvfence per-host data-plane worker.
  *
- * Until its services exist this binary answers --version and --help only, so
- * that the README's run command has something true to run.
+ * Parses the settings (flags > KVF_NODE_* environment > config file >
+ * default, common/kvf_config.h), starts the node (dataplane/node/node.h),
+ * writes the port file once the control plane welcomed the node, and waits
+ * for SIGTERM or SIGINT. On a signal it closes admission on every lifetime,
+ * waits for them to drain (bounded by --drain-timeout-ms), reports, ends its
+ * session and exits 0. It exits 1 when the control plane refuses the node
+ * (FAILED_PRECONDITION) or the node cannot start, 2 on a bad setting.
  */
+#include <errno.h>
+#include <pthread.h>
+#include <signal.h>
+#include <stdbool.h>
+#include <stdint.h>
 #include <stdio.h>
 #include <string.h>
+#include <time.h>
+#include <unistd.h>
 
+#include "kvf_config.h"
 #include "kvf_version.h"
+#include "node.h"
 
-static void usage(FILE *out)
+struct settings {
+    const char *config, *control, *node_id, *local_socket, *data_host, *port_file;
+    uint64_t data_port, drain_timeout_ms;
+    bool version;
+};
+
+/* Writes "DATA_PORT\nLOCAL_SOCKET\n" atomically (rename). */
+static int write_port_file(const char *path, unsigned port, const char *sock)
 {
-    fprintf(out, "usage: kvfence-node [--version] [--help]\n");
+    char tmp[4096];
+    if (snprintf(tmp, sizeof tmp, "%s.tmp", path) >= (int)sizeof tmp)
+        return -ENAMETOOLONG;
+    FILE *f = fopen(tmp, "w");
+    if (!f)
+        return -errno;
+    fprintf(f, "%u\n%s\n", port, sock);
+    if (fclose(f) != 0 || rename(tmp, path) != 0) {
+        int e = errno;
+        unlink(tmp);
+        return -e;
+    }
+    return 0;
 }
 
 int main(int argc, char **argv)
 {
-    for (int i = 1; i < argc; i++) {
-        if (strcmp(argv[i], "--version") == 0) {
-            printf("kvfence-node %s (cuda %s)\n", KVF_VERSION_STRING,
-                   KVF_HAVE_CUDA_BUILD ? "yes" : "no");
-            return 0;
-        }
-        if (strcmp(argv[i], "--help") == 0 || strcmp(argv[i], "-h") == 0) {
-            usage(stdout);
-            return 0;
-        }
-        fprintf(stderr, "kvfence-node: unknown argument '%s'\n", argv[i]);
-        usage(stderr);
+    char host[256] = "localhost";
+    (void)gethostname(host, sizeof host - 1);
+    struct settings cfg = {
+        .node_id = host,
+        .local_socket = "/run/kvfence/node.sock",
+        .data_host = "127.0.0.1",
+        .drain_timeout_ms = 10000,
+    };
+    const struct kvf_config_item items[] = {
+        {"control", KVF_CONFIG_STRING, &cfg.control, 0,
+         "kvfence-control address (host:port); required"},
+        {"node-id", KVF_CONFIG_STRING, &cfg.node_id, 0, "this node's id (default: hostname)"},
+        {"local-socket", KVF_CONFIG_STRING, &cfg.local_socket, 0,
+         "unix socket of the NodeLocal service (engines)"},
+        {"data-host", KVF_CONFIG_STRING, &cfg.data_host, 0,
+         "numeric IPv4 the TCP data transport binds and announces"},
+        {"data-port", KVF_CONFIG_UINT, &cfg.data_port, 65535, "TCP data port (0: any)"},
+        {"port-file", KVF_CONFIG_STRING, &cfg.port_file, 0,
+         "once attached, write the data port and the local socket path here (tests)"},
+        {"drain-timeout-ms", KVF_CONFIG_UINT, &cfg.drain_timeout_ms, 86400000,
+         "at SIGTERM, how long to wait for lifetimes to drain"},
+        {"version", KVF_CONFIG_BOOL, &cfg.version, 0, "print the version and exit"},
+    };
+    size_t nitems = sizeof items / sizeof items[0];
+    struct kvf_error err;
+    kvf_error_clear(&err);
+    int prc = kvf_config_parse(items, nitems, "KVF_NODE_", argc, argv, stdout, &err);
+    if (prc == 1) {
+        kvf_config_free();
+        return 0;
+    }
+    if (prc < 0) {
+        fprintf(stderr, "kvfence-node: %s\n", err.msg);
+        kvf_config_usage(items, nitems, "KVF_NODE_", stderr);
+        kvf_config_free();
         return 2;
     }
-    usage(stderr);
-    return 2;
+    if (cfg.version) {
+        printf("kvfence-node %s (cuda %s)\n", KVF_VERSION_STRING,
+               KVF_HAVE_CUDA_BUILD ? "yes" : "no");
+        kvf_config_free();
+        return 0;
+    }
+    if (!cfg.control || !cfg.control[0]) {
+        fprintf(stderr, "kvfence-node: --control is required\n");
+        kvf_config_usage(items, nitems, "KVF_NODE_", stderr);
+        kvf_config_free();
+        return 2;
+    }
+
+    /* Before any thread starts: they all inherit the mask. */
+    sigset_t sigs;
+    sigemptyset(&sigs);
+    sigaddset(&sigs, SIGINT);
+    sigaddset(&sigs, SIGTERM);
+    pthread_sigmask(SIG_BLOCK, &sigs, NULL);
+    signal(SIGPIPE, SIG_IGN);
+
+    struct kvf_node_opts opts;
+    kvf_node_opts_init(&opts);
+    opts.control_addr = cfg.control;
+    opts.node_id = cfg.node_id;
+    opts.local_socket = cfg.local_socket;
+    opts.data_host = cfg.data_host;
+    opts.data_port = (uint16_t)cfg.data_port;
+    opts.drain_timeout_ms = cfg.drain_timeout_ms;
+    struct kvf_node *n = kvf_node_start(&opts);
+    if (!n) {
+        kvf_config_free();
+        return 1;
+    }
+
+    int rc = 0;
+    bool ready = false;
+    for (;;) {
+        if (kvf_node_fatal(n)) {
+            rc = 1;
+            break;
+        }
+        if (!ready && kvf_node_wait_ready(n, 0) == 0) {
+            ready = true;
+            if (cfg.port_file && cfg.port_file[0]) {
+                int wrc = write_port_file(cfg.port_file, kvf_node_data_port(n), cfg.local_socket);
+                if (wrc < 0) {
+                    fprintf(stderr, "kvfence-node: cannot write %s: %s\n", cfg.port_file,
+                            strerror(-wrc));
+                    rc = 1;
+                    break;
+                }
+            }
+        }
+        struct timespec ts = {0, 100 * 1000000L};
+        int sig = sigtimedwait(&sigs, NULL, &ts);
+        if (sig == SIGTERM || sig == SIGINT) {
+            fprintf(stderr, "kvfence-node: got %s: draining\n",
+                    sig == SIGINT ? "SIGINT" : "SIGTERM");
+            break;
+        }
+    }
+    int src = kvf_node_stop(n);
+    if (src != 0 && rc == 0)
+        fprintf(stderr, "kvfence-node: stopped with lifetimes undrained (%s)\n", strerror(-src));
+    kvf_node_destroy(n);
+    kvf_config_free();
+    return rc;
 }

@@ -1,0 +1,540 @@
+/*
+ * local_svc.c: NodeLocal, the engines' API on the node's unix socket
+ * (RegisterPool, SubmitChunk), and the source side of a transfer: a chunk is
+ * checked against the room's leases, split into TCP frames, each admitted
+ * into the room's lifetime and posted; completions retire the frames, and a
+ * source participant whose last chunk completed well is reported Completed.
+ *
+ * DESIGN: the handlers run on gRPC CQ threads; they decode and check the
+ * request's shape only, then post a job. The owner thread does the rest
+ * (node_local_register_pool, node_local_submit_chunk) and completes the call.
+ * Admission is per frame, just before its post: a frame is never posted for a
+ * room whose admission is closed (DESIGN.md §2.2). A chunk is admitted or
+ * refused as a whole only when its first frame is; if admission closes or a
+ * post fails part way, the frames already posted run to completion (they are
+ * counted in the lifetime), the chunk counts as failed and the node reports
+ * TransferFailed unless the room is aborting already.
+ *
+ * Not in this version: UnregisterPool and Watch (UNIMPLEMENTED), aux bytes
+ * (accepted, not sent), CUDA IPC pools (FAILED_PRECONDITION), same-node
+ * transfers (FAILED_PRECONDITION). The sink's page size is taken to be the
+ * source pool's: RoomUpdate's pools carry only their id today.
+ */
+#include <errno.h>
+#include <inttypes.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "kvf_error.h"
+#include "node_internal.h"
+#include "tcp.h"
+
+#define LOCAL_CQ_THREADS 2
+
+bool node_ranges_cover(const struct node_range *rv, size_t nr, uint32_t first, uint32_t count);
+
+struct node_chunk;
+
+struct node_xfer {
+    struct kvf_xfer x;
+    struct node_chunk *chunk;
+};
+
+struct node_chunk {
+    struct node_room *room;
+    uint32_t src_rank;
+    uint64_t seq;
+    uint32_t nframes; /* posted */
+    uint32_t ndone;
+    uint32_t nfail;
+    struct node_xfer frames[];
+};
+
+/* ---- replies ------------------------------------------------------------------ */
+
+static void fail(struct node_job *j, int code, const char *fmt, ...)
+    __attribute__((format(printf, 3, 4)));
+static void fail(struct node_job *j, int code, const char *fmt, ...)
+{
+    char msg[256];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(msg, sizeof msg, fmt, ap);
+    va_end(ap);
+    kvf_rpc_call_fail(j->call, code, msg);
+    j->call = NULL;
+}
+
+/* ---- RegisterPool ------------------------------------------------------------- */
+
+void node_local_register_pool(struct kvf_node *n, struct node_job *j)
+{
+    const Kvfence__V1__RegisterPoolRequest *req = j->reg;
+    const Kvfence__V1__HostShmMemory *shm = req->host_shm;
+    if (n->npools >= NODE_MAX_POOLS) {
+        fail(j, KVF_GRPC_RESOURCE_EXHAUSTED, "pools per node: limit %u", NODE_MAX_POOLS);
+        return;
+    }
+    struct node_pool *p = &n->pools[n->npools];
+    memset(p, 0, sizeof *p);
+    int rc = node_pool_map(p, shm->shm_name, shm->offset, shm->size);
+    if (rc != 0) {
+        fail(j,
+             rc == -ENOENT   ? KVF_GRPC_NOT_FOUND
+             : rc == -EINVAL ? KVF_GRPC_INVALID_ARGUMENT
+                             : KVF_GRPC_INTERNAL,
+             "host_shm.shm_name: cannot map '%s' (offset %" PRIu64 ", size %" PRIu64 "): %s",
+             shm->shm_name, shm->offset, shm->size, strerror(-rc));
+        return;
+    }
+    p->id = n->next_pool_id;
+    p->page_size = req->page_size;
+    p->page_count = req->page_count;
+    p->rank = req->rank;
+    rc = kvf_transport_tcp_add_pool(n->tcp, p->id, p->base, p->page_size, p->page_count);
+    if (rc != 0) {
+        node_pool_unmap(p);
+        fail(j, KVF_GRPC_INTERNAL, "tcp transport refused the pool: %s", strerror(-rc));
+        return;
+    }
+    n->next_pool_id++;
+    n->npools++;
+    node_log("info", NULL, "pool %u registered: %s, %u pages of %u bytes, rank %u", p->id,
+             shm->shm_name, p->page_count, p->page_size, p->rank);
+
+    Kvfence__V1__Pool pool;
+    Kvfence__V1__Pool *pp;
+    kvfence__v1__pool__init(&pool);
+    pool.pool_id = p->id;
+    pool.kind = KVFENCE__V1__POOL_KIND__POOL_KIND_HOST_SHM;
+    pool.page_size = p->page_size;
+    pool.page_count = p->page_count;
+    pool.owner_rank = p->rank;
+    pool.base_addr = (uint64_t)(uintptr_t)p->base;
+    pp = &pool;
+    /* The control plane learns the pool now, or from the next Hello. */
+    Kvfence__V1__PoolUpdate pu = KVFENCE__V1__POOL_UPDATE__INIT;
+    pu.n_upserted = 1;
+    pu.upserted = &pp;
+    Kvfence__V1__NodeMessage m = KVFENCE__V1__NODE_MESSAGE__INIT;
+    m.msg_case = KVFENCE__V1__NODE_MESSAGE__MSG_POOL_UPDATE;
+    m.pool_update = &pu;
+    node_ctl_send(n, &m);
+
+    Kvfence__V1__RegisterPoolResponse resp = KVFENCE__V1__REGISTER_POOL_RESPONSE__INIT;
+    resp.pool = &pool;
+    size_t len = kvfence__v1__register_pool_response__get_packed_size(&resp);
+    uint8_t buf[128];
+    kvfence__v1__register_pool_response__pack(&resp, buf);
+    kvf_rpc_call_reply(j->call, buf, len);
+    j->call = NULL;
+}
+
+/* ---- SubmitChunk --------------------------------------------------------------- */
+
+static struct node_member *member_find(struct node_room *r, const char *node_id, uint32_t rank,
+                                       int role)
+{
+    for (size_t i = 0; i < r->nmembers; i++) {
+        struct node_member *m = &r->members[i];
+        if (m->rank == rank && m->role == role && strcmp(m->node_id, node_id) == 0)
+            return m;
+    }
+    return NULL;
+}
+
+static uint64_t pages_of(Kvfence__V1__PageRange **rv, size_t n)
+{
+    uint64_t s = 0;
+    for (size_t i = 0; i < n; i++)
+        s += rv[i]->count;
+    return s;
+}
+
+/* Pages of `rv` inside `m`'s lease; -1 names the first range that is not. */
+static ssize_t ranges_outside(const struct node_member *m, Kvfence__V1__PageRange **rv, size_t n)
+{
+    for (size_t i = 0; i < n; i++)
+        if (rv[i]->count == 0 ||
+            !node_ranges_cover(m->ranges, m->nranges, rv[i]->first, rv[i]->count))
+            return (ssize_t)i;
+    return -1;
+}
+
+/* Walks source and sink ranges together and calls `emit` once per frame: a run
+ * of pages contiguous on both sides, at most `max_pages` long. */
+struct walk {
+    Kvfence__V1__PageRange **src, **dst;
+    size_t nsrc, ndst, si, di;
+    uint32_t soff, doff;
+};
+
+static bool walk_next(struct walk *w, uint32_t max_pages, uint32_t *sfirst, uint32_t *dfirst,
+                      uint32_t *count)
+{
+    if (w->si >= w->nsrc || w->di >= w->ndst)
+        return false;
+    uint32_t sleft = w->src[w->si]->count - w->soff;
+    uint32_t dleft = w->dst[w->di]->count - w->doff;
+    uint32_t c = sleft < dleft ? sleft : dleft;
+    if (c > max_pages)
+        c = max_pages;
+    *sfirst = w->src[w->si]->first + w->soff;
+    *dfirst = w->dst[w->di]->first + w->doff;
+    *count = c;
+    w->soff += c;
+    w->doff += c;
+    if (w->soff == w->src[w->si]->count) {
+        w->si++;
+        w->soff = 0;
+    }
+    if (w->doff == w->dst[w->di]->count) {
+        w->di++;
+        w->doff = 0;
+    }
+    return true;
+}
+
+void node_local_submit_chunk(struct kvf_node *n, struct node_job *j)
+{
+    const Kvfence__V1__SubmitChunkRequest *req = j->submit;
+    kvf_room_key key = {req->room->room_id, req->room->generation};
+    struct node_room *r = node_room_find(n, key);
+    if (!r) {
+        if (kvf_lt_table_is_late(n->lts, key) || n->stop_requested)
+            fail(j, KVF_GRPC_ABORTED, "room %" PRIu64 ":%" PRIu64 " is late on this node",
+                 key.room_id, key.generation);
+        else
+            fail(j, KVF_GRPC_UNAVAILABLE,
+                 "room %" PRIu64 ":%" PRIu64 ": no room update on this node yet: retry",
+                 key.room_id, key.generation);
+        return;
+    }
+    if (r->aborting || kvf_lt_state(r->lt) != KVF_LT_OPEN) {
+        fail(j, KVF_GRPC_ABORTED, "room %" PRIu64 ":%" PRIu64 " is %s on this node", key.room_id,
+             key.generation, r->aborting ? "aborting" : "closed");
+        return;
+    }
+    if (!r->have_update) {
+        fail(j, KVF_GRPC_UNAVAILABLE, "no room update on this node yet: retry");
+        return;
+    }
+    struct node_member *src =
+        member_find(r, n->node_id, req->source_rank, KVFENCE__V1__ROLE__ROLE_SOURCE);
+    if (!src || !src->local) {
+        fail(j, KVF_GRPC_FAILED_PRECONDITION, "source_rank: no source participant %u on this node",
+             req->source_rank);
+        return;
+    }
+    if (src->completed || src->last_submitted) {
+        fail(j, KVF_GRPC_FAILED_PRECONDITION, "source %u already submitted its last chunk",
+             req->source_rank);
+        return;
+    }
+    const char *sink_node = req->sink_node_id ? req->sink_node_id : "";
+    struct node_member *sink =
+        member_find(r, sink_node, req->sink_rank, KVFENCE__V1__ROLE__ROLE_SINK);
+    if (!sink) {
+        fail(j, KVF_GRPC_FAILED_PRECONDITION, "sink: no sink participant %s rank %u in the room",
+             sink_node, req->sink_rank);
+        return;
+    }
+    if (req->source_pool_id != src->pool_id || req->sink_pool_id != sink->pool_id) {
+        fail(j, KVF_GRPC_FAILED_PRECONDITION,
+             "pools: the leases are in source pool %u and sink pool %u", src->pool_id,
+             sink->pool_id);
+        return;
+    }
+    ssize_t bad = ranges_outside(src, req->source_ranges, req->n_source_ranges);
+    if (bad >= 0) {
+        fail(j, KVF_GRPC_FAILED_PRECONDITION, "source_ranges[%zd]: outside the read lease", bad);
+        return;
+    }
+    bad = ranges_outside(sink, req->sink_ranges, req->n_sink_ranges);
+    if (bad >= 0) {
+        fail(j, KVF_GRPC_FAILED_PRECONDITION, "sink_ranges[%zd]: outside the write lease", bad);
+        return;
+    }
+    uint64_t npages = pages_of(req->source_ranges, req->n_source_ranges);
+    if (npages != pages_of(req->sink_ranges, req->n_sink_ranges) || npages == 0) {
+        fail(j, KVF_GRPC_INVALID_ARGUMENT, "source and sink sizes differ (or are 0)");
+        return;
+    }
+    if (req->chunk_seq <= src->last_seq) {
+        fail(j, KVF_GRPC_ALREADY_EXISTS, "chunk_seq %" PRIu64 " not above %" PRIu64, req->chunk_seq,
+             src->last_seq);
+        return;
+    }
+    const struct node_pool *pool = NULL;
+    for (uint32_t i = 0; i < n->npools; i++)
+        if (n->pools[i].id == src->pool_id)
+            pool = &n->pools[i];
+    if (!pool) {
+        fail(j, KVF_GRPC_FAILED_PRECONDITION, "source pool %u is not registered", src->pool_id);
+        return;
+    }
+    if (sink->local) {
+        fail(j, KVF_GRPC_FAILED_PRECONDITION,
+             "no transport to the sink node: same-node copies "
+             "are not supported yet");
+        return;
+    }
+    uint32_t peer;
+    int rc = node_ensure_peer(n, sink->node_id, sink->incarnation, &peer);
+    struct node_peer *pe = rc == 0 ? &n->peers[peer] : NULL;
+    if (pe && !pe->connected && !pe->fenced && pe->port) {
+        rc = kvf_transport_tcp_connect(n->tcp, peer, pe->host, pe->port);
+        if (rc == 0 || rc == -EEXIST) {
+            pe->connected = true;
+            rc = 0;
+        }
+    }
+    if (rc != 0 || !pe || !pe->connected || pe->fenced) {
+        fail(j, KVF_GRPC_FAILED_PRECONDITION, "no transport to the sink node %s%s", sink->node_id,
+             pe && pe->fenced ? " (fenced)" : "");
+        return;
+    }
+
+    uint32_t max_pages = NODE_FRAME_MAX / pool->page_size;
+    if (max_pages == 0)
+        max_pages = 1;
+    struct walk w = {
+        req->source_ranges, req->sink_ranges, req->n_source_ranges, req->n_sink_ranges, 0, 0, 0, 0};
+    uint32_t nframes = 0, a, b, c;
+    struct walk w2 = w;
+    while (walk_next(&w2, max_pages, &a, &b, &c))
+        nframes++;
+    struct node_chunk *ch = calloc(1, sizeof *ch + nframes * sizeof(struct node_xfer));
+    if (!ch) {
+        fail(j, KVF_GRPC_RESOURCE_EXHAUSTED, "out of memory");
+        return;
+    }
+    ch->room = r;
+    ch->src_rank = src->rank;
+    ch->seq = req->chunk_seq;
+    int err = 0;
+    for (uint32_t i = 0; i < nframes && walk_next(&w, max_pages, &a, &b, &c); i++) {
+        struct node_xfer *nx = &ch->frames[i];
+        nx->chunk = ch;
+        struct kvf_xfer *x = &nx->x;
+        x->peer = peer;
+        x->room = key;
+        x->src = pool->base + (uint64_t)a * pool->page_size;
+        x->len = (uint64_t)c * pool->page_size;
+        x->sink_pool = sink->pool_id;
+        x->first_page = b;
+        x->page_count = c;
+        x->offset = 0;
+        err = kvf_lt_admit(r->lt, &x->op, KVF_LT_OP_TCP_FRAME, peer);
+        if (err != 0)
+            break;
+        err = kvf_transport_post_write(n->tcp, x);
+        if (err != 0) {
+            if (kvf_lt_op_cancel(&x->op))
+                node_check_drained(n, r);
+            break;
+        }
+        ch->nframes++;
+    }
+    if (ch->nframes == 0) {
+        free(ch);
+        if (err == -ECANCELED)
+            fail(j, KVF_GRPC_ABORTED, "room admission is closed");
+        else
+            fail(j, KVF_GRPC_FAILED_PRECONDITION, "post to sink node %s failed: %s", sink->node_id,
+                 strerror(-err));
+        return;
+    }
+    src->last_seq = req->chunk_seq;
+    src->chunks_open++;
+    if (req->last_chunk)
+        src->last_submitted = true;
+    if (err != 0) {
+        /* Part of the chunk is in flight: it completes, and the chunk fails. */
+        ch->nfail++;
+        fail(j, err == -ECANCELED ? KVF_GRPC_ABORTED : KVF_GRPC_INTERNAL,
+             "chunk %" PRIu64 " admitted in part (%u of %u frames): %s", req->chunk_seq,
+             ch->nframes, nframes, strerror(-err));
+        return;
+    }
+    Kvfence__V1__SubmitChunkResponse resp = KVFENCE__V1__SUBMIT_CHUNK_RESPONSE__INIT;
+    resp.chunk_seq = req->chunk_seq;
+    uint8_t buf[32];
+    size_t len = kvfence__v1__submit_chunk_response__get_packed_size(&resp);
+    kvfence__v1__submit_chunk_response__pack(&resp, buf);
+    kvf_rpc_call_reply(j->call, buf, len);
+    j->call = NULL;
+}
+
+void node_local_completion(struct kvf_node *n, const struct kvf_completion *c)
+{
+    struct node_xfer *nx = (struct node_xfer *)((char *)c->xfer - offsetof(struct node_xfer, x));
+    struct node_chunk *ch = nx->chunk;
+    struct node_room *r = ch->room;
+    ch->ndone++;
+    if (c->outcome != KVF_LT_DONE_OK)
+        ch->nfail++;
+    if (c->drained)
+        node_check_drained(n, r);
+    if (ch->ndone < ch->nframes)
+        return;
+    struct node_member *src =
+        member_find(r, n->node_id, ch->src_rank, KVFENCE__V1__ROLE__ROLE_SOURCE);
+    if (src) {
+        if (src->chunks_open)
+            src->chunks_open--;
+        if (ch->nfail) {
+            src->failed = true;
+            char why[96];
+            snprintf(why, sizeof why, "chunk %" PRIu64 ": %u of %u frames failed", ch->seq,
+                     ch->nfail, ch->nframes);
+            node_send_transfer_failed(n, r, src->rank, src->role, why);
+        } else if (src->last_submitted && src->chunks_open == 0 && !src->failed &&
+                   !src->completed && !r->aborting) {
+            node_send_completed(n, r, src);
+        }
+    }
+    free(ch);
+}
+
+/* ---- handlers (CQ threads) ------------------------------------------------------ */
+
+static void post_or_fail(struct kvf_node *n, struct node_job *j)
+{
+    if (node_post(n, j) != 0) {
+        kvf_rpc_call_fail(j->call, KVF_GRPC_UNAVAILABLE, "node shutting down");
+        j->call = NULL;
+        node_job_free(j);
+    }
+}
+
+static void h_register_pool(void *ctx, struct kvf_rpc_call *call, const uint8_t *req, size_t len)
+{
+    struct kvf_node *n = ctx;
+    static const uint8_t empty[1];
+    Kvfence__V1__RegisterPoolRequest *r =
+        kvfence__v1__register_pool_request__unpack(NULL, len, len ? req : empty);
+    if (!r) {
+        kvf_rpc_call_fail(call, KVF_GRPC_INVALID_ARGUMENT, "undecodable RegisterPoolRequest");
+        return;
+    }
+    const char *why = NULL;
+    int code = KVF_GRPC_INVALID_ARGUMENT;
+    if (r->memory_case == KVFENCE__V1__REGISTER_POOL_REQUEST__MEMORY_CUDA_IPC) {
+        why = "cuda_ipc: this node was built without CUDA";
+        code = KVF_GRPC_FAILED_PRECONDITION;
+    } else if (r->memory_case != KVFENCE__V1__REGISTER_POOL_REQUEST__MEMORY_HOST_SHM) {
+        why = "memory: none given";
+    } else if (r->page_size == 0 || r->page_count == 0) {
+        why = "page_size and page_count must be >= 1";
+    } else if (r->host_shm->size < (uint64_t)r->page_size * r->page_count) {
+        why = "host_shm.size: smaller than page_size x page_count";
+    } else if (!r->host_shm->shm_name || !r->host_shm->shm_name[0]) {
+        why = "host_shm.shm_name: empty";
+    }
+    if (why) {
+        kvfence__v1__register_pool_request__free_unpacked(r, NULL);
+        kvf_rpc_call_fail(call, code, why);
+        return;
+    }
+    struct node_job *j = calloc(1, sizeof *j);
+    if (!j) {
+        kvfence__v1__register_pool_request__free_unpacked(r, NULL);
+        kvf_rpc_call_fail(call, KVF_GRPC_RESOURCE_EXHAUSTED, "out of memory");
+        return;
+    }
+    j->kind = JOB_REGISTER_POOL;
+    j->call = call;
+    j->reg = r;
+    post_or_fail(n, j);
+}
+
+static void h_submit_chunk(void *ctx, struct kvf_rpc_call *call, const uint8_t *req, size_t len)
+{
+    struct kvf_node *n = ctx;
+    static const uint8_t empty[1];
+    Kvfence__V1__SubmitChunkRequest *r =
+        kvfence__v1__submit_chunk_request__unpack(NULL, len, len ? req : empty);
+    if (!r) {
+        kvf_rpc_call_fail(call, KVF_GRPC_INVALID_ARGUMENT, "undecodable SubmitChunkRequest");
+        return;
+    }
+    const char *why = NULL;
+    if (!r->room || r->room->generation == 0)
+        why = "room: missing or generation 0";
+    else if (r->chunk_seq == 0)
+        why = "chunk_seq: must be >= 1";
+    else if (r->aux.len && !r->last_chunk)
+        why = "aux: only on the last chunk";
+    else if (r->aux.len > 1024 * 1024)
+        why = "aux: more than 1 MiB";
+    else if (r->n_source_ranges == 0 || r->n_sink_ranges == 0)
+        why = "source_ranges and sink_ranges: empty";
+    if (why) {
+        kvfence__v1__submit_chunk_request__free_unpacked(r, NULL);
+        kvf_rpc_call_fail(call, KVF_GRPC_INVALID_ARGUMENT, why);
+        return;
+    }
+    struct node_job *j = calloc(1, sizeof *j);
+    if (!j) {
+        kvfence__v1__submit_chunk_request__free_unpacked(r, NULL);
+        kvf_rpc_call_fail(call, KVF_GRPC_RESOURCE_EXHAUSTED, "out of memory");
+        return;
+    }
+    j->kind = JOB_SUBMIT_CHUNK;
+    j->call = call;
+    j->submit = r;
+    post_or_fail(n, j);
+}
+
+int node_local_start(struct kvf_node *n)
+{
+    char addr[300];
+    /* A socket file left by a previous process would refuse the bind. */
+    char dir[256];
+    snprintf(dir, sizeof dir, "%s", n->local_socket);
+    char *slash = strrchr(dir, '/');
+    if (slash && slash != dir) {
+        *slash = '\0';
+        (void)mkdir(dir, 0755);
+    }
+    (void)unlink(n->local_socket);
+    snprintf(addr, sizeof addr, "unix:%s", n->local_socket);
+    struct kvf_rpc_server_opts so;
+    kvf_rpc_server_opts_init(&so);
+    so.listen_addr = addr;
+    so.cq_threads = LOCAL_CQ_THREADS;
+    n->local_srv = kvf_rpc_server_create(&so);
+    if (!n->local_srv)
+        return -EIO;
+    int rc = kvf_rpc_server_add_unary(n->local_srv, "/kvfence.v1.NodeLocal/RegisterPool",
+                                      h_register_pool, n);
+    if (rc == 0)
+        rc = kvf_rpc_server_add_unary(n->local_srv, "/kvfence.v1.NodeLocal/SubmitChunk",
+                                      h_submit_chunk, n);
+    if (rc == 0) {
+        rc = kvf_rpc_server_start(n->local_srv);
+        if (rc > 0)
+            rc = 0;
+    }
+    if (rc != 0) {
+        node_log("error", NULL, "NodeLocal on %s: cannot start: %s", addr, strerror(-rc));
+        return rc;
+    }
+    return 0;
+}
+
+void node_local_stop(struct kvf_node *n)
+{
+    if (!n->local_srv)
+        return;
+    kvf_rpc_server_shutdown(n->local_srv, 1000);
+    kvf_rpc_server_destroy(n->local_srv);
+    n->local_srv = NULL;
+    (void)unlink(n->local_socket);
+}

@@ -1,0 +1,991 @@
+/*
+ * node.c: the owner thread of kvfence-node: the lifetime table, the room map,
+ * the registered pools, the TCP transport's control side and the send side of
+ * the control-plane session.
+ *
+ * SCOPE OF THIS VERSION (the first vertical slice):
+ * - transfers over TCP only (no RDMA, no CUDA staging, no same-node copies);
+ * - host shared-memory pools, mapped here with shm_open + mmap
+ *   (node_pool_map; dataplane/pool will replace it);
+ * - NodeLocal: RegisterPool and SubmitChunk; UnregisterPool and Watch answer
+ *   UNIMPLEMENTED; aux bytes are accepted and not sent;
+ * - lifetimes are never forgotten while the process runs (one small record per
+ *   room), so that every late message for a room stays recognisable;
+ * - no Resync, no self-fencing after node_ttl without a session.
+ *
+ * Completion rules (documented decisions):
+ * - a source participant is Completed when its last chunk (last_chunk=true)
+ *   was admitted and every frame of every chunk it submitted completed OK (the
+ *   bytes are in the socket; the sink side attests that they landed);
+ * - a sink participant is Completed when the payload bytes that landed in its
+ *   lease reach the size of the lease (pages x the pool's page size): one
+ *   counter per sink lease, fed by the TCP receivers. A source that transfers
+ *   fewer pages than the sink leased leaves the sink incomplete (the room
+ *   then ends by abort or join timeout, never by a clock release);
+ * - once every local participant of a room has completed, the node closes
+ *   the room's admission: nothing may start for it afterwards.
+ *
+ * DESIGN (threads): see node_internal.h. The owner loop waits on the job
+ * queue with a 2 ms timeout, runs every job it finds, polls the transport's
+ * completions (never blocking), sends a heartbeat when one is due, and during
+ * a stop watches the lifetimes drain. Everything the node sends to the control
+ * plane is sent from this thread, so reports for one room leave in the order
+ * the node decided them.
+ */
+#include "node_internal.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <inttypes.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "kvf_error.h"
+#include "tcp.h"
+
+#define OWNER_WAIT_MS 2
+
+/* ---- logging ----------------------------------------------------------------- */
+
+void node_log(const char *level, const kvf_room_key *room, const char *fmt, ...)
+{
+    char msg[768];
+    char esc[1600];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(msg, sizeof msg, fmt, ap);
+    va_end(ap);
+    size_t o = 0;
+    for (const unsigned char *p = (const unsigned char *)msg; *p && o + 7 < sizeof esc; p++) {
+        if (*p == '"' || *p == '\\') {
+            esc[o++] = '\\';
+            esc[o++] = (char)*p;
+        } else if (*p < 0x20) {
+            o += (size_t)snprintf(esc + o, sizeof esc - o, "\\u%04x", *p);
+        } else {
+            esc[o++] = (char)*p;
+        }
+    }
+    esc[o] = '\0';
+    struct timespec ts;
+    clock_gettime(CLOCK_REALTIME, &ts);
+    char roomf[64] = "";
+    if (room)
+        snprintf(roomf, sizeof roomf, ",\"room\":\"%" PRIu64 ":%" PRIu64 "\"", room->room_id,
+                 room->generation);
+    fprintf(stderr, "{\"ts\":%lld.%03ld,\"level\":\"%s\",\"msg\":\"%s\"%s}\n", (long long)ts.tv_sec,
+            ts.tv_nsec / 1000000, level, esc, roomf);
+}
+
+int64_t node_now_ms(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
+}
+
+/* ---- pools (minimal shm mapping; dataplane/pool replaces it) ------------------ */
+
+int node_pool_map(struct node_pool *p, const char *shm_name, uint64_t offset, uint64_t size)
+{
+    if (!shm_name || shm_name[0] != '/' || strchr(shm_name + 1, '/'))
+        return -EINVAL;
+    int fd = shm_open(shm_name, O_RDWR, 0);
+    if (fd < 0)
+        return errno == ENOENT ? -ENOENT : -EIO;
+    struct stat st;
+    if (fstat(fd, &st) != 0 || (uint64_t)st.st_size < offset + size || offset + size < offset) {
+        close(fd);
+        return -EINVAL;
+    }
+    size_t len = (size_t)(offset + size);
+    void *m = mmap(NULL, len, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+    close(fd);
+    if (m == MAP_FAILED)
+        return -EIO;
+    p->map = m;
+    p->map_len = len;
+    p->base = (uint8_t *)m + offset;
+    return 0;
+}
+
+void node_pool_unmap(struct node_pool *p)
+{
+    if (p->map)
+        munmap(p->map, p->map_len);
+    p->map = NULL;
+    p->base = NULL;
+}
+
+/* ---- job queue ----------------------------------------------------------------- */
+
+void node_job_free(struct node_job *j)
+{
+    if (!j)
+        return;
+    if (j->cm)
+        kvfence__v1__control_message__free_unpacked(j->cm, NULL);
+    if (j->reg)
+        kvfence__v1__register_pool_request__free_unpacked(j->reg, NULL);
+    if (j->submit)
+        kvfence__v1__submit_chunk_request__free_unpacked(j->submit, NULL);
+    free(j);
+}
+
+/* Posts `j`. A synchronous job (j->sync) is waited for and stays the
+ * caller's; an asynchronous one belongs to the owner from a 0 return on.
+ * -ESHUTDOWN once the owner has exited (the job stays the caller's). */
+int node_post(struct kvf_node *n, struct node_job *j)
+{
+    pthread_mutex_lock(&n->qlock);
+    if (n->owner_exit) {
+        pthread_mutex_unlock(&n->qlock);
+        return -ESHUTDOWN;
+    }
+    j->next = NULL;
+    if (n->qtail)
+        n->qtail->next = j;
+    else
+        n->qhead = j;
+    n->qtail = j;
+    pthread_cond_signal(&n->qcond);
+    if (j->sync) {
+        while (!j->done && !n->owner_exit)
+            pthread_cond_wait(&n->qdone, &n->qlock);
+        int rc = j->done ? 0 : -ESHUTDOWN;
+        pthread_mutex_unlock(&n->qlock);
+        return rc;
+    }
+    pthread_mutex_unlock(&n->qlock);
+    return 0;
+}
+
+/* ---- sending to the control plane ------------------------------------------- */
+
+int node_ctl_send(struct kvf_node *n, const Kvfence__V1__NodeMessage *m)
+{
+    if (!n->session)
+        return -ENOTCONN;
+    size_t len = kvfence__v1__node_message__get_packed_size(m);
+    uint8_t *buf = malloc(len ? len : 1);
+    if (!buf)
+        return -ENOMEM;
+    kvfence__v1__node_message__pack(m, buf);
+    int rc = kvf_rpc_client_stream_send(n->session, buf, len);
+    free(buf);
+    return rc;
+}
+
+static void send_drained(struct kvf_node *n, struct node_room *r)
+{
+    Kvfence__V1__RoomKey k = KVFENCE__V1__ROOM_KEY__INIT;
+    k.room_id = r->key.room_id;
+    k.generation = r->key.generation;
+    Kvfence__V1__AbortToken t = KVFENCE__V1__ABORT_TOKEN__INIT;
+    t.hi = r->token.hi;
+    t.lo = r->token.lo;
+    Kvfence__V1__Drained d = KVFENCE__V1__DRAINED__INIT;
+    d.room = &k;
+    d.token = &t;
+    d.notice_id = r->abort_notice_id;
+    Kvfence__V1__NodeMessage m = KVFENCE__V1__NODE_MESSAGE__INIT;
+    m.msg_case = KVFENCE__V1__NODE_MESSAGE__MSG_DRAINED;
+    m.drained = &d;
+    int rc = node_ctl_send(n, &m);
+    node_log("info", &r->key, "drained%s", rc == 0 ? "" : " (not sent: no session)");
+}
+
+void node_send_completed(struct kvf_node *n, struct node_room *r, struct node_member *mb)
+{
+    mb->completed = true;
+    Kvfence__V1__RoomKey k = KVFENCE__V1__ROOM_KEY__INIT;
+    k.room_id = r->key.room_id;
+    k.generation = r->key.generation;
+    Kvfence__V1__Completed c = KVFENCE__V1__COMPLETED__INIT;
+    c.room = &k;
+    c.rank = mb->rank;
+    c.role = (Kvfence__V1__Role)mb->role;
+    Kvfence__V1__NodeMessage m = KVFENCE__V1__NODE_MESSAGE__INIT;
+    m.msg_case = KVFENCE__V1__NODE_MESSAGE__MSG_COMPLETED;
+    m.completed = &c;
+    int rc = node_ctl_send(n, &m);
+    node_log("info", &r->key, "participant rank %u %s completed%s", mb->rank,
+             mb->role == KVFENCE__V1__ROLE__ROLE_SOURCE ? "source" : "sink",
+             rc == 0 ? "" : " (report waits for the session)");
+    /* Once every local participant completed, nothing may start for the room. */
+    for (size_t i = 0; i < r->nmembers; i++)
+        if (r->members[i].local && !r->members[i].completed)
+            return;
+    if (kvf_lt_close(r->lt, NULL, NULL))
+        (void)kvf_lt_take_drained(r->lt);
+}
+
+void node_send_transfer_failed(struct kvf_node *n, struct node_room *r, uint32_t rank, int role,
+                               const char *reason)
+{
+    if (r->aborting)
+        return; /* the room is failing already */
+    Kvfence__V1__RoomKey k = KVFENCE__V1__ROOM_KEY__INIT;
+    k.room_id = r->key.room_id;
+    k.generation = r->key.generation;
+    Kvfence__V1__TransferFailed f = KVFENCE__V1__TRANSFER_FAILED__INIT;
+    f.room = &k;
+    f.reason = (char *)reason;
+    f.rank = rank;
+    f.role = (Kvfence__V1__Role)role;
+    Kvfence__V1__NodeMessage m = KVFENCE__V1__NODE_MESSAGE__INIT;
+    m.msg_case = KVFENCE__V1__NODE_MESSAGE__MSG_TRANSFER_FAILED;
+    m.transfer_failed = &f;
+    node_ctl_send(n, &m);
+    node_log("warn", &r->key, "transfer failed: %s", reason);
+}
+
+static void send_ack(struct kvf_node *n, uint64_t notice_id)
+{
+    Kvfence__V1__Ack a = KVFENCE__V1__ACK__INIT;
+    a.notice_id = notice_id;
+    Kvfence__V1__NodeMessage m = KVFENCE__V1__NODE_MESSAGE__INIT;
+    m.msg_case = KVFENCE__V1__NODE_MESSAGE__MSG_ACK;
+    m.ack = &a;
+    node_ctl_send(n, &m);
+}
+
+static void send_heartbeat(struct kvf_node *n)
+{
+    uint32_t open = 0;
+    uint64_t ops = 0;
+    for (struct node_room *r = n->rooms; r; r = r->next) {
+        if (kvf_lt_state(r->lt) != KVF_LT_DRAINED)
+            open++;
+        ops += kvf_lt_inflight(r->lt);
+    }
+    Kvfence__V1__Heartbeat h = KVFENCE__V1__HEARTBEAT__INIT;
+    h.seq = ++n->hb_seq;
+    h.open_lifetimes = open;
+    h.ops_in_flight = ops;
+    Kvfence__V1__NodeMessage m = KVFENCE__V1__NODE_MESSAGE__INIT;
+    m.msg_case = KVFENCE__V1__NODE_MESSAGE__MSG_HEARTBEAT;
+    m.heartbeat = &h;
+    node_ctl_send(n, &m);
+}
+
+void node_pools_to_wire(struct kvf_node *n, Kvfence__V1__Pool *pv, Kvfence__V1__Pool **pp)
+{
+    for (uint32_t i = 0; i < n->npools; i++) {
+        kvfence__v1__pool__init(&pv[i]);
+        pv[i].pool_id = n->pools[i].id;
+        pv[i].kind = KVFENCE__V1__POOL_KIND__POOL_KIND_HOST_SHM;
+        pv[i].page_size = n->pools[i].page_size;
+        pv[i].page_count = n->pools[i].page_count;
+        pv[i].owner_rank = n->pools[i].rank;
+        pv[i].base_addr = (uint64_t)(uintptr_t)n->pools[i].base;
+        pp[i] = &pv[i];
+    }
+}
+
+/* ---- rooms ------------------------------------------------------------------- */
+
+/* Any thread holding rooms_lock, or the owner. */
+struct node_room *node_room_find(struct kvf_node *n, kvf_room_key key)
+{
+    for (struct node_room *r = n->rooms; r; r = r->next)
+        if (kvf_room_key_eq(r->key, key))
+            return r;
+    return NULL;
+}
+
+/* Opens the lifetime of `key` and publishes an empty room. NULL (logged) when
+ * the table refuses (late generation, out of memory). */
+static struct node_room *room_open(struct kvf_node *n, kvf_room_key key)
+{
+    struct node_room *r = calloc(1, sizeof *r);
+    if (!r)
+        return NULL;
+    int rc = kvf_lt_table_open(n->lts, key, &r->lt);
+    if (rc != 0) {
+        node_log("warn", &key, "cannot open lifetime: %s", strerror(-rc));
+        free(r);
+        return NULL;
+    }
+    r->key = key;
+    pthread_rwlock_wrlock(&n->rooms_lock);
+    r->next = n->rooms;
+    n->rooms = r;
+    pthread_rwlock_unlock(&n->rooms_lock);
+    return r;
+}
+
+static void members_free(struct node_member *m, size_t count)
+{
+    for (size_t i = 0; m && i < count; i++)
+        free(m[i].ranges);
+    free(m);
+}
+
+void node_check_drained(struct kvf_node *n, struct node_room *r)
+{
+    if (kvf_lt_state(r->lt) != KVF_LT_DRAINED)
+        return;
+    (void)kvf_lt_take_drained(r->lt);
+    if (r->aborting && !r->drained_sent) {
+        r->drained_sent = true;
+        send_drained(n, r);
+    }
+}
+
+static const struct node_pool *pool_find(const struct kvf_node *n, uint32_t id)
+{
+    for (uint32_t i = 0; i < n->npools; i++)
+        if (n->pools[i].id == id)
+            return &n->pools[i];
+    return NULL;
+}
+
+/* A local sink whose lease is full is complete. */
+static void check_sink_complete(struct kvf_node *n, struct node_room *r, struct node_member *m)
+{
+    if (!m->local || m->role != KVFENCE__V1__ROLE__ROLE_SINK || m->completed || r->aborting)
+        return;
+    const struct node_pool *p = pool_find(n, m->pool_id);
+    if (!p)
+        return;
+    if (m->bytes_landed >= m->pages * (uint64_t)p->page_size)
+        node_send_completed(n, r, m);
+}
+
+/* ---- peers ------------------------------------------------------------------- */
+
+static uint64_t tcp_id_of(const char *node_id, uint64_t incarnation)
+{
+    uint64_t h = 1469598103934665603ull;
+    for (const unsigned char *p = (const unsigned char *)node_id; *p; p++) {
+        h ^= *p;
+        h *= 1099511628211ull;
+    }
+    h ^= incarnation * 0x9e3779b97f4a7c15ull;
+    return h ? h : 1;
+}
+
+int node_ensure_peer(struct kvf_node *n, const char *node_id, uint64_t incarnation, uint32_t *idx_p)
+{
+    for (uint32_t i = 0; i < n->npeers; i++) {
+        if (n->peers[i].incarnation == incarnation && strcmp(n->peers[i].node_id, node_id) == 0) {
+            *idx_p = i;
+            return 0;
+        }
+    }
+    if (n->npeers >= NODE_MAX_PEERS)
+        return -E2BIG;
+    uint32_t i = n->npeers;
+    struct node_peer *p = &n->peers[i];
+    memset(p, 0, sizeof *p);
+    snprintf(p->node_id, sizeof p->node_id, "%s", node_id);
+    p->incarnation = incarnation;
+    p->tcp_id = tcp_id_of(node_id, incarnation);
+    int rc = kvf_transport_tcp_add_peer(n->tcp, i, p->tcp_id);
+    if (rc != 0)
+        return rc;
+    n->npeers++;
+    *idx_p = i;
+    return 0;
+}
+
+static void peer_set_endpoint(struct node_peer *p, const Kvfence__V1__PeerNode *pn)
+{
+    for (size_t e = 0; e < pn->n_endpoints; e++) {
+        const Kvfence__V1__Endpoint *ep = pn->endpoints[e];
+        if (ep->kind != KVFENCE__V1__ENDPOINT_KIND__ENDPOINT_KIND_DATA_TCP || !ep->address)
+            continue;
+        const char *a = ep->address;
+        if (strncmp(a, "tcp://", 6) == 0)
+            a += 6;
+        const char *colon = strrchr(a, ':');
+        if (!colon || (size_t)(colon - a) >= sizeof p->host)
+            continue;
+        memcpy(p->host, a, (size_t)(colon - a));
+        p->host[colon - a] = '\0';
+        p->port = (uint16_t)strtoul(colon + 1, NULL, 10);
+    }
+}
+
+/* ---- control messages ----------------------------------------------------------- */
+
+static kvf_room_key key_of(const Kvfence__V1__RoomKey *k)
+{
+    kvf_room_key key = {0, 0};
+    if (k) {
+        key.room_id = k->room_id;
+        key.generation = k->generation;
+    }
+    return key;
+}
+
+static void on_room_update(struct kvf_node *n, const Kvfence__V1__RoomUpdate *ru)
+{
+    kvf_room_key key = key_of(ru->room);
+    struct node_room *r = node_room_find(n, key);
+    if (!r && (n->stop_requested || kvf_lt_table_is_late(n->lts, key))) {
+        node_log("info", &key, "late or refused room update ignored");
+        send_ack(n, ru->notice_id);
+        return;
+    }
+    if (!r && !(r = room_open(n, key))) {
+        send_ack(n, ru->notice_id);
+        return;
+    }
+    size_t cnt = ru->n_members;
+    struct node_member *mv = calloc(cnt ? cnt : 1, sizeof *mv);
+    if (!mv) {
+        node_log("error", &key, "out of memory for the room update");
+        return; /* no ack: the control plane re-sends */
+    }
+    for (size_t i = 0; i < cnt; i++) {
+        const Kvfence__V1__RoomMember *rm = ru->members[i];
+        struct node_member *m = &mv[i];
+        const Kvfence__V1__Lease *l = rm->lease;
+        m->incarnation = rm->node_incarnation;
+        if (l) {
+            if (l->participant) {
+                snprintf(m->node_id, sizeof m->node_id, "%s",
+                         l->participant->node_id ? l->participant->node_id : "");
+                m->rank = l->participant->rank;
+                m->role = (int)l->participant->role;
+            }
+            m->pool_id = l->pool_id;
+            m->ranges = calloc(l->n_ranges ? l->n_ranges : 1, sizeof *m->ranges);
+            if (!m->ranges) {
+                members_free(mv, cnt);
+                return;
+            }
+            m->nranges = l->n_ranges;
+            for (size_t k = 0; k < l->n_ranges; k++) {
+                m->ranges[k].first = l->ranges[k]->first;
+                m->ranges[k].count = l->ranges[k]->count;
+                m->pages += l->ranges[k]->count;
+            }
+        }
+        m->local = strcmp(m->node_id, n->node_id) == 0 && m->incarnation == n->incarnation;
+        /* Keep the progress of a participant we knew already. */
+        for (size_t o = 0; o < r->nmembers; o++) {
+            const struct node_member *old = &r->members[o];
+            if (old->rank == m->rank && old->role == m->role &&
+                strcmp(old->node_id, m->node_id) == 0) {
+                m->last_seq = old->last_seq;
+                m->chunks_open = old->chunks_open;
+                m->last_submitted = old->last_submitted;
+                m->failed = old->failed;
+                m->bytes_landed = old->bytes_landed;
+                m->completed = old->completed;
+            }
+        }
+    }
+    for (size_t i = 0; i < ru->n_peers; i++) {
+        const Kvfence__V1__PeerNode *pn = ru->peers[i];
+        uint32_t idx;
+        if (!pn->node_id || node_ensure_peer(n, pn->node_id, pn->incarnation, &idx) != 0) {
+            node_log("warn", &key, "cannot add peer %s", pn->node_id ? pn->node_id : "?");
+            continue;
+        }
+        peer_set_endpoint(&n->peers[idx], pn);
+    }
+    pthread_rwlock_wrlock(&n->rooms_lock);
+    struct node_member *old = r->members;
+    size_t oldn = r->nmembers;
+    r->members = mv;
+    r->nmembers = cnt;
+    r->have_update = true;
+    pthread_rwlock_unlock(&n->rooms_lock);
+    members_free(old, oldn);
+    node_log("info", &key, "room update: %zu members, %zu peers", cnt, ru->n_peers);
+    send_ack(n, ru->notice_id);
+    for (size_t i = 0; i < r->nmembers; i++)
+        check_sink_complete(n, r, &r->members[i]);
+}
+
+static void on_abort_notice(struct kvf_node *n, const Kvfence__V1__AbortNotice *an)
+{
+    kvf_room_key key = key_of(an->room);
+    kvf_token tok = {0, 0};
+    if (an->token)
+        tok = (kvf_token){an->token->hi, an->token->lo};
+    struct node_room *r = node_room_find(n, key);
+    if (!r && !n->stop_requested && !kvf_lt_table_is_late(n->lts, key))
+        r = room_open(n, key); /* abort before metadata */
+    if (!r) {
+        /* Never ran anything here for it: drained by construction. */
+        struct node_room tmp;
+        memset(&tmp, 0, sizeof tmp);
+        tmp.key = key;
+        tmp.token = tok;
+        tmp.abort_notice_id = an->notice_id;
+        send_drained(n, &tmp);
+        return;
+    }
+    if (!r->aborting)
+        node_log("info", &key, "abort notice (reason %d): closing admission", (int)an->reason);
+    r->aborting = true;
+    r->token = tok;
+    r->abort_notice_id = an->notice_id;
+    (void)kvf_lt_close(r->lt, NULL, NULL); /* nothing is ever queued in this version */
+    if (kvf_lt_state(r->lt) == KVF_LT_DRAINED) {
+        (void)kvf_lt_take_drained(r->lt);
+        r->drained_sent = true;
+        send_drained(n, r); /* again for a repeated notice */
+    }
+}
+
+static void poll_completions(struct kvf_node *n)
+{
+    struct kvf_completion c[NODE_POLL_BATCH];
+    for (;;) {
+        int got = kvf_transport_poll(n->tcp, NODE_POLL_BATCH, c);
+        if (got <= 0)
+            return;
+        for (int i = 0; i < got; i++)
+            node_local_completion(n, &c[i]);
+    }
+}
+
+static void on_fence_peer(struct kvf_node *n, const Kvfence__V1__FencePeer *fp)
+{
+    const char *id = fp->node_id ? fp->node_id : "";
+    uint32_t idx;
+    int rc = node_ensure_peer(n, id, fp->incarnation, &idx);
+    if (rc == 0 && !n->peers[idx].fenced) {
+        rc = kvf_transport_fence_peer(n->tcp, idx);
+        if (rc == 0) {
+            n->peers[idx].fenced = true;
+            size_t drained = kvf_lt_table_peer_fenced(n->lts, idx);
+            node_log("info", NULL, "fenced peer %s incarnation %" PRIu64 " (%zu lifetimes drained)",
+                     id, fp->incarnation, drained);
+        }
+    }
+    if (rc != 0) {
+        node_log("error", NULL, "cannot fence peer %s: %s", id, strerror(-rc));
+        return; /* no PeerFenced: the control plane re-sends */
+    }
+    poll_completions(n);
+    for (struct node_room *r = n->rooms; r; r = r->next)
+        node_check_drained(n, r);
+    Kvfence__V1__PeerFenced pf = KVFENCE__V1__PEER_FENCED__INIT;
+    pf.node_id = (char *)id;
+    pf.incarnation = fp->incarnation;
+    pf.notice_id = fp->notice_id;
+    Kvfence__V1__NodeMessage m = KVFENCE__V1__NODE_MESSAGE__INIT;
+    m.msg_case = KVFENCE__V1__NODE_MESSAGE__MSG_PEER_FENCED;
+    m.peer_fenced = &pf;
+    node_ctl_send(n, &m);
+}
+
+static void on_control_msg(struct kvf_node *n, const Kvfence__V1__ControlMessage *cm)
+{
+    switch (cm->msg_case) {
+    case KVFENCE__V1__CONTROL_MESSAGE__MSG_WELCOME:
+        n->session_welcomed = true;
+        n->hb_interval_ms =
+            cm->welcome->heartbeat_interval_ms ? cm->welcome->heartbeat_interval_ms : 1000;
+        n->next_hb_ms = node_now_ms() + (int64_t)n->hb_interval_ms;
+        node_log("info", NULL, "attached to control plane %s (protocol %u)",
+                 cm->welcome->control_plane_id ? cm->welcome->control_plane_id : "?",
+                 cm->welcome->negotiated_version);
+        pthread_mutex_lock(&n->qlock);
+        n->welcomed = true;
+        pthread_cond_broadcast(&n->qdone);
+        pthread_mutex_unlock(&n->qlock);
+        break;
+    case KVFENCE__V1__CONTROL_MESSAGE__MSG_ROOM_UPDATE:
+        on_room_update(n, cm->room_update);
+        break;
+    case KVFENCE__V1__CONTROL_MESSAGE__MSG_ABORT_NOTICE:
+        on_abort_notice(n, cm->abort_notice);
+        break;
+    case KVFENCE__V1__CONTROL_MESSAGE__MSG_FENCE_PEER:
+        on_fence_peer(n, cm->fence_peer);
+        break;
+    default:
+        break; /* ResyncRequest: not in this version */
+    }
+}
+
+/* ---- TCP receive side (receiver threads) --------------------------------------- */
+
+static bool ranges_cover(const struct node_range *rv, size_t nr, uint32_t first, uint32_t count)
+{
+    /* Every page of [first, first + count) lies in one of the ranges. */
+    uint64_t p = first, end = (uint64_t)first + count;
+    while (p < end) {
+        bool hit = false;
+        for (size_t i = 0; i < nr; i++) {
+            if (p >= rv[i].first && p < (uint64_t)rv[i].first + rv[i].count) {
+                p = (uint64_t)rv[i].first + rv[i].count;
+                hit = true;
+                break;
+            }
+        }
+        if (!hit)
+            return false;
+    }
+    return true;
+}
+
+bool node_ranges_cover(const struct node_range *rv, size_t nr, uint32_t first, uint32_t count);
+bool node_ranges_cover(const struct node_range *rv, size_t nr, uint32_t first, uint32_t count)
+{
+    return ranges_cover(rv, nr, first, count);
+}
+
+static int tcp_check(void *ctx, uint32_t peer, kvf_room_key room, uint32_t pool_id,
+                     uint32_t first_page, uint32_t page_count, struct kvf_lt_op *op)
+{
+    struct kvf_node *n = ctx;
+    int rc = -ENOENT;
+    pthread_rwlock_rdlock(&n->rooms_lock);
+    struct node_room *r = node_room_find(n, room);
+    if (r && r->have_update && peer < NODE_MAX_PEERS) {
+        const struct node_peer *from = &n->peers[peer];
+        bool from_source = false;
+        for (size_t i = 0; i < r->nmembers && !from_source; i++)
+            from_source = r->members[i].role == KVFENCE__V1__ROLE__ROLE_SOURCE &&
+                          r->members[i].incarnation == from->incarnation &&
+                          strcmp(r->members[i].node_id, from->node_id) == 0;
+        rc = from_source ? -EPERM : -ENOENT;
+        for (size_t i = 0; i < r->nmembers && from_source; i++) {
+            const struct node_member *m = &r->members[i];
+            if (!m->local || m->role != KVFENCE__V1__ROLE__ROLE_SINK || m->pool_id != pool_id ||
+                !ranges_cover(m->ranges, m->nranges, first_page, page_count))
+                continue;
+            rc = kvf_lt_admit(r->lt, op, KVF_LT_OP_TCP_FRAME, peer);
+            if (rc == 0)
+                n->last_member[peer] = (uint32_t)i;
+            break;
+        }
+    }
+    pthread_rwlock_unlock(&n->rooms_lock);
+    return rc;
+}
+
+static void tcp_on_frame(void *ctx, uint32_t peer, kvf_room_key room, uint64_t bytes, int status,
+                         bool drained)
+{
+    struct kvf_node *n = ctx;
+    struct node_job *j = calloc(1, sizeof *j);
+    if (!j) {
+        node_log("error", &room, "out of memory posting a frame event: lost");
+        return;
+    }
+    j->kind = JOB_FRAME;
+    j->room = room;
+    j->peer = peer;
+    j->member = peer < NODE_MAX_PEERS ? n->last_member[peer] : 0;
+    j->bytes = bytes;
+    j->status = status;
+    j->drained = drained;
+    if (node_post(n, j) != 0)
+        free(j);
+}
+
+static void on_frame(struct kvf_node *n, const struct node_job *j)
+{
+    struct node_room *r = node_room_find(n, j->room);
+    if (!r)
+        return;
+    if (j->member < r->nmembers) {
+        struct node_member *m = &r->members[j->member];
+        if (j->status == 0) {
+            m->bytes_landed += j->bytes;
+            check_sink_complete(n, r, m);
+        } else {
+            m->failed = true;
+            char why[128];
+            snprintf(why, sizeof why, "tcp receive from %s cut: %s",
+                     j->peer < n->npeers ? n->peers[j->peer].node_id : "?", strerror(-j->status));
+            node_send_transfer_failed(n, r, m->rank, m->role, why);
+        }
+    }
+    if (j->drained)
+        node_check_drained(n, r);
+}
+
+/* ---- the owner loop ------------------------------------------------------------ */
+
+static void run_job(struct kvf_node *n, struct node_job *j)
+{
+    switch (j->kind) {
+    case JOB_SESSION_OPEN:
+        n->session = j->stream;
+        n->session_welcomed = false;
+        n->hb_seq = 0;
+        if (node_session_send_hello(n, j->stream) == 0) {
+            /* Completions reported while the session was down are said again. */
+            for (struct node_room *r = n->rooms; r; r = r->next)
+                for (size_t i = 0; i < r->nmembers && !r->aborting; i++)
+                    if (r->members[i].local && r->members[i].completed)
+                        node_send_completed(n, r, &r->members[i]);
+        }
+        break;
+    case JOB_SESSION_CLOSED:
+        if (n->session == j->stream) {
+            n->session = NULL;
+            n->session_welcomed = false;
+        }
+        break;
+    case JOB_CONTROL_MSG:
+        on_control_msg(n, j->cm);
+        break;
+    case JOB_REGISTER_POOL:
+        node_local_register_pool(n, j);
+        break;
+    case JOB_SUBMIT_CHUNK:
+        node_local_submit_chunk(n, j);
+        break;
+    case JOB_FRAME:
+        on_frame(n, j);
+        break;
+    case JOB_STOP:
+        if (!n->stop_requested) {
+            n->stop_requested = true;
+            n->stop_deadline_ms = node_now_ms() + (int64_t)n->opts.drain_timeout_ms;
+            size_t d = kvf_lt_table_close_all(n->lts, NULL, NULL);
+            node_log("info", NULL,
+                     "stopping: admission closed on %zu lifetimes (%zu drained at once)",
+                     kvf_lt_table_count(n->lts), d);
+            for (struct node_room *r = n->rooms; r; r = r->next)
+                node_check_drained(n, r);
+        }
+        break;
+    }
+}
+
+static void *owner_main(void *arg)
+{
+    struct kvf_node *n = arg;
+    for (;;) {
+        pthread_mutex_lock(&n->qlock);
+        if (!n->qhead) {
+            struct timespec ts;
+            clock_gettime(CLOCK_REALTIME, &ts);
+            ts.tv_nsec += OWNER_WAIT_MS * 1000000L;
+            if (ts.tv_nsec >= 1000000000L) {
+                ts.tv_sec++;
+                ts.tv_nsec -= 1000000000L;
+            }
+            pthread_cond_timedwait(&n->qcond, &n->qlock, &ts);
+        }
+        struct node_job *list = n->qhead;
+        n->qhead = n->qtail = NULL;
+        pthread_mutex_unlock(&n->qlock);
+
+        while (list) {
+            struct node_job *j = list;
+            list = j->next;
+            run_job(n, j);
+            if (j->sync) {
+                pthread_mutex_lock(&n->qlock);
+                j->done = true;
+                pthread_cond_broadcast(&n->qdone);
+                pthread_mutex_unlock(&n->qlock);
+            } else {
+                node_job_free(j);
+            }
+        }
+        poll_completions(n);
+        int64_t now = node_now_ms();
+        if (n->session && n->session_welcomed && now >= n->next_hb_ms) {
+            send_heartbeat(n);
+            n->next_hb_ms = now + (int64_t)n->hb_interval_ms;
+        }
+        if (n->stop_requested) {
+            bool done = kvf_lt_table_can_teardown(n->lts);
+            if (done || now >= n->stop_deadline_ms) {
+                n->stop_result = done ? 0 : -ETIMEDOUT;
+                if (!done)
+                    node_log("error", NULL, "drain timeout: lifetimes still undrained at stop");
+                if (n->session) {
+                    send_heartbeat(n);
+                    kvf_rpc_client_stream_half_close(n->session); /* deregister */
+                }
+                break;
+            }
+        }
+    }
+    /* Jobs posted meanwhile are refused from now on; answer those queued. */
+    pthread_mutex_lock(&n->qlock);
+    n->owner_exit = true;
+    struct node_job *list = n->qhead;
+    n->qhead = n->qtail = NULL;
+    pthread_cond_broadcast(&n->qdone);
+    pthread_mutex_unlock(&n->qlock);
+    while (list) {
+        struct node_job *j = list;
+        list = j->next;
+        if (j->call)
+            kvf_rpc_call_fail(j->call, KVF_GRPC_UNAVAILABLE, "node shutting down");
+        if (!j->sync)
+            node_job_free(j);
+    }
+    return NULL;
+}
+
+/* ---- public API ---------------------------------------------------------------- */
+
+void kvf_node_opts_init(struct kvf_node_opts *opts)
+{
+    memset(opts, 0, sizeof *opts);
+    opts->data_host = "127.0.0.1";
+    opts->drain_timeout_ms = 10000;
+}
+
+struct kvf_node *kvf_node_start(const struct kvf_node_opts *opts)
+{
+    if (!opts->control_addr || !opts->node_id || !opts->node_id[0] ||
+        strlen(opts->node_id) > NODE_ID_MAX || !opts->local_socket ||
+        strlen(opts->local_socket) >= 256) {
+        node_log("error", NULL, "node: control address, node id and local socket are required");
+        return NULL;
+    }
+    struct kvf_node *n = calloc(1, sizeof *n);
+    if (!n)
+        return NULL;
+    n->opts = *opts;
+    snprintf(n->node_id, sizeof n->node_id, "%s", opts->node_id);
+    snprintf(n->local_socket, sizeof n->local_socket, "%s", opts->local_socket);
+    snprintf(n->data_host, sizeof n->data_host, "%s",
+             opts->data_host && opts->data_host[0] ? opts->data_host : "127.0.0.1");
+    n->opts.node_id = n->node_id;
+    n->opts.local_socket = n->local_socket;
+    n->opts.data_host = n->data_host;
+    n->incarnation = opts->incarnation;
+    if (!n->incarnation) {
+        struct timespec ts;
+        clock_gettime(CLOCK_REALTIME, &ts);
+        n->incarnation = (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
+    }
+    n->next_pool_id = 1;
+    n->hb_interval_ms = 1000;
+    pthread_mutex_init(&n->qlock, NULL);
+    pthread_cond_init(&n->qcond, NULL);
+    pthread_cond_init(&n->qdone, NULL);
+    pthread_rwlock_init(&n->rooms_lock, NULL);
+
+    n->lts = kvf_lt_table_create();
+    if (!n->lts)
+        goto err_destroy;
+    struct kvf_transport_tcp_opts to;
+    kvf_transport_tcp_opts_init(&to);
+    to.node_id = tcp_id_of(n->node_id, n->incarnation);
+    to.bind_host = n->data_host;
+    to.port = opts->data_port;
+    to.max_peers = NODE_MAX_PEERS;
+    to.max_pools = NODE_MAX_POOLS;
+    to.check = tcp_check;
+    to.on_frame = tcp_on_frame;
+    to.ctx = n;
+    n->tcp = kvf_transport_tcp_create(&to);
+    if (!n->tcp)
+        goto err_destroy;
+    n->data_port = kvf_transport_tcp_port(n->tcp);
+
+    if (pthread_create(&n->owner, NULL, owner_main, n) != 0)
+        goto err_destroy;
+    n->owner_started = true;
+    if (node_local_start(n) != 0)
+        goto err_destroy;
+    if (node_session_start(n) != 0)
+        goto err_destroy;
+    node_log("info", NULL,
+             "kvfence-node %s incarnation %" PRIu64 ": data tcp %s:%u, local socket %s, control %s",
+             n->node_id, n->incarnation, n->data_host, n->data_port, n->local_socket,
+             opts->control_addr);
+    return n;
+
+err_destroy:
+    kvf_node_destroy(n);
+    return NULL;
+}
+
+int kvf_node_fatal(const struct kvf_node *n)
+{
+    return atomic_load(&n->fatal);
+}
+
+uint16_t kvf_node_data_port(const struct kvf_node *n)
+{
+    return n->data_port;
+}
+
+int kvf_node_wait_ready(struct kvf_node *n, int64_t timeout_ms)
+{
+    int64_t end = node_now_ms() + timeout_ms;
+    pthread_mutex_lock(&n->qlock);
+    while (!n->welcomed && !atomic_load(&n->fatal) && node_now_ms() < end) {
+        struct timespec ts;
+        clock_gettime(CLOCK_REALTIME, &ts);
+        ts.tv_nsec += 50 * 1000000L;
+        if (ts.tv_nsec >= 1000000000L) {
+            ts.tv_sec++;
+            ts.tv_nsec -= 1000000000L;
+        }
+        pthread_cond_timedwait(&n->qdone, &n->qlock, &ts);
+    }
+    int rc = n->welcomed ? 0 : atomic_load(&n->fatal) ? atomic_load(&n->fatal) : -ETIMEDOUT;
+    pthread_mutex_unlock(&n->qlock);
+    return rc;
+}
+
+int kvf_node_stop(struct kvf_node *n)
+{
+    int rc = 0;
+    if (n->owner_started) {
+        /* Synchronous, on the stack: a stop needs no allocation. */
+        struct node_job j;
+        memset(&j, 0, sizeof j);
+        j.kind = JOB_STOP;
+        j.sync = true;
+        (void)node_post(n, &j);
+        pthread_join(n->owner, NULL);
+        n->owner_started = false;
+        rc = n->stop_result;
+    }
+    atomic_store(&n->stopping, true);
+    node_session_join(n);
+    node_local_stop(n);
+    return rc;
+}
+
+void kvf_node_destroy(struct kvf_node *n)
+{
+    if (!n)
+        return;
+    if (n->owner_started || n->session_started || n->local_srv)
+        (void)kvf_node_stop(n);
+    bool can_free = !n->lts || kvf_lt_table_can_teardown(n->lts);
+    /* destroy fences every peer and retires the completions nobody polled. */
+    kvf_transport_destroy(n->tcp);
+    n->tcp = NULL;
+    if (can_free || kvf_lt_table_can_teardown(n->lts)) {
+        for (uint32_t i = 0; i < n->npools; i++)
+            node_pool_unmap(&n->pools[i]);
+        kvf_lt_table_destroy(n->lts);
+    } else {
+        node_log("error", NULL, "lifetimes undrained at exit: pools left mapped");
+    }
+    struct node_room *r = n->rooms;
+    while (r) {
+        struct node_room *next = r->next;
+        members_free(r->members, r->nmembers);
+        free(r);
+        r = next;
+    }
+    pthread_rwlock_destroy(&n->rooms_lock);
+    pthread_cond_destroy(&n->qdone);
+    pthread_cond_destroy(&n->qcond);
+    pthread_mutex_destroy(&n->qlock);
+    free(n);
+}

@@ -1,0 +1,65 @@
+/*
+ * node.h: kvfence-node's data-plane worker (kvf_node_*): the owner thread that
+ * holds the lifetime table, the room map, the registered pools, the TCP
+ * transport and the state of the session with the control plane; the control
+ * session thread (control_session.c); and the NodeLocal service on a unix
+ * socket (local_svc.c).
+ *
+ * The rules it follows are DESIGN.md §3-4 and docs/state-cores.md ("Node
+ * lifetime core"); what this version does and leaves out is at the top of
+ * node.c.
+ *
+ * Errors: 0 or a negative errno (common/kvf_error.h); constructors return NULL
+ * and log why.
+ */
+#ifndef KVF_NODE_H
+#define KVF_NODE_H
+
+#include <stdbool.h>
+#include <stdint.h>
+
+struct kvf_node;
+
+struct kvf_node_opts {
+    const char *control_addr;  /* "host:port" of kvfence-control; required */
+    const char *node_id;       /* required, at most 128 bytes */
+    const char *local_socket;  /* NodeLocal unix socket path; required */
+    const char *data_host;     /* numeric IPv4 the TCP transport binds; "127.0.0.1" */
+    uint16_t data_port;        /* 0: any */
+    uint64_t incarnation;      /* 0: chosen from the realtime clock (ns) */
+    uint64_t drain_timeout_ms; /* bound of the drain wait at shutdown */
+};
+
+/* Fills defaults: data_host "127.0.0.1", port 0, drain timeout 10 s. */
+void kvf_node_opts_init(struct kvf_node_opts *opts);
+
+/* Creates the node and starts its threads: owner, control session, NodeLocal
+ * server, TCP transport. NULL (logged) when something cannot start. Call from
+ * main with SIGTERM/SIGINT blocked (gRPC threads inherit the mask). */
+struct kvf_node *kvf_node_start(const struct kvf_node_opts *opts);
+
+/* Waits up to `timeout_ms` for the first Welcome of the control plane.
+ * Returns 0, -ETIMEDOUT, or the fatal error (see kvf_node_fatal). */
+int kvf_node_wait_ready(struct kvf_node *n, int64_t timeout_ms);
+
+/* 0 while the node runs; a negative errno once it hit an error it cannot
+ * survive (the control plane refused it with FAILED_PRECONDITION). Any thread. */
+int kvf_node_fatal(const struct kvf_node *n);
+
+/* The bound TCP data port. */
+uint16_t kvf_node_data_port(const struct kvf_node *n);
+
+/*
+ * Graceful stop (SIGTERM): closes admission on every lifetime, waits for them
+ * to drain (at most drain_timeout_ms), sends the Drained reports due and a
+ * last heartbeat, ends the session (the control plane sees the node go), then
+ * stops the threads. Returns 0 when everything drained, -ETIMEDOUT when the
+ * wait ran out (ops were still in flight: memory stays mapped until exit).
+ * Call once, from the thread that started the node.
+ */
+int kvf_node_stop(struct kvf_node *n);
+
+/* Frees a stopped node (stops it first if needed). Accepts NULL. */
+void kvf_node_destroy(struct kvf_node *n);
+
+#endif /* KVF_NODE_H */

@@ -1,0 +1,235 @@
+/*
+ * node_internal.h: what node.c, control_session.c and local_svc.c share.
+ *
+ * DESIGN (threads): the owner thread (node.c, owner_main) alone touches the
+ * lifetime table, the rooms' mutable fields, the pools list, the transport's
+ * control calls (add_peer, connect, fence_peer, poll) and the session stream's
+ * send side. Everyone else posts a struct node_job to its queue:
+ *   - the control session thread: SESSION_OPEN (send Hello on this stream),
+ *     CONTROL_MSG (one decoded ControlMessage), SESSION_CLOSED (stop sending;
+ *     the session thread waits for the owner's answer before it frees the
+ *     stream);
+ *   - NodeLocal handlers (gRPC CQ threads): REGISTER_POOL, SUBMIT_CHUNK; the
+ *     owner completes the call;
+ *   - TCP receiver threads: FRAME (an admitted frame landed or was cut).
+ * TCP receiver threads also read the room map in the transport's `check`
+ * callback: rooms are published under `rooms_lock` (a rwlock; the owner takes
+ * it for writing when it adds a room or replaces its members, receivers for
+ * reading), and a room is never freed while the node runs.
+ */
+#ifndef KVF_NODE_INTERNAL_H
+#define KVF_NODE_INTERNAL_H
+
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "kvf_types.h"
+#include "kvfence/v1/node.pb-c.h"
+#include "lifetime.h"
+#include "node.h"
+#include "rpc_client.h"
+#include "rpc_server.h"
+#include "transport.h"
+
+#define NODE_ID_MAX     128
+#define NODE_MAX_POOLS  64
+#define NODE_MAX_PEERS  64
+#define NODE_FRAME_MAX  (256u * 1024u) /* largest TCP frame payload */
+#define NODE_POLL_BATCH 64
+
+/* ---- logging ----------------------------------------------------------------- */
+
+void node_log(const char *level, const kvf_room_key *room, const char *fmt, ...)
+    __attribute__((format(printf, 3, 4)));
+
+/* ---- pools ------------------------------------------------------------------- */
+
+struct node_pool {
+    uint32_t id;
+    uint32_t page_size;
+    uint32_t page_count;
+    uint32_t rank;
+    void *map; /* the mapping (whole object from 0) */
+    size_t map_len;
+    uint8_t *base; /* map + offset */
+};
+
+/* Maps a host shm pool (the minimal mapping this version does itself; to be
+ * replaced by dataplane/pool's kvf_pool_open_shm). 0, -ENOENT, -EINVAL, -EIO. */
+int node_pool_map(struct node_pool *p, const char *shm_name, uint64_t offset, uint64_t size);
+void node_pool_unmap(struct node_pool *p);
+
+/* ---- rooms ------------------------------------------------------------------- */
+
+struct node_range {
+    uint32_t first;
+    uint32_t count;
+};
+
+struct node_member {
+    char node_id[NODE_ID_MAX + 1];
+    uint64_t incarnation;
+    uint32_t rank;
+    int role; /* Kvfence__V1__Role */
+    uint32_t pool_id;
+    struct node_range *ranges;
+    size_t nranges;
+    uint64_t pages; /* pages in the lease */
+    bool local;     /* on this node */
+    /* Owner thread: progress of a local participant. */
+    uint64_t last_seq;     /* source: last admitted chunk_seq */
+    uint32_t chunks_open;  /* source: chunks with frames in flight */
+    bool last_submitted;   /* source: the last chunk was admitted */
+    bool failed;           /* a chunk failed */
+    uint64_t bytes_landed; /* sink: payload bytes of frames that landed */
+    bool completed;        /* Completed was sent */
+};
+
+struct node_room {
+    kvf_room_key key;
+    struct kvf_lt *lt;
+    /* Replaced by the owner under rooms_lock (write); read by receivers. */
+    struct node_member *members;
+    size_t nmembers;
+    bool have_update; /* a RoomUpdate arrived (members known) */
+    /* Owner thread only. */
+    bool aborting;
+    kvf_token token;
+    uint64_t abort_notice_id;
+    bool drained_sent;
+    struct node_room *next;
+};
+
+/* ---- peers ------------------------------------------------------------------- */
+
+struct node_peer {
+    char node_id[NODE_ID_MAX + 1];
+    uint64_t incarnation;
+    uint64_t tcp_id; /* the id in TCP hellos */
+    char host[64];
+    uint16_t port;
+    bool connected;
+    bool fenced;
+};
+
+/* ---- jobs -------------------------------------------------------------------- */
+
+enum node_job_kind {
+    JOB_SESSION_OPEN = 1,
+    JOB_SESSION_CLOSED,
+    JOB_CONTROL_MSG,
+    JOB_REGISTER_POOL,
+    JOB_SUBMIT_CHUNK,
+    JOB_FRAME,
+    JOB_STOP,
+};
+
+struct node_job {
+    enum node_job_kind kind;
+    struct node_job *next;
+    struct kvf_rpc_client_stream *stream;    /* SESSION_OPEN / CLOSED */
+    Kvfence__V1__ControlMessage *cm;         /* CONTROL_MSG (owned) */
+    struct kvf_rpc_call *call;               /* REGISTER_POOL / SUBMIT_CHUNK */
+    Kvfence__V1__RegisterPoolRequest *reg;   /* owned */
+    Kvfence__V1__SubmitChunkRequest *submit; /* owned */
+    kvf_room_key room;                       /* FRAME */
+    uint32_t peer;
+    uint32_t member; /* FRAME: index of the sink member the frame went to */
+    uint64_t bytes;
+    int status;
+    bool drained;
+    /* Synchronous jobs: the poster waits for `done`. */
+    bool sync;
+    bool done;
+};
+
+/* ---- the node ---------------------------------------------------------------- */
+
+struct kvf_node {
+    struct kvf_node_opts opts;
+    char node_id[NODE_ID_MAX + 1];
+    char local_socket[256];
+    char data_host[64];
+    uint64_t incarnation;
+
+    /* Job queue. */
+    pthread_mutex_t qlock;
+    pthread_cond_t qcond; /* a job was posted */
+    pthread_cond_t qdone; /* a synchronous job is done; readiness changed */
+    struct node_job *qhead, *qtail;
+    pthread_t owner;
+    bool owner_started;
+
+    /* Readiness and fatal errors (under qlock). */
+    bool welcomed;
+    atomic_int fatal;
+    atomic_bool stopping; /* the session thread must end */
+
+    /* Owner thread state. */
+    struct kvf_lt_table *lts;
+    struct node_pool pools[NODE_MAX_POOLS];
+    uint32_t npools;
+    uint32_t next_pool_id;
+    struct node_peer peers[NODE_MAX_PEERS];
+    uint32_t npeers;
+    struct kvf_transport *tcp;
+    uint16_t data_port;
+    struct kvf_rpc_client_stream *session; /* the stream Hello went out on */
+    bool session_welcomed;
+    uint64_t hb_seq;
+    uint64_t hb_interval_ms;
+    int64_t next_hb_ms;
+    bool stop_requested;
+    int64_t stop_deadline_ms;
+    int stop_result;
+    bool owner_exit;
+
+    /* Rooms: list published under rooms_lock. */
+    pthread_rwlock_t rooms_lock;
+    struct node_room *rooms;
+    /* Per inbound peer: the sink member the receiver's last check admitted
+     * (written in check, read in on_frame: the same receiver thread). */
+    uint32_t last_member[NODE_MAX_PEERS];
+
+    /* Control session thread. */
+    struct kvf_rpc_channel *channel;
+    pthread_t session_thread;
+    bool session_started;
+
+    /* NodeLocal server. */
+    struct kvf_rpc_server *local_srv;
+};
+
+/* node.c */
+int node_post(struct kvf_node *n, struct node_job *j);
+void node_job_free(struct node_job *j);
+int64_t node_now_ms(void);
+int node_ctl_send(struct kvf_node *n, const Kvfence__V1__NodeMessage *m);
+struct node_room *node_room_find(struct kvf_node *n, kvf_room_key key);
+void node_check_drained(struct kvf_node *n, struct node_room *r);
+void node_send_transfer_failed(struct kvf_node *n, struct node_room *r, uint32_t rank, int role,
+                               const char *reason);
+void node_send_completed(struct kvf_node *n, struct node_room *r, struct node_member *m);
+int node_ensure_peer(struct kvf_node *n, const char *node_id, uint64_t incarnation,
+                     uint32_t *idx_p);
+void node_pools_to_wire(struct kvf_node *n, Kvfence__V1__Pool *pv, Kvfence__V1__Pool **pp);
+
+/* control_session.c */
+int node_session_start(struct kvf_node *n);
+void node_session_join(struct kvf_node *n);
+/* Owner thread: builds and sends Hello on `cs`. */
+int node_session_send_hello(struct kvf_node *n, struct kvf_rpc_client_stream *cs);
+
+/* local_svc.c */
+int node_local_start(struct kvf_node *n);
+void node_local_stop(struct kvf_node *n);
+void node_local_register_pool(struct kvf_node *n, struct node_job *j); /* owner */
+void node_local_submit_chunk(struct kvf_node *n, struct node_job *j);  /* owner */
+/* Owner: one transport completion. */
+void node_local_completion(struct kvf_node *n, const struct kvf_completion *c);
+/* Owner: frees chunks whose frames were all completed during shutdown. */
+
+#endif /* KVF_NODE_INTERNAL_H */
