@@ -816,12 +816,12 @@ static void *owner_main(void *arg)
         }
     }
     /* Jobs posted meanwhile are refused from now on; answer those queued. */
+    /* Under the lock until the end: a synchronous job's waiter frees its job
+     * as soon as it sees owner_exit, so each job is read before that. */
     pthread_mutex_lock(&n->qlock);
     n->owner_exit = true;
     struct node_job *list = n->qhead;
     n->qhead = n->qtail = NULL;
-    pthread_cond_broadcast(&n->qdone);
-    pthread_mutex_unlock(&n->qlock);
     while (list) {
         struct node_job *j = list;
         list = j->next;
@@ -830,6 +830,8 @@ static void *owner_main(void *arg)
         if (!j->sync)
             node_job_free(j);
     }
+    pthread_cond_broadcast(&n->qdone);
+    pthread_mutex_unlock(&n->qlock);
     return NULL;
 }
 
