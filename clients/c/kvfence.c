@@ -1,0 +1,812 @@
+/*
+ * kvfence.c: libkvfence, the C client library (include/kvfence/kvfence.h), on
+ * the gRPC glue of common/rpc and the protobuf-c code of api/.
+ */
+#include "kvfence/kvfence.h"
+
+#include <errno.h>
+#include <pthread.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "kvf_error.h"
+#include "kvfence/v1/control.pb-c.h"
+#include "kvfence/v1/node.pb-c.h"
+#include "rpc_client.h"
+
+#define DEFAULT_CALL_TIMEOUT_MS 5000
+#define MAX_RANGES              65536
+
+struct kvf_client {
+    struct kvf_rpc_channel *ch;
+    int64_t call_timeout_ms;
+};
+
+struct kvf_node_client {
+    struct kvf_rpc_channel *ch;
+    int64_t call_timeout_ms;
+};
+
+/* ---- status ------------------------------------------------------------------ */
+
+static int set_status(struct kvf_status *st, int code, const char *fmt, ...)
+    __attribute__((format(printf, 3, 4)));
+
+/* Records `code` (positive) and a message; returns -code. */
+static int set_status(struct kvf_status *st, int code, const char *fmt, ...)
+{
+    if (st) {
+        st->code = code;
+        va_list ap;
+        va_start(ap, fmt);
+        vsnprintf(st->message, sizeof st->message, fmt, ap);
+        va_end(ap);
+    }
+    return -code;
+}
+
+static int ok_status(struct kvf_status *st)
+{
+    if (st) {
+        st->code = KVF_STATUS_OK;
+        st->message[0] = '\0';
+    }
+    return 0;
+}
+
+const char *kvf_status_name(int code)
+{
+    if (code < 0)
+        code = -code;
+    if (code > KVF_STATUS_UNAUTHENTICATED)
+        return "?";
+    return kvf_grpc_code_name((enum kvf_grpc_code)code);
+}
+
+static int64_t now_ms(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
+}
+
+/* ---- unary calls ----------------------------------------------------------------- */
+
+/* Packs `req`, calls `method`, and unpacks the reply with `desc` into *resp_p
+ * (when not NULL; free it with protobuf_c_message_free_unpacked). */
+static int unary(struct kvf_rpc_channel *ch, int64_t timeout_ms, const char *method,
+                 const ProtobufCMessage *req, const ProtobufCMessageDescriptor *desc,
+                 ProtobufCMessage **resp_p, struct kvf_status *st)
+{
+    size_t len = protobuf_c_message_get_packed_size(req);
+    uint8_t *buf = malloc(len ? len : 1);
+    if (!buf)
+        return set_status(st, KVF_STATUS_RESOURCE_EXHAUSTED, "%s: out of memory", method);
+    protobuf_c_message_pack(req, buf);
+    uint8_t *resp = NULL;
+    size_t rlen = 0;
+    struct kvf_rpc_status rst = {0};
+    int rc = kvf_rpc_unary(ch, method, buf, len, timeout_ms > 0 ? timeout_ms : KVF_RPC_NO_TIMEOUT,
+                           &resp, &rlen, &rst);
+    free(buf);
+    if (rc != 0) {
+        free(resp);
+        int code =
+            rst.code > 0 && rst.code <= KVF_STATUS_UNAUTHENTICATED ? rst.code : KVF_STATUS_INTERNAL;
+        return set_status(st, code, "%s", rst.message[0] ? rst.message : kvf_status_name(code));
+    }
+    if (resp_p) {
+        *resp_p = protobuf_c_message_unpack(desc, NULL, rlen, resp);
+        if (!*resp_p) {
+            free(resp);
+            return set_status(st, KVF_STATUS_INTERNAL, "%s: malformed reply (%zu bytes)", method,
+                              rlen);
+        }
+    }
+    free(resp);
+    return ok_status(st);
+}
+
+/* Page ranges in protobuf-c form: `n` structs plus the pointer array. */
+struct ranges {
+    Kvfence__V1__PageRange *v;
+    Kvfence__V1__PageRange **p;
+    size_t n;
+};
+
+static int ranges_make(struct ranges *r, const struct kvf_page_range *in, size_t n,
+                       const char *what, struct kvf_status *st)
+{
+    memset(r, 0, sizeof *r);
+    if (n > 0 && !in)
+        return set_status(st, KVF_STATUS_INVALID_ARGUMENT, "%s: NULL with a count of %zu", what, n);
+    if (n > MAX_RANGES)
+        return set_status(st, KVF_STATUS_RESOURCE_EXHAUSTED, "%s: %zu ranges (at most %d)", what, n,
+                          MAX_RANGES);
+    if (n == 0)
+        return 0;
+    r->v = calloc(n, sizeof *r->v);
+    r->p = calloc(n, sizeof *r->p);
+    if (!r->v || !r->p) {
+        free(r->v);
+        free(r->p);
+        memset(r, 0, sizeof *r);
+        return set_status(st, KVF_STATUS_RESOURCE_EXHAUSTED, "%s: out of memory", what);
+    }
+    for (size_t i = 0; i < n; i++) {
+        Kvfence__V1__PageRange init = KVFENCE__V1__PAGE_RANGE__INIT;
+        r->v[i] = init;
+        r->v[i].first = in[i].first;
+        r->v[i].count = in[i].count;
+        r->p[i] = &r->v[i];
+    }
+    r->n = n;
+    return 0;
+}
+
+static void ranges_free(struct ranges *r)
+{
+    free(r->v);
+    free(r->p);
+    memset(r, 0, sizeof *r);
+}
+
+static int bad_arg(struct kvf_status *st, const char *fn, const char *what)
+{
+    return set_status(st, KVF_STATUS_INVALID_ARGUMENT, "%s: %s", fn, what);
+}
+
+/* ---- control plane client ------------------------------------------------------- */
+
+void kvf_client_opts_init(struct kvf_client_opts *opts)
+{
+    if (!opts)
+        return;
+    memset(opts, 0, sizeof *opts);
+    opts->call_timeout_ms = DEFAULT_CALL_TIMEOUT_MS;
+}
+
+static struct kvf_rpc_channel *channel_create(const char *target,
+                                              const struct kvf_client_opts *opts, bool tls,
+                                              struct kvf_status *st)
+{
+    struct kvf_rpc_channel_opts co;
+    kvf_rpc_channel_opts_init(&co);
+    if (opts) {
+        co.wait_for_ready = opts->wait_for_ready;
+        if (tls) {
+            co.tls_root_ca_path = opts->tls_root_ca_path;
+            co.tls_cert_path = opts->tls_cert_path;
+            co.tls_key_path = opts->tls_key_path;
+            co.tls_target_name = opts->tls_target_name;
+        }
+    }
+    if (tls && opts && (!opts->tls_cert_path != !opts->tls_key_path)) {
+        set_status(st, KVF_STATUS_INVALID_ARGUMENT,
+                   "tls_cert_path and tls_key_path go together (both or neither)");
+        return NULL;
+    }
+    if (tls && opts && opts->tls_cert_path && !opts->tls_root_ca_path) {
+        set_status(st, KVF_STATUS_INVALID_ARGUMENT, "mutual TLS needs tls_root_ca_path");
+        return NULL;
+    }
+    struct kvf_rpc_channel *ch = kvf_rpc_channel_create(target, &co);
+    if (!ch)
+        set_status(st, KVF_STATUS_INVALID_ARGUMENT,
+                   "cannot create a channel to %s (unreadable TLS file or bad option)", target);
+    return ch;
+}
+
+int kvf_client_create(const char *target, const struct kvf_client_opts *opts, kvf_client **out,
+                      struct kvf_status *st)
+{
+    if (out)
+        *out = NULL;
+    if (!target || !target[0] || !out)
+        return bad_arg(st, "kvf_client_create", "target and out are required");
+    kvf_client *c = calloc(1, sizeof *c);
+    if (!c)
+        return set_status(st, KVF_STATUS_RESOURCE_EXHAUSTED, "kvf_client_create: out of memory");
+    c->call_timeout_ms = opts ? opts->call_timeout_ms : DEFAULT_CALL_TIMEOUT_MS;
+    c->ch = channel_create(target, opts, true, st);
+    if (!c->ch) {
+        free(c);
+        return st ? -st->code : -KVF_STATUS_INVALID_ARGUMENT;
+    }
+    *out = c;
+    return ok_status(st);
+}
+
+void kvf_client_destroy(kvf_client *c)
+{
+    if (!c)
+        return;
+    kvf_rpc_channel_destroy(c->ch);
+    free(c);
+}
+
+static const char *const engine_features[] = {"QUIESCE_V1"};
+
+int kvf_join_room(kvf_client *c, const struct kvf_join *join, struct kvf_join_result *out,
+                  struct kvf_status *st)
+{
+    if (!c || !join)
+        return bad_arg(st, "kvf_join_room", "client and join are required");
+    if (!join->node_id || !join->node_id[0])
+        return bad_arg(st, "kvf_join_room", "join.node_id is required");
+    struct ranges r;
+    int rc = ranges_make(&r, join->ranges, join->n_ranges, "join.ranges", st);
+    if (rc)
+        return rc;
+    Kvfence__V1__CapabilitySet caps = KVFENCE__V1__CAPABILITY_SET__INIT;
+    caps.protocol_min = 1;
+    caps.protocol_max = 1;
+    caps.n_features = 1;
+    caps.features = (char **)engine_features;
+    Kvfence__V1__Participant part = KVFENCE__V1__PARTICIPANT__INIT;
+    part.node_id = (char *)join->node_id;
+    part.rank = join->rank;
+    part.role = (Kvfence__V1__Role)join->role;
+    Kvfence__V1__JoinRoomRequest req = KVFENCE__V1__JOIN_ROOM_REQUEST__INIT;
+    req.room_id = join->room_id;
+    req.expected_sources = join->expected_sources;
+    req.expected_sinks = join->expected_sinks;
+    req.participant = &part;
+    req.engine_capabilities = &caps;
+    req.pool_id = join->pool_id;
+    req.n_ranges = r.n;
+    req.ranges = r.p;
+    ProtobufCMessage *m = NULL;
+    rc = unary(c->ch, c->call_timeout_ms, "/kvfence.v1.Control/JoinRoom", &req.base,
+               &kvfence__v1__join_room_response__descriptor, &m, st);
+    ranges_free(&r);
+    if (rc)
+        return rc;
+    Kvfence__V1__JoinRoomResponse *resp = (Kvfence__V1__JoinRoomResponse *)m;
+    if (out) {
+        memset(out, 0, sizeof *out);
+        if (resp->room) {
+            out->room.room_id = resp->room->room_id;
+            out->room.generation = resp->room->generation;
+        }
+        out->lease_id = resp->lease_id;
+        out->state = (enum kvf_room_state)resp->state;
+        out->protocol_version = resp->protocol_version;
+    }
+    protobuf_c_message_free_unpacked(m, NULL);
+    return 0;
+}
+
+int kvf_extend_lease(kvf_client *c, struct kvf_room_key room, uint64_t lease_id,
+                     const struct kvf_page_range *ranges, size_t n_ranges, struct kvf_status *st)
+{
+    if (!c)
+        return bad_arg(st, "kvf_extend_lease", "client is required");
+    struct ranges r;
+    int rc = ranges_make(&r, ranges, n_ranges, "ranges", st);
+    if (rc)
+        return rc;
+    Kvfence__V1__RoomKey rk = KVFENCE__V1__ROOM_KEY__INIT;
+    rk.room_id = room.room_id;
+    rk.generation = room.generation;
+    Kvfence__V1__ExtendLeaseRequest req = KVFENCE__V1__EXTEND_LEASE_REQUEST__INIT;
+    req.room = &rk;
+    req.lease_id = lease_id;
+    req.n_ranges = r.n;
+    req.ranges = r.p;
+    rc = unary(c->ch, c->call_timeout_ms, "/kvfence.v1.Control/ExtendLease", &req.base,
+               &kvfence__v1__extend_lease_response__descriptor, NULL, st);
+    ranges_free(&r);
+    return rc;
+}
+
+int kvf_complete_room(kvf_client *c, struct kvf_room_key room, const struct kvf_participant *who,
+                      enum kvf_room_state *state_out, struct kvf_status *st)
+{
+    if (!c || !who || !who->node_id)
+        return bad_arg(st, "kvf_complete_room", "client and who (with node_id) are required");
+    Kvfence__V1__RoomKey rk = KVFENCE__V1__ROOM_KEY__INIT;
+    rk.room_id = room.room_id;
+    rk.generation = room.generation;
+    Kvfence__V1__Participant part = KVFENCE__V1__PARTICIPANT__INIT;
+    part.node_id = (char *)who->node_id;
+    part.rank = who->rank;
+    part.role = (Kvfence__V1__Role)who->role;
+    Kvfence__V1__CompleteRoomRequest req = KVFENCE__V1__COMPLETE_ROOM_REQUEST__INIT;
+    req.room = &rk;
+    req.participant = &part;
+    ProtobufCMessage *m = NULL;
+    int rc = unary(c->ch, c->call_timeout_ms, "/kvfence.v1.Control/CompleteRoom", &req.base,
+                   &kvfence__v1__complete_room_response__descriptor, &m, st);
+    if (rc)
+        return rc;
+    if (state_out)
+        *state_out = (enum kvf_room_state)((Kvfence__V1__CompleteRoomResponse *)m)->state;
+    protobuf_c_message_free_unpacked(m, NULL);
+    return 0;
+}
+
+int kvf_abort_room(kvf_client *c, struct kvf_room_key room, const char *detail,
+                   struct kvf_abort_result *out, struct kvf_status *st)
+{
+    if (!c)
+        return bad_arg(st, "kvf_abort_room", "client is required");
+    Kvfence__V1__RoomKey rk = KVFENCE__V1__ROOM_KEY__INIT;
+    rk.room_id = room.room_id;
+    rk.generation = room.generation;
+    Kvfence__V1__AbortRoomRequest req = KVFENCE__V1__ABORT_ROOM_REQUEST__INIT;
+    req.room = &rk;
+    req.detail = (char *)(detail ? detail : "");
+    ProtobufCMessage *m = NULL;
+    int rc = unary(c->ch, c->call_timeout_ms, "/kvfence.v1.Control/AbortRoom", &req.base,
+                   &kvfence__v1__abort_room_response__descriptor, &m, st);
+    if (rc)
+        return rc;
+    Kvfence__V1__AbortRoomResponse *resp = (Kvfence__V1__AbortRoomResponse *)m;
+    if (out) {
+        memset(out, 0, sizeof *out);
+        if (resp->room) {
+            out->room.room_id = resp->room->room_id;
+            out->room.generation = resp->room->generation;
+        }
+        if (resp->token) {
+            out->token_hi = resp->token->hi;
+            out->token_lo = resp->token->lo;
+        }
+        out->state = (enum kvf_room_state)resp->state;
+        out->already_aborting = resp->already_aborting;
+        out->reason = (int)resp->reason;
+    }
+    protobuf_c_message_free_unpacked(m, NULL);
+    return 0;
+}
+
+/* ---- WatchLeases ------------------------------------------------------------------ */
+
+/* Packs a WatchLeasesRequest from `f` (may be NULL) into *buf_p. */
+static int pack_watch_request(const struct kvf_watch_filter *f, uint8_t **buf_p, size_t *len_p,
+                              struct kvf_status *st)
+{
+    Kvfence__V1__WatchLeasesRequest req = KVFENCE__V1__WATCH_LEASES_REQUEST__INIT;
+    if (f) {
+        if ((f->n_ranks && !f->ranks) || (f->n_lease_ids && !f->lease_ids))
+            return bad_arg(st, "kvf_watch_filter", "NULL ranks or lease_ids with a count");
+        req.node_id = (char *)(f->node_id ? f->node_id : "");
+        req.n_ranks = f->n_ranks;
+        req.ranks = (uint32_t *)f->ranks;
+        req.n_lease_ids = f->n_lease_ids;
+        req.lease_ids = (uint64_t *)f->lease_ids;
+        req.include_room_states = f->include_room_states;
+    }
+    size_t len = protobuf_c_message_get_packed_size(&req.base);
+    uint8_t *buf = malloc(len ? len : 1);
+    if (!buf)
+        return set_status(st, KVF_STATUS_RESOURCE_EXHAUSTED, "WatchLeases: out of memory");
+    protobuf_c_message_pack(&req.base, buf);
+    *buf_p = buf;
+    *len_p = len;
+    return 0;
+}
+
+/* Opens WatchLeases with the packed request and half-closes. NULL when gRPC
+ * refused (st says so). */
+static struct kvf_rpc_client_stream *watch_open(struct kvf_rpc_channel *ch, const uint8_t *req,
+                                                size_t len, int64_t timeout_ms,
+                                                struct kvf_status *st)
+{
+    struct kvf_rpc_client_stream *cs =
+        kvf_rpc_client_stream_open(ch, "/kvfence.v1.Control/WatchLeases", timeout_ms);
+    if (!cs) {
+        set_status(st, KVF_STATUS_INTERNAL, "WatchLeases: cannot open the stream");
+        return NULL;
+    }
+    /* A failed send means the stream has already ended: recv gives why. */
+    if (kvf_rpc_client_stream_send(cs, req, len) == 0)
+        kvf_rpc_client_stream_half_close(cs);
+    return cs;
+}
+
+static void status_from_rpc(struct kvf_status *st, const struct kvf_rpc_status *rst)
+{
+    int code =
+        rst->code >= 0 && rst->code <= KVF_STATUS_UNAUTHENTICATED ? rst->code : KVF_STATUS_INTERNAL;
+    set_status(st, code, "%s", rst->message[0] ? rst->message : kvf_status_name(code));
+}
+
+int kvf_wait_released(kvf_client *c, uint64_t lease_id, int64_t deadline_ms, struct kvf_status *st)
+{
+    if (!c || lease_id == 0)
+        return bad_arg(st, "kvf_wait_released", "client and a lease_id >= 1 are required");
+    uint64_t ids[1] = {lease_id};
+    struct kvf_watch_filter f = {.lease_ids = ids, .n_lease_ids = 1};
+    uint8_t *req = NULL;
+    size_t len = 0;
+    int rc = pack_watch_request(&f, &req, &len, st);
+    if (rc)
+        return rc;
+    int64_t end = deadline_ms > 0 ? now_ms() + deadline_ms : INT64_MAX;
+    struct kvf_status last = {0};
+    long backoff = 20;
+    for (;;) {
+        int64_t left = end == INT64_MAX ? KVF_RPC_NO_TIMEOUT : end - now_ms();
+        if (end != INT64_MAX && left <= 0) {
+            rc = set_status(st, KVF_STATUS_DEADLINE_EXCEEDED,
+                            "lease %llu not released within %lld ms%s%s",
+                            (unsigned long long)lease_id, (long long)deadline_ms,
+                            last.code ? "; last error: " : "", last.code ? last.message : "");
+            break;
+        }
+        struct kvf_rpc_client_stream *cs = watch_open(c->ch, req, len, left, st);
+        if (!cs) {
+            rc = st ? -st->code : -KVF_STATUS_INTERNAL;
+            break;
+        }
+        bool released = false;
+        struct kvf_rpc_status rst = {0};
+        for (;;) {
+            uint8_t *msg = NULL;
+            size_t mlen = 0;
+            int r = kvf_rpc_client_stream_recv(cs, KVF_RPC_NO_TIMEOUT, &msg, &mlen, &rst);
+            if (r == KVF_RPC_STREAM_END)
+                break;
+            if (r != 0) {
+                rst.code = KVF_STATUS_INTERNAL;
+                snprintf(rst.message, sizeof rst.message, "WatchLeases: receive failed (%d)", r);
+                break;
+            }
+            Kvfence__V1__LeaseEvent *ev = kvfence__v1__lease_event__unpack(NULL, mlen, msg);
+            free(msg);
+            if (!ev)
+                continue;
+            if (ev->event_case == KVFENCE__V1__LEASE_EVENT__EVENT_RELEASED && ev->released &&
+                ev->released->lease_id == lease_id)
+                released = true;
+            kvfence__v1__lease_event__free_unpacked(ev, NULL);
+            if (released)
+                break;
+        }
+        kvf_rpc_client_stream_close(cs);
+        if (released) {
+            rc = ok_status(st);
+            break;
+        }
+        if (rst.code == KVF_STATUS_DEADLINE_EXCEEDED) {
+            last.code = 0;
+            continue; /* the loop head reports it */
+        }
+        if (rst.code != KVF_STATUS_UNAVAILABLE && rst.code != KVF_STATUS_OK &&
+            rst.code != KVF_STATUS_CANCELLED) {
+            status_from_rpc(st, &rst);
+            rc = st ? -st->code : -rst.code;
+            break;
+        }
+        /* UNAVAILABLE (server down, restarting) or a clean end: resubscribe. */
+        status_from_rpc(&last, &rst);
+        int64_t nap = backoff;
+        if (end != INT64_MAX && end - now_ms() < nap)
+            nap = end - now_ms();
+        if (nap > 0) {
+            struct timespec ts = {.tv_sec = nap / 1000, .tv_nsec = (nap % 1000) * 1000000L};
+            nanosleep(&ts, NULL);
+        }
+        backoff = backoff * 2 > 1000 ? 1000 : backoff * 2;
+    }
+    free(req);
+    return rc;
+}
+
+struct kvf_watch {
+    kvf_client *c;
+    kvf_lease_cb cb;
+    void *ctx;
+    uint8_t *req;
+    size_t req_len;
+    pthread_t thread;
+    pthread_mutex_t mu;
+    pthread_cond_t cv;
+    bool stop;                        /* under mu */
+    struct kvf_rpc_client_stream *cs; /* under mu */
+};
+
+static void deliver(struct kvf_watch *w, const Kvfence__V1__LeaseEvent *ev)
+{
+    struct kvf_lease_event e;
+    memset(&e, 0, sizeof e);
+    struct kvf_page_range small[16];
+    struct kvf_page_range *rv = NULL;
+    switch (ev->event_case) {
+    case KVFENCE__V1__LEASE_EVENT__EVENT_RELEASED: {
+        const Kvfence__V1__Lease *l = ev->released;
+        if (!l)
+            return;
+        e.kind = KVF_LEASE_EVENT_RELEASED;
+        e.lease_id = l->lease_id;
+        if (l->room) {
+            e.room.room_id = l->room->room_id;
+            e.room.generation = l->room->generation;
+        }
+        if (l->participant) {
+            e.node_id = l->participant->node_id;
+            e.rank = l->participant->rank;
+        }
+        e.pool_id = l->pool_id;
+        rv = l->n_ranges <= 16 ? small : calloc(l->n_ranges, sizeof *rv);
+        if (rv) {
+            for (size_t i = 0; i < l->n_ranges; i++) {
+                rv[i].first = l->ranges[i]->first;
+                rv[i].count = l->ranges[i]->count;
+            }
+            e.ranges = rv;
+            e.n_ranges = l->n_ranges;
+        }
+        break;
+    }
+    case KVFENCE__V1__LEASE_EVENT__EVENT_ROOM_STATE: {
+        const Kvfence__V1__RoomStateChange *rs = ev->room_state;
+        if (!rs)
+            return;
+        e.kind = KVF_LEASE_EVENT_ROOM_STATE;
+        if (rs->room) {
+            e.room.room_id = rs->room->room_id;
+            e.room.generation = rs->room->generation;
+        }
+        e.old_state = (enum kvf_room_state)rs->old_state;
+        e.new_state = (enum kvf_room_state)rs->new_state;
+        e.abort_reason = (int)rs->reason;
+        break;
+    }
+    case KVFENCE__V1__LEASE_EVENT__EVENT_SYNCED:
+        e.kind = KVF_LEASE_EVENT_SYNCED;
+        e.replayed = ev->synced ? ev->synced->replayed : 0;
+        break;
+    default:
+        return;
+    }
+    w->cb(&e, w->ctx);
+    if (rv && rv != small)
+        free(rv);
+}
+
+static void *watch_main(void *arg)
+{
+    struct kvf_watch *w = arg;
+    long backoff = 50;
+    for (;;) {
+        pthread_mutex_lock(&w->mu);
+        if (w->stop) {
+            pthread_mutex_unlock(&w->mu);
+            break;
+        }
+        struct kvf_status st = {0};
+        w->cs = watch_open(w->c->ch, w->req, w->req_len, KVF_RPC_NO_TIMEOUT, &st);
+        struct kvf_rpc_client_stream *cs = w->cs;
+        pthread_mutex_unlock(&w->mu);
+        struct kvf_rpc_status rst = {0};
+        bool got_any = false;
+        if (!cs) {
+            rst.code = st.code;
+            snprintf(rst.message, sizeof rst.message, "%s", st.message);
+        } else {
+            for (;;) {
+                uint8_t *msg = NULL;
+                size_t mlen = 0;
+                int r = kvf_rpc_client_stream_recv(cs, KVF_RPC_NO_TIMEOUT, &msg, &mlen, &rst);
+                if (r == KVF_RPC_STREAM_END)
+                    break;
+                if (r != 0) {
+                    rst.code = KVF_STATUS_INTERNAL;
+                    snprintf(rst.message, sizeof rst.message, "WatchLeases: receive failed (%d)",
+                             r);
+                    break;
+                }
+                Kvfence__V1__LeaseEvent *ev = kvfence__v1__lease_event__unpack(NULL, mlen, msg);
+                free(msg);
+                if (!ev)
+                    continue;
+                got_any = true;
+                deliver(w, ev);
+                kvfence__v1__lease_event__free_unpacked(ev, NULL);
+            }
+        }
+        pthread_mutex_lock(&w->mu);
+        w->cs = NULL;
+        bool stop = w->stop;
+        pthread_mutex_unlock(&w->mu);
+        kvf_rpc_client_stream_close(cs);
+        if (stop)
+            break;
+        struct kvf_lease_event e;
+        memset(&e, 0, sizeof e);
+        e.kind = KVF_LEASE_EVENT_DISCONNECTED;
+        status_from_rpc(&e.status, &rst);
+        if (e.status.code == KVF_STATUS_OK)
+            e.status.code = KVF_STATUS_UNAVAILABLE;
+        w->cb(&e, w->ctx);
+        if (got_any)
+            backoff = 50;
+        /* Back off, waking early on stop. */
+        struct timespec ts;
+        clock_gettime(CLOCK_REALTIME, &ts);
+        ts.tv_nsec += backoff * 1000000L;
+        ts.tv_sec += ts.tv_nsec / 1000000000L;
+        ts.tv_nsec %= 1000000000L;
+        pthread_mutex_lock(&w->mu);
+        while (!w->stop) {
+            if (pthread_cond_timedwait(&w->cv, &w->mu, &ts) == ETIMEDOUT)
+                break;
+        }
+        pthread_mutex_unlock(&w->mu);
+        backoff = backoff * 2 > 2000 ? 2000 : backoff * 2;
+    }
+    return NULL;
+}
+
+int kvf_watch_leases(kvf_client *c, const struct kvf_watch_filter *filter, kvf_lease_cb cb,
+                     void *ctx, kvf_watch **out, struct kvf_status *st)
+{
+    if (out)
+        *out = NULL;
+    if (!c || !cb || !out)
+        return bad_arg(st, "kvf_watch_leases", "client, callback and out are required");
+    kvf_watch *w = calloc(1, sizeof *w);
+    if (!w)
+        return set_status(st, KVF_STATUS_RESOURCE_EXHAUSTED, "kvf_watch_leases: out of memory");
+    w->c = c;
+    w->cb = cb;
+    w->ctx = ctx;
+    int rc = pack_watch_request(filter, &w->req, &w->req_len, st);
+    if (rc) {
+        free(w);
+        return rc;
+    }
+    pthread_mutex_init(&w->mu, NULL);
+    pthread_cond_init(&w->cv, NULL);
+    int e = pthread_create(&w->thread, NULL, watch_main, w);
+    if (e != 0) {
+        pthread_cond_destroy(&w->cv);
+        pthread_mutex_destroy(&w->mu);
+        free(w->req);
+        free(w);
+        return set_status(st, KVF_STATUS_RESOURCE_EXHAUSTED,
+                          "kvf_watch_leases: cannot start a thread: %s", strerror(e));
+    }
+    *out = w;
+    return ok_status(st);
+}
+
+void kvf_watch_stop(kvf_watch *w)
+{
+    if (!w)
+        return;
+    pthread_mutex_lock(&w->mu);
+    w->stop = true;
+    if (w->cs)
+        kvf_rpc_client_stream_cancel(w->cs);
+    pthread_cond_broadcast(&w->cv);
+    pthread_mutex_unlock(&w->mu);
+    pthread_join(w->thread, NULL);
+    pthread_cond_destroy(&w->cv);
+    pthread_mutex_destroy(&w->mu);
+    free(w->req);
+    free(w);
+}
+
+/* ---- node client ------------------------------------------------------------------ */
+
+int kvf_node_client_create(const char *socket_path, const struct kvf_client_opts *opts,
+                           kvf_node_client **out, struct kvf_status *st)
+{
+    if (out)
+        *out = NULL;
+    if (!socket_path || !socket_path[0] || !out)
+        return bad_arg(st, "kvf_node_client_create", "socket_path and out are required");
+    char target[512];
+    int n = snprintf(target, sizeof target, "%s%s",
+                     strncmp(socket_path, "unix:", 5) == 0 ? "" : "unix:", socket_path);
+    if (n < 0 || (size_t)n >= sizeof target)
+        return bad_arg(st, "kvf_node_client_create", "socket_path too long");
+    kvf_node_client *nc = calloc(1, sizeof *nc);
+    if (!nc)
+        return set_status(st, KVF_STATUS_RESOURCE_EXHAUSTED,
+                          "kvf_node_client_create: out of memory");
+    nc->call_timeout_ms = opts ? opts->call_timeout_ms : DEFAULT_CALL_TIMEOUT_MS;
+    nc->ch = channel_create(target, opts, false, st);
+    if (!nc->ch) {
+        free(nc);
+        return st ? -st->code : -KVF_STATUS_INVALID_ARGUMENT;
+    }
+    *out = nc;
+    return ok_status(st);
+}
+
+void kvf_node_client_destroy(kvf_node_client *n)
+{
+    if (!n)
+        return;
+    kvf_rpc_channel_destroy(n->ch);
+    free(n);
+}
+
+int kvf_register_pool_shm(kvf_node_client *n, const struct kvf_shm_pool *pool,
+                          uint32_t *pool_id_out, struct kvf_status *st)
+{
+    if (!n || !pool || !pool->shm_name || !pool->shm_name[0])
+        return bad_arg(st, "kvf_register_pool_shm", "node client and pool.shm_name are required");
+    Kvfence__V1__HostShmMemory shm = KVFENCE__V1__HOST_SHM_MEMORY__INIT;
+    shm.shm_name = (char *)pool->shm_name;
+    shm.offset = pool->offset;
+    shm.size = pool->size;
+    Kvfence__V1__RegisterPoolRequest req = KVFENCE__V1__REGISTER_POOL_REQUEST__INIT;
+    req.memory_case = KVFENCE__V1__REGISTER_POOL_REQUEST__MEMORY_HOST_SHM;
+    req.host_shm = &shm;
+    req.page_size = pool->page_size;
+    req.page_count = pool->page_count;
+    req.rank = pool->rank;
+    ProtobufCMessage *m = NULL;
+    int rc = unary(n->ch, n->call_timeout_ms, "/kvfence.v1.NodeLocal/RegisterPool", &req.base,
+                   &kvfence__v1__register_pool_response__descriptor, &m, st);
+    if (rc)
+        return rc;
+    Kvfence__V1__RegisterPoolResponse *resp = (Kvfence__V1__RegisterPoolResponse *)m;
+    if (!resp->pool) {
+        protobuf_c_message_free_unpacked(m, NULL);
+        return set_status(st, KVF_STATUS_INTERNAL, "RegisterPool: the reply has no pool");
+    }
+    if (pool_id_out)
+        *pool_id_out = resp->pool->pool_id;
+    protobuf_c_message_free_unpacked(m, NULL);
+    return 0;
+}
+
+int kvf_unregister_pool(kvf_node_client *n, uint32_t pool_id, struct kvf_status *st)
+{
+    if (!n)
+        return bad_arg(st, "kvf_unregister_pool", "node client is required");
+    Kvfence__V1__UnregisterPoolRequest req = KVFENCE__V1__UNREGISTER_POOL_REQUEST__INIT;
+    req.pool_id = pool_id;
+    return unary(n->ch, n->call_timeout_ms, "/kvfence.v1.NodeLocal/UnregisterPool", &req.base,
+                 &kvfence__v1__unregister_pool_response__descriptor, NULL, st);
+}
+
+int kvf_submit_chunk(kvf_node_client *n, const struct kvf_chunk *chunk, struct kvf_status *st)
+{
+    if (!n || !chunk || !chunk->sink_node_id)
+        return bad_arg(st, "kvf_submit_chunk", "node client, chunk and sink_node_id are required");
+    if (chunk->aux_len && !chunk->aux)
+        return bad_arg(st, "kvf_submit_chunk", "aux is NULL with a length");
+    struct ranges sr, dr;
+    int rc = ranges_make(&sr, chunk->source_ranges, chunk->n_source_ranges, "source_ranges", st);
+    if (rc)
+        return rc;
+    rc = ranges_make(&dr, chunk->sink_ranges, chunk->n_sink_ranges, "sink_ranges", st);
+    if (rc) {
+        ranges_free(&sr);
+        return rc;
+    }
+    Kvfence__V1__RoomKey rk = KVFENCE__V1__ROOM_KEY__INIT;
+    rk.room_id = chunk->room.room_id;
+    rk.generation = chunk->room.generation;
+    Kvfence__V1__SubmitChunkRequest req = KVFENCE__V1__SUBMIT_CHUNK_REQUEST__INIT;
+    req.room = &rk;
+    req.chunk_seq = chunk->chunk_seq;
+    req.source_rank = chunk->source_rank;
+    req.source_pool_id = chunk->source_pool_id;
+    req.n_source_ranges = sr.n;
+    req.source_ranges = sr.p;
+    req.sink_node_id = (char *)chunk->sink_node_id;
+    req.sink_rank = chunk->sink_rank;
+    req.sink_pool_id = chunk->sink_pool_id;
+    req.n_sink_ranges = dr.n;
+    req.sink_ranges = dr.p;
+    req.last_chunk = chunk->last_chunk;
+    req.aux.data = (uint8_t *)chunk->aux;
+    req.aux.len = chunk->aux_len;
+    rc = unary(n->ch, n->call_timeout_ms, "/kvfence.v1.NodeLocal/SubmitChunk", &req.base,
+               &kvfence__v1__submit_chunk_response__descriptor, NULL, st);
+    ranges_free(&sr);
+    ranges_free(&dr);
+    return rc;
+}
