@@ -1,0 +1,868 @@
+"""The kvfence clients: ControlClient (engines), NodeClient (an engine and its
+host's kvfence-node, on the node's unix socket) and AdminClient (operators).
+
+Every client owns one gRPC channel (or borrows one given to it), closes it on
+close() or at the end of a `with` block, and raises a kvfence.KvfenceError
+subclass (errors.py) for every failed call. Values come back as frozen
+dataclasses and IntEnums, not protobuf messages.
+
+The rule an engine must follow (control.proto): pages granted to a room are
+the engine's again only when kvfence reports the lease RELEASED
+(LeaseReleased from watch_leases, wait_released, or a ReleaseWatcher
+callback); never on a CompleteRoom or AbortRoom reply, never on a timer.
+"""
+from __future__ import annotations
+
+import enum
+import logging
+import threading
+import time
+from dataclasses import dataclass
+from typing import (Any, Callable, Dict, Iterable, Iterator, List, Optional, Sequence, Set,
+                    Tuple, Union)
+
+import grpc
+
+from . import errors
+from ._proto.v1 import control_pb2, control_pb2_grpc, node_pb2, node_pb2_grpc, types_pb2
+
+__all__ = [
+    "Role", "RoomState", "LeaseState", "LeaseMode", "AbortReason", "NodeState", "PoolKind",
+    "RoomKey", "PageRange", "Participant", "Token", "Lease", "JoinResult", "AbortResult", "Pool",
+    "LeaseReleased", "RoomStateChanged", "WatchSynced", "WatchEvent", "ParticipantInfo",
+    "RoomInfo", "NodeInfo", "ranges_from_pages", "ControlClient", "NodeClient", "AdminClient",
+    "LeaseWatch", "ReleaseWatcher", "DEFAULT_FEATURES", "DEFAULT_TIMEOUT_S",
+]
+
+log = logging.getLogger("kvfence")
+
+#: Seconds a unary call may take unless the call or the client says otherwise.
+DEFAULT_TIMEOUT_S = 5.0
+#: Features an engine announces in JoinRoom ("QUIESCE_V1" is required).
+DEFAULT_FEATURES: Tuple[str, ...] = ("QUIESCE_V1",)
+#: Protocol range an engine announces in JoinRoom.
+DEFAULT_PROTOCOL: Tuple[int, int] = (1, 1)
+
+_RETRY_SLEEP_S = 0.02
+
+
+# ---- enums (same numbers as the proto enums) ---------------------------------
+
+class Role(enum.IntEnum):
+    UNSPECIFIED = 0
+    SOURCE = 1  # prefill: its pages are read (READ lease)
+    SINK = 2  # decode: its pages are written (WRITE lease)
+
+
+class RoomState(enum.IntEnum):
+    UNSPECIFIED = 0
+    OPENING = 1
+    ACTIVE = 2
+    ABORTING = 3
+    COMPLETED = 4
+    ABORTED = 5
+
+    @property
+    def terminal(self) -> bool:
+        return self in (RoomState.COMPLETED, RoomState.ABORTED)
+
+
+class LeaseState(enum.IntEnum):
+    UNSPECIFIED = 0
+    ACTIVE = 1
+    RELEASING = 2
+    RELEASED = 3
+
+
+class LeaseMode(enum.IntEnum):
+    UNSPECIFIED = 0
+    READ = 1
+    WRITE = 2
+
+
+class AbortReason(enum.IntEnum):
+    UNSPECIFIED = 0
+    ENGINE = 1
+    ADMIN = 2
+    JOIN_TIMEOUT = 3
+    TRANSFER_FAILED = 4
+    NODE_LOST = 5
+    CAPABILITY = 6
+
+
+class NodeState(enum.IntEnum):
+    UNSPECIFIED = 0
+    ATTACHED = 1
+    SUSPECT = 2
+    LOST = 3
+
+
+class PoolKind(enum.IntEnum):
+    UNSPECIFIED = 0
+    HOST_SHM = 1
+    CUDA_IPC = 2
+
+
+def _enum(cls: Any, value: int) -> Any:
+    try:
+        return cls(value)
+    except ValueError:  # a newer server's value: keep the number
+        return value
+
+
+# ---- values ------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class RoomKey:
+    """A room-generation. generation 0 means "the current one" where a call allows it."""
+    room_id: int
+    generation: int = 0
+
+    def __str__(self) -> str:
+        return "%d:%d" % (self.room_id, self.generation)
+
+    def _pb(self) -> types_pb2.RoomKey:
+        return types_pb2.RoomKey(room_id=self.room_id, generation=self.generation)
+
+    @classmethod
+    def _from(cls, m: types_pb2.RoomKey) -> "RoomKey":
+        return cls(m.room_id, m.generation)
+
+
+@dataclass(frozen=True)
+class PageRange:
+    """Pages [first, first + count) of one pool."""
+    first: int
+    count: int
+
+    @property
+    def pages(self) -> range:
+        return range(self.first, self.first + self.count)
+
+    def _pb(self) -> types_pb2.PageRange:
+        return types_pb2.PageRange(first=self.first, count=self.count)
+
+
+RangesLike = Iterable[Union[PageRange, Tuple[int, int]]]
+
+
+def _ranges(ranges: RangesLike) -> List[types_pb2.PageRange]:
+    out = []
+    for r in ranges:
+        if isinstance(r, PageRange):
+            out.append(r._pb())
+        else:
+            first, count = r
+            out.append(types_pb2.PageRange(first=int(first), count=int(count)))
+    return out
+
+
+def _ranges_from(ms: Iterable[types_pb2.PageRange]) -> Tuple[PageRange, ...]:
+    return tuple(PageRange(m.first, m.count) for m in ms)
+
+
+def ranges_from_pages(pages: Iterable[int]) -> List[PageRange]:
+    """Page indices (e.g. SGLang's kv_indices) as ranges, in the given order:
+    runs of consecutive ascending indices become one range each.
+
+    >>> ranges_from_pages([4, 5, 6, 9, 2, 3])
+    [PageRange(first=4, count=3), PageRange(first=9, count=1), PageRange(first=2, count=2)]
+    """
+    out: List[PageRange] = []
+    first = prev = None
+    for p in pages:
+        p = int(p)
+        if first is not None and p == prev + 1:
+            prev = p
+            continue
+        if first is not None:
+            out.append(PageRange(first, prev - first + 1))
+        first = prev = p
+    if first is not None:
+        out.append(PageRange(first, prev - first + 1))
+    return out
+
+
+@dataclass(frozen=True)
+class Participant:
+    """One (node, engine rank) of a room."""
+    node_id: str
+    rank: int
+    role: Role
+
+    def _pb(self) -> types_pb2.Participant:
+        return types_pb2.Participant(node_id=self.node_id, rank=self.rank, role=int(self.role))
+
+    @classmethod
+    def _from(cls, m: types_pb2.Participant) -> "Participant":
+        return cls(m.node_id, m.rank, _enum(Role, m.role))
+
+
+@dataclass(frozen=True)
+class Token:
+    """The 128-bit abort token of an aborted room-generation (all zero: none)."""
+    hi: int = 0
+    lo: int = 0
+
+    @property
+    def is_zero(self) -> bool:
+        return self.hi == 0 and self.lo == 0
+
+    def __str__(self) -> str:
+        return "%016x%016x" % (self.hi, self.lo)
+
+    @classmethod
+    def _from(cls, m: types_pb2.AbortToken) -> "Token":
+        return cls(m.hi, m.lo)
+
+
+@dataclass(frozen=True)
+class Lease:
+    """A page lease: the pages of `pool_id` that belong to `room`."""
+    lease_id: int
+    room: RoomKey
+    participant: Participant
+    pool_id: int
+    ranges: Tuple[PageRange, ...]
+    mode: LeaseMode
+    state: LeaseState
+
+    def pages(self) -> List[int]:
+        """Every page index of the lease, in lease order."""
+        return [p for r in self.ranges for p in r.pages]
+
+    @classmethod
+    def _from(cls, m: types_pb2.Lease) -> "Lease":
+        return cls(m.lease_id, RoomKey._from(m.room), Participant._from(m.participant), m.pool_id,
+                   _ranges_from(m.ranges), _enum(LeaseMode, m.mode), _enum(LeaseState, m.state))
+
+
+@dataclass(frozen=True)
+class JoinResult:
+    room: RoomKey  # with the generation minted by the control plane
+    lease_id: int
+    state: RoomState  # OPENING, or ACTIVE for the join that completed the room
+    protocol_version: int
+
+
+@dataclass(frozen=True)
+class AbortResult:
+    room: RoomKey
+    token: Token
+    state: RoomState  # ABORTING, or ABORTED when the proof is already complete
+    already_aborting: bool
+    reason: AbortReason
+
+
+@dataclass(frozen=True)
+class Pool:
+    pool_id: int
+    kind: PoolKind
+    page_size: int
+    page_count: int
+    owner_rank: int = 0
+    base_addr: int = 0
+    rkey: int = 0
+    cuda_device: int = 0
+
+    @classmethod
+    def _from(cls, m: types_pb2.Pool) -> "Pool":
+        return cls(m.pool_id, _enum(PoolKind, m.kind), m.page_size, m.page_count, m.owner_rank,
+                   m.base_addr, m.rkey, m.cuda_device)
+
+
+@dataclass(frozen=True)
+class LeaseReleased:
+    """WatchLeases: the lease is RELEASED; its pages are the engine's again."""
+    lease: Lease
+
+
+@dataclass(frozen=True)
+class RoomStateChanged:
+    """WatchLeases (include_room_states): a room changed state."""
+    room: RoomKey
+    old_state: RoomState
+    new_state: RoomState
+    reason: AbortReason
+    token: Token
+
+
+@dataclass(frozen=True)
+class WatchSynced:
+    """WatchLeases: the replay of past releases is over; live events follow."""
+    replayed: int
+
+
+WatchEvent = Union[LeaseReleased, RoomStateChanged, WatchSynced]
+
+
+def _event_from(m: control_pb2.LeaseEvent) -> Optional[WatchEvent]:
+    which = m.WhichOneof("event")
+    if which == "released":
+        return LeaseReleased(Lease._from(m.released))
+    if which == "room_state":
+        rs = m.room_state
+        return RoomStateChanged(RoomKey._from(rs.room), _enum(RoomState, rs.old_state),
+                                _enum(RoomState, rs.new_state), _enum(AbortReason, rs.reason),
+                                Token._from(rs.token))
+    if which == "synced":
+        return WatchSynced(m.synced.replayed)
+    return None  # an event kind this client does not know
+
+
+@dataclass(frozen=True)
+class ParticipantInfo:
+    participant: Participant
+    node_incarnation: int
+    lease: Optional[Lease]
+    completed: bool
+    drained: bool
+    fenced: bool
+    notice_attempts: int
+
+
+@dataclass(frozen=True)
+class RoomInfo:
+    room: RoomKey
+    state: RoomState
+    abort_reason: AbortReason
+    token: Token
+    expected_sources: int
+    expected_sinks: int
+    protocol_version: int
+    age_ms: int
+    state_age_ms: int
+    past_drain_deadline: bool
+    participant_count: int
+    participants: Tuple[ParticipantInfo, ...] = ()
+
+    @classmethod
+    def _from(cls, m: control_pb2.RoomInfo) -> "RoomInfo":
+        parts = tuple(
+            ParticipantInfo(Participant._from(p.participant), p.node_incarnation,
+                            Lease._from(p.lease) if p.HasField("lease") else None, p.completed,
+                            p.drained, p.fenced, p.notice_attempts) for p in m.participants)
+        return cls(RoomKey._from(m.room), _enum(RoomState, m.state),
+                   _enum(AbortReason, m.abort_reason), Token._from(m.token), m.expected_sources,
+                   m.expected_sinks, m.protocol_version, m.age_ms, m.state_age_ms,
+                   m.past_drain_deadline, m.participant_count, parts)
+
+
+@dataclass(frozen=True)
+class NodeInfo:
+    node_id: str
+    incarnation: int
+    state: NodeState
+    protocol_version: int
+    features: Tuple[str, ...]
+    endpoints: Tuple[Tuple[int, str], ...]  # (EndpointKind number, address)
+    pools: Tuple[Pool, ...]
+    room_count: int
+    state_age_ms: int
+    last_seen_ms: int
+    notices_pending: int
+
+    @classmethod
+    def _from(cls, m: control_pb2.NodeInfo) -> "NodeInfo":
+        return cls(m.node_id, m.incarnation, _enum(NodeState, m.state), m.protocol_version,
+                   tuple(m.capabilities.features), tuple((e.kind, e.address) for e in m.endpoints),
+                   tuple(Pool._from(p) for p in m.pools), m.room_count, m.state_age_ms,
+                   m.last_seen_ms, m.notices_pending)
+
+
+def _msg_dict(m: Any) -> Dict[str, Any]:
+    """A message with scalar and nested-message fields as a plain dict (ints stay ints)."""
+    out: Dict[str, Any] = {}
+    for f in m.DESCRIPTOR.fields:
+        v = getattr(m, f.name)
+        out[f.name] = _msg_dict(v) if f.message_type is not None and f.label != f.LABEL_REPEATED \
+            else v
+    return out
+
+
+def _room_key(room: Union[RoomKey, int, Tuple[int, int]]) -> RoomKey:
+    if isinstance(room, RoomKey):
+        return room
+    if isinstance(room, tuple):
+        return RoomKey(int(room[0]), int(room[1]))
+    return RoomKey(int(room), 0)
+
+
+# ---- channel plumbing -----------------------------------------------------------
+
+class _Client:
+    """A channel, a default timeout, error mapping and a context manager."""
+
+    def __init__(self, target: Optional[str] = None, *, channel: Optional[grpc.Channel] = None,
+                 credentials: Optional[grpc.ChannelCredentials] = None,
+                 options: Optional[Sequence[Tuple[str, Any]]] = None,
+                 timeout: float = DEFAULT_TIMEOUT_S) -> None:
+        if channel is None and target is None:
+            raise ValueError("a target or a channel is required")
+        self.target = target
+        self.timeout = timeout
+        self._owns_channel = channel is None
+        if channel is None:
+            assert target is not None
+            channel = (grpc.secure_channel(target, credentials, options=options) if credentials
+                       else grpc.insecure_channel(target, options=options))
+        self.channel: grpc.Channel = channel
+        self._closed = False
+
+    def wait_ready(self, timeout: Optional[float] = None) -> None:
+        """Waits until the channel is connected; DeadlineExceeded otherwise."""
+        t = self.timeout if timeout is None else timeout
+        try:
+            grpc.channel_ready_future(self.channel).result(timeout=t)
+        except grpc.FutureTimeoutError:
+            raise errors.DeadlineExceeded(grpc.StatusCode.DEADLINE_EXCEEDED,
+                                          "%s not ready within %.1f s" % (self.target, t)) from None
+
+    def _unary(self, name: str, fn: Callable[..., Any], req: Any,
+               timeout: Optional[float]) -> Any:
+        try:
+            return fn(req, timeout=self.timeout if timeout is None else timeout)
+        except grpc.RpcError as e:
+            raise errors.from_rpc_error(e, name) from None
+
+    def close(self) -> None:
+        """Closes the channel if this client opened it (idempotent)."""
+        if not self._closed:
+            self._closed = True
+            if self._owns_channel:
+                self.channel.close()
+
+    def __enter__(self) -> Any:
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()
+
+
+class LeaseWatch(Iterator[WatchEvent]):
+    """An open WatchLeases stream: iterate it for events; cancel() (or leaving
+    the `with` block) ends it, and the iteration then just stops. A stream
+    error raises the matching KvfenceError (Unavailable on server shutdown:
+    resubscribe, and deduplicate by lease_id)."""
+
+    def __init__(self, call: Any) -> None:
+        self._call = call
+        self._cancelled = False
+
+    def __iter__(self) -> "LeaseWatch":
+        return self
+
+    def __next__(self) -> WatchEvent:
+        while True:
+            try:
+                m = next(self._call)
+            except grpc.RpcError as e:
+                if self._cancelled and e.code() == grpc.StatusCode.CANCELLED:
+                    raise StopIteration from None
+                raise errors.from_rpc_error(e, "Control.WatchLeases") from None
+            ev = _event_from(m)
+            if ev is not None:
+                return ev
+
+    def cancel(self) -> None:
+        self._cancelled = True
+        self._call.cancel()
+
+    def __enter__(self) -> "LeaseWatch":
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.cancel()
+
+
+# ---- Control ----------------------------------------------------------------------
+
+class ControlClient(_Client):
+    """kvfence.v1.Control on kvfence-control ("host:port").
+
+        with ControlClient("127.0.0.1:7070") as ctl:
+            j = ctl.join_room(room_id, Participant("n2", 0, Role.SINK), pool_id, [(16, 8)])
+    """
+
+    def __init__(self, target: Optional[str] = None, **kw: Any) -> None:
+        super().__init__(target, **kw)
+        self._stub = control_pb2_grpc.ControlStub(self.channel)
+
+    def join_room(self, room_id: int, participant: Participant, pool_id: int,
+                  ranges: RangesLike = (), *, expected_sources: int = 1, expected_sinks: int = 1,
+                  features: Iterable[str] = DEFAULT_FEATURES,
+                  protocol: Tuple[int, int] = DEFAULT_PROTOCOL, timeout: Optional[float] = None,
+                  retry_s: float = 0.0) -> JoinResult:
+        """Grants `participant`'s lease on `ranges` of `pool_id` to room `room_id`.
+
+        retry_s > 0 retries NOT_FOUND and UNAVAILABLE for that long: a pool
+        registered a moment ago reaches the control plane by the node's
+        PoolUpdate, which may come after this call.
+        """
+        req = control_pb2.JoinRoomRequest(
+            room_id=room_id, expected_sources=expected_sources, expected_sinks=expected_sinks,
+            participant=participant._pb(),
+            engine_capabilities=types_pb2.CapabilitySet(protocol_min=protocol[0],
+                                                        protocol_max=protocol[1],
+                                                        features=list(features)),
+            pool_id=pool_id, ranges=_ranges(ranges))
+        deadline = time.monotonic() + retry_s
+        while True:
+            try:
+                r = self._unary("Control.JoinRoom", self._stub.JoinRoom, req, timeout)
+                return JoinResult(RoomKey._from(r.room), r.lease_id, _enum(RoomState, r.state),
+                                  r.protocol_version)
+            except (errors.NotFound, errors.Unavailable):
+                if time.monotonic() >= deadline:
+                    raise
+                time.sleep(_RETRY_SLEEP_S)
+
+    def extend_lease(self, room: RoomKey, lease_id: int, ranges: RangesLike, *,
+                     timeout: Optional[float] = None) -> Lease:
+        """Adds pages to a lease (chunked prefill); returns the whole lease."""
+        req = control_pb2.ExtendLeaseRequest(room=room._pb(), lease_id=lease_id,
+                                             ranges=_ranges(ranges))
+        r = self._unary("Control.ExtendLease", self._stub.ExtendLease, req, timeout)
+        return Lease._from(r.lease)
+
+    def complete_room(self, room: RoomKey, participant: Participant, *,
+                      timeout: Optional[float] = None) -> RoomState:
+        """Declares `participant` finished; returns the room's state. Not a
+        release: the pages come back through watch_leases."""
+        req = control_pb2.CompleteRoomRequest(room=room._pb(), participant=participant._pb())
+        r = self._unary("Control.CompleteRoom", self._stub.CompleteRoom, req, timeout)
+        return _enum(RoomState, r.state)
+
+    def abort_room(self, room: Union[RoomKey, int], detail: str = "", *,
+                   timeout: Optional[float] = None) -> AbortResult:
+        """Aborts a room-generation (an int or generation 0: the current one).
+        Idempotent. Not a release: the pages come back through watch_leases."""
+        req = control_pb2.AbortRoomRequest(room=_room_key(room)._pb(), detail=detail)
+        r = self._unary("Control.AbortRoom", self._stub.AbortRoom, req, timeout)
+        return AbortResult(RoomKey._from(r.room), Token._from(r.token), _enum(RoomState, r.state),
+                           r.already_aborting, _enum(AbortReason, r.reason))
+
+    def watch_leases(self, *, node_id: str = "", ranks: Iterable[int] = (),
+                     lease_ids: Iterable[int] = (), include_room_states: bool = False,
+                     timeout: Optional[float] = None) -> LeaseWatch:
+        """Opens a WatchLeases stream (no deadline unless `timeout`): replayed
+        releases, one WatchSynced, then live events."""
+        req = control_pb2.WatchLeasesRequest(node_id=node_id, ranks=list(ranks),
+                                             lease_ids=list(lease_ids),
+                                             include_room_states=include_room_states)
+        return LeaseWatch(self._stub.WatchLeases(req, timeout=timeout))
+
+    def wait_released(self, lease_id: int, timeout: float) -> Lease:
+        """Blocks until lease `lease_id` is RELEASED and returns it (final state
+        and ranges). Raises DeadlineExceeded after `timeout` seconds: the pages
+        are then still NOT free. Resubscribes if the server restarts."""
+        return self.wait_all_released([lease_id], timeout)[lease_id]
+
+    def wait_all_released(self, lease_ids: Iterable[int], timeout: float) -> Dict[int, Lease]:
+        """wait_released for several leases: every one of them, or DeadlineExceeded."""
+        want: Set[int] = set(lease_ids)
+        got: Dict[int, Lease] = {}
+        deadline = time.monotonic() + timeout
+        while True:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                break
+            try:
+                with self.watch_leases(lease_ids=sorted(want - set(got)), timeout=left) as w:
+                    for ev in w:
+                        if isinstance(ev, LeaseReleased) and ev.lease.lease_id in want:
+                            got[ev.lease.lease_id] = ev.lease
+                            if len(got) == len(want):
+                                return got
+            except errors.Unavailable:
+                time.sleep(min(0.1, max(0.0, deadline - time.monotonic())))
+            except errors.DeadlineExceeded:
+                break
+        missing = sorted(want - set(got))
+        raise errors.DeadlineExceeded(
+            grpc.StatusCode.DEADLINE_EXCEEDED,
+            "lease(s) %s not released within %.3g s; their pages are not free" %
+            (", ".join(map(str, missing)), timeout), "Control.WatchLeases")
+
+    def release_watcher(self, on_released: Callable[[Lease], None], **kw: Any) -> "ReleaseWatcher":
+        """A ReleaseWatcher on this client (not started); see ReleaseWatcher."""
+        return ReleaseWatcher(self, on_released, **kw)
+
+
+class ReleaseWatcher:
+    """A background WatchLeases subscription that calls `on_released(lease)`
+    exactly once per released lease (deduplicated by lease_id across
+    resubscriptions), from its own thread. This is where an engine frees pages.
+
+        with ctl.release_watcher(allocator.free_lease, node_id="n2") as w:
+            ...            # started, and synced: no release can be missed
+            w.wait(lease_id, 5.0)
+
+    start() returns once the server sent `synced`, so a lease granted after
+    start() cannot be released unseen. On UNAVAILABLE (control plane restart
+    or failover) the watcher resubscribes with backoff; the replay plus the
+    lease_id dedup make that lossless while the room is kept as a tombstone.
+    """
+
+    def __init__(self, control: ControlClient, on_released: Callable[[Lease], None], *,
+                 node_id: str = "", ranks: Iterable[int] = (),
+                 on_room_state: Optional[Callable[[RoomStateChanged], None]] = None,
+                 backoff: Tuple[float, float] = (0.05, 2.0)) -> None:
+        self._control = control
+        self._on_released = on_released
+        self._on_room_state = on_room_state
+        self._node_id = node_id
+        self._ranks = list(ranks)
+        self._backoff = backoff
+        self._cv = threading.Condition()
+        self._released: Dict[int, Lease] = {}
+        self._synced = False
+        self._stopping = False
+        self._watch: Optional[LeaseWatch] = None
+        self._thread: Optional[threading.Thread] = None
+        self.last_error: Optional[BaseException] = None
+        self.callback_errors: List[BaseException] = []
+
+    def start(self, timeout: float = DEFAULT_TIMEOUT_S) -> "ReleaseWatcher":
+        """Starts the thread and waits for the first `synced`."""
+        self._thread = threading.Thread(target=self._run, name="kvfence-release-watcher",
+                                        daemon=True)
+        self._thread.start()
+        with self._cv:
+            if not self._cv.wait_for(lambda: self._synced, timeout):
+                self.stop()
+                raise errors.DeadlineExceeded(
+                    grpc.StatusCode.DEADLINE_EXCEEDED,
+                    "WatchLeases not synced within %.3g s (last error: %s)" %
+                    (timeout, self.last_error), "Control.WatchLeases")
+        return self
+
+    def stop(self) -> None:
+        with self._cv:
+            self._stopping = True
+            w = self._watch
+        if w is not None:
+            w.cancel()
+        if self._thread is not None and self._thread is not threading.current_thread():
+            self._thread.join(timeout=5.0)
+
+    def is_released(self, lease_id: int) -> bool:
+        with self._cv:
+            return lease_id in self._released
+
+    def wait(self, lease_id: int, timeout: float) -> Lease:
+        """Waits for the release of `lease_id` (after its callback ran)."""
+        with self._cv:
+            if not self._cv.wait_for(lambda: lease_id in self._released, timeout):
+                raise errors.DeadlineExceeded(
+                    grpc.StatusCode.DEADLINE_EXCEEDED,
+                    "lease %d not released within %.3g s; its pages are not free" %
+                    (lease_id, timeout), "Control.WatchLeases")
+            return self._released[lease_id]
+
+    def _run(self) -> None:
+        delay = self._backoff[0]
+        while True:
+            with self._cv:
+                if self._stopping:
+                    return
+                watch = self._control.watch_leases(node_id=self._node_id, ranks=self._ranks,
+                                                   include_room_states=self._on_room_state
+                                                   is not None)
+                self._watch = watch
+            try:
+                for ev in watch:
+                    delay = self._backoff[0]
+                    if isinstance(ev, LeaseReleased):
+                        self._deliver(ev.lease)
+                    elif isinstance(ev, WatchSynced):
+                        with self._cv:
+                            self._synced = True
+                            self._cv.notify_all()
+                    elif isinstance(ev, RoomStateChanged) and self._on_room_state:
+                        try:
+                            self._on_room_state(ev)
+                        except Exception as e:  # a callback's bug must not stop the watch
+                            log.exception("on_room_state callback failed")
+                            self.callback_errors.append(e)
+            except errors.KvfenceError as e:
+                self.last_error = e
+                log.info("WatchLeases ended (%s); resubscribing in %.2f s", e, delay)
+            with self._cv:
+                if self._stopping:
+                    return
+                self._cv.wait(delay)
+            delay = min(delay * 2, self._backoff[1])
+
+    def _deliver(self, lease: Lease) -> None:
+        with self._cv:
+            if lease.lease_id in self._released:
+                return  # a replay after resubscription: already handled
+        try:
+            self._on_released(lease)
+        except Exception as e:
+            log.exception("on_released callback failed for lease %d", lease.lease_id)
+            self.callback_errors.append(e)
+        with self._cv:
+            self._released[lease.lease_id] = lease
+            self._cv.notify_all()
+
+    def __enter__(self) -> "ReleaseWatcher":
+        if self._thread is None:
+            self.start()
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.stop()
+
+
+# ---- NodeLocal --------------------------------------------------------------------
+
+class NodeClient(_Client):
+    """kvfence.v1.NodeLocal on a kvfence-node's unix socket ("unix:/path", or a
+    bare absolute path)."""
+
+    def __init__(self, target: Optional[str] = None, **kw: Any) -> None:
+        if target is not None and target.startswith("/"):
+            target = "unix:" + target
+        super().__init__(target, **kw)
+        self._stub = node_pb2_grpc.NodeLocalStub(self.channel)
+
+    def register_pool_shm(self, shm_name: str, page_size: int, page_count: int, *,
+                          rank: int = 0, offset: int = 0, size: Optional[int] = None,
+                          timeout: Optional[float] = None) -> Pool:
+        """Registers a POSIX shared memory object (the shm_open name; a missing
+        leading "/" is added, as multiprocessing.shared_memory names lack it)
+        as a pool of page_count pages of page_size bytes; returns the pool with
+        its node-assigned id."""
+        if not shm_name.startswith("/"):
+            shm_name = "/" + shm_name
+        if size is None:
+            size = page_size * page_count
+        req = node_pb2.RegisterPoolRequest(
+            host_shm=node_pb2.HostShmMemory(shm_name=shm_name, offset=offset, size=size),
+            page_size=page_size, page_count=page_count, rank=rank)
+        r = self._unary("NodeLocal.RegisterPool", self._stub.RegisterPool, req, timeout)
+        return Pool._from(r.pool)
+
+    def unregister_pool(self, pool_id: int, *, timeout: Optional[float] = None) -> None:
+        """Unregisters a pool (FAILED_PRECONDITION while a lease on it is not
+        RELEASED). The current kvfence-node answers UNIMPLEMENTED."""
+        req = node_pb2.UnregisterPoolRequest(pool_id=pool_id)
+        self._unary("NodeLocal.UnregisterPool", self._stub.UnregisterPool, req, timeout)
+
+    def submit_chunk(self, room: RoomKey, chunk_seq: int, *, source_rank: int,
+                     source_pool_id: int, source_ranges: RangesLike, sink_node_id: str,
+                     sink_rank: int, sink_pool_id: int, sink_ranges: RangesLike,
+                     last_chunk: bool = False, aux: bytes = b"", timeout: Optional[float] = None,
+                     retry_unavailable_s: float = 0.0) -> int:
+        """Submits one chunk (source pages on this node -> sink pages on
+        `sink_node_id`); returns its chunk_seq once admitted (queued or
+        posted, not done). retry_unavailable_s > 0 retries UNAVAILABLE (the
+        node has not yet received the room's update) for that long."""
+        req = node_pb2.SubmitChunkRequest(
+            room=room._pb(), chunk_seq=chunk_seq, source_rank=source_rank,
+            source_pool_id=source_pool_id, source_ranges=_ranges(source_ranges),
+            sink_node_id=sink_node_id, sink_rank=sink_rank, sink_pool_id=sink_pool_id,
+            sink_ranges=_ranges(sink_ranges), last_chunk=last_chunk, aux=aux)
+        deadline = time.monotonic() + retry_unavailable_s
+        while True:
+            try:
+                r = self._unary("NodeLocal.SubmitChunk", self._stub.SubmitChunk, req, timeout)
+                return int(r.chunk_seq)
+            except errors.Unavailable:
+                if time.monotonic() >= deadline:
+                    raise
+                time.sleep(_RETRY_SLEEP_S / 2)
+
+
+# ---- Admin ------------------------------------------------------------------------
+
+class AdminClient(_Client):
+    """kvfence.v1.Admin on kvfence-control (operators, tests, tools)."""
+
+    def __init__(self, target: Optional[str] = None, **kw: Any) -> None:
+        super().__init__(target, **kw)
+        self._stub = control_pb2_grpc.AdminStub(self.channel)
+
+    def ping(self, *, timeout: Optional[float] = None) -> None:
+        self._unary("Admin.Ping", self._stub.Ping, control_pb2.PingRequest(), timeout)
+
+    def stats(self, *, timeout: Optional[float] = None) -> Dict[str, Any]:
+        """GetStats as a dict: {"rooms": {"opening": ..}, "leases": {..}, "nodes": {..}, ...}."""
+        r = self._unary("Admin.GetStats", self._stub.GetStats, control_pb2.GetStatsRequest(),
+                        timeout)
+        return _msg_dict(r)
+
+    def room(self, room: Union[RoomKey, int], *, timeout: Optional[float] = None) -> RoomInfo:
+        """One room-generation (an int or generation 0: the current one) with its participants."""
+        req = control_pb2.GetRoomRequest(room=_room_key(room)._pb())
+        return RoomInfo._from(self._unary("Admin.GetRoom", self._stub.GetRoom, req, timeout))
+
+    def rooms(self, *, states: Iterable[RoomState] = (), node_id: str = "",
+              min_age_ms: int = 0, timeout: Optional[float] = None) -> List[RoomInfo]:
+        """Every room matching the filters (all pages), without participants."""
+        out: List[RoomInfo] = []
+        token = ""
+        while True:
+            req = control_pb2.ListRoomsRequest(states=[int(s) for s in states], node_id=node_id,
+                                               min_age_ms=min_age_ms, page_token=token)
+            r = self._unary("Admin.ListRooms", self._stub.ListRooms, req, timeout)
+            out.extend(RoomInfo._from(m) for m in r.rooms)
+            token = r.next_page_token
+            if not token:
+                return out
+
+    def nodes(self, *, states: Iterable[NodeState] = (),
+              timeout: Optional[float] = None) -> List[NodeInfo]:
+        """Every node (current incarnations), all pages."""
+        out: List[NodeInfo] = []
+        token = ""
+        while True:
+            req = control_pb2.ListNodesRequest(states=[int(s) for s in states], page_token=token)
+            r = self._unary("Admin.ListNodes", self._stub.ListNodes, req, timeout)
+            out.extend(NodeInfo._from(m) for m in r.nodes)
+            token = r.next_page_token
+            if not token:
+                return out
+
+    def node(self, node_id: str, *, timeout: Optional[float] = None) -> NodeInfo:
+        req = control_pb2.GetNodeRequest(node_id=node_id)
+        return NodeInfo._from(self._unary("Admin.GetNode", self._stub.GetNode, req, timeout))
+
+    def leases(self, *, room_id: int = 0, states: Iterable[LeaseState] = (),
+               timeout: Optional[float] = None) -> List[Lease]:
+        """Every lease matching the filters, all pages."""
+        out: List[Lease] = []
+        token = ""
+        while True:
+            req = control_pb2.ListLeasesRequest(room_id=room_id, states=[int(s) for s in states],
+                                                page_token=token)
+            r = self._unary("Admin.ListLeases", self._stub.ListLeases, req, timeout)
+            out.extend(Lease._from(m) for m in r.leases)
+            token = r.next_page_token
+            if not token:
+                return out
+
+    def wait_room_state(self, room: Union[RoomKey, int], want: RoomState,
+                        timeout: float) -> RoomInfo:
+        """Polls GetRoom until the room is in `want` (for a terminal state: and
+        every lease RELEASED); DeadlineExceeded otherwise."""
+        deadline = time.monotonic() + timeout
+        last: Optional[RoomInfo] = None
+        while True:
+            last = self.room(room)
+            done = last.state == want
+            if done and want.terminal:
+                done = all(p.lease is not None and p.lease.state == LeaseState.RELEASED
+                           for p in last.participants)
+            if done:
+                return last
+            if time.monotonic() >= deadline:
+                raise errors.DeadlineExceeded(
+                    grpc.StatusCode.DEADLINE_EXCEEDED,
+                    "room %s: %s after %.3g s, want %s" % (last.room, last.state.name
+                                                           if isinstance(last.state, RoomState)
+                                                           else last.state, timeout, want.name),
+                    "Admin.GetRoom")
+            time.sleep(_RETRY_SLEEP_S)

@@ -1,0 +1,823 @@
+/*
+ * test_cli.c: the kvfence admin CLI (KVF_CLI_BIN) end to end. One
+ * kvfence-control (KVF_CONTROL_BIN) for the group, with a known state built
+ * by fake nodes and unary Control calls:
+ *
+ *   nodes cli-n1, cli-n2 (incarnation 1, ATTACHED)
+ *   room 100: source cli-n1 pages 0+16, sink cli-n2 pages 0+16, ACTIVE
+ *   room 200: source cli-n1 pages 100+8, sink cli-n2 pages 100+8, ABORTING
+ *             (aborted by the engine; the fake nodes never drain)
+ *
+ * Each subcommand runs as the real binary (popen), in table and JSON form;
+ * the checks look for the header, row content and JSON members, and the
+ * exit codes (0 ok, 2 usage, 3 unreachable, 4 not found). The tests run in
+ * order: the later ones (fence, watch) change the state.
+ */
+#include <errno.h>
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <cmocka.h>
+
+#include "fake_node.h"
+#include "kvf_error.h"
+#include "kvf_proc.h"
+#include "kvfence/v1/control.pb-c.h"
+#include "rpc_client.h"
+
+#define CALL_TIMEOUT_MS 5000
+#define OUT_MAX         65536
+
+struct fx {
+    struct kvf_proc proc;
+    struct kvf_rpc_channel *ch;
+    struct fake_node *n1, *n2;
+    uint64_t gen100, gen200;
+    char token200[33]; /* 32 hex digits */
+};
+
+static struct fx *g;
+
+/* ---- running the CLI ------------------------------------------------------ */
+
+/* Runs "KVF_CLI_BIN --server TARGET <args>" through the shell, stdout into
+ * `out` (and stderr too when `merge`). Returns the exit code. */
+static int vrun(char *out, size_t cap, bool merge, bool with_server, const char *fmt, va_list ap)
+{
+    char args[2048], cmd[4096];
+    vsnprintf(args, sizeof args, fmt, ap);
+    if (with_server) {
+        snprintf(cmd, sizeof cmd, "%s --server %s %s%s", KVF_CLI_BIN, g->proc.target, args,
+                 merge ? " 2>&1" : "");
+    } else {
+        snprintf(cmd, sizeof cmd, "%s %s%s", KVF_CLI_BIN, args, merge ? " 2>&1" : "");
+    }
+    FILE *p = popen(cmd, "r");
+    assert_non_null(p);
+    size_t n = 0;
+    size_t got;
+    while (n + 1 < cap && (got = fread(out + n, 1, cap - 1 - n, p)) > 0) {
+        n += got;
+    }
+    out[n] = '\0';
+    int status = pclose(p);
+    assert_true(WIFEXITED(status));
+    return WEXITSTATUS(status);
+}
+
+static int run(char *out, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+static int run(char *out, const char *fmt, ...)
+{
+    va_list ap;
+    va_start(ap, fmt);
+    int rc = vrun(out, OUT_MAX, false, true, fmt, ap);
+    va_end(ap);
+    return rc;
+}
+
+/* The same with stderr merged into `out`. */
+static int run2(char *out, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+static int run2(char *out, const char *fmt, ...)
+{
+    va_list ap;
+    va_start(ap, fmt);
+    int rc = vrun(out, OUT_MAX, true, true, fmt, ap);
+    va_end(ap);
+    return rc;
+}
+
+/* Without --server. */
+static int run_raw(char *out, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+static int run_raw(char *out, const char *fmt, ...)
+{
+    va_list ap;
+    va_start(ap, fmt);
+    int rc = vrun(out, OUT_MAX, true, false, fmt, ap);
+    va_end(ap);
+    return rc;
+}
+
+#define assert_has(hay, needle)                                    \
+    do {                                                           \
+        if (!strstr((hay), (needle))) {                            \
+            fail_msg("output lacks \"%s\":\n%s", (needle), (hay)); \
+        }                                                          \
+    } while (0)
+
+#define assert_lacks(hay, needle)                                \
+    do {                                                         \
+        if (strstr((hay), (needle))) {                           \
+            fail_msg("output has \"%s\":\n%s", (needle), (hay)); \
+        }                                                        \
+    } while (0)
+
+/* One JSON document: starts with '{', ends with "}\n", nothing after, braces
+ * and brackets balanced outside strings. */
+static void assert_json_doc(const char *s)
+{
+    size_t len = strlen(s);
+    if (len < 3 || s[0] != '{' || s[len - 1] != '\n' || s[len - 2] != '}') {
+        fail_msg("not one JSON document:\n%s", s);
+    }
+    int depth = 0;
+    bool in_str = false;
+    for (size_t i = 0; i + 1 < len; i++) {
+        char c = s[i];
+        if (in_str) {
+            if (c == '\\') {
+                i++;
+            } else if (c == '"') {
+                in_str = false;
+            }
+            continue;
+        }
+        if (c == '"') {
+            in_str = true;
+        } else if (c == '{' || c == '[') {
+            depth++;
+        } else if (c == '}' || c == ']') {
+            depth--;
+            if (depth == 0 && i + 2 != len) {
+                fail_msg("trailing data after the JSON document:\n%s", s);
+            }
+        } else if (c == '\n') {
+            fail_msg("newline inside the JSON document:\n%s", s);
+        }
+    }
+    assert_int_equal(depth, 0);
+}
+
+/* The line of `s` that starts with `prefix`, copied into `line`. */
+static bool find_line(const char *s, const char *prefix, char *line, size_t cap)
+{
+    size_t pl = strlen(prefix);
+    for (const char *p = s; p && *p; p = strchr(p, '\n') ? strchr(p, '\n') + 1 : NULL) {
+        if (strncmp(p, prefix, pl) == 0) {
+            const char *e = strchr(p, '\n');
+            size_t n = e ? (size_t)(e - p) : strlen(p);
+            if (n >= cap) {
+                n = cap - 1;
+            }
+            memcpy(line, p, n);
+            line[n] = '\0';
+            return true;
+        }
+    }
+    return false;
+}
+
+/* The number of whitespace separated words of `line`, into words[]. */
+static size_t split(char *line, char **words, size_t max)
+{
+    size_t n = 0;
+    char *save = NULL;
+    for (char *w = strtok_r(line, " \t\n", &save); w && n < max;
+         w = strtok_r(NULL, " \t\n", &save)) {
+        words[n++] = w;
+    }
+    return n;
+}
+
+/* ---- building the state ---------------------------------------------------- */
+
+static int call(const char *method, const ProtobufCMessage *req,
+                const ProtobufCMessageDescriptor *rd, ProtobufCMessage **resp_p)
+{
+    size_t len = protobuf_c_message_get_packed_size(req);
+    uint8_t *buf = malloc(len ? len : 1);
+    assert_non_null(buf);
+    protobuf_c_message_pack(req, buf);
+    uint8_t *resp = NULL;
+    size_t resp_len = 0;
+    struct kvf_rpc_status st;
+    int rc = kvf_rpc_unary(g->ch, method, buf, len, CALL_TIMEOUT_MS, &resp, &resp_len, &st);
+    free(buf);
+    if (rc != 0) {
+        free(resp);
+        fail_msg("%s: %s: %s", method, kvf_grpc_code_name(st.code), st.message);
+    }
+    *resp_p = protobuf_c_message_unpack(rd, NULL, resp_len, resp);
+    free(resp);
+    assert_non_null(*resp_p);
+    return rc;
+}
+
+/* Joins (node, rank 0, role) to `room_id` with pages [first, first+count);
+ * returns the generation. */
+static uint64_t join(uint64_t room_id, const char *node, Kvfence__V1__Role role, uint32_t first,
+                     uint32_t count)
+{
+    Kvfence__V1__Participant p = KVFENCE__V1__PARTICIPANT__INIT;
+    p.node_id = (char *)node;
+    p.role = role;
+    char *features[1] = {"QUIESCE_V1"};
+    Kvfence__V1__CapabilitySet caps = KVFENCE__V1__CAPABILITY_SET__INIT;
+    caps.protocol_min = 1;
+    caps.protocol_max = 1;
+    caps.n_features = 1;
+    caps.features = features;
+    Kvfence__V1__PageRange r = KVFENCE__V1__PAGE_RANGE__INIT;
+    r.first = first;
+    r.count = count;
+    Kvfence__V1__PageRange *rs[1] = {&r};
+    Kvfence__V1__JoinRoomRequest rq = KVFENCE__V1__JOIN_ROOM_REQUEST__INIT;
+    rq.room_id = room_id;
+    rq.expected_sources = 1;
+    rq.expected_sinks = 1;
+    rq.participant = &p;
+    rq.engine_capabilities = &caps;
+    rq.pool_id = FAKE_NODE_POOL_ID;
+    rq.n_ranges = 1;
+    rq.ranges = rs;
+    ProtobufCMessage *m = NULL;
+    call("/kvfence.v1.Control/JoinRoom", &rq.base, &kvfence__v1__join_room_response__descriptor,
+         &m);
+    Kvfence__V1__JoinRoomResponse *jr = (Kvfence__V1__JoinRoomResponse *)m;
+    uint64_t gen = jr->room->generation;
+    kvfence__v1__join_room_response__free_unpacked(jr, NULL);
+    return gen;
+}
+
+/* Both nodes join `room_id` (ACTIVE). */
+static uint64_t make_room(uint64_t room_id, uint32_t first, uint32_t count)
+{
+    uint64_t gen = join(room_id, "cli-n1", KVFENCE__V1__ROLE__ROLE_SOURCE, first, count);
+    assert_int_equal(join(room_id, "cli-n2", KVFENCE__V1__ROLE__ROLE_SINK, first, count), gen);
+    return gen;
+}
+
+static int group_setup(void **state)
+{
+    (void)state;
+    g = calloc(1, sizeof *g);
+    assert_non_null(g);
+    const char *args[] = {"--threads", "2", NULL};
+    assert_int_equal(kvf_proc_start(&g->proc, KVF_CONTROL_BIN, args), 0);
+    struct kvf_rpc_channel_opts co;
+    kvf_rpc_channel_opts_init(&co);
+    co.wait_for_ready = true;
+    g->ch = kvf_rpc_channel_create(g->proc.target, &co);
+    assert_non_null(g->ch);
+    g->n1 = fake_node_attach(g->ch, "cli-n1", 1);
+    g->n2 = fake_node_attach(g->ch, "cli-n2", 1);
+    assert_non_null(g->n1);
+    assert_non_null(g->n2);
+
+    g->gen100 = make_room(100, 0, 16);
+    g->gen200 = make_room(200, 100, 8);
+
+    Kvfence__V1__RoomKey key = KVFENCE__V1__ROOM_KEY__INIT;
+    key.room_id = 200;
+    Kvfence__V1__AbortRoomRequest rq = KVFENCE__V1__ABORT_ROOM_REQUEST__INIT;
+    rq.room = &key;
+    rq.detail = "test_cli";
+    ProtobufCMessage *m = NULL;
+    call("/kvfence.v1.Control/AbortRoom", &rq.base, &kvfence__v1__abort_room_response__descriptor,
+         &m);
+    Kvfence__V1__AbortRoomResponse *ar = (Kvfence__V1__AbortRoomResponse *)m;
+    assert_int_equal(ar->state, KVFENCE__V1__ROOM_STATE__ROOM_STATE_ABORTING);
+    snprintf(g->token200, sizeof g->token200, "%016llx%016llx", (unsigned long long)ar->token->hi,
+             (unsigned long long)ar->token->lo);
+    kvfence__v1__abort_room_response__free_unpacked(ar, NULL);
+    return 0;
+}
+
+static int group_teardown(void **state)
+{
+    (void)state;
+    int rc = 0;
+    fake_node_vanish(g->n1);
+    fake_node_vanish(g->n2);
+    kvf_rpc_channel_destroy(g->ch);
+    if (g->proc.pid > 0) {
+        int status = kvf_proc_stop(&g->proc, 10000);
+        if (!WIFEXITED(status) || WEXITSTATUS(status) != 0) {
+            fprintf(stderr, "kvfence-control did not exit 0 on SIGTERM (status 0x%x)\n", status);
+            rc = -1;
+        }
+    }
+    kvf_proc_kill(&g->proc);
+    free(g);
+    g = NULL;
+    return rc;
+}
+
+/* ---- tests ------------------------------------------------------------------- */
+
+static char out[OUT_MAX];
+
+static void test_help_and_version(void **state)
+{
+    (void)state;
+    assert_int_equal(run_raw(out, "--help"), 0);
+    assert_has(out, "Usage: kvfence");
+    assert_has(out, "Exit codes:");
+    assert_has(out, "4  not found");
+    assert_int_equal(run_raw(out, "-h"), 0);
+    static const char *const cmds[] = {"nodes", "rooms", "room",  "leases",
+                                       "stats", "abort", "fence", "watch"};
+    for (size_t i = 0; i < sizeof cmds / sizeof cmds[0]; i++) {
+        char want[64];
+        assert_int_equal(run_raw(out, "%s --help", cmds[i]), 0);
+        snprintf(want, sizeof want, "Usage: kvfence %s", cmds[i]);
+        assert_has(out, want);
+    }
+    assert_int_equal(run_raw(out, "rooms -h"), 0);
+    assert_has(out, "--min-age-ms");
+    assert_int_equal(run_raw(out, "--version"), 0);
+    assert_has(out, "kvfence ");
+}
+
+static void test_usage_errors(void **state)
+{
+    (void)state;
+    assert_int_equal(run_raw(out, "%s", ""), 2);
+    assert_int_equal(run_raw(out, "bogus"), 2);
+    assert_has(out, "unknown command 'bogus'");
+    assert_int_equal(run2(out, "room"), 2);
+    assert_int_equal(run2(out, "room abc"), 2);
+    assert_int_equal(run2(out, "room 0"), 2);
+    assert_int_equal(run2(out, "room 1 2"), 2);
+    assert_int_equal(run2(out, "rooms --state nope"), 2);
+    assert_has(out, "unknown state 'nope'");
+    assert_int_equal(run2(out, "rooms --bogus"), 2);
+    assert_int_equal(run2(out, "nodes --generation 3"), 2);
+    assert_int_equal(run2(out, "-o xml nodes"), 2);
+    assert_int_equal(run2(out, "--timeout 0 nodes"), 2);
+    assert_int_equal(run2(out, "watch --count x"), 2);
+    assert_int_equal(run2(out, "--tls-cert c.pem nodes"), 2);
+    assert_int_equal(run2(out, "fence"), 2);
+    assert_int_equal(run2(out, "--tls-ca /nonexistent/ca.pem nodes"), 2);
+}
+
+static void test_nodes(void **state)
+{
+    (void)state;
+    char line[512], *w[16];
+    assert_int_equal(run(out, "nodes"), 0);
+    assert_true(find_line(out, "NODE ", line, sizeof line));
+    assert_has(line, "INCARNATION");
+    assert_has(line, "STATE");
+    assert_has(line, "LAST_SEEN");
+    assert_true(find_line(out, "cli-n1 ", line, sizeof line));
+    assert_true(split(line, w, 16) >= 9);
+    assert_string_equal(w[1], "1");
+    assert_string_equal(w[2], "ATTACHED");
+    assert_string_equal(w[4], "2"); /* rooms */
+    /* POOLS, NOTICES, STATE_AGE, LAST_SEEN: ListNodes does not fill them yet. */
+    assert_true(find_line(out, "cli-n2 ", line, sizeof line));
+
+    assert_int_equal(run(out, "nodes -o json"), 0);
+    assert_json_doc(out);
+    assert_has(out, "{\"nodes\":[{\"node_id\":\"cli-n1\",\"incarnation\":1,\"state\":\"ATTACHED\"");
+    assert_has(out, "\"node_id\":\"cli-n2\"");
+    assert_has(out, "\"endpoints\":[");
+    assert_has(out, "\"pools\":[");
+    assert_has(out, "\"room_count\":2,\"state_age_ms\":");
+    assert_has(out, "\"notices_pending\":");
+}
+
+static void test_rooms(void **state)
+{
+    (void)state;
+    char line[512], *w[16];
+    assert_int_equal(run(out, "rooms"), 0);
+    assert_true(find_line(out, "ROOM ", line, sizeof line));
+    assert_has(line, "GENERATION");
+    assert_has(line, "PARTICIPANTS");
+    assert_has(line, "TOKEN");
+    assert_true(find_line(out, "100 ", line, sizeof line));
+    assert_true(split(line, w, 16) >= 9);
+    assert_int_equal(strtoull(w[1], NULL, 10), g->gen100);
+    assert_string_equal(w[2], "ACTIVE");
+    assert_string_equal(w[3], "2/2");
+    assert_string_equal(w[8], "-");
+    assert_true(find_line(out, "200 ", line, sizeof line));
+    assert_true(split(line, w, 16) >= 9);
+    assert_string_equal(w[2], "ABORTING");
+    assert_string_equal(w[6], "ENGINE");
+    assert_string_equal(w[8], g->token200);
+
+    assert_int_equal(run(out, "rooms --state aborting"), 0);
+    assert_true(find_line(out, "200 ", line, sizeof line));
+    assert_false(find_line(out, "100 ", line, sizeof line));
+    assert_int_equal(run(out, "rooms --state ACTIVE,aborting --node cli-n2 --min-age-ms 0"), 0);
+    assert_true(find_line(out, "100 ", line, sizeof line));
+    assert_true(find_line(out, "200 ", line, sizeof line));
+    assert_int_equal(run(out, "rooms --node nobody"), 0);
+    assert_false(find_line(out, "100 ", line, sizeof line));
+    assert_true(find_line(out, "ROOM ", line, sizeof line)); /* header even when empty */
+    assert_int_equal(run(out, "rooms --min-age-ms 3600000"), 0);
+    assert_false(find_line(out, "100 ", line, sizeof line));
+
+    assert_int_equal(run(out, "-o json rooms"), 0);
+    assert_json_doc(out);
+    assert_has(out, "{\"rooms\":[{\"room\":{\"room_id\":100,");
+    assert_has(out, "\"state\":\"ACTIVE\",\"abort_reason\":\"UNSPECIFIED\",\"token\":null");
+    assert_has(out, "\"room_id\":200,");
+    char want[128];
+    snprintf(want, sizeof want,
+             "\"state\":\"ABORTING\",\"abort_reason\":\"ENGINE\",\"token\":\"%s\"", g->token200);
+    assert_has(out, want);
+    assert_has(out, "\"participant_count\":2");
+    assert_has(out, "\"past_drain_deadline\":false");
+
+    assert_int_equal(run(out, "rooms --state active -o json"), 0);
+    assert_json_doc(out);
+    assert_has(out, "\"room_id\":100,");
+    assert_lacks(out, "\"room_id\":200,");
+    assert_int_equal(run(out, "rooms --state completed -o json"), 0);
+    assert_string_equal(out, "{\"rooms\":[]}\n");
+}
+
+static void test_room(void **state)
+{
+    (void)state;
+    char line[512], *w[16];
+    assert_int_equal(run(out, "room 200"), 0);
+    assert_true(find_line(out, "state:", line, sizeof line));
+    assert_has(line, "ABORTING");
+    assert_true(find_line(out, "token:", line, sizeof line));
+    assert_has(line, g->token200);
+    assert_true(find_line(out, "abort reason:", line, sizeof line));
+    assert_has(line, "ENGINE");
+    assert_true(find_line(out, "age:", line, sizeof line));
+    assert_true(find_line(out, "NODE ", line, sizeof line));
+    assert_has(line, "RANK");
+    assert_has(line, "LEASE");
+    assert_has(line, "PAGES");
+    assert_has(line, "DRAINED");
+    assert_has(line, "FENCED");
+    assert_has(line, "NOTICES");
+    assert_true(find_line(out, "cli-n1 ", line, sizeof line));
+    assert_true(split(line, w, 16) == 12);
+    assert_string_equal(w[1], "1");      /* incarnation */
+    assert_string_equal(w[2], "0");      /* rank */
+    assert_string_equal(w[3], "SOURCE"); /* role */
+    assert_string_equal(w[7], "8");      /* pages */
+    assert_string_equal(w[8], "no");     /* completed */
+    assert_string_equal(w[9], "no");     /* drained */
+    assert_string_equal(w[10], "no");    /* fenced */
+    /* w[11]: notice attempts; GetRoom reports 0 for now (admin_svc.c). */
+    assert_true(find_line(out, "cli-n2 ", line, sizeof line));
+    assert_has(line, "SINK");
+
+    assert_int_equal(run(out, "room 200 -o json"), 0);
+    assert_json_doc(out);
+    assert_has(out, "{\"room\":{\"room_id\":200,");
+    char want[128];
+    snprintf(want, sizeof want, "\"token\":\"%s\"", g->token200);
+    assert_has(out, want);
+    assert_has(out, "\"participants\":[{\"participant\":{\"node_id\":\"cli-n1\",\"rank\":0,"
+                    "\"role\":\"SOURCE\"},\"node_incarnation\":1,\"lease\":{\"lease_id\":");
+    assert_has(out, "\"ranges\":[{\"first\":100,\"count\":8}]");
+    assert_has(out, "\"completed\":false,\"drained\":false,\"fenced\":false,\"notice_attempts\":");
+    assert_has(out, "\"node_id\":\"cli-n2\"");
+
+    char gen[32];
+    snprintf(gen, sizeof gen, "%llu", (unsigned long long)g->gen100);
+    assert_int_equal(run(out, "room 100 --generation %s -o json", gen), 0);
+    assert_json_doc(out);
+    assert_has(out, "\"state\":\"ACTIVE\"");
+    assert_has(out, "\"token\":null");
+    assert_has(out, "\"mode\":\"READ\"");
+    assert_has(out, "\"mode\":\"WRITE\"");
+}
+
+static void test_leases(void **state)
+{
+    (void)state;
+    char line[512], *w[16];
+    assert_int_equal(run(out, "leases"), 0);
+    assert_true(find_line(out, "LEASE ", line, sizeof line));
+    assert_has(line, "ROOM");
+    assert_has(line, "RANGES");
+    int rows = 0;
+    for (const char *p = strchr(out, '\n'); p && p[1]; p = strchr(p + 1, '\n')) {
+        rows++;
+    }
+    assert_int_equal(rows, 4);
+    assert_has(out, "0+16");
+    assert_has(out, "100+8");
+
+    assert_int_equal(run(out, "leases --room 100 --node cli-n1"), 0);
+    assert_true(find_line(out, "LEASE ", line, sizeof line));
+    const char *row = strchr(out, '\n') + 1;
+    snprintf(line, sizeof line, "%s", row);
+    assert_true(split(line, w, 16) == 11);
+    assert_string_equal(w[1], "100");
+    assert_string_equal(w[3], "cli-n1");
+    assert_string_equal(w[5], "SOURCE");
+    assert_string_equal(w[7], "READ");
+    assert_string_equal(w[8], "ACTIVE");
+    assert_string_equal(w[9], "16");
+    assert_string_equal(w[10], "0+16");
+
+    assert_int_equal(run(out, "leases --room 100 -o json"), 0);
+    assert_json_doc(out);
+    assert_has(out, "{\"leases\":[{\"lease_id\":");
+    assert_has(out, "\"room\":{\"room_id\":100,");
+    assert_lacks(out, "\"room_id\":200,");
+    assert_has(out, "\"state\":\"ACTIVE\"");
+    assert_int_equal(run(out, "leases --state released -o json"), 0);
+    assert_string_equal(out, "{\"leases\":[]}\n");
+}
+
+static void test_stats(void **state)
+{
+    (void)state;
+    char line[512], *w[4];
+    assert_int_equal(run(out, "stats"), 0);
+    assert_true(find_line(out, "STAT ", line, sizeof line));
+    assert_has(line, "VALUE");
+    static const struct {
+        const char *name, *value;
+    } want[] = {
+        {"rooms.active ", "1"},   {"rooms.aborting ", "1"},  {"rooms.opening ", "0"},
+        {"nodes.attached ", "2"}, {"leases.released ", "0"},
+    };
+    for (size_t i = 0; i < sizeof want / sizeof want[0]; i++) {
+        if (!find_line(out, want[i].name, line, sizeof line)) {
+            fail_msg("no %s in\n%s", want[i].name, out);
+        }
+        assert_int_equal(split(line, w, 4), 2);
+        assert_string_equal(w[1], want[i].value);
+    }
+    assert_true(find_line(out, "uptime_ms ", line, sizeof line));
+
+    assert_int_equal(run(out, "stats -o json"), 0);
+    assert_json_doc(out);
+    assert_has(out, "{\"rooms\":{\"opening\":0,\"active\":1,\"aborting\":1,\"completed\":0,"
+                    "\"aborted\":0},\"leases\":{");
+    assert_has(out, "\"nodes\":{\"attached\":2,\"suspect\":0,\"lost\":0},\"notices_pending\":");
+    assert_has(out, "\"generation\":");
+    assert_has(out, "\"uptime_ms\":");
+}
+
+static void test_abort_idempotent(void **state)
+{
+    (void)state;
+    char want[128];
+    /* The ABORTING room: the same token as the engine's abort, twice. */
+    for (int i = 0; i < 2; i++) {
+        assert_int_equal(run(out, "abort 200 -o json --reason 'ops \"test\"'"), 0);
+        assert_json_doc(out);
+        snprintf(want, sizeof want, "\"token\":\"%s\"", g->token200);
+        assert_has(out, want);
+        assert_has(out, "\"state\":\"ABORTING\",\"already_aborting\":true,\"reason\":\"ENGINE\"");
+    }
+    char line[512], *w[8];
+    assert_int_equal(run(out, "abort 200"), 0);
+    assert_true(find_line(out, "ROOM ", line, sizeof line));
+    assert_has(line, "TOKEN");
+    assert_true(find_line(out, "200 ", line, sizeof line));
+    assert_int_equal(split(line, w, 8), 6);
+    assert_string_equal(w[2], "ABORTING");
+    assert_string_equal(w[4], "yes");
+    assert_string_equal(w[5], g->token200);
+}
+
+static void test_not_found(void **state)
+{
+    (void)state;
+    assert_int_equal(run2(out, "room 999"), 4);
+    assert_has(out, "kvfence: NOT_FOUND: ");
+    assert_int_equal(run2(out, "room 999 -o json"), 4);
+    assert_int_equal(run2(out, "room 100 --generation 999999"), 4);
+    assert_int_equal(run2(out, "abort 999"), 4);
+    assert_has(out, "kvfence: NOT_FOUND: ");
+    assert_int_equal(run2(out, "fence no-such-node"), 4);
+    assert_has(out, "kvfence: NOT_FOUND: ");
+    /* stdout stays empty on errors */
+    assert_int_equal(run(out, "room 999 -o json 2>/dev/null"), 4);
+    assert_string_equal(out, "");
+}
+
+static void test_fence(void **state)
+{
+    (void)state;
+    char line[256], *w[4];
+    assert_int_equal(run(out, "fence cli-n1"), 0);
+    assert_true(find_line(out, "NODE ", line, sizeof line));
+    assert_has(line, "FENCERS");
+    assert_true(find_line(out, "cli-n1 ", line, sizeof line));
+    assert_int_equal(split(line, w, 4), 3);
+    assert_string_equal(w[1], "1");
+    assert_string_equal(w[2], "1"); /* cli-n2 shares its rooms */
+    assert_int_equal(run(out, "fence cli-n2 -o json"), 0);
+    assert_json_doc(out);
+    assert_string_equal(out, "{\"node_id\":\"cli-n2\",\"incarnation\":1,\"fencers\":1}\n");
+}
+
+/* Reads one line from a watch; fails at EOF. */
+static void watch_line(FILE *p, char *line, size_t cap)
+{
+    if (!fgets(line, (int)cap, p)) {
+        fail_msg("the watch ended early");
+    }
+}
+
+static void parse_token(const char *hex, Kvfence__V1__AbortToken *t)
+{
+    char a[17] = {0}, b[17] = {0};
+    memcpy(a, hex, 16);
+    memcpy(b, hex + 16, 16);
+    t->hi = strtoull(a, NULL, 16);
+    t->lo = strtoull(b, NULL, 16);
+}
+
+static void test_watch(void **state)
+{
+    (void)state;
+    uint64_t gen = make_room(300, 200, 4);
+    char cmd[512], line[1024];
+    snprintf(cmd, sizeof cmd, "%s --server %s watch --room-states --count 2", KVF_CLI_BIN,
+             g->proc.target);
+    FILE *p = popen(cmd, "r");
+    assert_non_null(p);
+    watch_line(p, line, sizeof line);
+    assert_has(line, " synced replayed=");
+
+    assert_int_equal(run(out, "-o json abort 300 --reason watch-test"), 0);
+    const char *tk = strstr(out, "\"token\":\"");
+    assert_non_null(tk);
+    tk += strlen("\"token\":\"");
+    Kvfence__V1__AbortToken token = KVFENCE__V1__ABORT_TOKEN__INIT;
+    parse_token(tk, &token);
+
+    watch_line(p, line, sizeof line);
+    char want[128];
+    snprintf(want, sizeof want, "room_state room=300 generation=%llu ACTIVE -> ABORTING",
+             (unsigned long long)gen);
+    assert_has(line, want);
+    assert_has(line, "reason=ADMIN");
+    assert_has(line, " token=");
+
+    /* Both nodes drain: the leases are released and the room ABORTED. */
+    assert_int_equal(fake_node_send_drained(g->n1, 300, gen, &token), 0);
+    assert_int_equal(fake_node_send_drained(g->n2, 300, gen, &token), 0);
+    watch_line(p, line, sizeof line);
+    if (!strstr(line, "released lease=") && !strstr(line, "ABORTING -> ABORTED")) {
+        fail_msg("unexpected second event: %s", line);
+    }
+    assert_has(line, "room=300");
+    assert_null(fgets(line, sizeof line, p)); /* --count 2: done */
+    int status = pclose(p);
+    assert_true(WIFEXITED(status));
+    assert_int_equal(WEXITSTATUS(status), 0);
+
+    /* JSON lines; the replay now holds room 300's releases. */
+    snprintf(cmd, sizeof cmd, "%s --server %s -o json watch --node cli-n1 --count 1", KVF_CLI_BIN,
+             g->proc.target);
+    p = popen(cmd, "r");
+    assert_non_null(p);
+    watch_line(p, line, sizeof line);
+    assert_json_doc(line);
+    assert_has(line, "{\"received_unix_ms\":");
+    assert_has(line, "\"released\":{\"lease_id\":");
+    assert_has(line, "\"room\":{\"room_id\":300,");
+    assert_has(line, "\"node_id\":\"cli-n1\"");
+    assert_has(line, "\"state\":\"RELEASED\"");
+    assert_null(fgets(line, sizeof line, p));
+    status = pclose(p);
+    assert_true(WIFEXITED(status));
+    assert_int_equal(WEXITSTATUS(status), 0);
+
+    assert_int_equal(run(out, "room 300 -o json"), 0);
+    assert_has(out, "\"state\":\"ABORTED\"");
+    assert_has(out, "\"drained\":true");
+}
+
+static void test_env_and_unreachable(void **state)
+{
+    (void)state;
+    char target[96];
+    snprintf(target, sizeof target, "%s", g->proc.target);
+    assert_int_equal(run_raw(out, "--server 127.0.0.1:1 nodes"), 3);
+    assert_has(out, "kvfence: UNAVAILABLE: ");
+    assert_int_equal(run_raw(out, "--server 127.0.0.1:1 -o json room 1"), 3);
+    assert_int_equal(run_raw(out, "--server 127.0.0.1:1 watch --count 1"), 3);
+    /* A listener that never speaks HTTP/2: the call runs into its deadline. */
+    int fd = socket(AF_INET, SOCK_STREAM, 0);
+    assert_true(fd >= 0);
+    struct sockaddr_in sa = {.sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
+    assert_int_equal(bind(fd, (struct sockaddr *)&sa, sizeof sa), 0);
+    assert_int_equal(listen(fd, 8), 0);
+    socklen_t sl = sizeof sa;
+    assert_int_equal(getsockname(fd, (struct sockaddr *)&sa, &sl), 0);
+    int rc = run_raw(out, "--timeout 300 --server 127.0.0.1:%u stats", ntohs(sa.sin_port));
+    close(fd);
+    if (rc != 3) {
+        fail_msg("silent server: exit %d:\n%s", rc, out);
+    }
+    assert_has(out, "kvfence: DEADLINE_EXCEEDED: ");
+    /* KVFENCE_SERVER picks the server; --server wins over it. */
+    char cmd[512];
+    snprintf(cmd, sizeof cmd, "KVFENCE_SERVER=%s %s stats -o json", target, KVF_CLI_BIN);
+    FILE *p = popen(cmd, "r");
+    assert_non_null(p);
+    size_t n = fread(out, 1, OUT_MAX - 1, p);
+    out[n] = '\0';
+    assert_int_equal(WEXITSTATUS(pclose(p)), 0);
+    assert_json_doc(out);
+    snprintf(cmd, sizeof cmd, "KVFENCE_SERVER=%s %s --server 127.0.0.1:1 stats 2>/dev/null", target,
+             KVF_CLI_BIN);
+    p = popen(cmd, "r");
+    assert_non_null(p);
+    while (fread(out, 1, OUT_MAX - 1, p) > 0) {
+    }
+    assert_int_equal(WEXITSTATUS(pclose(p)), 3);
+}
+
+/* ---- TLS ------------------------------------------------------------------- */
+
+static void test_tls(void **state)
+{
+    (void)state;
+    char dir[64] = "/tmp/kvf-cli-tls-XXXXXX";
+    assert_non_null(mkdtemp(dir));
+    char cmd[4096];
+    snprintf(cmd, sizeof cmd,
+             "(set -e; cd %s; "
+             "K='-newkey ec -pkeyopt ec_paramgen_curve:prime256v1 -nodes'; "
+             "openssl req -x509 $K -keyout ca.key -out ca.pem -days 2 -subj /CN=kvf-test-ca; "
+             "openssl req $K -keyout server.key -out server.csr -subj /CN=kvf-control; "
+             "printf 'subjectAltName=DNS:kvf-control,IP:127.0.0.1\\n' > server.ext; "
+             "openssl x509 -req -in server.csr -CA ca.pem -CAkey ca.key -CAcreateserial "
+             "  -out server.pem -days 2 -extfile server.ext; "
+             "openssl req $K -keyout client.key -out client.csr -subj /CN=kvf-admin; "
+             "openssl x509 -req -in client.csr -CA ca.pem -CAkey ca.key -CAcreateserial "
+             "  -out client.pem -days 2) >/dev/null 2>&1",
+             dir);
+    if (system(cmd) != 0) {
+        snprintf(cmd, sizeof cmd, "rm -rf %s", dir);
+        (void)system(cmd);
+        skip();
+    }
+    char cert[128], key[128], ca[128];
+    snprintf(cert, sizeof cert, "%s/server.pem", dir);
+    snprintf(key, sizeof key, "%s/server.key", dir);
+    snprintf(ca, sizeof ca, "%s/ca.pem", dir);
+    const char *args[] = {"--threads",       "2", "--tls-cert", cert, "--tls-key", key,
+                          "--tls-client-ca", ca,  NULL};
+    struct kvf_proc tp;
+    memset(&tp, 0, sizeof tp);
+    assert_int_equal(kvf_proc_start(&tp, KVF_CONTROL_BIN, args), 0);
+
+    int rc_mtls = run_raw(out,
+                          "--server %s --tls-ca %s/ca.pem --tls-cert %s/client.pem "
+                          "--tls-key %s/client.key --tls-server-name kvf-control -o json stats",
+                          tp.target, dir, dir, dir);
+    static char saved[OUT_MAX];
+    memcpy(saved, out, sizeof saved);
+    int rc_ip = run_raw(out,
+                        "--server %s --tls-ca %s/ca.pem --tls-cert %s/client.pem "
+                        "--tls-key %s/client.key nodes",
+                        tp.target, dir, dir, dir);
+    int rc_nocert = run_raw(out, "--server %s --tls-ca %s/ca.pem stats", tp.target, dir);
+    int rc_plain = run_raw(out, "--server %s stats", tp.target);
+
+    kvf_proc_stop(&tp, 10000);
+    kvf_proc_kill(&tp);
+    snprintf(cmd, sizeof cmd, "rm -rf %s", dir);
+    (void)system(cmd);
+
+    if (rc_mtls != 0) {
+        fail_msg("mutual TLS stats: exit %d:\n%s", rc_mtls, saved);
+    }
+    assert_has(saved, "{\"rooms\":{");
+    assert_int_equal(rc_ip, 0);     /* the certificate names 127.0.0.1 too */
+    assert_int_equal(rc_nocert, 3); /* the server wants a client certificate */
+    assert_int_equal(rc_plain, 3);  /* plaintext to a TLS server */
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_help_and_version),
+        cmocka_unit_test(test_usage_errors),
+        cmocka_unit_test(test_nodes),
+        cmocka_unit_test(test_rooms),
+        cmocka_unit_test(test_room),
+        cmocka_unit_test(test_leases),
+        cmocka_unit_test(test_stats),
+        cmocka_unit_test(test_abort_idempotent),
+        cmocka_unit_test(test_not_found),
+        cmocka_unit_test(test_fence),
+        cmocka_unit_test(test_watch),
+        cmocka_unit_test(test_env_and_unreachable),
+        cmocka_unit_test(test_tls),
+    };
+    return cmocka_run_group_tests(tests, group_setup, group_teardown);
+}
