@@ -648,6 +648,8 @@ static int tcp_check(void *ctx, uint32_t peer, kvf_room_key room, uint32_t pool_
     int rc = -ENOENT;
     pthread_rwlock_rdlock(&n->rooms_lock);
     struct node_room *r = node_room_find(n, room);
+    if ((!r || (!r->have_update && !r->aborting)) && peer < NODE_MAX_PEERS)
+        rc = -EAGAIN; /* the source knew the room first: the receiver asks again */
     if (r && r->have_update && peer < NODE_MAX_PEERS) {
         const struct node_peer *from = &n->peers[peer];
         bool from_source = false;

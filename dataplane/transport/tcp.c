@@ -47,6 +47,7 @@
 #include <poll.h>
 #include <pthread.h>
 #include <stdatomic.h>
+#include <time.h>
 #include <stddef.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -626,6 +627,15 @@ static void rx_frames(struct tcp_rx *rx)
         struct kvf_lt_op op;
         memset(&op, 0, sizeof(op));
         rc = t->opts.check(t->opts.ctx, rx->peer, h.room, h.pool, h.first_page, h.page_count, &op);
+        /* The source may know a room before this node does: wait a little. */
+        for (uint32_t waited = 0;
+             rc == -EAGAIN && waited < t->opts.check_wait_ms && !atomic_load(&rx->stop); waited++) {
+            struct timespec ms = {0, 1000000L};
+            nanosleep(&ms, NULL);
+            memset(&op, 0, sizeof(op));
+            rc = t->opts.check(t->opts.ctx, rx->peer, h.room, h.pool, h.first_page, h.page_count,
+                               &op);
+        }
         if (rc != 0 || !op.lt) {
             CNT_ADD(t, frames_rejected, 1);
             if (recv_drop(rx->fd, rx->scratch, h.length, &rx->stop) != 0)
@@ -872,6 +882,7 @@ void kvf_transport_tcp_opts_init(struct kvf_transport_tcp_opts *opts)
     opts->bind_host = "127.0.0.1";
     opts->max_peers = 64;
     opts->max_pools = 64;
+    opts->check_wait_ms = 2000;
 }
 
 static int tcp_listen(struct tcp *t)

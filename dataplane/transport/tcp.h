@@ -70,8 +70,11 @@
  * entry) into the room's lifetime with kvf_lt_admit(lt, op,
  * KVF_LT_OP_TCP_FRAME, peer), or a negative errno to refuse the frame (room
  * unknown, aborting, or pages outside its ACTIVE sink lease). A 0 without an
- * admitted op counts as a refusal. Must not block for long: the connection
- * waits, and a fence of `peer` waits for it.
+ * admitted op counts as a refusal. -EAGAIN means "not known here yet" (the
+ * sink node has not processed the room's update, while the source already
+ * has): the receiver asks again, every millisecond, for up to
+ * opts.check_wait_ms before it refuses the frame. Must not block for long:
+ * the connection waits, and a fence of `peer` waits for it.
  */
 typedef int (*kvf_tcp_check_fn)(void *ctx, uint32_t peer, kvf_room_key room, uint32_t pool_id,
                                 uint32_t first_page, uint32_t page_count, struct kvf_lt_op *op);
@@ -92,6 +95,7 @@ struct kvf_transport_tcp_opts {
     uint32_t max_peers;        /* peer indices are < max_peers; default 64 */
     uint32_t max_pools;        /* default 64 */
     kvf_tcp_check_fn check;    /* required */
+    uint32_t check_wait_ms;    /* how long an -EAGAIN from check is retried; default 2000 */
     kvf_tcp_frame_fn on_frame; /* may be NULL */
     void *ctx;
 };

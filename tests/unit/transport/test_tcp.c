@@ -58,6 +58,7 @@ struct node {
     atomic_int in_gate;
 
     atomic_uint checks;
+    atomic_int eagain_left; /* answer -EAGAIN this many times ("room not known yet") */
     atomic_uint frames_ok;
     atomic_uint frames_cut;
     atomic_uint drained_events;
@@ -125,6 +126,8 @@ static int check_cb(void *ctx, uint32_t peer, kvf_room_key room, uint32_t pool_i
 {
     struct node *n = ctx;
     atomic_fetch_add(&n->checks, 1);
+    if (atomic_load(&n->eagain_left) > 0 && atomic_fetch_sub(&n->eagain_left, 1) > 0)
+        return -EAGAIN;
     pthread_mutex_lock(&n->gate_lock);
     if (n->gate_closed) {
         atomic_fetch_add(&n->in_gate, 1);
@@ -417,6 +420,40 @@ static void test_refused_frames_land_nowhere(void **state)
     assert_int_equal(s.frames_received, 1);
     assert_int_equal(kvf_lt_inflight(other), 0);
     (void)kvf_lt_close(other, NULL, NULL);
+    free(src);
+}
+
+/* The source may learn a room before the sink does: a check that answers
+ * -EAGAIN ("not known here yet") is asked again until it admits the frame,
+ * which then lands; one that keeps answering -EAGAIN past check_wait_ms gets
+ * the frame refused, and nothing lands. */
+static void test_unknown_room_is_waited_for_then_refused(void **state)
+{
+    struct pair *p = *state;
+    pthread_mutex_lock(&p->b.lock);
+    p->b.lease_first = 0;
+    p->b.lease_count = 8;
+    pthread_mutex_unlock(&p->b.lock);
+    uint8_t *src = malloc(PAGE);
+    assert_non_null(src);
+    fill_pattern(src, PAGE, 5);
+    struct kvf_xfer x[2];
+    struct reaped r = {0};
+
+    atomic_store(&p->b.eagain_left, 30);
+    assert_int_equal(post(&p->a, &x[0], ROOM, src, PAGE, 2, 1, 0), 0);
+    reap(p->a.t, 1, &r);
+    wait_count(&p->b.frames_ok, 1);
+    assert_true(atomic_load(&p->b.checks) >= 31);
+    assert_memory_equal(p->b.pool + 2 * (size_t)PAGE, src, PAGE);
+
+    atomic_store(&p->b.eagain_left, 1000000); /* never known: refused after ~2 s */
+    assert_int_equal(post(&p->a, &x[1], ROOM, src, PAGE, 4, 1, 0), 0);
+    reap(p->a.t, 2, &r);
+    WAIT_STAT(p->b.t, frames_rejected, 1);
+    assert_true(canary_intact(p->b.pool + 4 * (size_t)PAGE, PAGE));
+    assert_int_equal(atomic_load(&p->b.frames_ok), 1);
+    atomic_store(&p->b.eagain_left, 0);
     free(src);
 }
 
@@ -730,6 +767,8 @@ int main(void)
         cmocka_unit_test_setup_teardown(test_malformed_length_mismatch, pair_setup, pair_teardown),
         cmocka_unit_test_setup_teardown(test_malformed_offset_past_page, pair_setup, pair_teardown),
         cmocka_unit_test_setup_teardown(test_unknown_node_refused, pair_setup, pair_teardown),
+        cmocka_unit_test_setup_teardown(test_unknown_room_is_waited_for_then_refused, pair_setup,
+                                        pair_teardown),
         cmocka_unit_test_setup_teardown(test_fence_sink_side_mid_stream, pair_setup, pair_teardown),
         cmocka_unit_test_setup_teardown(test_fence_source_side_flushes, pair_setup, pair_teardown),
         cmocka_unit_test_setup_teardown(test_many_posters_never_interleave, pair_setup,
