@@ -564,22 +564,30 @@ static int rx_hello(struct tcp_rx *rx)
         get_u16(buf + 6) != 0 || get_u64(buf + 16) != t->opts.node_id || from == 0)
         return -EINVAL;
 
+    /* A peer this node has not been told about yet (the source learned the
+     * room first) is waited for, bounded by check_wait_ms, like a frame of a
+     * room not known yet. */
     rc = -ENOENT;
-    pthread_mutex_lock(&t->lock);
-    for (uint32_t i = 0; i < t->opts.max_peers; i++) {
-        if (t->peers[i].node_id != from)
-            continue;
-        /* Ordered with fence_peer by the lock: a fenced peer is never named. */
-        if (t->peers[i].fenced || atomic_load(&rx->stop)) {
-            rc = -ESTALE;
-        } else {
-            rx->peer = i;
-            rc = 0;
+    for (uint32_t waited = 0;; waited++) {
+        pthread_mutex_lock(&t->lock);
+        for (uint32_t i = 0; i < t->opts.max_peers; i++) {
+            if (t->peers[i].node_id != from)
+                continue;
+            /* Ordered with fence_peer by the lock: a fenced peer is never named. */
+            if (t->peers[i].fenced || atomic_load(&rx->stop)) {
+                rc = -ESTALE;
+            } else {
+                rx->peer = i;
+                rc = 0;
+            }
+            break;
         }
-        break;
+        pthread_mutex_unlock(&t->lock);
+        if (rc != -ENOENT || waited >= t->opts.check_wait_ms || atomic_load(&rx->stop))
+            return rc;
+        struct timespec ms = {0, 1000000L};
+        nanosleep(&ms, NULL);
     }
-    pthread_mutex_unlock(&t->lock);
-    return rc;
 }
 
 static bool rx_find_pool(struct tcp *t, uint32_t id, struct tcp_pool *out)

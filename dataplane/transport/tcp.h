@@ -95,7 +95,8 @@ struct kvf_transport_tcp_opts {
     uint32_t max_peers;        /* peer indices are < max_peers; default 64 */
     uint32_t max_pools;        /* default 64 */
     kvf_tcp_check_fn check;    /* required */
-    uint32_t check_wait_ms;    /* how long an -EAGAIN from check is retried; default 2000 */
+    uint32_t check_wait_ms;    /* how long an -EAGAIN from check, or a hello from a peer not
+                                  added yet, is waited for; default 2000 */
     kvf_tcp_frame_fn on_frame; /* may be NULL */
     void *ctx;
 };
@@ -109,7 +110,8 @@ struct kvf_transport_tcp_stats {
     uint64_t frames_malformed; /* bad header: connection closed */
     uint64_t frames_cut;       /* admitted, then the connection ended mid-payload */
     uint64_t conns_accepted;   /* inbound connections that passed the hello */
-    uint64_t conns_refused;    /* bad hello, unknown or fenced peer */
+    uint64_t
+        conns_refused; /* bad hello, fenced peer, or a peer still unknown after check_wait_ms */
 };
 
 void kvf_transport_tcp_opts_init(struct kvf_transport_tcp_opts *opts);
