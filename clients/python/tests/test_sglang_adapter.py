@@ -86,7 +86,17 @@ def test_abort_mid_way_frees_pages_only_when_released(cluster):
         assert sender.send(p_pages[4:]) is False
         assert sender.poll() == sa.KVPoll.Failed
         time.sleep(0.5)
-        assert admin.room(room).state == RoomState.ABORTING
+        info = admin.room(room)
+        if info.state != RoomState.ABORTING:
+            # Only legitimate if n2 itself reported Drained, i.e. it handled
+            # the abort before the freeze took hold (a scheduling race of the
+            # test, not of kvfence): then the premise of this test did not
+            # hold. A release without n2's drain would be the bug it guards.
+            n2 = [p for p in info.participants if p.participant.node_id == "n2"]
+            assert n2 and all(p.drained for p in n2), info
+            os.kill(cluster.node_pid("n2"), signal.SIGCONT)
+            stopped = False
+            pytest.skip("n2 drained before it was frozen: the freeze raced the abort")
         # R1 / R8: neither side got its pages back while n2 may still write.
         assert all(d_mgr.allocator.is_allocated(pg) for pg in d_pages)
         assert all(p_mgr.allocator.is_allocated(pg) for pg in p_pages[:4])
