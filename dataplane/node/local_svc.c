@@ -82,23 +82,22 @@ void node_local_register_pool(struct kvf_node *n, struct node_job *j)
     }
     struct node_pool *p = &n->pools[n->npools];
     memset(p, 0, sizeof *p);
-    int rc = node_pool_map(p, shm->shm_name, shm->offset, shm->size);
+    struct kvf_error err;
+    kvf_error_clear(&err);
+    int rc = kvf_pool_open_shm(shm->shm_name, shm->offset, shm->size, req->page_size,
+                               req->page_count, &p->pool, &err);
     if (rc != 0) {
-        fail(j,
-             rc == -ENOENT   ? KVF_GRPC_NOT_FOUND
-             : rc == -EINVAL ? KVF_GRPC_INVALID_ARGUMENT
-                             : KVF_GRPC_INTERNAL,
-             "host_shm.shm_name: cannot map '%s' (offset %" PRIu64 ", size %" PRIu64 "): %s",
-             shm->shm_name, shm->offset, shm->size, strerror(-rc));
+        fail(j, (int)kvf_errno_to_grpc_code(rc), "host_shm: %s", err.msg);
         return;
     }
+    p->base = kvf_pool_page(p->pool, 0);
     p->id = n->next_pool_id;
     p->page_size = req->page_size;
     p->page_count = req->page_count;
     p->rank = req->rank;
     rc = kvf_transport_tcp_add_pool(n->tcp, p->id, p->base, p->page_size, p->page_count);
     if (rc != 0) {
-        node_pool_unmap(p);
+        kvf_pool_close(p->pool);
         fail(j, KVF_GRPC_INTERNAL, "tcp transport refused the pool: %s", strerror(-rc));
         return;
     }

@@ -5,8 +5,7 @@
  *
  * SCOPE OF THIS VERSION (the first vertical slice):
  * - transfers over TCP only (no RDMA, no CUDA staging, no same-node copies);
- * - host shared-memory pools, mapped here with shm_open + mmap
- *   (node_pool_map; dataplane/pool will replace it);
+ * - host shared-memory pools (dataplane/pool, kvf_pool_open_shm);
  * - NodeLocal: RegisterPool and SubmitChunk; UnregisterPool and Watch answer
  *   UNIMPLEMENTED; aux bytes are accepted and not sent;
  * - lifetimes are never forgotten while the process runs (one small record per
@@ -42,7 +41,6 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/mman.h>
 #include <sys/stat.h>
 #include <time.h>
 #include <unistd.h>
@@ -92,37 +90,6 @@ int64_t node_now_ms(void)
 }
 
 /* ---- pools (minimal shm mapping; dataplane/pool replaces it) ------------------ */
-
-int node_pool_map(struct node_pool *p, const char *shm_name, uint64_t offset, uint64_t size)
-{
-    if (!shm_name || shm_name[0] != '/' || strchr(shm_name + 1, '/'))
-        return -EINVAL;
-    int fd = shm_open(shm_name, O_RDWR, 0);
-    if (fd < 0)
-        return errno == ENOENT ? -ENOENT : -EIO;
-    struct stat st;
-    if (fstat(fd, &st) != 0 || (uint64_t)st.st_size < offset + size || offset + size < offset) {
-        close(fd);
-        return -EINVAL;
-    }
-    size_t len = (size_t)(offset + size);
-    void *m = mmap(NULL, len, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
-    close(fd);
-    if (m == MAP_FAILED)
-        return -EIO;
-    p->map = m;
-    p->map_len = len;
-    p->base = (uint8_t *)m + offset;
-    return 0;
-}
-
-void node_pool_unmap(struct node_pool *p)
-{
-    if (p->map)
-        munmap(p->map, p->map_len);
-    p->map = NULL;
-    p->base = NULL;
-}
 
 /* ---- job queue ----------------------------------------------------------------- */
 
@@ -975,7 +942,7 @@ void kvf_node_destroy(struct kvf_node *n)
     n->tcp = NULL;
     if (can_free || kvf_lt_table_can_teardown(n->lts)) {
         for (uint32_t i = 0; i < n->npools; i++)
-            node_pool_unmap(&n->pools[i]);
+            kvf_pool_close(n->pools[i].pool);
         kvf_lt_table_destroy(n->lts);
     } else {
         node_log("error", NULL, "lifetimes undrained at exit: pools left mapped");

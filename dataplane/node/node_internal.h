@@ -30,6 +30,7 @@
 #include "kvfence/v1/node.pb-c.h"
 #include "lifetime.h"
 #include "node.h"
+#include "pool.h"
 #include "rpc_client.h"
 #include "rpc_server.h"
 #include "transport.h"
@@ -52,15 +53,9 @@ struct node_pool {
     uint32_t page_size;
     uint32_t page_count;
     uint32_t rank;
-    void *map; /* the mapping (whole object from 0) */
-    size_t map_len;
-    uint8_t *base; /* map + offset */
+    struct kvf_pool *pool; /* the mapping (dataplane/pool) */
+    uint8_t *base;         /* its first page */
 };
-
-/* Maps a host shm pool (the minimal mapping this version does itself; to be
- * replaced by dataplane/pool's kvf_pool_open_shm). 0, -ENOENT, -EINVAL, -EIO. */
-int node_pool_map(struct node_pool *p, const char *shm_name, uint64_t offset, uint64_t size);
-void node_pool_unmap(struct node_pool *p);
 
 /* ---- rooms ------------------------------------------------------------------- */
 
