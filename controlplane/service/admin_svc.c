@@ -159,21 +159,9 @@ static int room_info_participants(struct room_info_buf *b, const struct kvf_cps 
 
 /* ---- GetRoom ------------------------------------------------------------------ */
 
-static int room_key_validate(const Kvfence__V1__RoomKey *room, struct kvf_error *err)
-{
-    if (!room) {
-        return kvf_error_set(err, -EINVAL, "room: required");
-    }
-    if (room->room_id == 0 || room->room_id > KVF_ROOM_ID_MAX) {
-        return kvf_error_set(err, -EINVAL, "room.room_id: must be 1 .. 2^63-1, got %" PRIu64,
-                             room->room_id);
-    }
-    return 0;
-}
-
 static int get_room_validate(const ProtobufCMessage *m, struct kvf_error *err)
 {
-    return room_key_validate(((const Kvfence__V1__GetRoomRequest *)m)->room, err);
+    return kvf_svc_check_room_key(((const Kvfence__V1__GetRoomRequest *)m)->room, false, err);
 }
 
 static void get_room_run(struct kvf_svc_ctx *ctx, struct kvf_rpc_call *call,

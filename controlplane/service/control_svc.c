@@ -32,14 +32,6 @@ static int check_ranges(const char *field, Kvfence__V1__PageRange *const *ranges
     return 0;
 }
 
-static int check_room_id(const char *field, uint64_t room_id, struct kvf_error *err)
-{
-    if (room_id == 0 || room_id > KVF_ROOM_ID_MAX) {
-        return kvf_error_set(err, -EINVAL, "%s: must be 1 .. 2^63-1, got %" PRIu64, field, room_id);
-    }
-    return 0;
-}
-
 static struct kvf_cps_page_range *copy_ranges(Kvfence__V1__PageRange *const *ranges, size_t n)
 {
     struct kvf_cps_page_range *out = calloc(n ? n : 1, sizeof *out);
@@ -58,7 +50,7 @@ static struct kvf_cps_page_range *copy_ranges(Kvfence__V1__PageRange *const *ran
 static int join_validate(const ProtobufCMessage *m, struct kvf_error *err)
 {
     const Kvfence__V1__JoinRoomRequest *rq = (const Kvfence__V1__JoinRoomRequest *)m;
-    int rc = check_room_id("room_id", rq->room_id, err);
+    int rc = kvf_svc_check_room_id("room_id", rq->room_id, err);
     if (rc < 0) {
         return rc;
     }
@@ -142,15 +134,9 @@ static void join_run(struct kvf_svc_ctx *ctx, struct kvf_rpc_call *call, const P
 static int extend_validate(const ProtobufCMessage *m, struct kvf_error *err)
 {
     const Kvfence__V1__ExtendLeaseRequest *rq = (const Kvfence__V1__ExtendLeaseRequest *)m;
-    if (!rq->room) {
-        return kvf_error_set(err, -EINVAL, "room: required");
-    }
-    int rc = check_room_id("room.room_id", rq->room->room_id, err);
+    int rc = kvf_svc_check_room_key(rq->room, true, err);
     if (rc < 0) {
         return rc;
-    }
-    if (rq->room->generation == 0) {
-        return kvf_error_set(err, -EINVAL, "room.generation: required (> 0)");
     }
     if (rq->lease_id == 0) {
         return kvf_error_set(err, -EINVAL, "lease_id: required (> 0)");
@@ -202,22 +188,16 @@ static void extend_run(struct kvf_svc_ctx *ctx, struct kvf_rpc_call *call,
 /*
  * The engine's CompleteRoom is a declaration, not a proof (control.proto): the
  * room completes only when every participant's node attests completion
- * (kvf_cps_report_completed, from node sessions, which this version lacks).
+ * (kvf_cps_report_completed, from its node session).
  * So this checks the declaration against the core (room, generation,
  * participant, state), records nothing, and answers the room's state.
  */
 static int complete_validate(const ProtobufCMessage *m, struct kvf_error *err)
 {
     const Kvfence__V1__CompleteRoomRequest *rq = (const Kvfence__V1__CompleteRoomRequest *)m;
-    if (!rq->room) {
-        return kvf_error_set(err, -EINVAL, "room: required");
-    }
-    int rc = check_room_id("room.room_id", rq->room->room_id, err);
+    int rc = kvf_svc_check_room_key(rq->room, true, err);
     if (rc < 0) {
         return rc;
-    }
-    if (rq->room->generation == 0) {
-        return kvf_error_set(err, -EINVAL, "room.generation: required (> 0)");
     }
     if (!rq->participant) {
         return kvf_error_set(err, -EINVAL, "participant: required");
@@ -311,10 +291,7 @@ static void complete_run(struct kvf_svc_ctx *ctx, struct kvf_rpc_call *call,
 int kvf_svc_abort_validate(const Kvfence__V1__RoomKey *room, const char *detail,
                            struct kvf_error *err)
 {
-    if (!room) {
-        return kvf_error_set(err, -EINVAL, "room: required");
-    }
-    int rc = check_room_id("room.room_id", room->room_id, err);
+    int rc = kvf_svc_check_room_key(room, false, err);
     if (rc < 0) {
         return rc;
     }

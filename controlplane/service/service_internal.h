@@ -198,6 +198,12 @@ int kvf_svc_lease_fill(struct kvf_svc_lease_buf *b, kvf_room_key key,
                        const struct kvf_cps_participant_view *pv);
 void kvf_svc_lease_free(struct kvf_svc_lease_buf *b);
 
+/* Request checks shared by the services: a room id in 1 .. 2^63-1 (`field`
+ * names it), and a room key that is present (with a generation when asked). */
+int kvf_svc_check_room_id(const char *field, uint64_t room_id, struct kvf_error *err);
+int kvf_svc_check_room_key(const Kvfence__V1__RoomKey *room, bool need_generation,
+                           struct kvf_error *err);
+
 /* The participant that holds `lease_id` in room `key`: 0 or -ENOENT. */
 int kvf_svc_find_lease(const struct kvf_cps *cps, kvf_room_key key, uint64_t lease_id,
                        struct kvf_cps_participant_view *pv_p);

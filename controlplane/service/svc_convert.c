@@ -4,6 +4,7 @@
  * capability set). Every function here runs on the state thread.
  */
 #include <errno.h>
+#include <inttypes.h>
 #include <stdlib.h>
 
 #include "service_internal.h"
@@ -71,4 +72,22 @@ int kvf_svc_find_lease(const struct kvf_cps *cps, kvf_room_key key, uint64_t lea
             return 0;
     }
     return -ENOENT;
+}
+
+int kvf_svc_check_room_id(const char *field, uint64_t room_id, struct kvf_error *err)
+{
+    if (room_id == 0 || room_id > KVF_ROOM_ID_MAX)
+        return kvf_error_set(err, -EINVAL, "%s: must be 1 .. 2^63-1, got %" PRIu64, field, room_id);
+    return 0;
+}
+
+int kvf_svc_check_room_key(const Kvfence__V1__RoomKey *room, bool need_generation,
+                           struct kvf_error *err)
+{
+    if (room == NULL)
+        return kvf_error_set(err, -EINVAL, "room: required");
+    int rc = kvf_svc_check_room_id("room.room_id", room->room_id, err);
+    if (rc == 0 && need_generation && room->generation == 0)
+        rc = kvf_error_set(err, -EINVAL, "room.generation: required (> 0)");
+    return rc;
 }
