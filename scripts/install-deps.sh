@@ -20,6 +20,8 @@ packages=(
     clang-format
     # deployment checks (tests/deploy: unzips helm and kubectl from an npm package)
     unzip
+    # TLS tests make throwaway certificates with the openssl command
+    openssl
 )
 # tests/deploy also runs Node.js and npm. Debian's nodejs and npm only when no
 # `node` is on PATH: a machine that has another Node.js keeps it.
