@@ -110,6 +110,78 @@ int kvf_cps_node_detach(struct kvf_cps *st, const char *node_id, uint64_t incarn
 int kvf_cps_node_set_pool(struct kvf_cps *st, const char *node_id, uint64_t incarnation,
                           const struct kvf_cps_pool *pool, struct kvf_error *err);
 
+/* Removes one pool of an attached node (NodeLocal.UnregisterPool, Resync).
+ * -ENOENT (unknown pool), -EBUSY (a lease in it is not RELEASED yet). */
+int kvf_cps_node_remove_pool(struct kvf_cps *st, const char *node_id, uint64_t incarnation,
+                             uint32_t pool_id, struct kvf_error *err);
+
+/* A node-side lifetime state, as node.proto's LifetimeState numbers it. */
+enum kvf_cps_lifetime_state {
+    KVF_CPS_LT_OPEN = 1,
+    KVF_CPS_LT_CLOSED = 2,
+    KVF_CPS_LT_DRAINED = 3,
+    KVF_CPS_LT_QUARANTINED = 4,
+};
+
+struct kvf_cps_resync_lifetime {
+    kvf_room_key key; /* exact generation */
+    enum kvf_cps_lifetime_state state;
+    kvf_token token; /* zero: closed without a notice, or still open */
+    uint64_t ops_in_flight;
+};
+
+struct kvf_cps_resync_peer {
+    const char *node_id;
+    uint64_t incarnation;
+};
+
+/* A node's full state (node.proto Resync). */
+struct kvf_cps_resync {
+    const struct kvf_cps_resync_lifetime *lifetimes;
+    size_t lifetime_count;
+    const struct kvf_cps_resync_peer *fenced;
+    size_t fenced_count;
+    const struct kvf_cps_pool *pools;
+    size_t pool_count;
+};
+
+/* What a resync changed, for the log and tests. */
+struct kvf_cps_resync_result {
+    uint32_t drained;        /* DRAINED lifetimes with the room's current token: counted */
+    uint32_t notices;        /* abort notices emitted for terminal or forgotten rooms */
+    uint32_t ignored;        /* lifetimes with nothing to reconcile */
+    uint32_t fenced;         /* fenced peers recorded (or already known) */
+    uint32_t fenced_unknown; /* fenced peers the control plane does not know */
+    uint32_t pools_upserted; /* added or resized */
+    uint32_t pools_refused;  /* a new size for a pool with leases (kept as it was) */
+    uint32_t pools_removed;
+    uint32_t pools_kept; /* missing from the list but still leased: kept */
+};
+
+/*
+ * Reconciles the full state a node reports (after re-attaching with the same
+ * incarnation, or when asked). Per lifetime:
+ *  - an ABORTING room of this node whose current token the DRAINED lifetime
+ *    carries: counts as Drained (kvf_cps_report_drained);
+ *  - a lifetime that is not DRAINED, of a room that is terminal (a tombstone)
+ *    or forgotten: an abort notice is emitted once (not kept pending: there is
+ *    nothing left to wait for) with the token of an ABORTED room, or a zero
+ *    token for a COMPLETED or forgotten room (the node closes admission and
+ *    has nothing to prove);
+ *  - anything else is ignored: a live room's notices and updates follow their
+ *    own rules (re-sent on re-attach), a stale token proves nothing.
+ * Each fenced peer counts as PeerFenced (kvf_cps_report_fenced). Each pool is
+ * upserted (kvf_cps_node_set_pool's rules; a size change on a leased pool is
+ * refused and counted) and every pool of the node missing from the list is
+ * removed, unless it still has leases (kept, counted).
+ * Errors (nothing changes): -EINVAL (a field; a repeated pool id), -E2BIG
+ * (more pools than max_pools_per_node), -ENOENT / -ESTALE (the node is not
+ * the current ATTACHED incarnation), -EPERM (not ATTACHED), -ENOMEM.
+ */
+int kvf_cps_node_resync(struct kvf_cps *st, const char *node_id, uint64_t incarnation,
+                        const struct kvf_cps_resync *rs, kvf_time_ns now,
+                        struct kvf_cps_resync_result *result_p, struct kvf_error *err);
+
 /* ---- rooms and leases ---------------------------------------------------- */
 
 enum kvf_cps_room_state {
