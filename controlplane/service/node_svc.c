@@ -67,6 +67,8 @@ struct lease_watch {
 struct kvf_svc_sessions {
     struct node_sess *nodes;     /* attached sessions, one per node id */
     struct lease_watch *watches; /* open WatchLeases streams */
+    char (*resync_asked)[129];   /* node ids sent a ResyncRequest since recovery */
+    size_t nresync_asked;
 };
 
 /*
@@ -193,6 +195,9 @@ static int room_update_build(struct room_update_buf *b, struct kvf_svc_ctx *ctx,
         kvfence__v1__room_member__init(m);
         kvfence__v1__pool__init(&b->pv[b->nmembers]);
         b->pv[b->nmembers].pool_id = pv.pool_id;
+        /* A source sizes its frames by the sink pool's pages (node.proto). */
+        b->pv[b->nmembers].page_size = pv.pool_page_size;
+        b->pv[b->nmembers].page_count = pv.pool_page_count;
         m->lease = &b->lb[b->nmembers].lease;
         m->pool = &b->pv[b->nmembers];
         m->node_incarnation = pv.incarnation;
@@ -471,6 +476,34 @@ static int resync_room(void *vctx, const struct kvf_cps_room_view *v)
     return 0;
 }
 
+/* After a recovery from the durable log, the control plane may have missed
+ * reports that the node sent while it was down (or that were not yet
+ * durable): every node that attaches is asked once for its full state. */
+static void maybe_request_resync(struct kvf_svc_ctx *ctx, struct node_sess *s)
+{
+    struct kvf_svc_sessions *reg = ctx->sessions;
+    if (!ctx->recovered)
+        return;
+    for (size_t i = 0; i < reg->nresync_asked; i++) {
+        if (strcmp(reg->resync_asked[i], s->node_id) == 0)
+            return;
+    }
+    char(*v)[129] = realloc(reg->resync_asked, (reg->nresync_asked + 1) * sizeof(*v));
+    if (v == NULL)
+        return; /* the node's own Resync after a re-attach covers it */
+    reg->resync_asked = v;
+    snprintf(v[reg->nresync_asked++], sizeof(*v), "%s", s->node_id);
+    Kvfence__V1__ResyncRequest rq = KVFENCE__V1__RESYNC_REQUEST__INIT;
+    rq.reason = (char *)"control plane recovered from its log";
+    Kvfence__V1__ControlMessage cm = KVFENCE__V1__CONTROL_MESSAGE__INIT;
+    cm.msg_case = KVFENCE__V1__CONTROL_MESSAGE__MSG_RESYNC_REQUEST;
+    cm.resync_request = &rq;
+    sess_send(s, &cm);
+    kvf_log_node("info", s->node_id, s->incarnation,
+                 "node %s incarnation %" PRIu64 ": resync requested (recovered state)", s->node_id,
+                 s->incarnation);
+}
+
 /* The core's part of a Hello: checks and attaches. 0 or a negative errno
  * with `err` set. Also used to replay the log. */
 static int apply_hello(struct kvf_svc_ctx *ctx, const Kvfence__V1__Hello *h, kvf_time_ns now,
@@ -570,6 +603,7 @@ static void handle_hello(struct kvf_svc_ctx *ctx, struct node_sess *s, Kvfence__
                  s->incarnation, version);
     struct resync_ctx rctx = {ctx, s};
     kvf_cps_room_foreach(ctx->cps, resync_room, &rctx);
+    maybe_request_resync(ctx, s);
 }
 
 static bool key_from_wire(const Kvfence__V1__RoomKey *k, kvf_room_key *out)
@@ -596,6 +630,49 @@ static void log_command(struct kvf_svc_ctx *ctx, enum kvf_svc_rec_kind kind, kvf
 
 /* The core's part of a report from node `node_id`. Returns 0, or a negative
  * errno with `err` and `what_p` set (the core counted a refused report). */
+static int apply_resync(struct kvf_svc_ctx *ctx, const char *node_id, uint64_t incarnation,
+                        const Kvfence__V1__Resync *r, kvf_time_ns now,
+                        struct kvf_cps_resync_result *res, struct kvf_error *err)
+{
+    struct kvf_cps_resync rs;
+    memset(&rs, 0, sizeof(rs));
+    struct kvf_cps_resync_lifetime *lts = calloc(r->n_lifetimes ? r->n_lifetimes : 1, sizeof(*lts));
+    struct kvf_cps_resync_peer *peers =
+        calloc(r->n_fenced_peers ? r->n_fenced_peers : 1, sizeof(*peers));
+    struct kvf_cps_pool *pools = NULL;
+    int rc = 0;
+    if (lts == NULL || peers == NULL || pools_from_wire(r->pools, r->n_pools, &pools) != 0)
+        rc = kvf_error_set(err, -ENOMEM, "out of memory");
+    for (size_t i = 0; rc == 0 && i < r->n_lifetimes; i++) {
+        const Kvfence__V1__LifetimeInfo *li = r->lifetimes[i];
+        if (!key_from_wire(li->room, &lts[i].key)) {
+            rc = kvf_error_set(err, -EINVAL, "resync.lifetimes[%zu].room: missing", i);
+            break;
+        }
+        lts[i].state = (enum kvf_cps_lifetime_state)li->state;
+        if (li->token != NULL)
+            lts[i].token = (kvf_token){li->token->hi, li->token->lo};
+        lts[i].ops_in_flight = li->ops_in_flight;
+    }
+    for (size_t i = 0; rc == 0 && i < r->n_fenced_peers; i++) {
+        peers[i].node_id = r->fenced_peers[i]->node_id ? r->fenced_peers[i]->node_id : "";
+        peers[i].incarnation = r->fenced_peers[i]->incarnation;
+    }
+    if (rc == 0) {
+        rs.lifetimes = lts;
+        rs.lifetime_count = r->n_lifetimes;
+        rs.fenced = peers;
+        rs.fenced_count = r->n_fenced_peers;
+        rs.pools = pools;
+        rs.pool_count = r->n_pools;
+        rc = kvf_cps_node_resync(ctx->cps, node_id, incarnation, &rs, now, res, err);
+    }
+    free(lts);
+    free(peers);
+    free(pools);
+    return rc;
+}
+
 static int apply_report(struct kvf_svc_ctx *ctx, const char *node_id, uint64_t incarnation,
                         const Kvfence__V1__NodeMessage *m, kvf_time_ns now, kvf_room_key *key_p,
                         const char **what_p, struct kvf_error *err)
@@ -606,8 +683,23 @@ static int apply_report(struct kvf_svc_ctx *ctx, const char *node_id, uint64_t i
     switch (m->msg_case) {
     case KVFENCE__V1__NODE_MESSAGE__MSG_HEARTBEAT:
     case KVFENCE__V1__NODE_MESSAGE__MSG_ACK:
-    case KVFENCE__V1__NODE_MESSAGE__MSG_RESYNC:
         return 0; /* liveness is the stream itself; acks prove nothing */
+    case KVFENCE__V1__NODE_MESSAGE__MSG_RESYNC: {
+        what = "resync";
+        struct kvf_cps_resync_result res;
+        rc = apply_resync(ctx, node_id, incarnation, m->resync, now, &res, err);
+        if (rc == 0)
+            kvf_log_node("info", node_id, incarnation,
+                         "node %s resync: %u lifetimes, %" PRIu32 " counted as drained, %" PRIu32
+                         " abort notices for ended rooms, %" PRIu32 " ignored; %" PRIu32
+                         " fenced peers (%" PRIu32 " unknown); pools: %" PRIu32
+                         " upserted, %" PRIu32 " removed, %" PRIu32 " kept (leased), %" PRIu32
+                         " refused",
+                         node_id, (unsigned)m->resync->n_lifetimes, res.drained, res.notices,
+                         res.ignored, res.fenced, res.fenced_unknown, res.pools_upserted,
+                         res.pools_removed, res.pools_kept, res.pools_refused);
+        break;
+    }
     case KVFENCE__V1__NODE_MESSAGE__MSG_DRAINED: {
         what = "drained";
         kvf_token tok = {0, 0};
@@ -650,6 +742,9 @@ static int apply_report(struct kvf_svc_ctx *ctx, const char *node_id, uint64_t i
                                      pu->upserted[i]->page_count};
             rc = kvf_cps_node_set_pool(ctx->cps, node_id, incarnation, &p, err);
         }
+        for (size_t i = 0; i < pu->n_removed_pool_ids && rc == 0; i++)
+            rc = kvf_cps_node_remove_pool(ctx->cps, node_id, incarnation, pu->removed_pool_ids[i],
+                                          err);
         break;
     }
     default:
@@ -687,9 +782,18 @@ static void handle_report(struct kvf_svc_ctx *ctx, struct node_sess *s,
                           const Kvfence__V1__NodeMessage *m, const uint8_t *raw, size_t raw_len,
                           kvf_time_ns now)
 {
-    if (m->msg_case == KVFENCE__V1__NODE_MESSAGE__MSG_HEARTBEAT ||
-        m->msg_case == KVFENCE__V1__NODE_MESSAGE__MSG_ACK ||
-        m->msg_case == KVFENCE__V1__NODE_MESSAGE__MSG_RESYNC)
+    if (m->msg_case == KVFENCE__V1__NODE_MESSAGE__MSG_HEARTBEAT) {
+        /* The node's proof that this control plane is alive and reading:
+         * without it a node self-fences after node_ttl (node.proto). */
+        Kvfence__V1__HeartbeatAck ha = KVFENCE__V1__HEARTBEAT_ACK__INIT;
+        ha.seq = m->heartbeat->seq;
+        Kvfence__V1__ControlMessage cm = KVFENCE__V1__CONTROL_MESSAGE__INIT;
+        cm.msg_case = KVFENCE__V1__CONTROL_MESSAGE__MSG_HEARTBEAT_ACK;
+        cm.heartbeat_ack = &ha;
+        sess_send(s, &cm);
+        return; /* nothing for the core, nothing to log */
+    }
+    if (m->msg_case == KVFENCE__V1__NODE_MESSAGE__MSG_ACK)
         return; /* nothing for the core, nothing to log */
     struct kvf_error err;
     kvf_error_clear(&err);
@@ -1029,6 +1133,7 @@ void kvf_svc_sessions_destroy(struct kvf_svc_sessions *reg)
         reg->watches = w->next;
         watch_free(w);
     }
+    free(reg->resync_asked);
     free(reg);
 }
 

@@ -431,6 +431,8 @@ int kvf_svc_persist_open(struct kvf_svc_ctx *ctx, const char *data_dir, uint64_t
     if (info.new_cluster)
         kvf_log("info", "data-dir %s holds no state: this is a new cluster", data_dir);
     else
+        ctx->recovered = true; /* node_svc.c asks every node that attaches for a Resync */
+    if (!info.new_cluster)
         kvf_log("info",
                 "recovered from %s: snapshot seq %" PRIu64 ", %" PRIu64
                 " records replayed, in %.1f ms",

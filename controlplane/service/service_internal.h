@@ -37,6 +37,7 @@ struct kvf_svc_ctx {
     kvf_time_ns started_at;          /* CLOCK_MONOTONIC ns */
     kvf_time_ns node_ttl;            /* as configured in the core */
     struct kvf_svc_metrics *metrics; /* NULL: none (svc_metrics.c) */
+    bool recovered;                  /* state came from a durable log: ask nodes to resync */
 };
 
 /* A job for the state thread that is not a unary call (stream events): `run`

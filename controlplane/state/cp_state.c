@@ -268,6 +268,8 @@ int kvf_cps_room_participant(const struct kvf_cps *st, kvf_room_key key, size_t 
     v->role = (enum kvf_cps_role)p->role;
     v->lease_id = p->lease_id;
     v->pool_id = p->pool->pool_id;
+    v->pool_page_size = p->pool->page_size;
+    v->pool_page_count = p->pool->page_count;
     v->lease_state = (enum kvf_cps_lease_state)p->lease_state;
     v->completed = p->completed;
     v->node_drained = p->rn->drained;

@@ -359,6 +359,8 @@ struct kvf_cps_participant_view {
     enum kvf_cps_role role;
     uint64_t lease_id;
     uint32_t pool_id;
+    uint32_t pool_page_size; /* the pool's geometry, for room updates */
+    uint32_t pool_page_count;
     enum kvf_cps_lease_state lease_state;
     bool completed;
     bool node_drained; /* its node reported drained with the token */

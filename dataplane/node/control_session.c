@@ -10,7 +10,16 @@
  * doubling, capped at 2 s), re-sending Hello with the same incarnation. A
  * refusal with FAILED_PRECONDITION (no common protocol, an older incarnation)
  * cannot be cured by retrying: it is logged and made the node's fatal error,
- * and main exits non-zero.
+ * and main exits non-zero; except a refusal of a LOST incarnation, after
+ * which the node self-fences and attaches as a new incarnation.
+ *
+ * Liveness (owner thread): the control plane answers every heartbeat. A node
+ * that heard nothing on a welcomed session for node_ttl (the stream broke,
+ * or the control plane stopped reading it) knows it is, or is about to be,
+ * declared LOST and fenced by its peers: it fences every peer itself, closes
+ * every lifetime and takes a new, empty incarnation (node_self_fence). After
+ * a re-attach with the same incarnation, and on ResyncRequest, it sends
+ * Resync: every lifetime of this incarnation, its fenced peers, its pools.
  */
 #include <errno.h>
 #include <inttypes.h>
@@ -23,6 +32,7 @@
 #include "kvf_types.h"
 #include "kvf_version.h"
 #include "node_internal.h"
+#include "tcp.h"
 
 #define RECV_SLICE_MS  200
 #define BACKOFF_MIN_MS 100
@@ -71,6 +81,193 @@ int node_session_send_hello(struct kvf_node *n, struct kvf_rpc_client_stream *cs
     return rc;
 }
 
+/* ---- Resync ------------------------------------------------------------------ */
+
+void node_session_send_resync(struct kvf_node *n, const char *why)
+{
+    if (!n->session)
+        return;
+    size_t nrooms = 0;
+    for (struct node_room *r = n->rooms; r; r = r->next)
+        nrooms += r->incarnation == n->incarnation;
+    Kvfence__V1__LifetimeInfo *lv = calloc(nrooms ? nrooms : 1, sizeof *lv);
+    Kvfence__V1__LifetimeInfo **lp = calloc(nrooms ? nrooms : 1, sizeof *lp);
+    Kvfence__V1__RoomKey *kv = calloc(nrooms ? nrooms : 1, sizeof *kv);
+    Kvfence__V1__AbortToken *tv = calloc(nrooms ? nrooms : 1, sizeof *tv);
+    if (!lv || !lp || !kv || !tv) {
+        node_log("error", NULL, "resync not sent: out of memory");
+        goto out;
+    }
+    size_t i = 0;
+    for (struct node_room *r = n->rooms; r; r = r->next) {
+        if (r->incarnation != n->incarnation)
+            continue; /* an older incarnation's rooms are not this one's to report */
+        kvfence__v1__lifetime_info__init(&lv[i]);
+        kvfence__v1__room_key__init(&kv[i]);
+        kv[i].room_id = r->key.room_id;
+        kv[i].generation = r->key.generation;
+        lv[i].room = &kv[i];
+        /* kvf_lt_state numbers its states as node.proto's LifetimeState. */
+        lv[i].state = (Kvfence__V1__LifetimeState)kvf_lt_state(r->lt);
+        lv[i].ops_in_flight = kvf_lt_inflight(r->lt);
+        if (r->aborting) {
+            kvfence__v1__abort_token__init(&tv[i]);
+            tv[i].hi = r->token.hi;
+            tv[i].lo = r->token.lo;
+            lv[i].token = &tv[i];
+        }
+        lp[i] = &lv[i];
+        i++;
+    }
+    Kvfence__V1__FencedPeer fv[NODE_MAX_PEERS];
+    Kvfence__V1__FencedPeer *fp[NODE_MAX_PEERS];
+    size_t nf = 0;
+    for (uint32_t p = 0; p < n->npeers; p++) {
+        if (!n->peers[p].fenced)
+            continue;
+        kvfence__v1__fenced_peer__init(&fv[nf]);
+        fv[nf].node_id = n->peers[p].node_id;
+        fv[nf].incarnation = n->peers[p].incarnation;
+        fp[nf] = &fv[nf];
+        nf++;
+    }
+    Kvfence__V1__Pool pv[NODE_MAX_POOLS];
+    Kvfence__V1__Pool *pp[NODE_MAX_POOLS];
+    node_pools_to_wire(n, pv, pp);
+    Kvfence__V1__Resync rs = KVFENCE__V1__RESYNC__INIT;
+    rs.n_lifetimes = i;
+    rs.lifetimes = lp;
+    rs.n_fenced_peers = nf;
+    rs.fenced_peers = fp;
+    rs.n_pools = n->npools;
+    rs.pools = pp;
+    Kvfence__V1__NodeMessage m = KVFENCE__V1__NODE_MESSAGE__INIT;
+    m.msg_case = KVFENCE__V1__NODE_MESSAGE__MSG_RESYNC;
+    m.resync = &rs;
+    int rc = node_ctl_send(n, &m);
+    node_log("info", NULL, "resync (%s): %zu lifetimes, %zu fenced peers, %u pools%s", why, i, nf,
+             n->npools, rc == 0 ? "" : " (not sent)");
+out:
+    free(lv);
+    free(lp);
+    free(kv);
+    free(tv);
+}
+
+/* ---- liveness and self-fencing --------------------------------------------------- */
+
+void node_session_on_welcome(struct kvf_node *n, const Kvfence__V1__Welcome *w)
+{
+    n->node_ttl_ms = w->node_ttl_ms;
+    n->cp_acks_heartbeats = false; /* learnt from the first HeartbeatAck */
+    n->last_contact_ms = node_now_ms();
+    /* A few heartbeats per ttl, whatever the control plane's interval: the
+     * acks are what keeps this node from self-fencing. */
+    if (n->node_ttl_ms && n->hb_interval_ms > n->node_ttl_ms / 4)
+        n->hb_interval_ms = n->node_ttl_ms / 4 ? n->node_ttl_ms / 4 : 1;
+    n->next_hb_ms = node_now_ms(); /* at once: the first ack proves the loop */
+    if (n->welcomed_before)
+        node_session_send_resync(n, "re-attached with the same incarnation");
+    n->welcomed_before = true;
+}
+
+void node_session_tick(struct kvf_node *n, int64_t now_ms)
+{
+    if (n->node_ttl_ms == 0 || n->last_contact_ms == 0)
+        return; /* never welcomed in this incarnation: nothing to fence */
+    if (n->session && n->session_welcomed && !n->cp_acks_heartbeats) {
+        n->last_contact_ms = now_ms; /* a control plane without acks: the open stream counts */
+        return;
+    }
+    int64_t silent = now_ms - n->last_contact_ms;
+    if (silent < (int64_t)n->node_ttl_ms)
+        return;
+    char why[160];
+    snprintf(why, sizeof why, "no word from the control plane for %" PRId64 " ms (node_ttl %u ms)",
+             silent, n->node_ttl_ms);
+    node_self_fence(n, why);
+}
+
+void node_self_fence(struct kvf_node *n, const char *why)
+{
+    uint64_t old = n->incarnation;
+    /* The control plane has declared (or will declare) this incarnation LOST:
+     * nothing more is said as it. The session thread drops its stream. */
+    if (n->session)
+        atomic_store(&n->reset_stream, n->session);
+    n->session = NULL;
+    n->session_welcomed = false;
+    pthread_mutex_lock(&n->qlock);
+    n->welcomed = false;
+    pthread_mutex_unlock(&n->qlock);
+
+    uint32_t fenced = 0;
+    for (uint32_t i = 0; i < n->npeers; i++) {
+        if (n->peers[i].fenced)
+            continue;
+        int rc = kvf_transport_fence_peer(n->tcp, i);
+        if (rc != 0) {
+            node_log("error", NULL, "self-fence: cannot fence peer %s: %s", n->peers[i].node_id,
+                     strerror(-rc));
+            continue;
+        }
+        n->peers[i].fenced = true;
+        (void)kvf_lt_table_peer_fenced(n->lts, i);
+        fenced++;
+    }
+    size_t open = 0;
+    for (struct node_room *r = n->rooms; r; r = r->next)
+        open += kvf_lt_state(r->lt) == KVF_LT_OPEN;
+    (void)kvf_lt_table_close_all(n->lts, NULL, NULL);
+    node_poll_completions(n);
+    size_t undrained = 0;
+    for (struct node_room *r = n->rooms; r; r = r->next) {
+        node_check_drained(n, r);
+        undrained += kvf_lt_state(r->lt) != KVF_LT_DRAINED;
+    }
+
+    /* A new incarnation with nothing in it: a fresh TCP identity (peers know
+     * the old one as fenced), the same pools, no peers. */
+    struct timespec ts;
+    clock_gettime(CLOCK_REALTIME, &ts);
+    uint64_t inc = (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
+    if (inc <= old)
+        inc = old + 1;
+    kvf_transport_destroy(n->tcp);
+    n->tcp = node_tcp_create(n, inc, n->data_port);
+    if (!n->tcp)
+        n->tcp = node_tcp_create(n, inc, 0);
+    if (!n->tcp) {
+        node_log("error", NULL, "self-fence: cannot recreate the tcp transport: stopping");
+        atomic_store(&n->fatal, -EIO);
+        pthread_mutex_lock(&n->qlock);
+        pthread_cond_broadcast(&n->qdone);
+        pthread_mutex_unlock(&n->qlock);
+        return;
+    }
+    n->data_port = kvf_transport_tcp_port(n->tcp);
+    for (uint32_t i = 0; i < n->npools; i++) {
+        int rc = kvf_transport_tcp_add_pool(n->tcp, n->pools[i].id, n->pools[i].base,
+                                            n->pools[i].page_size, n->pools[i].page_count);
+        if (rc != 0)
+            node_log("error", NULL, "self-fence: pool %u not re-added to tcp: %s", n->pools[i].id,
+                     strerror(-rc));
+    }
+    memset(n->peers, 0, sizeof n->peers);
+    n->npeers = 0;
+    memset(n->last_member, 0, sizeof n->last_member);
+    n->incarnation = old == inc ? inc + 1 : inc;
+    n->welcomed_before = false;
+    n->last_contact_ms = 0;
+    n->cp_acks_heartbeats = false;
+    n->self_fences++;
+    node_log("warn", NULL,
+             "self-fence: %s: fenced %u peers, closed admission on %zu open lifetimes (%zu not "
+             "drained); incarnation %" PRIu64 " is given up, re-attaching as incarnation %" PRIu64
+             " with no lifetimes",
+             why, fenced, open, undrained, old, n->incarnation);
+}
+
 static void sleep_interruptible(struct kvf_node *n, int ms)
 {
     while (ms > 0 && !atomic_load(&n->stopping)) {
@@ -115,6 +312,10 @@ static void *session_main(void *arg)
             uint8_t *bytes = NULL;
             size_t len = 0;
             int rc = kvf_rpc_client_stream_recv(cs, RECV_SLICE_MS, &bytes, &len, &st);
+            if (!cancelled && atomic_load(&n->reset_stream) == cs) {
+                kvf_rpc_client_stream_cancel(cs); /* the owner self-fenced */
+                cancelled = true;
+            }
             if (rc == -ETIMEDOUT) {
                 if (atomic_load(&n->stopping) && !cancelled) {
                     kvf_rpc_client_stream_cancel(cs);
@@ -143,11 +344,29 @@ static void *session_main(void *arg)
             }
             j->kind = JOB_CONTROL_MSG;
             j->cm = cm;
+            j->stream = cs; /* the owner drops messages of a stream it gave up */
             if (node_post(n, j) != 0)
                 node_job_free(j);
         }
         bool owner_alive = post_session_job(n, JOB_SESSION_CLOSED, cs);
+        struct kvf_rpc_client_stream *gone = cs; /* never match a later stream at this address */
+        atomic_compare_exchange_strong(&n->reset_stream, &gone, NULL);
         kvf_rpc_client_stream_close(cs);
+        if (st.code == KVF_GRPC_FAILED_PRECONDITION && st.message[0] &&
+            strstr(st.message, "is LOST") && !atomic_load(&n->stopping)) {
+            /* This incarnation was declared LOST while we were away: its
+             * peers fence it. Never pretend to be it: self-fence and come
+             * back as a new incarnation (node.proto, Attach). */
+            node_log("warn", NULL, "control plane refused this incarnation: %s", st.message);
+            struct node_job j;
+            memset(&j, 0, sizeof j);
+            j.kind = JOB_SESSION_LOST;
+            j.sync = true;
+            if (node_post(n, &j) != 0)
+                break;
+            backoff = BACKOFF_MIN_MS;
+            continue;
+        }
         if (st.code == KVF_GRPC_FAILED_PRECONDITION) {
             node_log("error", NULL, "control plane refused the node: %s", st.message);
             atomic_store(&n->fatal, -EPERM);

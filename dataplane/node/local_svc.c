@@ -15,10 +15,10 @@
  * counted in the lifetime), the chunk counts as failed and the node reports
  * TransferFailed unless the room is aborting already.
  *
- * Not in this version: UnregisterPool and Watch (UNIMPLEMENTED), aux bytes
- * (accepted, not sent), CUDA IPC pools (FAILED_PRECONDITION), same-node
- * transfers (FAILED_PRECONDITION). The sink's page size is taken to be the
- * source pool's: RoomUpdate's pools carry only their id today.
+ * Not in this version: Watch (UNIMPLEMENTED), aux bytes (accepted, not
+ * sent), CUDA IPC pools (FAILED_PRECONDITION), same-node transfers
+ * (FAILED_PRECONDITION). UnregisterPool is in pool_admin.c. A sink pool
+ * whose page size (RoomUpdate) differs from the source pool's is refused.
  */
 #include <errno.h>
 #include <inttypes.h>
@@ -249,6 +249,17 @@ void node_local_submit_chunk(struct kvf_node *n, struct node_job *j)
              sink->pool_id);
         return;
     }
+    /* Right after ExtendLease the engine may know a lease version (its page
+     * count) that this node's RoomUpdate has not brought yet: retryable. */
+    if (req->source_lease_pages > src->pages || req->sink_lease_pages > sink->pages) {
+        bool s_old = req->source_lease_pages > src->pages;
+        fail(j, KVF_GRPC_UNAVAILABLE,
+             "%s: the node's copy of the lease has %" PRIu64 " pages, the request names %" PRIu64
+             ": its room update is on the way: retry",
+             s_old ? "source_lease_pages" : "sink_lease_pages", s_old ? src->pages : sink->pages,
+             s_old ? req->source_lease_pages : req->sink_lease_pages);
+        return;
+    }
     ssize_t bad = ranges_outside(src, req->source_ranges, req->n_source_ranges);
     if (bad >= 0) {
         fail(j, KVF_GRPC_FAILED_PRECONDITION, "source_ranges[%zd]: outside the read lease", bad);
@@ -275,6 +286,14 @@ void node_local_submit_chunk(struct kvf_node *n, struct node_job *j)
             pool = &n->pools[i];
     if (!pool) {
         fail(j, KVF_GRPC_FAILED_PRECONDITION, "source pool %u is not registered", src->pool_id);
+        return;
+    }
+    /* Frames carry whole pages of the source's size: the sink's pages must
+     * be the same size (an older control plane does not say: 0). */
+    if (sink->page_size != 0 && sink->page_size != pool->page_size) {
+        fail(j, KVF_GRPC_FAILED_PRECONDITION,
+             "page_size: source pool %u has %u-byte pages, sink pool %u %u-byte pages", pool->id,
+             pool->page_size, sink->pool_id, sink->page_size);
         return;
     }
     if (sink->local) {
@@ -516,6 +535,8 @@ int node_local_start(struct kvf_node *n)
     if (rc == 0)
         rc = kvf_rpc_server_add_unary(n->local_srv, "/kvfence.v1.NodeLocal/SubmitChunk",
                                       h_submit_chunk, n);
+    if (rc == 0)
+        rc = node_pool_admin_register(n); /* UnregisterPool */
     if (rc == 0) {
         rc = kvf_rpc_server_start(n->local_srv);
         if (rc > 0)

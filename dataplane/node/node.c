@@ -6,11 +6,11 @@
  * SCOPE OF THIS VERSION (the first vertical slice):
  * - transfers over TCP only (no RDMA, no CUDA staging, no same-node copies);
  * - host shared-memory pools (dataplane/pool, kvf_pool_open_shm);
- * - NodeLocal: RegisterPool and SubmitChunk; UnregisterPool and Watch answer
- *   UNIMPLEMENTED; aux bytes are accepted and not sent;
+ * - NodeLocal: RegisterPool, UnregisterPool (pool_admin.c) and SubmitChunk;
+ *   Watch answers UNIMPLEMENTED; aux bytes are accepted and not sent;
  * - lifetimes are never forgotten while the process runs (one small record per
  *   room), so that every late message for a room stays recognisable;
- * - no Resync, no self-fencing after node_ttl without a session.
+ * - Resync and self-fencing after node_ttl without a session: control_session.c.
  *
  * Completion rules (documented decisions):
  * - a source participant is Completed when its last chunk (last_chunk=true)
@@ -282,6 +282,7 @@ static struct node_room *room_open(struct kvf_node *n, kvf_room_key key)
         return NULL;
     }
     r->key = key;
+    r->incarnation = n->incarnation;
     pthread_rwlock_wrlock(&n->rooms_lock);
     r->next = n->rooms;
     n->rooms = r;
@@ -418,6 +419,7 @@ static void on_room_update(struct kvf_node *n, const Kvfence__V1__RoomUpdate *ru
         struct node_member *m = &mv[i];
         const Kvfence__V1__Lease *l = rm->lease;
         m->incarnation = rm->node_incarnation;
+        m->page_size = rm->pool ? rm->pool->page_size : 0;
         if (l) {
             if (l->participant) {
                 snprintf(m->node_id, sizeof m->node_id, "%s",
@@ -483,6 +485,14 @@ static void on_abort_notice(struct kvf_node *n, const Kvfence__V1__AbortNotice *
     if (an->token)
         tok = (kvf_token){an->token->hi, an->token->lo};
     struct node_room *r = node_room_find(n, key);
+    if (kvf_token_is_zero(tok)) {
+        /* The answer to a Resync for a room that completed or that the
+         * control plane forgot: close admission, nothing to prove. */
+        if (r && kvf_lt_close(r->lt, NULL, NULL))
+            (void)kvf_lt_take_drained(r->lt);
+        node_log("info", &key, "tokenless abort notice (room ended or unknown): admission closed");
+        return;
+    }
     if (!r && !n->stop_requested && !kvf_lt_table_is_late(n->lts, key))
         r = room_open(n, key); /* abort before metadata */
     if (!r) {
@@ -506,6 +516,13 @@ static void on_abort_notice(struct kvf_node *n, const Kvfence__V1__AbortNotice *
         r->drained_sent = true;
         send_drained(n, r); /* again for a repeated notice */
     }
+}
+
+static void poll_completions(struct kvf_node *n);
+
+void node_poll_completions(struct kvf_node *n)
+{
+    poll_completions(n);
 }
 
 static void poll_completions(struct kvf_node *n)
@@ -566,6 +583,14 @@ static void on_control_msg(struct kvf_node *n, const Kvfence__V1__ControlMessage
         n->welcomed = true;
         pthread_cond_broadcast(&n->qdone);
         pthread_mutex_unlock(&n->qlock);
+        node_session_on_welcome(n, cm->welcome);
+        break;
+    case KVFENCE__V1__CONTROL_MESSAGE__MSG_RESYNC_REQUEST:
+        node_session_send_resync(n,
+                                 cm->resync_request->reason ? cm->resync_request->reason : "asked");
+        break;
+    case KVFENCE__V1__CONTROL_MESSAGE__MSG_HEARTBEAT_ACK:
+        n->cp_acks_heartbeats = true; /* the contact itself is noted in run_job */
         break;
     case KVFENCE__V1__CONTROL_MESSAGE__MSG_ROOM_UPDATE:
         on_room_update(n, cm->room_update);
@@ -577,7 +602,7 @@ static void on_control_msg(struct kvf_node *n, const Kvfence__V1__ControlMessage
         on_fence_peer(n, cm->fence_peer);
         break;
     default:
-        break; /* ResyncRequest: not in this version */
+        break; /* unknown to this version */
     }
 }
 
@@ -682,6 +707,22 @@ static void on_frame(struct kvf_node *n, const struct node_job *j)
         node_check_drained(n, r);
 }
 
+/* The TCP transport of incarnation `incarnation` (its id in TCP hellos). */
+struct kvf_transport *node_tcp_create(struct kvf_node *n, uint64_t incarnation, uint16_t port)
+{
+    struct kvf_transport_tcp_opts to;
+    kvf_transport_tcp_opts_init(&to);
+    to.node_id = tcp_id_of(n->node_id, incarnation);
+    to.bind_host = n->data_host;
+    to.port = port;
+    to.max_peers = NODE_MAX_PEERS;
+    to.max_pools = NODE_MAX_POOLS;
+    to.check = tcp_check;
+    to.on_frame = tcp_on_frame;
+    to.ctx = n;
+    return kvf_transport_tcp_create(&to);
+}
+
 /* ---- the owner loop ------------------------------------------------------------ */
 
 static void run_job(struct kvf_node *n, struct node_job *j)
@@ -694,7 +735,8 @@ static void run_job(struct kvf_node *n, struct node_job *j)
         if (node_session_send_hello(n, j->stream) == 0) {
             /* Completions reported while the session was down are said again. */
             for (struct node_room *r = n->rooms; r; r = r->next)
-                for (size_t i = 0; i < r->nmembers && !r->aborting; i++)
+                for (size_t i = 0;
+                     i < r->nmembers && !r->aborting && r->incarnation == n->incarnation; i++)
                     if (r->members[i].local && r->members[i].completed)
                         node_send_completed(n, r, &r->members[i]);
         }
@@ -706,7 +748,17 @@ static void run_job(struct kvf_node *n, struct node_job *j)
         }
         break;
     case JOB_CONTROL_MSG:
+        if (j->stream != n->session)
+            break; /* a stream given up by a self-fence */
         on_control_msg(n, j->cm);
+        if (n->session_welcomed)
+            n->last_contact_ms = node_now_ms();
+        break;
+    case JOB_UNREGISTER_POOL:
+        node_local_unregister_pool(n, j);
+        break;
+    case JOB_SESSION_LOST:
+        node_self_fence(n, "the control plane refused this incarnation as LOST");
         break;
     case JOB_REGISTER_POOL:
         node_local_register_pool(n, j);
@@ -766,6 +818,7 @@ static void *owner_main(void *arg)
         }
         poll_completions(n);
         int64_t now = node_now_ms();
+        node_session_tick(n, now);
         if (n->session && n->session_welcomed && now >= n->next_hb_ms) {
             send_heartbeat(n);
             n->next_hb_ms = now + (int64_t)n->hb_interval_ms;
@@ -848,17 +901,7 @@ struct kvf_node *kvf_node_start(const struct kvf_node_opts *opts)
     n->lts = kvf_lt_table_create();
     if (!n->lts)
         goto err_destroy;
-    struct kvf_transport_tcp_opts to;
-    kvf_transport_tcp_opts_init(&to);
-    to.node_id = tcp_id_of(n->node_id, n->incarnation);
-    to.bind_host = n->data_host;
-    to.port = opts->data_port;
-    to.max_peers = NODE_MAX_PEERS;
-    to.max_pools = NODE_MAX_POOLS;
-    to.check = tcp_check;
-    to.on_frame = tcp_on_frame;
-    to.ctx = n;
-    n->tcp = kvf_transport_tcp_create(&to);
+    n->tcp = node_tcp_create(n, n->incarnation, opts->data_port);
     if (!n->tcp)
         goto err_destroy;
     n->data_port = kvf_transport_tcp_port(n->tcp);

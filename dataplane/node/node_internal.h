@@ -70,6 +70,7 @@ struct node_member {
     uint32_t rank;
     int role; /* Kvfence__V1__Role */
     uint32_t pool_id;
+    uint32_t page_size; /* of its pool, from RoomUpdate; 0: not sent (older control plane) */
     struct node_range *ranges;
     size_t nranges;
     uint64_t pages; /* pages in the lease */
@@ -85,6 +86,7 @@ struct node_member {
 
 struct node_room {
     kvf_room_key key;
+    uint64_t incarnation; /* the node incarnation the room was opened under */
     struct kvf_lt *lt;
     /* Replaced by the owner under rooms_lock (write); read by receivers. */
     struct node_member *members;
@@ -120,16 +122,19 @@ enum node_job_kind {
     JOB_SUBMIT_CHUNK,
     JOB_FRAME,
     JOB_STOP,
+    JOB_UNREGISTER_POOL, /* pool_admin.c */
+    JOB_SESSION_LOST,    /* the control plane refused this incarnation as LOST */
 };
 
 struct node_job {
     enum node_job_kind kind;
     struct node_job *next;
-    struct kvf_rpc_client_stream *stream;    /* SESSION_OPEN / CLOSED */
+    struct kvf_rpc_client_stream *stream;    /* SESSION_OPEN / CLOSED, CONTROL_MSG */
     Kvfence__V1__ControlMessage *cm;         /* CONTROL_MSG (owned) */
     struct kvf_rpc_call *call;               /* REGISTER_POOL / SUBMIT_CHUNK */
     Kvfence__V1__RegisterPoolRequest *reg;   /* owned */
     Kvfence__V1__SubmitChunkRequest *submit; /* owned */
+    uint32_t pool_id;                        /* UNREGISTER_POOL */
     kvf_room_key room;                       /* FRAME */
     uint32_t peer;
     uint32_t member; /* FRAME: index of the sink member the frame went to */
@@ -182,6 +187,16 @@ struct kvf_node {
     int stop_result;
     bool owner_exit;
 
+    /* Session liveness (control_session.c; owner thread). */
+    uint32_t node_ttl_ms;    /* from Welcome; 0 until welcomed */
+    int64_t last_contact_ms; /* last sign of life of a welcomed session */
+    bool cp_acks_heartbeats; /* the control plane answers heartbeats (HeartbeatAck) */
+    bool welcomed_before;    /* this incarnation was welcomed once: Resync on re-attach */
+    bool self_fenced;        /* this incarnation fenced itself; the next one is fresh */
+    /* The stream the session thread must drop (a self-fence gave it up). */
+    struct kvf_rpc_client_stream *_Atomic reset_stream;
+    uint64_t self_fences; /* how many times (logs, tests) */
+
     /* Rooms: list published under rooms_lock. */
     pthread_rwlock_t rooms_lock;
     struct node_room *rooms;
@@ -212,8 +227,19 @@ int node_ensure_peer(struct kvf_node *n, const char *node_id, uint64_t incarnati
                      uint32_t *idx_p);
 void node_pools_to_wire(struct kvf_node *n, Kvfence__V1__Pool *pv, Kvfence__V1__Pool **pp);
 
+struct kvf_transport *node_tcp_create(struct kvf_node *n, uint64_t incarnation, uint16_t port);
+void node_poll_completions(struct kvf_node *n);
+
 /* control_session.c */
 int node_session_start(struct kvf_node *n);
+/* Owner: a Welcome arrived (liveness, Resync after a re-attach). */
+void node_session_on_welcome(struct kvf_node *n, const Kvfence__V1__Welcome *w);
+/* Owner: sends Resync (every lifetime of this incarnation, fenced peers, pools). */
+void node_session_send_resync(struct kvf_node *n, const char *why);
+/* Owner, every loop: self-fences once the session is gone for node_ttl. */
+void node_session_tick(struct kvf_node *n, int64_t now_ms);
+/* Owner: fences every peer, closes every lifetime and takes a new incarnation. */
+void node_self_fence(struct kvf_node *n, const char *why);
 void node_session_join(struct kvf_node *n);
 /* Owner thread: builds and sends Hello on `cs`. */
 int node_session_send_hello(struct kvf_node *n, struct kvf_rpc_client_stream *cs);
@@ -226,5 +252,9 @@ void node_local_submit_chunk(struct kvf_node *n, struct node_job *j);  /* owner 
 /* Owner: one transport completion. */
 void node_local_completion(struct kvf_node *n, const struct kvf_completion *c);
 /* Owner: frees chunks whose frames were all completed during shutdown. */
+
+/* pool_admin.c */
+int node_pool_admin_register(struct kvf_node *n);                        /* adds UnregisterPool */
+void node_local_unregister_pool(struct kvf_node *n, struct node_job *j); /* owner */
 
 #endif /* KVF_NODE_INTERNAL_H */

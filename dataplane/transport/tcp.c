@@ -651,6 +651,19 @@ static void rx_frames(struct tcp_rx *rx)
             continue;
         }
 
+        /* The pool may have been removed between the lookup and the
+         * admission (kvf_transport_tcp_remove_pool): look again now that the
+         * op holds the lifetime open, and never write into a stale mapping. */
+        struct tcp_pool again;
+        if (!rx_find_pool(t, h.pool, &again) || again.base != pool.base) {
+            bool gone_drained = kvf_lt_op_retire(&op, KVF_LT_DONE_ERROR);
+            CNT_ADD(t, frames_rejected, 1);
+            if (t->opts.on_frame)
+                t->opts.on_frame(t->opts.ctx, rx->peer, h.room, 0, -ENOENT, gone_drained);
+            if (recv_drop(rx->fd, rx->scratch, h.length, &rx->stop) != 0)
+                return;
+            continue;
+        }
         uint8_t *dst = pool.base + (uint64_t)h.first_page * pool.page_size + h.offset;
         rc = recv_full(rx->fd, dst, h.length, &rx->stop, false);
         /* The read has stopped either way: retire before telling anyone. */
@@ -986,6 +999,22 @@ int kvf_transport_tcp_add_pool(struct kvf_transport *base, uint32_t pool_id, voi
     if (rc == 0) {
         t->pools[t->pool_count++] = (struct tcp_pool){
             .id = pool_id, .base = mem, .page_size = page_size, .page_count = page_count};
+    }
+    pthread_mutex_unlock(&t->lock);
+    return rc;
+}
+
+int kvf_transport_tcp_remove_pool(struct kvf_transport *base, uint32_t pool_id)
+{
+    struct tcp *t = tcp_of(base);
+    int rc = -ENOENT;
+    pthread_mutex_lock(&t->lock);
+    for (uint32_t i = 0; i < t->pool_count; i++) {
+        if (t->pools[i].id == pool_id) {
+            t->pools[i] = t->pools[--t->pool_count];
+            rc = 0;
+            break;
+        }
     }
     pthread_mutex_unlock(&t->lock);
     return rc;

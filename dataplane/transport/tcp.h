@@ -124,13 +124,22 @@ struct kvf_transport *kvf_transport_tcp_create(const struct kvf_transport_tcp_op
 uint16_t kvf_transport_tcp_port(const struct kvf_transport *t);
 
 /*
- * Registers a pool frames may write into. `base` stays valid until destroy
- * (pools are not removed: the node tears down the transport only after every
- * lifetime drained). -EEXIST, -E2BIG (max_pools), -EINVAL (sizes 0 or the
- * pool larger than the address space). Any thread.
+ * Registers a pool frames may write into. `base` stays valid until the pool
+ * is removed (kvf_transport_tcp_remove_pool) or the transport destroyed. -EEXIST, -E2BIG
+ * (max_pools), -EINVAL (sizes 0 or the pool larger than the address space). Any thread.
  */
 int kvf_transport_tcp_add_pool(struct kvf_transport *t, uint32_t pool_id, void *base,
                                uint32_t page_size, uint32_t page_count);
+
+/*
+ * Unregisters a pool: frames for it are malformed from now on. A receiver
+ * that looked the pool up before the removal looks again after its `check`
+ * admitted the frame, and refuses it then (on_frame gets -ENOENT), so no byte
+ * lands in the old mapping once this returns, provided `check` admits nothing
+ * into the pool from now on (the node removes a pool only when every lifetime
+ * that could use it is drained). -ENOENT (unknown pool). Any thread.
+ */
+int kvf_transport_tcp_remove_pool(struct kvf_transport *t, uint32_t pool_id);
 
 /*
  * Names peer index `peer` as node `node_id` (non-zero): inbound connections

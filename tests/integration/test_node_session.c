@@ -1346,6 +1346,15 @@ static void test_silent_node_goes_suspect_heartbeating_node_stays(void **state)
     }
     wait_node_state(f, "quiet", KVFENCE__V1__NODE_STATE__NODE_STATE_SUSPECT, 3000);
     wait_node_state(f, "chatty", KVFENCE__V1__NODE_STATE__NODE_STATE_ATTACHED, 100);
+    /* Every heartbeat is answered, in order: the node's proof of liveness. */
+    for (uint64_t want = 1; want <= 10; want++) {
+        Kvfence__V1__ControlMessage *ack = NULL;
+        struct kvf_rpc_status ast;
+        assert_int_equal(fake_node_recv(f->nodes[1], 2000, &ack, &ast), 0);
+        assert_int_equal(ack->msg_case, KVFENCE__V1__CONTROL_MESSAGE__MSG_HEARTBEAT_ACK);
+        assert_int_equal(ack->heartbeat_ack->seq, want);
+        kvfence__v1__control_message__free_unpacked(ack, NULL);
+    }
     /* The quiet node's stream was ended by the server. */
     Kvfence__V1__ControlMessage *cm = NULL;
     struct kvf_rpc_status st;

@@ -1,0 +1,124 @@
+/*
+ * pool_admin.c: NodeLocal.UnregisterPool.
+ *
+ * A pool is removed only when no lifetime that could touch it can still
+ * admit or has an op in flight: every room with a lease on this node in the
+ * pool (a local member naming it) must have a DRAINED lifetime. DRAINED
+ * means admission is closed for good, so no TCP receiver can admit a frame
+ * into the pool after the check; the transport looks the pool up again after
+ * each admission, so a receiver that read the pool before the removal still
+ * never writes into it (tcp.h, kvf_transport_tcp_remove_pool). Then the pool
+ * leaves the transport, is unmapped, and the control plane is told
+ * (PoolUpdate.removed_pool_ids).
+ *
+ * DESIGN: the handler runs on a gRPC CQ thread and only decodes; the owner
+ * thread checks, removes and answers (node_local_unregister_pool).
+ */
+#include <errno.h>
+#include <inttypes.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "kvf_error.h"
+#include "node_internal.h"
+#include "tcp.h"
+
+void node_local_unregister_pool(struct kvf_node *n, struct node_job *j)
+{
+    uint32_t id = j->pool_id;
+    uint32_t idx = n->npools;
+    for (uint32_t i = 0; i < n->npools; i++)
+        if (n->pools[i].id == id)
+            idx = i;
+    if (idx == n->npools) {
+        char msg[96];
+        snprintf(msg, sizeof msg, "pool_id: no pool %u on this node", id);
+        kvf_rpc_call_fail(j->call, KVF_GRPC_NOT_FOUND, msg);
+        j->call = NULL;
+        return;
+    }
+    for (struct node_room *r = n->rooms; r; r = r->next) {
+        enum kvf_lt_state st = kvf_lt_state(r->lt);
+        if (st == KVF_LT_DRAINED)
+            continue;
+        for (size_t i = 0; i < r->nmembers; i++) {
+            const struct node_member *m = &r->members[i];
+            if (!m->local || m->pool_id != id)
+                continue;
+            char msg[256];
+            snprintf(msg, sizeof msg,
+                     "pool_id: pool %u holds the lease of rank %u in room %" PRIu64 ":%" PRIu64
+                     " whose lifetime is %s: retry once it is drained",
+                     id, m->rank, r->key.room_id, r->key.generation, kvf_lt_state_name(st));
+            kvf_rpc_call_fail(j->call, KVF_GRPC_FAILED_PRECONDITION, msg);
+            j->call = NULL;
+            return;
+        }
+    }
+    /* Receivers read rooms under rooms_lock: taking it for writing orders the
+     * removal after every check in progress. */
+    pthread_rwlock_wrlock(&n->rooms_lock);
+    int rc = kvf_transport_tcp_remove_pool(n->tcp, id);
+    pthread_rwlock_unlock(&n->rooms_lock);
+    if (rc != 0 && rc != -ENOENT)
+        node_log("warn", NULL, "pool %u: tcp transport: %s", id, strerror(-rc));
+    struct node_pool gone = n->pools[idx];
+    n->pools[idx] = n->pools[--n->npools];
+    kvf_pool_close(gone.pool);
+    node_log("info", NULL, "pool %u unregistered (rank %u, %u pages of %u bytes)", id, gone.rank,
+             gone.page_count, gone.page_size);
+
+    uint32_t ids[1] = {id};
+    Kvfence__V1__PoolUpdate pu = KVFENCE__V1__POOL_UPDATE__INIT;
+    pu.n_removed_pool_ids = 1;
+    pu.removed_pool_ids = ids;
+    Kvfence__V1__NodeMessage m = KVFENCE__V1__NODE_MESSAGE__INIT;
+    m.msg_case = KVFENCE__V1__NODE_MESSAGE__MSG_POOL_UPDATE;
+    m.pool_update = &pu;
+    node_ctl_send(n, &m); /* or the next Hello / Resync says it */
+
+    Kvfence__V1__UnregisterPoolResponse resp = KVFENCE__V1__UNREGISTER_POOL_RESPONSE__INIT;
+    uint8_t buf[8];
+    size_t len = kvfence__v1__unregister_pool_response__get_packed_size(&resp);
+    kvfence__v1__unregister_pool_response__pack(&resp, buf);
+    kvf_rpc_call_reply(j->call, buf, len);
+    j->call = NULL;
+}
+
+static void h_unregister_pool(void *ctx, struct kvf_rpc_call *call, const uint8_t *req, size_t len)
+{
+    struct kvf_node *n = ctx;
+    static const uint8_t empty[1];
+    Kvfence__V1__UnregisterPoolRequest *r =
+        kvfence__v1__unregister_pool_request__unpack(NULL, len, len ? req : empty);
+    if (!r) {
+        kvf_rpc_call_fail(call, KVF_GRPC_INVALID_ARGUMENT, "undecodable UnregisterPoolRequest");
+        return;
+    }
+    uint32_t id = r->pool_id;
+    kvfence__v1__unregister_pool_request__free_unpacked(r, NULL);
+    if (id == 0) {
+        kvf_rpc_call_fail(call, KVF_GRPC_INVALID_ARGUMENT, "pool_id: must be >= 1");
+        return;
+    }
+    struct node_job *j = calloc(1, sizeof *j);
+    if (!j) {
+        kvf_rpc_call_fail(call, KVF_GRPC_RESOURCE_EXHAUSTED, "out of memory");
+        return;
+    }
+    j->kind = JOB_UNREGISTER_POOL;
+    j->call = call;
+    j->pool_id = id;
+    if (node_post(n, j) != 0) {
+        kvf_rpc_call_fail(call, KVF_GRPC_UNAVAILABLE, "node shutting down");
+        j->call = NULL;
+        node_job_free(j);
+    }
+}
+
+int node_pool_admin_register(struct kvf_node *n)
+{
+    return kvf_rpc_server_add_unary(n->local_srv, "/kvfence.v1.NodeLocal/UnregisterPool",
+                                    h_unregister_pool, n);
+}
