@@ -4,9 +4,9 @@
  *
  * Not served in this version (UNIMPLEMENTED): ListNodes (the core has no way
  * to visit its nodes), ListLeases (no lease visitor either) and FenceNode.
- * GetNode fills what struct kvf_cps_node_view has: pools, endpoints, the
- * node's protocol range, state_age_ms, last_seen_ms and notices_pending are
- * left empty / 0.
+ * GetNode fills what struct kvf_cps_node_view has, and the pools' ids and
+ * sizes; endpoints, the node's protocol range, state_age_ms, last_seen_ms and
+ * notices_pending are left empty / 0.
  */
 #include <errno.h>
 #include <inttypes.h>
@@ -395,7 +395,23 @@ static void get_node_run(struct kvf_svc_ctx *ctx, struct kvf_rpc_call *call,
     rs.protocol_version = v.protocol_version;
     rs.capabilities = &caps;
     rs.room_count = (uint32_t)v.room_count;
+    /* The pools as the core holds them (sizes; addressing is the node's). */
+    Kvfence__V1__Pool *pv = calloc(v.pool_count ? v.pool_count : 1, sizeof(*pv));
+    Kvfence__V1__Pool **pp = calloc(v.pool_count ? v.pool_count : 1, sizeof(*pp));
+    for (size_t i = 0; pv != NULL && pp != NULL && i < v.pool_count; i++) {
+        struct kvf_cps_pool cp;
+        if (kvf_cps_node_pool_get(ctx->cps, rq->node_id, i, &cp) != 0)
+            break;
+        kvfence__v1__pool__init(&pv[i]);
+        pv[i].pool_id = cp.pool_id;
+        pv[i].page_size = cp.page_size;
+        pv[i].page_count = cp.page_count;
+        pp[rs.n_pools++] = &pv[i];
+    }
+    rs.pools = pp;
     kvf_svc_reply(call, &rs.base);
+    free(pv);
+    free(pp);
 }
 
 /* ---- ListNodes ------------------------------------------------------------------ */

@@ -303,6 +303,18 @@ int kvf_cps_node_get(const struct kvf_cps *st, const char *node_id,
     return 0;
 }
 
+int kvf_cps_node_pool_get(const struct kvf_cps *st, const char *node_id, size_t index,
+                          struct kvf_cps_pool *pool_p)
+{
+    const struct cp_node *node = node_id != NULL ? cp_node_current(st, node_id) : NULL;
+    if (node == NULL || index >= node->npools)
+        return -ENOENT;
+    pool_p->pool_id = node->pools[index]->pool_id;
+    pool_p->page_size = node->pools[index]->page_size;
+    pool_p->page_count = node->pools[index]->page_count;
+    return 0;
+}
+
 int kvf_cps_node_foreach(const struct kvf_cps *st,
                          int (*fn)(void *ctx, const struct kvf_cps_node_view *view), void *ctx)
 {

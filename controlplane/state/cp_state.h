@@ -427,6 +427,11 @@ void kvf_cps_stats_get(const struct kvf_cps *st, struct kvf_cps_stats *stats_p);
 int kvf_cps_room_foreach(const struct kvf_cps *st,
                          int (*fn)(void *ctx, const struct kvf_cps_room_view *view), void *ctx);
 
+/* Pool `index` (0 .. pool_count - 1) of the current incarnation of a node.
+ * -ENOENT if the node or the index is unknown. */
+int kvf_cps_node_pool_get(const struct kvf_cps *st, const char *node_id, size_t index,
+                          struct kvf_cps_pool *pool_p);
+
 /* Visits the current incarnation of every known node id. Order unspecified.
  * Stop early by returning non-zero from `fn`, which is then returned. The view
  * is valid during the call only. */
