@@ -799,6 +799,85 @@ static void test_lost_node_comes_back_as_new_incarnation(void **state)
     check_n2_pool(f, false);
 }
 
+/* The control plane is killed (no --data-dir) while the nodes hold a room:
+ * the stream breaks, reconnecting fails, and after node_ttl the node
+ * self-fences: the room's SubmitChunk is refused. A control plane started
+ * again on the same port (knowing nothing) gets the node as a new
+ * incarnation. */
+static void test_killed_control_plane_node_self_fences(void **state)
+{
+    struct fx *f = *state;
+    fx_start(f, false);
+    kvf_room_key k = join_pair(f, 707);
+    wait_node_knows(f, &f->n1, k);
+    uint64_t inc1 = node_incarnation(f, "n1");
+    kvf_proc_kill(&f->cp);
+    int64_t waited = wait_node_closed(f, &f->n1, k, WAIT_MS);
+    if (waited < NODE_TTL_MS - NODE_TTL_MS / 4 - 100)
+        fail_msg("n1 closed the room %lld ms after the kill, node_ttl is %d ms", (long long)waited,
+                 NODE_TTL_MS);
+    struct kvf_rpc_status st;
+    assert_int_equal(submit(f, &f->n1, k, 1, 0, 16, 8, true, &st), KVF_GRPC_ABORTED);
+    char listen[48];
+    snprintf(listen, sizeof listen, "127.0.0.1:%s", f->cp_port);
+    char ttl[16];
+    snprintf(ttl, sizeof ttl, "%d", NODE_TTL_MS);
+    const char *args[] = {"--threads", "2", "--node-ttl-ms", ttl, "--listen", listen, NULL};
+    assert_int_equal(kvf_proc_start(&f->cp, KVF_CONTROL_BIN, args), 0);
+    uint64_t new1 = wait_node_attached(f, "n1", inc1);
+    assert_true(new1 > inc1);
+    check_n2_pool(f, false);
+}
+
+/* A durable control plane restarts with a node_ttl shorter than the one the
+ * node knows, while n1 is stopped: n1 is LOST before its own clock says so.
+ * When n1 runs again it re-attaches as the old incarnation, is refused
+ * (FAILED_PRECONDITION "is LOST"), and answers that by self-fencing and
+ * attaching as a new incarnation at once, long before its own node_ttl
+ * (6 s) would have made it. The room ends ABORTED. */
+static void test_lost_refusal_makes_node_self_fence_at_once(void **state)
+{
+    struct fx *f = *state;
+    fx_start(f, true); /* node_ttl 6 s */
+    kvf_room_key k = join_pair(f, 808);
+    wait_node_knows(f, &f->n1, k);
+    wait_node_knows(f, &f->n2, k);
+    uint64_t inc1 = node_incarnation(f, "n1");
+    assert_int_equal(kill(f->n1.pid, SIGSTOP), 0);
+    int64_t t0 = now_ms();
+    char listen[48];
+    snprintf(listen, sizeof listen, "127.0.0.1:%s", f->cp_port);
+    kvf_proc_kill(&f->cp);
+    const char *args[] = {"--threads",  "2",         "--node-ttl-ms", "300",  "--resend-ms", "50",
+                          "--data-dir", f->data_dir, "--listen",      listen, NULL};
+    assert_int_equal(kvf_proc_start(&f->cp, KVF_CONTROL_BIN, args), 0);
+    int64_t end = now_ms() + WAIT_MS;
+    for (;;) {
+        Kvfence__V1__NodeInfo *ni = get_node(f, "n1");
+        bool lost =
+            ni && ni->incarnation == inc1 && ni->state == KVFENCE__V1__NODE_STATE__NODE_STATE_LOST;
+        if (ni)
+            kvfence__v1__node_info__free_unpacked(ni, NULL);
+        if (lost)
+            break;
+        if (now_ms() > end)
+            fail_msg("n1 never LOST at the restarted control plane");
+        sleep_ms(10);
+    }
+    assert_int_equal(kill(f->n1.pid, SIGCONT), 0);
+    uint64_t new1 = wait_node_attached(f, "n1", inc1);
+    assert_true(new1 > inc1);
+    int64_t took = now_ms() - t0;
+    if (took >= 6000)
+        fail_msg("n1 came back after %lld ms: not by the refusal", (long long)took);
+    int st_child;
+    assert_int_equal(waitpid(f->n1.pid, &st_child, WNOHANG), 0); /* still running */
+    struct kvf_rpc_status st;
+    assert_int_equal(submit(f, &f->n1, k, 1, 0, 16, 8, true, &st), KVF_GRPC_ABORTED);
+    wait_room_state(f, k, KVFENCE__V1__ROOM_STATE__ROOM_STATE_ABORTED, WAIT_MS);
+    check_n2_pool(f, false);
+}
+
 /* UnregisterPool: field checks, refusal while a lease of an undrained room
  * uses the pool (naming it), removal once the room completed, seen by the
  * control plane. */
@@ -934,6 +1013,10 @@ int main(void)
         cmocka_unit_test_setup_teardown(
             test_stopped_control_plane_nodes_self_fence_and_come_back_new, setup, teardown),
         cmocka_unit_test_setup_teardown(test_lost_node_comes_back_as_new_incarnation, setup,
+                                        teardown),
+        cmocka_unit_test_setup_teardown(test_killed_control_plane_node_self_fences, setup,
+                                        teardown),
+        cmocka_unit_test_setup_teardown(test_lost_refusal_makes_node_self_fence_at_once, setup,
                                         teardown),
         cmocka_unit_test_setup_teardown(test_unregister_pool, setup, teardown),
         cmocka_unit_test_setup_teardown(test_page_size_mismatch_refused, setup, teardown),
