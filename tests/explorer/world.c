@@ -467,12 +467,17 @@ static void route_effects(struct world *w)
                 q_push(&n->inbox, &(struct msg){.type = M_ROOM_UPDATE, .key = e->key});
             break;
         }
-        case KVF_CPS_FX_ABORT_NOTICE:
-            if (kvf_token_is_zero(e->token))
-                fail(w, "an abort notice carries no token");
+        case KVF_CPS_FX_ABORT_NOTICE: {
+            /* Tokenless only in the answer to a Resync, for a room that
+             * completed or that the core no longer has. */
+            int cs = cp_room_state(w, e->key);
+            if (kvf_token_is_zero(e->token) && cs != 0 && cs != KVF_CPS_ROOM_COMPLETED)
+                fail(w, "an abort notice for a %s room carries no token",
+                     kvf_cps_room_state_name(cs));
             if (reachable)
                 q_push(&n->inbox, &(struct msg){.type = M_ABORT, .key = e->key, .token = e->token});
             break;
+        }
         case KVF_CPS_FX_FENCE_PEER:
             if (reachable)
                 q_push(&n->inbox, &(struct msg){.type = M_FENCE,
@@ -962,6 +967,15 @@ static void node_handle(struct world *w, int node, const struct msg *m)
         break;
     case M_ABORT: {
         struct nlife *l = life_find(n, m->key);
+        if (kvf_token_is_zero(m->token)) {
+            /* A Resync's answer for an ended or forgotten room: close, no
+             * report (kvfence-node does the same). */
+            if (l != NULL) {
+                kvf_lt_close(l->lt, drop_chunk, w);
+                node_take_drains(n);
+            }
+            break;
+        }
         if (l == NULL) {
             if (kvf_lt_table_is_late(n->tab, m->key)) {
                 /* Forgotten after it drained: the answer is the same report. */
@@ -1263,12 +1277,54 @@ static void node_start(struct world *w, int node)
         fail(w, "%s could not attach with a new incarnation", n->name);
 }
 
+/* After a re-attach with the same incarnation the node says its whole state
+ * (node.proto Resync): its lifetimes, the peers it fenced, its pool. What it
+ * says is true at this moment; the core must stay safe with it. */
+static void node_resync(struct world *w, int node)
+{
+    struct snode *n = &w->nodes[node];
+    static struct kvf_cps_resync_lifetime lts[MAX_LIVES];
+    struct kvf_cps_resync_peer peers[NODES];
+    size_t nl = 0, np = 0;
+    for (int i = 0; i < MAX_LIVES; i++) {
+        const struct nlife *l = &n->lives[i];
+        if (!l->used)
+            continue;
+        lts[nl].key = l->key;
+        lts[nl].state = (enum kvf_cps_lifetime_state)kvf_lt_state(l->lt);
+        lts[nl].token = l->have_token ? l->token : (kvf_token){0, 0};
+        lts[nl].ops_in_flight = kvf_lt_inflight(l->lt);
+        nl++;
+    }
+    for (int i = 0; i < NODES; i++) {
+        if (n->fenced_inc[i] != 0) {
+            peers[np].node_id = w->nodes[i].name;
+            peers[np].incarnation = n->fenced_inc[i];
+            np++;
+        }
+    }
+    struct kvf_cps_pool pool = {.pool_id = 1, .page_size = 4096, .page_count = POOL_PAGES};
+    struct kvf_cps_resync rs = {.lifetimes = lts,
+                                .lifetime_count = nl,
+                                .fenced = peers,
+                                .fenced_count = np,
+                                .pools = &pool,
+                                .pool_count = 1};
+    int rc = kvf_cps_node_resync(w->cps, n->name, n->inc, &rs, w->now, NULL, NULL);
+    if (rc != 0)
+        fail(w, "%s: resync refused: %d", n->name, rc);
+    route_effects(w);
+}
+
 static void act_reconnect(struct world *w, int node)
 {
     struct snode *n = &w->nodes[node];
     if (!n->alive || n->connected)
         return;
-    if (node_attach(w, node) != 0) {
+    int rc = node_attach(w, node);
+    if (rc == 0)
+        node_resync(w, node);
+    if (rc != 0) {
         /* Declared LOST meanwhile: the node must restart with a new
          * incarnation (its peers fenced the old one). */
         node_kill(w, node);

@@ -725,6 +725,34 @@ static void test_many_posters_never_interleave(void **state)
     }
 }
 
+/* A removed pool takes no more bytes: a frame for it is malformed (the
+ * connection closes) and the old memory keeps its canary. Removing it again
+ * is -ENOENT; the id may be registered again. */
+static void test_removed_pool_lands_nowhere(void **state)
+{
+    struct pair *p = *state;
+    pthread_mutex_lock(&p->b.lock);
+    p->b.lease_first = 0;
+    p->b.lease_count = 8;
+    pthread_mutex_unlock(&p->b.lock);
+    assert_int_equal(kvf_transport_tcp_remove_pool(p->b.t, POOL_ID), 0);
+    assert_int_equal(kvf_transport_tcp_remove_pool(p->b.t, POOL_ID), -ENOENT);
+    uint8_t *src = malloc(PAGE);
+    assert_non_null(src);
+    fill_pattern(src, PAGE, 9);
+    struct kvf_xfer x;
+    assert_int_equal(post(&p->a, &x, ROOM, src, PAGE, 2, 1, 0), 0);
+    struct reaped r = {0};
+    reap(p->a.t, 1, &r);
+    WAIT_STAT(p->b.t, frames_malformed, 1);
+    assert_true(canary_intact(p->b.pool, POOL_BYTES));
+    assert_int_equal(atomic_load(&p->b.frames_ok), 0);
+    assert_int_equal(atomic_load(&p->b.checks), 0); /* refused before the lease check */
+    assert_int_equal(kvf_lt_inflight(p->b.lt), 0);
+    assert_int_equal(kvf_transport_tcp_add_pool(p->b.t, POOL_ID, p->b.pool, PAGE, POOL_PAGES), 0);
+    free(src);
+}
+
 /* Bad arguments are refused before anything is queued. */
 static void test_post_checks_arguments(void **state)
 {
@@ -774,6 +802,7 @@ int main(void)
         cmocka_unit_test_setup_teardown(test_many_posters_never_interleave, pair_setup,
                                         pair_teardown),
         cmocka_unit_test_setup_teardown(test_post_checks_arguments, pair_setup, pair_teardown),
+        cmocka_unit_test_setup_teardown(test_removed_pool_lands_nowhere, pair_setup, pair_teardown),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
