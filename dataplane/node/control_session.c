@@ -83,13 +83,30 @@ int node_session_send_hello(struct kvf_node *n, struct kvf_rpc_client_stream *cs
 
 /* ---- Resync ------------------------------------------------------------------ */
 
+/* Whether a lifetime goes into a Resync. A DRAINED lifetime that was never
+ * aborted has nothing left to say (its Completed reports are re-sent on
+ * re-attach); lifetimes are never forgotten while the process runs, so
+ * leaving those out keeps the message to what the control plane can use. */
+static bool resync_wants(const struct kvf_node *n, const struct node_room *r, bool drained_pass)
+{
+    if (r->incarnation != n->incarnation)
+        return false; /* an older incarnation's rooms are not this one's to report */
+    bool drained = kvf_lt_state(r->lt) == KVF_LT_DRAINED;
+    return drained_pass ? drained && r->aborting : !drained;
+}
+
 void node_session_send_resync(struct kvf_node *n, const char *why)
 {
     if (!n->session)
         return;
     size_t nrooms = 0;
     for (struct node_room *r = n->rooms; r; r = r->next)
-        nrooms += r->incarnation == n->incarnation;
+        nrooms += resync_wants(n, r, false) || resync_wants(n, r, true);
+    size_t skipped = 0;
+    if (nrooms > NODE_RESYNC_MAX) {
+        skipped = nrooms - NODE_RESYNC_MAX;
+        nrooms = NODE_RESYNC_MAX;
+    }
     Kvfence__V1__LifetimeInfo *lv = calloc(nrooms ? nrooms : 1, sizeof *lv);
     Kvfence__V1__LifetimeInfo **lp = calloc(nrooms ? nrooms : 1, sizeof *lp);
     Kvfence__V1__RoomKey *kv = calloc(nrooms ? nrooms : 1, sizeof *kv);
@@ -99,26 +116,29 @@ void node_session_send_resync(struct kvf_node *n, const char *why)
         goto out;
     }
     size_t i = 0;
-    for (struct node_room *r = n->rooms; r; r = r->next) {
-        if (r->incarnation != n->incarnation)
-            continue; /* an older incarnation's rooms are not this one's to report */
-        kvfence__v1__lifetime_info__init(&lv[i]);
-        kvfence__v1__room_key__init(&kv[i]);
-        kv[i].room_id = r->key.room_id;
-        kv[i].generation = r->key.generation;
-        lv[i].room = &kv[i];
-        /* kvf_lt_state numbers its states as node.proto's LifetimeState. */
-        lv[i].state = (Kvfence__V1__LifetimeState)kvf_lt_state(r->lt);
-        lv[i].ops_in_flight = kvf_lt_inflight(r->lt);
-        if (r->aborting) {
-            kvfence__v1__abort_token__init(&tv[i]);
-            tv[i].hi = r->token.hi;
-            tv[i].lo = r->token.lo;
-            lv[i].token = &tv[i];
+    /* Open, closed and quarantined lifetimes first, then drained aborted ones
+     * (their Drained may have been lost), newest first, up to the cap. */
+    for (int pass = 0; pass < 2; pass++)
+        for (struct node_room *r = n->rooms; r && i < nrooms; r = r->next) {
+            if (!resync_wants(n, r, pass == 1))
+                continue;
+            kvfence__v1__lifetime_info__init(&lv[i]);
+            kvfence__v1__room_key__init(&kv[i]);
+            kv[i].room_id = r->key.room_id;
+            kv[i].generation = r->key.generation;
+            lv[i].room = &kv[i];
+            /* kvf_lt_state numbers its states as node.proto's LifetimeState. */
+            lv[i].state = (Kvfence__V1__LifetimeState)kvf_lt_state(r->lt);
+            lv[i].ops_in_flight = kvf_lt_inflight(r->lt);
+            if (r->aborting) {
+                kvfence__v1__abort_token__init(&tv[i]);
+                tv[i].hi = r->token.hi;
+                tv[i].lo = r->token.lo;
+                lv[i].token = &tv[i];
+            }
+            lp[i] = &lv[i];
+            i++;
         }
-        lp[i] = &lv[i];
-        i++;
-    }
     Kvfence__V1__FencedPeer fv[NODE_MAX_PEERS];
     Kvfence__V1__FencedPeer *fp[NODE_MAX_PEERS];
     size_t nf = 0;
@@ -145,8 +165,10 @@ void node_session_send_resync(struct kvf_node *n, const char *why)
     m.msg_case = KVFENCE__V1__NODE_MESSAGE__MSG_RESYNC;
     m.resync = &rs;
     int rc = node_ctl_send(n, &m);
-    node_log("info", NULL, "resync (%s): %zu lifetimes, %zu fenced peers, %u pools%s", why, i, nf,
-             n->npools, rc == 0 ? "" : " (not sent)");
+    node_log(skipped ? "warn" : "info", NULL,
+             "resync (%s): %zu lifetimes (%zu left out: over the cap), %zu fenced peers, %u "
+             "pools%s",
+             why, i, skipped, nf, n->npools, rc == 0 ? "" : " (not sent)");
 out:
     free(lv);
     free(lp);

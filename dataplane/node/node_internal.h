@@ -40,6 +40,7 @@
 #define NODE_MAX_PEERS  64
 #define NODE_FRAME_MAX  (256u * 1024u) /* largest TCP frame payload */
 #define NODE_POLL_BATCH 64
+#define NODE_RESYNC_MAX 4096 /* lifetimes in one Resync */
 
 /* ---- logging ----------------------------------------------------------------- */
 
