@@ -347,6 +347,8 @@ static const char *msg_case_name(Kvfence__V1__ControlMessage__MsgCase c)
         return "fence_peer";
     case KVFENCE__V1__CONTROL_MESSAGE__MSG_RESYNC_REQUEST:
         return "resync_request";
+    case KVFENCE__V1__CONTROL_MESSAGE__MSG_HEARTBEAT_ACK:
+        return "heartbeat_ack";
     default:
         return "?";
     }
@@ -1370,6 +1372,71 @@ static void test_silent_node_goes_suspect_heartbeating_node_stays(void **state)
     assert_non_null(strstr(st.message, "heartbeat"));
 }
 
+/* A node's Resync over the wire: its DRAINED lifetime with the current token
+ * counts as Drained (the room is released), an open lifetime of a room the
+ * control plane never knew gets one AbortNotice with an all-zero token, and
+ * a malformed Resync (a repeated pool id) changes nothing and keeps the
+ * session. */
+static void test_resync_counts_drained_and_closes_unknown_rooms(void **state)
+{
+    struct fx *f = *state;
+    fx_start(f, "--node-ttl-ms", "5000", "--resend-ms", "100", NULL);
+    struct room r;
+    struct watch *wa, *wb;
+    active_pair(f, 130, &r, &wa, &wb);
+    Kvfence__V1__AbortRoomResponse *ar = abort_room(f, r.id, 0);
+    Kvfence__V1__AbortToken tok = abort_token(ar);
+    kvfence__v1__abort_room_response__free_unpacked(ar, NULL);
+    watch_wait_state(wa, r.id, KVFENCE__V1__ROOM_STATE__ROOM_STATE_ABORTING, EVENT_TIMEOUT_MS);
+    watch_wait_state(wb, r.id, KVFENCE__V1__ROOM_STATE__ROOM_STATE_ABORTING, EVENT_TIMEOUT_MS);
+    assert_int_equal(fake_node_send_drained(f->nodes[1], r.id, r.gen, &tok), 0);
+
+    Kvfence__V1__Pool pool = KVFENCE__V1__POOL__INIT;
+    pool.pool_id = FAKE_NODE_POOL_ID;
+    pool.page_size = FAKE_NODE_PAGE_SIZE;
+    pool.page_count = FAKE_NODE_PAGE_COUNT;
+    Kvfence__V1__Pool *pools[2] = {&pool, &pool};
+    Kvfence__V1__RoomKey k1 = KVFENCE__V1__ROOM_KEY__INIT, k2 = KVFENCE__V1__ROOM_KEY__INIT;
+    k1.room_id = r.id;
+    k1.generation = r.gen;
+    k2.room_id = 999;
+    k2.generation = 7;
+    Kvfence__V1__LifetimeInfo l1 = KVFENCE__V1__LIFETIME_INFO__INIT;
+    Kvfence__V1__LifetimeInfo l2 = KVFENCE__V1__LIFETIME_INFO__INIT;
+    l1.room = &k1;
+    l1.state = KVFENCE__V1__LIFETIME_STATE__LIFETIME_STATE_DRAINED;
+    l1.token = &tok;
+    l2.room = &k2;
+    l2.state = KVFENCE__V1__LIFETIME_STATE__LIFETIME_STATE_OPEN;
+    Kvfence__V1__LifetimeInfo *lts[2] = {&l1, &l2};
+    Kvfence__V1__Resync rs = KVFENCE__V1__RESYNC__INIT;
+    rs.n_lifetimes = 2;
+    rs.lifetimes = lts;
+    rs.n_pools = 2; /* repeated: refused as a whole */
+    rs.pools = pools;
+    Kvfence__V1__NodeMessage m = KVFENCE__V1__NODE_MESSAGE__INIT;
+    m.msg_case = KVFENCE__V1__NODE_MESSAGE__MSG_RESYNC;
+    m.resync = &rs;
+    assert_int_equal(fake_node_send(f->nodes[0], &m), 0);
+    watch_expect_nothing(wa, 300);
+    Kvfence__V1__RoomInfo *ri = get_room(f, r.id, r.gen);
+    assert_int_equal(ri->state, KVFENCE__V1__ROOM_STATE__ROOM_STATE_ABORTING);
+    kvfence__v1__room_info__free_unpacked(ri, NULL);
+
+    rs.n_pools = 1;
+    assert_int_equal(fake_node_send(f->nodes[0], &m), 0);
+    watch_wait_released(wa, r.src_lease, EVENT_TIMEOUT_MS);
+    watch_wait_released(wb, r.sink_lease, EVENT_TIMEOUT_MS);
+    watch_wait_state(wa, r.id, KVFENCE__V1__ROOM_STATE__ROOM_STATE_ABORTED, EVENT_TIMEOUT_MS);
+    Kvfence__V1__ControlMessage *cm = node_wait(
+        f->nodes[0], KVFENCE__V1__CONTROL_MESSAGE__MSG_ABORT_NOTICE, 999, EVENT_TIMEOUT_MS);
+    assert_int_equal(cm->abort_notice->room->generation, 7);
+    assert_non_null(cm->abort_notice->token);
+    assert_true(cm->abort_notice->token->hi == 0 && cm->abort_notice->token->lo == 0);
+    kvfence__v1__control_message__free_unpacked(cm, NULL);
+    wait_node_state(f, "n1", KVFENCE__V1__NODE_STATE__NODE_STATE_ATTACHED, 100);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -1393,6 +1460,8 @@ int main(void)
         cmocka_unit_test_setup_teardown(test_watch_room_states_follow_the_filter, setup, teardown),
         cmocka_unit_test_setup_teardown(test_first_message_must_be_hello, setup, teardown),
         cmocka_unit_test_setup_teardown(test_reattach_resends_room_update_of_aborting_room, setup,
+                                        teardown),
+        cmocka_unit_test_setup_teardown(test_resync_counts_drained_and_closes_unknown_rooms, setup,
                                         teardown),
         cmocka_unit_test_setup_teardown(test_silent_node_goes_suspect_heartbeating_node_stays,
                                         setup, teardown),
