@@ -661,7 +661,8 @@ static void check_n2_pool(struct fx *f, bool copied)
  * same incarnation, are asked for a Resync (and send one), and the control
  * plane's view follows the node's: a pool unregistered while it was down is
  * gone (a re-attach Hello alone keeps pools it does not name). The room
- * lives on and completes. */
+ * lives on and completes. The Resync was logged: a second restart recovers
+ * its effect before any node is back. */
 static void test_durable_restart_resync_reconciles_pools_room_goes_on(void **state)
 {
     struct fx *f = *state;
@@ -720,6 +721,24 @@ static void test_durable_restart_resync_reconciles_pools_room_goes_on(void **sta
         fail_msg("SubmitChunk after the restart: %d %s", code, st.message);
     wait_room_state(f, k, KVFENCE__V1__ROOM_STATE__ROOM_STATE_COMPLETED, WAIT_MS);
     check_n2_pool(f, true);
+
+    /* The Resync is in the log: a second restart, with the nodes held still
+     * so that none re-attaches yet, recovers the pool list without it. */
+    assert_int_equal(kill(f->n1.pid, SIGSTOP), 0);
+    assert_int_equal(kill(f->n2.pid, SIGSTOP), 0);
+    cp_restart(f);
+    end = now_ms() + WAIT_MS;
+    while ((ni = get_node(f, "n1")) == NULL && now_ms() < end)
+        sleep_ms(20); /* the channel reconnects */
+    assert_non_null(ni);
+    assert_int_equal(ni->incarnation, inc1);
+    assert_int_equal(ni->state, KVFENCE__V1__NODE_STATE__NODE_STATE_SUSPECT);
+    assert_false(node_has_pool(ni, f->p3.pool_id));
+    assert_true(node_has_pool(ni, f->p1.pool_id));
+    kvfence__v1__node_info__free_unpacked(ni, NULL);
+    assert_int_equal(kill(f->n1.pid, SIGCONT), 0);
+    assert_int_equal(kill(f->n2.pid, SIGCONT), 0);
+    assert_int_equal(wait_node_attached(f, "n1", 0), inc1);
 }
 
 /* The control plane stops reading (SIGSTOP) past node_ttl while the nodes
