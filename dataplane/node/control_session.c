@@ -255,17 +255,31 @@ void node_self_fence(struct kvf_node *n, const char *why)
     uint64_t inc = (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
     if (inc <= old)
         inc = old + 1;
-    kvf_transport_destroy(n->tcp);
-    n->tcp = node_tcp_create(n, inc, n->data_port);
-    if (!n->tcp)
-        n->tcp = node_tcp_create(n, inc, 0);
-    if (!n->tcp) {
-        node_log("error", NULL, "self-fence: cannot recreate the tcp transport: stopping");
+    /* The new transport exists before the old one goes, so that the node
+     * always has one (its peers all fenced if it must stay the old one). */
+    struct kvf_transport *fresh = node_tcp_create(n, inc, 0);
+    if (!fresh) {
+        node_log("error", NULL,
+                 "self-fence: cannot create a tcp transport for a new incarnation: stopping "
+                 "(every peer stays fenced)");
         atomic_store(&n->fatal, -EIO);
         pthread_mutex_lock(&n->qlock);
         pthread_cond_broadcast(&n->qdone);
         pthread_mutex_unlock(&n->qlock);
         return;
+    }
+    kvf_transport_destroy(n->tcp);
+    n->tcp = fresh;
+    if (n->opts.data_port != 0) {
+        /* A fixed data port (firewalls, host ports): take it back. */
+        struct kvf_transport *fixed = node_tcp_create(n, inc, n->opts.data_port);
+        if (fixed) {
+            kvf_transport_destroy(n->tcp);
+            n->tcp = fixed;
+        } else {
+            node_log("warn", NULL, "self-fence: data port %u not free again: using %u",
+                     n->opts.data_port, kvf_transport_tcp_port(n->tcp));
+        }
     }
     n->data_port = kvf_transport_tcp_port(n->tcp);
     for (uint32_t i = 0; i < n->npools; i++) {
