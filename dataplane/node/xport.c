@@ -24,7 +24,9 @@
  * Test knob (opts.test_local_hold_file): while that file exists the local
  * transport starts no copy (kvf_transport_local_set_hold), so a test can hold
  * same-node ops in flight across an abort. It is looked at before every local
- * post and on every owner loop turn.
+ * post and on every owner loop turn; while it holds, the node writes the
+ * number of held copies to "<file>.queued" whenever it changes, so the test
+ * knows when its ops are posted.
  */
 #include "xport.h"
 
@@ -52,6 +54,7 @@ struct node_xport {
     bool staging_cuda;
     struct node_frame *pend_head, *pend_tail;
     bool held;
+    uint64_t held_written; /* last count written to <hold file>.queued, +1 */
     bool rdma_device;
     char rdma_ep[96];
     bool rdma_note[NODE_MAX_PEERS]; /* "negotiated but not wired" said once */
@@ -196,6 +199,23 @@ size_t node_xport_features(const struct kvf_node *n, const char **out, size_t ma
 
 /* ---- transport choice ----------------------------------------------------------------- */
 
+static void write_held(struct node_xport *xp, const char *path)
+{
+    struct kvf_transport_local_stats st;
+    kvf_transport_local_stats(xp->local, &st);
+    if (st.queued + 1 == xp->held_written)
+        return;
+    char tmp[300], dst[300];
+    snprintf(tmp, sizeof tmp, "%s.queued.tmp", path);
+    snprintf(dst, sizeof dst, "%s.queued", path);
+    FILE *fp = fopen(tmp, "w");
+    if (!fp)
+        return;
+    fprintf(fp, "%" PRIu64 "\n", st.queued);
+    if (fclose(fp) == 0 && rename(tmp, dst) == 0)
+        xp->held_written = st.queued + 1;
+}
+
 static void update_hold(struct kvf_node *n)
 {
     struct node_xport *xp = n->xp;
@@ -203,11 +223,14 @@ static void update_hold(struct kvf_node *n)
     if (!path || !path[0])
         return;
     bool hold = access(path, F_OK) == 0;
-    if (hold == xp->held)
-        return;
-    xp->held = hold;
-    kvf_transport_local_set_hold(xp->local, hold);
-    node_log("info", NULL, "test: local copies %s", hold ? "held" : "released");
+    if (hold != xp->held) {
+        xp->held = hold;
+        xp->held_written = 0;
+        kvf_transport_local_set_hold(xp->local, hold);
+        node_log("info", NULL, "test: local copies %s", hold ? "held" : "released");
+    }
+    if (hold)
+        write_held(xp, path);
 }
 
 int node_xport_route(struct kvf_node *n, const struct node_member *sink, struct node_route *rt,
