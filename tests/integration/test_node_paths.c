@@ -39,6 +39,7 @@
 #include "kvf_error.h"
 #include "kvf_proc.h"
 #include "kvf_types.h"
+#include "kvf_version.h"
 #include "kvfence/v1/control.pb-c.h"
 #include "kvfence/v1/node.pb-c.h"
 #include "rpc_client.h"
@@ -612,10 +613,38 @@ static void test_host_staging_over_tcp_is_byte_exact(void **state)
     check_sink_pool(f, true);
 }
 
+/* Whether n1's Hello advertised `feature` (Admin.GetNode; it does not report
+ * endpoints). */
+static bool n1_advertises(struct fx *f, const char *feature)
+{
+    Kvfence__V1__GetNodeRequest req = KVFENCE__V1__GET_NODE_REQUEST__INIT;
+    req.node_id = (char *)"n1";
+    uint8_t *resp;
+    size_t len;
+    struct kvf_rpc_status st;
+    assert_int_equal(call(f->ch, "/kvfence.v1.Admin/GetNode", &req.base, &resp, &len, &st),
+                     KVF_GRPC_OK);
+    Kvfence__V1__NodeInfo *ni = kvfence__v1__node_info__unpack(NULL, len, resp);
+    free(resp);
+    assert_non_null(ni);
+    assert_non_null(ni->capabilities);
+    bool has = false;
+    for (size_t i = 0; i < ni->capabilities->n_features; i++)
+        has |= strcmp(ni->capabilities->features[i], feature) == 0;
+    kvfence__v1__node_info__free_unpacked(ni, NULL);
+    return has;
+}
+
 static void test_same_node_transfer_is_byte_exact(void **state)
 {
     struct fx *f = *state;
     fx_start(f, NULL, false);
+    /* Transport features as advertised: LOCAL and TCP always; RDMA only with
+     * a device (none where /sys/class/infiniband is absent). */
+    assert_true(n1_advertises(f, "LOCAL"));
+    assert_true(n1_advertises(f, "TCP"));
+    if (access("/sys/class/infiniband", F_OK) != 0)
+        assert_false(n1_advertises(f, "RDMA"));
     kvf_room_key k = join_pair(f, 502);
     submit_ok(f, k, 1, 0, LEASE_PAGES, true);
     /* COMPLETED needs the sink's Completed too: fed by the local completions. */
@@ -637,36 +666,90 @@ static void test_same_node_with_host_staging_is_byte_exact(void **state)
     check_sink_pool(f, true);
 }
 
+/* After test_abort_waits_for_staged_op_in_flight: the sink pool's pages
+ * [32, 64) hold p1's [0, 32) (room A) and [0, 32) hold p1's [32, 64) (room B). */
+static void check_sink_pool_two_rooms(struct fx *f)
+{
+    for (uint32_t pg = 0; pg < PAGE_COUNT; pg++) {
+        uint32_t from = pg < LEASE_PAGES ? pg + LEASE_PAGES : pg - LEASE_PAGES;
+        for (uint32_t i = 0; i < PAGE_SIZE; i++) {
+            uint8_t got = f->p2.mem[(size_t)pg * PAGE_SIZE + i];
+            if (got != canary1(from, i))
+                fail_msg("sink page %u byte %u: 0x%02x, want 0x%02x (p1 page %u)", pg, i, got,
+                         canary1(from, i), from);
+        }
+    }
+}
+
 static void test_abort_waits_for_staged_op_in_flight(void **state)
 {
     struct fx *f = *state;
     snprintf(f->hold_dir, sizeof f->hold_dir, "/tmp/kvf-hold-XXXXXX");
     assert_non_null(mkdtemp(f->hold_dir));
     snprintf(f->hold, sizeof f->hold, "%s/hold", f->hold_dir);
-    const char *n1_args[] = {"--staging", "host", "--test-local-hold-file", f->hold, NULL};
+    /* Eight buffers: room A's eight frames own the whole ring. */
+    const char *n1_args[] = {
+        "--staging", "host", "--staging-buffers", "8", "--test-local-hold-file", f->hold, NULL};
     fx_start(f, n1_args, false);
-    kvf_room_key k = join_pair(f, 504);
+    kvf_room_key a = join_pair(f, 504);
 
     /* Held: every frame gets a buffer and its copy, then its local op waits. */
     int fd = open(f->hold, O_CREAT | O_WRONLY, 0600);
     assert_true(fd >= 0);
     close(fd);
-    submit_ok(f, k, 1, 0, LEASE_PAGES, true);
+    submit_ok(f, a, 1, 0, LEASE_PAGES, true);
     /* Abort only once all eight frames are posted from their buffers (a copy
      * still running at the abort would end its frame unposted). */
     wait_held(f, LEASE_PAGES / 4);
-    abort_room(f, k);
-    wait_n1_aborting(f, k);
+    abort_room(f, a);
+    wait_n1_aborting(f, a);
     /* n1 processed the abort with ops in flight from staging buffers: it must
      * not report Drained, so the room stays ABORTING and no sink byte moved. */
-    assert_int_equal(room_state(f, k), KVFENCE__V1__ROOM_STATE__ROOM_STATE_ABORTING);
+    assert_int_equal(room_state(f, a), KVFENCE__V1__ROOM_STATE__ROOM_STATE_ABORTING);
     check_sink_pool(f, false);
 
-    /* Released: the ops run to completion, the buffers return, then the room
-     * drains. The ops were admitted before the abort, so their bytes land. */
+    /* Room B (p1 [32, 64) -> p2 [0, 32)) is accepted, but its frames must wait
+     * for the ring: a buffer handed back before A's op read it would be
+     * refilled with B's bytes, and A's sink pages would show them. */
+    kvf_room_key b =
+        join(f, 505, "n1", KVFENCE__V1__ROLE__ROLE_SOURCE, f->p1.pool_id, LEASE_PAGES, LEASE_PAGES);
+    (void)join(f, 505, "n1", KVFENCE__V1__ROLE__ROLE_SINK, f->p2.pool_id, 0, LEASE_PAGES);
+    wait_room_state(f, b, KVFENCE__V1__ROOM_STATE__ROOM_STATE_ACTIVE, WAIT_MS);
+    wait_node_knows(f, &f->n1, b);
+    struct kvf_rpc_status st;
+    int code = submit_as(f, &f->n1, b, 0, 1, LEASE_PAGES, 0, LEASE_PAGES, true, &st);
+    if (code != KVF_GRPC_OK)
+        fail_msg("SubmitChunk of room B: %d %s", code, st.message);
+    assert_int_equal(room_state(f, a), KVFENCE__V1__ROOM_STATE__ROOM_STATE_ABORTING);
+
+    /* Released: A's ops run to completion (they were admitted before the
+     * abort, so their bytes land), its buffers return, A drains; then B's
+     * frames get the buffers and B completes. */
     assert_int_equal(unlink(f->hold), 0);
-    wait_room_state(f, k, KVFENCE__V1__ROOM_STATE__ROOM_STATE_ABORTED, WAIT_MS);
-    check_sink_pool(f, true);
+    wait_room_state(f, a, KVFENCE__V1__ROOM_STATE__ROOM_STATE_ABORTED, WAIT_MS);
+    wait_room_state(f, b, KVFENCE__V1__ROOM_STATE__ROOM_STATE_COMPLETED, WAIT_MS);
+    check_sink_pool_two_rooms(f);
+}
+
+static void test_bad_staging_setting_exits_2(void **state)
+{
+    (void)state;
+    const char *bad[] = {"bogus", KVF_HAVE_CUDA_BUILD ? NULL : "cuda"};
+    for (size_t i = 0; i < 2; i++) {
+        if (!bad[i])
+            continue;
+        pid_t pid = fork();
+        assert_true(pid >= 0);
+        if (pid == 0) {
+            execl(KVF_NODE_BIN, KVF_NODE_BIN, "--control", "127.0.0.1:1", "--staging", bad[i],
+                  (char *)NULL);
+            _exit(127);
+        }
+        int st = 0;
+        assert_int_equal(waitpid(pid, &st, 0), pid);
+        assert_true(WIFEXITED(st));
+        assert_int_equal(WEXITSTATUS(st), 2);
+    }
 }
 
 int main(void)
@@ -677,6 +760,7 @@ int main(void)
         cmocka_unit_test_setup_teardown(test_same_node_with_host_staging_is_byte_exact, setup,
                                         teardown),
         cmocka_unit_test_setup_teardown(test_abort_waits_for_staged_op_in_flight, setup, teardown),
+        cmocka_unit_test(test_bad_staging_setting_exits_2),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
