@@ -245,15 +245,14 @@ int node_xport_route(struct kvf_node *n, const struct node_member *sink, struct 
     }
     struct node_peer *pe = &n->peers[peer];
     if (sink->local) {
-        if (!xp->self_known) {
-            rc = kvf_transport_local_add_peer(xp->local, peer);
-            if (rc != 0) {
-                snprintf(why, why_len, "local transport: %s", strerror(-rc));
-                return rc;
-            }
-            xp->self_known = true;
-            xp->self_peer = peer;
+        /* Idempotent; a new incarnation of this node gets a new index. */
+        rc = kvf_transport_local_add_peer(xp->local, peer);
+        if (rc != 0) {
+            snprintf(why, why_len, "local transport: %s", strerror(-rc));
+            return rc;
         }
+        xp->self_known = true;
+        xp->self_peer = peer;
         update_hold(n);
         *rt = (struct node_route){xp->local, peer, KVF_LT_OP_CUDA_COPY};
         return 0;
@@ -275,6 +274,17 @@ int node_xport_route(struct kvf_node *n, const struct node_member *sink, struct 
     }
     *rt = (struct node_route){n->tcp, peer, KVF_LT_OP_TCP_FRAME};
     return 0;
+}
+
+int node_xport_fence_local(struct kvf_node *n)
+{
+    struct node_xport *xp = n->xp;
+    if (!xp->self_known)
+        return 0; /* no local copy was ever posted */
+    int rc = kvf_transport_fence_peer(xp->local, xp->self_peer);
+    if (rc == 0)
+        node_xport_poll(n); /* hand the flushed copies back to their chunks */
+    return rc;
 }
 
 /* ---- staging pipeline --------------------------------------------------------------------- */

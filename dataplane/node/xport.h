@@ -71,6 +71,12 @@ int node_xport_add_pool(struct kvf_node *n, const struct node_pool *p);
 int node_xport_route(struct kvf_node *n, const struct node_member *sink, struct node_route *rt,
                      char *why, size_t why_len);
 
+/* Self-fencing (not called yet; for the node_ttl rule of docs/state-cores.md):
+ * fences this node's own peer index on the local transport: queued copies
+ * complete FLUSHED, a copy in progress is waited for, later local posts fail
+ * (-ESTALE) until a new incarnation gets a new index. 0 or -errno. */
+int node_xport_fence_local(struct kvf_node *n);
+
 /* True when frames go through a staging buffer. */
 bool node_xport_staging(const struct kvf_node *n);
 
