@@ -18,8 +18,9 @@
  * TransferFailed unless the room is aborting already.
  *
  * Not in this version: UnregisterPool and Watch (UNIMPLEMENTED), aux bytes
- * (accepted, not sent), CUDA IPC pools (FAILED_PRECONDITION). The sink's page size is taken to be
- * the source pool's: RoomUpdate's pools carry only their id today.
+ * (accepted, not sent), CUDA IPC pools (FAILED_PRECONDITION). The sink's
+ * page size is taken to be the source pool's: RoomUpdate's pools carry only
+ * their id today.
  */
 #include <errno.h>
 #include <inttypes.h>
