@@ -37,7 +37,6 @@
 #include <string.h>
 #include <unistd.h>
 
-#include "kvf_version.h"
 #include "local.h"
 #include "tcp.h"
 #include "verbs.h"
