@@ -25,7 +25,8 @@
 
 struct settings {
     const char *config, *control, *node_id, *local_socket, *data_host, *port_file;
-    uint64_t data_port, drain_timeout_ms;
+    const char *staging, *test_local_hold_file;
+    uint64_t data_port, drain_timeout_ms, staging_buffers;
     bool version;
 };
 
@@ -56,6 +57,8 @@ int main(int argc, char **argv)
         .local_socket = "/run/kvfence/node.sock",
         .data_host = "127.0.0.1",
         .drain_timeout_ms = 10000,
+        .staging = "none",
+        .staging_buffers = 16,
     };
     const struct kvf_config_item items[] = {
         {"control", KVF_CONFIG_STRING, &cfg.control, 0,
@@ -70,6 +73,13 @@ int main(int argc, char **argv)
          "once attached, write the data port and the local socket path here (tests)"},
         {"drain-timeout-ms", KVF_CONFIG_UINT, &cfg.drain_timeout_ms, 86400000,
          "at SIGTERM, how long to wait for lifetimes to drain"},
+        {"staging", KVF_CONFIG_STRING, &cfg.staging, 0,
+         "none, host or cuda (cuda only in a build with CUDA): copy each frame into a staging "
+         "buffer before the transport sends it"},
+        {"staging-buffers", KVF_CONFIG_UINT, &cfg.staging_buffers, 4096,
+         "staging ring buffers (256 KiB each)"},
+        {"test-local-hold-file", KVF_CONFIG_STRING, &cfg.test_local_hold_file, 0,
+         "tests only: same-node copies wait while this file exists"},
         {"version", KVF_CONFIG_BOOL, &cfg.version, 0, "print the version and exit"},
     };
     size_t nitems = sizeof items / sizeof items[0];
@@ -99,6 +109,18 @@ int main(int argc, char **argv)
         return 2;
     }
 
+    bool staging_ok = strcmp(cfg.staging, "none") == 0 || strcmp(cfg.staging, "host") == 0 ||
+                      (strcmp(cfg.staging, "cuda") == 0 && KVF_HAVE_CUDA_BUILD);
+    if (!staging_ok || cfg.staging_buffers == 0) {
+        fprintf(stderr, "kvfence-node: --staging: %s\n",
+                cfg.staging_buffers == 0      ? "--staging-buffers must be >= 1"
+                : strcmp(cfg.staging, "cuda") ? "must be none, host or cuda"
+                                              : "cuda needs a build with CUDA");
+        kvf_config_usage(items, nitems, "KVF_NODE_", stderr);
+        kvf_config_free();
+        return 2;
+    }
+
     /* Before any thread starts: they all inherit the mask. */
     sigset_t sigs;
     sigemptyset(&sigs);
@@ -115,6 +137,9 @@ int main(int argc, char **argv)
     opts.data_host = cfg.data_host;
     opts.data_port = (uint16_t)cfg.data_port;
     opts.drain_timeout_ms = cfg.drain_timeout_ms;
+    opts.staging = cfg.staging;
+    opts.staging_buffers = (uint32_t)cfg.staging_buffers;
+    opts.test_local_hold_file = cfg.test_local_hold_file;
     struct kvf_node *n = kvf_node_start(&opts);
     if (!n) {
         kvf_config_free();

@@ -33,6 +33,7 @@
 #include "kvf_version.h"
 #include "node_internal.h"
 #include "tcp.h"
+#include "xport.h"
 
 #define RECV_SLICE_MS  200
 #define BACKOFF_MIN_MS 100
@@ -41,23 +42,27 @@
 int node_session_send_hello(struct kvf_node *n, struct kvf_rpc_client_stream *cs)
 {
     (void)cs; /* n->session is cs: node_ctl_send uses it */
-    static const char *features[] = {"QUIESCE_V1", "FENCE_V1", "TCP"};
+    const char *features[8];
+    const char *rdma_ep;
     Kvfence__V1__CapabilitySet caps = KVFENCE__V1__CAPABILITY_SET__INIT;
     caps.protocol_min = KVF_PROTOCOL_MIN;
     caps.protocol_max = KVF_PROTOCOL_MAX;
-    caps.n_features = 3;
+    caps.n_features = node_xport_features(n, features, 8, &rdma_ep);
     caps.features = (char **)features;
 
     char data_addr[96];
     snprintf(data_addr, sizeof data_addr, "%s:%u", n->data_host, n->data_port);
     char local_addr[300];
     snprintf(local_addr, sizeof local_addr, "unix:%s", n->local_socket);
-    Kvfence__V1__Endpoint ep[2] = {KVFENCE__V1__ENDPOINT__INIT, KVFENCE__V1__ENDPOINT__INIT};
+    Kvfence__V1__Endpoint ep[3] = {KVFENCE__V1__ENDPOINT__INIT, KVFENCE__V1__ENDPOINT__INIT,
+                                   KVFENCE__V1__ENDPOINT__INIT};
     ep[0].kind = KVFENCE__V1__ENDPOINT_KIND__ENDPOINT_KIND_DATA_TCP;
     ep[0].address = data_addr;
     ep[1].kind = KVFENCE__V1__ENDPOINT_KIND__ENDPOINT_KIND_NODE_LOCAL;
     ep[1].address = local_addr;
-    Kvfence__V1__Endpoint *eps[2] = {&ep[0], &ep[1]};
+    ep[2].kind = KVFENCE__V1__ENDPOINT_KIND__ENDPOINT_KIND_DATA_RDMA; /* only with a device */
+    ep[2].address = (char *)rdma_ep;
+    Kvfence__V1__Endpoint *eps[3] = {&ep[0], &ep[1], &ep[2]};
 
     Kvfence__V1__Pool pv[NODE_MAX_POOLS];
     Kvfence__V1__Pool *pp[NODE_MAX_POOLS];
@@ -67,7 +72,7 @@ int node_session_send_hello(struct kvf_node *n, struct kvf_rpc_client_stream *cs
     h.node_id = n->node_id;
     h.incarnation = n->incarnation;
     h.capabilities = &caps;
-    h.n_endpoints = 2;
+    h.n_endpoints = rdma_ep[0] ? 3 : 2;
     h.endpoints = eps;
     h.n_pools = n->npools;
     h.pools = pp;
@@ -223,6 +228,11 @@ void node_self_fence(struct kvf_node *n, const char *why)
     n->welcomed = false;
     pthread_mutex_unlock(&n->qlock);
 
+    /* Admission first: nothing new starts while the peers are fenced. */
+    size_t open = 0;
+    for (struct node_room *r = n->rooms; r; r = r->next)
+        open += kvf_lt_state(r->lt) == KVF_LT_OPEN;
+    (void)kvf_lt_table_close_all(n->lts, NULL, NULL);
     uint32_t fenced = 0;
     for (uint32_t i = 0; i < n->npeers; i++) {
         if (n->peers[i].fenced)
@@ -237,10 +247,11 @@ void node_self_fence(struct kvf_node *n, const char *why)
         (void)kvf_lt_table_peer_fenced(n->lts, i);
         fenced++;
     }
-    size_t open = 0;
-    for (struct node_room *r = n->rooms; r; r = r->next)
-        open += kvf_lt_state(r->lt) == KVF_LT_OPEN;
-    (void)kvf_lt_table_close_all(n->lts, NULL, NULL);
+    /* Same-node copies: flushed or waited for, and a fresh local transport
+     * whose peer indices start over with the peer table below. */
+    int lrc = node_xport_renew_local(n);
+    if (lrc != 0)
+        node_log("error", NULL, "self-fence: local transport: %s", strerror(-lrc));
     node_poll_completions(n);
     size_t undrained = 0;
     for (struct node_room *r = n->rooms; r; r = r->next) {

@@ -1,8 +1,10 @@
 /*
  * local_svc.c: NodeLocal, the engines' API on the node's unix socket
  * (RegisterPool, SubmitChunk), and the source side of a transfer: a chunk is
- * checked against the room's leases, split into TCP frames, each admitted
- * into the room's lifetime and posted; completions retire the frames, and a
+ * checked against the room's leases, split into frames, each admitted into
+ * the room's lifetime and posted through the transport xport.c picks (local
+ * for a sink on this node, TCP otherwise), or first staged (xport.c);
+ * completions retire the frames, feed a local sink's landed bytes, and a
  * source participant whose last chunk completed well is reported Completed.
  *
  * DESIGN: the handlers run on gRPC CQ threads; they decode and check the
@@ -16,9 +18,9 @@
  * TransferFailed unless the room is aborting already.
  *
  * Not in this version: Watch (UNIMPLEMENTED), aux bytes (accepted, not
- * sent), CUDA IPC pools (FAILED_PRECONDITION), same-node transfers
- * (FAILED_PRECONDITION). UnregisterPool is in pool_admin.c. A sink pool
- * whose page size (RoomUpdate) differs from the source pool's is refused.
+ * sent), CUDA IPC pools (FAILED_PRECONDITION). UnregisterPool is in
+ * pool_admin.c. A sink pool whose page size (RoomUpdate) differs from the
+ * source pool's is refused.
  */
 #include <errno.h>
 #include <inttypes.h>
@@ -33,27 +35,11 @@
 #include "kvf_error.h"
 #include "node_internal.h"
 #include "tcp.h"
+#include "xport.h"
 
 #define LOCAL_CQ_THREADS 2
 
 bool node_ranges_cover(const struct node_range *rv, size_t nr, uint32_t first, uint32_t count);
-
-struct node_chunk;
-
-struct node_xfer {
-    struct kvf_xfer x;
-    struct node_chunk *chunk;
-};
-
-struct node_chunk {
-    struct node_room *room;
-    uint32_t src_rank;
-    uint64_t seq;
-    uint32_t nframes; /* posted */
-    uint32_t ndone;
-    uint32_t nfail;
-    struct node_xfer frames[];
-};
 
 /* ---- replies ------------------------------------------------------------------ */
 
@@ -96,9 +82,11 @@ void node_local_register_pool(struct kvf_node *n, struct node_job *j)
     p->page_count = req->page_count;
     p->rank = req->rank;
     rc = kvf_transport_tcp_add_pool(n->tcp, p->id, p->base, p->page_size, p->page_count);
+    if (rc == 0)
+        rc = node_xport_add_pool(n, p);
     if (rc != 0) {
         kvf_pool_close(p->pool);
-        fail(j, KVF_GRPC_INTERNAL, "tcp transport refused the pool: %s", strerror(-rc));
+        fail(j, KVF_GRPC_INTERNAL, "a transport refused the pool: %s", strerror(-rc));
         return;
     }
     n->next_pool_id++;
@@ -199,6 +187,49 @@ static bool walk_next(struct walk *w, uint32_t max_pages, uint32_t *sfirst, uint
     return true;
 }
 
+/* The chunk record and its frames (one per walk step), nothing admitted. */
+static struct node_chunk *chunk_new(struct node_room *r, const struct node_member *src,
+                                    const struct node_member *sink, const struct node_pool *pool,
+                                    const Kvfence__V1__SubmitChunkRequest *req,
+                                    const struct node_route *rt)
+{
+    uint32_t max_pages = NODE_FRAME_MAX / pool->page_size;
+    if (max_pages == 0)
+        max_pages = 1;
+    struct walk w = {
+        req->source_ranges, req->sink_ranges, req->n_source_ranges, req->n_sink_ranges, 0, 0, 0, 0};
+    uint32_t nframes = 0, a, b, c;
+    struct walk w2 = w;
+    while (walk_next(&w2, max_pages, &a, &b, &c))
+        nframes++;
+    struct node_chunk *ch = calloc(1, sizeof *ch + nframes * sizeof(struct node_frame));
+    if (!ch)
+        return NULL;
+    ch->room = r;
+    ch->src_rank = src->rank;
+    ch->sink_rank = sink->rank;
+    ch->sink_local = sink->local;
+    ch->seq = req->chunk_seq;
+    ch->nframes = nframes;
+    for (uint32_t i = 0; i < nframes && walk_next(&w, max_pages, &a, &b, &c); i++) {
+        struct node_frame *f = &ch->frames[i];
+        f->chunk = ch;
+        f->t = rt->t;
+        f->kind = rt->kind;
+        f->src = pool->base + (uint64_t)a * pool->page_size;
+        struct kvf_xfer *x = &f->x;
+        x->peer = rt->peer;
+        x->room = r->key;
+        x->src = f->src;
+        x->len = (uint64_t)c * pool->page_size;
+        x->sink_pool = sink->pool_id;
+        x->first_page = b;
+        x->page_count = c;
+        x->offset = 0;
+    }
+    return ch;
+}
+
 void node_local_submit_chunk(struct kvf_node *n, struct node_job *j)
 {
     const Kvfence__V1__SubmitChunkRequest *req = j->submit;
@@ -296,77 +327,48 @@ void node_local_submit_chunk(struct kvf_node *n, struct node_job *j)
              pool->page_size, sink->pool_id, sink->page_size);
         return;
     }
-    if (sink->local) {
-        fail(j, KVF_GRPC_FAILED_PRECONDITION,
-             "no transport to the sink node: same-node copies "
-             "are not supported yet");
+    struct node_route rt;
+    char why[96];
+    if (node_xport_route(n, sink, &rt, why, sizeof why) != 0) {
+        fail(j, KVF_GRPC_FAILED_PRECONDITION, "no transport to the sink node %s (%s)",
+             sink->node_id, why);
         return;
     }
-    uint32_t peer;
-    int rc = node_ensure_peer(n, sink->node_id, sink->incarnation, &peer);
-    struct node_peer *pe = rc == 0 ? &n->peers[peer] : NULL;
-    if (pe && !pe->connected && !pe->fenced && pe->port) {
-        rc = kvf_transport_tcp_connect(n->tcp, peer, pe->host, pe->port);
-        if (rc == 0 || rc == -EEXIST) {
-            pe->connected = true;
-            rc = 0;
-        }
-    }
-    if (rc != 0 || !pe || !pe->connected || pe->fenced) {
-        fail(j, KVF_GRPC_FAILED_PRECONDITION, "no transport to the sink node %s%s", sink->node_id,
-             pe && pe->fenced ? " (fenced)" : "");
-        return;
-    }
-
-    uint32_t max_pages = NODE_FRAME_MAX / pool->page_size;
-    if (max_pages == 0)
-        max_pages = 1;
-    struct walk w = {
-        req->source_ranges, req->sink_ranges, req->n_source_ranges, req->n_sink_ranges, 0, 0, 0, 0};
-    uint32_t nframes = 0, a, b, c;
-    struct walk w2 = w;
-    while (walk_next(&w2, max_pages, &a, &b, &c))
-        nframes++;
-    struct node_chunk *ch = calloc(1, sizeof *ch + nframes * sizeof(struct node_xfer));
+    struct node_chunk *ch = chunk_new(r, src, sink, pool, req, &rt);
     if (!ch) {
         fail(j, KVF_GRPC_RESOURCE_EXHAUSTED, "out of memory");
         return;
     }
-    ch->room = r;
-    ch->src_rank = src->rank;
-    ch->seq = req->chunk_seq;
+    uint32_t nframes = ch->nframes;
     int err = 0;
-    for (uint32_t i = 0; i < nframes && walk_next(&w, max_pages, &a, &b, &c); i++) {
-        struct node_xfer *nx = &ch->frames[i];
-        nx->chunk = ch;
-        struct kvf_xfer *x = &nx->x;
-        x->peer = peer;
-        x->room = key;
-        x->src = pool->base + (uint64_t)a * pool->page_size;
-        x->len = (uint64_t)c * pool->page_size;
-        x->sink_pool = sink->pool_id;
-        x->first_page = b;
-        x->page_count = c;
-        x->offset = 0;
-        err = kvf_lt_admit(r->lt, &x->op, KVF_LT_OP_TCP_FRAME, peer);
-        if (err != 0)
-            break;
-        err = kvf_transport_post_write(n->tcp, x);
-        if (err != 0) {
-            if (kvf_lt_op_cancel(&x->op))
-                node_check_drained(n, r);
-            break;
+    if (node_xport_staging(n)) {
+        /* Every frame starts (or is dropped) in the pipeline: the chunk is
+         * accepted whole, its frames end one by one. */
+        node_xport_stage_chunk(n, ch);
+    } else {
+        ch->nframes = 0; /* counts the frames posted */
+        for (uint32_t i = 0; i < nframes; i++) {
+            struct kvf_xfer *x = &ch->frames[i].x;
+            err = kvf_lt_admit(r->lt, &x->op, rt.kind, rt.peer);
+            if (err != 0)
+                break;
+            err = kvf_transport_post_write(rt.t, x);
+            if (err != 0) {
+                if (kvf_lt_op_cancel(&x->op))
+                    node_check_drained(n, r);
+                break;
+            }
+            ch->nframes++;
         }
-        ch->nframes++;
-    }
-    if (ch->nframes == 0) {
-        free(ch);
-        if (err == -ECANCELED)
-            fail(j, KVF_GRPC_ABORTED, "room admission is closed");
-        else
-            fail(j, KVF_GRPC_FAILED_PRECONDITION, "post to sink node %s failed: %s", sink->node_id,
-                 strerror(-err));
-        return;
+        if (ch->nframes == 0) {
+            free(ch);
+            if (err == -ECANCELED)
+                fail(j, KVF_GRPC_ABORTED, "room admission is closed");
+            else
+                fail(j, KVF_GRPC_FAILED_PRECONDITION, "post to sink node %s failed: %s",
+                     sink->node_id, strerror(-err));
+            return;
+        }
     }
     src->last_seq = req->chunk_seq;
     src->chunks_open++;
@@ -389,18 +391,10 @@ void node_local_submit_chunk(struct kvf_node *n, struct node_job *j)
     j->call = NULL;
 }
 
-void node_local_completion(struct kvf_node *n, const struct kvf_completion *c)
+/* A chunk's last frame ended: source progress and its report. */
+static void chunk_end(struct kvf_node *n, struct node_chunk *ch)
 {
-    struct node_xfer *nx = (struct node_xfer *)((char *)c->xfer - offsetof(struct node_xfer, x));
-    struct node_chunk *ch = nx->chunk;
     struct node_room *r = ch->room;
-    ch->ndone++;
-    if (c->outcome != KVF_LT_DONE_OK)
-        ch->nfail++;
-    if (c->drained)
-        node_check_drained(n, r);
-    if (ch->ndone < ch->nframes)
-        return;
     struct node_member *src =
         member_find(r, n->node_id, ch->src_rank, KVFENCE__V1__ROLE__ROLE_SOURCE);
     if (src) {
@@ -418,6 +412,38 @@ void node_local_completion(struct kvf_node *n, const struct kvf_completion *c)
         }
     }
     free(ch);
+}
+
+void node_frame_end(struct kvf_node *n, struct node_frame *f, bool ok)
+{
+    struct node_chunk *ch = f->chunk;
+    ch->ndone++;
+    if (!ok)
+        ch->nfail++;
+    if (ch->ndone == ch->nframes)
+        chunk_end(n, ch);
+}
+
+void node_local_completion(struct kvf_node *n, const struct kvf_completion *c)
+{
+    struct node_frame *f = (struct node_frame *)((char *)c->xfer - offsetof(struct node_frame, x));
+    struct node_chunk *ch = f->chunk;
+    struct node_room *r = ch->room;
+    if (c->drained)
+        node_check_drained(n, r);
+    if (f->buf) {
+        /* The transport side of its staging buffer is done (the copy side
+         * was, before the post): the ring takes it back now. */
+        bool drained = false;
+        (void)kvf_staging_ring_transport_done(f->buf, &drained);
+        f->buf = NULL;
+        if (drained)
+            node_check_drained(n, r);
+    }
+    bool ok = c->outcome == KVF_LT_DONE_OK;
+    if (ok && ch->sink_local)
+        node_sink_landed(n, r, ch->sink_rank, c->xfer->len);
+    node_frame_end(n, f, ok);
 }
 
 /* ---- handlers (CQ threads) ------------------------------------------------------ */

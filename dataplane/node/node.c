@@ -4,7 +4,8 @@
  * the control-plane session.
  *
  * SCOPE OF THIS VERSION (the first vertical slice):
- * - transfers over TCP only (no RDMA, no CUDA staging, no same-node copies);
+ * - transfers over TCP, or the local transport for a sink on this node, with
+ *   optional host or CUDA staging (xport.c); RDMA is detected, not used;
  * - host shared-memory pools (dataplane/pool, kvf_pool_open_shm);
  * - NodeLocal: RegisterPool, UnregisterPool (pool_admin.c) and SubmitChunk;
  *   Watch answers UNIMPLEMENTED; aux bytes are accepted and not sent;
@@ -47,6 +48,7 @@
 
 #include "kvf_error.h"
 #include "tcp.h"
+#include "xport.h"
 
 #define OWNER_WAIT_MS 2
 
@@ -328,6 +330,18 @@ static void check_sink_complete(struct kvf_node *n, struct node_room *r, struct 
         node_send_completed(n, r, m);
 }
 
+void node_sink_landed(struct kvf_node *n, struct node_room *r, uint32_t rank, uint64_t bytes)
+{
+    for (size_t i = 0; i < r->nmembers; i++) {
+        struct node_member *m = &r->members[i];
+        if (m->local && m->rank == rank && m->role == KVFENCE__V1__ROLE__ROLE_SINK) {
+            m->bytes_landed += bytes;
+            check_sink_complete(n, r, m);
+            return;
+        }
+    }
+}
+
 /* ---- peers ------------------------------------------------------------------- */
 
 static uint64_t tcp_id_of(const char *node_id, uint64_t incarnation)
@@ -367,6 +381,9 @@ int node_ensure_peer(struct kvf_node *n, const char *node_id, uint64_t incarnati
 
 static void peer_set_endpoint(struct node_peer *p, const Kvfence__V1__PeerNode *pn)
 {
+    for (size_t f = 0; pn->capabilities && f < pn->capabilities->n_features; f++)
+        if (strcmp(pn->capabilities->features[f], "RDMA") == 0)
+            p->rdma = true;
     for (size_t e = 0; e < pn->n_endpoints; e++) {
         const Kvfence__V1__Endpoint *ep = pn->endpoints[e];
         if (ep->kind != KVFENCE__V1__ENDPOINT_KIND__ENDPOINT_KIND_DATA_TCP || !ep->address)
@@ -528,6 +545,7 @@ void node_poll_completions(struct kvf_node *n)
 static void poll_completions(struct kvf_node *n)
 {
     struct kvf_completion c[NODE_POLL_BATCH];
+    node_xport_poll(n); /* local copies and staging */
     for (;;) {
         int got = kvf_transport_poll(n->tcp, NODE_POLL_BATCH, c);
         if (got <= 0)
@@ -905,6 +923,8 @@ struct kvf_node *kvf_node_start(const struct kvf_node_opts *opts)
     if (!n->tcp)
         goto err_destroy;
     n->data_port = kvf_transport_tcp_port(n->tcp);
+    if (node_xport_start(n) != 0)
+        goto err_destroy;
 
     if (pthread_create(&n->owner, NULL, owner_main, n) != 0)
         goto err_destroy;
@@ -983,6 +1003,7 @@ void kvf_node_destroy(struct kvf_node *n)
     /* destroy fences every peer and retires the completions nobody polled. */
     kvf_transport_destroy(n->tcp);
     n->tcp = NULL;
+    node_xport_stop(n); /* local transport, staging engine and ring */
     if (can_free || kvf_lt_table_can_teardown(n->lts)) {
         for (uint32_t i = 0; i < n->npools; i++)
             kvf_pool_close(n->pools[i].pool);

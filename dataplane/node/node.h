@@ -28,6 +28,12 @@ struct kvf_node_opts {
     uint16_t data_port;        /* 0: any */
     uint64_t incarnation;      /* 0: chosen from the realtime clock (ns) */
     uint64_t drain_timeout_ms; /* bound of the drain wait at shutdown */
+
+    /* Data path (xport.c). */
+    const char *staging;      /* "none" (or NULL), "host" or "cuda" */
+    uint32_t staging_buffers; /* staging ring buffers (0: 16) */
+    /* Tests only: same-node copies wait while this file exists. */
+    const char *test_local_hold_file;
 };
 
 /* Fills defaults: data_host "127.0.0.1", port 0, drain timeout 10 s. */

@@ -111,6 +111,7 @@ struct node_peer {
     uint16_t port;
     bool connected;
     bool fenced;
+    bool rdma; /* it advertises the RDMA feature (xport.c) */
 };
 
 /* ---- jobs -------------------------------------------------------------------- */
@@ -212,6 +213,9 @@ struct kvf_node {
 
     /* NodeLocal server. */
     struct kvf_rpc_server *local_srv;
+
+    /* Local transport, staging, transport choice (xport.c; owner thread). */
+    struct node_xport *xp;
 };
 
 /* node.c */
@@ -224,6 +228,8 @@ void node_check_drained(struct kvf_node *n, struct node_room *r);
 void node_send_transfer_failed(struct kvf_node *n, struct node_room *r, uint32_t rank, int role,
                                const char *reason);
 void node_send_completed(struct kvf_node *n, struct node_room *r, struct node_member *m);
+/* `bytes` landed in local sink `rank`'s lease (local transport); may complete it. */
+void node_sink_landed(struct kvf_node *n, struct node_room *r, uint32_t rank, uint64_t bytes);
 int node_ensure_peer(struct kvf_node *n, const char *node_id, uint64_t incarnation,
                      uint32_t *idx_p);
 void node_pools_to_wire(struct kvf_node *n, Kvfence__V1__Pool *pv, Kvfence__V1__Pool **pp);

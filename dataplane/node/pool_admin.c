@@ -8,7 +8,7 @@
  * into the pool after the check; the transport looks the pool up again after
  * each admission, so a receiver that read the pool before the removal still
  * never writes into it (tcp.h, kvf_transport_tcp_remove_pool). Then the pool
- * leaves the transport, is unmapped, and the control plane is told
+ * leaves the transports (TCP, local), is unmapped, and the control plane is told
  * (PoolUpdate.removed_pool_ids).
  *
  * DESIGN: the handler runs on a gRPC CQ thread and only decodes; the owner
@@ -23,6 +23,7 @@
 #include "kvf_error.h"
 #include "node_internal.h"
 #include "tcp.h"
+#include "xport.h"
 
 void node_local_unregister_pool(struct kvf_node *n, struct node_job *j)
 {
@@ -63,6 +64,9 @@ void node_local_unregister_pool(struct kvf_node *n, struct node_job *j)
     pthread_rwlock_unlock(&n->rooms_lock);
     if (rc != 0 && rc != -ENOENT)
         node_log("warn", NULL, "pool %u: tcp transport: %s", id, strerror(-rc));
+    rc = node_xport_remove_pool(n, id); /* same-node copies */
+    if (rc != 0 && rc != -ENOENT)
+        node_log("warn", NULL, "pool %u: local transport: %s", id, strerror(-rc));
     struct node_pool gone = n->pools[idx];
     n->pools[idx] = n->pools[--n->npools];
     kvf_pool_close(gone.pool);

@@ -134,7 +134,13 @@ def test_abort_mid_way_frees_pages_only_when_released(cluster):
         assert sender2.send(p2)
         assert sa.wait_poll(recv2, [sa.KVPoll.Success, sa.KVPoll.Failed]) == sa.KVPoll.Success
         assert sa.wait_poll(sender2, [sa.KVPoll.Success, sa.KVPoll.Failed]) == sa.KVPoll.Success
-        assert d_mgr.allocator.available == PAGES and p_mgr.allocator.available == PAGES
+        # Success is the room's COMPLETED; the pages come back when the lease
+        # watcher sees RELEASED, a moment later.
+        deadline = time.monotonic() + 10
+        while not (d_mgr.allocator.available == PAGES and p_mgr.allocator.available == PAGES):
+            assert time.monotonic() < deadline, (d_mgr.allocator.available,
+                                                 p_mgr.allocator.available)
+            time.sleep(0.02)
     finally:
         if stopped:
             os.kill(cluster.node_pid("n2"), signal.SIGCONT)

@@ -1,0 +1,110 @@
+/*
+ * xport.h: the node's data path below SubmitChunk: which transport a chunk
+ * goes through (local, TCP; RDMA detected but not wired yet), the frames of a
+ * chunk, and the staging pipeline (pool -> staging buffer -> transport).
+ *
+ * DESIGN (threads): everything here runs on the owner thread (node.c),
+ * except the transports' and staging engine's own worker threads. A frame is
+ * one transport op (struct kvf_xfer); with staging it first owns a staging
+ * buffer (a STAGING op of the room's lifetime) and a copy into it (a copy op);
+ * the buffer goes back to its ring only when both the copy and the transport
+ * op completed (docs/state-cores.md), so an abort that finds a transport op
+ * in flight from a buffer leaves the buffer owned, and the room undrained,
+ * until that op completes.
+ */
+#ifndef KVF_NODE_XPORT_H
+#define KVF_NODE_XPORT_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "node_internal.h"
+#include "staging.h"
+
+struct node_chunk;
+
+struct node_frame {
+    struct kvf_xfer x; /* the transport op */
+    struct node_chunk *chunk;
+    struct kvf_transport *t;     /* where x is posted */
+    enum kvf_lt_op_kind kind;    /* x's lifetime kind */
+    const uint8_t *src;          /* the source pages */
+    struct kvf_staging_buf *buf; /* staging: x is posted from it; NULL once returned */
+    struct kvf_stage_copy copy;  /* staging: src -> buf */
+    struct node_frame *pnext;    /* staging: waiting for a buffer */
+};
+
+struct node_chunk {
+    struct node_room *room;
+    uint32_t src_rank;
+    uint32_t sink_rank;
+    bool sink_local; /* the sink is on this node: completions feed its bytes */
+    uint64_t seq;
+    uint32_t nframes; /* frames that each end exactly once (node_frame_end) */
+    uint32_t ndone;
+    uint32_t nfail;
+    struct node_frame frames[];
+};
+
+/* Where a chunk towards one sink goes. */
+struct node_route {
+    struct kvf_transport *t;
+    uint32_t peer;
+    enum kvf_lt_op_kind kind;
+};
+
+/* Node start: local transport, staging engine and ring (opts.staging), RDMA
+ * device detection. 0, or -errno (logged). */
+int node_xport_start(struct kvf_node *n);
+
+/* After the owner thread stopped: frees what node_xport_start made. Staged
+ * frames still waiting for a buffer are dropped. */
+void node_xport_stop(struct kvf_node *n);
+
+/* A pool was registered: the local transport may write into it. */
+int node_xport_add_pool(struct kvf_node *n, const struct node_pool *p);
+
+/* A pool is unregistered (every lifetime that could use it drained). */
+int node_xport_remove_pool(struct kvf_node *n, uint32_t pool_id);
+
+/* Picks the transport towards `sink` (same node: local; else RDMA when both
+ * ends negotiated it and it is wired, else TCP) and connects it. 0, or -errno
+ * with `why` filled. */
+int node_xport_route(struct kvf_node *n, const struct node_member *sink, struct node_route *rt,
+                     char *why, size_t why_len);
+
+/* Self-fencing (node_xport_renew_local calls it): fences this node's own peer index on the local
+ * transport: queued copies complete FLUSHED, a copy in progress is waited for, later local posts
+ * fail
+ * (-ESTALE) until a new incarnation gets a new index. 0 or -errno. */
+int node_xport_fence_local(struct kvf_node *n);
+
+/* Self-fencing, when the node takes a new incarnation and starts its peer
+ * table over: fences the local peer (node_xport_fence_local), then replaces
+ * the local transport with a fresh one holding the same pools, so that the new
+ * incarnation's local index is not a fenced one. 0 or -errno (the old
+ * transport stays, fenced). */
+int node_xport_renew_local(struct kvf_node *n);
+
+/* True when frames go through a staging buffer. */
+bool node_xport_staging(const struct kvf_node *n);
+
+/* Queues the frames of `ch` (all filled in) for staging and starts what the
+ * ring allows. */
+void node_xport_stage_chunk(struct kvf_node *n, struct node_chunk *ch);
+
+/* Owner loop: reaps the local transport and the staging engine, posts staged
+ * frames whose copy is done, starts waiting frames. */
+void node_xport_poll(struct kvf_node *n);
+
+/* Hello: fills `out` with the feature names (at most `max`); returns how
+ * many. `rdma_ep` gets the RDMA endpoint address or "" when there is none. */
+size_t node_xport_features(const struct kvf_node *n, const char **out, size_t max,
+                           const char **rdma_ep);
+
+/* local_svc.c: a frame ended (its ops retired, its buffer returned). Frees
+ * the chunk after its last frame. */
+void node_frame_end(struct kvf_node *n, struct node_frame *f, bool ok);
+
+#endif /* KVF_NODE_XPORT_H */
