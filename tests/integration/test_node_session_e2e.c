@@ -792,6 +792,84 @@ static void test_stopped_control_plane_nodes_self_fence_and_come_back_new(void *
     check_n2_pool(f, true);
 }
 
+/* SubmitChunk of n1's source rank 0 (pool p1, pages [0, 8)) to a sink on n1
+ * itself (pool p3, pages [16, 24)): the local transport. */
+static int submit_local(struct fx *f, kvf_room_key k, uint64_t seq, struct kvf_rpc_status *st)
+{
+    Kvfence__V1__RoomKey rk = KVFENCE__V1__ROOM_KEY__INIT;
+    rk.room_id = k.room_id;
+    rk.generation = k.generation;
+    Kvfence__V1__PageRange s = KVFENCE__V1__PAGE_RANGE__INIT, d = KVFENCE__V1__PAGE_RANGE__INIT;
+    s.first = 0;
+    s.count = 8;
+    d.first = 16;
+    d.count = 8;
+    Kvfence__V1__PageRange *sv[1] = {&s}, *dv[1] = {&d};
+    Kvfence__V1__SubmitChunkRequest req = KVFENCE__V1__SUBMIT_CHUNK_REQUEST__INIT;
+    req.room = &rk;
+    req.chunk_seq = seq;
+    req.source_pool_id = f->p1.pool_id;
+    req.n_source_ranges = 1;
+    req.source_ranges = sv;
+    req.sink_node_id = (char *)"n1";
+    req.sink_pool_id = f->p3.pool_id;
+    req.n_sink_ranges = 1;
+    req.sink_ranges = dv;
+    req.last_chunk = true;
+    return call(f->n1.local, "/kvfence.v1.NodeLocal/SubmitChunk", &req.base, NULL, NULL, st);
+}
+
+/* Same-node rooms across a self-fence: the node's local copies go through a
+ * peer index of its own incarnation; the self-fence fences it and renews the
+ * local transport, so that a same-node room of the new incarnation transfers
+ * (it would be refused as fenced if the new incarnation reused the old,
+ * fenced index). */
+static void test_self_fence_then_same_node_room_transfers(void **state)
+{
+    struct fx *f = *state;
+    fx_start(f, false);
+    assert_int_equal(shm_create(&f->p3, "n1c", canary2), 0);
+    f->p3.pool_id = register_pool(&f->n1, &f->p3);
+    kvf_room_key k = join(f, 909, "n1", KVFENCE__V1__ROLE__ROLE_SOURCE, f->p1.pool_id, 0, 8, NULL);
+    (void)join(f, 909, "n1", KVFENCE__V1__ROLE__ROLE_SINK, f->p3.pool_id, 16, 8, NULL);
+    wait_room_state(f, k, KVFENCE__V1__ROOM_STATE__ROOM_STATE_ACTIVE, WAIT_MS);
+    wait_node_knows(f, &f->n1, k);
+    struct kvf_rpc_status st;
+    int code = submit_local(f, k, 1, &st);
+    if (code != KVF_GRPC_OK)
+        fail_msg("same-node SubmitChunk: %d %s", code, st.message);
+    wait_room_state(f, k, KVFENCE__V1__ROOM_STATE__ROOM_STATE_COMPLETED, WAIT_MS);
+    uint64_t inc1 = node_incarnation(f, "n1");
+
+    /* An open room with n2 shows when n1 has self-fenced (its probe turns
+     * ABORTED). */
+    kvf_room_key open_room = join_pair(f, 911);
+    wait_node_knows(f, &f->n1, open_room);
+    assert_int_equal(kill(f->cp.pid, SIGSTOP), 0);
+    (void)wait_node_closed(f, &f->n1, open_room, WAIT_MS);
+    assert_int_equal(kill(f->cp.pid, SIGCONT), 0);
+    uint64_t new1 = wait_node_attached(f, "n1", inc1);
+    assert_true(new1 > inc1);
+
+    /* Fresh canaries in the sink pages, then a same-node room of the new
+     * incarnation. */
+    for (uint32_t pg = 16; pg < 24; pg++)
+        for (uint32_t i = 0; i < PAGE_SIZE; i++)
+            f->p3.mem[(size_t)pg * PAGE_SIZE + i] = canary2(pg, i);
+    kvf_room_key k3 = join(f, 910, "n1", KVFENCE__V1__ROLE__ROLE_SOURCE, f->p1.pool_id, 0, 8, NULL);
+    (void)join(f, 910, "n1", KVFENCE__V1__ROLE__ROLE_SINK, f->p3.pool_id, 16, 8, NULL);
+    wait_room_state(f, k3, KVFENCE__V1__ROOM_STATE__ROOM_STATE_ACTIVE, WAIT_MS);
+    wait_node_knows(f, &f->n1, k3);
+    code = submit_local(f, k3, 1, &st);
+    if (code != KVF_GRPC_OK)
+        fail_msg("same-node SubmitChunk in the new incarnation: %d %s", code, st.message);
+    wait_room_state(f, k3, KVFENCE__V1__ROOM_STATE__ROOM_STATE_COMPLETED, WAIT_MS);
+    for (uint32_t pg = 16; pg < 24; pg++)
+        for (uint32_t i = 0; i < PAGE_SIZE; i++)
+            if (f->p3.mem[(size_t)pg * PAGE_SIZE + i] != canary1(pg - 16, i))
+                fail_msg("sink page %u byte %u not copied", pg, i);
+}
+
 /* The node itself is stopped past node_ttl: the control plane ends its
  * session (heartbeats stop), declares it LOST after node_ttl and aborts its
  * room. When the node runs again it must not come back as the LOST
@@ -1036,6 +1114,8 @@ int main(void)
         cmocka_unit_test_setup_teardown(test_killed_control_plane_node_self_fences, setup,
                                         teardown),
         cmocka_unit_test_setup_teardown(test_lost_refusal_makes_node_self_fence_at_once, setup,
+                                        teardown),
+        cmocka_unit_test_setup_teardown(test_self_fence_then_same_node_room_transfers, setup,
                                         teardown),
         cmocka_unit_test_setup_teardown(test_unregister_pool, setup, teardown),
         cmocka_unit_test_setup_teardown(test_page_size_mismatch_refused, setup, teardown),
