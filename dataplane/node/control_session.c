@@ -14,7 +14,8 @@
  * which the node self-fences and attaches as a new incarnation.
  *
  * Liveness (owner thread): the control plane answers every heartbeat. A node
- * that heard nothing on a welcomed session for node_ttl (the stream broke,
+ * that heard nothing on a welcomed session for node_ttl minus a margin (a
+ * fifth of it, at most 2 s) (the stream broke,
  * or the control plane stopped reading it) knows it is, or is about to be,
  * declared LOST and fenced by its peers: it fences every peer itself, closes
  * every lifetime and takes a new, empty incarnation (node_self_fence). After
@@ -35,9 +36,10 @@
 #include "tcp.h"
 #include "xport.h"
 
-#define RECV_SLICE_MS  200
-#define BACKOFF_MIN_MS 100
-#define BACKOFF_MAX_MS 2000
+#define RECV_SLICE_MS            200
+#define BACKOFF_MIN_MS           100
+#define BACKOFF_MAX_MS           2000
+#define SELF_FENCE_MARGIN_MAX_MS 2000 /* self-fence this long before node_ttl, at most */
 
 int node_session_send_hello(struct kvf_node *n, struct kvf_rpc_client_stream *cs)
 {
@@ -188,10 +190,10 @@ void node_session_on_welcome(struct kvf_node *n, const Kvfence__V1__Welcome *w)
     n->node_ttl_ms = w->node_ttl_ms;
     n->cp_acks_heartbeats = false; /* learnt from the first HeartbeatAck */
     n->last_contact_ms = node_now_ms();
-    /* A few heartbeats per ttl, whatever the control plane's interval: the
+    /* Several heartbeats per ttl, whatever the control plane's interval: the
      * acks are what keeps this node from self-fencing. */
-    if (n->node_ttl_ms && n->hb_interval_ms > n->node_ttl_ms / 4)
-        n->hb_interval_ms = n->node_ttl_ms / 4 ? n->node_ttl_ms / 4 : 1;
+    if (n->node_ttl_ms && n->hb_interval_ms > n->node_ttl_ms / 5)
+        n->hb_interval_ms = n->node_ttl_ms / 5 ? n->node_ttl_ms / 5 : 1;
     n->next_hb_ms = node_now_ms(); /* at once: the first ack proves the loop */
     if (n->welcomed_before)
         node_session_send_resync(n, "re-attached with the same incarnation");
@@ -206,12 +208,20 @@ void node_session_tick(struct kvf_node *n, int64_t now_ms)
         n->last_contact_ms = now_ms; /* a control plane without acks: the open stream counts */
         return;
     }
+    /* Before the control plane can have declared it LOST (docs/state-cores.md:
+     * node_ttl minus a margin): its ttl starts when it sees the session end,
+     * which is after the last word this node heard, but the word took time to
+     * arrive, and the peers fence as soon as they are told. */
+    int64_t ttl = (int64_t)n->node_ttl_ms;
+    int64_t margin = ttl / 5 < SELF_FENCE_MARGIN_MAX_MS ? ttl / 5 : SELF_FENCE_MARGIN_MAX_MS;
     int64_t silent = now_ms - n->last_contact_ms;
-    if (silent < (int64_t)n->node_ttl_ms)
+    if (silent < ttl - margin)
         return;
     char why[160];
-    snprintf(why, sizeof why, "no word from the control plane for %" PRId64 " ms (node_ttl %u ms)",
-             silent, n->node_ttl_ms);
+    snprintf(why, sizeof why,
+             "no word from the control plane for %" PRId64 " ms (node_ttl %u ms, margin %" PRId64
+             " ms)",
+             silent, n->node_ttl_ms, margin);
     node_self_fence(n, why);
 }
 
