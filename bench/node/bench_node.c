@@ -776,8 +776,8 @@ static void bench_abort(int reps)
     printf("\n[2] AbortRoom -> both leases RELEASED (watch receipt time), one SubmitChunk of N "
            "frames of 256 KiB just before, %d reps\n",
            reps);
-    printf("%5s %9s %9s %9s %9s %14s %14s\n", "N", "p50 ms", "p99 ms", "max ms", "->ABORTED",
-           "unlanded@abort", "landed after");
+    printf("%5s %9s %9s %9s %9s %14s %14s %8s\n", "N", "p50 ms", "p99 ms", "max ms", "->ABORTED",
+           "unlanded@abort", "landed after", "AB first");
     const uint32_t ns[] = {1, 16, 256};
     for (size_t c = 0; c < 3; c++) {
         uint32_t n = ns[c];
@@ -789,6 +789,7 @@ static void bench_abort(int reps)
         double *lat_ab = calloc((size_t)reps, sizeof *lat_ab);
         double *unl = calloc((size_t)reps, sizeof *unl);
         double *landed = calloc((size_t)reps, sizeof *landed);
+        int aborted_first = 0;
         if (!lat || !lat_ab || !unl || !landed)
             die("out of memory");
         for (int r = 0; r < reps; r++) {
@@ -821,7 +822,9 @@ static void bench_abort(int reps)
             lat[r] = (double)(e.last_release_ns - t0) / 1e6;
             /* The room's ABORTED event: before or after the releases. */
             e = wait_room(k.room_id, is_aborted, "ABORTED");
-            lat_ab[r] = e.aborted_ns ? (double)(e.aborted_ns - t0) / 1e6 : -1;
+            lat_ab[r] = (double)(e.aborted_ns - t0) / 1e6;
+            if (e.aborted_ns < e.last_release_ns)
+                aborted_first++;
             unl[r] = unlanded;
             /* Each frame landed whole or not at all; nothing past the frames sent. */
             uint32_t got = 0;
@@ -843,9 +846,9 @@ static void bench_abort(int reps)
             landed[r] = got;
         }
         double *ab = lat_ab;
-        printf("%5u %9.3f %9.3f %9.3f %9.3f %14.1f %14.1f\n", n, pct(lat, (size_t)reps, 50),
+        printf("%5u %9.3f %9.3f %9.3f %9.3f %14.1f %14.1f %5d/%d\n", n, pct(lat, (size_t)reps, 50),
                pct(lat, (size_t)reps, 99), pct(lat, (size_t)reps, 100), pct(ab, (size_t)reps, 50),
-               pct(unl, (size_t)reps, 50), pct(landed, (size_t)reps, 50));
+               pct(unl, (size_t)reps, 50), pct(landed, (size_t)reps, 50), aborted_first, reps);
         fflush(stdout);
         free(lat);
         free(lat_ab);
@@ -855,7 +858,8 @@ static void bench_abort(int reps)
     printf("  (ms from the AbortRoom call to the receipt of the 2nd lease's RELEASED event on "
            "the watch;\n   ->ABORTED: p50 to the room's ABORTED event; unlanded@abort: median "
            "frames not fully in the sink\n   when AbortRoom was sent, an upper bound of those in "
-           "flight; landed after: median frames in the sink)\n");
+           "flight; landed after: median frames in the sink;\n   AB first: reps where the "
+           "room's ABORTED event came before its last lease's RELEASED)\n");
 }
 
 /* ---- 3: ops/s ------------------------------------------------------------------------- */
