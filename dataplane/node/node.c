@@ -19,8 +19,9 @@
  *   bytes are in the socket; the sink side attests that they landed);
  * - a sink participant is Completed when whole-page frames that landed have
  *   covered every page of its lease: one page bitmap per sink lease, fed by
- *   the TCP receivers' frame events (a page written twice counts once; a
- *   frame shorter than its pages covers none). A source that transfers
+ *   the TCP receivers' frame events and the local copies' completions (a page
+ *   written twice counts once; a frame shorter than its pages covers none).
+ *   A source that transfers
  *   fewer pages than the sink leased leaves the sink incomplete (the room
  *   then ends by abort or join timeout, never by a clock release);
  * - once every local participant of a room has completed, the node closes
