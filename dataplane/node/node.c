@@ -21,9 +21,9 @@
  *   covered every page of its lease: one page bitmap per sink lease, fed by
  *   the TCP receivers' frame events and the local copies' completions (a page
  *   written twice counts once; a frame shorter than its pages covers none).
- *   A source that transfers
- *   fewer pages than the sink leased leaves the sink incomplete (the room
- *   then ends by abort or join timeout, never by a clock release);
+ *   A source that transfers fewer pages than the sink leased leaves the sink
+ *   incomplete (the room then ends by abort or join timeout, never by a clock
+ *   release);
  * - once every local participant of a room has completed, the node closes
  *   the room's admission: nothing may start for it afterwards.
  *
