@@ -442,7 +442,8 @@ void node_local_completion(struct kvf_node *n, const struct kvf_completion *c)
     }
     bool ok = c->outcome == KVF_LT_DONE_OK;
     if (ok && ch->sink_local)
-        node_sink_landed(n, r, ch->sink_rank, c->xfer->len);
+        node_sink_landed(n, r, ch->sink_rank, c->xfer->first_page, c->xfer->page_count,
+                         c->xfer->len);
     node_frame_end(n, f, ok);
 }
 

@@ -17,11 +17,13 @@
  * - a source participant is Completed when its last chunk (last_chunk=true)
  *   was admitted and every frame of every chunk it submitted completed OK (the
  *   bytes are in the socket; the sink side attests that they landed);
- * - a sink participant is Completed when the payload bytes that landed in its
- *   lease reach the size of the lease (pages x the pool's page size): one
- *   counter per sink lease, fed by the TCP receivers. A source that transfers
- *   fewer pages than the sink leased leaves the sink incomplete (the room
- *   then ends by abort or join timeout, never by a clock release);
+ * - a sink participant is Completed when whole-page frames that landed have
+ *   covered every page of its lease: one page bitmap per sink lease, fed by
+ *   the TCP receivers' frame events and the local copies' completions (a page
+ *   written twice counts once; a frame shorter than its pages covers none).
+ *   A source that transfers fewer pages than the sink leased leaves the sink
+ *   incomplete (the room then ends by abort or join timeout, never by a clock
+ *   release);
  * - once every local participant of a room has completed, the node closes
  *   the room's admission: nothing may start for it afterwards.
  *
@@ -294,8 +296,10 @@ static struct node_room *room_open(struct kvf_node *n, kvf_room_key key)
 
 static void members_free(struct node_member *m, size_t count)
 {
-    for (size_t i = 0; m && i < count; i++)
+    for (size_t i = 0; m && i < count; i++) {
         free(m[i].ranges);
+        free(m[i].landed_map);
+    }
     free(m);
 }
 
@@ -318,25 +322,99 @@ static const struct node_pool *pool_find(const struct kvf_node *n, uint32_t id)
     return NULL;
 }
 
-/* A local sink whose lease is full is complete. */
+/* A local sink whose every lease page was covered is complete. */
 static void check_sink_complete(struct kvf_node *n, struct node_room *r, struct node_member *m)
 {
     if (!m->local || m->role != KVFENCE__V1__ROLE__ROLE_SINK || m->completed || r->aborting)
         return;
-    const struct node_pool *p = pool_find(n, m->pool_id);
-    if (!p)
-        return;
-    if (m->bytes_landed >= m->pages * (uint64_t)p->page_size)
+    if (m->pages_landed >= m->pages)
         node_send_completed(n, r, m);
 }
 
-void node_sink_landed(struct kvf_node *n, struct node_room *r, uint32_t rank, uint64_t bytes)
+/* The span [first, end) of `m`'s ranges. */
+static void lease_span(const struct node_member *m, uint32_t *first_p, uint32_t *pages_p)
+{
+    uint64_t lo = UINT64_MAX, hi = 0;
+    for (size_t i = 0; i < m->nranges; i++) {
+        if (m->ranges[i].count == 0)
+            continue;
+        lo = m->ranges[i].first < lo ? m->ranges[i].first : lo;
+        uint64_t end = (uint64_t)m->ranges[i].first + m->ranges[i].count;
+        hi = end > hi ? end : hi;
+    }
+    *first_p = lo == UINT64_MAX ? 0 : (uint32_t)lo;
+    *pages_p = lo == UINT64_MAX ? 0 : (uint32_t)(hi - lo);
+}
+
+static bool map_test(const uint64_t *map, uint32_t bit)
+{
+    return (map[bit / 64] >> (bit % 64)) & 1u;
+}
+
+/* Sets m's bit for each page of [first, first + count) in its span; counts
+ * the new ones. -ENOMEM if the map cannot be allocated. */
+static int mark_landed(struct node_member *m, uint32_t first, uint32_t count)
+{
+    if (!m->landed_map) {
+        lease_span(m, &m->map_first, &m->map_pages);
+        m->landed_map = calloc((m->map_pages + 63u) / 64u + 1u, sizeof *m->landed_map);
+        if (!m->landed_map)
+            return -ENOMEM;
+    }
+    for (uint64_t pg = first; pg < (uint64_t)first + count; pg++) {
+        if (pg < m->map_first || pg >= (uint64_t)m->map_first + m->map_pages)
+            continue;
+        uint32_t bit = (uint32_t)(pg - m->map_first);
+        if (!map_test(m->landed_map, bit)) {
+            m->landed_map[bit / 64] |= 1ull << (bit % 64);
+            m->pages_landed++;
+        }
+    }
+    return 0;
+}
+
+/* A room update replaced `old` by `m` (same participant; the lease may have
+ * grown): carry the pages landed over to m's span. */
+static void carry_landed(struct node_member *m, struct node_member *old)
+{
+    if (!old->landed_map)
+        return;
+    uint32_t first, pages;
+    lease_span(m, &first, &pages);
+    if (first == old->map_first && pages == old->map_pages) {
+        m->landed_map = old->landed_map;
+        m->map_first = first;
+        m->map_pages = pages;
+        m->pages_landed = old->pages_landed;
+        old->landed_map = NULL;
+        return;
+    }
+    for (uint32_t b = 0; b < old->map_pages; b++)
+        if (map_test(old->landed_map, b) && mark_landed(m, old->map_first + b, 1) != 0)
+            return; /* out of memory: those pages are counted again when they land */
+}
+
+/* A frame of `bytes` landed in pages [first_page, first_page + page_count)
+ * of sink member `m`: whole-page frames mark their pages covered (a shorter
+ * frame covers no page for certain); the sink completes once all are. */
+static void node_member_landed(struct kvf_node *n, struct node_room *r, struct node_member *m,
+                               uint32_t first_page, uint32_t page_count, uint64_t bytes)
+{
+    m->bytes_landed += bytes;
+    const struct node_pool *p = pool_find(n, m->pool_id);
+    if (p && bytes == (uint64_t)page_count * p->page_size &&
+        mark_landed(m, first_page, page_count) != 0)
+        node_log("error", &r->key, "out of memory for the sink's page map");
+    check_sink_complete(n, r, m);
+}
+
+void node_sink_landed(struct kvf_node *n, struct node_room *r, uint32_t rank, uint32_t first_page,
+                      uint32_t page_count, uint64_t bytes)
 {
     for (size_t i = 0; i < r->nmembers; i++) {
         struct node_member *m = &r->members[i];
         if (m->local && m->rank == rank && m->role == KVFENCE__V1__ROLE__ROLE_SINK) {
-            m->bytes_landed += bytes;
-            check_sink_complete(n, r, m);
+            node_member_landed(n, r, m, first_page, page_count, bytes);
             return;
         }
     }
@@ -468,6 +546,7 @@ static void on_room_update(struct kvf_node *n, const Kvfence__V1__RoomUpdate *ru
                 m->last_submitted = old->last_submitted;
                 m->failed = old->failed;
                 m->bytes_landed = old->bytes_landed;
+                carry_landed(m, &r->members[o]);
                 m->completed = old->completed;
             }
         }
@@ -674,8 +753,11 @@ static int tcp_check(void *ctx, uint32_t peer, kvf_room_key room, uint32_t pool_
                 !ranges_cover(m->ranges, m->nranges, first_page, page_count))
                 continue;
             rc = kvf_lt_admit(r->lt, op, KVF_LT_OP_TCP_FRAME, peer);
-            if (rc == 0)
+            if (rc == 0) {
                 n->last_member[peer] = (uint32_t)i;
+                n->last_first[peer] = first_page;
+                n->last_count[peer] = page_count;
+            }
             break;
         }
     }
@@ -696,6 +778,8 @@ static void tcp_on_frame(void *ctx, uint32_t peer, kvf_room_key room, uint64_t b
     j->room = room;
     j->peer = peer;
     j->member = peer < NODE_MAX_PEERS ? n->last_member[peer] : 0;
+    j->first_page = peer < NODE_MAX_PEERS ? n->last_first[peer] : 0;
+    j->page_count = peer < NODE_MAX_PEERS ? n->last_count[peer] : 0;
     j->bytes = bytes;
     j->status = status;
     j->drained = drained;
@@ -711,8 +795,7 @@ static void on_frame(struct kvf_node *n, const struct node_job *j)
     if (j->member < r->nmembers) {
         struct node_member *m = &r->members[j->member];
         if (j->status == 0) {
-            m->bytes_landed += j->bytes;
-            check_sink_complete(n, r, m);
+            node_member_landed(n, r, m, j->first_page, j->page_count, j->bytes);
         } else {
             m->failed = true;
             char why[128];

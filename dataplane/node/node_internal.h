@@ -82,7 +82,14 @@ struct node_member {
     bool last_submitted;   /* source: the last chunk was admitted */
     bool failed;           /* a chunk failed */
     uint64_t bytes_landed; /* sink: payload bytes of frames that landed */
-    bool completed;        /* Completed was sent */
+    /* Sink: which lease pages whole-page frames covered, one bit per page of
+     * [map_first, map_first + map_pages) (the span of the ranges), and how
+     * many bits are set. Completion counts pages covered, not bytes, so that
+     * pages written twice are not counted twice. */
+    uint64_t *landed_map;
+    uint32_t map_first, map_pages;
+    uint64_t pages_landed;
+    bool completed; /* Completed was sent */
 };
 
 struct node_room {
@@ -139,7 +146,8 @@ struct node_job {
     uint32_t pool_id;                        /* UNREGISTER_POOL */
     kvf_room_key room;                       /* FRAME */
     uint32_t peer;
-    uint32_t member; /* FRAME: index of the sink member the frame went to */
+    uint32_t member;                 /* FRAME: index of the sink member the frame went to */
+    uint32_t first_page, page_count; /* FRAME: the pages it was admitted for */
     uint64_t bytes;
     int status;
     bool drained;
@@ -205,6 +213,7 @@ struct kvf_node {
     /* Per inbound peer: the sink member the receiver's last check admitted
      * (written in check, read in on_frame: the same receiver thread). */
     uint32_t last_member[NODE_MAX_PEERS];
+    uint32_t last_first[NODE_MAX_PEERS], last_count[NODE_MAX_PEERS]; /* and its pages */
 
     /* Control session thread. */
     struct kvf_rpc_channel *channel;
@@ -228,8 +237,10 @@ void node_check_drained(struct kvf_node *n, struct node_room *r);
 void node_send_transfer_failed(struct kvf_node *n, struct node_room *r, uint32_t rank, int role,
                                const char *reason);
 void node_send_completed(struct kvf_node *n, struct node_room *r, struct node_member *m);
-/* `bytes` landed in local sink `rank`'s lease (local transport); may complete it. */
-void node_sink_landed(struct kvf_node *n, struct node_room *r, uint32_t rank, uint64_t bytes);
+/* `bytes` landed in pages [first_page, first_page + page_count) of local sink
+ * `rank`'s lease (local transport); may complete it. */
+void node_sink_landed(struct kvf_node *n, struct node_room *r, uint32_t rank, uint32_t first_page,
+                      uint32_t page_count, uint64_t bytes);
 int node_ensure_peer(struct kvf_node *n, const char *node_id, uint64_t incarnation,
                      uint32_t *idx_p);
 void node_pools_to_wire(struct kvf_node *n, Kvfence__V1__Pool *pv, Kvfence__V1__Pool **pp);

@@ -573,6 +573,47 @@ static void test_killed_sink_node_is_fenced_then_aborted(void **state)
     assert_int_not_equal(code, KVF_GRPC_OK);
 }
 
+/* A source that writes the same sink pages twice (a retry with a new
+ * chunk_seq, or an engine bug) must not make the sink Completed: completion
+ * counts the lease pages covered, not the bytes received. n1's pages [0, 4)
+ * then [4, 8) both go to n2's pages [16, 20) (8 pages of bytes, the size of
+ * the lease); the sink must still accept [4, 8) -> [20, 24), and the room
+ * completes only with every sink page written. */
+static void test_pages_written_twice_count_once(void **state)
+{
+    struct fx *f = *state;
+    fx_start(f);
+    kvf_room_key k = join_pair(f, 404);
+    wait_node_knows(f, &f->n2, k);
+    wait_node_knows(f, &f->n1, k);
+    struct kvf_rpc_status st;
+    assert_int_equal(submit_as(f, &f->n1, k, 0, 1, 0, 16, 4, false, &st), KVF_GRPC_OK);
+    assert_int_equal(submit_as(f, &f->n1, k, 0, 2, 4, 16, 4, false, &st), KVF_GRPC_OK);
+    /* The second write landed (n1's pages 4.. in n2's 16..) ... */
+    int64_t end = now_ms() + WAIT_MS;
+    while (f->p2.mem[(size_t)16 * PAGE_SIZE] != canary1(4, 0) ||
+           f->p2.mem[(size_t)20 * PAGE_SIZE - 1] != canary1(7, PAGE_SIZE - 1)) {
+        if (now_ms() > end)
+            fail_msg("the second write never landed in n2's pool");
+        sleep_ms(1);
+    }
+    /* ... and n2's owner ran past its frame event (its jobs run in order):
+     * the sink must still be open, not Completed with pages 20.. unwritten. */
+    wait_node_knows(f, &f->n2, k);
+    int code = submit_as(f, &f->n1, k, 0, 3, 4, 20, 4, true, &st);
+    if (code != KVF_GRPC_OK)
+        fail_msg("SubmitChunk 3: %d %s", code, st.message);
+    wait_room_state(f, k, KVFENCE__V1__ROOM_STATE__ROOM_STATE_COMPLETED, WAIT_MS);
+    for (uint32_t pg = 0; pg < PAGE_COUNT; pg++) {
+        for (uint32_t i = 0; i < PAGE_SIZE; i++) {
+            uint8_t want = pg >= 16 && pg < 24 ? canary1(4 + (pg - 16) % 4, i) : canary2(pg, i);
+            uint8_t got = f->p2.mem[(size_t)pg * PAGE_SIZE + i];
+            if (got != want)
+                fail_msg("n2 page %u byte %u: 0x%02x, want 0x%02x", pg, i, got, want);
+        }
+    }
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -581,6 +622,7 @@ int main(void)
                                         teardown),
         cmocka_unit_test_setup_teardown(test_killed_sink_node_is_fenced_then_aborted, setup,
                                         teardown),
+        cmocka_unit_test_setup_teardown(test_pages_written_twice_count_once, setup, teardown),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
