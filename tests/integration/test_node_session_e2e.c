@@ -32,7 +32,11 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <poll.h>
 #include <sys/mman.h>
+#include <sys/socket.h>
 #include <sys/prctl.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
@@ -572,6 +576,79 @@ static int64_t wait_node_closed(struct fx *f, struct node_proc *np, kvf_room_key
     }
 }
 
+/* ---- a raw TCP peer (tcp.h wire format) ------------------------------------------ */
+
+/* The id a node incarnation carries in TCP hellos (node.c's tcp_id_of). */
+static uint64_t tcp_id(const char *node_id, uint64_t incarnation)
+{
+    uint64_t h = 1469598103934665603ull;
+    for (const unsigned char *p = (const unsigned char *)node_id; *p; p++) {
+        h ^= *p;
+        h *= 1099511628211ull;
+    }
+    h ^= incarnation * 0x9e3779b97f4a7c15ull;
+    return h ? h : 1;
+}
+
+/* The data port a node wrote in its port file. */
+static uint16_t node_data_port(const struct node_proc *np)
+{
+    FILE *fp = fopen(np->port_file, "r");
+    assert_non_null(fp);
+    unsigned port = 0;
+    assert_int_equal(fscanf(fp, "%u", &port), 1);
+    fclose(fp);
+    return (uint16_t)port;
+}
+
+/* Connects to 127.0.0.1:port; -1 (errno set) when refused. */
+static int tcp_dial(uint16_t port)
+{
+    int fd = socket(AF_INET, SOCK_STREAM, 0);
+    assert_true(fd >= 0);
+    struct sockaddr_in a = {.sin_family = AF_INET, .sin_port = htons(port)};
+    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    if (connect(fd, (struct sockaddr *)&a, sizeof a) != 0) {
+        int e = errno;
+        close(fd);
+        errno = e;
+        return -1;
+    }
+    return fd;
+}
+
+static void put64(uint8_t *b, uint64_t v)
+{
+    for (int i = 0; i < 8; i++)
+        b[i] = (uint8_t)(v >> (8 * i));
+}
+
+/* Sends the 24-byte hello "from -> to". */
+static void tcp_hello(int fd, uint64_t from, uint64_t to)
+{
+    uint8_t b[24] = {0x4b, 0x56, 0x46, 0x48, 1, 0, 0, 0};
+    put64(b + 8, from);
+    put64(b + 16, to);
+    assert_int_equal(send(fd, b, sizeof b, MSG_NOSIGNAL), (ssize_t)sizeof b);
+}
+
+/* True when the peer closed `fd` (EOF or reset) within `ms`. */
+static bool tcp_closed_within(int fd, int ms)
+{
+    struct pollfd p = {.fd = fd, .events = POLLIN};
+    int64_t end = now_ms() + ms;
+    for (int64_t left; (left = end - now_ms()) > 0;) {
+        int rc = poll(&p, 1, (int)left);
+        if (rc > 0) {
+            uint8_t c;
+            ssize_t got = recv(fd, &c, 1, 0);
+            if (got <= 0)
+                return true;
+        }
+    }
+    return false;
+}
+
 /* Control plane (extra args), two nodes, two pools registered. */
 static void fx_start(struct fx *f, bool durable)
 {
@@ -747,7 +824,8 @@ static void test_durable_restart_resync_reconciles_pools_room_goes_on(void **sta
 
 /* The control plane stops reading (SIGSTOP) past node_ttl while the nodes
  * hold an ACTIVE room: each node self-fences (its peers, every lifetime), so
- * the room's SubmitChunk is refused and no byte reaches the sink; once the
+ * a TCP peer connected to it is cut off and refused, the room's SubmitChunk
+ * is refused and no byte reaches the sink; once the
  * control plane runs again the nodes attach as new incarnations, the old ones
  * are LOST, the room ends ABORTED, and a new room between the new
  * incarnations transfers. */
@@ -760,10 +838,29 @@ static void test_stopped_control_plane_nodes_self_fence_and_come_back_new(void *
     wait_node_knows(f, &f->n2, k);
     uint64_t inc1 = node_incarnation(f, "n1");
     uint64_t inc2 = node_incarnation(f, "n2");
+    /* A TCP connection into n2 as its peer n1 (which has not connected yet):
+     * accepted while n2 is n2. */
+    uint16_t port2 = node_data_port(&f->n2);
+    int peer = tcp_dial(port2);
+    assert_true(peer >= 0);
+    tcp_hello(peer, tcp_id("n1", inc1), tcp_id("n2", inc2));
+    assert_false(tcp_closed_within(peer, 300));
 
     assert_int_equal(kill(f->cp.pid, SIGSTOP), 0);
     int64_t waited = wait_node_closed(f, &f->n1, k, WAIT_MS);
     (void)wait_node_closed(f, &f->n2, k, WAIT_MS);
+    /* n2 fenced its peers: the connection is cut, and the old incarnation's
+     * data endpoint takes no one. */
+    assert_true(tcp_closed_within(peer, WAIT_MS));
+    close(peer);
+    int again = tcp_dial(port2);
+    if (again >= 0) {
+        /* The port was taken again (a fixed or reused port): the new
+         * incarnation refuses a hello to the old one. */
+        tcp_hello(again, tcp_id("n1", inc1), tcp_id("n2", inc2));
+        assert_true(tcp_closed_within(again, WAIT_MS));
+        close(again);
+    }
     /* Driven by node_ttl: not before the node can have been without a word
      * for node_ttl minus its margin (acks come every node_ttl / 5). */
     if (waited < SELF_FENCE_MIN_MS)
