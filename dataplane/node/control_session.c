@@ -42,12 +42,15 @@ int node_session_send_hello(struct kvf_node *n, struct kvf_rpc_client_stream *cs
     snprintf(data_addr, sizeof data_addr, "%s:%u", n->data_host, n->data_port);
     char local_addr[300];
     snprintf(local_addr, sizeof local_addr, "unix:%s", n->local_socket);
-    Kvfence__V1__Endpoint ep[2] = {KVFENCE__V1__ENDPOINT__INIT, KVFENCE__V1__ENDPOINT__INIT};
+    Kvfence__V1__Endpoint ep[3] = {KVFENCE__V1__ENDPOINT__INIT, KVFENCE__V1__ENDPOINT__INIT,
+                                   KVFENCE__V1__ENDPOINT__INIT};
     ep[0].kind = KVFENCE__V1__ENDPOINT_KIND__ENDPOINT_KIND_DATA_TCP;
     ep[0].address = data_addr;
     ep[1].kind = KVFENCE__V1__ENDPOINT_KIND__ENDPOINT_KIND_NODE_LOCAL;
     ep[1].address = local_addr;
-    Kvfence__V1__Endpoint *eps[2] = {&ep[0], &ep[1]};
+    ep[2].kind = KVFENCE__V1__ENDPOINT_KIND__ENDPOINT_KIND_PEER_ZMQ;
+    ep[2].address = n->peer_ep;
+    Kvfence__V1__Endpoint *eps[3] = {&ep[0], &ep[1], &ep[2]};
 
     Kvfence__V1__Pool pv[NODE_MAX_POOLS];
     Kvfence__V1__Pool *pp[NODE_MAX_POOLS];
@@ -57,7 +60,7 @@ int node_session_send_hello(struct kvf_node *n, struct kvf_rpc_client_stream *cs
     h.node_id = n->node_id;
     h.incarnation = n->incarnation;
     h.capabilities = &caps;
-    h.n_endpoints = 2;
+    h.n_endpoints = n->peer_ep[0] ? 3 : 2;
     h.endpoints = eps;
     h.n_pools = n->npools;
     h.pools = pp;

@@ -15,10 +15,14 @@
  * counted in the lifetime), the chunk counts as failed and the node reports
  * TransferFailed unless the room is aborting already.
  *
- * Not in this version: UnregisterPool and Watch (UNIMPLEMENTED), aux bytes
- * (accepted, not sent), CUDA IPC pools (FAILED_PRECONDITION), same-node
- * transfers (FAILED_PRECONDITION). The sink's page size is taken to be the
- * source pool's: RoomUpdate's pools carry only their id today.
+ * A chunk belongs to the pair (source rank, sink rank) it names
+ * (struct node_pair, peer_link.c): chunk_seq rises per pair and last_chunk
+ * ends the pair; the last chunk's aux bytes are kept with the pair and sent,
+ * then the pair's TransferStatus, once its chunks completed.
+ *
+ * Not in this version: UnregisterPool (UNIMPLEMENTED), CUDA IPC pools (FAILED_PRECONDITION),
+ * same-node transfers (FAILED_PRECONDITION). The sink's page size is taken to be the source pool's:
+ * RoomUpdate's pools carry only their id today.
  */
 #include <errno.h>
 #include <inttypes.h>
@@ -47,6 +51,7 @@ struct node_xfer {
 
 struct node_chunk {
     struct node_room *room;
+    struct node_pair *pair; /* lives as long as the room */
     uint32_t src_rank;
     uint64_t seq;
     uint32_t nframes; /* posted */
@@ -230,8 +235,8 @@ void node_local_submit_chunk(struct kvf_node *n, struct node_job *j)
              req->source_rank);
         return;
     }
-    if (src->completed || src->last_submitted) {
-        fail(j, KVF_GRPC_FAILED_PRECONDITION, "source %u already submitted its last chunk",
+    if (src->completed) {
+        fail(j, KVF_GRPC_FAILED_PRECONDITION, "source %u completed: its transfers ended",
              req->source_rank);
         return;
     }
@@ -264,9 +269,16 @@ void node_local_submit_chunk(struct kvf_node *n, struct node_job *j)
         fail(j, KVF_GRPC_INVALID_ARGUMENT, "source and sink sizes differ (or are 0)");
         return;
     }
-    if (req->chunk_seq <= src->last_seq) {
+    struct node_pair *pair = node_pair_get(r, src->rank, sink, false);
+    if (pair && pair->last_submitted) {
+        fail(j, KVF_GRPC_FAILED_PRECONDITION,
+             "source %u already submitted its last chunk for sink %s rank %u", req->source_rank,
+             sink->node_id, sink->rank);
+        return;
+    }
+    if (pair && req->chunk_seq <= pair->last_seq) {
         fail(j, KVF_GRPC_ALREADY_EXISTS, "chunk_seq %" PRIu64 " not above %" PRIu64, req->chunk_seq,
-             src->last_seq);
+             pair->last_seq);
         return;
     }
     const struct node_pool *pool = NULL;
@@ -309,11 +321,22 @@ void node_local_submit_chunk(struct kvf_node *n, struct node_job *j)
     while (walk_next(&w2, max_pages, &a, &b, &c))
         nframes++;
     struct node_chunk *ch = calloc(1, sizeof *ch + nframes * sizeof(struct node_xfer));
-    if (!ch) {
+    uint8_t *aux = NULL;
+    if (ch && req->aux.len) {
+        aux = malloc(req->aux.len);
+        if (aux)
+            memcpy(aux, req->aux.data, req->aux.len);
+    }
+    if (!pair)
+        pair = node_pair_get(r, src->rank, sink, true);
+    if (!ch || !pair || (req->aux.len && !aux)) {
+        free(ch);
+        free(aux);
         fail(j, KVF_GRPC_RESOURCE_EXHAUSTED, "out of memory");
         return;
     }
     ch->room = r;
+    ch->pair = pair;
     ch->src_rank = src->rank;
     ch->seq = req->chunk_seq;
     int err = 0;
@@ -342,6 +365,7 @@ void node_local_submit_chunk(struct kvf_node *n, struct node_job *j)
     }
     if (ch->nframes == 0) {
         free(ch);
+        free(aux);
         if (err == -ECANCELED)
             fail(j, KVF_GRPC_ABORTED, "room admission is closed");
         else
@@ -351,8 +375,18 @@ void node_local_submit_chunk(struct kvf_node *n, struct node_job *j)
     }
     src->last_seq = req->chunk_seq;
     src->chunks_open++;
-    if (req->last_chunk)
-        src->last_submitted = true;
+    pair->last_seq = req->chunk_seq;
+    pair->chunks++;
+    pair->open++;
+    for (uint32_t i = 0; i < ch->nframes; i++)
+        pair->bytes += ch->frames[i].x.len;
+    if (req->last_chunk) {
+        pair->last_submitted = true;
+        pair->aux = aux;
+        pair->aux_len = req->aux.len;
+    } else {
+        free(aux);
+    }
     if (err != 0) {
         /* Part of the chunk is in flight: it completes, and the chunk fails. */
         ch->nfail++;
@@ -382,6 +416,13 @@ void node_local_completion(struct kvf_node *n, const struct kvf_completion *c)
         node_check_drained(n, r);
     if (ch->ndone < ch->nframes)
         return;
+    char why[96] = "";
+    if (ch->nfail)
+        snprintf(why, sizeof why, "chunk %" PRIu64 ": %u of %u frames failed", ch->seq, ch->nfail,
+                 ch->nframes);
+    node_watch_chunk_done(n, r, ch->src_rank, ch->pair->sink_rank, ch->seq, ch->nfail == 0, why);
+    /* AuxData and TransferStatus leave before Completed is decided. */
+    node_pair_chunk_done(n, r, ch->pair, ch->seq, ch->nfail == 0, why);
     struct node_member *src =
         member_find(r, n->node_id, ch->src_rank, KVFENCE__V1__ROLE__ROLE_SOURCE);
     if (src) {
@@ -389,11 +430,10 @@ void node_local_completion(struct kvf_node *n, const struct kvf_completion *c)
             src->chunks_open--;
         if (ch->nfail) {
             src->failed = true;
-            char why[96];
-            snprintf(why, sizeof why, "chunk %" PRIu64 ": %u of %u frames failed", ch->seq,
-                     ch->nfail, ch->nframes);
             node_send_transfer_failed(n, r, src->rank, src->role, why);
-        } else if (src->last_submitted && src->chunks_open == 0 && !src->failed &&
+        } else if (ch->pair->failed) {
+            src->failed = true; /* the status could not be sent: reported there */
+        } else if (src->chunks_open == 0 && node_pairs_done(r, src->rank) && !src->failed &&
                    !src->completed && !r->aborting) {
             node_send_completed(n, r, src);
         }
@@ -516,6 +556,8 @@ int node_local_start(struct kvf_node *n)
     if (rc == 0)
         rc = kvf_rpc_server_add_unary(n->local_srv, "/kvfence.v1.NodeLocal/SubmitChunk",
                                       h_submit_chunk, n);
+    if (rc == 0)
+        rc = node_watch_register(n);
     if (rc == 0) {
         rc = kvf_rpc_server_start(n->local_srv);
         if (rc > 0)
