@@ -477,6 +477,8 @@ static void on_room_update(struct kvf_node *n, const Kvfence__V1__RoomUpdate *ru
         peer_set_endpoint(&n->peers[idx], pn);
         node_peer_learn(n, &n->peers[idx], pn);
     }
+    bool had_update = r->have_update;
+    int old_state = r->state;
     pthread_rwlock_wrlock(&n->rooms_lock);
     struct node_member *old = r->members;
     size_t oldn = r->nmembers;
@@ -489,7 +491,9 @@ static void on_room_update(struct kvf_node *n, const Kvfence__V1__RoomUpdate *ru
     send_ack(n, ru->notice_id);
     if (!r->aborting)
         r->state = (int)ru->state;
-    node_watch_room_state(n, r);
+    /* A re-sent update changes nothing: no event for it. */
+    if (!r->watch_drained && (!had_update || r->state != old_state || cnt != oldn))
+        node_watch_room_state(n, r);
     for (size_t i = 0; i < r->nmembers; i++)
         node_check_sink_complete(n, r, &r->members[i]);
 }
