@@ -38,7 +38,7 @@
 
 #include "node_internal.h"
 
-#define WATCH_QUEUE_MAX  1024 /* unwritten events per watcher */
+#define WATCH_QUEUE_MAX  256 /* unwritten events per watcher (an aux: <= 1 MiB) */
 #define WATCH_MAX        64   /* watchers per node */
 #define WATCH_FILTER_MAX 256  /* rooms or ranks in one filter */
 
@@ -105,7 +105,8 @@ static void w_on_open(void *ctx, struct kvf_rpc_stream *stream, const uint8_t *r
     for (size_t i = 0; i < wr->n_rooms; i++)
         w->rooms[i] = (kvf_room_key){wr->rooms[i]->room_id, wr->rooms[i]->generation};
     w->nranks = wr->n_ranks;
-    memcpy(w->ranks, wr->ranks, wr->n_ranks * sizeof *w->ranks);
+    if (wr->n_ranks)
+        memcpy(w->ranks, wr->ranks, wr->n_ranks * sizeof *w->ranks);
     w->include_chunks = wr->include_chunks;
     w->snapshot_due = true;
     kvfence__v1__watch_request__free_unpacked(wr, NULL);

@@ -1035,8 +1035,106 @@ static void test_watch_bad_filters_and_shutdown(void **state)
     assert_true(status >= 0 && WIFEXITED(status) && WEXITSTATUS(status) == 0);
 }
 
-int main(void)
+/* The slow watcher: this executable run as "watch-child SOCKET", a separate
+ * process so that the test can SIGSTOP it: stopped, its gRPC transport grants
+ * no more flow-control window, and the node's sends to it stay queued. It
+ * watches with include_chunks, says "ready" on stdout after its first event,
+ * then reads to the end and exits with the stream's status code. */
+static int watch_child(const char *sock)
 {
+    char target[200];
+    snprintf(target, sizeof target, "unix:%s", sock);
+    struct kvf_rpc_channel *ch = kvf_rpc_channel_create(target, NULL);
+    if (!ch)
+        return 100;
+    Kvfence__V1__WatchRequest req = KVFENCE__V1__WATCH_REQUEST__INIT;
+    req.include_chunks = true;
+    uint8_t buf[16];
+    size_t len = kvfence__v1__watch_request__pack(&req, buf);
+    struct kvf_rpc_client_stream *cs =
+        kvf_rpc_client_stream_open(ch, "/kvfence.v1.NodeLocal/Watch", 120000);
+    if (!cs || kvf_rpc_client_stream_send(cs, buf, len) != 0 ||
+        kvf_rpc_client_stream_half_close(cs) != 0)
+        return 101;
+    size_t got = 0;
+    struct kvf_rpc_status st;
+    for (;;) {
+        uint8_t *msg;
+        size_t mlen;
+        int rc = kvf_rpc_client_stream_recv(cs, 60000, &msg, &mlen, &st);
+        if (rc != 0)
+            break;
+        free(msg);
+        if (++got == 1) {
+            printf("ready\n");
+            fflush(stdout);
+        }
+    }
+    fprintf(stderr, "watch-child: %zu events, then %d %s\n", got, st.code, st.message);
+    int code = strstr(st.message, "slow") ? st.code : 102;
+    kvf_rpc_client_stream_close(cs);
+    kvf_rpc_channel_destroy(ch);
+    return code;
+}
+
+/* A watcher that stops reading: once its unwritten events pass the node's
+ * bound, its stream ends with RESOURCE_EXHAUSTED; the owner never waits for
+ * it (every SubmitChunk is answered meanwhile) and the room still completes. */
+static void test_slow_watcher_ends_with_resource_exhausted(void **state)
+{
+    struct fx *f = *state;
+    fx_start(f, NULL);
+    kvf_room_key k = room_pair(f, 601, 0, 8);
+    int out[2];
+    assert_int_equal(pipe(out), 0);
+    pid_t parent = getpid();
+    pid_t pid = fork();
+    assert_true(pid >= 0);
+    if (pid == 0) {
+        prctl(PR_SET_PDEATHSIG, SIGKILL);
+        if (getppid() != parent)
+            _exit(127);
+        dup2(out[1], 1);
+        close(out[0]);
+        close(out[1]);
+        execl("/proc/self/exe", "test_node_peer", "watch-child", f->n1.sock, (char *)NULL);
+        _exit(127);
+    }
+    close(out[1]);
+    char line[16] = "";
+    ssize_t r = read(out[0], line, sizeof line - 1); /* blocks until "ready" */
+    close(out[0]);
+    if (r <= 0 || strncmp(line, "ready", 5) != 0) {
+        kill(pid, SIGKILL);
+        waitpid(pid, NULL, 0);
+        fail_msg("watch child did not get ready");
+    }
+    kill(pid, SIGSTOP);
+    enum { N = 2000 };
+    for (uint32_t i = 1; i <= N; i++) {
+        struct chunk c = {0, i, i % 8, 0, i % 8, 1, i == N, NULL, 0};
+        submit_ok(f, k, &c);
+    }
+    wait_room_state(f, k, KVFENCE__V1__ROOM_STATE__ROOM_STATE_COMPLETED, WAIT_MS);
+    kill(pid, SIGCONT);
+    int st = 0;
+    int64_t end = now_ms() + WAIT_MS;
+    while (waitpid(pid, &st, WNOHANG) != pid) {
+        if (now_ms() > end) {
+            kill(pid, SIGKILL);
+            waitpid(pid, &st, 0);
+            fail_msg("watch child did not end");
+        }
+        sleep_ms(10);
+    }
+    if (!WIFEXITED(st) || WEXITSTATUS(st) != KVF_GRPC_RESOURCE_EXHAUSTED)
+        fail_msg("watch child: status 0x%x (want exit %d)", st, KVF_GRPC_RESOURCE_EXHAUSTED);
+}
+
+int main(int argc, char **argv)
+{
+    if (argc == 3 && strcmp(argv[1], "watch-child") == 0)
+        return watch_child(argv[2]);
     const struct CMUnitTest tests[] = {
         cmocka_unit_test_setup_teardown(test_aux_reaches_sink_watch_then_room_completes, setup,
                                         teardown),
@@ -1047,6 +1145,8 @@ int main(void)
         cmocka_unit_test_setup_teardown(test_many_threads_every_aux_whole_and_in_order, setup,
                                         teardown),
         cmocka_unit_test_setup_teardown(test_watch_bad_filters_and_shutdown, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_slow_watcher_ends_with_resource_exhausted, setup,
+                                        teardown),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
