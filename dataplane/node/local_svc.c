@@ -1,9 +1,10 @@
 /*
  * local_svc.c: NodeLocal, the engines' API on the node's unix socket
- * (RegisterPool, SubmitChunk), and the source side of a transfer: a chunk is
- * checked against the room's leases, split into TCP frames, each admitted
- * into the room's lifetime and posted; completions retire the frames, and a
- * source participant whose last chunk completed well is reported Completed.
+ * (RegisterPool, SubmitChunk; Watch is in watch.c), and the source side of a
+ * transfer: a chunk is checked against the room's leases, split into TCP
+ * frames, each admitted into the room's lifetime and posted; completions
+ * retire the frames, and a source participant whose pairs all ended well is
+ * reported Completed.
  *
  * DESIGN: the handlers run on gRPC CQ threads; they decode and check the
  * request's shape only, then post a job. The owner thread does the rest

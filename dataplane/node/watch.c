@@ -39,8 +39,8 @@
 #include "node_internal.h"
 
 #define WATCH_QUEUE_MAX  256 /* unwritten events per watcher (an aux: <= 1 MiB) */
-#define WATCH_MAX        64   /* watchers per node */
-#define WATCH_FILTER_MAX 256  /* rooms or ranks in one filter */
+#define WATCH_MAX        64  /* watchers per node */
+#define WATCH_FILTER_MAX 256 /* rooms or ranks in one filter */
 
 struct node_watcher {
     struct kvf_rpc_stream *stream;
