@@ -21,9 +21,10 @@
  * ends the pair; the last chunk's aux bytes are kept with the pair and sent,
  * then the pair's TransferStatus, once its chunks completed.
  *
- * Not in this version: UnregisterPool (UNIMPLEMENTED), CUDA IPC pools (FAILED_PRECONDITION),
- * same-node transfers (FAILED_PRECONDITION). The sink's page size is taken to be the source pool's:
- * RoomUpdate's pools carry only their id today.
+ * Not in this version: UnregisterPool (UNIMPLEMENTED), CUDA IPC pools
+ * (FAILED_PRECONDITION), same-node transfers (FAILED_PRECONDITION). The sink's
+ * page size is taken to be the source pool's: RoomUpdate's pools carry only
+ * their id today.
  */
 #include <errno.h>
 #include <inttypes.h>

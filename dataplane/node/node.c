@@ -15,12 +15,12 @@
  * - no Resync, no self-fencing after node_ttl without a session.
  *
  * Completion rules (documented decisions):
- * - a source participant is Completed when its last chunk (last_chunk=true)
- *   was admitted and every frame of every chunk it submitted completed OK (the
- *   bytes are in the socket; the sink side attests that they landed);
  * - a source participant is Completed once every (source, sink) pair it
- *   opened had its last chunk (last_chunk=true, per sink rank) completed, and
- *   its AuxData and TransferStatus were handed to the peer channel;
+ *   opened had its last chunk (last_chunk=true, per sink rank) admitted, every
+ *   frame of every chunk it submitted completed OK (the bytes are in the
+ *   socket; the sink side attests that they landed), and each pair's AuxData
+ *   and TransferStatus were handed to the peer channel. An engine feeding
+ *   several sinks opens every pair before the last chunk of any completes;
  * - a sink participant is Completed when the payload bytes that landed in its
  *   lease reach the size of the lease (pages x the pool's page size) AND the
  *   ok TransferStatus messages of its sources account for every landed byte
