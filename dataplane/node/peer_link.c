@@ -140,7 +140,8 @@ static void peer_on_drop(void *ctx, enum kvf_peer_drop_reason reason,
     j->member = sink_rank_of(env); /* the sink rank, for the report */
     struct node_peer_msg *pm = calloc(1, sizeof *pm + 1);
     if (pm)
-        snprintf(pm->sender, sizeof pm->sender, "%s", env->sender_node_id);
+        snprintf(pm->sender, sizeof pm->sender, "%s",
+                 env->sender_node_id ? env->sender_node_id : "?");
     j->pmsg = pm;
     if (node_post(n, j) != 0)
         node_job_free(j);

@@ -129,15 +129,20 @@ static void w_on_open(void *ctx, struct kvf_rpc_stream *stream, const uint8_t *r
     pthread_mutex_unlock(&n->watch_lock);
 
     struct node_job *j = calloc(1, sizeof *j);
-    if (j)
+    const char *refused = j ? NULL : "out of memory";
+    if (j) {
         j->kind = JOB_WATCH_ADD;
-    if (!j || node_post(n, j) != 0) {
-        free(j);
+        if (node_post(n, j) != 0) {
+            free(j);
+            refused = "node shutting down";
+        }
+    }
+    if (refused) {
+        /* The watcher stays listed until on_closed frees it. */
         pthread_mutex_lock(&n->watch_lock);
         if (!w->ended) {
             w->ended = true;
-            kvf_rpc_stream_finish(stream, KVF_GRPC_UNAVAILABLE,
-                                  j ? "node shutting down" : "out of memory");
+            kvf_rpc_stream_finish(stream, KVF_GRPC_UNAVAILABLE, refused);
         }
         pthread_mutex_unlock(&n->watch_lock);
     }
