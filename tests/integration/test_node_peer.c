@@ -614,6 +614,27 @@ static bool ev_room(const Kvfence__V1__NodeEvent *ev, kvf_room_key k)
     return ev->room->room_id == k.room_id && ev->room->generation == k.generation;
 }
 
+/* Waits for the room_state of `k` (the stream's snapshot when the node knows
+ * the room): from then on the watcher gets every live event. Watch's server
+ * side registers a stream asynchronously, so a test that submits right after
+ * opening would race it. Only room_state events may come before. */
+static void watch_sync(struct kvf_rpc_client_stream *cs, kvf_room_key k)
+{
+    for (;;) {
+        Kvfence__V1__NodeEvent *ev = watch_must(cs);
+        assert_int_equal(ev->event_case, KVFENCE__V1__NODE_EVENT__EVENT_ROOM_STATE);
+        bool hit = ev_room(ev, k);
+        if (hit) {
+            assert_int_equal(ev->room_state->state, KVFENCE__V1__ROOM_STATE__ROOM_STATE_ACTIVE);
+            assert_int_equal(ev->room_state->lifetime,
+                             KVFENCE__V1__LIFETIME_STATE__LIFETIME_STATE_OPEN);
+        }
+        kvfence__v1__node_event__free_unpacked(ev, NULL);
+        if (hit)
+            return;
+    }
+}
+
 static void fill_aux(uint8_t *buf, size_t len, uint32_t tag)
 {
     for (size_t i = 0; i < len; i++)
@@ -682,9 +703,11 @@ static void test_aux_reaches_sink_watch_then_room_completes(void **state)
 {
     struct fx *f = *state;
     fx_start(f, NULL);
+    kvf_room_key k = room_pair(f, 101, 16, 8);
     struct kvf_rpc_client_stream *w2 = watch_open(&f->n2, NULL, 0, NULL, 0, false);
     struct kvf_rpc_client_stream *w1 = watch_open(&f->n1, NULL, 0, NULL, 0, true);
-    kvf_room_key k = room_pair(f, 101, 16, 8);
+    watch_sync(w2, k); /* ACTIVE, lifetime OPEN */
+    watch_sync(w1, k);
 
     uint8_t aux[3000];
     fill_aux(aux, sizeof aux, 0);
@@ -693,19 +716,12 @@ static void test_aux_reaches_sink_watch_then_room_completes(void **state)
     submit_ok(f, k, &c1);
     submit_ok(f, k, &c2);
 
-    /* n2: room_state (ACTIVE) first, then aux, then transfer_done ok. */
-    bool active = false;
+    /* n2: aux, then transfer_done ok. */
     struct pair_seen seen[64] = {{0}};
     while (!seen[0].done) {
         Kvfence__V1__NodeEvent *ev = watch_must(w2);
         assert_true(ev_room(ev, k));
-        if (ev->event_case == KVFENCE__V1__NODE_EVENT__EVENT_ROOM_STATE &&
-            ev->room_state->state == KVFENCE__V1__ROOM_STATE__ROOM_STATE_ACTIVE) {
-            assert_int_equal(ev->room_state->lifetime,
-                             KVFENCE__V1__LIFETIME_STATE__LIFETIME_STATE_OPEN);
-            active = true;
-        } else if (ev->event_case == KVFENCE__V1__NODE_EVENT__EVENT_AUX) {
-            assert_true(active);
+        if (ev->event_case == KVFENCE__V1__NODE_EVENT__EVENT_AUX) {
             assert_false(seen[0].aux);
             assert_int_equal(ev->aux->source_rank, 0);
             assert_int_equal(ev->aux->sink_rank, 0);
@@ -771,6 +787,7 @@ static void test_tp_fan_in_and_fan_out_aux_per_pair(void **state)
     wait_node_knows(f, &f->n2, a);
     kvf_room_key wa[1] = {{a.room_id, 0}}; /* any generation of the id */
     struct kvf_rpc_client_stream *w = watch_open(&f->n2, wa, 1, NULL, 0, false);
+    watch_sync(w, a);
     fill_aux(aux[0], aux_len_3000(0), 0);
     fill_aux(aux[1], aux_len_3000(16), 16);
     struct chunk ca0 = {0, 1, 0, 0, 0, 4, true, aux[0], aux_len_3000(0)};
@@ -795,6 +812,8 @@ static void test_tp_fan_in_and_fan_out_aux_per_pair(void **state)
     struct kvf_rpc_client_stream *wall = watch_open(&f->n2, &b, 1, NULL, 0, false);
     uint32_t rank1[1] = {1};
     struct kvf_rpc_client_stream *w1 = watch_open(&f->n2, &b, 1, rank1, 1, false);
+    watch_sync(wall, b);
+    watch_sync(w1, b);
     fill_aux(aux[2], aux_len_3000(0), 0);
     fill_aux(aux[3], aux_len_3000(1), 1);
     struct chunk cb[4] = {
@@ -825,8 +844,9 @@ static void test_lost_message_fails_room_and_late_aux_is_dropped(void **state)
 {
     struct fx *f = *state;
     fx_start(f, "delay_nth=1,delay_after=2");
-    struct kvf_rpc_client_stream *w = watch_open(&f->n2, NULL, 0, NULL, 0, false);
     kvf_room_key a = room_pair(f, 301, 0, 4);
+    struct kvf_rpc_client_stream *w = watch_open(&f->n2, NULL, 0, NULL, 0, false);
+    watch_sync(w, a);
     uint8_t aux_a[3000];
     fill_aux(aux_a, sizeof aux_a, 0);
     struct chunk ca = {0, 1, 0, 0, 0, 4, true, aux_a, sizeof aux_a};
@@ -853,9 +873,11 @@ static void test_status_after_abort_is_dropped(void **state)
 {
     struct fx *f = *state;
     fx_start(f, "delay_nth=1,delay_after=1");
+    kvf_room_key a = room_pair(f, 401, 0, 4);
     struct kvf_rpc_client_stream *w = watch_open(&f->n2, NULL, 0, NULL, 0, false);
     struct kvf_rpc_client_stream *w1 = watch_open(&f->n1, NULL, 0, NULL, 0, true);
-    kvf_room_key a = room_pair(f, 401, 0, 4);
+    watch_sync(w, a);
+    watch_sync(w1, a);
     struct chunk ca = {0, 1, 0, 0, 0, 4, true, NULL, 0};
     submit_ok(f, a, &ca);
     /* Once n1's chunk_done is out, A's status went to the channel (held):
@@ -932,11 +954,12 @@ static void test_many_threads_every_aux_whole_and_in_order(void **state)
 {
     struct fx *f = *state;
     fx_start(f, NULL);
-    struct kvf_rpc_client_stream *w = watch_open(&f->n2, NULL, 0, NULL, 0, false);
     static struct mt ms[MT_THREADS];
     kvf_room_key rooms[MT_ROOMS];
     for (uint32_t i = 0; i < MT_ROOMS; i++)
         rooms[i] = room_pair(f, 1000 + i, 2 * i, 2);
+    struct kvf_rpc_client_stream *w = watch_open(&f->n2, NULL, 0, NULL, 0, false);
+    watch_sync(w, rooms[0]); /* the other rooms' snapshot events are skipped below */
     pthread_t th[MT_THREADS];
     for (int t = 0; t < MT_THREADS; t++) {
         memset(&ms[t], 0, sizeof ms[t]);
