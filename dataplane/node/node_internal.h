@@ -254,7 +254,8 @@ struct kvf_node {
 
     /* Peer channel (peer_link.c). */
     struct kvf_peer_channel *peerch;
-    char peer_ep[96]; /* ours, announced in Hello */
+    char peer_ep[96];          /* ours, announced in Hello */
+    atomic_bool peer_stopping; /* admission stops waiting for room updates */
 
     /* NodeLocal.Watch streams (watch.c). */
     pthread_mutex_t watch_lock;

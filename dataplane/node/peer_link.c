@@ -10,7 +10,8 @@
  * the TCP receivers' check: ACCEPT for a room with members whose admission is
  * open here and whose members include the sender's node id and incarnation;
  * LATE for a room this node closed (aborting, completed, drained) or an older
- * generation of an id it knows; UNKNOWN otherwise (no update yet, a stranger).
+ * generation of an id it knows; UNKNOWN otherwise (a stranger, or no update
+ * within PEER_WAIT_UPDATE_MS for a room not seen yet).
  * A delivered envelope is copied into a PEER_MSG job; the owner checks the
  * room again (it may have been aborted meanwhile: then nothing reaches Watch).
  * An OUT_OF_ORDER drop (a lost message) becomes a PEER_GAP job: the owner
@@ -31,24 +32,30 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #include "kvf_error.h"
 #include "node_internal.h"
 
 /* ---- channel callbacks (channel thread) ----------------------------------------- */
 
-static enum kvf_peer_verdict peer_accept(void *ctx, kvf_room_key key, const char *sender,
-                                         uint64_t sender_incarnation)
+/* One look at the room map; *unseen: the room is not in it yet (its update
+ * may still be on its way). */
+static enum kvf_peer_verdict verdict_of(struct kvf_node *n, kvf_room_key key, const char *sender,
+                                        uint64_t sender_incarnation, bool *unseen)
 {
-    struct kvf_node *n = ctx;
     enum kvf_peer_verdict v = KVF_PEER_UNKNOWN;
+    *unseen = false;
     pthread_rwlock_rdlock(&n->rooms_lock);
     struct node_room *r = node_room_find(n, key);
     if (!r) {
+        *unseen = true;
         /* A newer generation of the id is known here: this one is over. */
         for (struct node_room *o = n->rooms; o; o = o->next)
-            if (o->key.room_id == key.room_id && o->key.generation > key.generation)
+            if (o->key.room_id == key.room_id && o->key.generation > key.generation) {
                 v = KVF_PEER_LATE;
+                *unseen = false;
+            }
     } else if (r->peer_closed) {
         v = KVF_PEER_LATE;
     } else if (r->have_update) {
@@ -59,6 +66,29 @@ static enum kvf_peer_verdict peer_accept(void *ctx, kvf_room_key key, const char
     }
     pthread_rwlock_unlock(&n->rooms_lock);
     return v;
+}
+
+/* A source sends its aux and status once its frames are in the socket; the
+ * sink's RoomUpdate may still be on its way then (the TCP receivers wait for
+ * it too). Dropping the envelope as UNKNOWN would fail the room (the next
+ * one is a sequence gap), so an envelope for a room this node has not seen
+ * yet waits for the update, bounded like the TCP receivers' wait; the
+ * channel's deliveries pause meanwhile. */
+#define PEER_WAIT_UPDATE_MS 2000
+
+static enum kvf_peer_verdict peer_accept(void *ctx, kvf_room_key key, const char *sender,
+                                         uint64_t sender_incarnation)
+{
+    struct kvf_node *n = ctx;
+    int64_t deadline = node_now_ms() + PEER_WAIT_UPDATE_MS;
+    for (;;) {
+        bool unseen;
+        enum kvf_peer_verdict v = verdict_of(n, key, sender, sender_incarnation, &unseen);
+        if (!unseen || atomic_load(&n->peer_stopping) || node_now_ms() >= deadline)
+            return v;
+        struct timespec ts = {0, 2 * 1000000L};
+        nanosleep(&ts, NULL);
+    }
 }
 
 static void peer_on_message(void *ctx, const Kvfence__V1__PeerEnvelope *env)
@@ -213,6 +243,7 @@ void node_peer_stop(struct kvf_node *n)
 {
     if (!n->peerch)
         return;
+    atomic_store(&n->peer_stopping, true); /* no admission waits from now on */
     struct kvf_peer_stats st;
     kvf_peer_channel_stats(n->peerch, &st);
     node_log("info", NULL,
