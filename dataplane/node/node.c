@@ -336,8 +336,11 @@ void node_check_sink_complete(struct kvf_node *n, struct node_room *r, struct no
     const struct node_pool *p = pool_find(n, m->pool_id);
     if (!p)
         return;
-    if (m->bytes_landed >= m->pages * (uint64_t)p->page_size && m->status_bytes == m->bytes_landed)
+    if (m->bytes_landed >= m->pages * (uint64_t)p->page_size &&
+        m->status_bytes == m->bytes_landed) {
+        node_peer_sink_done(n, r, m);
         node_send_completed(n, r, m);
+    }
 }
 
 /* ---- peers ------------------------------------------------------------------- */

@@ -126,6 +126,7 @@ struct node_room {
     int abort_reason;   /* Kvfence__V1__AbortReason */
     bool watch_drained; /* the DRAINED room_state event went out */
     struct node_pair *pairs;
+    struct node_peer_msg *done_pending; /* ok TransferStatus, until the sink completes */
     /* Written by the owner under rooms_lock (write): the peer channel must
      * answer LATE (aborting, admission closed, or drained). */
     bool peer_closed;
@@ -147,6 +148,7 @@ struct node_peer {
 
 /* A delivered peer envelope, copied for the owner (PEER_MSG). */
 struct node_peer_msg {
+    struct node_peer_msg *next; /* done_pending */
     kvf_room_key room;
     char sender[NODE_ID_MAX + 1];
     uint64_t sender_incarnation;
@@ -310,6 +312,9 @@ void node_pair_chunk_done(struct kvf_node *n, struct node_room *r, struct node_p
 /* Owner: every pair of local source `rank` finished (and at least one exists). */
 bool node_pairs_done(const struct node_room *r, uint32_t rank);
 void node_pairs_free(struct node_room *r);
+/* Owner: sink `m` is about to report Completed: the transfer_done events held
+ * for it go out now, in arrival order. */
+void node_peer_sink_done(struct kvf_node *n, struct node_room *r, const struct node_member *m);
 /* Owner: a local sink whose lease is full and accounted for is complete. */
 void node_check_sink_complete(struct kvf_node *n, struct node_room *r, struct node_member *m);
 

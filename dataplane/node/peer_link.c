@@ -37,6 +37,8 @@
 #include "kvf_error.h"
 #include "node_internal.h"
 
+static void done_pending_free(struct node_room *r);
+
 /* ---- channel callbacks (channel thread) ----------------------------------------- */
 
 /* One look at the room map; *unseen: the room is not in it yet (its update
@@ -267,6 +269,7 @@ void node_peer_learn(struct kvf_node *n, struct node_peer *p, const Kvfence__V1_
 
 void node_peer_close_room(struct kvf_node *n, struct node_room *r)
 {
+    done_pending_free(r); /* aborting, or every local sink flushed its own */
     if (r->peer_closed)
         return;
     pthread_rwlock_wrlock(&n->rooms_lock);
@@ -312,10 +315,44 @@ void node_peer_msg(struct kvf_node *n, struct node_job *j)
              " bytes%s%s",
              pm->sender, pm->source_rank, pm->sink_rank, pm->ok ? "ok" : "failed", pm->chunks,
              pm->bytes, pm->error[0] ? ": " : "", pm->error);
-    node_watch_transfer_done(n, r, pm);
-    if (pm->ok) {
-        m->status_bytes += pm->bytes;
-        node_check_sink_complete(n, r, m);
+    if (!pm->ok) {
+        node_watch_transfer_done(n, r, pm);
+        return;
+    }
+    /* transfer_done ok promises that every chunk arrived: it waits until the
+     * sink's landed bytes cover its lease and are all accounted for (the
+     * frames of one node pair share one ordered TCP connection, but a status
+     * does not say which landed bytes are its own). */
+    m->status_bytes += pm->bytes;
+    struct node_peer_msg **tail = &r->done_pending;
+    while (*tail)
+        tail = &(*tail)->next;
+    *tail = j->pmsg;
+    j->pmsg = NULL;
+    node_check_sink_complete(n, r, m);
+}
+
+void node_peer_sink_done(struct kvf_node *n, struct node_room *r, const struct node_member *m)
+{
+    struct node_peer_msg **pp = &r->done_pending;
+    while (*pp) {
+        struct node_peer_msg *pm = *pp;
+        if (pm->sink_rank != m->rank) {
+            pp = &pm->next;
+            continue;
+        }
+        *pp = pm->next;
+        node_watch_transfer_done(n, r, pm);
+        free(pm);
+    }
+}
+
+static void done_pending_free(struct node_room *r)
+{
+    while (r->done_pending) {
+        struct node_peer_msg *pm = r->done_pending;
+        r->done_pending = pm->next;
+        free(pm);
     }
 }
 
@@ -376,6 +413,7 @@ void node_pairs_free(struct node_room *r)
         p = next;
     }
     r->pairs = NULL;
+    done_pending_free(r);
 }
 
 static const char *sink_endpoint(struct kvf_node *n, const struct node_pair *p)

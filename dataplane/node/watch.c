@@ -8,9 +8,10 @@
  *   (first one), the room's lifetime drained here;
  * - chunk_done (include_chunks only): a chunk of a local source finished;
  * - aux: AuxData arrived for a local sink rank;
- * - transfer_done: a source's TransferStatus arrived for a local sink rank
- *   (ok = what the source reported; the sink's Completed, and the room's
- *   COMPLETED, follow only once every landed byte is accounted for).
+ * - transfer_done: a source's TransferStatus arrived for a local sink rank.
+ *   ok=false goes out at once; ok=true is held (peer_link.c) until the sink
+ *   rank's landed bytes cover its lease and are all accounted for by ok
+ *   statuses, i.e. every chunk arrived, then sent just before its Completed.
  * A stream starts with one room_state per matching room whose lifetime has
  * not drained (its current state), sent by the owner when it runs the
  * WATCH_ADD job; live events reach a watcher only after its snapshot.

@@ -732,6 +732,11 @@ static void test_aux_reaches_sink_watch_then_room_completes(void **state)
             assert_true(ev->transfer_done->ok);
             assert_string_equal(ev->transfer_done->source_node_id, "n1");
             seen[0].done = true;
+            /* ok promises every chunk arrived: the pages hold n1's bytes now. */
+            for (uint32_t pg = 16; pg < 24; pg++)
+                for (uint32_t i = 0; i < PAGE_SIZE; i++)
+                    if (f->p2.mem[(size_t)pg * PAGE_SIZE + i] != canary1(pg, i))
+                        fail_msg("transfer_done before n2 page %u byte %u landed", pg, i);
         } else {
             fail_msg("unexpected event %d on n2", (int)ev->event_case);
         }
