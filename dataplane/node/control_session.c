@@ -44,15 +44,25 @@ int node_session_send_hello(struct kvf_node *n, struct kvf_rpc_client_stream *cs
     snprintf(data_addr, sizeof data_addr, "%s:%u", n->data_host, n->data_port);
     char local_addr[300];
     snprintf(local_addr, sizeof local_addr, "unix:%s", n->local_socket);
-    Kvfence__V1__Endpoint ep[3] = {KVFENCE__V1__ENDPOINT__INIT, KVFENCE__V1__ENDPOINT__INIT,
-                                   KVFENCE__V1__ENDPOINT__INIT};
-    ep[0].kind = KVFENCE__V1__ENDPOINT_KIND__ENDPOINT_KIND_DATA_TCP;
-    ep[0].address = data_addr;
-    ep[1].kind = KVFENCE__V1__ENDPOINT_KIND__ENDPOINT_KIND_NODE_LOCAL;
-    ep[1].address = local_addr;
-    ep[2].kind = KVFENCE__V1__ENDPOINT_KIND__ENDPOINT_KIND_DATA_RDMA; /* only with a device */
-    ep[2].address = (char *)rdma_ep;
-    Kvfence__V1__Endpoint *eps[3] = {&ep[0], &ep[1], &ep[2]};
+    Kvfence__V1__Endpoint ep[4];
+    Kvfence__V1__Endpoint *eps[4];
+    for (size_t i = 0; i < 4; i++) {
+        kvfence__v1__endpoint__init(&ep[i]);
+        eps[i] = &ep[i];
+    }
+    size_t nep = 0;
+    ep[nep].kind = KVFENCE__V1__ENDPOINT_KIND__ENDPOINT_KIND_DATA_TCP;
+    ep[nep++].address = data_addr;
+    ep[nep].kind = KVFENCE__V1__ENDPOINT_KIND__ENDPOINT_KIND_NODE_LOCAL;
+    ep[nep++].address = local_addr;
+    if (n->peer_ep[0]) {
+        ep[nep].kind = KVFENCE__V1__ENDPOINT_KIND__ENDPOINT_KIND_PEER_ZMQ;
+        ep[nep++].address = n->peer_ep;
+    }
+    if (rdma_ep[0]) { /* only with a device */
+        ep[nep].kind = KVFENCE__V1__ENDPOINT_KIND__ENDPOINT_KIND_DATA_RDMA;
+        ep[nep++].address = (char *)rdma_ep;
+    }
 
     Kvfence__V1__Pool pv[NODE_MAX_POOLS];
     Kvfence__V1__Pool *pp[NODE_MAX_POOLS];
@@ -62,7 +72,7 @@ int node_session_send_hello(struct kvf_node *n, struct kvf_rpc_client_stream *cs
     h.node_id = n->node_id;
     h.incarnation = n->incarnation;
     h.capabilities = &caps;
-    h.n_endpoints = rdma_ep[0] ? 3 : 2;
+    h.n_endpoints = nep;
     h.endpoints = eps;
     h.n_pools = n->npools;
     h.pools = pp;
