@@ -34,7 +34,7 @@ struct kvf_node_opts {
     uint32_t staging_buffers; /* staging ring buffers (0: 16) */
     /* Tests only: same-node copies wait while this file exists. */
     const char *test_local_hold_file;
-    uint16_t peer_port;        /* ZeroMQ peer channel port on data_host; 0: any */
+    uint16_t peer_port; /* ZeroMQ peer channel port on data_host; 0: any */
     /* Tests only: peer channel fault injection, "drop_nth=N,duplicate_nth=N,
      * delay_nth=N,delay_after=M" (struct kvf_peer_fault); NULL or "": none. */
     const char *peer_fault;

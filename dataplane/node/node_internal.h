@@ -150,7 +150,7 @@ struct node_peer {
     uint16_t port;
     bool connected;
     bool fenced;
-    bool rdma; /* it advertises the RDMA feature (xport.c) */
+    bool rdma;        /* it advertises the RDMA feature (xport.c) */
     char peer_ep[96]; /* its PEER_ZMQ endpoint, "" if not announced */
 };
 
