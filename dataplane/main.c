@@ -24,9 +24,9 @@
 #include "node.h"
 
 struct settings {
-    const char *config, *control, *node_id, *local_socket, *data_host, *port_file;
+    const char *config, *control, *node_id, *local_socket, *data_host, *port_file, *peer_fault;
     const char *staging, *test_local_hold_file;
-    uint64_t data_port, drain_timeout_ms, staging_buffers;
+    uint64_t data_port, peer_port, drain_timeout_ms, staging_buffers;
     bool version;
 };
 
@@ -69,6 +69,10 @@ int main(int argc, char **argv)
         {"data-host", KVF_CONFIG_STRING, &cfg.data_host, 0,
          "numeric IPv4 the TCP data transport binds and announces"},
         {"data-port", KVF_CONFIG_UINT, &cfg.data_port, 65535, "TCP data port (0: any)"},
+        {"peer-port", KVF_CONFIG_UINT, &cfg.peer_port, 65535,
+         "ZeroMQ peer channel port on the data host (0: any)"},
+        {"peer-fault", KVF_CONFIG_STRING, &cfg.peer_fault, 0,
+         "tests only: peer channel faults, e.g. delay_nth=1,delay_after=1"},
         {"port-file", KVF_CONFIG_STRING, &cfg.port_file, 0,
          "once attached, write the data port and the local socket path here (tests)"},
         {"drain-timeout-ms", KVF_CONFIG_UINT, &cfg.drain_timeout_ms, 86400000,
@@ -136,6 +140,8 @@ int main(int argc, char **argv)
     opts.local_socket = cfg.local_socket;
     opts.data_host = cfg.data_host;
     opts.data_port = (uint16_t)cfg.data_port;
+    opts.peer_port = (uint16_t)cfg.peer_port;
+    opts.peer_fault = cfg.peer_fault;
     opts.drain_timeout_ms = cfg.drain_timeout_ms;
     opts.staging = cfg.staging;
     opts.staging_buffers = (uint32_t)cfg.staging_buffers;

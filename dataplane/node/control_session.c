@@ -56,15 +56,25 @@ int node_session_send_hello(struct kvf_node *n, struct kvf_rpc_client_stream *cs
     snprintf(data_addr, sizeof data_addr, "%s:%u", n->data_host, n->data_port);
     char local_addr[300];
     snprintf(local_addr, sizeof local_addr, "unix:%s", n->local_socket);
-    Kvfence__V1__Endpoint ep[3] = {KVFENCE__V1__ENDPOINT__INIT, KVFENCE__V1__ENDPOINT__INIT,
-                                   KVFENCE__V1__ENDPOINT__INIT};
-    ep[0].kind = KVFENCE__V1__ENDPOINT_KIND__ENDPOINT_KIND_DATA_TCP;
-    ep[0].address = data_addr;
-    ep[1].kind = KVFENCE__V1__ENDPOINT_KIND__ENDPOINT_KIND_NODE_LOCAL;
-    ep[1].address = local_addr;
-    ep[2].kind = KVFENCE__V1__ENDPOINT_KIND__ENDPOINT_KIND_DATA_RDMA; /* only with a device */
-    ep[2].address = (char *)rdma_ep;
-    Kvfence__V1__Endpoint *eps[3] = {&ep[0], &ep[1], &ep[2]};
+    Kvfence__V1__Endpoint ep[4];
+    Kvfence__V1__Endpoint *eps[4];
+    for (size_t i = 0; i < 4; i++) {
+        kvfence__v1__endpoint__init(&ep[i]);
+        eps[i] = &ep[i];
+    }
+    size_t nep = 0;
+    ep[nep].kind = KVFENCE__V1__ENDPOINT_KIND__ENDPOINT_KIND_DATA_TCP;
+    ep[nep++].address = data_addr;
+    ep[nep].kind = KVFENCE__V1__ENDPOINT_KIND__ENDPOINT_KIND_NODE_LOCAL;
+    ep[nep++].address = local_addr;
+    if (n->peer_ep[0]) {
+        ep[nep].kind = KVFENCE__V1__ENDPOINT_KIND__ENDPOINT_KIND_PEER_ZMQ;
+        ep[nep++].address = n->peer_ep;
+    }
+    if (rdma_ep[0]) { /* only with a device */
+        ep[nep].kind = KVFENCE__V1__ENDPOINT_KIND__ENDPOINT_KIND_DATA_RDMA;
+        ep[nep++].address = (char *)rdma_ep;
+    }
 
     Kvfence__V1__Pool pv[NODE_MAX_POOLS];
     Kvfence__V1__Pool *pp[NODE_MAX_POOLS];
@@ -74,7 +84,7 @@ int node_session_send_hello(struct kvf_node *n, struct kvf_rpc_client_stream *cs
     h.node_id = n->node_id;
     h.incarnation = n->incarnation;
     h.capabilities = &caps;
-    h.n_endpoints = rdma_ep[0] ? 3 : 2;
+    h.n_endpoints = nep;
     h.endpoints = eps;
     h.n_pools = n->npools;
     h.pools = pp;
@@ -238,11 +248,20 @@ void node_self_fence(struct kvf_node *n, const char *why)
     n->welcomed = false;
     pthread_mutex_unlock(&n->qlock);
 
-    /* Admission first: nothing new starts while the peers are fenced. */
+    /* Admission first: nothing new starts while the peers are fenced. The
+     * engines watching a room that was open see it close. */
     size_t open = 0;
     for (struct node_room *r = n->rooms; r; r = r->next)
         open += kvf_lt_state(r->lt) == KVF_LT_OPEN;
+    struct node_room **was_open = calloc(open ? open : 1, sizeof *was_open);
+    size_t k = 0;
+    for (struct node_room *r = n->rooms; r && was_open; r = r->next)
+        if (kvf_lt_state(r->lt) == KVF_LT_OPEN)
+            was_open[k++] = r;
     (void)kvf_lt_table_close_all(n->lts, NULL, NULL);
+    for (size_t i = 0; i < k; i++)
+        node_watch_room_state(n, was_open[i]);
+    free(was_open);
     uint32_t fenced = 0;
     for (uint32_t i = 0; i < n->npeers; i++) {
         if (n->peers[i].fenced)
@@ -314,6 +333,15 @@ void node_self_fence(struct kvf_node *n, const char *why)
     n->npeers = 0;
     memset(n->last_member, 0, sizeof n->last_member);
     n->incarnation = old == inc ? inc + 1 : inc;
+    int prc = node_peer_renew(n); /* stamped with the new incarnation */
+    if (prc != 0) {
+        node_log("error", NULL, "self-fence: peer channel for the new incarnation: %s: stopping",
+                 strerror(-prc));
+        atomic_store(&n->fatal, prc);
+        pthread_mutex_lock(&n->qlock);
+        pthread_cond_broadcast(&n->qdone);
+        pthread_mutex_unlock(&n->qlock);
+    }
     n->welcomed_before = false;
     n->last_contact_ms = 0;
     n->cp_acks_heartbeats = false;

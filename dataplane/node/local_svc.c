@@ -1,11 +1,12 @@
 /*
  * local_svc.c: NodeLocal, the engines' API on the node's unix socket
- * (RegisterPool, SubmitChunk), and the source side of a transfer: a chunk is
- * checked against the room's leases, split into frames, each admitted into
- * the room's lifetime and posted through the transport xport.c picks (local
- * for a sink on this node, TCP otherwise), or first staged (xport.c);
- * completions retire the frames, feed a local sink's landed bytes, and a
- * source participant whose last chunk completed well is reported Completed.
+ * (RegisterPool, SubmitChunk; Watch is in watch.c), and the source side of a
+ * transfer: a chunk is checked against the room's leases, split into frames,
+ * each admitted into the room's lifetime and posted through the transport
+ * xport.c picks (local for a sink on this node, TCP otherwise), or first
+ * staged (xport.c); completions retire the frames, feed a local sink's landed
+ * pages, and a source participant whose pairs all ended well is reported
+ * Completed.
  *
  * DESIGN: the handlers run on gRPC CQ threads; they decode and check the
  * request's shape only, then post a job. The owner thread does the rest
@@ -17,10 +18,14 @@
  * counted in the lifetime), the chunk counts as failed and the node reports
  * TransferFailed unless the room is aborting already.
  *
- * Not in this version: Watch (UNIMPLEMENTED), aux bytes (accepted, not
- * sent), CUDA IPC pools (FAILED_PRECONDITION). UnregisterPool is in
- * pool_admin.c. A sink pool whose page size (RoomUpdate) differs from the
- * source pool's is refused.
+ * A chunk belongs to the pair (source rank, sink rank) it names
+ * (struct node_pair, peer_link.c): chunk_seq rises per pair and last_chunk
+ * ends the pair; the last chunk's aux bytes are kept with the pair and sent,
+ * then the pair's TransferStatus, once its chunks completed.
+ *
+ * Not in this version: CUDA IPC pools (FAILED_PRECONDITION). UnregisterPool
+ * is in pool_admin.c. A sink pool whose page size (RoomUpdate) differs from
+ * the source pool's is refused.
  */
 #include <errno.h>
 #include <inttypes.h>
@@ -261,8 +266,8 @@ void node_local_submit_chunk(struct kvf_node *n, struct node_job *j)
              req->source_rank);
         return;
     }
-    if (src->completed || src->last_submitted) {
-        fail(j, KVF_GRPC_FAILED_PRECONDITION, "source %u already submitted its last chunk",
+    if (src->completed) {
+        fail(j, KVF_GRPC_FAILED_PRECONDITION, "source %u completed: its transfers ended",
              req->source_rank);
         return;
     }
@@ -306,9 +311,16 @@ void node_local_submit_chunk(struct kvf_node *n, struct node_job *j)
         fail(j, KVF_GRPC_INVALID_ARGUMENT, "source and sink sizes differ (or are 0)");
         return;
     }
-    if (req->chunk_seq <= src->last_seq) {
+    struct node_pair *pair = node_pair_get(r, src->rank, sink, false);
+    if (pair && pair->last_submitted) {
+        fail(j, KVF_GRPC_FAILED_PRECONDITION,
+             "source %u already submitted its last chunk for sink %s rank %u", req->source_rank,
+             sink->node_id, sink->rank);
+        return;
+    }
+    if (pair && req->chunk_seq <= pair->last_seq) {
         fail(j, KVF_GRPC_ALREADY_EXISTS, "chunk_seq %" PRIu64 " not above %" PRIu64, req->chunk_seq,
-             src->last_seq);
+             pair->last_seq);
         return;
     }
     const struct node_pool *pool = NULL;
@@ -335,10 +347,21 @@ void node_local_submit_chunk(struct kvf_node *n, struct node_job *j)
         return;
     }
     struct node_chunk *ch = chunk_new(r, src, sink, pool, req, &rt);
-    if (!ch) {
+    uint8_t *aux = NULL;
+    if (ch && req->aux.len) {
+        aux = malloc(req->aux.len);
+        if (aux)
+            memcpy(aux, req->aux.data, req->aux.len);
+    }
+    if (ch && !pair)
+        pair = node_pair_get(r, src->rank, sink, true);
+    if (!ch || !pair || (req->aux.len && !aux)) {
+        free(ch);
+        free(aux);
         fail(j, KVF_GRPC_RESOURCE_EXHAUSTED, "out of memory");
         return;
     }
+    ch->pair = pair;
     uint32_t nframes = ch->nframes;
     int err = 0;
     if (node_xport_staging(n)) {
@@ -362,6 +385,7 @@ void node_local_submit_chunk(struct kvf_node *n, struct node_job *j)
         }
         if (ch->nframes == 0) {
             free(ch);
+            free(aux);
             if (err == -ECANCELED)
                 fail(j, KVF_GRPC_ABORTED, "room admission is closed");
             else
@@ -372,8 +396,18 @@ void node_local_submit_chunk(struct kvf_node *n, struct node_job *j)
     }
     src->last_seq = req->chunk_seq;
     src->chunks_open++;
-    if (req->last_chunk)
-        src->last_submitted = true;
+    pair->last_seq = req->chunk_seq;
+    pair->chunks++;
+    pair->open++;
+    for (uint32_t i = 0; i < ch->nframes; i++)
+        pair->bytes += ch->frames[i].x.len;
+    if (req->last_chunk) {
+        pair->last_submitted = true;
+        pair->aux = aux;
+        pair->aux_len = req->aux.len;
+    } else {
+        free(aux);
+    }
     if (err != 0) {
         /* Part of the chunk is in flight: it completes, and the chunk fails. */
         ch->nfail++;
@@ -395,6 +429,13 @@ void node_local_submit_chunk(struct kvf_node *n, struct node_job *j)
 static void chunk_end(struct kvf_node *n, struct node_chunk *ch)
 {
     struct node_room *r = ch->room;
+    char why[96] = "";
+    if (ch->nfail)
+        snprintf(why, sizeof why, "chunk %" PRIu64 ": %u of %u frames failed", ch->seq, ch->nfail,
+                 ch->nframes);
+    node_watch_chunk_done(n, r, ch->src_rank, ch->pair->sink_rank, ch->seq, ch->nfail == 0, why);
+    /* AuxData and TransferStatus leave before Completed is decided. */
+    node_pair_chunk_done(n, r, ch->pair, ch->seq, ch->nfail == 0, why);
     struct node_member *src =
         member_find(r, n->node_id, ch->src_rank, KVFENCE__V1__ROLE__ROLE_SOURCE);
     if (src) {
@@ -402,11 +443,10 @@ static void chunk_end(struct kvf_node *n, struct node_chunk *ch)
             src->chunks_open--;
         if (ch->nfail) {
             src->failed = true;
-            char why[96];
-            snprintf(why, sizeof why, "chunk %" PRIu64 ": %u of %u frames failed", ch->seq,
-                     ch->nfail, ch->nframes);
             node_send_transfer_failed(n, r, src->rank, src->role, why);
-        } else if (src->last_submitted && src->chunks_open == 0 && !src->failed &&
+        } else if (ch->pair->failed) {
+            src->failed = true; /* the status could not be sent: reported there */
+        } else if (src->chunks_open == 0 && node_pairs_done(r, src->rank) && !src->failed &&
                    !src->completed && !r->aborting) {
             node_send_completed(n, r, src);
         }
@@ -562,6 +602,8 @@ int node_local_start(struct kvf_node *n)
     if (rc == 0)
         rc = kvf_rpc_server_add_unary(n->local_srv, "/kvfence.v1.NodeLocal/SubmitChunk",
                                       h_submit_chunk, n);
+    if (rc == 0)
+        rc = node_watch_register(n);
     if (rc == 0)
         rc = node_pool_admin_register(n); /* UnregisterPool */
     if (rc == 0) {

@@ -7,23 +7,32 @@
  * - transfers over TCP, or the local transport for a sink on this node, with
  *   optional host or CUDA staging (xport.c); RDMA is detected, not used;
  * - host shared-memory pools (dataplane/pool, kvf_pool_open_shm);
- * - NodeLocal: RegisterPool, UnregisterPool (pool_admin.c) and SubmitChunk;
- *   Watch answers UNIMPLEMENTED; aux bytes are accepted and not sent;
+ * - NodeLocal: RegisterPool, UnregisterPool (pool_admin.c), SubmitChunk and
+ *   Watch (watch.c);
+ * - the peer channel (peer_link.c) carries AuxData and TransferStatus from a
+ *   source to its sink node (no ChunkNotice, staging or link messages);
  * - lifetimes are never forgotten while the process runs (one small record per
  *   room), so that every late message for a room stays recognisable;
  * - Resync and self-fencing after node_ttl without a session: control_session.c.
  *
  * Completion rules (documented decisions):
- * - a source participant is Completed when its last chunk (last_chunk=true)
- *   was admitted and every frame of every chunk it submitted completed OK (the
- *   bytes are in the socket; the sink side attests that they landed);
+ * - a source participant is Completed once every (source, sink) pair it
+ *   opened had its last chunk (last_chunk=true, per sink rank) admitted, every
+ *   frame of every chunk it submitted completed OK (the bytes are in the
+ *   socket; the sink side attests that they landed), and each pair's AuxData
+ *   and TransferStatus were handed to the peer channel. An engine feeding
+ *   several sinks opens every pair before the last chunk of any completes;
  * - a sink participant is Completed when whole-page frames that landed have
- *   covered every page of its lease: one page bitmap per sink lease, fed by
- *   the TCP receivers' frame events and the local copies' completions (a page
- *   written twice counts once; a frame shorter than its pages covers none).
- *   A source that transfers fewer pages than the sink leased leaves the sink
- *   incomplete (the room then ends by abort or join timeout, never by a clock
- *   release);
+ *   covered every page of its lease (one page bitmap per sink lease, fed by
+ *   the TCP receivers' frame events and the local copies' completions: a page
+ *   written twice counts once; a frame shorter than its pages covers none)
+ *   AND the ok TransferStatus messages of its sources account for every
+ *   landed byte (sum of their `bytes` == bytes landed): every source that
+ *   wrote into it finished, and its aux bytes (sent before its status, in
+ *   order on the channel) reached Watch before the room can complete. A
+ *   source that transfers fewer pages than the sink leased, or whose status
+ *   is lost, leaves the sink incomplete (the room then ends by abort or join
+ *   timeout, never by a clock release);
  * - once every local participant of a room has completed, the node closes
  *   the room's admission: nothing may start for it afterwards.
  *
@@ -107,6 +116,7 @@ void node_job_free(struct node_job *j)
         kvfence__v1__register_pool_request__free_unpacked(j->reg, NULL);
     if (j->submit)
         kvfence__v1__submit_chunk_request__free_unpacked(j->submit, NULL);
+    free(j->pmsg);
     free(j);
 }
 
@@ -194,8 +204,9 @@ void node_send_completed(struct kvf_node *n, struct node_room *r, struct node_me
     for (size_t i = 0; i < r->nmembers; i++)
         if (r->members[i].local && !r->members[i].completed)
             return;
-    if (kvf_lt_close(r->lt, NULL, NULL))
-        (void)kvf_lt_take_drained(r->lt);
+    node_peer_close_room(n, r);
+    if (kvf_lt_close(r->lt, NULL, NULL) && kvf_lt_take_drained(r->lt))
+        node_room_drained(n, r);
 }
 
 void node_send_transfer_failed(struct kvf_node *n, struct node_room *r, uint32_t rank, int role,
@@ -308,6 +319,7 @@ void node_check_drained(struct kvf_node *n, struct node_room *r)
     if (kvf_lt_state(r->lt) != KVF_LT_DRAINED)
         return;
     (void)kvf_lt_take_drained(r->lt);
+    node_room_drained(n, r);
     if (r->aborting && !r->drained_sent) {
         r->drained_sent = true;
         send_drained(n, r);
@@ -322,13 +334,17 @@ static const struct node_pool *pool_find(const struct kvf_node *n, uint32_t id)
     return NULL;
 }
 
-/* A local sink whose every lease page was covered is complete. */
-static void check_sink_complete(struct kvf_node *n, struct node_room *r, struct node_member *m)
+/* A local sink whose every lease page was covered, and whose landed bytes
+ * are all named by ok TransferStatus messages, is complete (see the top of
+ * this file). */
+void node_check_sink_complete(struct kvf_node *n, struct node_room *r, struct node_member *m)
 {
     if (!m->local || m->role != KVFENCE__V1__ROLE__ROLE_SINK || m->completed || r->aborting)
         return;
-    if (m->pages_landed >= m->pages)
+    if (m->pages_landed >= m->pages && m->status_bytes == m->bytes_landed) {
+        node_peer_sink_done(n, r, m);
         node_send_completed(n, r, m);
+    }
 }
 
 /* The span [first, end) of `m`'s ranges. */
@@ -405,7 +421,7 @@ static void node_member_landed(struct kvf_node *n, struct node_room *r, struct n
     if (p && bytes == (uint64_t)page_count * p->page_size &&
         mark_landed(m, first_page, page_count) != 0)
         node_log("error", &r->key, "out of memory for the sink's page map");
-    check_sink_complete(n, r, m);
+    node_check_sink_complete(n, r, m);
 }
 
 void node_sink_landed(struct kvf_node *n, struct node_room *r, uint32_t rank, uint32_t first_page,
@@ -547,6 +563,7 @@ static void on_room_update(struct kvf_node *n, const Kvfence__V1__RoomUpdate *ru
                 m->failed = old->failed;
                 m->bytes_landed = old->bytes_landed;
                 carry_landed(m, &r->members[o]);
+                m->status_bytes = old->status_bytes;
                 m->completed = old->completed;
             }
         }
@@ -559,7 +576,10 @@ static void on_room_update(struct kvf_node *n, const Kvfence__V1__RoomUpdate *ru
             continue;
         }
         peer_set_endpoint(&n->peers[idx], pn);
+        node_peer_learn(n, &n->peers[idx], pn);
     }
+    bool had_update = r->have_update;
+    int old_state = r->state;
     pthread_rwlock_wrlock(&n->rooms_lock);
     struct node_member *old = r->members;
     size_t oldn = r->nmembers;
@@ -570,8 +590,13 @@ static void on_room_update(struct kvf_node *n, const Kvfence__V1__RoomUpdate *ru
     members_free(old, oldn);
     node_log("info", &key, "room update: %zu members, %zu peers", cnt, ru->n_peers);
     send_ack(n, ru->notice_id);
+    if (!r->aborting)
+        r->state = (int)ru->state;
+    /* A re-sent update changes nothing: no event for it. */
+    if (!r->watch_drained && (!had_update || r->state != old_state || cnt != oldn))
+        node_watch_room_state(n, r);
     for (size_t i = 0; i < r->nmembers; i++)
-        check_sink_complete(n, r, &r->members[i]);
+        node_check_sink_complete(n, r, &r->members[i]);
 }
 
 static void on_abort_notice(struct kvf_node *n, const Kvfence__V1__AbortNotice *an)
@@ -601,14 +626,22 @@ static void on_abort_notice(struct kvf_node *n, const Kvfence__V1__AbortNotice *
         send_drained(n, &tmp);
         return;
     }
-    if (!r->aborting)
+    bool first = !r->aborting;
+    if (first)
         node_log("info", &key, "abort notice (reason %d): closing admission", (int)an->reason);
     r->aborting = true;
     r->token = tok;
     r->abort_notice_id = an->notice_id;
+    node_peer_close_room(n, r);
     (void)kvf_lt_close(r->lt, NULL, NULL); /* nothing is ever queued in this version */
+    if (first) {
+        r->state = KVFENCE__V1__ROOM_STATE__ROOM_STATE_ABORTING;
+        r->abort_reason = (int)an->reason;
+        node_watch_room_state(n, r);
+    }
     if (kvf_lt_state(r->lt) == KVF_LT_DRAINED) {
         (void)kvf_lt_take_drained(r->lt);
+        node_room_drained(n, r);
         r->drained_sent = true;
         send_drained(n, r); /* again for a repeated notice */
     }
@@ -870,6 +903,15 @@ static void run_job(struct kvf_node *n, struct node_job *j)
     case JOB_FRAME:
         on_frame(n, j);
         break;
+    case JOB_PEER_MSG:
+        node_peer_msg(n, j);
+        break;
+    case JOB_PEER_GAP:
+        node_peer_gap(n, j);
+        break;
+    case JOB_WATCH_ADD:
+        node_watch_snapshot(n);
+        break;
     case JOB_STOP:
         if (!n->stop_requested) {
             n->stop_requested = true;
@@ -998,6 +1040,7 @@ struct kvf_node *kvf_node_start(const struct kvf_node_opts *opts)
     pthread_cond_init(&n->qcond, NULL);
     pthread_cond_init(&n->qdone, NULL);
     pthread_rwlock_init(&n->rooms_lock, NULL);
+    pthread_mutex_init(&n->watch_lock, NULL);
 
     n->lts = kvf_lt_table_create();
     if (!n->lts)
@@ -1008,6 +1051,8 @@ struct kvf_node *kvf_node_start(const struct kvf_node_opts *opts)
     n->data_port = kvf_transport_tcp_port(n->tcp);
     if (node_xport_start(n) != 0)
         goto err_destroy;
+    if (node_peer_start(n) != 0)
+        goto err_destroy;
 
     if (pthread_create(&n->owner, NULL, owner_main, n) != 0)
         goto err_destroy;
@@ -1017,8 +1062,9 @@ struct kvf_node *kvf_node_start(const struct kvf_node_opts *opts)
     if (node_session_start(n) != 0)
         goto err_destroy;
     node_log("info", NULL,
-             "kvfence-node %s incarnation %" PRIu64 ": data tcp %s:%u, local socket %s, control %s",
-             n->node_id, n->incarnation, n->data_host, n->data_port, n->local_socket,
+             "kvfence-node %s incarnation %" PRIu64
+             ": data tcp %s:%u, peer %s, local socket %s, control %s",
+             n->node_id, n->incarnation, n->data_host, n->data_port, n->peer_ep, n->local_socket,
              opts->control_addr);
     return n;
 
@@ -1070,9 +1116,14 @@ int kvf_node_stop(struct kvf_node *n)
         n->owner_started = false;
         rc = n->stop_result;
     }
+    /* Nobody handles a delivered message any more: the channel goes, and the
+     * Watch streams end with UNAVAILABLE before the server stops. */
+    node_peer_stop(n);
+    node_watch_end_all(n);
     atomic_store(&n->stopping, true);
     node_session_join(n);
     node_local_stop(n);
+    node_watch_free_all(n);
     return rc;
 }
 
@@ -1080,7 +1131,7 @@ void kvf_node_destroy(struct kvf_node *n)
 {
     if (!n)
         return;
-    if (n->owner_started || n->session_started || n->local_srv)
+    if (n->owner_started || n->session_started || n->local_srv || n->peerch)
         (void)kvf_node_stop(n);
     bool can_free = !n->lts || kvf_lt_table_can_teardown(n->lts);
     /* destroy fences every peer and retires the completions nobody polled. */
@@ -1098,10 +1149,12 @@ void kvf_node_destroy(struct kvf_node *n)
     while (r) {
         struct node_room *next = r->next;
         members_free(r->members, r->nmembers);
+        node_pairs_free(r);
         free(r);
         r = next;
     }
     pthread_rwlock_destroy(&n->rooms_lock);
+    pthread_mutex_destroy(&n->watch_lock);
     pthread_cond_destroy(&n->qdone);
     pthread_cond_destroy(&n->qcond);
     pthread_mutex_destroy(&n->qlock);

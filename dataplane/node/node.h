@@ -34,13 +34,17 @@ struct kvf_node_opts {
     uint32_t staging_buffers; /* staging ring buffers (0: 16) */
     /* Tests only: same-node copies wait while this file exists. */
     const char *test_local_hold_file;
+    uint16_t peer_port; /* ZeroMQ peer channel port on data_host; 0: any */
+    /* Tests only: peer channel fault injection, "drop_nth=N,duplicate_nth=N,
+     * delay_nth=N,delay_after=M" (struct kvf_peer_fault); NULL or "": none. */
+    const char *peer_fault;
 };
 
 /* Fills defaults: data_host "127.0.0.1", port 0, drain timeout 10 s. */
 void kvf_node_opts_init(struct kvf_node_opts *opts);
 
 /* Creates the node and starts its threads: owner, control session, NodeLocal
- * server, TCP transport. NULL (logged) when something cannot start. Call from
+ * server, TCP transport, peer channel. NULL (logged) when something cannot start. Call from
  * main with SIGTERM/SIGINT blocked (gRPC threads inherit the mask). */
 struct kvf_node *kvf_node_start(const struct kvf_node_opts *opts);
 

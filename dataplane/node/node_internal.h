@@ -11,11 +11,17 @@
  *     stream);
  *   - NodeLocal handlers (gRPC CQ threads): REGISTER_POOL, SUBMIT_CHUNK; the
  *     owner completes the call;
- *   - TCP receiver threads: FRAME (an admitted frame landed or was cut).
+ *   - TCP receiver threads: FRAME (an admitted frame landed or was cut);
+ *   - the peer channel's thread (peer_link.c): PEER_MSG (a delivered AuxData
+ *     or TransferStatus, copied), PEER_GAP (an OUT_OF_ORDER drop);
+ *   - NodeLocal.Watch streams (watch.c): WATCH_ADD (send the snapshot).
+ * Watchers live in a list under `watch_lock` (CQ threads add and remove them;
+ * the owner sends their events under it: sends only queue, never block).
  * TCP receiver threads also read the room map in the transport's `check`
  * callback: rooms are published under `rooms_lock` (a rwlock; the owner takes
  * it for writing when it adds a room or replaces its members, receivers for
- * reading), and a room is never freed while the node runs.
+ * reading), and a room is never freed while the node runs. The peer
+ * channel's admission callback reads the room map the same way.
  */
 #ifndef KVF_NODE_INTERNAL_H
 #define KVF_NODE_INTERNAL_H
@@ -30,6 +36,7 @@
 #include "kvfence/v1/node.pb-c.h"
 #include "lifetime.h"
 #include "node.h"
+#include "peer_channel.h"
 #include "pool.h"
 #include "rpc_client.h"
 #include "rpc_server.h"
@@ -89,7 +96,27 @@ struct node_member {
     uint64_t *landed_map;
     uint32_t map_first, map_pages;
     uint64_t pages_landed;
-    bool completed; /* Completed was sent */
+    uint64_t status_bytes; /* sink: bytes named by ok TransferStatus messages */
+    bool completed;        /* Completed was sent */
+};
+
+/* Owner thread: one source rank's transfer to one sink rank (peer_link.c). */
+struct node_pair {
+    uint32_t src_rank;
+    uint32_t sink_rank;
+    char sink_node[NODE_ID_MAX + 1];
+    uint64_t sink_incarnation;
+    uint64_t chunks;     /* admitted */
+    uint64_t bytes;      /* payload bytes admitted */
+    uint64_t last_seq;   /* last admitted chunk_seq */
+    uint32_t open;       /* chunks with frames in flight */
+    bool last_submitted; /* the last chunk was admitted */
+    bool failed;
+    bool status_sent;
+    char error[128];
+    uint8_t *aux; /* the last chunk's aux bytes, until sent */
+    size_t aux_len;
+    struct node_pair *next;
 };
 
 struct node_room {
@@ -105,6 +132,14 @@ struct node_room {
     kvf_token token;
     uint64_t abort_notice_id;
     bool drained_sent;
+    int state;          /* Kvfence__V1__RoomState last learned */
+    int abort_reason;   /* Kvfence__V1__AbortReason */
+    bool watch_drained; /* the DRAINED room_state event went out */
+    struct node_pair *pairs;
+    struct node_peer_msg *done_pending; /* ok TransferStatus, until the sink completes */
+    /* Written by the owner under rooms_lock (write): the peer channel must
+     * answer LATE (aborting, admission closed, or drained). */
+    bool peer_closed;
     struct node_room *next;
 };
 
@@ -118,7 +153,25 @@ struct node_peer {
     uint16_t port;
     bool connected;
     bool fenced;
-    bool rdma; /* it advertises the RDMA feature (xport.c) */
+    bool rdma;        /* it advertises the RDMA feature (xport.c) */
+    char peer_ep[96]; /* its PEER_ZMQ endpoint, "" if not announced */
+};
+
+/* A delivered peer envelope, copied for the owner (PEER_MSG). */
+struct node_peer_msg {
+    struct node_peer_msg *next; /* done_pending */
+    kvf_room_key room;
+    char sender[NODE_ID_MAX + 1];
+    uint64_t sender_incarnation;
+    int body; /* Kvfence__V1__PeerEnvelope__BodyCase */
+    uint32_t source_rank;
+    uint32_t sink_rank;
+    uint64_t chunk_seq; /* aux */
+    bool ok;            /* status */
+    uint64_t chunks, last_chunk_seq, bytes;
+    char error[256];
+    size_t len; /* aux bytes */
+    uint8_t data[];
 };
 
 /* ---- jobs -------------------------------------------------------------------- */
@@ -131,6 +184,9 @@ enum node_job_kind {
     JOB_SUBMIT_CHUNK,
     JOB_FRAME,
     JOB_STOP,
+    JOB_PEER_MSG,
+    JOB_PEER_GAP,
+    JOB_WATCH_ADD,
     JOB_UNREGISTER_POOL, /* pool_admin.c */
     JOB_SESSION_LOST,    /* the control plane refused this incarnation as LOST */
 };
@@ -151,6 +207,7 @@ struct node_job {
     uint64_t bytes;
     int status;
     bool drained;
+    struct node_peer_msg *pmsg; /* PEER_MSG (owned); PEER_GAP uses room, peer, member */
     /* Synchronous jobs: the poster waits for `done`. */
     bool sync;
     bool done;
@@ -225,6 +282,14 @@ struct kvf_node {
 
     /* Local transport, staging, transport choice (xport.c; owner thread). */
     struct node_xport *xp;
+    /* Peer channel (peer_link.c). */
+    struct kvf_peer_channel *peerch;
+    char peer_ep[96];          /* ours, announced in Hello */
+    atomic_bool peer_stopping; /* admission stops waiting for room updates */
+
+    /* NodeLocal.Watch streams (watch.c). */
+    pthread_mutex_t watch_lock;
+    struct node_watcher *watchers;
 };
 
 /* node.c */
@@ -269,7 +334,51 @@ void node_local_register_pool(struct kvf_node *n, struct node_job *j); /* owner 
 void node_local_submit_chunk(struct kvf_node *n, struct node_job *j);  /* owner */
 /* Owner: one transport completion. */
 void node_local_completion(struct kvf_node *n, const struct kvf_completion *c);
-/* Owner: frees chunks whose frames were all completed during shutdown. */
+
+/* peer_link.c */
+int node_peer_start(struct kvf_node *n);
+void node_peer_stop(struct kvf_node *n); /* after the owner exited */
+/* Owner, self-fencing: a new channel for the node's new incarnation (the old
+ * one is destroyed). 0 or -errno (then no channel). */
+int node_peer_renew(struct kvf_node *n);
+/* Owner: learns a peer's PEER_ZMQ endpoint from a RoomUpdate. */
+void node_peer_learn(struct kvf_node *n, struct node_peer *p, const Kvfence__V1__PeerNode *pn);
+/* Owner: the peer channel must now say LATE for `r`. */
+void node_peer_close_room(struct kvf_node *n, struct node_room *r);
+void node_peer_msg(struct kvf_node *n, struct node_job *j); /* owner: PEER_MSG */
+void node_peer_gap(struct kvf_node *n, struct node_job *j); /* owner: PEER_GAP */
+/* Owner: the pair (src, sink) of `r`; created when `create`. NULL if absent
+ * or out of memory. */
+struct node_pair *node_pair_get(struct node_room *r, uint32_t src_rank,
+                                const struct node_member *sink, bool create);
+/* Owner: a chunk of the pair finished; after the last one, sends AuxData and
+ * TransferStatus to the sink node (never for an aborting room). */
+void node_pair_chunk_done(struct kvf_node *n, struct node_room *r, struct node_pair *p,
+                          uint64_t seq, bool ok, const char *error);
+/* Owner: every pair of local source `rank` finished (and at least one exists). */
+bool node_pairs_done(const struct node_room *r, uint32_t rank);
+void node_pairs_free(struct node_room *r);
+/* Owner: sink `m` is about to report Completed: the transfer_done events held
+ * for it go out now, in arrival order. */
+void node_peer_sink_done(struct kvf_node *n, struct node_room *r, const struct node_member *m);
+/* Owner: a local sink whose lease is full and accounted for is complete. */
+void node_check_sink_complete(struct kvf_node *n, struct node_room *r, struct node_member *m);
+
+/* watch.c */
+int node_watch_register(struct kvf_node *n);  /* before the NodeLocal server starts */
+void node_watch_snapshot(struct kvf_node *n); /* owner: WATCH_ADD */
+void node_watch_end_all(struct kvf_node *n);  /* after the owner exited */
+void node_watch_free_all(struct kvf_node *n); /* after the server stopped */
+/* Owner: events. */
+void node_watch_room_state(struct kvf_node *n, struct node_room *r);
+/* Owner: emits the DRAINED room_state once, and lets the peer channel forget
+ * the room. */
+void node_room_drained(struct kvf_node *n, struct node_room *r);
+void node_watch_chunk_done(struct kvf_node *n, struct node_room *r, uint32_t src_rank,
+                           uint32_t sink_rank, uint64_t seq, bool ok, const char *error);
+void node_watch_aux(struct kvf_node *n, struct node_room *r, const struct node_peer_msg *pm);
+void node_watch_transfer_done(struct kvf_node *n, struct node_room *r,
+                              const struct node_peer_msg *pm);
 
 /* pool_admin.c */
 int node_pool_admin_register(struct kvf_node *n);                        /* adds UnregisterPool */

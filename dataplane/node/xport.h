@@ -37,6 +37,7 @@ struct node_frame {
 
 struct node_chunk {
     struct node_room *room;
+    struct node_pair *pair; /* (source rank, sink rank); lives as long as the room */
     uint32_t src_rank;
     uint32_t sink_rank;
     bool sink_local; /* the sink is on this node: completions feed its bytes */

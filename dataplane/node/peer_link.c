@@ -1,0 +1,516 @@
+/*
+ * peer_link.c: kvfence-node's use of the ZeroMQ peer channel
+ * (dataplane/peer): the source side sends AuxData then TransferStatus to the
+ * sink node when a (source rank, sink rank) pair ended; the sink side admits
+ * envelopes against its room map and hands the delivered ones to the owner
+ * thread, which turns them into Watch events and sink completion.
+ *
+ * DESIGN (threads): the channel's callbacks run on the channel's own thread.
+ * Admission (peer_accept) reads the room map under rooms_lock (read), like
+ * the TCP receivers' check: ACCEPT for a room with members whose admission is
+ * open here and whose members include the sender's node id and incarnation;
+ * LATE for a room this node closed (aborting, completed, drained) or an older
+ * generation of an id it knows; UNKNOWN otherwise (a stranger, or no update
+ * within PEER_WAIT_UPDATE_MS for a room not seen yet).
+ * A delivered envelope is copied into a PEER_MSG job; the owner checks the
+ * room again (it may have been aborted meanwhile: then nothing reaches Watch).
+ * An OUT_OF_ORDER drop (a lost message) becomes a PEER_GAP job: the owner
+ * reports TransferFailed for the room. When a room's lifetime drained the
+ * owner asks the channel to forget its sequence state (node_room_drained).
+ *
+ * Pairs: chunk_seq, last_chunk and aux are per (source rank, sink rank)
+ * (node.proto SubmitChunkRequest). A pair's AuxData (when its last chunk
+ * carried aux bytes) and TransferStatus go out once its last chunk and every
+ * earlier chunk completed, in that order, on the channel (one sequence per
+ * room and node pair, so the sink sees them in that order). A failed chunk
+ * sends TransferStatus ok=false at once. Nothing is sent for an aborting
+ * room. A send the channel refuses (no PEER_ZMQ endpoint known for the sink,
+ * queue full) fails the transfer: the sink could never complete without it.
+ */
+#include <errno.h>
+#include <inttypes.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "kvf_error.h"
+#include "node_internal.h"
+
+static void done_pending_free(struct node_room *r);
+
+/* ---- channel callbacks (channel thread) ----------------------------------------- */
+
+/* One look at the room map; *unseen: the room is not in it yet (its update
+ * may still be on its way). */
+static enum kvf_peer_verdict verdict_of(struct kvf_node *n, kvf_room_key key, const char *sender,
+                                        uint64_t sender_incarnation, bool *unseen)
+{
+    enum kvf_peer_verdict v = KVF_PEER_UNKNOWN;
+    *unseen = false;
+    pthread_rwlock_rdlock(&n->rooms_lock);
+    struct node_room *r = node_room_find(n, key);
+    if (!r) {
+        *unseen = true;
+        /* A newer generation of the id is known here: this one is over. */
+        for (struct node_room *o = n->rooms; o; o = o->next)
+            if (o->key.room_id == key.room_id && o->key.generation > key.generation) {
+                v = KVF_PEER_LATE;
+                *unseen = false;
+            }
+    } else if (r->peer_closed) {
+        v = KVF_PEER_LATE;
+    } else if (r->have_update) {
+        for (size_t i = 0; i < r->nmembers; i++)
+            if (r->members[i].incarnation == sender_incarnation &&
+                strcmp(r->members[i].node_id, sender) == 0)
+                v = KVF_PEER_ACCEPT;
+    }
+    pthread_rwlock_unlock(&n->rooms_lock);
+    return v;
+}
+
+/* A source sends its aux and status once its frames are in the socket; the
+ * sink's RoomUpdate may still be on its way then (the TCP receivers wait for
+ * it too). Dropping the envelope as UNKNOWN would fail the room (the next
+ * one is a sequence gap), so an envelope for a room this node has not seen
+ * yet waits for the update, bounded like the TCP receivers' wait; the
+ * channel's deliveries pause meanwhile. */
+#define PEER_WAIT_UPDATE_MS 2000
+
+static enum kvf_peer_verdict peer_accept(void *ctx, kvf_room_key key, const char *sender,
+                                         uint64_t sender_incarnation)
+{
+    struct kvf_node *n = ctx;
+    int64_t deadline = node_now_ms() + PEER_WAIT_UPDATE_MS;
+    for (;;) {
+        bool unseen;
+        enum kvf_peer_verdict v = verdict_of(n, key, sender, sender_incarnation, &unseen);
+        if (!unseen || atomic_load(&n->peer_stopping) || node_now_ms() >= deadline)
+            return v;
+        struct timespec ts = {0, 2 * 1000000L};
+        nanosleep(&ts, NULL);
+    }
+}
+
+static void peer_on_message(void *ctx, const Kvfence__V1__PeerEnvelope *env)
+{
+    struct kvf_node *n = ctx;
+    kvf_room_key key = {env->room->room_id, env->room->generation};
+    size_t len = 0;
+    if (env->body_case == KVFENCE__V1__PEER_ENVELOPE__BODY_AUX_DATA)
+        len = env->aux_data->data.len;
+    else if (env->body_case != KVFENCE__V1__PEER_ENVELOPE__BODY_TRANSFER_STATUS)
+        return; /* ChunkNotice, StagingWatermark: not used in this version */
+    struct node_job *j = calloc(1, sizeof *j);
+    struct node_peer_msg *pm = calloc(1, sizeof *pm + (len ? len : 1));
+    if (!j || !pm) {
+        free(j);
+        free(pm);
+        node_log("error", &key, "out of memory for a peer message from %s: lost",
+                 env->sender_node_id);
+        return;
+    }
+    pm->room = key;
+    snprintf(pm->sender, sizeof pm->sender, "%s", env->sender_node_id);
+    pm->sender_incarnation = env->sender_incarnation;
+    pm->body = (int)env->body_case;
+    if (env->body_case == KVFENCE__V1__PEER_ENVELOPE__BODY_AUX_DATA) {
+        const Kvfence__V1__AuxData *a = env->aux_data;
+        pm->source_rank = a->source_rank;
+        pm->sink_rank = a->sink_rank;
+        pm->chunk_seq = a->chunk_seq;
+        pm->len = len;
+        if (len)
+            memcpy(pm->data, a->data.data, len);
+    } else {
+        const Kvfence__V1__TransferStatus *t = env->transfer_status;
+        pm->source_rank = t->source_rank;
+        pm->sink_rank = t->sink_rank;
+        pm->ok = t->ok;
+        pm->chunks = t->chunks;
+        pm->last_chunk_seq = t->last_chunk_seq;
+        pm->bytes = t->bytes;
+        snprintf(pm->error, sizeof pm->error, "%s", t->error ? t->error : "");
+    }
+    j->kind = JOB_PEER_MSG;
+    j->room = key;
+    j->pmsg = pm;
+    if (node_post(n, j) != 0)
+        node_job_free(j); /* stopping */
+}
+
+static uint32_t sink_rank_of(const Kvfence__V1__PeerEnvelope *env)
+{
+    if (env->body_case == KVFENCE__V1__PEER_ENVELOPE__BODY_AUX_DATA)
+        return env->aux_data->sink_rank;
+    if (env->body_case == KVFENCE__V1__PEER_ENVELOPE__BODY_TRANSFER_STATUS)
+        return env->transfer_status->sink_rank;
+    if (env->body_case == KVFENCE__V1__PEER_ENVELOPE__BODY_CHUNK_NOTICE)
+        return env->chunk_notice->sink_rank;
+    return 0;
+}
+
+static void peer_on_drop(void *ctx, enum kvf_peer_drop_reason reason,
+                         const Kvfence__V1__PeerEnvelope *env)
+{
+    struct kvf_node *n = ctx;
+    kvf_room_key key = {0, 0};
+    if (env && env->room)
+        key = (kvf_room_key){env->room->room_id, env->room->generation};
+    node_log(reason == KVF_PEER_DROP_LATE ? "info" : "warn", env ? &key : NULL,
+             "peer channel: dropped a message from %s: %s",
+             env && env->sender_node_id ? env->sender_node_id : "?",
+             kvf_peer_drop_reason_name(reason));
+    if (reason != KVF_PEER_DROP_OUT_OF_ORDER || !env)
+        return;
+    struct node_job *j = calloc(1, sizeof *j);
+    if (!j)
+        return;
+    j->kind = JOB_PEER_GAP;
+    j->room = key;
+    j->member = sink_rank_of(env); /* the sink rank, for the report */
+    struct node_peer_msg *pm = calloc(1, sizeof *pm + 1);
+    if (pm)
+        snprintf(pm->sender, sizeof pm->sender, "%s",
+                 env->sender_node_id ? env->sender_node_id : "?");
+    j->pmsg = pm;
+    if (node_post(n, j) != 0)
+        node_job_free(j);
+}
+
+/* ---- start / stop ------------------------------------------------------------------ */
+
+/* "drop_nth=N,duplicate_nth=N,delay_nth=N,delay_after=M" -> *f. */
+static int parse_fault(const char *s, struct kvf_peer_fault *f)
+{
+    memset(f, 0, sizeof *f);
+    while (s && *s) {
+        const char *eq = strchr(s, '=');
+        if (!eq)
+            return -EINVAL;
+        char *end;
+        unsigned long long v = strtoull(eq + 1, &end, 10);
+        if (end == eq + 1 || (*end && *end != ','))
+            return -EINVAL;
+        size_t kl = (size_t)(eq - s);
+        if (kl == 8 && strncmp(s, "drop_nth", kl) == 0)
+            f->drop_nth = v;
+        else if (kl == 13 && strncmp(s, "duplicate_nth", kl) == 0)
+            f->duplicate_nth = v;
+        else if (kl == 9 && strncmp(s, "delay_nth", kl) == 0)
+            f->delay_nth = v;
+        else if (kl == 11 && strncmp(s, "delay_after", kl) == 0 && v <= UINT32_MAX)
+            f->delay_after = (uint32_t)v;
+        else
+            return -EINVAL;
+        s = *end ? end + 1 : end;
+    }
+    if (f->delay_nth && !f->delay_after)
+        f->delay_after = 1;
+    return 0;
+}
+
+int node_peer_start(struct kvf_node *n)
+{
+    struct kvf_peer_channel_opts o;
+    kvf_peer_channel_opts_init(&o);
+    if (parse_fault(n->opts.peer_fault, &o.fault) != 0) {
+        node_log("error", NULL,
+                 "peer fault \"%s\": want drop_nth=N,duplicate_nth=N,delay_nth=N,delay_after=M",
+                 n->opts.peer_fault);
+        return -EINVAL;
+    }
+    char bind[96];
+    snprintf(bind, sizeof bind, "tcp://%s:%u", n->data_host, n->opts.peer_port);
+    o.node_id = n->node_id;
+    o.incarnation = n->incarnation;
+    o.bind_endpoint = bind;
+    o.on_message = peer_on_message;
+    o.accept = peer_accept;
+    o.on_drop = peer_on_drop;
+    o.ctx = n;
+    n->peerch = kvf_peer_channel_create(&o);
+    if (!n->peerch) {
+        node_log("error", NULL, "peer channel: cannot bind %s", bind);
+        return -EIO;
+    }
+    snprintf(n->peer_ep, sizeof n->peer_ep, "%s", kvf_peer_channel_endpoint(n->peerch));
+    if (n->opts.peer_fault && n->opts.peer_fault[0])
+        node_log("warn", NULL, "peer channel fault injection on: %s", n->opts.peer_fault);
+    return 0;
+}
+
+void node_peer_stop(struct kvf_node *n)
+{
+    if (!n->peerch)
+        return;
+    atomic_store(&n->peer_stopping, true); /* no admission waits from now on */
+    struct kvf_peer_stats st;
+    kvf_peer_channel_stats(n->peerch, &st);
+    node_log("info", NULL,
+             "peer channel: %" PRIu64 " sent, %" PRIu64 " delivered, %" PRIu64 " late, %" PRIu64
+             " unknown, %" PRIu64 " out of order, %" PRIu64 " discarded",
+             st.sent, st.delivered, st.late, st.unknown, st.out_of_order, st.discarded);
+    kvf_peer_channel_destroy(n->peerch);
+    n->peerch = NULL;
+}
+
+int node_peer_renew(struct kvf_node *n)
+{
+    if (!n->peerch)
+        return 0;
+    /* The channel stamps every envelope with this node's incarnation and
+     * accepts only envelopes addressed to it: a new incarnation needs a new
+     * channel. Nothing of the old one is worth keeping (its rooms closed). */
+    atomic_store(&n->peer_stopping, true); /* no admission waits from now on */
+    kvf_peer_channel_destroy(n->peerch);
+    n->peerch = NULL;
+    n->peer_ep[0] = '\0';
+    atomic_store(&n->peer_stopping, false);
+    return node_peer_start(n);
+}
+
+void node_peer_learn(struct kvf_node *n, struct node_peer *p, const Kvfence__V1__PeerNode *pn)
+{
+    (void)n;
+    for (size_t e = 0; e < pn->n_endpoints; e++) {
+        const Kvfence__V1__Endpoint *ep = pn->endpoints[e];
+        if (ep->kind == KVFENCE__V1__ENDPOINT_KIND__ENDPOINT_KIND_PEER_ZMQ && ep->address &&
+            strlen(ep->address) < sizeof p->peer_ep)
+            snprintf(p->peer_ep, sizeof p->peer_ep, "%s", ep->address);
+    }
+}
+
+void node_peer_close_room(struct kvf_node *n, struct node_room *r)
+{
+    done_pending_free(r); /* aborting, or every local sink flushed its own */
+    if (r->peer_closed)
+        return;
+    pthread_rwlock_wrlock(&n->rooms_lock);
+    r->peer_closed = true;
+    pthread_rwlock_unlock(&n->rooms_lock);
+}
+
+/* ---- sink side (owner) ------------------------------------------------------------- */
+
+static struct node_member *local_sink(struct kvf_node *n, struct node_room *r, uint32_t rank)
+{
+    for (size_t i = 0; i < r->nmembers; i++) {
+        struct node_member *m = &r->members[i];
+        if (m->local && m->role == KVFENCE__V1__ROLE__ROLE_SINK && m->rank == rank &&
+            strcmp(m->node_id, n->node_id) == 0)
+            return m;
+    }
+    return NULL;
+}
+
+void node_peer_msg(struct kvf_node *n, struct node_job *j)
+{
+    const struct node_peer_msg *pm = j->pmsg;
+    struct node_room *r = node_room_find(n, pm->room);
+    /* Aborted (or closed) since the channel admitted it: nothing reaches Watch. */
+    if (!r || r->aborting || kvf_lt_state(r->lt) != KVF_LT_OPEN) {
+        node_log("info", &pm->room, "peer message from %s dropped: the room is closed here",
+                 pm->sender);
+        return;
+    }
+    struct node_member *m = local_sink(n, r, pm->sink_rank);
+    if (!m) {
+        node_log("warn", &pm->room, "peer message from %s for sink rank %u: no such sink here",
+                 pm->sender, pm->sink_rank);
+        return;
+    }
+    if (pm->body == KVFENCE__V1__PEER_ENVELOPE__BODY_AUX_DATA) {
+        node_watch_aux(n, r, pm);
+        return;
+    }
+    node_log(pm->ok ? "info" : "warn", &pm->room,
+             "transfer status from %s rank %u to rank %u: %s, %" PRIu64 " chunks, %" PRIu64
+             " bytes%s%s",
+             pm->sender, pm->source_rank, pm->sink_rank, pm->ok ? "ok" : "failed", pm->chunks,
+             pm->bytes, pm->error[0] ? ": " : "", pm->error);
+    if (!pm->ok) {
+        node_watch_transfer_done(n, r, pm);
+        return;
+    }
+    /* transfer_done ok promises that every chunk arrived: it waits until the
+     * sink's landed bytes cover its lease and are all accounted for (the
+     * frames of one node pair share one ordered TCP connection, but a status
+     * does not say which landed bytes are its own). */
+    m->status_bytes += pm->bytes;
+    struct node_peer_msg **tail = &r->done_pending;
+    while (*tail)
+        tail = &(*tail)->next;
+    *tail = j->pmsg;
+    j->pmsg = NULL;
+    node_check_sink_complete(n, r, m);
+}
+
+void node_peer_sink_done(struct kvf_node *n, struct node_room *r, const struct node_member *m)
+{
+    struct node_peer_msg **pp = &r->done_pending;
+    while (*pp) {
+        struct node_peer_msg *pm = *pp;
+        if (pm->sink_rank != m->rank) {
+            pp = &pm->next;
+            continue;
+        }
+        *pp = pm->next;
+        node_watch_transfer_done(n, r, pm);
+        free(pm);
+    }
+}
+
+static void done_pending_free(struct node_room *r)
+{
+    while (r->done_pending) {
+        struct node_peer_msg *pm = r->done_pending;
+        r->done_pending = pm->next;
+        free(pm);
+    }
+}
+
+void node_peer_gap(struct kvf_node *n, struct node_job *j)
+{
+    struct node_room *r = node_room_find(n, j->room);
+    if (!r)
+        return;
+    char why[200];
+    snprintf(why, sizeof why, "peer channel: a message from %s was lost (sequence gap)",
+             j->pmsg ? j->pmsg->sender : "?");
+    node_send_transfer_failed(n, r, j->member, KVFENCE__V1__ROLE__ROLE_SINK, why);
+}
+
+/* ---- source side (owner) ----------------------------------------------------------- */
+
+struct node_pair *node_pair_get(struct node_room *r, uint32_t src_rank,
+                                const struct node_member *sink, bool create)
+{
+    for (struct node_pair *p = r->pairs; p; p = p->next)
+        if (p->src_rank == src_rank && p->sink_rank == sink->rank &&
+            strcmp(p->sink_node, sink->node_id) == 0)
+            return p;
+    if (!create)
+        return NULL;
+    struct node_pair *p = calloc(1, sizeof *p);
+    if (!p)
+        return NULL;
+    p->src_rank = src_rank;
+    p->sink_rank = sink->rank;
+    snprintf(p->sink_node, sizeof p->sink_node, "%s", sink->node_id);
+    p->sink_incarnation = sink->incarnation;
+    p->next = r->pairs;
+    r->pairs = p;
+    return p;
+}
+
+bool node_pairs_done(const struct node_room *r, uint32_t rank)
+{
+    bool any = false;
+    for (const struct node_pair *p = r->pairs; p; p = p->next) {
+        if (p->src_rank != rank)
+            continue;
+        if (!p->status_sent || p->failed)
+            return false;
+        any = true;
+    }
+    return any;
+}
+
+void node_pairs_free(struct node_room *r)
+{
+    struct node_pair *p = r->pairs;
+    while (p) {
+        struct node_pair *next = p->next;
+        free(p->aux);
+        free(p);
+        p = next;
+    }
+    r->pairs = NULL;
+    done_pending_free(r);
+}
+
+static const char *sink_endpoint(struct kvf_node *n, const struct node_pair *p)
+{
+    /* A sink on this node: through our own channel, so that aux and status
+     * take the same ordered, admitted path as from any other node. */
+    if (p->sink_incarnation == n->incarnation && strcmp(p->sink_node, n->node_id) == 0)
+        return n->peer_ep[0] ? n->peer_ep : NULL;
+    for (uint32_t i = 0; i < n->npeers; i++)
+        if (n->peers[i].incarnation == p->sink_incarnation &&
+            strcmp(n->peers[i].node_id, p->sink_node) == 0)
+            return n->peers[i].peer_ep[0] ? n->peers[i].peer_ep : NULL;
+    return NULL;
+}
+
+static int send_env(struct kvf_node *n, struct node_room *r, const struct node_pair *p,
+                    Kvfence__V1__PeerEnvelope *env)
+{
+    const char *ep = sink_endpoint(n, p);
+    if (!ep)
+        return -EHOSTUNREACH;
+    Kvfence__V1__RoomKey k = KVFENCE__V1__ROOM_KEY__INIT;
+    k.room_id = r->key.room_id;
+    k.generation = r->key.generation;
+    env->room = &k;
+    env->receiver_node_id = (char *)p->sink_node;
+    env->receiver_incarnation = p->sink_incarnation;
+    return kvf_peer_send(n->peerch, ep, env);
+}
+
+void node_pair_chunk_done(struct kvf_node *n, struct node_room *r, struct node_pair *p,
+                          uint64_t seq, bool ok, const char *error)
+{
+    (void)seq;
+    if (p->open)
+        p->open--;
+    if (!ok && !p->failed) {
+        p->failed = true;
+        snprintf(p->error, sizeof p->error, "%s", error ? error : "chunk failed");
+    }
+    if (p->status_sent || r->aborting || !n->peerch)
+        return;
+    if (!p->failed && !(p->last_submitted && p->open == 0))
+        return;
+    p->status_sent = true; /* one status per pair, whatever happens below */
+    int rc = 0;
+    if (!p->failed && p->aux_len) {
+        Kvfence__V1__AuxData a = KVFENCE__V1__AUX_DATA__INIT;
+        a.source_rank = p->src_rank;
+        a.sink_rank = p->sink_rank;
+        a.chunk_seq = p->last_seq;
+        a.data.data = p->aux;
+        a.data.len = p->aux_len;
+        Kvfence__V1__PeerEnvelope env = KVFENCE__V1__PEER_ENVELOPE__INIT;
+        env.body_case = KVFENCE__V1__PEER_ENVELOPE__BODY_AUX_DATA;
+        env.aux_data = &a;
+        rc = send_env(n, r, p, &env);
+    }
+    free(p->aux);
+    p->aux = NULL;
+    if (rc == 0) {
+        Kvfence__V1__TransferStatus t = KVFENCE__V1__TRANSFER_STATUS__INIT;
+        t.source_rank = p->src_rank;
+        t.sink_rank = p->sink_rank;
+        t.ok = !p->failed;
+        t.chunks = p->chunks;
+        t.last_chunk_seq = p->last_seq;
+        t.bytes = p->bytes;
+        t.error = p->failed ? p->error : (char *)"";
+        Kvfence__V1__PeerEnvelope env = KVFENCE__V1__PEER_ENVELOPE__INIT;
+        env.body_case = KVFENCE__V1__PEER_ENVELOPE__BODY_TRANSFER_STATUS;
+        env.transfer_status = &t;
+        rc = send_env(n, r, p, &env);
+    }
+    if (rc != 0 && !p->failed) {
+        /* Without the status the sink can never complete: fail the transfer. */
+        p->failed = true;
+        char why[sizeof p->error + NODE_ID_MAX + 64];
+        snprintf(p->error, sizeof p->error, "%s",
+                 rc == -EHOSTUNREACH ? "no PEER_ZMQ endpoint announced" : strerror(-rc));
+        snprintf(why, sizeof why, "peer channel: cannot send aux/status to %s: %s", p->sink_node,
+                 p->error);
+        node_send_transfer_failed(n, r, p->src_rank, KVFENCE__V1__ROLE__ROLE_SOURCE, why);
+    }
+}
