@@ -84,7 +84,10 @@ struct fx {
     struct kvf_rpc_channel *ch;
     char dir[64];
     struct node_proc n1, n2;
-    struct shm_pool p1, p2;
+    struct node_proc n1b; /* a second incarnation of n1 (a new process) */
+    struct shm_pool p1, p2, p3;
+    struct node_proc *src; /* the source node the test submits to: n1 or n1b */
+    uint32_t src_pool;     /* its pool */
     struct watch w;
 };
 
@@ -144,14 +147,17 @@ static void wait_log(const struct node_proc *np, const char *needle, const kvf_r
     }
 }
 
-static int node_start(struct node_proc *np, const char *dir, const char *id, const char *control)
+/* Starts kvfence-node `node_id`; its files in `dir` are named after `tag`. */
+static int node_start(struct node_proc *np, const char *dir, const char *tag, const char *node_id,
+                      const char *control)
 {
     memset(np, 0, sizeof *np);
-    snprintf(np->id, sizeof np->id, "%s", id);
-    snprintf(np->sock, sizeof np->sock, "%s/%s.sock", dir, id);
-    snprintf(np->port_file, sizeof np->port_file, "%s/%s.port", dir, id);
-    snprintf(np->fault_file, sizeof np->fault_file, "%s/%s.faults", dir, id);
-    snprintf(np->log, sizeof np->log, "%s/%s.log", dir, id);
+    const char *id = node_id;
+    snprintf(np->id, sizeof np->id, "%s", tag);
+    snprintf(np->sock, sizeof np->sock, "%s/%s.sock", dir, tag);
+    snprintf(np->port_file, sizeof np->port_file, "%s/%s.port", dir, tag);
+    snprintf(np->fault_file, sizeof np->fault_file, "%s/%s.faults", dir, tag);
+    snprintf(np->log, sizeof np->log, "%s/%s.log", dir, tag);
     pid_t parent = getpid();
     np->pid = fork();
     if (np->pid < 0) {
@@ -518,7 +524,7 @@ static int submit(struct fx *f, kvf_room_key k, uint32_t source_rank, uint64_t s
     req.room = &rk;
     req.chunk_seq = seq;
     req.source_rank = source_rank;
-    req.source_pool_id = f->p1.pool_id;
+    req.source_pool_id = f->src_pool;
     req.n_source_ranges = n;
     req.source_ranges = sv;
     req.sink_node_id = (char *)"n2";
@@ -527,7 +533,7 @@ static int submit(struct fx *f, kvf_room_key k, uint32_t source_rank, uint64_t s
     req.n_sink_ranges = n;
     req.sink_ranges = dv;
     req.last_chunk = last;
-    return call(f->n1.local, "/kvfence.v1.NodeLocal/SubmitChunk", &req.base, NULL, NULL, st);
+    return call(f->src->local, "/kvfence.v1.NodeLocal/SubmitChunk", &req.base, NULL, NULL, st);
 }
 
 static void submit_ok(struct fx *f, kvf_room_key k, uint64_t seq, uint32_t sfirst, uint32_t dfirst,
@@ -539,9 +545,9 @@ static void submit_ok(struct fx *f, kvf_room_key k, uint64_t seq, uint32_t sfirs
         fail_msg("SubmitChunk %llu: %d %s", (unsigned long long)seq, code, st.message);
 }
 
-/* Waits until `np` has the room's update (a SubmitChunk for a source rank in
- * no lease answers UNAVAILABLE before, FAILED_PRECONDITION after; only n1
- * serves SubmitChunk for us, so n2 is probed by its log). */
+/* Waits until both nodes have the room's update: the source is probed with a
+ * SubmitChunk for a source rank in no lease (UNAVAILABLE before the update,
+ * FAILED_PRECONDITION after), the sink by its log. */
 static void wait_nodes_know(struct fx *f, kvf_room_key k)
 {
     wait_log(&f->n2, "room update", &k, 1);
@@ -553,9 +559,9 @@ static void wait_nodes_know(struct fx *f, kvf_room_key k)
         if (code == KVF_GRPC_FAILED_PRECONDITION)
             return;
         if (code != KVF_GRPC_UNAVAILABLE)
-            fail_msg("n1: unexpected probe answer %d: %s", code, st.message);
+            fail_msg("%s: unexpected probe answer %d: %s", f->src->id, code, st.message);
         if (now_ms() > end)
-            fail_msg("n1 never got the room update (%d %s)", code, st.message);
+            fail_msg("%s never got the room update (%d %s)", f->src->id, code, st.message);
         sleep_ms(10);
     }
 }
@@ -564,7 +570,7 @@ static kvf_room_key join_pair(struct fx *f, uint64_t room_id, uint32_t sfirst, u
                               uint32_t count)
 {
     kvf_room_key k1 =
-        join(f, room_id, "n1", KVFENCE__V1__ROLE__ROLE_SOURCE, f->p1.pool_id, sfirst, count);
+        join(f, room_id, "n1", KVFENCE__V1__ROLE__ROLE_SOURCE, f->src_pool, sfirst, count);
     kvf_room_key k2 =
         join(f, room_id, "n2", KVFENCE__V1__ROLE__ROLE_SINK, f->p2.pool_id, dfirst, count);
     assert_true(k1.room_id == k2.room_id && k1.generation == k2.generation);
@@ -709,8 +715,8 @@ static int teardown(void **state)
         kvf_rpc_client_stream_cancel(f->w.cs);
         kvf_rpc_client_stream_close(f->w.cs);
     }
-    struct node_proc *nodes[2] = {&f->n1, &f->n2};
-    for (int i = 0; i < 2; i++) {
+    struct node_proc *nodes[3] = {&f->n1, &f->n2, &f->n1b};
+    for (int i = 0; i < 3; i++) {
         if (nodes[i]->pid <= 0) {
             kvf_rpc_channel_destroy(nodes[i]->local);
             nodes[i]->local = NULL;
@@ -734,8 +740,9 @@ static int teardown(void **state)
     kvf_proc_kill(&f->cp);
     shm_destroy(&f->p1);
     shm_destroy(&f->p2);
+    shm_destroy(&f->p3);
     if (f->dir[0]) {
-        for (int i = 0; i < 2; i++) {
+        for (int i = 0; i < 3; i++) {
             struct node_proc *np = nodes[i];
             if (!np->id[0])
                 continue;
@@ -768,13 +775,15 @@ static void fx_start(struct fx *f)
     assert_non_null(f->ch);
     snprintf(f->dir, sizeof f->dir, "/tmp/kvf-races-XXXXXX");
     assert_non_null(mkdtemp(f->dir));
-    assert_int_equal(node_start(&f->n1, f->dir, "n1", f->cp.target), 0);
-    assert_int_equal(node_start(&f->n2, f->dir, "n2", f->cp.target), 0);
+    assert_int_equal(node_start(&f->n1, f->dir, "n1", "n1", f->cp.target), 0);
+    assert_int_equal(node_start(&f->n2, f->dir, "n2", "n2", f->cp.target), 0);
     wait_log(&f->n1, "fault injection on", NULL, 1);
     assert_int_equal(shm_create(&f->p1, "n1", SEED_N1), 0);
     assert_int_equal(shm_create(&f->p2, "n2", SEED_N2), 0);
     f->p1.pool_id = register_pool(&f->n1, &f->p1);
     f->p2.pool_id = register_pool(&f->n2, &f->p2);
+    f->src = &f->n1;
+    f->src_pool = f->p1.pool_id;
     watch_open(f);
 }
 
@@ -790,7 +799,7 @@ static void n1_faults(struct fx *f, const char *text)
  * byte-exactly: the n1 -> n2 path carried everything sent before it. */
 static void settle_with_room(struct fx *f, uint64_t room_id)
 {
-    fill(&f->p1, SETTLE_S, SETTLE_PG, 200);
+    fill(f->src == &f->n1b ? &f->p3 : &f->p1, SETTLE_S, SETTLE_PG, 200);
     kvf_room_key k = join_pair(f, room_id, SETTLE_S, SETTLE_D, SETTLE_PG);
     submit_ok(f, k, 1, SETTLE_S, SETTLE_D, SETTLE_PG, true);
     wait_room_state(f, k, KVFENCE__V1__ROOM_STATE__ROOM_STATE_COMPLETED);
@@ -826,6 +835,8 @@ static void test_abort_while_transfer_held(void **state)
     wait_log(&f->n1, "fault: release frame", &k, 1);
     wait_room_state(f, k, KVFENCE__V1__ROOM_STATE__ROOM_STATE_ABORTED);
     watch_released_once(f, k);
+    /* The frame reached n2 after its admission closed: refused, not landed. */
+    check_holds(&f->p2, 0, PAGE_COUNT, SEED_N2, 0);
     /* The engine owns the pages again: fresh patterns, then run on. */
     fill(&f->p1, 0, 8, 301);
     fill(&f->p2, 16, 8, 302);
@@ -856,6 +867,7 @@ static void test_one_op_fails_while_sibling_held(void **state)
     wait_log(&f->n1, "fault: release frame", &k, 1);
     wait_room_state(f, k, KVFENCE__V1__ROOM_STATE__ROOM_STATE_ABORTED);
     watch_released_once(f, k);
+    check_holds(&f->p2, 0, PAGE_COUNT, SEED_N2, 0); /* neither frame landed */
     fill(&f->p1, 0, 8, 311);
     fill(&f->p2, 16, 8, 312);
     settle_with_room(f, 2002);
@@ -885,6 +897,7 @@ static void test_submission_fails_part_way(void **state)
     wait_log(&f->n1, "fault: release frame", &k, 1);
     wait_room_state(f, k, KVFENCE__V1__ROOM_STATE__ROOM_STATE_ABORTED);
     watch_released_once(f, k);
+    check_holds(&f->p2, 0, PAGE_COUNT, SEED_N2, 0); /* the posted frame came too late */
     fill(&f->p2, 16, 8, 322);
     settle_with_room(f, 3002);
     check_holds(&f->p2, 16, 8, 322, 16);
@@ -934,6 +947,8 @@ static void test_abort_between_chunks_keeps_source_pages(void **state)
     n1_faults(f, "hold=0\n");
     wait_room_state(f, k, KVFENCE__V1__ROOM_STATE__ROOM_STATE_ABORTED);
     watch_released_once(f, k);
+    check_holds(&f->p2, 16, 4, SEED_N1, 0);  /* chunk 1 */
+    check_holds(&f->p2, 20, 4, SEED_N2, 20); /* chunk 2 was refused */
     fill(&f->p1, 0, 8, 331);
     fill(&f->p2, 16, 8, 332);
     settle_with_room(f, 4002);
@@ -1037,6 +1052,75 @@ static void test_reused_room_id_new_generation(void **state)
     check_holds(&f->p2, 0, 16, SEED_N2, 0);
 }
 
+static void test_dropped_notice_and_report_are_resent(void **state)
+{
+    struct fx *f = *state;
+    fx_start(f);
+    /* n1 loses the first AbortNotice and its first Drained report. */
+    n1_faults(f, "hold=1\ndrop_abort=1\ndrop_drained=1\n");
+    kvf_room_key k = join_pair(f, 8001, 0, 16, 8);
+    submit_ok(f, k, 1, 0, 16, 8, true);
+    wait_log(&f->n1, "fault: hold frame", &k, 1);
+    abort_room(f, k);
+    wait_log(&f->n1, "fault: dropped a AbortNotice", NULL, 1);
+    expect_held_abort(f, k); /* the re-sent notice got through */
+
+    /* Released: the first Drained is lost, the re-sent notice gets another. */
+    unsigned before = log_count(&f->n1, "fault: config loaded", NULL);
+    fault_write(&f->n1, "hold=0\ndrop_drained=1\n");
+    wait_log(&f->n1, "fault: config loaded", NULL, before + 1);
+    wait_log(&f->n1, "fault: did not send a Drained", NULL, 1);
+    wait_room_state(f, k, KVFENCE__V1__ROOM_STATE__ROOM_STATE_ABORTED);
+    assert_true(log_count(&f->n1, "drained", &k) >= 2);
+    watch_released_once(f, k);
+    check_holds(&f->p2, 0, PAGE_COUNT, SEED_N2, 0);
+    fill(&f->p2, 16, 8, 382);
+    settle_with_room(f, 8002);
+    check_holds(&f->p2, 16, 8, 382, 16);
+}
+
+static void test_old_incarnation_cannot_write_into_new_generation(void **state)
+{
+    struct fx *f = *state;
+    fx_start(f);
+    /* Generation 1: n1 holds its frame and is cut off (SIGSTOP) until LOST. */
+    n1_faults(f, "hold=1\n");
+    kvf_room_key k1 = join_pair(f, 9001, 0, 16, 8);
+    submit_ok(f, k1, 1, 0, 16, 8, true);
+    wait_log(&f->n1, "fault: hold frame", &k1, 1);
+    f->n1.any_exit = true;
+    assert_int_equal(kill(f->n1.pid, SIGSTOP), 0);
+    wait_room_state(f, k1, KVFENCE__V1__ROOM_STATE__ROOM_STATE_ABORTED);
+    watch_released_once(f, k1);
+
+    /* n1 restarts as a new incarnation with a new pool; the zombie lives on. */
+    assert_int_equal(node_start(&f->n1b, f->dir, "n1b", "n1", f->cp.target), 0);
+    assert_int_equal(shm_create(&f->p3, "n1b", 391), 0);
+    f->p3.pool_id = register_pool(&f->n1b, &f->p3);
+    f->src = &f->n1b;
+    f->src_pool = f->p3.pool_id;
+    fill(&f->p2, 16, 8, 392);
+    kvf_room_key k2 = join_pair(f, 9001, 0, 16, 8);
+    assert_true(k2.room_id == k1.room_id && k2.generation > k1.generation);
+
+    /* While generation 2 is ACTIVE on the same sink pages, the zombie sends
+     * the frame it held, then ends. */
+    fault_write(&f->n1, "hold=0\n");
+    assert_int_equal(kill(f->n1.pid, SIGCONT), 0);
+    wait_log(&f->n1, "fault: release frame", &k1, 1);
+    assert_int_not_equal(node_stop(&f->n1, 8000), -2);
+    check_holds(&f->p2, 16, 8, 392, 16);
+
+    submit_ok(f, k2, 1, 0, 16, 8, true);
+    wait_room_state(f, k2, KVFENCE__V1__ROOM_STATE__ROOM_STATE_COMPLETED);
+    watch_released_once(f, k2);
+    check_holds(&f->p2, 16, 8, 391, 0); /* exactly generation 2's bytes */
+    fill(&f->p2, 16, 8, 393);
+    settle_with_room(f, 9002);
+    check_holds(&f->p2, 16, 8, 393, 16);
+    check_holds(&f->p2, 0, 16, SEED_N2, 0);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -1049,6 +1133,9 @@ int main(void)
         cmocka_unit_test_setup_teardown(test_killed_sink_with_held_transfer, setup, teardown),
         cmocka_unit_test_setup_teardown(test_stopped_node_cut_off_then_resumed, setup, teardown),
         cmocka_unit_test_setup_teardown(test_reused_room_id_new_generation, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_dropped_notice_and_report_are_resent, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_old_incarnation_cannot_write_into_new_generation,
+                                        setup, teardown),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
