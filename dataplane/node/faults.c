@@ -21,7 +21,8 @@ struct node_faults {
     char path[512];
     struct node_fault_cfg cfg; /* drop_* count down as they fire */
     int64_t next_check_ms;
-    bool seen; /* the file existed at the last check */
+    bool peer_pending; /* peer faults loaded before the channel existed */
+    bool seen;         /* the file existed at the last check */
     dev_t dev;
     ino_t ino;
     off_t size;
@@ -123,6 +124,8 @@ int node_fault_parse(const char *text, struct node_fault_cfg *cfg, char *err, si
             return -EINVAL;
         }
         memcpy((char *)&c + k->off, &(uint64_t){v}, sizeof(uint64_t));
+        if (strncmp(key, "peer_", 5) == 0)
+            c.peer_keys = true;
     }
     *cfg = c;
     return 0;
@@ -147,6 +150,21 @@ static void fault_log(void *ctx, const char *what, const struct kvf_xfer *x, int
              x->first_page, x->page_count, rc ? ": " : "", rc ? strerror(-rc) : "");
 }
 
+/* The peer channel starts after the first load: its faults wait for it. */
+static void apply_peer(struct kvf_node *n)
+{
+    if (!n->faults->peer_pending || !n->peerch)
+        return;
+    n->faults->peer_pending = false;
+    struct kvf_peer_fault pf;
+    node_fault_peer(&n->faults->cfg, &pf);
+    kvf_peer_channel_set_fault(n->peerch, &pf);
+    node_log("info", NULL,
+             "fault: peer channel faults set: drop_nth=%" PRIu64 " duplicate_nth=%" PRIu64
+             " delay_nth=%" PRIu64 " delay_after=%u",
+             pf.drop_nth, pf.duplicate_nth, pf.delay_nth, pf.delay_after);
+}
+
 static void apply(struct kvf_node *n, const struct node_fault_cfg *c, const char *why)
 {
     n->faults->cfg = *c;
@@ -159,6 +177,8 @@ static void apply(struct kvf_node *n, const struct node_fault_cfg *c, const char
              c->drop_abort, c->drop_fence, c->drop_drained, c->drop_completed, c->drop_peer_fenced,
              c->peer_drop, c->peer_dup, c->peer_delay);
     kvf_transport_fault_set(n->tcp_io, &c->xport);
+    n->faults->peer_pending = c->peer_keys;
+    apply_peer(n);
 }
 
 static void reload(struct kvf_node *n)
@@ -230,6 +250,7 @@ void node_faults_tick(struct kvf_node *n)
         return;
     n->faults->next_check_ms = now + NODE_FAULT_CHECK_MS;
     reload(n);
+    apply_peer(n);
 }
 
 static bool take(uint64_t *count)

@@ -23,8 +23,10 @@
  *   drop_peer_fenced=N   ... PeerFenced reports;
  *   peer_drop=N, peer_dup=N, peer_delay=N, peer_delay_after=N
  *                        the ZeroMQ peer channel's faults (struct
- *                        kvf_peer_fault); parsed here, applied by the peer
- *                        channel's owner through node_fault_peer().
+ *                        kvf_peer_fault, kvf_peer_channel_set_fault): set
+ *                        only by a load whose file names a peer_* key (so a
+ *                        file without them leaves --peer-fault alone); the
+ *                        channel counts its messages from its creation.
  * Every fault that fires is logged ("fault: ...").
  *
  * DESIGN: owner thread only (the file check runs in the owner loop; the
@@ -49,6 +51,7 @@ struct node_fault_cfg {
     uint64_t drop_room_update, drop_abort, drop_fence;
     uint64_t drop_drained, drop_completed, drop_peer_fenced;
     uint64_t peer_drop, peer_dup, peer_delay, peer_delay_after;
+    bool peer_keys; /* the file named a peer_* key */
 };
 
 /* Parses `text` (NUL-terminated). 0, or -EINVAL with a message naming the

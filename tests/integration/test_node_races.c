@@ -88,6 +88,8 @@ struct fx {
     struct shm_pool p1, p2, p3;
     struct node_proc *src; /* the source node the test submits to: n1 or n1b */
     uint32_t src_pool;     /* its pool */
+    const uint8_t *aux;    /* aux bytes of the next last chunk (NULL: none) */
+    size_t aux_len;
     struct watch w;
 };
 
@@ -533,6 +535,10 @@ static int submit(struct fx *f, kvf_room_key k, uint32_t source_rank, uint64_t s
     req.n_sink_ranges = n;
     req.sink_ranges = dv;
     req.last_chunk = last;
+    if (last && f->aux) {
+        req.aux.data = (uint8_t *)f->aux;
+        req.aux.len = f->aux_len;
+    }
     return call(f->src->local, "/kvfence.v1.NodeLocal/SubmitChunk", &req.base, NULL, NULL, st);
 }
 
@@ -1121,6 +1127,33 @@ static void test_old_incarnation_cannot_write_into_new_generation(void **state)
     check_holds(&f->p2, 0, 16, SEED_N2, 0);
 }
 
+static void test_peer_message_dropped_by_fault_file(void **state)
+{
+    struct fx *f = *state;
+    fx_start(f);
+    /* n1's first peer message (the aux of the room's pair) is lost: its
+     * status arrives after a gap, the sink fails the room. */
+    n1_faults(f, "peer_drop=1\n");
+    wait_log(&f->n1, "fault: peer channel faults set: drop_nth=1", NULL, 1);
+    kvf_room_key k = join_pair(f, 10001, 0, 16, 8);
+    uint8_t aux[2000];
+    for (size_t i = 0; i < sizeof aux; i++)
+        aux[i] = (uint8_t)(i * 13u);
+    f->aux = aux;
+    f->aux_len = sizeof aux;
+    submit_ok(f, k, 1, 0, 16, 8, true);
+    f->aux = NULL;
+    wait_room_state(f, k, KVFENCE__V1__ROOM_STATE__ROOM_STATE_ABORTED);
+    Kvfence__V1__RoomInfo *ri = get_room(f, k);
+    int reason = ri->abort_reason;
+    kvfence__v1__room_info__free_unpacked(ri, NULL);
+    assert_int_equal(reason, KVFENCE__V1__ABORT_REASON__ABORT_REASON_TRANSFER_FAILED);
+    watch_released_once(f, k);
+    fill(&f->p2, 16, 8, 402);
+    settle_with_room(f, 10002);
+    check_holds(&f->p2, 16, 8, 402, 16);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -1136,6 +1169,7 @@ int main(void)
         cmocka_unit_test_setup_teardown(test_dropped_notice_and_report_are_resent, setup, teardown),
         cmocka_unit_test_setup_teardown(test_old_incarnation_cannot_write_into_new_generation,
                                         setup, teardown),
+        cmocka_unit_test_setup_teardown(test_peer_message_dropped_by_fault_file, setup, teardown),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -46,6 +46,7 @@ static void every_key_parses(void **state)
     assert_int_equal(c.drop_drained, 7);
     assert_int_equal(c.drop_completed, 8);
     assert_int_equal(c.drop_peer_fenced, 9);
+    assert_true(c.peer_keys);
     struct kvf_peer_fault pf;
     node_fault_peer(&c, &pf);
     assert_int_equal(pf.drop_nth, 10);
@@ -64,6 +65,7 @@ static void empty_text_is_no_fault(void **state)
     assert_false(c.xport.hold);
     assert_int_equal(c.xport.fail_post_nth, 0);
     assert_int_equal(c.drop_abort, 0);
+    assert_false(c.peer_keys); /* the channel's faults are left alone */
     struct kvf_peer_fault pf;
     node_fault_peer(&c, &pf);
     assert_int_equal(pf.drop_nth, 0);
