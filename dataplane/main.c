@@ -24,7 +24,8 @@
 #include "node.h"
 
 struct settings {
-    const char *config, *control, *node_id, *local_socket, *data_host, *port_file, *peer_fault;
+    const char *config, *control, *node_id, *local_socket, *data_host, *port_file, *peer_fault,
+        *fault_file;
     const char *staging, *test_local_hold_file;
     uint64_t data_port, peer_port, drain_timeout_ms, staging_buffers;
     bool version;
@@ -84,6 +85,9 @@ int main(int argc, char **argv)
          "staging ring buffers (256 KiB each)"},
         {"test-local-hold-file", KVF_CONFIG_STRING, &cfg.test_local_hold_file, 0,
          "tests only: same-node copies wait while this file exists"},
+        {"fault-file", KVF_CONFIG_STRING, &cfg.fault_file, 0,
+         "tests only: inject the faults this key=value file names, re-read when it changes "
+         "(docs/node.md)"},
         {"version", KVF_CONFIG_BOOL, &cfg.version, 0, "print the version and exit"},
     };
     size_t nitems = sizeof items / sizeof items[0];
@@ -146,6 +150,7 @@ int main(int argc, char **argv)
     opts.staging = cfg.staging;
     opts.staging_buffers = (uint32_t)cfg.staging_buffers;
     opts.test_local_hold_file = cfg.test_local_hold_file;
+    opts.fault_file = cfg.fault_file;
     struct kvf_node *n = kvf_node_start(&opts);
     if (!n) {
         kvf_config_free();

@@ -235,6 +235,17 @@ static struct node_chunk *chunk_new(struct node_room *r, const struct node_membe
     return ch;
 }
 
+/* The chunk's source participant failed: report it once. */
+static void source_failed(struct kvf_node *n, struct node_chunk *ch, const char *why)
+{
+    struct node_member *src =
+        member_find(ch->room, n->node_id, ch->src_rank, KVFENCE__V1__ROLE__ROLE_SOURCE);
+    if (!src || src->failed)
+        return;
+    src->failed = true;
+    node_send_transfer_failed(n, ch->room, src->rank, src->role, why);
+}
+
 void node_local_submit_chunk(struct kvf_node *n, struct node_job *j)
 {
     const Kvfence__V1__SubmitChunkRequest *req = j->submit;
@@ -409,8 +420,14 @@ void node_local_submit_chunk(struct kvf_node *n, struct node_job *j)
         free(aux);
     }
     if (err != 0) {
-        /* Part of the chunk is in flight: it completes, and the chunk fails. */
+        /* Part of the chunk is in flight: it completes, and the chunk fails;
+         * the room is failed now, not once the posted frames completed. */
         ch->nfail++;
+        char what[128];
+        snprintf(what, sizeof what,
+                 "chunk %" PRIu64 ": submission failed after %u of %u frames: %s", req->chunk_seq,
+                 ch->nframes, nframes, strerror(-err));
+        source_failed(n, ch, what);
         fail(j, err == -ECANCELED ? KVF_GRPC_ABORTED : KVF_GRPC_INTERNAL,
              "chunk %" PRIu64 " admitted in part (%u of %u frames): %s", req->chunk_seq,
              ch->nframes, nframes, strerror(-err));
@@ -442,8 +459,7 @@ static void chunk_end(struct kvf_node *n, struct node_chunk *ch)
         if (src->chunks_open)
             src->chunks_open--;
         if (ch->nfail) {
-            src->failed = true;
-            node_send_transfer_failed(n, r, src->rank, src->role, why);
+            src->failed = true; /* reported when its first frame failed */
         } else if (ch->pair->failed) {
             src->failed = true; /* the status could not be sent: reported there */
         } else if (src->chunks_open == 0 && node_pairs_done(r, src->rank) && !src->failed &&
@@ -458,8 +474,14 @@ void node_frame_end(struct kvf_node *n, struct node_frame *f, bool ok)
 {
     struct node_chunk *ch = f->chunk;
     ch->ndone++;
-    if (!ok)
+    if (!ok) {
+        /* At once: a sibling frame may stay blocked for long (R4), and the
+         * room must abort meanwhile. */
         ch->nfail++;
+        char why[96];
+        snprintf(why, sizeof why, "chunk %" PRIu64 ": a frame failed", ch->seq);
+        source_failed(n, ch, why);
+    }
     if (ch->ndone == ch->nframes)
         chunk_end(n, ch);
 }

@@ -57,6 +57,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "faults.h"
 #include "kvf_error.h"
 #include "tcp.h"
 #include "xport.h"
@@ -154,6 +155,8 @@ int node_ctl_send(struct kvf_node *n, const Kvfence__V1__NodeMessage *m)
 {
     if (!n->session)
         return -ENOTCONN;
+    if (node_fault_drop_report(n, (int)m->msg_case))
+        return 0; /* as if sent and lost */
     size_t len = kvfence__v1__node_message__get_packed_size(m);
     uint8_t *buf = malloc(len ? len : 1);
     if (!buf)
@@ -659,7 +662,7 @@ static void poll_completions(struct kvf_node *n)
     struct kvf_completion c[NODE_POLL_BATCH];
     node_xport_poll(n); /* local copies and staging */
     for (;;) {
-        int got = kvf_transport_poll(n->tcp, NODE_POLL_BATCH, c);
+        int got = kvf_transport_poll(n->tcp_io, NODE_POLL_BATCH, c);
         if (got <= 0)
             return;
         for (int i = 0; i < got; i++)
@@ -673,7 +676,7 @@ static void on_fence_peer(struct kvf_node *n, const Kvfence__V1__FencePeer *fp)
     uint32_t idx;
     int rc = node_ensure_peer(n, id, fp->incarnation, &idx);
     if (rc == 0 && !n->peers[idx].fenced) {
-        rc = kvf_transport_fence_peer(n->tcp, idx);
+        rc = kvf_transport_fence_peer(n->tcp_io, idx);
         if (rc == 0) {
             n->peers[idx].fenced = true;
             size_t drained = kvf_lt_table_peer_fenced(n->lts, idx);
@@ -700,6 +703,8 @@ static void on_fence_peer(struct kvf_node *n, const Kvfence__V1__FencePeer *fp)
 
 static void on_control_msg(struct kvf_node *n, const Kvfence__V1__ControlMessage *cm)
 {
+    if (node_fault_drop_control(n, (int)cm->msg_case))
+        return; /* unacknowledged: the control plane sends it again */
     switch (cm->msg_case) {
     case KVFENCE__V1__CONTROL_MESSAGE__MSG_WELCOME:
         n->session_welcomed = true;
@@ -959,6 +964,7 @@ static void *owner_main(void *arg)
                 node_job_free(j);
             }
         }
+        node_faults_tick(n);
         poll_completions(n);
         int64_t now = node_now_ms();
         node_session_tick(n, now);
@@ -1049,6 +1055,9 @@ struct kvf_node *kvf_node_start(const struct kvf_node_opts *opts)
     if (!n->tcp)
         goto err_destroy;
     n->data_port = kvf_transport_tcp_port(n->tcp);
+    n->tcp_io = n->tcp;
+    if (opts->fault_file && opts->fault_file[0] && node_faults_start(n, opts->fault_file) != 0)
+        goto err_destroy;
     if (node_xport_start(n) != 0)
         goto err_destroy;
     if (node_peer_start(n) != 0)
@@ -1135,6 +1144,7 @@ void kvf_node_destroy(struct kvf_node *n)
         (void)kvf_node_stop(n);
     bool can_free = !n->lts || kvf_lt_table_can_teardown(n->lts);
     /* destroy fences every peer and retires the completions nobody polled. */
+    node_faults_stop(n);
     kvf_transport_destroy(n->tcp);
     n->tcp = NULL;
     node_xport_stop(n); /* local transport, staging engine and ring */

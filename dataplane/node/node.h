@@ -38,6 +38,7 @@ struct kvf_node_opts {
     /* Tests only: peer channel fault injection, "drop_nth=N,duplicate_nth=N,
      * delay_nth=N,delay_after=M" (struct kvf_peer_fault); NULL or "": none. */
     const char *peer_fault;
+    const char *fault_file; /* tests: fault injection (faults.h); NULL: off */
 };
 
 /* Fills defaults: data_host "127.0.0.1", port 0, drain timeout 10 s. */

@@ -243,6 +243,9 @@ struct kvf_node {
     struct node_peer peers[NODE_MAX_PEERS];
     uint32_t npeers;
     struct kvf_transport *tcp;
+    /* post / poll / fence go here: n->tcp, or the fault wrapper around it. */
+    struct kvf_transport *tcp_io;
+    struct node_faults *faults; /* NULL unless --fault-file (faults.h) */
     uint16_t data_port;
     struct kvf_rpc_client_stream *session; /* the stream Hello went out on */
     bool session_welcomed;

@@ -276,7 +276,7 @@ int node_xport_route(struct kvf_node *n, const struct node_member *sink, struct 
         snprintf(why, why_len, "%s", pe->fenced ? "fenced" : "not connected");
         return -ENOTCONN;
     }
-    *rt = (struct node_route){n->tcp, peer, KVF_LT_OP_TCP_FRAME};
+    *rt = (struct node_route){n->tcp_io, peer, KVF_LT_OP_TCP_FRAME};
     return 0;
 }
 

@@ -1,0 +1,331 @@
+/*
+ * faults.c: the node's fault injection (faults.h): the fault file, the
+ * transport wrapper's knobs and the control-message / report drops.
+ */
+#include "faults.h"
+
+#include <ctype.h>
+#include <errno.h>
+#include <inttypes.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+
+#include "node_internal.h"
+#include "peer_channel.h"
+
+#define FAULT_FILE_MAX 4096
+
+struct node_faults {
+    char path[512];
+    struct node_fault_cfg cfg; /* drop_* count down as they fire */
+    int64_t next_check_ms;
+    bool peer_pending; /* peer faults loaded before the channel existed */
+    bool seen;         /* the file existed at the last check */
+    dev_t dev;
+    ino_t ino;
+    off_t size;
+    struct timespec mtime;
+};
+
+/* ---- parsing ------------------------------------------------------------------ */
+
+struct fault_key {
+    const char *name;
+    size_t off;
+    uint64_t max;
+};
+
+#define CFG_OFF(f) offsetof(struct node_fault_cfg, f)
+
+static const struct fault_key fault_keys[] = {
+    {"post_fail", CFG_OFF(xport.fail_post_nth), UINT64_MAX},
+    {"op_error", CFG_OFF(xport.error_nth), UINT64_MAX},
+    {"drop_room_update", CFG_OFF(drop_room_update), UINT64_MAX},
+    {"drop_abort", CFG_OFF(drop_abort), UINT64_MAX},
+    {"drop_fence", CFG_OFF(drop_fence), UINT64_MAX},
+    {"drop_drained", CFG_OFF(drop_drained), UINT64_MAX},
+    {"drop_completed", CFG_OFF(drop_completed), UINT64_MAX},
+    {"drop_peer_fenced", CFG_OFF(drop_peer_fenced), UINT64_MAX},
+    {"peer_drop", CFG_OFF(peer_drop), UINT64_MAX},
+    {"peer_dup", CFG_OFF(peer_dup), UINT64_MAX},
+    {"peer_delay", CFG_OFF(peer_delay), UINT64_MAX},
+    {"peer_delay_after", CFG_OFF(peer_delay_after), UINT32_MAX},
+};
+
+static char *trim(char *s, char *end)
+{
+    while (s < end && isspace((unsigned char)*s))
+        s++;
+    while (end > s && isspace((unsigned char)end[-1]))
+        *--end = '\0';
+    *end = '\0';
+    return s;
+}
+
+int node_fault_parse(const char *text, struct node_fault_cfg *cfg, char *err, size_t errlen)
+{
+    struct node_fault_cfg c;
+    memset(&c, 0, sizeof c);
+    char line[256];
+    unsigned lineno = 0;
+    const char *p = text;
+    while (*p) {
+        const char *nl = strchr(p, '\n');
+        size_t len = nl ? (size_t)(nl - p) : strlen(p);
+        lineno++;
+        if (len >= sizeof line) {
+            snprintf(err, errlen, "line %u: longer than %zu bytes", lineno, sizeof line - 1);
+            return -EINVAL;
+        }
+        memcpy(line, p, len);
+        line[len] = '\0';
+        p = nl ? nl + 1 : p + len;
+        char *hash = strchr(line, '#');
+        if (hash)
+            *hash = '\0';
+        char *s = trim(line, line + strlen(line));
+        if (!*s)
+            continue;
+        char *eq = strchr(s, '=');
+        if (!eq) {
+            snprintf(err, errlen, "line %u: '%s': want key=value", lineno, s);
+            return -EINVAL;
+        }
+        *eq = '\0';
+        char *key = trim(s, eq);
+        char *val = trim(eq + 1, eq + 1 + strlen(eq + 1));
+        char *vend = NULL;
+        errno = 0;
+        unsigned long long v = strtoull(val, &vend, 10);
+        if (!*val || *vend || errno || val[0] == '-') {
+            snprintf(err, errlen, "line %u: %s: '%s' is not a count", lineno, key, val);
+            return -EINVAL;
+        }
+        if (strcmp(key, "hold") == 0) {
+            if (v > 1) {
+                snprintf(err, errlen, "line %u: hold: want 0 or 1", lineno);
+                return -EINVAL;
+            }
+            c.xport.hold = v == 1;
+            continue;
+        }
+        const struct fault_key *k = NULL;
+        for (size_t i = 0; i < sizeof fault_keys / sizeof fault_keys[0]; i++)
+            if (strcmp(fault_keys[i].name, key) == 0)
+                k = &fault_keys[i];
+        if (!k) {
+            snprintf(err, errlen, "line %u: unknown key '%s'", lineno, key);
+            return -EINVAL;
+        }
+        if (v > k->max) {
+            snprintf(err, errlen, "line %u: %s: at most %" PRIu64, lineno, key, k->max);
+            return -EINVAL;
+        }
+        memcpy((char *)&c + k->off, &(uint64_t){v}, sizeof(uint64_t));
+        if (strncmp(key, "peer_", 5) == 0)
+            c.peer_keys = true;
+    }
+    *cfg = c;
+    return 0;
+}
+
+void node_fault_peer(const struct node_fault_cfg *cfg, struct kvf_peer_fault *out)
+{
+    memset(out, 0, sizeof *out);
+    out->drop_nth = cfg->peer_drop;
+    out->duplicate_nth = cfg->peer_dup;
+    out->delay_nth = cfg->peer_delay;
+    out->delay_after = (uint32_t)(cfg->peer_delay_after ? cfg->peer_delay_after : 1);
+}
+
+/* ---- the file ------------------------------------------------------------------ */
+
+static void fault_log(void *ctx, const char *what, const struct kvf_xfer *x, int rc)
+{
+    (void)ctx;
+    node_log(strcmp(what, "hold") == 0 ? "info" : "warn", &x->room,
+             "fault: %s frame to peer %u (pool %u pages %u+%u)%s%s", what, x->peer, x->sink_pool,
+             x->first_page, x->page_count, rc ? ": " : "", rc ? strerror(-rc) : "");
+}
+
+/* The peer channel starts after the first load: its faults wait for it. */
+static void apply_peer(struct kvf_node *n)
+{
+    if (!n->faults->peer_pending || !n->peerch)
+        return;
+    n->faults->peer_pending = false;
+    struct kvf_peer_fault pf;
+    node_fault_peer(&n->faults->cfg, &pf);
+    kvf_peer_channel_set_fault(n->peerch, &pf);
+    node_log("info", NULL,
+             "fault: peer channel faults set: drop_nth=%" PRIu64 " duplicate_nth=%" PRIu64
+             " delay_nth=%" PRIu64 " delay_after=%u",
+             pf.drop_nth, pf.duplicate_nth, pf.delay_nth, pf.delay_after);
+}
+
+static void apply(struct kvf_node *n, const struct node_fault_cfg *c, const char *why)
+{
+    n->faults->cfg = *c;
+    node_log("info", NULL,
+             "fault: config %s: hold=%d post_fail=%" PRIu64 " op_error=%" PRIu64
+             " drop_room_update=%" PRIu64 " drop_abort=%" PRIu64 " drop_fence=%" PRIu64
+             " drop_drained=%" PRIu64 " drop_completed=%" PRIu64 " drop_peer_fenced=%" PRIu64
+             " peer_drop=%" PRIu64 " peer_dup=%" PRIu64 " peer_delay=%" PRIu64,
+             why, c->xport.hold, c->xport.fail_post_nth, c->xport.error_nth, c->drop_room_update,
+             c->drop_abort, c->drop_fence, c->drop_drained, c->drop_completed, c->drop_peer_fenced,
+             c->peer_drop, c->peer_dup, c->peer_delay);
+    kvf_transport_fault_set(n->tcp_io, &c->xport);
+    n->faults->peer_pending = c->peer_keys;
+    apply_peer(n);
+}
+
+static void reload(struct kvf_node *n)
+{
+    struct node_faults *f = n->faults;
+    struct stat st;
+    if (stat(f->path, &st) != 0) {
+        if (f->seen) {
+            f->seen = false;
+            struct node_fault_cfg none;
+            memset(&none, 0, sizeof none);
+            apply(n, &none, "file removed");
+        }
+        return;
+    }
+    if (f->seen && st.st_dev == f->dev && st.st_ino == f->ino && st.st_size == f->size &&
+        st.st_mtim.tv_sec == f->mtime.tv_sec && st.st_mtim.tv_nsec == f->mtime.tv_nsec)
+        return;
+    FILE *fp = fopen(f->path, "r");
+    if (!fp)
+        return; /* replaced meanwhile: the next check sees it */
+    char buf[FAULT_FILE_MAX + 1];
+    size_t len = fread(buf, 1, FAULT_FILE_MAX + 1, fp);
+    fclose(fp);
+    f->seen = true;
+    f->dev = st.st_dev;
+    f->ino = st.st_ino;
+    f->size = st.st_size;
+    f->mtime = st.st_mtim;
+    if (len > FAULT_FILE_MAX) {
+        node_log("error", NULL, "fault: %s: larger than %d bytes: ignored", f->path,
+                 FAULT_FILE_MAX);
+        return;
+    }
+    buf[len] = '\0';
+    struct node_fault_cfg c;
+    char err[160];
+    if (node_fault_parse(buf, &c, err, sizeof err) != 0) {
+        node_log("error", NULL, "fault: %s: %s: ignored", f->path, err);
+        return;
+    }
+    apply(n, &c, "loaded");
+}
+
+int node_faults_start(struct kvf_node *n, const char *path)
+{
+    struct node_faults *f = calloc(1, sizeof *f);
+    if (!f)
+        return -ENOMEM;
+    snprintf(f->path, sizeof f->path, "%s", path);
+    struct kvf_transport *w = kvf_transport_fault_create(n->tcp, fault_log, n);
+    if (!w) {
+        free(f);
+        return -ENOMEM;
+    }
+    n->faults = f;
+    n->tcp_io = w;
+    node_log("info", NULL, "fault injection on: watching %s", f->path);
+    reload(n);
+    return 0;
+}
+
+void node_faults_tick(struct kvf_node *n)
+{
+    if (!n->faults)
+        return;
+    int64_t now = node_now_ms();
+    if (now < n->faults->next_check_ms)
+        return;
+    n->faults->next_check_ms = now + NODE_FAULT_CHECK_MS;
+    reload(n);
+    apply_peer(n);
+}
+
+static bool take(uint64_t *count)
+{
+    if (*count == 0)
+        return false;
+    (*count)--;
+    return true;
+}
+
+bool node_fault_drop_control(struct kvf_node *n, int msg_case)
+{
+    if (!n->faults)
+        return false;
+    struct node_fault_cfg *c = &n->faults->cfg;
+    const char *what = NULL;
+    uint64_t *cnt = NULL;
+    switch (msg_case) {
+    case KVFENCE__V1__CONTROL_MESSAGE__MSG_ROOM_UPDATE:
+        what = "RoomUpdate";
+        cnt = &c->drop_room_update;
+        break;
+    case KVFENCE__V1__CONTROL_MESSAGE__MSG_ABORT_NOTICE:
+        what = "AbortNotice";
+        cnt = &c->drop_abort;
+        break;
+    case KVFENCE__V1__CONTROL_MESSAGE__MSG_FENCE_PEER:
+        what = "FencePeer";
+        cnt = &c->drop_fence;
+        break;
+    default:
+        return false;
+    }
+    if (!take(cnt))
+        return false;
+    node_log("warn", NULL, "fault: dropped a %s (%" PRIu64 " more to drop)", what, *cnt);
+    return true;
+}
+
+bool node_fault_drop_report(struct kvf_node *n, int msg_case)
+{
+    if (!n->faults)
+        return false;
+    struct node_fault_cfg *c = &n->faults->cfg;
+    const char *what = NULL;
+    uint64_t *cnt = NULL;
+    switch (msg_case) {
+    case KVFENCE__V1__NODE_MESSAGE__MSG_DRAINED:
+        what = "Drained";
+        cnt = &c->drop_drained;
+        break;
+    case KVFENCE__V1__NODE_MESSAGE__MSG_COMPLETED:
+        what = "Completed";
+        cnt = &c->drop_completed;
+        break;
+    case KVFENCE__V1__NODE_MESSAGE__MSG_PEER_FENCED:
+        what = "PeerFenced";
+        cnt = &c->drop_peer_fenced;
+        break;
+    default:
+        return false;
+    }
+    if (!take(cnt))
+        return false;
+    node_log("warn", NULL, "fault: did not send a %s report (%" PRIu64 " more to drop)", what,
+             *cnt);
+    return true;
+}
+
+void node_faults_stop(struct kvf_node *n)
+{
+    if (!n->faults)
+        return;
+    kvf_transport_destroy(n->tcp_io);
+    n->tcp_io = n->tcp;
+    free(n->faults);
+    n->faults = NULL;
+}

@@ -1,0 +1,83 @@
+/*
+ * faults.h: fault injection in kvfence-node, for the race tests (docs/node.md,
+ * "Fault injection"). Compiled into every build; off unless the node was
+ * started with --fault-file.
+ *
+ * The fault file holds `key=value` lines (blank lines and `#` comments
+ * allowed). The owner thread stats it at most every NODE_FAULT_CHECK_MS and
+ * reloads it when its inode, size or mtime changed; a test writes it
+ * atomically (write a temporary file, rename it over). Every load replaces
+ * the whole configuration (a key not in the file is off) and restarts the
+ * counts; a file that does not parse is refused as a whole (logged) and the
+ * previous configuration stays. A missing file means no faults.
+ *
+ * Keys (N >= 0; 0 turns the fault off):
+ *   hold=0|1             transport: hold every posted frame until hold=0;
+ *   post_fail=N          transport: the Nth post after the load returns -EIO;
+ *   op_error=N           transport: the Nth post after the load completes ERROR;
+ *   drop_room_update=N   drop the next N RoomUpdate notices (no ack: re-sent);
+ *   drop_abort=N         drop the next N AbortNotice notices;
+ *   drop_fence=N         drop the next N FencePeer notices;
+ *   drop_drained=N       do not send the next N Drained reports;
+ *   drop_completed=N     ... Completed reports;
+ *   drop_peer_fenced=N   ... PeerFenced reports;
+ *   peer_drop=N, peer_dup=N, peer_delay=N, peer_delay_after=N
+ *                        the ZeroMQ peer channel's faults (struct
+ *                        kvf_peer_fault, kvf_peer_channel_set_fault): set
+ *                        only by a load whose file names a peer_* key (so a
+ *                        file without them leaves --peer-fault alone); the
+ *                        channel counts its messages from its creation.
+ * Every fault that fires is logged ("fault: ...").
+ *
+ * DESIGN: owner thread only (the file check runs in the owner loop; the
+ * control messages and reports pass through the owner thread).
+ */
+#ifndef KVF_NODE_FAULTS_H
+#define KVF_NODE_FAULTS_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "fault.h"
+
+#define NODE_FAULT_CHECK_MS 10
+
+struct kvf_node;
+struct kvf_peer_fault;
+
+struct node_fault_cfg {
+    struct kvf_fault_knobs xport;
+    uint64_t drop_room_update, drop_abort, drop_fence;
+    uint64_t drop_drained, drop_completed, drop_peer_fenced;
+    uint64_t peer_drop, peer_dup, peer_delay, peer_delay_after;
+    bool peer_keys; /* the file named a peer_* key */
+};
+
+/* Parses `text` (NUL-terminated). 0, or -EINVAL with a message naming the
+ * line and the key in `err`; `*cfg` is written only on success. */
+int node_fault_parse(const char *text, struct node_fault_cfg *cfg, char *err, size_t errlen);
+
+/* The peer channel's share of `cfg`. */
+void node_fault_peer(const struct node_fault_cfg *cfg, struct kvf_peer_fault *out);
+
+/* Wraps n->tcp in the fault transport and sets n->tcp_io to it; reads the
+ * file once. 0 or -ENOMEM. */
+int node_faults_start(struct kvf_node *n, const char *path);
+
+/* Owner loop: reloads the file when it changed (at most every
+ * NODE_FAULT_CHECK_MS). */
+void node_faults_tick(struct kvf_node *n);
+
+/* True when the control message of `msg_case` (Kvfence__V1__ControlMessage)
+ * must be dropped (counts it). */
+bool node_fault_drop_control(struct kvf_node *n, int msg_case);
+
+/* True when the report of `msg_case` (Kvfence__V1__NodeMessage) must not be
+ * sent (counts it). */
+bool node_fault_drop_report(struct kvf_node *n, int msg_case);
+
+/* Frees the wrapper (before n->tcp) and the state. */
+void node_faults_stop(struct kvf_node *n);
+
+#endif /* KVF_NODE_FAULTS_H */
