@@ -31,6 +31,7 @@
 
 #include "kvf_error.h"
 #include "kvf_types.h"
+#include "faults.h"
 #include "kvf_version.h"
 #include "node_internal.h"
 #include "tcp.h"
@@ -266,7 +267,7 @@ void node_self_fence(struct kvf_node *n, const char *why)
     for (uint32_t i = 0; i < n->npeers; i++) {
         if (n->peers[i].fenced)
             continue;
-        int rc = kvf_transport_fence_peer(n->tcp, i);
+        int rc = kvf_transport_fence_peer(n->tcp_io, i); /* held faults flushed too */
         if (rc != 0) {
             node_log("error", NULL, "self-fence: cannot fence peer %s: %s", n->peers[i].node_id,
                      strerror(-rc));
@@ -308,6 +309,7 @@ void node_self_fence(struct kvf_node *n, const char *why)
         pthread_mutex_unlock(&n->qlock);
         return;
     }
+    node_faults_unwrap(n);
     kvf_transport_destroy(n->tcp);
     n->tcp = fresh;
     if (n->opts.data_port != 0) {
@@ -322,6 +324,8 @@ void node_self_fence(struct kvf_node *n, const char *why)
         }
     }
     n->data_port = kvf_transport_tcp_port(n->tcp);
+    if (node_faults_wrap(n) != 0)
+        node_log("error", NULL, "self-fence: fault injection off: out of memory");
     for (uint32_t i = 0; i < n->npools; i++) {
         int rc = kvf_transport_tcp_add_pool(n->tcp, n->pools[i].id, n->pools[i].base,
                                             n->pools[i].page_size, n->pools[i].page_count);

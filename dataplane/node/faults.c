@@ -320,6 +320,33 @@ bool node_fault_drop_report(struct kvf_node *n, int msg_case)
     return true;
 }
 
+void node_faults_unwrap(struct kvf_node *n)
+{
+    if (n->faults)
+        kvf_transport_destroy(n->tcp_io);
+    n->tcp_io = NULL;
+}
+
+int node_faults_wrap(struct kvf_node *n)
+{
+    if (!n->faults) {
+        n->tcp_io = n->tcp;
+        return 0;
+    }
+    struct kvf_transport *w = kvf_transport_fault_create(n->tcp, fault_log, n);
+    if (!w) {
+        n->tcp_io = n->tcp; /* no faults rather than no transport */
+        return -ENOMEM;
+    }
+    n->tcp_io = w;
+    /* The loaded configuration again (its counts start over), and the peer
+     * keys for the new peer channel. */
+    kvf_transport_fault_set(w, &n->faults->cfg.xport);
+    n->faults->peer_pending = n->faults->cfg.peer_keys;
+    apply_peer(n);
+    return 0;
+}
+
 void node_faults_stop(struct kvf_node *n)
 {
     if (!n->faults)

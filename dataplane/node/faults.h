@@ -61,6 +61,13 @@ int node_fault_parse(const char *text, struct node_fault_cfg *cfg, char *err, si
 /* The peer channel's share of `cfg`. */
 void node_fault_peer(const struct node_fault_cfg *cfg, struct kvf_peer_fault *out);
 
+/* Self-fence: the TCP transport is about to be replaced. unwrap destroys the
+ * wrapper around the old one (n->tcp_io becomes NULL); wrap puts n->tcp_io on
+ * the new n->tcp again, wrapped with the loaded configuration (its counts
+ * start over) when fault injection is on. */
+void node_faults_unwrap(struct kvf_node *n);
+int node_faults_wrap(struct kvf_node *n);
+
 /* Wraps n->tcp in the fault transport and sets n->tcp_io to it; reads the
  * file once. 0 or -ENOMEM. */
 int node_faults_start(struct kvf_node *n, const char *path);
