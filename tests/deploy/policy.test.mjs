@@ -159,6 +159,10 @@ for (const r of all) {
     assert.equal(c.ports.find((p) => p.name === "data")?.containerPort, dataPort, "containerPort data");
     assert.deepEqual(c.readinessProbe?.exec?.command, ["test", "-S", s["local-socket"]], "readiness: the local socket");
     assert.equal(resolvePort(c, c.livenessProbe?.tcpSocket?.port), dataPort, "liveness: the data port");
+    // The peer channel: fixed too (peers connect to the endpoint the Hello announces), not the data port.
+    const peerPort = Number(s["peer-port"]);
+    assert.ok(peerPort > 0 && peerPort !== dataPort, "--peer-port must be fixed and differ from --data-port");
+    assert.equal(c.ports.find((p) => p.name === "peer")?.containerPort, peerPort, "containerPort peer");
   });
 
   test(`${r.name}: node DaemonSet: host access of an RDMA/GPU node`, () => {
