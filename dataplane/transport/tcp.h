@@ -43,7 +43,18 @@
  * sender thread per outbound connection, which alone writes its socket and
  * takes xfers from that connection's queue (a mutex and condition variable;
  * post_write from any thread appends). A frame is written by one thread with
- * one header, so frames never interleave. Completions go on one
+ * one header, so frames never interleave.
+ *
+ * Send side, closed lifetimes: when the sender takes a frame off the queue
+ * whose op's lifetime is no longer open (kvf_lt_is_open: an abort notice or
+ * node shutdown closed admission, or a quarantine shut it), it does not write
+ * it: the frame completes FLUSHED with status -ECANCELED and nothing of it
+ * reaches the socket (frames_skipped). The other frames keep their order. A
+ * frame the sender already started is written whole even if its lifetime
+ * closes meanwhile (or fails with the connection), so a receiver never sees
+ * half a frame. An aborted room thus drains after at most the frame on the
+ * wire (plus what already sits in the socket buffers), however many were
+ * queued. Completions go on one
  * mutex-protected list that poll() empties; poll never waits for I/O. Other
  * threads touch a socket only with shutdown(2) (fence, destroy), which wakes
  * its owner; the descriptor is closed after its owner thread is joined.
@@ -109,6 +120,8 @@ struct kvf_transport_tcp_stats {
     uint64_t frames_rejected;  /* refused by `check`, drained to scratch */
     uint64_t frames_malformed; /* bad header: connection closed */
     uint64_t frames_cut;       /* admitted, then the connection ended mid-payload */
+    uint64_t frames_skipped;   /* queued, their lifetime closed before they started on the
+                                  wire: completed FLUSHED, not written */
     uint64_t conns_accepted;   /* inbound connections that passed the hello */
     uint64_t
         conns_refused; /* bad hello, fenced peer, or a peer still unknown after check_wait_ms */
