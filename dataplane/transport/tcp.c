@@ -673,7 +673,8 @@ static void rx_frames(struct tcp_rx *rx)
             bool gone_drained = kvf_lt_op_retire(&op, KVF_LT_DONE_ERROR);
             CNT_ADD(t, frames_rejected, 1);
             if (t->opts.on_frame)
-                t->opts.on_frame(t->opts.ctx, rx->peer, h.room, 0, -ENOENT, gone_drained);
+                t->opts.on_frame(t->opts.ctx, rx->peer, h.room, h.pool, h.first_page, h.page_count,
+                                 0, -ENOENT, gone_drained);
             if (recv_drop(rx->fd, rx->scratch, h.length, &rx->stop) != 0)
                 return;
             continue;
@@ -692,7 +693,8 @@ static void rx_frames(struct tcp_rx *rx)
             CNT_ADD(t, frames_cut, 1);
         }
         if (t->opts.on_frame)
-            t->opts.on_frame(t->opts.ctx, rx->peer, h.room, h.length, rc, drained);
+            t->opts.on_frame(t->opts.ctx, rx->peer, h.room, h.pool, h.first_page, h.page_count,
+                             h.length, rc, drained);
         if (rc != 0)
             return;
     }

@@ -91,12 +91,18 @@ typedef int (*kvf_tcp_check_fn)(void *ctx, uint32_t peer, kvf_room_key room, uin
                                 uint32_t first_page, uint32_t page_count, struct kvf_lt_op *op);
 
 /*
- * After an admitted frame's op is retired, on the receiver thread. `status` is
- * 0 when all `bytes` landed, else -errno (the read stopped part way; the
- * frame's pages hold a partial write). `drained` says the retirement drained
- * the lifetime: tell its owner thread (kvf_lt_take_drained there).
+ * After an admitted frame's op is retired, on the receiver thread. `room`,
+ * `pool_id`, `first_page` and `page_count` are the frame's own, as its header
+ * named them and `check` admitted them, so the caller needs no state carried
+ * from check to here (one peer may have several inbound connections at once,
+ * e.g. across a reconnect). `status` is 0 when all `bytes` landed, else -errno
+ * (the read stopped part way, so the pages hold a partial write; or -ENOENT
+ * with `bytes` 0: the pool was removed after the check, nothing landed).
+ * `drained` says the retirement drained the lifetime: tell its owner thread
+ * (kvf_lt_take_drained there).
  */
-typedef void (*kvf_tcp_frame_fn)(void *ctx, uint32_t peer, kvf_room_key room, uint64_t bytes,
+typedef void (*kvf_tcp_frame_fn)(void *ctx, uint32_t peer, kvf_room_key room, uint32_t pool_id,
+                                 uint32_t first_page, uint32_t page_count, uint64_t bytes,
                                  int status, bool drained);
 
 struct kvf_transport_tcp_opts {

@@ -62,6 +62,13 @@ struct node {
     atomic_uint frames_ok;
     atomic_uint frames_cut;
     atomic_uint drained_events;
+    /* What on_frame said about the frames that landed: the sums of their
+     * first pages, page counts and bytes, and how many named another room or
+     * pool, or bytes that do not fit their pages. */
+    atomic_uint_fast64_t landed_first_sum;
+    atomic_uint_fast64_t landed_pages_sum;
+    atomic_uint_fast64_t landed_bytes_sum;
+    atomic_uint bad_coords;
 };
 
 struct pair {
@@ -146,13 +153,22 @@ static int check_cb(void *ctx, uint32_t peer, kvf_room_key room, uint32_t pool_i
     return rc;
 }
 
-static void frame_cb(void *ctx, uint32_t peer, kvf_room_key room, uint64_t bytes, int status,
+static void frame_cb(void *ctx, uint32_t peer, kvf_room_key room, uint32_t pool_id,
+                     uint32_t first_page, uint32_t page_count, uint64_t bytes, int status,
                      bool drained)
 {
     struct node *n = ctx;
     (void)peer;
-    (void)room;
-    (void)bytes;
+    if (!kvf_room_key_eq(room, ROOM) || pool_id != POOL_ID || page_count == 0 ||
+        (uint64_t)first_page + page_count > POOL_PAGES ||
+        (status == 0 &&
+         (bytes <= (uint64_t)(page_count - 1) * PAGE || bytes > (uint64_t)page_count * PAGE)))
+        atomic_fetch_add(&n->bad_coords, 1);
+    if (status == 0) {
+        atomic_fetch_add(&n->landed_first_sum, first_page);
+        atomic_fetch_add(&n->landed_pages_sum, page_count);
+        atomic_fetch_add(&n->landed_bytes_sum, bytes);
+    }
     atomic_fetch_add(status == 0 ? &n->frames_ok : &n->frames_cut, 1);
     if (drained)
         atomic_fetch_add(&n->drained_events, 1);
@@ -322,6 +338,7 @@ static void test_transfer_byte_exact(void **state)
     assert_non_null(x);
     fill_canary(expect, POOL_BYTES);
     unsigned frames = 0;
+    uint64_t first_sum = 0, pages_sum = 0, bytes_sum = 0;
 
     for (unsigned round = 0; round < ROUNDS; round++) {
         unsigned posted = 0;
@@ -356,6 +373,11 @@ static void test_transfer_byte_exact(void **state)
         reap(p->a.t, posted, &r);
         assert_int_equal(r.by_outcome[KVF_LT_DONE_OK], posted);
         assert_int_equal(r.drained, 0);
+        for (unsigned i = 0; i < posted; i++) {
+            first_sum += x[i].first_page;
+            pages_sum += x[i].page_count;
+            bytes_sum += x[i].len;
+        }
         frames += posted;
         wait_count(&p->b.frames_ok, frames);
         assert_memory_equal(p->b.pool, expect, POOL_BYTES);
@@ -371,6 +393,11 @@ static void test_transfer_byte_exact(void **state)
     assert_int_equal(s.frames_rejected + s.frames_malformed + s.frames_cut, 0);
     assert_int_equal(s.conns_accepted, 1);
     assert_int_equal(atomic_load(&p->b.checks), frames);
+    /* on_frame named each frame's own room, pool, pages and bytes. */
+    assert_int_equal(atomic_load(&p->b.bad_coords), 0);
+    assert_int_equal(atomic_load(&p->b.landed_first_sum), first_sum);
+    assert_int_equal(atomic_load(&p->b.landed_pages_sum), pages_sum);
+    assert_int_equal(atomic_load(&p->b.landed_bytes_sum), bytes_sum);
 
     /* Draining the sink's lifetime: closed with nothing in flight. */
     assert_true(kvf_lt_close(p->b.lt, NULL, NULL));
