@@ -43,7 +43,12 @@
  * sender thread per outbound connection, which alone writes its socket and
  * takes xfers from that connection's queue (a mutex and condition variable;
  * post_write from any thread appends). A frame is written by one thread with
- * one header, so frames never interleave.
+ * one header, so frames never interleave. Completions go on one
+ * mutex-protected list that poll() empties; poll never waits for I/O. Other
+ * threads touch a socket only with shutdown(2) (fence, destroy), which wakes
+ * its owner; the descriptor is closed after its owner thread is joined.
+ * Peers, pools and counters are shared: peers and pools under the transport's
+ * lock, counters atomic.
  *
  * Send side, closed lifetimes: when the sender takes a frame off the queue
  * whose op's lifetime is no longer open (kvf_lt_is_open: an abort notice or
@@ -54,12 +59,7 @@
  * closes meanwhile (or fails with the connection), so a receiver never sees
  * half a frame. An aborted room thus drains after at most the frame on the
  * wire (plus what already sits in the socket buffers), however many were
- * queued. Completions go on one
- * mutex-protected list that poll() empties; poll never waits for I/O. Other
- * threads touch a socket only with shutdown(2) (fence, destroy), which wakes
- * its owner; the descriptor is closed after its owner thread is joined.
- * Peers, pools and counters are shared: peers and pools under the transport's
- * lock, counters atomic.
+ * queued.
  */
 #ifndef KVF_TRANSPORT_TCP_H
 #define KVF_TRANSPORT_TCP_H
