@@ -63,12 +63,16 @@ static int sink_check(void *ctx, uint32_t peer, kvf_room_key room, uint32_t pool
     return rc;
 }
 
-static void sink_frame(void *ctx, uint32_t peer, kvf_room_key room, uint64_t bytes, int status,
+static void sink_frame(void *ctx, uint32_t peer, kvf_room_key room, uint32_t pool_id,
+                       uint32_t first_page, uint32_t page_count, uint64_t bytes, int status,
                        bool drained)
 {
     struct sink *s = ctx;
     (void)peer;
     (void)room;
+    (void)pool_id;
+    (void)first_page;
+    (void)page_count;
     (void)bytes;
     (void)drained;
     if (status == 0)

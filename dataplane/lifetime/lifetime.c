@@ -67,6 +67,11 @@ enum kvf_lt_state kvf_lt_state(const struct kvf_lt *lt)
     return lt->quarantined > 0 ? KVF_LT_QUARANTINED : KVF_LT_CLOSED;
 }
 
+bool kvf_lt_is_open(const struct kvf_lt *lt)
+{
+    return (atomic_load_explicit(&lt->word, memory_order_acquire) & LT_WORD_CLOSED) == 0;
+}
+
 uint64_t kvf_lt_inflight(const struct kvf_lt *lt)
 {
     return LT_WORD_COUNT(atomic_load_explicit(&lt->word, memory_order_acquire));

@@ -152,6 +152,11 @@ size_t kvf_lt_table_count(const struct kvf_lt_table *t);
 kvf_room_key kvf_lt_key(const struct kvf_lt *lt);
 enum kvf_lt_state kvf_lt_state(const struct kvf_lt *lt);
 
+/* True while admission is open. Any thread: it reads only the admission word
+ * (kvf_lt_state also reads owner-thread fields once admission is shut). The
+ * caller must keep the lifetime alive, e.g. by holding one of its ops. */
+bool kvf_lt_is_open(const struct kvf_lt *lt);
+
 /* Ops in flight in total, and of one kind. */
 uint64_t kvf_lt_inflight(const struct kvf_lt *lt);
 uint64_t kvf_lt_inflight_kind(const struct kvf_lt *lt, enum kvf_lt_op_kind kind);

@@ -335,7 +335,6 @@ void node_self_fence(struct kvf_node *n, const char *why)
     }
     memset(n->peers, 0, sizeof n->peers);
     n->npeers = 0;
-    memset(n->last_member, 0, sizeof n->last_member);
     n->incarnation = old == inc ? inc + 1 : inc;
     int prc = node_peer_renew(n); /* stamped with the new incarnation */
     if (prc != 0) {

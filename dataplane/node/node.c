@@ -791,11 +791,6 @@ static int tcp_check(void *ctx, uint32_t peer, kvf_room_key room, uint32_t pool_
                 !ranges_cover(m->ranges, m->nranges, first_page, page_count))
                 continue;
             rc = kvf_lt_admit(r->lt, op, KVF_LT_OP_TCP_FRAME, peer);
-            if (rc == 0) {
-                n->last_member[peer] = (uint32_t)i;
-                n->last_first[peer] = first_page;
-                n->last_count[peer] = page_count;
-            }
             break;
         }
     }
@@ -803,7 +798,11 @@ static int tcp_check(void *ctx, uint32_t peer, kvf_room_key room, uint32_t pool_
     return rc;
 }
 
-static void tcp_on_frame(void *ctx, uint32_t peer, kvf_room_key room, uint64_t bytes, int status,
+/* The frame's own coordinates go to the owner thread: nothing is carried
+ * from check to here, since two connections of one peer (a reconnect) may
+ * overlap and a RoomUpdate may replace the members in between. */
+static void tcp_on_frame(void *ctx, uint32_t peer, kvf_room_key room, uint32_t pool_id,
+                         uint32_t first_page, uint32_t page_count, uint64_t bytes, int status,
                          bool drained)
 {
     struct kvf_node *n = ctx;
@@ -815,9 +814,9 @@ static void tcp_on_frame(void *ctx, uint32_t peer, kvf_room_key room, uint64_t b
     j->kind = JOB_FRAME;
     j->room = room;
     j->peer = peer;
-    j->member = peer < NODE_MAX_PEERS ? n->last_member[peer] : 0;
-    j->first_page = peer < NODE_MAX_PEERS ? n->last_first[peer] : 0;
-    j->page_count = peer < NODE_MAX_PEERS ? n->last_count[peer] : 0;
+    j->pool_id = pool_id;
+    j->first_page = first_page;
+    j->page_count = page_count;
     j->bytes = bytes;
     j->status = status;
     j->drained = drained;
@@ -825,13 +824,35 @@ static void tcp_on_frame(void *ctx, uint32_t peer, kvf_room_key room, uint64_t b
         free(j);
 }
 
+/* The local sink member whose lease in `pool_id` covers the pages (a page is
+ * in at most one write lease, so there is at most one), as the room's members
+ * are now. Owner thread. */
+static struct node_member *sink_member_of(struct node_room *r, uint32_t pool_id,
+                                          uint32_t first_page, uint32_t page_count)
+{
+    for (size_t i = 0; i < r->nmembers; i++) {
+        struct node_member *m = &r->members[i];
+        if (m->local && m->role == KVFENCE__V1__ROLE__ROLE_SINK && m->pool_id == pool_id &&
+            ranges_cover(m->ranges, m->nranges, first_page, page_count))
+            return m;
+    }
+    return NULL;
+}
+
 static void on_frame(struct kvf_node *n, const struct node_job *j)
 {
     struct node_room *r = node_room_find(n, j->room);
     if (!r)
         return;
-    if (j->member < r->nmembers) {
-        struct node_member *m = &r->members[j->member];
+    struct node_member *m = sink_member_of(r, j->pool_id, j->first_page, j->page_count);
+    if (!m) {
+        /* Not expected: the check found a sink lease covering these pages, and
+         * a RoomUpdate keeps each participant with its lease grown. Its pages
+         * go uncounted, so the sink cannot complete: say why here. */
+        node_log("error", &r->key,
+                 "tcp frame (pool %u, pages %u+%u, status %d) matches no local sink member",
+                 j->pool_id, j->first_page, j->page_count, j->status);
+    } else {
         if (j->status == 0) {
             node_member_landed(n, r, m, j->first_page, j->page_count, j->bytes);
         } else {

@@ -199,11 +199,12 @@ struct node_job {
     struct kvf_rpc_call *call;               /* REGISTER_POOL / SUBMIT_CHUNK */
     Kvfence__V1__RegisterPoolRequest *reg;   /* owned */
     Kvfence__V1__SubmitChunkRequest *submit; /* owned */
-    uint32_t pool_id;                        /* UNREGISTER_POOL */
+    uint32_t pool_id;                        /* UNREGISTER_POOL; FRAME: the frame's pool */
     kvf_room_key room;                       /* FRAME */
     uint32_t peer;
-    uint32_t member;                 /* FRAME: index of the sink member the frame went to */
-    uint32_t first_page, page_count; /* FRAME: the pages it was admitted for */
+    uint32_t member;                 /* PEER_GAP: the sink rank */
+    uint32_t first_page, page_count; /* FRAME: the frame's pages (its sink member is found by
+                                        pool and pages on the owner thread) */
     uint64_t bytes;
     int status;
     bool drained;
@@ -270,10 +271,6 @@ struct kvf_node {
     /* Rooms: list published under rooms_lock. */
     pthread_rwlock_t rooms_lock;
     struct node_room *rooms;
-    /* Per inbound peer: the sink member the receiver's last check admitted
-     * (written in check, read in on_frame: the same receiver thread). */
-    uint32_t last_member[NODE_MAX_PEERS];
-    uint32_t last_first[NODE_MAX_PEERS], last_count[NODE_MAX_PEERS]; /* and its pages */
 
     /* Control session thread. */
     struct kvf_rpc_channel *channel;

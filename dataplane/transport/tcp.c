@@ -23,7 +23,12 @@
  *   frame sequence; pops xfers from the connection's queue and writes each as
  *   one header + payload with sendmsg, so frames never interleave. A frame
  *   completes OK when its last byte is in the socket, ERROR on a write failure
- *   (then every queued xfer completes ERROR and later posts fail -EIO).
+ *   (then every queued xfer completes ERROR and later posts fail -EIO). A
+ *   frame whose lifetime is no longer open when the sender takes it off the
+ *   queue is not written at all and completes FLUSHED: an abort drains after
+ *   at most the frame already on the wire, not the whole queue. A frame once
+ *   started is always written whole (or the connection dies), so the stream
+ *   never carries half a frame and the sequence numbers stay consecutive.
  * - Fence (control thread): marks the peer fenced under the transport lock,
  *   takes its receivers off the list, sets their stop flags and shuts their
  *   sockets down; sets the sender's stop flag and shuts its socket down; then
@@ -112,6 +117,7 @@ struct tcp_counters {
     atomic_uint_fast64_t frames_rejected;
     atomic_uint_fast64_t frames_malformed;
     atomic_uint_fast64_t frames_cut;
+    atomic_uint_fast64_t frames_skipped;
     atomic_uint_fast64_t conns_accepted;
     atomic_uint_fast64_t conns_refused;
 };
@@ -449,6 +455,14 @@ static void *tx_main(void *arg)
             tx->tail = NULL;
         pthread_mutex_unlock(&tx->lock);
 
+        if (!kvf_lt_is_open(x->op.lt)) {
+            /* Its room is aborting (or the node stopping): nobody will use
+             * these bytes and the sink would only read and drop them, so the
+             * lifetime need not wait for the wire. Nothing of it was written. */
+            CNT_ADD(t, frames_skipped, 1);
+            cq_push(t, x, KVF_LT_DONE_FLUSHED, -ECANCELED);
+            continue;
+        }
         int rc = tx_send_frame(tx, x);
         if (rc == 0) {
             CNT_ADD(t, frames_sent, 1);
@@ -659,7 +673,8 @@ static void rx_frames(struct tcp_rx *rx)
             bool gone_drained = kvf_lt_op_retire(&op, KVF_LT_DONE_ERROR);
             CNT_ADD(t, frames_rejected, 1);
             if (t->opts.on_frame)
-                t->opts.on_frame(t->opts.ctx, rx->peer, h.room, 0, -ENOENT, gone_drained);
+                t->opts.on_frame(t->opts.ctx, rx->peer, h.room, h.pool, h.first_page, h.page_count,
+                                 0, -ENOENT, gone_drained);
             if (recv_drop(rx->fd, rx->scratch, h.length, &rx->stop) != 0)
                 return;
             continue;
@@ -678,7 +693,8 @@ static void rx_frames(struct tcp_rx *rx)
             CNT_ADD(t, frames_cut, 1);
         }
         if (t->opts.on_frame)
-            t->opts.on_frame(t->opts.ctx, rx->peer, h.room, h.length, rc, drained);
+            t->opts.on_frame(t->opts.ctx, rx->peer, h.room, h.pool, h.first_page, h.page_count,
+                             h.length, rc, drained);
         if (rc != 0)
             return;
     }
@@ -1118,6 +1134,7 @@ void kvf_transport_tcp_stats(const struct kvf_transport *base, struct kvf_transp
     LOAD(frames_rejected);
     LOAD(frames_malformed);
     LOAD(frames_cut);
+    LOAD(frames_skipped);
     LOAD(conns_accepted);
     LOAD(conns_refused);
 #undef LOAD

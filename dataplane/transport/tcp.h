@@ -49,6 +49,17 @@
  * its owner; the descriptor is closed after its owner thread is joined.
  * Peers, pools and counters are shared: peers and pools under the transport's
  * lock, counters atomic.
+ *
+ * Send side, closed lifetimes: when the sender takes a frame off the queue
+ * whose op's lifetime is no longer open (kvf_lt_is_open: an abort notice or
+ * node shutdown closed admission, or a quarantine shut it), it does not write
+ * it: the frame completes FLUSHED with status -ECANCELED and nothing of it
+ * reaches the socket (frames_skipped). The other frames keep their order. A
+ * frame the sender already started is written whole even if its lifetime
+ * closes meanwhile (or fails with the connection), so a receiver never sees
+ * half a frame. An aborted room thus drains after at most the frame on the
+ * wire (plus what already sits in the socket buffers), however many were
+ * queued.
  */
 #ifndef KVF_TRANSPORT_TCP_H
 #define KVF_TRANSPORT_TCP_H
@@ -80,12 +91,18 @@ typedef int (*kvf_tcp_check_fn)(void *ctx, uint32_t peer, kvf_room_key room, uin
                                 uint32_t first_page, uint32_t page_count, struct kvf_lt_op *op);
 
 /*
- * After an admitted frame's op is retired, on the receiver thread. `status` is
- * 0 when all `bytes` landed, else -errno (the read stopped part way; the
- * frame's pages hold a partial write). `drained` says the retirement drained
- * the lifetime: tell its owner thread (kvf_lt_take_drained there).
+ * After an admitted frame's op is retired, on the receiver thread. `room`,
+ * `pool_id`, `first_page` and `page_count` are the frame's own, as its header
+ * named them and `check` admitted them, so the caller needs no state carried
+ * from check to here (one peer may have several inbound connections at once,
+ * e.g. across a reconnect). `status` is 0 when all `bytes` landed, else -errno
+ * (the read stopped part way, so the pages hold a partial write; or -ENOENT
+ * with `bytes` 0: the pool was removed after the check, nothing landed).
+ * `drained` says the retirement drained the lifetime: tell its owner thread
+ * (kvf_lt_take_drained there).
  */
-typedef void (*kvf_tcp_frame_fn)(void *ctx, uint32_t peer, kvf_room_key room, uint64_t bytes,
+typedef void (*kvf_tcp_frame_fn)(void *ctx, uint32_t peer, kvf_room_key room, uint32_t pool_id,
+                                 uint32_t first_page, uint32_t page_count, uint64_t bytes,
                                  int status, bool drained);
 
 struct kvf_transport_tcp_opts {
@@ -109,6 +126,8 @@ struct kvf_transport_tcp_stats {
     uint64_t frames_rejected;  /* refused by `check`, drained to scratch */
     uint64_t frames_malformed; /* bad header: connection closed */
     uint64_t frames_cut;       /* admitted, then the connection ended mid-payload */
+    uint64_t frames_skipped;   /* queued, their lifetime closed before they started on the
+                                  wire: completed FLUSHED, not written */
     uint64_t conns_accepted;   /* inbound connections that passed the hello */
     uint64_t
         conns_refused; /* bad hello, fenced peer, or a peer still unknown after check_wait_ms */

@@ -21,7 +21,10 @@
  * lifetime, so the poller can tell the lifetime's owner thread. A post_write
  * that fails posted nothing: the caller undoes the admission with
  * kvf_lt_op_cancel(). Every posted xfer completes exactly once: OK, ERROR (the
- * write failed; it has stopped) or FLUSHED (a fence stopped it).
+ * write failed; it has stopped) or FLUSHED (it was stopped before it finished
+ * and did not fail: a fence stopped it, or, where the implementation says so,
+ * its lifetime's admission closed before it started and it was never
+ * written). Only OK means the bytes were written.
  *
  * DESIGN: the ops table is const and every slot is set. post_write may be
  * called from any thread; ops posted to one peer are written in post order
@@ -70,7 +73,7 @@ struct kvf_xfer {
 /* One completion, returned by poll(). The xfer's op is already retired. */
 struct kvf_completion {
     struct kvf_xfer *xfer;
-    enum kvf_lt_outcome outcome; /* OK, ERROR or FLUSHED */
+    enum kvf_lt_outcome outcome; /* OK, ERROR or FLUSHED (not, or not all, written) */
     int status;                  /* 0, or the -errno of the failure */
     bool drained;                /* retiring the op drained its lifetime */
 };

@@ -93,9 +93,11 @@ static void blocked_native_write_then_abort_drains_only_after_last_retire(void *
     assert_int_equal(kvf_lt_admit(f->lt, &w1, KVF_LT_OP_RDMA_WR, PEER_A), 0);
     assert_int_equal(kvf_lt_admit(f->lt, &w2, KVF_LT_OP_RDMA_WR, PEER_A), 0);
     assert_ptr_equal(w1.lt, f->lt);
+    assert_true(kvf_lt_is_open(f->lt));
 
     assert_false(kvf_lt_close(f->lt, NULL, NULL));
     assert_int_equal(kvf_lt_state(f->lt), KVF_LT_CLOSED);
+    assert_false(kvf_lt_is_open(f->lt));
     assert_int_equal(kvf_lt_inflight(f->lt), 2);
     assert_not_drained(f->t, f->lt);
 
@@ -212,6 +214,7 @@ static void error_return_with_work_posted_is_quarantined_until_terminal_completi
     assert_int_equal(kvf_lt_admit(f->lt, &op, KVF_LT_OP_RDMA_WR, PEER_A), 0);
     kvf_lt_op_quarantine(&op);
     assert_int_equal(kvf_lt_state(f->lt), KVF_LT_QUARANTINED);
+    assert_false(kvf_lt_is_open(f->lt));
     struct kvf_lt_op late;
     assert_int_equal(kvf_lt_admit(f->lt, &late, KVF_LT_OP_RDMA_WR, PEER_A), -ECANCELED);
     assert_false(kvf_lt_close(f->lt, NULL, NULL)); /* the abort notice that follows */

@@ -62,6 +62,13 @@ struct node {
     atomic_uint frames_ok;
     atomic_uint frames_cut;
     atomic_uint drained_events;
+    /* What on_frame said about the frames that landed: the sums of their
+     * first pages, page counts and bytes, and how many named another room or
+     * pool, or bytes that do not fit their pages. */
+    atomic_uint_fast64_t landed_first_sum;
+    atomic_uint_fast64_t landed_pages_sum;
+    atomic_uint_fast64_t landed_bytes_sum;
+    atomic_uint bad_coords;
 };
 
 struct pair {
@@ -146,13 +153,22 @@ static int check_cb(void *ctx, uint32_t peer, kvf_room_key room, uint32_t pool_i
     return rc;
 }
 
-static void frame_cb(void *ctx, uint32_t peer, kvf_room_key room, uint64_t bytes, int status,
+static void frame_cb(void *ctx, uint32_t peer, kvf_room_key room, uint32_t pool_id,
+                     uint32_t first_page, uint32_t page_count, uint64_t bytes, int status,
                      bool drained)
 {
     struct node *n = ctx;
     (void)peer;
-    (void)room;
-    (void)bytes;
+    if (!kvf_room_key_eq(room, ROOM) || pool_id != POOL_ID || page_count == 0 ||
+        (uint64_t)first_page + page_count > POOL_PAGES ||
+        (status == 0 &&
+         (bytes <= (uint64_t)(page_count - 1) * PAGE || bytes > (uint64_t)page_count * PAGE)))
+        atomic_fetch_add(&n->bad_coords, 1);
+    if (status == 0) {
+        atomic_fetch_add(&n->landed_first_sum, first_page);
+        atomic_fetch_add(&n->landed_pages_sum, page_count);
+        atomic_fetch_add(&n->landed_bytes_sum, bytes);
+    }
     atomic_fetch_add(status == 0 ? &n->frames_ok : &n->frames_cut, 1);
     if (drained)
         atomic_fetch_add(&n->drained_events, 1);
@@ -322,6 +338,7 @@ static void test_transfer_byte_exact(void **state)
     assert_non_null(x);
     fill_canary(expect, POOL_BYTES);
     unsigned frames = 0;
+    uint64_t first_sum = 0, pages_sum = 0, bytes_sum = 0;
 
     for (unsigned round = 0; round < ROUNDS; round++) {
         unsigned posted = 0;
@@ -356,6 +373,11 @@ static void test_transfer_byte_exact(void **state)
         reap(p->a.t, posted, &r);
         assert_int_equal(r.by_outcome[KVF_LT_DONE_OK], posted);
         assert_int_equal(r.drained, 0);
+        for (unsigned i = 0; i < posted; i++) {
+            first_sum += x[i].first_page;
+            pages_sum += x[i].page_count;
+            bytes_sum += x[i].len;
+        }
         frames += posted;
         wait_count(&p->b.frames_ok, frames);
         assert_memory_equal(p->b.pool, expect, POOL_BYTES);
@@ -371,6 +393,11 @@ static void test_transfer_byte_exact(void **state)
     assert_int_equal(s.frames_rejected + s.frames_malformed + s.frames_cut, 0);
     assert_int_equal(s.conns_accepted, 1);
     assert_int_equal(atomic_load(&p->b.checks), frames);
+    /* on_frame named each frame's own room, pool, pages and bytes. */
+    assert_int_equal(atomic_load(&p->b.bad_coords), 0);
+    assert_int_equal(atomic_load(&p->b.landed_first_sum), first_sum);
+    assert_int_equal(atomic_load(&p->b.landed_pages_sum), pages_sum);
+    assert_int_equal(atomic_load(&p->b.landed_bytes_sum), bytes_sum);
 
     /* Draining the sink's lifetime: closed with nothing in flight. */
     assert_true(kvf_lt_close(p->b.lt, NULL, NULL));
@@ -652,6 +679,194 @@ static void test_fence_source_side_flushes(void **state)
     free(src);
 }
 
+/* Holds B's receiver in its check (B reads nothing more): A's sender fills the
+ * socket buffers and blocks part way through a frame. */
+static void gate_hold(struct pair *p)
+{
+    pthread_mutex_lock(&p->b.gate_lock);
+    p->b.gate_closed = true;
+    pthread_mutex_unlock(&p->b.gate_lock);
+}
+
+static void gate_wait_held(struct pair *p)
+{
+    uint64_t deadline = now_ms() + WAIT_MS;
+    while (atomic_load(&p->b.in_gate) == 0) {
+        assert_true(now_ms() < deadline);
+        sleep_ms(1);
+    }
+}
+
+static void gate_open(struct pair *p)
+{
+    pthread_mutex_lock(&p->b.gate_lock);
+    p->b.gate_closed = false;
+    pthread_cond_broadcast(&p->b.gate_cond);
+    pthread_mutex_unlock(&p->b.gate_lock);
+}
+
+/* Waits until B has seen (checked) every frame A wrote before now: A sends a
+ * marker frame for a room B refuses, and frames on one connection arrive in
+ * order. Returns B's check count without the marker. */
+static unsigned b_checks_after_marker(struct pair *p, struct kvf_xfer *marker, const void *src,
+                                      uint64_t rejected_before)
+{
+    struct kvf_lt *other = kvf_lt_table_find(p->a.tab, OTHER_ROOM);
+    if (!other)
+        assert_int_equal(kvf_lt_table_open(p->a.tab, OTHER_ROOM, &other), 0);
+    assert_true(kvf_lt_is_open(other));
+    assert_int_equal(post(&p->a, marker, OTHER_ROOM, src, PAGE, 0, 1, 0), 0);
+    WAIT_STAT(p->b.t, frames_rejected, rejected_before + 1);
+    return atomic_load(&p->b.checks) - 1;
+}
+
+/* An abort while many frames are queued behind a slow reader: the frames the
+ * sender had not started when the room's lifetime closed complete FLUSHED
+ * without a byte written (the sink never sees them), the one on the wire is
+ * finished whole, and the lifetime drains without waiting for the queue. */
+static void test_closed_lifetime_skips_queued_frames(void **state)
+{
+    struct pair *p = *state;
+    /* 64 MiB of 1 MiB frames into pages 0-15 (more than loopback's socket
+     * buffers hold), then a tail of 1-page frames, each into its own page. */
+    enum { FILL = 64, BIG = 16 * PAGE, TAIL = POOL_PAGES - 16, FRAMES = FILL + TAIL };
+    uint8_t *big = malloc(BIG);
+    uint8_t *tail = malloc((size_t)TAIL * PAGE);
+    struct kvf_xfer *x = calloc(FRAMES + 1, sizeof(*x));
+    assert_non_null(big);
+    assert_non_null(tail);
+    assert_non_null(x);
+    fill_pattern(big, BIG, 31);
+    fill_pattern(tail, (size_t)TAIL * PAGE, 32);
+
+    gate_hold(p);
+    for (unsigned i = 0; i < FILL; i++)
+        assert_int_equal(post(&p->a, &x[i], ROOM, big, BIG, 0, 16, 0), 0);
+    for (unsigned i = 0; i < TAIL; i++)
+        assert_int_equal(
+            post(&p->a, &x[FILL + i], ROOM, tail + (size_t)i * PAGE, PAGE, 16 + i, 1, 0), 0);
+    gate_wait_held(p);
+
+    /* The abort: admission closes on the source; ops are still in flight. */
+    assert_false(kvf_lt_close(p->a.lt, NULL, NULL));
+    assert_int_equal(kvf_lt_inflight(p->a.lt), FRAMES);
+    gate_open(p);
+
+    /* Reap one by one, in order: OKs first (the frames started before the
+     * close), then only FLUSHED ones; exactly one retirement drains. */
+    struct kvf_completion c;
+    unsigned ok = 0, flushed = 0, drained = 0;
+    uint64_t deadline = now_ms() + WAIT_MS;
+    for (unsigned i = 0; i < FRAMES;) {
+        int n = kvf_transport_poll(p->a.t, 1, &c);
+        assert_true(n >= 0);
+        if (n == 0) {
+            assert_true(now_ms() < deadline);
+            sleep_ms(1);
+            continue;
+        }
+        assert_ptr_equal(c.xfer, &x[i]); /* completions in post order */
+        if (c.outcome == KVF_LT_DONE_OK) {
+            assert_int_equal(flushed, 0); /* nothing written after a skip */
+            ok++;
+        } else {
+            assert_int_equal(c.outcome, KVF_LT_DONE_FLUSHED);
+            assert_int_equal(c.status, -ECANCELED);
+            flushed++;
+        }
+        drained += c.drained;
+        assert_int_equal(c.drained, i == FRAMES - 1);
+        i++;
+    }
+    assert_true(ok >= 1);   /* the frame on the wire when the room closed */
+    assert_true(ok < FILL); /* the socket buffers cannot hold all the filler */
+    assert_int_equal(ok + flushed, FRAMES);
+    assert_int_equal(drained, 1);
+    assert_int_equal(kvf_lt_state(p->a.lt), KVF_LT_DRAINED);
+    assert_true(kvf_lt_take_drained(p->a.lt));
+
+    struct kvf_transport_tcp_stats s;
+    kvf_transport_tcp_stats(p->a.t, &s);
+    assert_int_equal(s.frames_sent, ok);
+    assert_int_equal(s.frames_skipped, flushed);
+    assert_int_equal(s.bytes_sent, (uint64_t)ok * BIG);
+
+    /* The sink saw exactly the frames written, whole, and none of the tail. */
+    unsigned seen = b_checks_after_marker(p, &x[FRAMES], tail, 0);
+    assert_int_equal(seen, ok);
+    wait_count(&p->b.frames_ok, ok);
+    assert_memory_equal(p->b.pool, big, BIG);
+    assert_true(canary_intact(p->b.pool + BIG, (size_t)TAIL * PAGE));
+    kvf_transport_tcp_stats(p->b.t, &s);
+    assert_int_equal(s.frames_received, ok);
+    assert_int_equal(s.frames_malformed + s.frames_cut, 0);
+    struct reaped r = {0};
+    reap(p->a.t, 1, &r); /* the marker */
+    assert_true(kvf_lt_close(kvf_lt_table_find(p->a.tab, OTHER_ROOM), NULL, NULL));
+    assert_int_equal(kvf_lt_inflight(p->b.lt), 0);
+    free(x);
+    free(tail);
+    free(big);
+}
+
+/* Skipping the frames of a closed room keeps the connection's order and
+ * sequence: frames of another, open room queued between them are all
+ * written, in order, and land byte-exact. */
+static void test_skip_keeps_other_rooms_in_order(void **state)
+{
+    struct pair *p = *state;
+    enum { PAIRS = 64, BIG = 16 * PAGE };
+    struct kvf_lt *closing;
+    assert_int_equal(kvf_lt_table_open(p->a.tab, OTHER_ROOM, &closing), 0);
+    uint8_t *big = malloc(BIG);
+    uint8_t *small = malloc((size_t)PAIRS * PAGE);
+    struct kvf_xfer *x = calloc(2 * PAIRS + 1, sizeof(*x));
+    assert_non_null(big);
+    assert_non_null(small);
+    assert_non_null(x);
+    fill_pattern(big, BIG, 41);
+    fill_pattern(small, (size_t)PAIRS * PAGE, 42);
+
+    gate_hold(p);
+    /* B refuses OTHER_ROOM (drained to scratch) and admits ROOM. */
+    for (unsigned i = 0; i < PAIRS; i++) {
+        assert_int_equal(post(&p->a, &x[2 * i], OTHER_ROOM, big, BIG, 0, 16, 0), 0);
+        assert_int_equal(
+            post(&p->a, &x[2 * i + 1], ROOM, small + (size_t)i * PAGE, PAGE, 16 + i, 1, 0), 0);
+    }
+    gate_wait_held(p);
+    assert_false(kvf_lt_close(closing, NULL, NULL));
+    gate_open(p);
+
+    struct reaped r = {0};
+    reap(p->a.t, 2 * PAIRS, &r);
+    assert_int_equal(r.by_outcome[KVF_LT_DONE_ERROR], 0);
+    assert_true(r.by_outcome[KVF_LT_DONE_FLUSHED] > 0);
+    assert_true(r.by_outcome[KVF_LT_DONE_FLUSHED] < PAIRS);
+    assert_int_equal(r.drained, 1); /* the closed room's, once its last frame retired */
+    assert_int_equal(kvf_lt_state(closing), KVF_LT_DRAINED);
+    assert_true(kvf_lt_take_drained(closing));
+
+    /* Every frame of the open room was written and landed. */
+    wait_count(&p->b.frames_ok, PAIRS);
+    assert_memory_equal(p->b.pool + 16 * (size_t)PAGE, small, (size_t)PAIRS * PAGE);
+    assert_true(canary_intact(p->b.pool, 16 * (size_t)PAGE));
+    struct kvf_transport_tcp_stats s;
+    kvf_transport_tcp_stats(p->a.t, &s);
+    assert_int_equal(s.frames_skipped, r.by_outcome[KVF_LT_DONE_FLUSHED]);
+    assert_int_equal(s.frames_sent, 2 * PAIRS - r.by_outcome[KVF_LT_DONE_FLUSHED]);
+    uint64_t written_other = PAIRS - r.by_outcome[KVF_LT_DONE_FLUSHED];
+    WAIT_STAT(p->b.t, frames_rejected, written_other);
+    kvf_transport_tcp_stats(p->b.t, &s);
+    assert_int_equal(s.frames_received, PAIRS);
+    assert_int_equal(s.frames_malformed + s.frames_cut, 0);
+    assert_int_equal(kvf_lt_inflight(p->a.lt), 0);
+    assert_int_equal(kvf_lt_inflight(p->b.lt), 0);
+    free(x);
+    free(small);
+    free(big);
+}
+
 /* R11: many threads post to one peer at once; every frame lands whole. */
 enum { POSTERS = 8, PER_POSTER = 8, FRAME_PAGES = 4, MT_ROUNDS = 3 };
 
@@ -800,6 +1015,10 @@ int main(void)
         cmocka_unit_test_setup_teardown(test_fence_sink_side_mid_stream, pair_setup, pair_teardown),
         cmocka_unit_test_setup_teardown(test_fence_source_side_flushes, pair_setup, pair_teardown),
         cmocka_unit_test_setup_teardown(test_many_posters_never_interleave, pair_setup,
+                                        pair_teardown),
+        cmocka_unit_test_setup_teardown(test_closed_lifetime_skips_queued_frames, pair_setup,
+                                        pair_teardown),
+        cmocka_unit_test_setup_teardown(test_skip_keeps_other_rooms_in_order, pair_setup,
                                         pair_teardown),
         cmocka_unit_test_setup_teardown(test_post_checks_arguments, pair_setup, pair_teardown),
         cmocka_unit_test_setup_teardown(test_removed_pool_lands_nowhere, pair_setup, pair_teardown),
