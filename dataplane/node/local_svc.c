@@ -11,6 +11,8 @@
  * DESIGN: the handlers run on gRPC CQ threads; they decode and check the
  * request's shape only, then post a job. The owner thread does the rest
  * (node_local_register_pool, node_local_submit_chunk) and completes the call.
+ * The checks and the admission of a chunk are node_submit_chunk, which the
+ * pipelined SubmitChunks stream (submit_stream.c) calls too.
  * Admission is per frame, just before its post: a frame is never posted for a
  * room whose admission is closed (DESIGN.md §2.2). A chunk is admitted or
  * refused as a whole only when its first frame is; if admission closes or a
@@ -246,116 +248,129 @@ static void source_failed(struct kvf_node *n, struct node_chunk *ch, const char 
     node_send_transfer_failed(n, ch->room, src->rank, src->role, why);
 }
 
-void node_local_submit_chunk(struct kvf_node *n, struct node_job *j)
+/* A refused (or partly admitted) chunk: its code and message. */
+static void refuse(struct node_submit_out *o, int code, const char *fmt, ...)
+    __attribute__((format(printf, 3, 4)));
+static void refuse(struct node_submit_out *o, int code, const char *fmt, ...)
 {
-    const Kvfence__V1__SubmitChunkRequest *req = j->submit;
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(o->msg, sizeof o->msg, fmt, ap);
+    va_end(ap);
+    o->code = code;
+}
+
+int node_submit_chunk(struct kvf_node *n, const Kvfence__V1__SubmitChunkRequest *req,
+                      struct node_submit_out *o)
+{
+    o->msg[0] = '\0';
     kvf_room_key key = {req->room->room_id, req->room->generation};
     struct node_room *r = node_room_find(n, key);
     if (!r) {
         if (kvf_lt_table_is_late(n->lts, key) || n->stop_requested)
-            fail(j, KVF_GRPC_ABORTED, "room %" PRIu64 ":%" PRIu64 " is late on this node",
-                 key.room_id, key.generation);
+            refuse(o, KVF_GRPC_ABORTED, "room %" PRIu64 ":%" PRIu64 " is late on this node",
+                   key.room_id, key.generation);
         else
-            fail(j, KVF_GRPC_UNAVAILABLE,
-                 "room %" PRIu64 ":%" PRIu64 ": no room update on this node yet: retry",
-                 key.room_id, key.generation);
-        return;
+            refuse(o, KVF_GRPC_UNAVAILABLE,
+                   "room %" PRIu64 ":%" PRIu64 ": no room update on this node yet: retry",
+                   key.room_id, key.generation);
+        return o->code;
     }
     if (r->aborting || kvf_lt_state(r->lt) != KVF_LT_OPEN) {
-        fail(j, KVF_GRPC_ABORTED, "room %" PRIu64 ":%" PRIu64 " is %s on this node", key.room_id,
-             key.generation, r->aborting ? "aborting" : "closed");
-        return;
+        refuse(o, KVF_GRPC_ABORTED, "room %" PRIu64 ":%" PRIu64 " is %s on this node", key.room_id,
+               key.generation, r->aborting ? "aborting" : "closed");
+        return o->code;
     }
     if (!r->have_update) {
-        fail(j, KVF_GRPC_UNAVAILABLE, "no room update on this node yet: retry");
-        return;
+        refuse(o, KVF_GRPC_UNAVAILABLE, "no room update on this node yet: retry");
+        return o->code;
     }
     struct node_member *src =
         member_find(r, n->node_id, req->source_rank, KVFENCE__V1__ROLE__ROLE_SOURCE);
     if (!src || !src->local) {
-        fail(j, KVF_GRPC_FAILED_PRECONDITION, "source_rank: no source participant %u on this node",
-             req->source_rank);
-        return;
+        refuse(o, KVF_GRPC_FAILED_PRECONDITION,
+               "source_rank: no source participant %u on this node", req->source_rank);
+        return o->code;
     }
     if (src->completed) {
-        fail(j, KVF_GRPC_FAILED_PRECONDITION, "source %u completed: its transfers ended",
-             req->source_rank);
-        return;
+        refuse(o, KVF_GRPC_FAILED_PRECONDITION, "source %u completed: its transfers ended",
+               req->source_rank);
+        return o->code;
     }
     const char *sink_node = req->sink_node_id ? req->sink_node_id : "";
     struct node_member *sink =
         member_find(r, sink_node, req->sink_rank, KVFENCE__V1__ROLE__ROLE_SINK);
     if (!sink) {
-        fail(j, KVF_GRPC_FAILED_PRECONDITION, "sink: no sink participant %s rank %u in the room",
-             sink_node, req->sink_rank);
-        return;
+        refuse(o, KVF_GRPC_FAILED_PRECONDITION, "sink: no sink participant %s rank %u in the room",
+               sink_node, req->sink_rank);
+        return o->code;
     }
     if (req->source_pool_id != src->pool_id || req->sink_pool_id != sink->pool_id) {
-        fail(j, KVF_GRPC_FAILED_PRECONDITION,
-             "pools: the leases are in source pool %u and sink pool %u", src->pool_id,
-             sink->pool_id);
-        return;
+        refuse(o, KVF_GRPC_FAILED_PRECONDITION,
+               "pools: the leases are in source pool %u and sink pool %u", src->pool_id,
+               sink->pool_id);
+        return o->code;
     }
     /* Right after ExtendLease the engine may know a lease version (its page
      * count) that this node's RoomUpdate has not brought yet: retryable. */
     if (req->source_lease_pages > src->pages || req->sink_lease_pages > sink->pages) {
         bool s_old = req->source_lease_pages > src->pages;
-        fail(j, KVF_GRPC_UNAVAILABLE,
-             "%s: the node's copy of the lease has %" PRIu64 " pages, the request names %" PRIu64
-             ": its room update is on the way: retry",
-             s_old ? "source_lease_pages" : "sink_lease_pages", s_old ? src->pages : sink->pages,
-             s_old ? req->source_lease_pages : req->sink_lease_pages);
-        return;
+        refuse(o, KVF_GRPC_UNAVAILABLE,
+               "%s: the node's copy of the lease has %" PRIu64 " pages, the request names %" PRIu64
+               ": its room update is on the way: retry",
+               s_old ? "source_lease_pages" : "sink_lease_pages", s_old ? src->pages : sink->pages,
+               s_old ? req->source_lease_pages : req->sink_lease_pages);
+        return o->code;
     }
     ssize_t bad = ranges_outside(src, req->source_ranges, req->n_source_ranges);
     if (bad >= 0) {
-        fail(j, KVF_GRPC_FAILED_PRECONDITION, "source_ranges[%zd]: outside the read lease", bad);
-        return;
+        refuse(o, KVF_GRPC_FAILED_PRECONDITION, "source_ranges[%zd]: outside the read lease", bad);
+        return o->code;
     }
     bad = ranges_outside(sink, req->sink_ranges, req->n_sink_ranges);
     if (bad >= 0) {
-        fail(j, KVF_GRPC_FAILED_PRECONDITION, "sink_ranges[%zd]: outside the write lease", bad);
-        return;
+        refuse(o, KVF_GRPC_FAILED_PRECONDITION, "sink_ranges[%zd]: outside the write lease", bad);
+        return o->code;
     }
     uint64_t npages = pages_of(req->source_ranges, req->n_source_ranges);
     if (npages != pages_of(req->sink_ranges, req->n_sink_ranges) || npages == 0) {
-        fail(j, KVF_GRPC_INVALID_ARGUMENT, "source and sink sizes differ (or are 0)");
-        return;
+        refuse(o, KVF_GRPC_INVALID_ARGUMENT, "source and sink sizes differ (or are 0)");
+        return o->code;
     }
     struct node_pair *pair = node_pair_get(r, src->rank, sink, false);
     if (pair && pair->last_submitted) {
-        fail(j, KVF_GRPC_FAILED_PRECONDITION,
-             "source %u already submitted its last chunk for sink %s rank %u", req->source_rank,
-             sink->node_id, sink->rank);
-        return;
+        refuse(o, KVF_GRPC_FAILED_PRECONDITION,
+               "source %u already submitted its last chunk for sink %s rank %u", req->source_rank,
+               sink->node_id, sink->rank);
+        return o->code;
     }
     if (pair && req->chunk_seq <= pair->last_seq) {
-        fail(j, KVF_GRPC_ALREADY_EXISTS, "chunk_seq %" PRIu64 " not above %" PRIu64, req->chunk_seq,
-             pair->last_seq);
-        return;
+        refuse(o, KVF_GRPC_ALREADY_EXISTS, "chunk_seq %" PRIu64 " not above %" PRIu64,
+               req->chunk_seq, pair->last_seq);
+        return o->code;
     }
     const struct node_pool *pool = NULL;
     for (uint32_t i = 0; i < n->npools; i++)
         if (n->pools[i].id == src->pool_id)
             pool = &n->pools[i];
     if (!pool) {
-        fail(j, KVF_GRPC_FAILED_PRECONDITION, "source pool %u is not registered", src->pool_id);
-        return;
+        refuse(o, KVF_GRPC_FAILED_PRECONDITION, "source pool %u is not registered", src->pool_id);
+        return o->code;
     }
     /* Frames carry whole pages of the source's size: the sink's pages must
      * be the same size (an older control plane does not say: 0). */
     if (sink->page_size != 0 && sink->page_size != pool->page_size) {
-        fail(j, KVF_GRPC_FAILED_PRECONDITION,
-             "page_size: source pool %u has %u-byte pages, sink pool %u %u-byte pages", pool->id,
-             pool->page_size, sink->pool_id, sink->page_size);
-        return;
+        refuse(o, KVF_GRPC_FAILED_PRECONDITION,
+               "page_size: source pool %u has %u-byte pages, sink pool %u %u-byte pages", pool->id,
+               pool->page_size, sink->pool_id, sink->page_size);
+        return o->code;
     }
     struct node_route rt;
     char why[96];
     if (node_xport_route(n, sink, &rt, why, sizeof why) != 0) {
-        fail(j, KVF_GRPC_FAILED_PRECONDITION, "no transport to the sink node %s (%s)",
-             sink->node_id, why);
-        return;
+        refuse(o, KVF_GRPC_FAILED_PRECONDITION, "no transport to the sink node %s (%s)",
+               sink->node_id, why);
+        return o->code;
     }
     struct node_chunk *ch = chunk_new(r, src, sink, pool, req, &rt);
     uint8_t *aux = NULL;
@@ -369,8 +384,8 @@ void node_local_submit_chunk(struct kvf_node *n, struct node_job *j)
     if (!ch || !pair || (req->aux.len && !aux)) {
         free(ch);
         free(aux);
-        fail(j, KVF_GRPC_RESOURCE_EXHAUSTED, "out of memory");
-        return;
+        refuse(o, KVF_GRPC_RESOURCE_EXHAUSTED, "out of memory");
+        return o->code;
     }
     ch->pair = pair;
     uint32_t nframes = ch->nframes;
@@ -398,11 +413,11 @@ void node_local_submit_chunk(struct kvf_node *n, struct node_job *j)
             free(ch);
             free(aux);
             if (err == -ECANCELED)
-                fail(j, KVF_GRPC_ABORTED, "room admission is closed");
+                refuse(o, KVF_GRPC_ABORTED, "room admission is closed");
             else
-                fail(j, KVF_GRPC_FAILED_PRECONDITION, "post to sink node %s failed: %s",
-                     sink->node_id, strerror(-err));
-            return;
+                refuse(o, KVF_GRPC_FAILED_PRECONDITION, "post to sink node %s failed: %s",
+                       sink->node_id, strerror(-err));
+            return o->code;
         }
     }
     src->last_seq = req->chunk_seq;
@@ -428,13 +443,25 @@ void node_local_submit_chunk(struct kvf_node *n, struct node_job *j)
                  "chunk %" PRIu64 ": submission failed after %u of %u frames: %s", req->chunk_seq,
                  ch->nframes, nframes, strerror(-err));
         source_failed(n, ch, what);
-        fail(j, err == -ECANCELED ? KVF_GRPC_ABORTED : KVF_GRPC_INTERNAL,
-             "chunk %" PRIu64 " admitted in part (%u of %u frames): %s", req->chunk_seq,
-             ch->nframes, nframes, strerror(-err));
+        refuse(o, err == -ECANCELED ? KVF_GRPC_ABORTED : KVF_GRPC_INTERNAL,
+               "chunk %" PRIu64 " admitted in part (%u of %u frames): %s", req->chunk_seq,
+               ch->nframes, nframes, strerror(-err));
+        return o->code;
+    }
+    o->code = KVF_GRPC_OK;
+    return 0;
+}
+
+void node_local_submit_chunk(struct kvf_node *n, struct node_job *j)
+{
+    struct node_submit_out o;
+    if (node_submit_chunk(n, j->submit, &o) != 0) {
+        kvf_rpc_call_fail(j->call, o.code, o.msg);
+        j->call = NULL;
         return;
     }
     Kvfence__V1__SubmitChunkResponse resp = KVFENCE__V1__SUBMIT_CHUNK_RESPONSE__INIT;
-    resp.chunk_seq = req->chunk_seq;
+    resp.chunk_seq = j->submit->chunk_seq;
     uint8_t buf[32];
     size_t len = kvfence__v1__submit_chunk_response__get_packed_size(&resp);
     kvfence__v1__submit_chunk_response__pack(&resp, buf);
@@ -561,6 +588,21 @@ static void h_register_pool(void *ctx, struct kvf_rpc_call *call, const uint8_t 
     post_or_fail(n, j);
 }
 
+const char *node_submit_shape(const Kvfence__V1__SubmitChunkRequest *r)
+{
+    if (!r->room || r->room->generation == 0)
+        return "room: missing or generation 0";
+    if (r->chunk_seq == 0)
+        return "chunk_seq: must be >= 1";
+    if (r->aux.len && !r->last_chunk)
+        return "aux: only on the last chunk";
+    if (r->aux.len > 1024 * 1024)
+        return "aux: more than 1 MiB";
+    if (r->n_source_ranges == 0 || r->n_sink_ranges == 0)
+        return "source_ranges and sink_ranges: empty";
+    return NULL;
+}
+
 static void h_submit_chunk(void *ctx, struct kvf_rpc_call *call, const uint8_t *req, size_t len)
 {
     struct kvf_node *n = ctx;
@@ -571,17 +613,7 @@ static void h_submit_chunk(void *ctx, struct kvf_rpc_call *call, const uint8_t *
         kvf_rpc_call_fail(call, KVF_GRPC_INVALID_ARGUMENT, "undecodable SubmitChunkRequest");
         return;
     }
-    const char *why = NULL;
-    if (!r->room || r->room->generation == 0)
-        why = "room: missing or generation 0";
-    else if (r->chunk_seq == 0)
-        why = "chunk_seq: must be >= 1";
-    else if (r->aux.len && !r->last_chunk)
-        why = "aux: only on the last chunk";
-    else if (r->aux.len > 1024 * 1024)
-        why = "aux: more than 1 MiB";
-    else if (r->n_source_ranges == 0 || r->n_sink_ranges == 0)
-        why = "source_ranges and sink_ranges: empty";
+    const char *why = node_submit_shape(r);
     if (why) {
         kvfence__v1__submit_chunk_request__free_unpacked(r, NULL);
         kvf_rpc_call_fail(call, KVF_GRPC_INVALID_ARGUMENT, why);
@@ -624,6 +656,8 @@ int node_local_start(struct kvf_node *n)
     if (rc == 0)
         rc = kvf_rpc_server_add_unary(n->local_srv, "/kvfence.v1.NodeLocal/SubmitChunk",
                                       h_submit_chunk, n);
+    if (rc == 0)
+        rc = node_substream_register(n); /* SubmitChunks */
     if (rc == 0)
         rc = node_watch_register(n);
     if (rc == 0)

@@ -117,6 +117,8 @@ void node_job_free(struct node_job *j)
         kvfence__v1__register_pool_request__free_unpacked(j->reg, NULL);
     if (j->submit)
         kvfence__v1__submit_chunk_request__free_unpacked(j->submit, NULL);
+    if (j->sub)
+        node_substream_put(j->sub);
     free(j->pmsg);
     free(j);
 }
@@ -926,6 +928,9 @@ static void run_job(struct kvf_node *n, struct node_job *j)
     case JOB_SUBMIT_CHUNK:
         node_local_submit_chunk(n, j);
         break;
+    case JOB_SUBMIT_STREAM:
+        node_substream_run(n, j);
+        break;
     case JOB_FRAME:
         on_frame(n, j);
         break;
@@ -1150,6 +1155,7 @@ int kvf_node_stop(struct kvf_node *n)
      * Watch streams end with UNAVAILABLE before the server stops. */
     node_peer_stop(n);
     node_watch_end_all(n);
+    node_substream_end_all(n);
     atomic_store(&n->stopping, true);
     node_session_join(n);
     node_local_stop(n);

@@ -14,9 +14,12 @@
  *   - TCP receiver threads: FRAME (an admitted frame landed or was cut);
  *   - the peer channel's thread (peer_link.c): PEER_MSG (a delivered AuxData
  *     or TransferStatus, copied), PEER_GAP (an OUT_OF_ORDER drop);
- *   - NodeLocal.Watch streams (watch.c): WATCH_ADD (send the snapshot).
+ *   - NodeLocal.Watch streams (watch.c): WATCH_ADD (send the snapshot);
+ *   - NodeLocal.SubmitChunks streams (submit_stream.c): SUBMIT_STREAM (one
+ *     request; the owner queues its result on the stream).
  * Watchers live in a list under `watch_lock` (CQ threads add and remove them;
  * the owner sends their events under it: sends only queue, never block).
+ * SubmitChunks streams are listed under it the same way.
  * TCP receiver threads also read the room map in the transport's `check`
  * callback: rooms are published under `rooms_lock` (a rwlock; the owner takes
  * it for writing when it adds a room or replaces its members, receivers for
@@ -189,6 +192,7 @@ enum node_job_kind {
     JOB_WATCH_ADD,
     JOB_UNREGISTER_POOL, /* pool_admin.c */
     JOB_SESSION_LOST,    /* the control plane refused this incarnation as LOST */
+    JOB_SUBMIT_STREAM,   /* submit_stream.c: one SubmitChunks request */
 };
 
 struct node_job {
@@ -199,6 +203,7 @@ struct node_job {
     struct kvf_rpc_call *call;               /* REGISTER_POOL / SUBMIT_CHUNK */
     Kvfence__V1__RegisterPoolRequest *reg;   /* owned */
     Kvfence__V1__SubmitChunkRequest *submit; /* owned */
+    struct node_substream *sub;              /* SUBMIT_STREAM (a reference) */
     uint32_t pool_id;                        /* UNREGISTER_POOL; FRAME: the frame's pool */
     kvf_room_key room;                       /* FRAME */
     uint32_t peer;
@@ -290,6 +295,7 @@ struct kvf_node {
     /* NodeLocal.Watch streams (watch.c). */
     pthread_mutex_t watch_lock;
     struct node_watcher *watchers;
+    struct node_substream *substreams; /* SubmitChunks streams (submit_stream.c) */
 };
 
 /* node.c */
@@ -332,6 +338,18 @@ int node_local_start(struct kvf_node *n);
 void node_local_stop(struct kvf_node *n);
 void node_local_register_pool(struct kvf_node *n, struct node_job *j); /* owner */
 void node_local_submit_chunk(struct kvf_node *n, struct node_job *j);  /* owner */
+/* A SubmitChunk(s) request's outcome: KVF_GRPC_OK, or the code and the
+ * message naming the field. */
+struct node_submit_out {
+    int code;
+    char msg[256];
+};
+/* Any thread: the request's shape (INVALID_ARGUMENT): NULL or why. */
+const char *node_submit_shape(const Kvfence__V1__SubmitChunkRequest *r);
+/* Owner: checks and admits one chunk of a request whose shape was checked;
+ * 0 or o->code (both SubmitChunk and SubmitChunks answer from it). */
+int node_submit_chunk(struct kvf_node *n, const Kvfence__V1__SubmitChunkRequest *req,
+                      struct node_submit_out *o);
 /* Owner: one transport completion. */
 void node_local_completion(struct kvf_node *n, const struct kvf_completion *c);
 
@@ -379,6 +397,13 @@ void node_watch_chunk_done(struct kvf_node *n, struct node_room *r, uint32_t src
 void node_watch_aux(struct kvf_node *n, struct node_room *r, const struct node_peer_msg *pm);
 void node_watch_transfer_done(struct kvf_node *n, struct node_room *r,
                               const struct node_peer_msg *pm);
+
+/* submit_stream.c */
+int node_substream_register(struct kvf_node *n); /* adds SubmitChunks */
+/* Owner: SUBMIT_STREAM. */
+void node_substream_run(struct kvf_node *n, struct node_job *j);
+void node_substream_put(struct node_substream *s); /* drops a job's reference */
+void node_substream_end_all(struct kvf_node *n);   /* after the owner exited */
 
 /* pool_admin.c */
 int node_pool_admin_register(struct kvf_node *n);                        /* adds UnregisterPool */
