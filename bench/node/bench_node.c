@@ -2,9 +2,11 @@
  * bench_node.c: kvfence-node end to end on loopback, through the real
  * daemons: one kvfence-control and two kvfence-node processes (n1, n2) on
  * 127.0.0.1; this program plays the engine (POSIX shm pools registered over
- * NodeLocal, rooms joined over Control.JoinRoom, chunks submitted to n1 with
- * NodeLocal.SubmitChunk) and follows rooms on one Control.WatchLeases stream
- * (include_room_states), timestamping each event when it is received.
+ * NodeLocal, rooms joined over Control.JoinRoom, chunks submitted to n1 on
+ * one NodeLocal.SubmitChunks stream per room with up to --window requests
+ * outstanding (--submit stream, the default) or with one unary
+ * NodeLocal.SubmitChunk call each, in sequence (--submit unary)) and follows rooms on one
+ * Control.WatchLeases stream (include_room_states), timestamping each event when it is received.
  *
  *   tput   bytes/s from the first SubmitChunk until the watch reports the room
  *          COMPLETED, for 64 KiB and 1 MiB chunks, against a plain loopback
@@ -14,9 +16,9 @@
  *          then AbortRoom; latency from the AbortRoom call until the watch
  *          has reported both leases RELEASED. The room cannot complete by
  *          itself (the leases hold one frame more than is sent);
- *   ops    SubmitChunk calls of one page each (one frame, one lifetime op per
- *          side) from T threads, a room each; ops/s from the first submit
- *          until the last room is COMPLETED.
+ *   ops    chunks of one page each (one frame, one lifetime op per side)
+ *          from T threads, a room each (same --submit mode); ops/s from the
+ *          first submit until the last room is COMPLETED.
  *
  * Honesty: every configuration checks the sink pool byte for byte against
  * the source (tput, ops) or frame by frame (abort: each frame landed whole or
@@ -27,6 +29,7 @@
  *
  * Usage: bench_node [--mib N] [--reps R] [--abort-reps R] [--ops N]
  *                   [--threads T] [--rooms R] [--only tput|abort|ops]
+ *                   [--submit stream|unary] [--window W<=64]
  *                   [--control BIN] [--node BIN]
  */
 #include <arpa/inet.h>
@@ -73,11 +76,14 @@
 #define M_WATCH  "/kvfence.v1.Control/WatchLeases"
 #define M_REG    "/kvfence.v1.NodeLocal/RegisterPool"
 #define M_SUBMIT "/kvfence.v1.NodeLocal/SubmitChunk"
+#define M_STREAM "/kvfence.v1.NodeLocal/SubmitChunks"
 
 /* ---- basics -------------------------------------------------------------------- */
 
 static char g_dir[64];
 static atomic_bool g_failed;
+static bool g_unary;      /* --submit unary */
+static int g_window = 64; /* --window: requests outstanding per stream */
 
 static uint64_t now_ns(void)
 {
@@ -369,9 +375,9 @@ static struct joined join(uint64_t room_id, const char *node, int role, uint32_t
     }
 }
 
-static int submit(struct node_proc *np, kvf_room_key k, uint32_t source_rank, uint64_t seq,
-                  uint32_t sfirst, uint32_t dfirst, uint32_t count, bool last,
-                  struct kvf_rpc_status *st)
+/* Packs a SubmitChunkRequest into buf (256 bytes); returns its length. */
+static size_t pack_submit(uint8_t *buf, kvf_room_key k, uint32_t source_rank, uint64_t seq,
+                          uint32_t sfirst, uint32_t dfirst, uint32_t count, bool last)
 {
     Kvfence__V1__RoomKey rk = KVFENCE__V1__ROOM_KEY__INIT;
     rk.room_id = k.room_id;
@@ -394,7 +400,46 @@ static int submit(struct node_proc *np, kvf_room_key k, uint32_t source_rank, ui
     req.n_sink_ranges = 1;
     req.sink_ranges = dv;
     req.last_chunk = last;
-    return call(np->local, M_SUBMIT, &req.base, NULL, NULL, st);
+    size_t len = kvfence__v1__submit_chunk_request__get_packed_size(&req);
+    if (len > 256)
+        die("SubmitChunkRequest of %zu bytes", len);
+    kvfence__v1__submit_chunk_request__pack(&req, buf);
+    return len;
+}
+
+static int submit(struct node_proc *np, kvf_room_key k, uint32_t source_rank, uint64_t seq,
+                  uint32_t sfirst, uint32_t dfirst, uint32_t count, bool last,
+                  struct kvf_rpc_status *st)
+{
+    uint8_t buf[256];
+    size_t len = pack_submit(buf, k, source_rank, seq, sfirst, dfirst, count, last);
+    uint8_t *resp = NULL;
+    size_t rlen = 0;
+    int rc = kvf_rpc_unary(np->local, M_SUBMIT, buf, len, CALL_MS, &resp, &rlen, st);
+    free(resp);
+    if (rc != 0)
+        return st->code ? st->code : KVF_GRPC_INTERNAL;
+    return KVF_GRPC_OK;
+}
+
+/* Reads the next SubmitChunks result; dies unless it is OK for `seq`. */
+static void stream_result(struct kvf_rpc_client_stream *cs, kvf_room_key k, uint64_t seq)
+{
+    uint8_t *msg = NULL;
+    size_t len = 0;
+    struct kvf_rpc_status st;
+    int rc = kvf_rpc_client_stream_recv(cs, CALL_MS, &msg, &len, &st);
+    if (rc != 0)
+        die("SubmitChunks of room %" PRIu64 ": recv %d (%s: %s)", k.room_id, rc,
+            rc == KVF_RPC_STREAM_END ? kvf_grpc_code_name(st.code) : "-",
+            rc == KVF_RPC_STREAM_END ? st.message : "");
+    Kvfence__V1__SubmitChunkResult *r = kvfence__v1__submit_chunk_result__unpack(NULL, len, msg);
+    free(msg);
+    if (!r || r->chunk_seq != seq || r->code != KVF_GRPC_OK)
+        die("SubmitChunks of room %" PRIu64 ": chunk %" PRIu64 ": %s: %s", k.room_id,
+            r ? r->chunk_seq : 0, r ? kvf_grpc_code_name((int)r->code) : "undecodable",
+            r ? r->message : "");
+    kvfence__v1__submit_chunk_result__free_unpacked(r, NULL);
 }
 
 /* Waits until `np` has the room's update: a SubmitChunk naming a source rank
@@ -605,6 +650,39 @@ static void *ops_main(void *arg)
     pthread_barrier_wait(o->bar);
     o->t0 = now_ns();
     uint64_t seq = 0;
+    if (!g_unary) {
+        /* One stream per room, up to g_window requests outstanding. */
+        struct kvf_rpc_client_stream *cs =
+            kvf_rpc_client_stream_open(g_n1.local, M_STREAM, KVF_RPC_NO_TIMEOUT);
+        if (!cs)
+            die("SubmitChunks: cannot open the stream");
+        uint64_t acked = 0;
+        for (uint32_t p = 0; p < o->count && !atomic_load(&g_failed); p += o->chunk_pages) {
+            uint32_t n = o->count - p < o->chunk_pages ? o->count - p : o->chunk_pages;
+            if (seq - acked >= (uint64_t)g_window)
+                stream_result(cs, o->key, ++acked);
+            uint8_t buf[256];
+            size_t len = pack_submit(buf, o->key, 0, ++seq, o->first + p, o->first + p, n,
+                                     p + n == o->count);
+            if (kvf_rpc_client_stream_send(cs, buf, len) != 0)
+                die("SubmitChunks of room %" PRIu64 ": send of chunk %" PRIu64 " failed",
+                    o->key.room_id, seq);
+        }
+        (void)kvf_rpc_client_stream_half_close(cs);
+        while (acked < seq)
+            stream_result(cs, o->key, ++acked);
+        struct kvf_rpc_status st;
+        uint8_t *msg = NULL;
+        size_t len = 0;
+        int rc = kvf_rpc_client_stream_recv(cs, CALL_MS, &msg, &len, &st);
+        free(msg);
+        if (rc != KVF_RPC_STREAM_END || st.code != KVF_GRPC_OK)
+            die("SubmitChunks of room %" PRIu64 ": end %d %s", o->key.room_id, rc,
+                rc == KVF_RPC_STREAM_END ? st.message : "(a result too many)");
+        kvf_rpc_client_stream_close(cs);
+        o->t_end_submit = now_ns();
+        return NULL;
+    }
     for (uint32_t p = 0; p < o->count && !atomic_load(&g_failed); p += o->chunk_pages) {
         uint32_t n = o->count - p < o->chunk_pages ? o->count - p : o->chunk_pages;
         struct kvf_rpc_status st;
@@ -977,6 +1055,11 @@ int main(int argc, char **argv)
             max_threads = atoi(v);
         else if (strcmp(a, "--only") == 0)
             only = v;
+        else if (strcmp(a, "--submit") == 0 &&
+                 (strcmp(v, "stream") == 0 || strcmp(v, "unary") == 0))
+            g_unary = strcmp(v, "unary") == 0;
+        else if (strcmp(a, "--window") == 0)
+            g_window = atoi(v);
         else if (strcmp(a, "--control") == 0)
             g_control_bin = v;
         else if (strcmp(a, "--node") == 0)
@@ -986,7 +1069,8 @@ int main(int argc, char **argv)
         i++;
     }
     if (mib == 0 || reps <= 0 || reps > 64 || abort_reps <= 0 || ops == 0 || max_threads <= 0 ||
-        max_threads > MAX_THREADS || tput_rooms <= 0 || tput_rooms > MAX_THREADS)
+        max_threads > MAX_THREADS || tput_rooms <= 0 || tput_rooms > MAX_THREADS || g_window <= 0 ||
+        g_window > 64)
         goto usage;
     signal(SIGPIPE, SIG_IGN);
 
@@ -1019,6 +1103,11 @@ int main(int argc, char **argv)
     watch_open();
     printf("bench_node: kvfence-control %s, kvfence-node n1 + n2, pools of %u x %u B in shm\n",
            g_cp.target, POOL_PAGES, PAGE);
+    if (g_unary)
+        printf("submit: unary SubmitChunk calls, one at a time per room\n");
+    else
+        printf("submit: one SubmitChunks stream per room, up to %d requests outstanding\n",
+               g_window);
 
     if (!only || strcmp(only, "tput") == 0)
         bench_tput(mib, reps, tput_rooms);
@@ -1051,9 +1140,9 @@ int main(int argc, char **argv)
     return 0;
 
 usage:
-    fprintf(
-        stderr,
-        "usage: bench_node [--mib N<=256] [--reps R<=64] [--abort-reps R] [--ops N] "
-        "[--threads T<=16] [--rooms R<=16] [--only tput|abort|ops] [--control BIN] [--node BIN]\n");
+    fprintf(stderr,
+            "usage: bench_node [--mib N<=256] [--reps R<=64] [--abort-reps R] [--ops N] "
+            "[--threads T<=16] [--rooms R<=16] [--only tput|abort|ops] [--submit stream|unary] "
+            "[--window W<=64] [--control BIN] [--node BIN]\n");
     return 2;
 }

@@ -18,10 +18,11 @@
  * DESIGN (threads, flow control): streams are in a list under watch_lock
  * (CQ threads add and remove them; the owner queues results under it:
  * kvf_rpc_stream_send only queues, so the owner never waits for a client).
- * gRPC keeps reading, so the bound is enforced on arrival: a request that
- * finds SUBSTREAM_WINDOW requests of its stream without a written result
- * (posted and not answered, or answered and not yet written) ends the stream
- * with RESOURCE_EXHAUSTED. A stream ends with OK once the client half-closed
+ * gRPC keeps reading, so the bound is enforced on arrival: a client keeps at
+ * most SUBSTREAM_WINDOW requests outstanding; a request that finds more of
+ * its stream without a written result (posted and not answered, or answered
+ * and not yet written), plus a little slack, ends the stream with
+ * RESOURCE_EXHAUSTED. A stream ends with OK once the client half-closed
  * and every request was answered; at shutdown, once the owner exited, with
  * UNAVAILABLE. A request read before its stream ended is still run (as a
  * unary call whose client left); its result is dropped.
@@ -38,8 +39,11 @@
 
 #include "node_internal.h"
 
-#define SUBSTREAM_WINDOW 64 /* requests of one stream without a written result */
-#define SUBSTREAM_MAX    64 /* SubmitChunks streams per node */
+#define SUBSTREAM_WINDOW 64 /* a client's bound: requests sent, result not received */
+/* Above the client's bound, the node counts at most one result the client
+ * already has (its send completion is not seen yet): a little slack. */
+#define SUBSTREAM_SLACK 8
+#define SUBSTREAM_MAX   64 /* SubmitChunks streams per node */
 
 struct node_substream {
     struct kvf_rpc_stream *stream; /* referenced */
@@ -113,7 +117,7 @@ static void s_on_message(void *ctx, struct kvf_rpc_stream *stream, const uint8_t
         pthread_mutex_unlock(&n->watch_lock);
         return;
     }
-    if (s->pending + kvf_rpc_stream_queued(stream) >= SUBSTREAM_WINDOW) {
+    if (s->pending + kvf_rpc_stream_queued(stream) >= SUBSTREAM_WINDOW + SUBSTREAM_SLACK) {
         char why[128];
         snprintf(why, sizeof why,
                  "SubmitChunks: more than %d requests without a result: keep at most %d "
