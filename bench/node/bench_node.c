@@ -955,7 +955,7 @@ static void bench_abort(int reps)
 
 static void bench_ops(uint32_t ops, int max_threads, int reps)
 {
-    printf("\n[3] SubmitChunk of 1 page (4 KiB, one frame) end to end: %u ops per run, a room per "
+    printf("\n[3] chunks of 1 page (4 KiB, one frame) end to end: %u ops per run, a room per "
            "thread, %d reps (median)\n",
            ops, reps);
     printf("%7s %12s %14s %14s\n", "threads", "ops/s", "submit-only/s", "us per op");
