@@ -7,6 +7,7 @@
 #include <errno.h>
 #include <pthread.h>
 #include <stdarg.h>
+#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -771,42 +772,198 @@ int kvf_unregister_pool(kvf_node_client *n, uint32_t pool_id, struct kvf_status 
                  &kvfence__v1__unregister_pool_response__descriptor, NULL, st);
 }
 
+/* A chunk's request, its page ranges owned (chunk_req_free). */
+struct chunk_req {
+    Kvfence__V1__RoomKey rk;
+    Kvfence__V1__SubmitChunkRequest req;
+    struct ranges sr, dr;
+};
+
+static int chunk_req_make(struct chunk_req *cr, const struct kvf_chunk *chunk, const char *fn,
+                          struct kvf_status *st)
+{
+    if (!chunk || !chunk->sink_node_id)
+        return bad_arg(st, fn, "chunk and sink_node_id are required");
+    if (chunk->aux_len && !chunk->aux)
+        return bad_arg(st, fn, "aux is NULL with a length");
+    int rc =
+        ranges_make(&cr->sr, chunk->source_ranges, chunk->n_source_ranges, "source_ranges", st);
+    if (rc)
+        return rc;
+    rc = ranges_make(&cr->dr, chunk->sink_ranges, chunk->n_sink_ranges, "sink_ranges", st);
+    if (rc) {
+        ranges_free(&cr->sr);
+        return rc;
+    }
+    Kvfence__V1__RoomKey rk = KVFENCE__V1__ROOM_KEY__INIT;
+    cr->rk = rk;
+    cr->rk.room_id = chunk->room.room_id;
+    cr->rk.generation = chunk->room.generation;
+    Kvfence__V1__SubmitChunkRequest req = KVFENCE__V1__SUBMIT_CHUNK_REQUEST__INIT;
+    cr->req = req;
+    cr->req.room = &cr->rk;
+    cr->req.chunk_seq = chunk->chunk_seq;
+    cr->req.source_rank = chunk->source_rank;
+    cr->req.source_pool_id = chunk->source_pool_id;
+    cr->req.n_source_ranges = cr->sr.n;
+    cr->req.source_ranges = cr->sr.p;
+    cr->req.sink_node_id = (char *)chunk->sink_node_id;
+    cr->req.sink_rank = chunk->sink_rank;
+    cr->req.sink_pool_id = chunk->sink_pool_id;
+    cr->req.n_sink_ranges = cr->dr.n;
+    cr->req.sink_ranges = cr->dr.p;
+    cr->req.last_chunk = chunk->last_chunk;
+    cr->req.aux.data = (uint8_t *)chunk->aux;
+    cr->req.aux.len = chunk->aux_len;
+    return 0;
+}
+
+static void chunk_req_free(struct chunk_req *cr)
+{
+    ranges_free(&cr->sr);
+    ranges_free(&cr->dr);
+}
+
 int kvf_submit_chunk(kvf_node_client *n, const struct kvf_chunk *chunk, struct kvf_status *st)
 {
     if (!n || !chunk || !chunk->sink_node_id)
         return bad_arg(st, "kvf_submit_chunk", "node client, chunk and sink_node_id are required");
-    if (chunk->aux_len && !chunk->aux)
-        return bad_arg(st, "kvf_submit_chunk", "aux is NULL with a length");
-    struct ranges sr, dr;
-    int rc = ranges_make(&sr, chunk->source_ranges, chunk->n_source_ranges, "source_ranges", st);
+    struct chunk_req cr;
+    int rc = chunk_req_make(&cr, chunk, "kvf_submit_chunk", st);
     if (rc)
         return rc;
-    rc = ranges_make(&dr, chunk->sink_ranges, chunk->n_sink_ranges, "sink_ranges", st);
-    if (rc) {
-        ranges_free(&sr);
-        return rc;
-    }
-    Kvfence__V1__RoomKey rk = KVFENCE__V1__ROOM_KEY__INIT;
-    rk.room_id = chunk->room.room_id;
-    rk.generation = chunk->room.generation;
-    Kvfence__V1__SubmitChunkRequest req = KVFENCE__V1__SUBMIT_CHUNK_REQUEST__INIT;
-    req.room = &rk;
-    req.chunk_seq = chunk->chunk_seq;
-    req.source_rank = chunk->source_rank;
-    req.source_pool_id = chunk->source_pool_id;
-    req.n_source_ranges = sr.n;
-    req.source_ranges = sr.p;
-    req.sink_node_id = (char *)chunk->sink_node_id;
-    req.sink_rank = chunk->sink_rank;
-    req.sink_pool_id = chunk->sink_pool_id;
-    req.n_sink_ranges = dr.n;
-    req.sink_ranges = dr.p;
-    req.last_chunk = chunk->last_chunk;
-    req.aux.data = (uint8_t *)chunk->aux;
-    req.aux.len = chunk->aux_len;
-    rc = unary(n->ch, n->call_timeout_ms, "/kvfence.v1.NodeLocal/SubmitChunk", &req.base,
+    rc = unary(n->ch, n->call_timeout_ms, "/kvfence.v1.NodeLocal/SubmitChunk", &cr.req.base,
                &kvfence__v1__submit_chunk_response__descriptor, NULL, st);
-    ranges_free(&sr);
-    ranges_free(&dr);
+    chunk_req_free(&cr);
     return rc;
+}
+
+/* ---- pipelined submission (NodeLocal.SubmitChunks) ---------------------------------- */
+
+struct kvf_chunk_stream {
+    struct kvf_rpc_client_stream *cs;
+    atomic_size_t outstanding; /* sent, result not read */
+};
+
+int kvf_chunk_stream_open(kvf_node_client *n, kvf_chunk_stream **out, struct kvf_status *st)
+{
+    if (out)
+        *out = NULL;
+    if (!n || !out)
+        return bad_arg(st, "kvf_chunk_stream_open", "node client and out are required");
+    kvf_chunk_stream *s = calloc(1, sizeof *s);
+    if (!s)
+        return set_status(st, KVF_STATUS_RESOURCE_EXHAUSTED,
+                          "kvf_chunk_stream_open: out of memory");
+    s->cs =
+        kvf_rpc_client_stream_open(n->ch, "/kvfence.v1.NodeLocal/SubmitChunks", KVF_RPC_NO_TIMEOUT);
+    if (!s->cs) {
+        free(s);
+        return set_status(st, KVF_STATUS_UNAVAILABLE, "kvf_chunk_stream_open: no stream");
+    }
+    atomic_init(&s->outstanding, 0);
+    *out = s;
+    return ok_status(st);
+}
+
+int kvf_chunk_stream_send(kvf_chunk_stream *s, const struct kvf_chunk *chunk, struct kvf_status *st)
+{
+    if (!s)
+        return bad_arg(st, "kvf_chunk_stream_send", "stream is required");
+    if (atomic_load(&s->outstanding) >= KVF_CHUNK_STREAM_WINDOW)
+        return set_status(st, KVF_STATUS_RESOURCE_EXHAUSTED,
+                          "kvf_chunk_stream_send: %d chunks outstanding: read a result first",
+                          KVF_CHUNK_STREAM_WINDOW);
+    struct chunk_req cr;
+    int rc = chunk_req_make(&cr, chunk, "kvf_chunk_stream_send", st);
+    if (rc)
+        return rc;
+    size_t len = kvfence__v1__submit_chunk_request__get_packed_size(&cr.req);
+    uint8_t *buf = malloc(len ? len : 1);
+    if (!buf) {
+        chunk_req_free(&cr);
+        return set_status(st, KVF_STATUS_RESOURCE_EXHAUSTED,
+                          "kvf_chunk_stream_send: out of memory");
+    }
+    kvfence__v1__submit_chunk_request__pack(&cr.req, buf);
+    chunk_req_free(&cr);
+    /* Counted before the send: a reader thread may see its result at once. */
+    atomic_fetch_add(&s->outstanding, 1);
+    rc = kvf_rpc_client_stream_send(s->cs, buf, len);
+    free(buf);
+    if (rc != 0) {
+        atomic_fetch_sub(&s->outstanding, 1);
+        if (rc == -EPIPE)
+            return set_status(st, KVF_STATUS_FAILED_PRECONDITION,
+                              "kvf_chunk_stream_send: the stream was closed for sending");
+        return set_status(st, KVF_STATUS_UNAVAILABLE,
+                          "kvf_chunk_stream_send: the stream has ended (read it for why)");
+    }
+    return ok_status(st);
+}
+
+int kvf_chunk_stream_result(kvf_chunk_stream *s, int64_t timeout_ms, struct kvf_chunk_result *out,
+                            struct kvf_status *st)
+{
+    if (!s || !out)
+        return bad_arg(st, "kvf_chunk_stream_result", "stream and out are required");
+    uint8_t *msg = NULL;
+    size_t len = 0;
+    struct kvf_rpc_status rst = {0};
+    int rc = kvf_rpc_client_stream_recv(s->cs, timeout_ms > 0 ? timeout_ms : KVF_RPC_NO_TIMEOUT,
+                                        &msg, &len, &rst);
+    if (rc == -ETIMEDOUT)
+        return set_status(st, KVF_STATUS_DEADLINE_EXCEEDED,
+                          "kvf_chunk_stream_result: no result within %lld ms",
+                          (long long)timeout_ms);
+    if (rc == KVF_RPC_STREAM_END) {
+        if (rst.code == KVF_STATUS_OK) {
+            ok_status(st);
+            return 0;
+        }
+        int code =
+            rst.code > 0 && rst.code <= KVF_STATUS_UNAUTHENTICATED ? rst.code : KVF_STATUS_INTERNAL;
+        return set_status(st, code, "%s", rst.message[0] ? rst.message : kvf_status_name(code));
+    }
+    if (rc != 0)
+        return set_status(st, KVF_STATUS_INTERNAL, "kvf_chunk_stream_result: receive failed (%d)",
+                          rc);
+    Kvfence__V1__SubmitChunkResult *r = kvfence__v1__submit_chunk_result__unpack(NULL, len, msg);
+    free(msg);
+    if (!r)
+        return set_status(st, KVF_STATUS_INTERNAL, "kvf_chunk_stream_result: malformed result");
+    size_t o = atomic_load(&s->outstanding);
+    while (o > 0 && !atomic_compare_exchange_weak(&s->outstanding, &o, o - 1)) {
+    }
+    memset(out, 0, sizeof *out);
+    out->chunk_seq = r->chunk_seq;
+    out->status.code = r->code <= KVF_STATUS_UNAUTHENTICATED ? (int)r->code : KVF_STATUS_UNKNOWN;
+    snprintf(out->status.message, sizeof out->status.message, "%s", r->message ? r->message : "");
+    kvfence__v1__submit_chunk_result__free_unpacked(r, NULL);
+    ok_status(st);
+    return 1;
+}
+
+int kvf_chunk_stream_close_send(kvf_chunk_stream *s, struct kvf_status *st)
+{
+    if (!s)
+        return bad_arg(st, "kvf_chunk_stream_close_send", "stream is required");
+    int rc = kvf_rpc_client_stream_half_close(s->cs);
+    if (rc != 0 && rc != -EALREADY)
+        return set_status(st, KVF_STATUS_UNAVAILABLE, "kvf_chunk_stream_close_send: failed (%d)",
+                          rc);
+    return ok_status(st);
+}
+
+size_t kvf_chunk_stream_outstanding(kvf_chunk_stream *s)
+{
+    return s ? atomic_load(&s->outstanding) : 0;
+}
+
+void kvf_chunk_stream_destroy(kvf_chunk_stream *s)
+{
+    if (!s)
+        return;
+    kvf_rpc_client_stream_close(s->cs);
+    free(s);
 }

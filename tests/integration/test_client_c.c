@@ -454,6 +454,78 @@ static void test_chunk_complete_and_release(void **state)
     f->watch = NULL;
 }
 
+/* kvf_chunk_stream_*: pipelined chunks, a refused one in the middle with its
+ * own result, the room completes with the data in place; then the window: 64
+ * outstanding chunks are accepted by the node, the 65th is refused by the
+ * library until a result was read. */
+static void test_chunk_stream(void **state)
+{
+    struct fx *f = *state;
+    fx_start(f);
+    struct kvf_join_result src = join(f, 111, "n1", KVF_ROLE_SOURCE, f->p1.pool_id, 0, 8);
+    struct kvf_join_result snk = join(f, 111, "n2", KVF_ROLE_SINK, f->p2.pool_id, 16, 8);
+    wait_node_knows(f, &f->n1, src.room);
+    wait_node_knows(f, &f->n2, src.room);
+    struct kvf_status st;
+    kvf_chunk_stream *cs = NULL;
+    assert_int_equal(kvf_chunk_stream_open(f->n1.nc, &cs, &st), 0);
+    struct kvf_page_range s[5] = {{0, 1}, {1, 1}, {2, 1}, {2, 1}, {3, 5}};
+    struct kvf_page_range d[5] = {{16, 1}, {17, 1}, {40, 1}, {18, 1}, {19, 5}};
+    for (int i = 0; i < 5; i++) {
+        struct kvf_chunk c = chunk_of(f, src.room, 0, (uint64_t)i + 1, &s[i], &d[i], i == 4);
+        int rc = kvf_chunk_stream_send(cs, &c, &st);
+        if (rc)
+            fail_msg("kvf_chunk_stream_send %d: %s %s", i, kvf_status_name(rc), st.message);
+    }
+    assert_int_equal(kvf_chunk_stream_outstanding(cs), 5);
+    assert_int_equal(kvf_chunk_stream_close_send(cs, &st), 0);
+    for (int i = 0; i < 5; i++) {
+        struct kvf_chunk_result r;
+        assert_int_equal(kvf_chunk_stream_result(cs, WAIT_MS, &r, &st), 1);
+        assert_int_equal(r.chunk_seq, (uint64_t)i + 1);
+        if (i == 2) {
+            assert_int_equal(r.status.code, KVF_STATUS_FAILED_PRECONDITION);
+            assert_non_null(strstr(r.status.message, "sink_ranges"));
+        } else if (r.status.code != KVF_STATUS_OK) {
+            fail_msg("chunk %d: %s %s", i + 1, kvf_status_name(r.status.code), r.status.message);
+        }
+    }
+    struct kvf_chunk_result r;
+    assert_int_equal(kvf_chunk_stream_result(cs, WAIT_MS, &r, &st), 0); /* ended OK */
+    assert_int_equal(kvf_chunk_stream_outstanding(cs), 0);
+    kvf_chunk_stream_destroy(cs);
+
+    struct kvf_participant ps = {.node_id = "n1", .rank = 0, .role = KVF_ROLE_SOURCE};
+    struct kvf_participant pk = {.node_id = "n2", .rank = 0, .role = KVF_ROLE_SINK};
+    enum kvf_room_state rs;
+    assert_int_equal(kvf_complete_room(f->c, src.room, &ps, &rs, &st), 0);
+    assert_int_equal(kvf_complete_room(f->c, src.room, &pk, &rs, &st), 0);
+    assert_int_equal(kvf_wait_released(f->c, src.lease_id, WAIT_MS, &st), 0);
+    assert_int_equal(kvf_wait_released(f->c, snk.lease_id, WAIT_MS, &st), 0);
+    assert_memory_equal(f->p2.mem + (size_t)16 * PAGE_SIZE, f->p1.mem, (size_t)8 * PAGE_SIZE);
+
+    /* The window: chunks of a rank in no lease, each refused by the node. */
+    assert_int_equal(kvf_chunk_stream_open(f->n1.nc, &cs, &st), 0);
+    struct kvf_page_range s1 = {0, 1}, d1 = {16, 1};
+    for (uint64_t i = 1; i <= KVF_CHUNK_STREAM_WINDOW; i++) {
+        struct kvf_chunk c = chunk_of(f, src.room, 99, i, &s1, &d1, false);
+        assert_int_equal(kvf_chunk_stream_send(cs, &c, &st), 0);
+    }
+    struct kvf_chunk c = chunk_of(f, src.room, 99, 100, &s1, &d1, false);
+    assert_int_equal(kvf_chunk_stream_send(cs, &c, &st), -KVF_STATUS_RESOURCE_EXHAUSTED);
+    assert_int_equal(kvf_chunk_stream_result(cs, WAIT_MS, &r, &st), 1);
+    assert_int_equal(r.chunk_seq, 1);
+    assert_int_not_equal(r.status.code, KVF_STATUS_OK);
+    assert_int_equal(kvf_chunk_stream_send(cs, &c, &st), 0);
+    for (uint64_t i = 2; i <= KVF_CHUNK_STREAM_WINDOW; i++) {
+        assert_int_equal(kvf_chunk_stream_result(cs, WAIT_MS, &r, &st), 1);
+        assert_int_equal(r.chunk_seq, i);
+    }
+    assert_int_equal(kvf_chunk_stream_result(cs, WAIT_MS, &r, &st), 1);
+    assert_int_equal(r.chunk_seq, 100);
+    kvf_chunk_stream_destroy(cs); /* cancels: not half-closed */
+}
+
 static void test_abort_releases(void **state)
 {
     struct fx *f = *state;
@@ -752,6 +824,7 @@ int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test_setup_teardown(test_chunk_complete_and_release, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_chunk_stream, setup, teardown),
         cmocka_unit_test_setup_teardown(test_abort_releases, setup, teardown),
         cmocka_unit_test_setup_teardown(test_extend_and_bad_pages, setup, teardown),
         cmocka_unit_test_setup_teardown(test_unknown_room, setup, teardown),

@@ -399,6 +399,53 @@ struct kvf_chunk {
 KVF_PUBLIC int kvf_submit_chunk(kvf_node_client *n, const struct kvf_chunk *chunk,
                                 struct kvf_status *st);
 
+/* ---- pipelined submission (NodeLocal.SubmitChunks) ---------------------------------- */
+
+/* Chunks on one stream without waiting for each: the node admits them in the
+ * order sent (so chunk_seq order per source/sink pair holds on one stream)
+ * and answers each with one result, in that order, with the checks and codes
+ * of kvf_submit_chunk. A refused chunk does not end the stream. One thread
+ * may send while another reads results. */
+typedef struct kvf_chunk_stream kvf_chunk_stream;
+
+/* Chunks a stream may have outstanding (sent, result not read yet). */
+#define KVF_CHUNK_STREAM_WINDOW 64
+
+/* One chunk's outcome. */
+struct kvf_chunk_result {
+    uint64_t chunk_seq;       /* 0 for a request the node could not decode */
+    struct kvf_status status; /* OK: admitted; else what kvf_submit_chunk would return */
+};
+
+/* Opens a stream to the node (no deadline: it lives until destroyed). */
+KVF_PUBLIC int kvf_chunk_stream_open(kvf_node_client *n, kvf_chunk_stream **out,
+                                     struct kvf_status *st);
+
+/* Sends a chunk and returns without its result. -RESOURCE_EXHAUSTED, nothing
+ * sent, while KVF_CHUNK_STREAM_WINDOW chunks are outstanding (read a result
+ * first); -UNAVAILABLE once the stream has ended (kvf_chunk_stream_result
+ * says why); -FAILED_PRECONDITION after kvf_chunk_stream_close_send. */
+KVF_PUBLIC int kvf_chunk_stream_send(kvf_chunk_stream *s, const struct kvf_chunk *chunk,
+                                     struct kvf_status *st);
+
+/* Waits up to `timeout_ms` (<= 0: no limit) for the next result. Returns 1
+ * with *out; 0 when the stream ended cleanly (after close_send, every result
+ * read); -DEADLINE_EXCEEDED when none came in time (call again); otherwise
+ * -code of the stream's end (UNAVAILABLE: the node shut down; chunks still
+ * outstanding then got no result and may or may not have been admitted). */
+KVF_PUBLIC int kvf_chunk_stream_result(kvf_chunk_stream *s, int64_t timeout_ms,
+                                       struct kvf_chunk_result *out, struct kvf_status *st);
+
+/* No more chunks: the node ends the stream once every result is out. */
+KVF_PUBLIC int kvf_chunk_stream_close_send(kvf_chunk_stream *s, struct kvf_status *st);
+
+/* Chunks sent whose result was not read yet. */
+KVF_PUBLIC size_t kvf_chunk_stream_outstanding(kvf_chunk_stream *s);
+
+/* Cancels the stream if it has not ended and frees it. Accepts NULL; no call
+ * on the stream may be in progress. */
+KVF_PUBLIC void kvf_chunk_stream_destroy(kvf_chunk_stream *s);
+
 #ifdef __cplusplus
 }
 #endif
