@@ -186,15 +186,15 @@ int main(int argc, char **argv)
         return 1;
     }
     if (kvf_svc_register(svc, srv) < 0) {
-        kvf_rpc_server_destroy(srv);
         kvf_svc_destroy(svc);
+        kvf_rpc_server_destroy(srv);
         return 1;
     }
     int port = kvf_rpc_server_start(srv);
     if (port < 0) {
         kvf_log("error", "cannot serve on %s: %s", listen_addr, strerror(-port));
-        kvf_rpc_server_destroy(srv);
         kvf_svc_destroy(svc);
+        kvf_rpc_server_destroy(srv);
         return 1;
     }
     kvf_log("info", "kvfence-control %s serving on %s (port %d, %s)", KVF_VERSION_STRING,
@@ -255,8 +255,12 @@ int main(int argc, char **argv)
     kvf_rpc_server_shutdown(srv, SHUTDOWN_GRACE_MS);
     kvf_metrics_http_stop(mhttp); /* before the registry goes with the service */
     kvf_svc_stop(svc);
-    kvf_rpc_server_destroy(srv);
+    /* The service before the server: destroying it flushes the store, whose
+     * thread sends held replies (gRPC byte buffers), and frees the streams the
+     * sessions still hold. The server's destroy calls grpc_shutdown(), after
+     * which no thread may call into gRPC any more. */
     kvf_svc_destroy(svc);
+    kvf_rpc_server_destroy(srv);
     kvf_log("info", "stopped");
     kvf_config_free();
     return rc;

@@ -205,15 +205,6 @@ struct kvf_rpc_stream {
 
 /* --- server bookkeeping --------------------------------------------------- */
 
-static void srv_live_add(struct kvf_rpc_server *srv, bool is_call)
-{
-    pthread_mutex_lock(&srv->mu);
-    srv->live++;
-    if (is_call)
-        srv->calls++;
-    pthread_mutex_unlock(&srv->mu);
-}
-
 /* An object counted in `live` is gone. The server may be freed by the
  * shutting-down thread as soon as this returns: callers touch it no more. */
 static void srv_live_drop(struct kvf_rpc_server *srv, bool is_call)
@@ -434,6 +425,7 @@ static void srv_unary_arrived(struct kvf_rpc_server *srv, struct srv_method *m, 
         if (payload)
             grpc_byte_buffer_destroy(payload);
         srv_observe(srv, m->name, KVF_GRPC_RESOURCE_EXHAUSTED, arrived);
+        srv_live_drop(srv, true);
         return;
     }
     c->method_name = m->name;
@@ -445,8 +437,7 @@ static void srv_unary_arrived(struct kvf_rpc_server *srv, struct srv_method *m, 
     c->gcall = gcall;
     c->md = md;
     c->deadline_ns = srv_deadline_ns(deadline);
-    c->refs = 2;
-    srv_live_add(srv, true);
+    c->refs = 2; /* already counted in `live` by srv_request_arrived */
 
     /* Posted first so that a cancel or a missed deadline frees gRPC's side
      * even if the owner has not replied yet. */
@@ -780,6 +771,7 @@ static void srv_stream_arrived(struct kvf_rpc_server *srv, const struct srv_meth
         if (payload)
             grpc_byte_buffer_destroy(payload);
         srv_observe(srv, m->name, KVF_GRPC_RESOURCE_EXHAUSTED, arrived);
+        srv_live_drop(srv, true);
         return;
     }
     s->arrived_ns = arrived;
@@ -795,7 +787,7 @@ static void srv_stream_arrived(struct kvf_rpc_server *srv, const struct srv_meth
     s->deadline_ns = srv_deadline_ns(deadline);
     s->refs = 1;
     s->read_busy = true; /* holds on_closed back until on_open has returned */
-    srv_live_add(srv, true);
+    /* already counted in `live` by srv_request_arrived */
 
     grpc_op op;
     memset(&op, 0, sizeof(op));
@@ -1050,6 +1042,13 @@ static void srv_request_arrived(struct kvf_rpc_server *srv, struct srv_request *
     grpc_byte_buffer *payload = r->payload;
 
     pthread_mutex_lock(&srv->mu);
+    /* Count the new call before the request may be uncounted: once shutdown
+     * has begun the request is not reposted, and for a moment `live` would
+     * otherwise read 0 while this thread still holds a grpc_call. Shutdown
+     * could then destroy the server and shut the CQ down, and our first
+     * batch on the call would hit gRPC's assertion on a shut-down CQ. */
+    srv->live++;
+    srv->calls++;
     srv_request_post_locked(srv, r); /* the next call can arrive meanwhile */
     pthread_mutex_unlock(&srv->mu);
 

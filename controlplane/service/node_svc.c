@@ -61,6 +61,9 @@ struct lease_watch {
     struct kvf_rpc_stream *stream; /* one stream reference */
     Kvfence__V1__WatchLeasesRequest *rq;
     bool closed;
+    /* In the registry's list, which then owns it: set by the state thread,
+     * read by watch_job_drop only once the state thread has stopped. */
+    bool listed;
     struct lease_watch *next;
 };
 
@@ -1016,6 +1019,7 @@ static void watch_job_run(struct kvf_svc_ctx *ctx, void *arg, kvf_time_ns now)
     if (!j->closing) {
         w->next = ctx->sessions->watches;
         ctx->sessions->watches = w;
+        w->listed = true;
         /* First the releases still held as tombstones, then `synced`: from
          * here on every release reaches the watcher. */
         struct replay_ctx rc = {ctx, w, 0};
@@ -1038,10 +1042,15 @@ static void watch_job_run(struct kvf_svc_ctx *ctx, void *arg, kvf_time_ns now)
     free(j);
 }
 
+/* A job the stopping service did not run. kvf_svc_stop drops the queue after
+ * joining the state thread, and the CQ threads that post these jobs are gone
+ * by then (main.c), so `listed` is stable here. A watch whose open job ran is
+ * in the list, which frees it (kvf_svc_sessions_destroy): freeing it here too
+ * left a dangling entry there (heap-use-after-free at exit). */
 static void watch_job_drop(void *arg)
 {
     struct watch_job *j = arg;
-    if (j->closing)
+    if (j->closing && !j->w->listed)
         watch_free(j->w);
     free(j);
 }
