@@ -29,6 +29,7 @@ for b in $builds; do
     echo "== $b tests"
     # Sanitizer reports fail the test; leaks at exit too.
     export ASAN_OPTIONS=detect_leaks=1:abort_on_error=1
+    export LSAN_OPTIONS="suppressions=$PWD/tests/lsan.supp:print_suppressions=0"
     export UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1
     (cd "$dir" && ctest --output-on-failure -j "$jobs")
 done
