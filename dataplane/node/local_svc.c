@@ -560,8 +560,11 @@ static void h_register_pool(void *ctx, struct kvf_rpc_call *call, const uint8_t 
     const char *why = NULL;
     int code = KVF_GRPC_INVALID_ARGUMENT;
     if (r->memory_case == KVFENCE__V1__REGISTER_POOL_REQUEST__MEMORY_CUDA_IPC) {
-        why = "cuda_ipc: this node was built without CUDA";
-        code = KVF_GRPC_FAILED_PRECONDITION;
+        /* The CUDA IPC mapping exists (dataplane/pool), the data path for
+         * device pages (staging on both ends) does not yet: docs/node.md. */
+        why = "cuda_ipc: device-memory pools are not supported by this kvfence-node yet (host_shm "
+              "only)";
+        code = KVF_GRPC_UNIMPLEMENTED;
     } else if (r->memory_case != KVFENCE__V1__REGISTER_POOL_REQUEST__MEMORY_HOST_SHM) {
         why = "memory: none given";
     } else if (r->page_size == 0 || r->page_count == 0) {
