@@ -614,6 +614,50 @@ static void test_pages_written_twice_count_once(void **state)
     }
 }
 
+/* RegisterPool refuses bad input with the right code and a message naming the
+ * field, and registers nothing: the good pool registered afterwards gets the
+ * next id (1 past the fixture's). */
+static void expect_register(struct node_proc *np, Kvfence__V1__RegisterPoolRequest *req, int want,
+                            const char *field)
+{
+    struct kvf_rpc_status st;
+    int code = call(np->local, "/kvfence.v1.NodeLocal/RegisterPool", &req->base, NULL, NULL, &st);
+    if (code != want || !strstr(st.message, field))
+        fail_msg("RegisterPool: %d '%s', want %d naming '%s'", code, st.message, want, field);
+}
+
+static void test_register_pool_bad_input(void **state)
+{
+    struct fx *f = *state;
+    fx_start(f);
+    Kvfence__V1__HostShmMemory shm = KVFENCE__V1__HOST_SHM_MEMORY__INIT;
+    shm.shm_name = f->p1.name;
+    shm.size = (uint64_t)PAGE_SIZE * PAGE_COUNT;
+    Kvfence__V1__RegisterPoolRequest req = KVFENCE__V1__REGISTER_POOL_REQUEST__INIT;
+    req.page_size = PAGE_SIZE;
+    req.page_count = PAGE_COUNT;
+    expect_register(&f->n1, &req, KVF_GRPC_INVALID_ARGUMENT, "memory");
+
+    req.memory_case = KVFENCE__V1__REGISTER_POOL_REQUEST__MEMORY_HOST_SHM;
+    req.host_shm = &shm;
+    req.page_size = 0;
+    expect_register(&f->n1, &req, KVF_GRPC_INVALID_ARGUMENT, "page_size");
+    req.page_size = PAGE_SIZE;
+    shm.size = (uint64_t)PAGE_SIZE * PAGE_COUNT - 1;
+    expect_register(&f->n1, &req, KVF_GRPC_INVALID_ARGUMENT, "host_shm.size");
+    shm.size = (uint64_t)PAGE_SIZE * PAGE_COUNT;
+    shm.shm_name = (char *)"/kvf-e2e-no-such-object";
+    expect_register(&f->n1, &req, KVF_GRPC_NOT_FOUND, "host_shm");
+
+    Kvfence__V1__CudaIpcMemory cuda = KVFENCE__V1__CUDA_IPC_MEMORY__INIT;
+    req.memory_case = KVFENCE__V1__REGISTER_POOL_REQUEST__MEMORY_CUDA_IPC;
+    req.cuda_ipc = &cuda;
+    expect_register(&f->n1, &req, KVF_GRPC_UNIMPLEMENTED, "cuda_ipc");
+
+    /* Nothing was half-registered: the next good pool is the fixture's + 1. */
+    assert_int_equal(register_pool(&f->n1, &f->p1), f->p1.pool_id + 1);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -623,6 +667,7 @@ int main(void)
         cmocka_unit_test_setup_teardown(test_killed_sink_node_is_fenced_then_aborted, setup,
                                         teardown),
         cmocka_unit_test_setup_teardown(test_pages_written_twice_count_once, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_register_pool_bad_input, setup, teardown),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
