@@ -510,13 +510,22 @@ int nh_submit(struct kvf_rpc_channel *local, kvf_room_key k, const struct nh_chu
     return nh_call(local, "/kvfence.v1.NodeLocal/SubmitChunk", &req.base, NULL, NULL, st);
 }
 
-void nh_wait_node_knows(struct nh_node *np, kvf_room_key k, const struct nh_chunk *probe,
+void nh_wait_node_knows(struct nh_node *np, kvf_room_key k, uint32_t source_pool,
+                        const char *sink_node, uint32_t sink_pool, uint32_t dfirst,
                         int64_t timeout_ms)
 {
+    struct nh_chunk probe = {.source_rank = 99,
+                             .seq = 1,
+                             .source_pool = source_pool,
+                             .sink_node = sink_node,
+                             .sink_pool = sink_pool,
+                             .sfirst = {0},
+                             .dfirst = {dfirst},
+                             .count = {1}};
     int64_t end = nh_now_ms() + timeout_ms;
     for (;;) {
         struct kvf_rpc_status st;
-        int code = nh_submit(np->local, k, probe, &st);
+        int code = nh_submit(np->local, k, &probe, &st);
         if (code == KVF_GRPC_FAILED_PRECONDITION)
             return;
         if (code != KVF_GRPC_UNAVAILABLE)
@@ -525,4 +534,30 @@ void nh_wait_node_knows(struct nh_node *np, kvf_room_key k, const struct nh_chun
             fail_msg("node %s never got the room update (%d %s)", np->id, code, st.message);
         nh_sleep_ms(10);
     }
+}
+
+/* ---- teardown --------------------------------------------------------------------- */
+
+int nh_teardown(struct kvf_proc *cp, struct kvf_rpc_channel *ch, struct nh_node *const *nodes,
+                size_t nnodes, long node_ms, struct nh_pool *const *pools, size_t npools,
+                const char *dir)
+{
+    if (cp->pid > 0)
+        kill(cp->pid, SIGCONT);
+    int rc = nh_nodes_stop(nodes, nnodes, node_ms);
+    kvf_rpc_channel_destroy(ch);
+    if (nh_control_stop(cp) != 0)
+        rc = -1;
+    for (size_t i = 0; i < npools; i++)
+        nh_pool_destroy(pools[i]);
+    if (dir && dir[0]) {
+        for (size_t i = 0; i < nnodes; i++) {
+            if (!nodes[i]->id[0])
+                continue;
+            nh_node_dump_log(nodes[i]);
+            nh_node_remove_files(nodes[i]);
+        }
+        rmdir(dir);
+    }
+    return rc;
 }

@@ -182,10 +182,24 @@ struct nh_chunk {
 int nh_submit(struct kvf_rpc_channel *local, kvf_room_key k, const struct nh_chunk *c,
               struct kvf_rpc_status *st);
 
-/* Waits up to `timeout_ms` until `np` has the room's update: `probe` (a
- * SubmitChunk naming a source rank in no lease) answers UNAVAILABLE before,
- * FAILED_PRECONDITION after; any other answer fails the test. */
-void nh_wait_node_knows(struct nh_node *np, kvf_room_key k, const struct nh_chunk *probe,
+/* Waits up to `timeout_ms` until `np` has the room's update: a probe
+ * SubmitChunk naming source rank 99 (in no lease), seq 1, source page 0 of
+ * `source_pool` -> page `dfirst` of `sink_pool` on `sink_node`, answers
+ * UNAVAILABLE before, FAILED_PRECONDITION after; any other answer fails the
+ * test. */
+void nh_wait_node_knows(struct nh_node *np, kvf_room_key k, uint32_t source_pool,
+                        const char *sink_node, uint32_t sink_pool, uint32_t dfirst,
                         int64_t timeout_ms);
+
+/* ---- teardown --------------------------------------------------------------------- */
+
+/* The fixture's end: SIGCONT the control plane (a test may have stopped it),
+ * stop the nodes (`node_ms` each; nh_nodes_stop), close `ch`, stop the control
+ * plane (nh_control_stop), destroy the pools; with `dir`, dump each node's
+ * log file to stderr, remove the nodes' files and the directory. 0, or -1
+ * when a process did not exit 0. */
+int nh_teardown(struct kvf_proc *cp, struct kvf_rpc_channel *ch, struct nh_node *const *nodes,
+                size_t nnodes, long node_ms, struct nh_pool *const *pools, size_t npools,
+                const char *dir);
 
 #endif /* KVF_TEST_NODE_HARNESS_H */

@@ -69,22 +69,13 @@ static int setup(void **state)
 static int teardown(void **state)
 {
     struct fx *f = *state;
-    struct nh_node *nodes[2] = {&f->n1, &f->n2};
+    struct nh_node *nodes[] = {&f->n1, &f->n2};
     /* 20 s: a node whose NodeLocal writes hit a full socket (a Watch client
      * reading slowly) in its last seconds exits up to 10 s late: gRPC's TCP
      * backup poller runs on its executor in 10 s polls, and grpc_shutdown()
      * joins it. */
-    int rc = nh_nodes_stop(nodes, 2, 20000);
-    kvf_rpc_channel_destroy(f->ch);
-    if (nh_control_stop(&f->cp) != 0)
-        rc = -1;
-    nh_pool_destroy(&f->p1);
-    nh_pool_destroy(&f->p2);
-    if (f->dir[0]) {
-        for (int i = 0; i < 2; i++)
-            nh_node_remove_files(nodes[i]);
-        rmdir(f->dir);
-    }
+    struct nh_pool *pools[] = {&f->p1, &f->p2};
+    int rc = nh_teardown(&f->cp, f->ch, nodes, 2, 20000, pools, 2, f->dir);
     free(f);
     return rc;
 }
@@ -144,15 +135,7 @@ static void submit_ok(struct fx *f, kvf_room_key k, const struct chunk *c)
  * The probe goes to `np`'s NodeLocal. */
 static void wait_node_knows(struct fx *f, struct nh_node *np, kvf_room_key k)
 {
-    struct nh_chunk probe = {.source_rank = 99,
-                             .seq = 1,
-                             .source_pool = f->p1.pool_id,
-                             .sink_node = "n2",
-                             .sink_pool = f->p2.pool_id,
-                             .sfirst = {0},
-                             .dfirst = {0},
-                             .count = {1}};
-    nh_wait_node_knows(np, k, &probe, WAIT_MS);
+    nh_wait_node_knows(np, k, f->p1.pool_id, "n2", f->p2.pool_id, 0, WAIT_MS);
 }
 
 static void fx_start(struct fx *f, const char *n1_fault)

@@ -224,15 +224,7 @@ static void submit_ok(struct fx *f, kvf_room_key k, uint64_t seq, uint32_t sfirs
 static void wait_nodes_know(struct fx *f, kvf_room_key k)
 {
     wait_log(&f->n2, "room update", &k, 1);
-    struct nh_chunk probe = {.source_rank = 99,
-                             .seq = 1,
-                             .source_pool = f->src_pool,
-                             .sink_node = "n2",
-                             .sink_pool = f->p2.pool_id,
-                             .sfirst = {0},
-                             .dfirst = {16},
-                             .count = {1}};
-    nh_wait_node_knows(f->src, k, &probe, WAIT_MS);
+    nh_wait_node_knows(f->src, k, f->src_pool, "n2", f->p2.pool_id, 16, WAIT_MS);
 }
 
 static kvf_room_key join_pair(struct fx *f, uint64_t room_id, uint32_t sfirst, uint32_t dfirst,
@@ -379,23 +371,10 @@ static int teardown(void **state)
         kvf_rpc_client_stream_cancel(f->w.cs);
         kvf_rpc_client_stream_close(f->w.cs);
     }
-    struct nh_node *nodes[3] = {&f->n1, &f->n2, &f->n1b};
-    int rc = nh_nodes_stop(nodes, 3, 8000);
-    kvf_rpc_channel_destroy(f->ch);
-    if (nh_control_stop(&f->cp) != 0)
-        rc = -1;
-    nh_pool_destroy(&f->p1);
-    nh_pool_destroy(&f->p2);
-    nh_pool_destroy(&f->p3);
-    if (f->dir[0]) {
-        for (int i = 0; i < 3; i++) {
-            if (!nodes[i]->id[0])
-                continue;
-            nh_node_dump_log(nodes[i]);
-            nh_node_remove_files(nodes[i]);
-        }
-        rmdir(f->dir);
-    }
+    /* nh_teardown dumps each node's log to stderr (ctest shows it on failure). */
+    struct nh_node *nodes[] = {&f->n1, &f->n2, &f->n1b};
+    struct nh_pool *pools[] = {&f->p1, &f->p2, &f->p3};
+    int rc = nh_teardown(&f->cp, f->ch, nodes, 3, 8000, pools, 3, f->dir);
     free(f);
     return rc;
 }

@@ -86,16 +86,11 @@ static int rm_one(const char *path, const struct stat *sb, int flag, struct FTW 
 static int teardown(void **state)
 {
     struct fx *f = *state;
-    if (f->cp.pid > 0)
-        kill(f->cp.pid, SIGCONT); /* a test may have stopped it */
-    struct nh_node *nodes[2] = {&f->n1, &f->n2};
-    int rc = nh_nodes_stop(nodes, 2, 8000);
-    kvf_rpc_channel_destroy(f->ch);
-    if (nh_control_stop(&f->cp) != 0)
-        rc = -1;
-    nh_pool_destroy(&f->p1);
-    nh_pool_destroy(&f->p2);
-    nh_pool_destroy(&f->p3);
+    /* nh_teardown sends SIGCONT to the control plane first (a test may have
+     * stopped it); the directory holds its data too: removed here. */
+    struct nh_node *nodes[] = {&f->n1, &f->n2};
+    struct nh_pool *pools[] = {&f->p1, &f->p2, &f->p3};
+    int rc = nh_teardown(&f->cp, f->ch, nodes, 2, 8000, pools, 3, NULL);
     if (f->dir[0])
         nftw(f->dir, rm_one, 16, FTW_DEPTH | FTW_PHYS);
     free(f);
@@ -211,15 +206,7 @@ static int probe(struct fx *f, struct nh_node *np, kvf_room_key k, struct kvf_rp
 
 static void wait_node_knows(struct fx *f, struct nh_node *np, kvf_room_key k)
 {
-    struct nh_chunk probe = {.source_rank = 99,
-                             .seq = 1,
-                             .source_pool = f->p1.pool_id,
-                             .sink_node = "n2",
-                             .sink_pool = f->p2.pool_id,
-                             .sfirst = {0},
-                             .dfirst = {16},
-                             .count = {1}};
-    nh_wait_node_knows(np, k, &probe, WAIT_MS);
+    nh_wait_node_knows(np, k, f->p1.pool_id, "n2", f->p2.pool_id, 16, WAIT_MS);
 }
 
 /* Waits until `np` has closed the room's admission (probe: ABORTED). */

@@ -60,18 +60,9 @@ static int setup(void **state)
 static int teardown(void **state)
 {
     struct fx *f = *state;
-    struct nh_node *nodes[2] = {&f->n1, &f->n2};
-    int rc = nh_nodes_stop(nodes, 2, 8000);
-    kvf_rpc_channel_destroy(f->ch);
-    if (nh_control_stop(&f->cp) != 0)
-        rc = -1;
-    nh_pool_destroy(&f->p1);
-    nh_pool_destroy(&f->p2);
-    if (f->dir[0]) {
-        for (int i = 0; i < 2; i++)
-            nh_node_remove_files(nodes[i]);
-        rmdir(f->dir);
-    }
+    struct nh_node *nodes[] = {&f->n1, &f->n2};
+    struct nh_pool *pools[] = {&f->p1, &f->p2};
+    int rc = nh_teardown(&f->cp, f->ch, nodes, 2, 8000, pools, 2, f->dir);
     free(f);
     return rc;
 }
@@ -81,15 +72,7 @@ static int teardown(void **state)
  * after. */
 static void wait_node_knows(struct fx *f, struct nh_node *np, kvf_room_key k)
 {
-    struct nh_chunk probe = {.source_rank = 99,
-                             .seq = 1,
-                             .source_pool = f->p1.pool_id,
-                             .sink_node = "n2",
-                             .sink_pool = f->p2.pool_id,
-                             .sfirst = {0},
-                             .dfirst = {16},
-                             .count = {1}};
-    nh_wait_node_knows(np, k, &probe, WAIT_MS);
+    nh_wait_node_knows(np, k, f->p1.pool_id, "n2", f->p2.pool_id, 16, WAIT_MS);
 }
 
 /* Control plane, two nodes, two pools registered. */
