@@ -275,6 +275,20 @@ void nh_pool_destroy(struct nh_pool *p)
     p->name[0] = '\0';
 }
 
+void nh_check_pool(const struct nh_pool *sink, nh_canary_fn sink_canary, uint32_t dfirst,
+                   uint32_t count, nh_canary_fn src_canary, uint32_t sfirst, const char *label)
+{
+    for (uint32_t pg = 0; pg < sink->page_count; pg++) {
+        bool copied = pg >= dfirst && pg - dfirst < count;
+        for (uint32_t i = 0; i < sink->page_size; i++) {
+            uint8_t got = sink->mem[(size_t)pg * sink->page_size + i];
+            uint8_t want = copied ? src_canary(sfirst + pg - dfirst, i) : sink_canary(pg, i);
+            if (got != want)
+                fail_msg("%s page %u byte %u: 0x%02x, want 0x%02x", label, pg, i, got, want);
+        }
+    }
+}
+
 /* ---- RPCs ------------------------------------------------------------------------- */
 
 int nh_call(struct kvf_rpc_channel *ch, const char *method, const ProtobufCMessage *req,

@@ -121,6 +121,12 @@ int nh_pool_create(struct nh_pool *p, const char *prefix, const char *tag, uint3
 /* Unmaps and unlinks; safe on a pool never created. */
 void nh_pool_destroy(struct nh_pool *p);
 
+/* Checks every byte of `sink`: pages [dfirst, +count) hold src_canary's
+ * pages [sfirst, +count) (a copy landed there), every other page still holds
+ * sink_canary. Fails the test naming `label`, the page and the byte. */
+void nh_check_pool(const struct nh_pool *sink, nh_canary_fn sink_canary, uint32_t dfirst,
+                   uint32_t count, nh_canary_fn src_canary, uint32_t sfirst, const char *label);
+
 /* ---- RPCs ------------------------------------------------------------------------- */
 
 /* One unary call; returns the status code (st filled), *resp_p (free it) on

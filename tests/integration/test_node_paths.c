@@ -145,16 +145,7 @@ static kvf_room_key join_pair(struct fx *f, uint64_t room_id)
  * other byte still holds its canary. Byte by byte. */
 static void check_sink_pool(struct fx *f, bool copied)
 {
-    for (uint32_t pg = 0; pg < PAGE_COUNT; pg++) {
-        for (uint32_t i = 0; i < PAGE_SIZE; i++) {
-            uint8_t got = f->p2.mem[(size_t)pg * PAGE_SIZE + i];
-            uint8_t want = nh_canary2(pg, i);
-            if (copied && pg >= LEASE_PAGES)
-                want = nh_canary1(pg - LEASE_PAGES, i);
-            if (got != want)
-                fail_msg("sink page %u byte %u: 0x%02x, want 0x%02x", pg, i, got, want);
-        }
-    }
+    nh_check_pool(&f->p2, nh_canary2, LEASE_PAGES, copied ? LEASE_PAGES : 0, nh_canary1, 0, "sink");
 }
 
 static void submit_ok(struct fx *f, kvf_room_key k, uint64_t seq, uint32_t sfirst, uint32_t count,

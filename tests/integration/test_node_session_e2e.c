@@ -370,16 +370,7 @@ static kvf_room_key join_pair(struct fx *f, uint64_t room_id)
  * byte still holds its canary. */
 static void check_n2_pool(struct fx *f, bool copied)
 {
-    for (uint32_t pg = 0; pg < PAGE_COUNT; pg++) {
-        for (uint32_t i = 0; i < PAGE_SIZE; i++) {
-            uint8_t got = f->p2.mem[(size_t)pg * PAGE_SIZE + i];
-            uint8_t want = nh_canary2(pg, i);
-            if (copied && pg >= 16 && pg < 24)
-                want = nh_canary1(pg - 16, i);
-            if (got != want)
-                fail_msg("n2 page %u byte %u: 0x%02x, want 0x%02x", pg, i, got, want);
-        }
-    }
+    nh_check_pool(&f->p2, nh_canary2, 16, copied ? 8 : 0, nh_canary1, 0, "n2");
 }
 
 /* ---- tests ----------------------------------------------------------------------- */

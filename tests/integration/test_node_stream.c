@@ -109,16 +109,7 @@ static kvf_room_key join_pair(struct fx *f, uint64_t room_id, uint32_t dfirst, u
  * every other byte still holds its canary. */
 static void check_n2_pool(struct fx *f, uint32_t dfirst, uint32_t count)
 {
-    for (uint32_t pg = 0; pg < PAGE_COUNT; pg++) {
-        for (uint32_t i = 0; i < PAGE_SIZE; i++) {
-            uint8_t got = f->p2.mem[(size_t)pg * PAGE_SIZE + i];
-            uint8_t want = nh_canary2(pg, i);
-            if (pg >= dfirst && pg < dfirst + count)
-                want = nh_canary1(pg - dfirst, i);
-            if (got != want)
-                fail_msg("n2 page %u byte %u: 0x%02x, want 0x%02x", pg, i, got, want);
-        }
-    }
+    nh_check_pool(&f->p2, nh_canary2, dfirst, count, nh_canary1, 0, "n2");
 }
 
 /* ---- SubmitChunks helpers ------------------------------------------------------------- */
