@@ -404,6 +404,19 @@ kvf_room_key nh_join(struct kvf_rpc_channel *ch, uint64_t room_id, uint32_t nsrc
     }
 }
 
+kvf_room_key nh_join_pair(struct kvf_rpc_channel *ch, uint64_t room_id, const char *src_node,
+                          uint32_t src_pool, uint32_t sfirst, const char *sink_node,
+                          uint32_t sink_pool, uint32_t dfirst, uint32_t count, int64_t timeout_ms)
+{
+    kvf_room_key k1 = nh_join(ch, room_id, 1, 1, src_node, 0, KVFENCE__V1__ROLE__ROLE_SOURCE,
+                              src_pool, sfirst, count, timeout_ms, NULL);
+    kvf_room_key k2 = nh_join(ch, room_id, 1, 1, sink_node, 0, KVFENCE__V1__ROLE__ROLE_SINK,
+                              sink_pool, dfirst, count, timeout_ms, NULL);
+    assert_true(k1.room_id == k2.room_id && k1.generation == k2.generation);
+    nh_wait_room_state(ch, k1, KVFENCE__V1__ROOM_STATE__ROOM_STATE_ACTIVE, timeout_ms);
+    return k1;
+}
+
 Kvfence__V1__RoomInfo *nh_get_room(struct kvf_rpc_channel *ch, kvf_room_key k)
 {
     Kvfence__V1__RoomKey rk = KVFENCE__V1__ROOM_KEY__INIT;

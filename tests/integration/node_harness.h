@@ -151,6 +151,13 @@ kvf_room_key nh_join(struct kvf_rpc_channel *ch, uint64_t room_id, uint32_t nsrc
                      const char *node, uint32_t rank, int role, uint32_t pool_id, uint32_t first,
                      uint32_t count, int64_t timeout_ms, uint64_t *lease_p);
 
+/* A room of one source and one sink, rank 0 each: `src_node` pages [sfirst,
+ * +count) of `src_pool`, `sink_node` pages [dfirst, +count) of `sink_pool`
+ * (nh_join). Both joins must give the same room; waits for it ACTIVE. */
+kvf_room_key nh_join_pair(struct kvf_rpc_channel *ch, uint64_t room_id, const char *src_node,
+                          uint32_t src_pool, uint32_t sfirst, const char *sink_node,
+                          uint32_t sink_pool, uint32_t dfirst, uint32_t count, int64_t timeout_ms);
+
 /* Admin.GetRoom (free it); fails the test unless OK. */
 Kvfence__V1__RoomInfo *nh_get_room(struct kvf_rpc_channel *ch, kvf_room_key k);
 

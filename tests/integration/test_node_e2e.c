@@ -108,13 +108,8 @@ static void fx_start(struct fx *f)
 
 static kvf_room_key join_pair(struct fx *f, uint64_t room_id)
 {
-    kvf_room_key k1 = nh_join(f->ch, room_id, 1, 1, "n1", 0, KVFENCE__V1__ROLE__ROLE_SOURCE,
-                              f->p1.pool_id, 0, 8, WAIT_MS, NULL);
-    kvf_room_key k2 = nh_join(f->ch, room_id, 1, 1, "n2", 0, KVFENCE__V1__ROLE__ROLE_SINK,
-                              f->p2.pool_id, 16, 8, WAIT_MS, NULL);
-    assert_true(k1.room_id == k2.room_id && k1.generation == k2.generation);
-    nh_wait_room_state(f->ch, k1, KVFENCE__V1__ROOM_STATE__ROOM_STATE_ACTIVE, WAIT_MS);
-    return k1;
+    return nh_join_pair(f->ch, room_id, "n1", f->p1.pool_id, 0, "n2", f->p2.pool_id, 16, 8,
+                        WAIT_MS);
 }
 static void check_n2_pool(struct fx *f, bool copied)
 {

@@ -129,16 +129,12 @@ static void fx_start(struct fx *f, const char *const *n1_args, bool sink_n2)
 /* Source n1 pool p1 pages [0, 32) -> sink pool p2 pages [32, 64). */
 static kvf_room_key join_pair(struct fx *f, uint64_t room_id)
 {
-    kvf_room_key k1 =
-        join(f, room_id, "n1", KVFENCE__V1__ROLE__ROLE_SOURCE, f->p1.pool_id, 0, LEASE_PAGES);
-    kvf_room_key k2 = join(f, room_id, f->sink_node, KVFENCE__V1__ROLE__ROLE_SINK, f->p2.pool_id,
-                           LEASE_PAGES, LEASE_PAGES);
-    assert_true(k1.room_id == k2.room_id && k1.generation == k2.generation);
-    nh_wait_room_state(f->ch, k1, KVFENCE__V1__ROOM_STATE__ROOM_STATE_ACTIVE, WAIT_MS);
-    wait_node_knows(f, &f->n1, k1);
+    kvf_room_key k = nh_join_pair(f->ch, room_id, "n1", f->p1.pool_id, 0, f->sink_node,
+                                  f->p2.pool_id, LEASE_PAGES, LEASE_PAGES, WAIT_MS);
+    wait_node_knows(f, &f->n1, k);
     if (strcmp(f->sink_node, "n2") == 0)
-        wait_node_knows(f, &f->n2, k1);
-    return k1;
+        wait_node_knows(f, &f->n2, k);
+    return k;
 }
 
 /* The sink pool: pages [32, 64) hold p1's pages [0, 32) when `copied`; every

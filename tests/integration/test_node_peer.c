@@ -157,13 +157,11 @@ static void fx_start(struct fx *f, const char *n1_fault)
  * same pages); ACTIVE and known to both nodes. */
 static kvf_room_key room_pair(struct fx *f, uint64_t room_id, uint32_t first, uint32_t count)
 {
-    kvf_room_key k1 = join(f, room_id, 1, 1, "n1", 0, SOURCE, f->p1.pool_id, first, count);
-    kvf_room_key k2 = join(f, room_id, 1, 1, "n2", 0, SINK, f->p2.pool_id, first, count);
-    assert_true(kvf_room_key_eq(k1, k2));
-    nh_wait_room_state(f->ch, k1, KVFENCE__V1__ROOM_STATE__ROOM_STATE_ACTIVE, WAIT_MS);
-    wait_node_knows(f, &f->n1, k1);
-    wait_node_knows(f, &f->n2, k1);
-    return k1;
+    kvf_room_key k = nh_join_pair(f->ch, room_id, "n1", f->p1.pool_id, first, "n2", f->p2.pool_id,
+                                  first, count, WAIT_MS);
+    wait_node_knows(f, &f->n1, k);
+    wait_node_knows(f, &f->n2, k);
+    return k;
 }
 
 /* ---- Watch -------------------------------------------------------------------------- */

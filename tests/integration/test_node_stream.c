@@ -94,15 +94,11 @@ static void fx_start(struct fx *f)
  * pages [dfirst, dfirst + count); waits until both nodes have its update. */
 static kvf_room_key join_pair(struct fx *f, uint64_t room_id, uint32_t dfirst, uint32_t count)
 {
-    kvf_room_key k1 = nh_join(f->ch, room_id, 1, 1, "n1", 0, KVFENCE__V1__ROLE__ROLE_SOURCE,
-                              f->p1.pool_id, 0, count, WAIT_MS, NULL);
-    kvf_room_key k2 = nh_join(f->ch, room_id, 1, 1, "n2", 0, KVFENCE__V1__ROLE__ROLE_SINK,
-                              f->p2.pool_id, dfirst, count, WAIT_MS, NULL);
-    assert_true(k1.room_id == k2.room_id && k1.generation == k2.generation);
-    nh_wait_room_state(f->ch, k1, KVFENCE__V1__ROOM_STATE__ROOM_STATE_ACTIVE, WAIT_MS);
-    wait_node_knows(f, &f->n2, k1);
-    wait_node_knows(f, &f->n1, k1);
-    return k1;
+    kvf_room_key k = nh_join_pair(f->ch, room_id, "n1", f->p1.pool_id, 0, "n2", f->p2.pool_id,
+                                  dfirst, count, WAIT_MS);
+    wait_node_knows(f, &f->n2, k);
+    wait_node_knows(f, &f->n1, k);
+    return k;
 }
 
 /* n2's pool: pages [dfirst, dfirst + count) hold n1's pages [0, count);
