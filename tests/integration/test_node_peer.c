@@ -1,10 +1,9 @@
 /*
  * test_node_peer.c: kvfence-node's peer channel and NodeLocal.Watch, end to
  * end. Each test starts one kvfence-control and two kvfence-node processes
- * (n1: sources, n2: sinks) on 127.0.0.1 (kvf_proc.c; the node harness is a
- * copy of test_node_e2e.c's), one POSIX shm pool per node, and plays the
- * engines: JoinRoom over Control, SubmitChunk to n1 over NodeLocal, and
- * NodeLocal.Watch streams on the nodes.
+ * (n1: sources, n2: sinks) on 127.0.0.1 (the node harness: node_harness.c),
+ * one POSIX shm pool per node, and plays the engines: JoinRoom over Control,
+ * SubmitChunk to n1 over NodeLocal, and NodeLocal.Watch streams on the nodes.
  *
  * What is checked: aux bytes reach the sink's Watch byte-exact, before the
  * pair's transfer_done; TP fan-in and fan-out with aux per pair and the
@@ -34,7 +33,6 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/mman.h>
 #include <sys/prctl.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
@@ -44,276 +42,42 @@
 #include <cmocka.h>
 
 #include "kvf_error.h"
-#include "kvf_proc.h"
-#include "kvf_types.h"
-#include "kvfence/v1/control.pb-c.h"
-#include "kvfence/v1/node.pb-c.h"
-#include "rpc_client.h"
+#include "node_harness.h"
 
-#define CALL_TIMEOUT_MS 5000
-#define WAIT_MS         10000
-#define PAGE_SIZE       4096u
-#define PAGE_COUNT      64u
+#define WAIT_MS    10000
+#define PAGE_SIZE  4096u
+#define PAGE_COUNT 64u
 
 #define SOURCE KVFENCE__V1__ROLE__ROLE_SOURCE
 #define SINK   KVFENCE__V1__ROLE__ROLE_SINK
 
-/* ---- a kvfence-node child (as in test_node_e2e.c, plus --peer-fault) ----------- */
-
-struct node_proc {
-    pid_t pid;
-    char id[16];
-    char sock[160];
-    char port_file[160];
-    struct kvf_rpc_channel *local; /* NodeLocal */
-};
-
-static int64_t now_ms(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
-}
-
-static void sleep_ms(long ms)
-{
-    struct timespec ts = {.tv_sec = ms / 1000, .tv_nsec = (ms % 1000) * 1000000L};
-    nanosleep(&ts, NULL);
-}
-
-static int node_start(struct node_proc *np, const char *dir, const char *id, const char *control,
-                      const char *peer_fault)
-{
-    memset(np, 0, sizeof *np);
-    snprintf(np->id, sizeof np->id, "%s", id);
-    snprintf(np->sock, sizeof np->sock, "%s/%s.sock", dir, id);
-    snprintf(np->port_file, sizeof np->port_file, "%s/%s.port", dir, id);
-    pid_t parent = getpid();
-    np->pid = fork();
-    if (np->pid < 0) {
-        np->pid = 0;
-        return -1;
-    }
-    if (np->pid == 0) {
-        prctl(PR_SET_PDEATHSIG, SIGKILL);
-        if (getppid() != parent)
-            _exit(127);
-        execl(KVF_NODE_BIN, KVF_NODE_BIN, "--control", control, "--node-id", id, "--local-socket",
-              np->sock, "--port-file", np->port_file, "--data-host", "127.0.0.1", "--data-port",
-              "0", "--drain-timeout-ms", "3000", "--peer-fault", peer_fault ? peer_fault : "",
-              (char *)NULL);
-        _exit(127);
-    }
-    for (int i = 0; i < 1000; i++) {
-        if (access(np->port_file, R_OK) == 0) {
-            char target[200];
-            snprintf(target, sizeof target, "unix:%s", np->sock);
-            np->local = kvf_rpc_channel_create(target, NULL);
-            return np->local ? 0 : -1;
-        }
-        int st;
-        if (waitpid(np->pid, &st, WNOHANG) == np->pid) {
-            fprintf(stderr, "kvfence-node %s exited early (0x%x)\n", id, st);
-            np->pid = 0;
-            return -1;
-        }
-        sleep_ms(10);
-    }
-    fprintf(stderr, "kvfence-node %s: no port file after 10 s\n", id);
-    return -1;
-}
-
-/* SIGTERM, wait up to `ms`, then SIGKILL. Returns the wait status, -2 if it
- * had to be killed, -1 if none ran. */
-static int node_stop(struct node_proc *np, long ms)
-{
-    kvf_rpc_channel_destroy(np->local);
-    np->local = NULL;
-    if (np->pid <= 0)
-        return -1;
-    int st = -1;
-    kill(np->pid, SIGTERM);
-    int64_t end = now_ms() + ms;
-    while (now_ms() < end) {
-        if (waitpid(np->pid, &st, WNOHANG) == np->pid) {
-            np->pid = 0;
-            return st;
-        }
-        sleep_ms(10);
-    }
-    kill(np->pid, SIGKILL);
-    waitpid(np->pid, &st, 0);
-    np->pid = 0;
-    return -2;
-}
-
-/* ---- fixture ------------------------------------------------------------------ */
-
-struct shm_pool {
-    char name[64];
-    uint8_t *mem;
-    uint32_t pool_id;
-};
+/* ---- fixture (the harness: node_harness.c, plus --peer-fault) ---------------------- */
 
 struct fx {
     struct kvf_proc cp;
     struct kvf_rpc_channel *ch;
     char dir[64];
-    struct node_proc n1, n2;
-    struct shm_pool p1, p2;
+    struct nh_node n1, n2;
+    struct nh_pool p1, p2;
 };
-
-static uint8_t canary1(uint32_t page, uint32_t i)
-{
-    return (uint8_t)(page * 31u + i * 7u + 1u);
-}
-
-static uint8_t canary2(uint32_t page, uint32_t i)
-{
-    return (uint8_t)(0xa5u ^ page ^ (i >> 3));
-}
-
-static int shm_create(struct shm_pool *p, const char *tag, uint8_t (*fill)(uint32_t, uint32_t))
-{
-    snprintf(p->name, sizeof p->name, "/kvf-peer-%d-%s", (int)getpid(), tag);
-    int fd = shm_open(p->name, O_CREAT | O_EXCL | O_RDWR, 0600);
-    if (fd < 0)
-        return -1;
-    size_t len = (size_t)PAGE_SIZE * PAGE_COUNT;
-    if (ftruncate(fd, (off_t)len) != 0) {
-        close(fd);
-        return -1;
-    }
-    p->mem = mmap(NULL, len, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
-    close(fd);
-    if (p->mem == MAP_FAILED) {
-        p->mem = NULL;
-        return -1;
-    }
-    for (uint32_t pg = 0; pg < PAGE_COUNT; pg++)
-        for (uint32_t i = 0; i < PAGE_SIZE; i++)
-            p->mem[(size_t)pg * PAGE_SIZE + i] = fill(pg, i);
-    return 0;
-}
-
-static void shm_destroy(struct shm_pool *p)
-{
-    if (p->mem)
-        munmap(p->mem, (size_t)PAGE_SIZE * PAGE_COUNT);
-    p->mem = NULL;
-    if (p->name[0])
-        shm_unlink(p->name);
-    p->name[0] = '\0';
-}
 
 static int setup(void **state)
 {
-    struct fx *f = calloc(1, sizeof *f);
-    if (!f)
-        return -1;
-    *state = f;
-    return 0;
+    return nh_fx_alloc(state, sizeof(struct fx));
 }
 
 static int teardown(void **state)
 {
     struct fx *f = *state;
-    int rc = 0;
-    struct node_proc *nodes[2] = {&f->n1, &f->n2};
-    for (int i = 0; i < 2; i++) {
-        if (nodes[i]->pid <= 0) {
-            kvf_rpc_channel_destroy(nodes[i]->local);
-            nodes[i]->local = NULL;
-            continue;
-        }
-        /* 20 s: a node whose NodeLocal writes hit a full socket (a Watch
-         * client reading slowly) in its last seconds exits up to 10 s late:
-         * gRPC's TCP backup poller runs on its executor in 10 s polls, and
-         * grpc_shutdown() joins it. */
-        int st = node_stop(nodes[i], 20000);
-        if (st < 0 || !WIFEXITED(st) || WEXITSTATUS(st) != 0) {
-            fprintf(stderr, "kvfence-node %s did not exit 0 on SIGTERM (status %d)\n", nodes[i]->id,
-                    st);
-            rc = -1;
-        }
-    }
-    kvf_rpc_channel_destroy(f->ch);
-    if (f->cp.pid > 0) {
-        int st = kvf_proc_stop(&f->cp, 10000);
-        if (!WIFEXITED(st) || WEXITSTATUS(st) != 0) {
-            fprintf(stderr, "kvfence-control did not exit 0 on SIGTERM (0x%x)\n", st);
-            rc = -1;
-        }
-    }
-    kvf_proc_kill(&f->cp);
-    shm_destroy(&f->p1);
-    shm_destroy(&f->p2);
-    if (f->dir[0]) {
-        const char *files[] = {"n1.port", "n2.port", "n1.sock", "n2.sock"};
-        for (size_t i = 0; i < 4; i++) {
-            char path[200];
-            snprintf(path, sizeof path, "%s/%s", f->dir, files[i]);
-            unlink(path);
-        }
-        rmdir(f->dir);
-    }
+    struct nh_node *nodes[] = {&f->n1, &f->n2};
+    /* 20 s: a node whose NodeLocal writes hit a full socket (a Watch client
+     * reading slowly) in its last seconds exits up to 10 s late: gRPC's TCP
+     * backup poller runs on its executor in 10 s polls, and grpc_shutdown()
+     * joins it. */
+    struct nh_pool *pools[] = {&f->p1, &f->p2};
+    int rc = nh_teardown(&f->cp, f->ch, nodes, 2, 20000, pools, 2, f->dir);
     free(f);
     return rc;
-}
-
-/* ---- RPC helpers ------------------------------------------------------------- */
-
-/* One unary call; returns the status code, *resp_p (free it) on OK. No cmocka
- * assertion: safe from the submitting threads. */
-static int call(struct kvf_rpc_channel *ch, const char *method, const ProtobufCMessage *req,
-                uint8_t **resp_p, size_t *len_p, struct kvf_rpc_status *st)
-{
-    size_t len = protobuf_c_message_get_packed_size(req);
-    uint8_t *buf = malloc(len ? len : 1);
-    if (!buf)
-        return KVF_GRPC_RESOURCE_EXHAUSTED;
-    protobuf_c_message_pack(req, buf);
-    uint8_t *resp = NULL;
-    size_t rlen = 0;
-    int rc = kvf_rpc_unary(ch, method, buf, len, CALL_TIMEOUT_MS, &resp, &rlen, st);
-    free(buf);
-    if (rc != 0) {
-        free(resp);
-        return st->code ? st->code : KVF_GRPC_INTERNAL;
-    }
-    if (resp_p) {
-        *resp_p = resp;
-        *len_p = rlen;
-    } else {
-        free(resp);
-    }
-    return KVF_GRPC_OK;
-}
-
-static uint32_t register_pool(struct node_proc *np, const struct shm_pool *p)
-{
-    Kvfence__V1__HostShmMemory shm = KVFENCE__V1__HOST_SHM_MEMORY__INIT;
-    shm.shm_name = (char *)p->name;
-    shm.size = (uint64_t)PAGE_SIZE * PAGE_COUNT;
-    Kvfence__V1__RegisterPoolRequest req = KVFENCE__V1__REGISTER_POOL_REQUEST__INIT;
-    req.memory_case = KVFENCE__V1__REGISTER_POOL_REQUEST__MEMORY_HOST_SHM;
-    req.host_shm = &shm;
-    req.page_size = PAGE_SIZE;
-    req.page_count = PAGE_COUNT;
-    uint8_t *resp;
-    size_t len;
-    struct kvf_rpc_status st;
-    int code = call(np->local, "/kvfence.v1.NodeLocal/RegisterPool", &req.base, &resp, &len, &st);
-    if (code != KVF_GRPC_OK)
-        fail_msg("RegisterPool on %s: %d %s", np->id, code, st.message);
-    Kvfence__V1__RegisterPoolResponse *r =
-        kvfence__v1__register_pool_response__unpack(NULL, len, resp);
-    free(resp);
-    assert_non_null(r);
-    assert_non_null(r->pool);
-    uint32_t id = r->pool->pool_id;
-    kvfence__v1__register_pool_response__free_unpacked(r, NULL);
-    return id;
 }
 
 /* Joins one participant of a room with `nsrc` sources and `nsink` sinks;
@@ -322,96 +86,8 @@ static kvf_room_key join(struct fx *f, uint64_t room_id, uint32_t nsrc, uint32_t
                          const char *node, uint32_t rank, int role, uint32_t pool_id,
                          uint32_t first, uint32_t count)
 {
-    static const char *features[] = {"QUIESCE_V1"};
-    Kvfence__V1__CapabilitySet caps = KVFENCE__V1__CAPABILITY_SET__INIT;
-    caps.protocol_min = 1;
-    caps.protocol_max = 1;
-    caps.n_features = 1;
-    caps.features = (char **)features;
-    Kvfence__V1__Participant part = KVFENCE__V1__PARTICIPANT__INIT;
-    part.node_id = (char *)node;
-    part.rank = rank;
-    part.role = (Kvfence__V1__Role)role;
-    Kvfence__V1__PageRange pr = KVFENCE__V1__PAGE_RANGE__INIT;
-    pr.first = first;
-    pr.count = count;
-    Kvfence__V1__PageRange *prs[1] = {&pr};
-    Kvfence__V1__JoinRoomRequest req = KVFENCE__V1__JOIN_ROOM_REQUEST__INIT;
-    req.room_id = room_id;
-    req.expected_sources = nsrc;
-    req.expected_sinks = nsink;
-    req.participant = &part;
-    req.engine_capabilities = &caps;
-    req.pool_id = pool_id;
-    req.n_ranges = 1;
-    req.ranges = prs;
-    int64_t end = now_ms() + WAIT_MS;
-    for (;;) {
-        uint8_t *resp;
-        size_t len;
-        struct kvf_rpc_status st;
-        int code = call(f->ch, "/kvfence.v1.Control/JoinRoom", &req.base, &resp, &len, &st);
-        if (code == KVF_GRPC_OK) {
-            Kvfence__V1__JoinRoomResponse *r =
-                kvfence__v1__join_room_response__unpack(NULL, len, resp);
-            free(resp);
-            assert_non_null(r);
-            assert_non_null(r->room);
-            kvf_room_key k = {r->room->room_id, r->room->generation};
-            kvfence__v1__join_room_response__free_unpacked(r, NULL);
-            return k;
-        }
-        if (now_ms() > end)
-            fail_msg("JoinRoom %s rank %u: %d %s", node, rank, code, st.message);
-        sleep_ms(20);
-    }
-}
-
-static Kvfence__V1__RoomInfo *get_room(struct fx *f, kvf_room_key k)
-{
-    Kvfence__V1__RoomKey rk = KVFENCE__V1__ROOM_KEY__INIT;
-    rk.room_id = k.room_id;
-    rk.generation = k.generation;
-    Kvfence__V1__GetRoomRequest req = KVFENCE__V1__GET_ROOM_REQUEST__INIT;
-    req.room = &rk;
-    uint8_t *resp;
-    size_t len;
-    struct kvf_rpc_status st;
-    int code = call(f->ch, "/kvfence.v1.Admin/GetRoom", &req.base, &resp, &len, &st);
-    if (code != KVF_GRPC_OK)
-        fail_msg("GetRoom: %d %s", code, st.message);
-    Kvfence__V1__RoomInfo *ri = kvfence__v1__room_info__unpack(NULL, len, resp);
-    free(resp);
-    assert_non_null(ri);
-    return ri;
-}
-
-/* Waits for `want` (terminal states: with every lease released); returns the
- * room's abort reason. */
-static int wait_room_state(struct fx *f, kvf_room_key k, Kvfence__V1__RoomState want,
-                           int64_t timeout_ms)
-{
-    int64_t end = now_ms() + timeout_ms;
-    for (;;) {
-        Kvfence__V1__RoomInfo *ri = get_room(f, k);
-        int last = ri->state;
-        int reason = ri->abort_reason;
-        bool released = true;
-        for (size_t i = 0; i < ri->n_participants; i++)
-            if (!ri->participants[i]->lease ||
-                ri->participants[i]->lease->state != KVFENCE__V1__LEASE_STATE__LEASE_STATE_RELEASED)
-                released = false;
-        kvfence__v1__room_info__free_unpacked(ri, NULL);
-        bool terminal = want == KVFENCE__V1__ROOM_STATE__ROOM_STATE_COMPLETED ||
-                        want == KVFENCE__V1__ROOM_STATE__ROOM_STATE_ABORTED;
-        if (last == (int)want && (!terminal || released))
-            return reason;
-        if (now_ms() > end)
-            fail_msg("room %llu:%llu: state %d (want %d), leases released %d",
-                     (unsigned long long)k.room_id, (unsigned long long)k.generation, last,
-                     (int)want, released);
-        sleep_ms(20);
-    }
+    return nh_join(f->ch, room_id, nsrc, nsink, node, rank, role, pool_id, first, count, WAIT_MS,
+                   NULL);
 }
 
 struct chunk {
@@ -430,31 +106,19 @@ struct chunk {
  * assertion: safe from threads). */
 static int submit(struct fx *f, kvf_room_key k, const struct chunk *c, struct kvf_rpc_status *st)
 {
-    Kvfence__V1__RoomKey rk = KVFENCE__V1__ROOM_KEY__INIT;
-    rk.room_id = k.room_id;
-    rk.generation = k.generation;
-    Kvfence__V1__PageRange s = KVFENCE__V1__PAGE_RANGE__INIT, d = KVFENCE__V1__PAGE_RANGE__INIT;
-    s.first = c->sfirst;
-    s.count = c->count;
-    d.first = c->dfirst;
-    d.count = c->count;
-    Kvfence__V1__PageRange *sv[1] = {&s}, *dv[1] = {&d};
-    Kvfence__V1__SubmitChunkRequest req = KVFENCE__V1__SUBMIT_CHUNK_REQUEST__INIT;
-    req.room = &rk;
-    req.chunk_seq = c->seq;
-    req.source_rank = c->src_rank;
-    req.source_pool_id = f->p1.pool_id;
-    req.n_source_ranges = 1;
-    req.source_ranges = sv;
-    req.sink_node_id = (char *)"n2";
-    req.sink_rank = c->sink_rank;
-    req.sink_pool_id = f->p2.pool_id;
-    req.n_sink_ranges = 1;
-    req.sink_ranges = dv;
-    req.last_chunk = c->last;
-    req.aux.data = (uint8_t *)c->aux;
-    req.aux.len = c->aux_len;
-    return call(f->n1.local, "/kvfence.v1.NodeLocal/SubmitChunk", &req.base, NULL, NULL, st);
+    struct nh_chunk nc = {.source_rank = c->src_rank,
+                          .seq = c->seq,
+                          .source_pool = f->p1.pool_id,
+                          .sink_node = "n2",
+                          .sink_rank = c->sink_rank,
+                          .sink_pool = f->p2.pool_id,
+                          .sfirst = {c->sfirst},
+                          .dfirst = {c->dfirst},
+                          .count = {c->count},
+                          .last = c->last,
+                          .aux = c->aux,
+                          .aux_len = c->aux_len};
+    return nh_submit(f->n1.local, k, &nc, st);
 }
 
 static void submit_ok(struct fx *f, kvf_room_key k, const struct chunk *c)
@@ -466,91 +130,43 @@ static void submit_ok(struct fx *f, kvf_room_key k, const struct chunk *c)
                  (unsigned long long)c->seq, code, st.message);
 }
 
-/* Waits until `np` has the room's update: a SubmitChunk (to n1) or its probe
- * equivalent naming source rank 99, in no lease, answers UNAVAILABLE before,
- * FAILED_PRECONDITION after. The probe goes to `np`'s NodeLocal. */
-static void wait_node_knows(struct fx *f, struct node_proc *np, kvf_room_key k)
+/* Waits until `np` has the room's update: a SubmitChunk naming source rank
+ * 99, in no lease, answers UNAVAILABLE before, FAILED_PRECONDITION after.
+ * The probe goes to `np`'s NodeLocal. */
+static void wait_node_knows(struct fx *f, struct nh_node *np, kvf_room_key k)
 {
-    int64_t end = now_ms() + WAIT_MS;
-    for (;;) {
-        Kvfence__V1__RoomKey rk = KVFENCE__V1__ROOM_KEY__INIT;
-        rk.room_id = k.room_id;
-        rk.generation = k.generation;
-        Kvfence__V1__PageRange s = KVFENCE__V1__PAGE_RANGE__INIT;
-        s.first = 0;
-        s.count = 1;
-        Kvfence__V1__PageRange *sv[1] = {&s};
-        Kvfence__V1__SubmitChunkRequest req = KVFENCE__V1__SUBMIT_CHUNK_REQUEST__INIT;
-        req.room = &rk;
-        req.chunk_seq = 1;
-        req.source_rank = 99;
-        req.source_pool_id = f->p1.pool_id;
-        req.n_source_ranges = 1;
-        req.source_ranges = sv;
-        req.sink_node_id = (char *)"n2";
-        req.sink_pool_id = f->p2.pool_id;
-        req.n_sink_ranges = 1;
-        req.sink_ranges = sv;
-        struct kvf_rpc_status st;
-        int code = call(np->local, "/kvfence.v1.NodeLocal/SubmitChunk", &req.base, NULL, NULL, &st);
-        if (code == KVF_GRPC_FAILED_PRECONDITION)
-            return;
-        if (code != KVF_GRPC_UNAVAILABLE)
-            fail_msg("node %s: unexpected probe answer %d: %s", np->id, code, st.message);
-        if (now_ms() > end)
-            fail_msg("node %s never got the room update (%d %s)", np->id, code, st.message);
-        sleep_ms(10);
-    }
+    nh_wait_node_knows(np, k, f->p1.pool_id, "n2", f->p2.pool_id, 0, WAIT_MS);
 }
 
 static void fx_start(struct fx *f, const char *n1_fault)
 {
     const char *args[] = {"--threads", "2", "--node-ttl-ms", "3000", "--resend-ms", "50", NULL};
-    assert_int_equal(kvf_proc_start(&f->cp, KVF_CONTROL_BIN, args), 0);
-    struct kvf_rpc_channel_opts co;
-    kvf_rpc_channel_opts_init(&co);
-    co.wait_for_ready = true;
-    f->ch = kvf_rpc_channel_create(f->cp.target, &co);
-    assert_non_null(f->ch);
-    snprintf(f->dir, sizeof f->dir, "/tmp/kvf-peer-XXXXXX");
-    assert_non_null(mkdtemp(f->dir));
-    assert_int_equal(node_start(&f->n1, f->dir, "n1", f->cp.target, n1_fault), 0);
-    assert_int_equal(node_start(&f->n2, f->dir, "n2", f->cp.target, NULL), 0);
-    assert_int_equal(shm_create(&f->p1, "n1", canary1), 0);
-    assert_int_equal(shm_create(&f->p2, "n2", canary2), 0);
-    f->p1.pool_id = register_pool(&f->n1, &f->p1);
-    f->p2.pool_id = register_pool(&f->n2, &f->p2);
+    nh_control_start(&f->cp, &f->ch, args);
+    nh_tmpdir(f->dir, sizeof f->dir, "peer");
+    const char *n1_args[] = {"--peer-fault", n1_fault ? n1_fault : "", NULL};
+    const char *n2_args[] = {"--peer-fault", "", NULL};
+    assert_int_equal(nh_node_start(&f->n1, f->dir, "n1", "n1", f->cp.target, n1_args, 0), 0);
+    assert_int_equal(nh_node_start(&f->n2, f->dir, "n2", "n2", f->cp.target, n2_args, 0), 0);
+    assert_int_equal(nh_pool_create(&f->p1, "peer", "n1", PAGE_SIZE, PAGE_COUNT, nh_canary1), 0);
+    assert_int_equal(nh_pool_create(&f->p2, "peer", "n2", PAGE_SIZE, PAGE_COUNT, nh_canary2), 0);
+    f->p1.pool_id = nh_register_pool(&f->n1, &f->p1);
+    f->p2.pool_id = nh_register_pool(&f->n2, &f->p2);
 }
 
 /* One source (n1 rank 0, pages [first, +count)) and one sink (n2 rank 0, the
  * same pages); ACTIVE and known to both nodes. */
 static kvf_room_key room_pair(struct fx *f, uint64_t room_id, uint32_t first, uint32_t count)
 {
-    kvf_room_key k1 = join(f, room_id, 1, 1, "n1", 0, SOURCE, f->p1.pool_id, first, count);
-    kvf_room_key k2 = join(f, room_id, 1, 1, "n2", 0, SINK, f->p2.pool_id, first, count);
-    assert_true(kvf_room_key_eq(k1, k2));
-    wait_room_state(f, k1, KVFENCE__V1__ROOM_STATE__ROOM_STATE_ACTIVE, WAIT_MS);
-    wait_node_knows(f, &f->n1, k1);
-    wait_node_knows(f, &f->n2, k1);
-    return k1;
-}
-
-static void abort_room(struct fx *f, kvf_room_key k)
-{
-    Kvfence__V1__RoomKey rk = KVFENCE__V1__ROOM_KEY__INIT;
-    rk.room_id = k.room_id;
-    rk.generation = k.generation;
-    Kvfence__V1__AbortRoomRequest req = KVFENCE__V1__ABORT_ROOM_REQUEST__INIT;
-    req.room = &rk;
-    req.detail = (char *)"test abort";
-    struct kvf_rpc_status st;
-    assert_int_equal(call(f->ch, "/kvfence.v1.Control/AbortRoom", &req.base, NULL, NULL, &st),
-                     KVF_GRPC_OK);
+    kvf_room_key k = nh_join_pair(f->ch, room_id, "n1", f->p1.pool_id, first, "n2", f->p2.pool_id,
+                                  first, count, WAIT_MS);
+    wait_node_knows(f, &f->n1, k);
+    wait_node_knows(f, &f->n2, k);
+    return k;
 }
 
 /* ---- Watch -------------------------------------------------------------------------- */
 
-static struct kvf_rpc_client_stream *watch_open(struct node_proc *np, const kvf_room_key *rooms,
+static struct kvf_rpc_client_stream *watch_open(struct nh_node *np, const kvf_room_key *rooms,
                                                 size_t nrooms, const uint32_t *ranks, size_t nranks,
                                                 bool include_chunks)
 {
@@ -735,17 +351,17 @@ static void test_aux_reaches_sink_watch_then_room_completes(void **state)
             /* ok promises every chunk arrived: the pages hold n1's bytes now. */
             for (uint32_t pg = 16; pg < 24; pg++)
                 for (uint32_t i = 0; i < PAGE_SIZE; i++)
-                    if (f->p2.mem[(size_t)pg * PAGE_SIZE + i] != canary1(pg, i))
+                    if (f->p2.mem[(size_t)pg * PAGE_SIZE + i] != nh_canary1(pg, i))
                         fail_msg("transfer_done before n2 page %u byte %u landed", pg, i);
         } else {
             fail_msg("unexpected event %d on n2", (int)ev->event_case);
         }
         kvfence__v1__node_event__free_unpacked(ev, NULL);
     }
-    wait_room_state(f, k, KVFENCE__V1__ROOM_STATE__ROOM_STATE_COMPLETED, WAIT_MS);
+    nh_wait_room_state(f->ch, k, KVFENCE__V1__ROOM_STATE__ROOM_STATE_COMPLETED, WAIT_MS);
     for (uint32_t pg = 0; pg < PAGE_COUNT; pg++)
         for (uint32_t i = 0; i < PAGE_SIZE; i += 97) {
-            uint8_t want = pg >= 16 && pg < 24 ? canary1(pg, i) : canary2(pg, i);
+            uint8_t want = pg >= 16 && pg < 24 ? nh_canary1(pg, i) : nh_canary2(pg, i);
             if (f->p2.mem[(size_t)pg * PAGE_SIZE + i] != want)
                 fail_msg("n2 page %u byte %u differs", pg, i);
         }
@@ -787,7 +403,7 @@ static void test_tp_fan_in_and_fan_out_aux_per_pair(void **state)
     kvf_room_key a = join(f, 201, 2, 1, "n1", 0, SOURCE, f->p1.pool_id, 0, 4);
     join(f, 201, 2, 1, "n1", 1, SOURCE, f->p1.pool_id, 4, 4);
     join(f, 201, 2, 1, "n2", 0, SINK, f->p2.pool_id, 0, 8);
-    wait_room_state(f, a, KVFENCE__V1__ROOM_STATE__ROOM_STATE_ACTIVE, WAIT_MS);
+    nh_wait_room_state(f->ch, a, KVFENCE__V1__ROOM_STATE__ROOM_STATE_ACTIVE, WAIT_MS);
     wait_node_knows(f, &f->n1, a);
     wait_node_knows(f, &f->n2, a);
     kvf_room_key wa[1] = {{a.room_id, 0}}; /* any generation of the id */
@@ -802,7 +418,7 @@ static void test_tp_fan_in_and_fan_out_aux_per_pair(void **state)
     struct pair_seen seen[64] = {{0}};
     read_pairs(w, a, seen, 2, aux_len_3000, (kvf_room_key){0, 0});
     assert_true(seen[0].aux && seen[0].done_ok && seen[16].aux && seen[16].done_ok);
-    wait_room_state(f, a, KVFENCE__V1__ROOM_STATE__ROOM_STATE_COMPLETED, WAIT_MS);
+    nh_wait_room_state(f->ch, a, KVFENCE__V1__ROOM_STATE__ROOM_STATE_COMPLETED, WAIT_MS);
     kvf_rpc_client_stream_close(w);
 
     /* Fan-out: n1 rank 0 feeds n2 ranks 0 and 1 (pages [16, 24)). Every pair
@@ -811,7 +427,7 @@ static void test_tp_fan_in_and_fan_out_aux_per_pair(void **state)
     kvf_room_key b = join(f, 202, 1, 2, "n1", 0, SOURCE, f->p1.pool_id, 16, 8);
     join(f, 202, 1, 2, "n2", 0, SINK, f->p2.pool_id, 16, 4);
     join(f, 202, 1, 2, "n2", 1, SINK, f->p2.pool_id, 20, 4);
-    wait_room_state(f, b, KVFENCE__V1__ROOM_STATE__ROOM_STATE_ACTIVE, WAIT_MS);
+    nh_wait_room_state(f->ch, b, KVFENCE__V1__ROOM_STATE__ROOM_STATE_ACTIVE, WAIT_MS);
     wait_node_knows(f, &f->n1, b);
     wait_node_knows(f, &f->n2, b);
     struct kvf_rpc_client_stream *wall = watch_open(&f->n2, &b, 1, NULL, 0, false);
@@ -837,7 +453,7 @@ static void test_tp_fan_in_and_fan_out_aux_per_pair(void **state)
     read_pairs(w1, b, seen, 1, aux_len_3000, (kvf_room_key){0, 0});
     assert_true(seen[1].aux && seen[1].done_ok);
     assert_false(seen[0].aux || seen[0].done);
-    wait_room_state(f, b, KVFENCE__V1__ROOM_STATE__ROOM_STATE_COMPLETED, WAIT_MS);
+    nh_wait_room_state(f->ch, b, KVFENCE__V1__ROOM_STATE__ROOM_STATE_COMPLETED, WAIT_MS);
     kvf_rpc_client_stream_close(wall);
     kvf_rpc_client_stream_close(w1);
 }
@@ -856,7 +472,7 @@ static void test_lost_message_fails_room_and_late_aux_is_dropped(void **state)
     fill_aux(aux_a, sizeof aux_a, 0);
     struct chunk ca = {0, 1, 0, 0, 0, 4, true, aux_a, sizeof aux_a};
     submit_ok(f, a, &ca);
-    int reason = wait_room_state(f, a, KVFENCE__V1__ROOM_STATE__ROOM_STATE_ABORTED, WAIT_MS);
+    int reason = nh_wait_room_state(f->ch, a, KVFENCE__V1__ROOM_STATE__ROOM_STATE_ABORTED, WAIT_MS);
     assert_int_equal(reason, KVFENCE__V1__ABORT_REASON__ABORT_REASON_TRANSFER_FAILED);
 
     kvf_room_key b = room_pair(f, 302, 8, 4);
@@ -868,7 +484,7 @@ static void test_lost_message_fails_room_and_late_aux_is_dropped(void **state)
     struct pair_seen seen[64] = {{0}};
     read_pairs(w, b, seen, 1, aux_len_3000, a);
     assert_true(seen[0].aux && seen[0].done_ok);
-    wait_room_state(f, b, KVFENCE__V1__ROOM_STATE__ROOM_STATE_COMPLETED, WAIT_MS);
+    nh_wait_room_state(f->ch, b, KVFENCE__V1__ROOM_STATE__ROOM_STATE_COMPLETED, WAIT_MS);
     kvf_rpc_client_stream_close(w);
 }
 
@@ -896,8 +512,8 @@ static void test_status_after_abort_is_dropped(void **state)
         kvfence__v1__node_event__free_unpacked(ev, NULL);
     }
     kvf_rpc_client_stream_close(w1);
-    abort_room(f, a);
-    wait_room_state(f, a, KVFENCE__V1__ROOM_STATE__ROOM_STATE_ABORTED, WAIT_MS);
+    nh_abort_room(f->ch, a, "test abort");
+    nh_wait_room_state(f->ch, a, KVFENCE__V1__ROOM_STATE__ROOM_STATE_ABORTED, WAIT_MS);
 
     kvf_room_key b = room_pair(f, 402, 8, 4);
     uint8_t aux_b[3000];
@@ -907,7 +523,7 @@ static void test_status_after_abort_is_dropped(void **state)
     struct pair_seen seen[64] = {{0}};
     read_pairs(w, b, seen, 1, aux_len_3000, a);
     assert_true(seen[0].aux && seen[0].done_ok);
-    wait_room_state(f, b, KVFENCE__V1__ROOM_STATE__ROOM_STATE_COMPLETED, WAIT_MS);
+    nh_wait_room_state(f->ch, b, KVFENCE__V1__ROOM_STATE__ROOM_STATE_COMPLETED, WAIT_MS);
     kvf_rpc_client_stream_close(w);
 }
 
@@ -1001,11 +617,11 @@ static void test_many_threads_every_aux_whole_and_in_order(void **state)
         kvfence__v1__node_event__free_unpacked(ev, NULL);
     }
     for (uint32_t i = 0; i < MT_ROOMS; i++)
-        wait_room_state(f, rooms[i], KVFENCE__V1__ROOM_STATE__ROOM_STATE_COMPLETED, WAIT_MS);
+        nh_wait_room_state(f->ch, rooms[i], KVFENCE__V1__ROOM_STATE__ROOM_STATE_COMPLETED, WAIT_MS);
     kvf_rpc_client_stream_close(w);
 }
 
-static void expect_watch_refused(struct node_proc *np, const kvf_room_key *rooms, size_t nrooms,
+static void expect_watch_refused(struct nh_node *np, const kvf_room_key *rooms, size_t nrooms,
                                  const uint32_t *ranks, size_t nranks, const char *field)
 {
     struct kvf_rpc_client_stream *cs = watch_open(np, rooms, nrooms, ranks, nranks, false);
@@ -1039,7 +655,7 @@ static void test_watch_bad_filters_and_shutdown(void **state)
     assert_int_equal(ev->room_state->state, KVFENCE__V1__ROOM_STATE__ROOM_STATE_ACTIVE);
     kvfence__v1__node_event__free_unpacked(ev, NULL);
     /* An abort: ABORTING, then the drained lifetime. */
-    abort_room(f, k);
+    nh_abort_room(f->ch, k, "test abort");
     bool aborting = false, drained = false;
     while (!drained) {
         ev = watch_must(w);
@@ -1053,7 +669,7 @@ static void test_watch_bad_filters_and_shutdown(void **state)
         kvfence__v1__node_event__free_unpacked(ev, NULL);
     }
     assert_true(aborting);
-    wait_room_state(f, k, KVFENCE__V1__ROOM_STATE__ROOM_STATE_ABORTED, WAIT_MS);
+    nh_wait_room_state(f->ch, k, KVFENCE__V1__ROOM_STATE__ROOM_STATE_ABORTED, WAIT_MS);
 
     /* The node's shutdown ends the stream with UNAVAILABLE; it exits 0. */
     kill(f->n2.pid, SIGTERM);
@@ -1064,7 +680,7 @@ static void test_watch_bad_filters_and_shutdown(void **state)
     }
     assert_int_equal(st.code, KVF_GRPC_UNAVAILABLE);
     kvf_rpc_client_stream_close(w);
-    int status = node_stop(&f->n2, 8000);
+    int status = nh_node_stop(&f->n2, 8000);
     assert_true(status >= 0 && WIFEXITED(status) && WEXITSTATUS(status) == 0);
 }
 
@@ -1148,22 +764,22 @@ static void test_slow_watcher_ends_with_resource_exhausted(void **state)
         struct chunk c = {0, i, i % 8, 0, i % 8, 1, i == N, NULL, 0};
         submit_ok(f, k, &c);
     }
-    wait_room_state(f, k, KVFENCE__V1__ROOM_STATE__ROOM_STATE_COMPLETED, WAIT_MS);
+    nh_wait_room_state(f->ch, k, KVFENCE__V1__ROOM_STATE__ROOM_STATE_COMPLETED, WAIT_MS);
     kill(pid, SIGCONT);
     int st = 0;
-    int64_t end = now_ms() + WAIT_MS;
+    int64_t end = nh_now_ms() + WAIT_MS;
     while (waitpid(pid, &st, WNOHANG) != pid) {
-        if (now_ms() > end) {
+        if (nh_now_ms() > end) {
             kill(pid, SIGKILL);
             waitpid(pid, &st, 0);
             fail_msg("watch child did not end");
         }
-        sleep_ms(10);
+        nh_sleep_ms(10);
     }
     if (!WIFEXITED(st) || WEXITSTATUS(st) != KVF_GRPC_RESOURCE_EXHAUSTED)
         fail_msg("watch child: status 0x%x (want exit %d)", st, KVF_GRPC_RESOURCE_EXHAUSTED);
     /* n1 must still exit 0 on SIGTERM (after up to 10 s: see teardown). */
-    st = node_stop(&f->n1, 20000);
+    st = nh_node_stop(&f->n1, 20000);
     if (st < 0 || !WIFEXITED(st) || WEXITSTATUS(st) != 0)
         fail_msg("n1 did not exit 0 on SIGTERM (status %d)", st);
 }

@@ -6,7 +6,7 @@
  * to follow what the node did. The test plays the engine: POSIX shm pools,
  * NodeLocal RegisterPool / SubmitChunk, Control.JoinRoom / AbortRoom,
  * Admin.GetRoom / ListLeases, and a Control.WatchLeases stream that counts the
- * releases of every lease.
+ * releases of every lease. The process and RPC helpers are node_harness.c.
  *
  * Every test ends with the canary check: after the room's leases are
  * RELEASED, the test (the engine, owning the pages again) refills them with a
@@ -31,8 +31,6 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/mman.h>
-#include <sys/prctl.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
 #include <time.h>
@@ -41,36 +39,14 @@
 #include <cmocka.h>
 
 #include "kvf_error.h"
-#include "kvf_proc.h"
-#include "kvf_types.h"
-#include "kvfence/v1/control.pb-c.h"
-#include "kvfence/v1/node.pb-c.h"
-#include "rpc_client.h"
+#include "node_harness.h"
 
-#define CALL_TIMEOUT_MS 5000
-#define WAIT_MS         15000
-#define PAGE_SIZE       4096u
-#define PAGE_COUNT      64u
-#define WATCH_MAX       64
+#define WAIT_MS    15000
+#define PAGE_SIZE  4096u
+#define PAGE_COUNT 64u
+#define WATCH_MAX  64
 
-/* ---- processes ------------------------------------------------------------------ */
-
-struct node_proc {
-    pid_t pid;
-    char id[16];
-    char sock[160];
-    char port_file[160];
-    char fault_file[160];
-    char log[160];
-    bool any_exit; /* the test cut it off: its exit status is not checked */
-    struct kvf_rpc_channel *local;
-};
-
-struct shm_pool {
-    char name[64];
-    uint8_t *mem;
-    uint32_t pool_id;
-};
+/* ---- fixture state, node logs and faults (the harness: node_harness.c) --------- */
 
 struct watch {
     struct kvf_rpc_client_stream *cs;
@@ -83,31 +59,18 @@ struct fx {
     struct kvf_proc cp;
     struct kvf_rpc_channel *ch;
     char dir[64];
-    struct node_proc n1, n2;
-    struct node_proc n1b; /* a second incarnation of n1 (a new process) */
-    struct shm_pool p1, p2, p3;
-    struct node_proc *src; /* the source node the test submits to: n1 or n1b */
-    uint32_t src_pool;     /* its pool */
-    const uint8_t *aux;    /* aux bytes of the next last chunk (NULL: none) */
+    struct nh_node n1, n2;
+    struct nh_node n1b; /* a second incarnation of n1 (a new process) */
+    struct nh_pool p1, p2, p3;
+    struct nh_node *src; /* the source node the test submits to: n1 or n1b */
+    uint32_t src_pool;   /* its pool */
+    const uint8_t *aux;  /* aux bytes of the next last chunk (NULL: none) */
     size_t aux_len;
     struct watch w;
 };
 
-static int64_t now_ms(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
-}
-
-static void sleep_ms(long ms)
-{
-    struct timespec ts = {.tv_sec = ms / 1000, .tv_nsec = (ms % 1000) * 1000000L};
-    nanosleep(&ts, NULL);
-}
-
 /* Writes `text` to the node's fault file atomically (rename). */
-static void fault_write(struct node_proc *np, const char *text)
+static void fault_write(struct nh_node *np, const char *text)
 {
     char tmp[200];
     snprintf(tmp, sizeof tmp, "%s.tmp", np->fault_file);
@@ -119,7 +82,7 @@ static void fault_write(struct node_proc *np, const char *text)
 }
 
 /* Lines of the node's log holding `needle` (and the room's tag when `k`). */
-static unsigned log_count(const struct node_proc *np, const char *needle, const kvf_room_key *k)
+static unsigned log_count(const struct nh_node *np, const char *needle, const kvf_room_key *k)
 {
     FILE *fp = fopen(np->log, "r");
     if (!fp)
@@ -137,112 +100,23 @@ static unsigned log_count(const struct node_proc *np, const char *needle, const 
     return n;
 }
 
-static void wait_log(const struct node_proc *np, const char *needle, const kvf_room_key *k,
+static void wait_log(const struct nh_node *np, const char *needle, const kvf_room_key *k,
                      unsigned min)
 {
-    int64_t end = now_ms() + WAIT_MS;
+    int64_t end = nh_now_ms() + WAIT_MS;
     while (log_count(np, needle, k) < min) {
-        if (now_ms() > end)
+        if (nh_now_ms() > end)
             fail_msg("node %s: no log line '%s'%s after %d ms", np->id, needle,
                      k ? " for the room" : "", WAIT_MS);
-        sleep_ms(10);
+        nh_sleep_ms(10);
     }
 }
 
 /* Starts kvfence-node `node_id`; its files in `dir` are named after `tag`. */
-static int node_start(struct node_proc *np, const char *dir, const char *tag, const char *node_id,
+static int node_start(struct nh_node *np, const char *dir, const char *tag, const char *node_id,
                       const char *control)
 {
-    memset(np, 0, sizeof *np);
-    const char *id = node_id;
-    snprintf(np->id, sizeof np->id, "%s", tag);
-    snprintf(np->sock, sizeof np->sock, "%s/%s.sock", dir, tag);
-    snprintf(np->port_file, sizeof np->port_file, "%s/%s.port", dir, tag);
-    snprintf(np->fault_file, sizeof np->fault_file, "%s/%s.faults", dir, tag);
-    snprintf(np->log, sizeof np->log, "%s/%s.log", dir, tag);
-    pid_t parent = getpid();
-    np->pid = fork();
-    if (np->pid < 0) {
-        np->pid = 0;
-        return -1;
-    }
-    if (np->pid == 0) {
-        prctl(PR_SET_PDEATHSIG, SIGKILL);
-        if (getppid() != parent)
-            _exit(127);
-        int fd = open(np->log, O_CREAT | O_WRONLY | O_APPEND, 0600);
-        if (fd >= 0)
-            dup2(fd, 2);
-        execl(KVF_NODE_BIN, KVF_NODE_BIN, "--control", control, "--node-id", id, "--local-socket",
-              np->sock, "--port-file", np->port_file, "--data-host", "127.0.0.1", "--data-port",
-              "0", "--drain-timeout-ms", "3000", "--fault-file", np->fault_file, (char *)NULL);
-        _exit(127);
-    }
-    for (int i = 0; i < 1000; i++) {
-        if (access(np->port_file, R_OK) == 0) {
-            char target[200];
-            snprintf(target, sizeof target, "unix:%s", np->sock);
-            np->local = kvf_rpc_channel_create(target, NULL);
-            return np->local ? 0 : -1;
-        }
-        int st;
-        if (waitpid(np->pid, &st, WNOHANG) == np->pid) {
-            fprintf(stderr, "kvfence-node %s exited early (0x%x)\n", id, st);
-            np->pid = 0;
-            return -1;
-        }
-        sleep_ms(10);
-    }
-    fprintf(stderr, "kvfence-node %s: no port file after 10 s\n", id);
-    return -1;
-}
-
-/* SIGTERM, wait up to `ms`, then SIGKILL. The wait status, -1 if none, -2 on
- * SIGKILL. */
-static int node_stop(struct node_proc *np, long ms)
-{
-    kvf_rpc_channel_destroy(np->local);
-    np->local = NULL;
-    if (np->pid <= 0)
-        return -1;
-    int st = -1;
-    kill(np->pid, SIGCONT);
-    kill(np->pid, SIGTERM);
-    int64_t end = now_ms() + ms;
-    while (now_ms() < end) {
-        if (waitpid(np->pid, &st, WNOHANG) == np->pid) {
-            np->pid = 0;
-            return st;
-        }
-        sleep_ms(10);
-    }
-    kill(np->pid, SIGKILL);
-    waitpid(np->pid, &st, 0);
-    np->pid = 0;
-    return -2;
-}
-
-static void node_kill9(struct node_proc *np)
-{
-    if (np->pid > 0) {
-        int st;
-        kill(np->pid, SIGKILL);
-        waitpid(np->pid, &st, 0);
-        np->pid = 0;
-    }
-    np->any_exit = true;
-}
-
-static void dump_log(const struct node_proc *np)
-{
-    FILE *fp = fopen(np->log, "r");
-    if (!fp)
-        return;
-    fprintf(stderr, "---- log of %s ----\n", np->id);
-    char line[2048];
-    while (fgets(line, sizeof line, fp))
-        fputs(line, stderr);
-    fclose(fp);
+    return nh_node_start(np, dir, tag, node_id, control, NULL, NH_LOG_FILE | NH_FAULT_FILE);
 }
 
 /* ---- pools and canaries ------------------------------------------------------------ */
@@ -253,7 +127,7 @@ static uint8_t pat(uint32_t seed, uint32_t page, uint32_t i)
     return (uint8_t)(seed * 157u + page * 31u + i * 7u + (i >> 8) + 1u);
 }
 
-static void fill(struct shm_pool *p, uint32_t first, uint32_t count, uint32_t seed)
+static void fill(struct nh_pool *p, uint32_t first, uint32_t count, uint32_t seed)
 {
     for (uint32_t pg = first; pg < first + count; pg++)
         for (uint32_t i = 0; i < PAGE_SIZE; i++)
@@ -262,7 +136,7 @@ static void fill(struct shm_pool *p, uint32_t first, uint32_t count, uint32_t se
 
 /* Pages [first, +count) of `p` hold `seed`'s pattern as if written at pages
  * starting `as_first` (a copy from elsewhere), byte for byte. */
-static bool holds(const struct shm_pool *p, uint32_t first, uint32_t count, uint32_t seed,
+static bool holds(const struct nh_pool *p, uint32_t first, uint32_t count, uint32_t seed,
                   uint32_t as_first, char *why, size_t whylen)
 {
     for (uint32_t k = 0; k < count; k++)
@@ -278,7 +152,7 @@ static bool holds(const struct shm_pool *p, uint32_t first, uint32_t count, uint
     return true;
 }
 
-static void check_holds(const struct shm_pool *p, uint32_t first, uint32_t count, uint32_t seed,
+static void check_holds(const struct nh_pool *p, uint32_t first, uint32_t count, uint32_t seed,
                         uint32_t as_first)
 {
     char why[200];
@@ -286,217 +160,26 @@ static void check_holds(const struct shm_pool *p, uint32_t first, uint32_t count
         fail_msg("canary: %s", why);
 }
 
-static int shm_create(struct shm_pool *p, const char *tag, uint32_t seed)
+static int shm_create(struct nh_pool *p, const char *tag, uint32_t seed)
 {
-    snprintf(p->name, sizeof p->name, "/kvf-races-%d-%s", (int)getpid(), tag);
-    int fd = shm_open(p->name, O_CREAT | O_EXCL | O_RDWR, 0600);
-    if (fd < 0)
+    if (nh_pool_create(p, "races", tag, PAGE_SIZE, PAGE_COUNT, NULL) != 0)
         return -1;
-    size_t len = (size_t)PAGE_SIZE * PAGE_COUNT;
-    if (ftruncate(fd, (off_t)len) != 0) {
-        close(fd);
-        return -1;
-    }
-    p->mem = mmap(NULL, len, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
-    close(fd);
-    if (p->mem == MAP_FAILED) {
-        p->mem = NULL;
-        return -1;
-    }
     fill(p, 0, PAGE_COUNT, seed);
     return 0;
 }
 
-static void shm_destroy(struct shm_pool *p)
-{
-    if (p->mem)
-        munmap(p->mem, (size_t)PAGE_SIZE * PAGE_COUNT);
-    p->mem = NULL;
-    if (p->name[0])
-        shm_unlink(p->name);
-    p->name[0] = '\0';
-}
-
 /* ---- RPC helpers ------------------------------------------------------------------- */
-
-static int call(struct kvf_rpc_channel *ch, const char *method, const ProtobufCMessage *req,
-                uint8_t **resp_p, size_t *len_p, struct kvf_rpc_status *st)
-{
-    size_t len = protobuf_c_message_get_packed_size(req);
-    uint8_t *buf = malloc(len ? len : 1);
-    assert_non_null(buf);
-    protobuf_c_message_pack(req, buf);
-    uint8_t *resp = NULL;
-    size_t rlen = 0;
-    int rc = kvf_rpc_unary(ch, method, buf, len, CALL_TIMEOUT_MS, &resp, &rlen, st);
-    free(buf);
-    if (rc != 0) {
-        free(resp);
-        return st->code ? st->code : KVF_GRPC_INTERNAL;
-    }
-    if (resp_p) {
-        *resp_p = resp;
-        *len_p = rlen;
-    } else {
-        free(resp);
-    }
-    return KVF_GRPC_OK;
-}
-
-static uint32_t register_pool(struct node_proc *np, const struct shm_pool *p)
-{
-    Kvfence__V1__HostShmMemory shm = KVFENCE__V1__HOST_SHM_MEMORY__INIT;
-    shm.shm_name = (char *)p->name;
-    shm.size = (uint64_t)PAGE_SIZE * PAGE_COUNT;
-    Kvfence__V1__RegisterPoolRequest req = KVFENCE__V1__REGISTER_POOL_REQUEST__INIT;
-    req.memory_case = KVFENCE__V1__REGISTER_POOL_REQUEST__MEMORY_HOST_SHM;
-    req.host_shm = &shm;
-    req.page_size = PAGE_SIZE;
-    req.page_count = PAGE_COUNT;
-    uint8_t *resp;
-    size_t len;
-    struct kvf_rpc_status st;
-    int code = call(np->local, "/kvfence.v1.NodeLocal/RegisterPool", &req.base, &resp, &len, &st);
-    if (code != KVF_GRPC_OK)
-        fail_msg("RegisterPool on %s: %d %s", np->id, code, st.message);
-    Kvfence__V1__RegisterPoolResponse *r =
-        kvfence__v1__register_pool_response__unpack(NULL, len, resp);
-    free(resp);
-    assert_non_null(r);
-    assert_non_null(r->pool);
-    uint32_t id = r->pool->pool_id;
-    kvfence__v1__register_pool_response__free_unpacked(r, NULL);
-    return id;
-}
-
-static kvf_room_key join(struct fx *f, uint64_t room_id, const char *node, int role,
-                         uint32_t pool_id, uint32_t first, uint32_t count)
-{
-    static const char *features[] = {"QUIESCE_V1"};
-    Kvfence__V1__CapabilitySet caps = KVFENCE__V1__CAPABILITY_SET__INIT;
-    caps.protocol_min = 1;
-    caps.protocol_max = 1;
-    caps.n_features = 1;
-    caps.features = (char **)features;
-    Kvfence__V1__Participant part = KVFENCE__V1__PARTICIPANT__INIT;
-    part.node_id = (char *)node;
-    part.rank = 0;
-    part.role = (Kvfence__V1__Role)role;
-    Kvfence__V1__PageRange pr = KVFENCE__V1__PAGE_RANGE__INIT;
-    pr.first = first;
-    pr.count = count;
-    Kvfence__V1__PageRange *prs[1] = {&pr};
-    Kvfence__V1__JoinRoomRequest req = KVFENCE__V1__JOIN_ROOM_REQUEST__INIT;
-    req.room_id = room_id;
-    req.expected_sources = 1;
-    req.expected_sinks = 1;
-    req.participant = &part;
-    req.engine_capabilities = &caps;
-    req.pool_id = pool_id;
-    req.n_ranges = 1;
-    req.ranges = prs;
-    int64_t end = now_ms() + WAIT_MS;
-    for (;;) {
-        uint8_t *resp;
-        size_t len;
-        struct kvf_rpc_status st;
-        int code = call(f->ch, "/kvfence.v1.Control/JoinRoom", &req.base, &resp, &len, &st);
-        if (code == KVF_GRPC_OK) {
-            Kvfence__V1__JoinRoomResponse *r =
-                kvfence__v1__join_room_response__unpack(NULL, len, resp);
-            free(resp);
-            assert_non_null(r);
-            assert_non_null(r->room);
-            kvf_room_key k = {r->room->room_id, r->room->generation};
-            kvfence__v1__join_room_response__free_unpacked(r, NULL);
-            return k;
-        }
-        if (now_ms() > end)
-            fail_msg("JoinRoom %s: %d %s", node, code, st.message);
-        sleep_ms(20);
-    }
-}
-
-static Kvfence__V1__RoomInfo *get_room(struct fx *f, kvf_room_key k)
-{
-    Kvfence__V1__RoomKey rk = KVFENCE__V1__ROOM_KEY__INIT;
-    rk.room_id = k.room_id;
-    rk.generation = k.generation;
-    Kvfence__V1__GetRoomRequest req = KVFENCE__V1__GET_ROOM_REQUEST__INIT;
-    req.room = &rk;
-    uint8_t *resp;
-    size_t len;
-    struct kvf_rpc_status st;
-    int code = call(f->ch, "/kvfence.v1.Admin/GetRoom", &req.base, &resp, &len, &st);
-    if (code != KVF_GRPC_OK)
-        fail_msg("GetRoom: %d %s", code, st.message);
-    Kvfence__V1__RoomInfo *ri = kvfence__v1__room_info__unpack(NULL, len, resp);
-    free(resp);
-    assert_non_null(ri);
-    return ri;
-}
-
-/* The room's state; *released_p: how many of its leases are RELEASED. */
-static int room_state(struct fx *f, kvf_room_key k, unsigned *released_p, unsigned *leases_p)
-{
-    Kvfence__V1__RoomInfo *ri = get_room(f, k);
-    int s = ri->state;
-    unsigned rel = 0;
-    for (size_t i = 0; i < ri->n_participants; i++)
-        if (ri->participants[i]->lease &&
-            ri->participants[i]->lease->state == KVFENCE__V1__LEASE_STATE__LEASE_STATE_RELEASED)
-            rel++;
-    if (released_p)
-        *released_p = rel;
-    if (leases_p)
-        *leases_p = (unsigned)ri->n_participants;
-    kvfence__v1__room_info__free_unpacked(ri, NULL);
-    return s;
-}
-
-/* Waits for `want`; for a terminal state also for every lease RELEASED. */
-static void wait_room_state(struct fx *f, kvf_room_key k, Kvfence__V1__RoomState want)
-{
-    int64_t end = now_ms() + WAIT_MS;
-    bool terminal = want == KVFENCE__V1__ROOM_STATE__ROOM_STATE_COMPLETED ||
-                    want == KVFENCE__V1__ROOM_STATE__ROOM_STATE_ABORTED;
-    for (;;) {
-        unsigned rel, n;
-        int s = room_state(f, k, &rel, &n);
-        if (s == (int)want && (!terminal || rel == n))
-            return;
-        if (now_ms() > end)
-            fail_msg("room %llu:%llu: state %d (want %d), %u of %u leases released",
-                     (unsigned long long)k.room_id, (unsigned long long)k.generation, s, (int)want,
-                     rel, n);
-        sleep_ms(20);
-    }
-}
 
 /* The room's lease ids (at most 2). */
 static unsigned room_leases(struct fx *f, kvf_room_key k, uint64_t ids[2])
 {
-    Kvfence__V1__RoomInfo *ri = get_room(f, k);
+    Kvfence__V1__RoomInfo *ri = nh_get_room(f->ch, k);
     unsigned n = 0;
     for (size_t i = 0; i < ri->n_participants && n < 2; i++)
         if (ri->participants[i]->lease)
             ids[n++] = ri->participants[i]->lease->lease_id;
     kvfence__v1__room_info__free_unpacked(ri, NULL);
     return n;
-}
-
-static void abort_room(struct fx *f, kvf_room_key k)
-{
-    Kvfence__V1__RoomKey rk = KVFENCE__V1__ROOM_KEY__INIT;
-    rk.room_id = k.room_id;
-    rk.generation = k.generation;
-    Kvfence__V1__AbortRoomRequest req = KVFENCE__V1__ABORT_ROOM_REQUEST__INIT;
-    req.room = &rk;
-    req.detail = (char *)"race test abort";
-    struct kvf_rpc_status st;
-    int code = call(f->ch, "/kvfence.v1.Control/AbortRoom", &req.base, NULL, NULL, &st);
-    if (code != KVF_GRPC_OK)
-        fail_msg("AbortRoom: %d %s", code, st.message);
 }
 
 /* SubmitChunk of source rank 0 on n1 into n2's pool: `n` source ranges of
@@ -506,40 +189,24 @@ static int submit(struct fx *f, kvf_room_key k, uint32_t source_rank, uint64_t s
                   const uint32_t *sfirst, const uint32_t *dfirst, const uint32_t *counts, bool last,
                   struct kvf_rpc_status *st)
 {
-    Kvfence__V1__RoomKey rk = KVFENCE__V1__ROOM_KEY__INIT;
-    rk.room_id = k.room_id;
-    rk.generation = k.generation;
-    Kvfence__V1__PageRange s[4], d[4];
-    Kvfence__V1__PageRange *sv[4], *dv[4];
-    assert_true(n <= 4);
+    assert_true(n >= 1 && n <= 4);
+    struct nh_chunk c = {.source_rank = source_rank,
+                         .seq = seq,
+                         .source_pool = f->src_pool,
+                         .sink_node = "n2",
+                         .sink_pool = f->p2.pool_id,
+                         .n = n,
+                         .last = last};
     for (unsigned i = 0; i < n; i++) {
-        kvfence__v1__page_range__init(&s[i]);
-        kvfence__v1__page_range__init(&d[i]);
-        s[i].first = sfirst[i];
-        s[i].count = counts[i];
-        d[i].first = dfirst[i];
-        d[i].count = counts[i];
-        sv[i] = &s[i];
-        dv[i] = &d[i];
+        c.sfirst[i] = sfirst[i];
+        c.dfirst[i] = dfirst[i];
+        c.count[i] = counts[i];
     }
-    Kvfence__V1__SubmitChunkRequest req = KVFENCE__V1__SUBMIT_CHUNK_REQUEST__INIT;
-    req.room = &rk;
-    req.chunk_seq = seq;
-    req.source_rank = source_rank;
-    req.source_pool_id = f->src_pool;
-    req.n_source_ranges = n;
-    req.source_ranges = sv;
-    req.sink_node_id = (char *)"n2";
-    req.sink_rank = 0;
-    req.sink_pool_id = f->p2.pool_id;
-    req.n_sink_ranges = n;
-    req.sink_ranges = dv;
-    req.last_chunk = last;
     if (last && f->aux) {
-        req.aux.data = (uint8_t *)f->aux;
-        req.aux.len = f->aux_len;
+        c.aux = f->aux;
+        c.aux_len = f->aux_len;
     }
-    return call(f->src->local, "/kvfence.v1.NodeLocal/SubmitChunk", &req.base, NULL, NULL, st);
+    return nh_submit(f->src->local, k, &c, st);
 }
 
 static void submit_ok(struct fx *f, kvf_room_key k, uint64_t seq, uint32_t sfirst, uint32_t dfirst,
@@ -557,32 +224,16 @@ static void submit_ok(struct fx *f, kvf_room_key k, uint64_t seq, uint32_t sfirs
 static void wait_nodes_know(struct fx *f, kvf_room_key k)
 {
     wait_log(&f->n2, "room update", &k, 1);
-    int64_t end = now_ms() + WAIT_MS;
-    for (;;) {
-        struct kvf_rpc_status st;
-        uint32_t a = 0, b = 16, c = 1;
-        int code = submit(f, k, 99, 1, 1, &a, &b, &c, false, &st);
-        if (code == KVF_GRPC_FAILED_PRECONDITION)
-            return;
-        if (code != KVF_GRPC_UNAVAILABLE)
-            fail_msg("%s: unexpected probe answer %d: %s", f->src->id, code, st.message);
-        if (now_ms() > end)
-            fail_msg("%s never got the room update (%d %s)", f->src->id, code, st.message);
-        sleep_ms(10);
-    }
+    nh_wait_node_knows(f->src, k, f->src_pool, "n2", f->p2.pool_id, 16, WAIT_MS);
 }
 
 static kvf_room_key join_pair(struct fx *f, uint64_t room_id, uint32_t sfirst, uint32_t dfirst,
                               uint32_t count)
 {
-    kvf_room_key k1 =
-        join(f, room_id, "n1", KVFENCE__V1__ROLE__ROLE_SOURCE, f->src_pool, sfirst, count);
-    kvf_room_key k2 =
-        join(f, room_id, "n2", KVFENCE__V1__ROLE__ROLE_SINK, f->p2.pool_id, dfirst, count);
-    assert_true(k1.room_id == k2.room_id && k1.generation == k2.generation);
-    wait_room_state(f, k1, KVFENCE__V1__ROOM_STATE__ROOM_STATE_ACTIVE);
-    wait_nodes_know(f, k1);
-    return k1;
+    kvf_room_key k = nh_join_pair(f->ch, room_id, "n1", f->src_pool, sfirst, "n2", f->p2.pool_id,
+                                  dfirst, count, WAIT_MS);
+    wait_nodes_know(f, k);
+    return k;
 }
 
 /* ---- the lease watch ----------------------------------------------------------------- */
@@ -599,7 +250,7 @@ static void watch_open(struct fx *f)
     assert_int_equal(kvf_rpc_client_stream_send(w->cs, buf, len), 0);
     assert_int_equal(kvf_rpc_client_stream_half_close(w->cs), 0);
     /* Up to `synced`: releases from now on are live. */
-    int64_t end = now_ms() + WAIT_MS;
+    int64_t end = nh_now_ms() + WAIT_MS;
     for (;;) {
         uint8_t *msg = NULL;
         size_t mlen = 0;
@@ -616,7 +267,7 @@ static void watch_open(struct fx *f)
         } else if (rc != -ETIMEDOUT) {
             fail_msg("WatchLeases ended before synced (%d)", rc);
         }
-        if (now_ms() > end)
+        if (nh_now_ms() > end)
             fail_msg("WatchLeases: no synced event");
     }
 }
@@ -624,7 +275,7 @@ static void watch_open(struct fx *f)
 /* Reads the events that arrived, for up to `ms`. */
 static void watch_pump(struct watch *w, int64_t ms)
 {
-    int64_t end = now_ms() + ms;
+    int64_t end = nh_now_ms() + ms;
     do {
         uint8_t *msg = NULL;
         size_t mlen = 0;
@@ -650,7 +301,7 @@ static void watch_pump(struct watch *w, int64_t ms)
                 w->counts[i]++;
         }
         kvfence__v1__lease_event__free_unpacked(ev, NULL);
-    } while (now_ms() < end);
+    } while (nh_now_ms() < end);
 }
 
 static unsigned watch_count(const struct watch *w, uint64_t id)
@@ -668,9 +319,9 @@ static void watch_released_once(struct fx *f, kvf_room_key k)
     uint64_t ids[2];
     unsigned n = room_leases(f, k, ids);
     assert_int_equal(n, 2);
-    int64_t end = now_ms() + WAIT_MS;
+    int64_t end = nh_now_ms() + WAIT_MS;
     while (watch_count(&f->w, ids[0]) == 0 || watch_count(&f->w, ids[1]) == 0) {
-        if (now_ms() > end)
+        if (nh_now_ms() > end)
             fail_msg("WatchLeases: no release of lease %llu or %llu", (unsigned long long)ids[0],
                      (unsigned long long)ids[1]);
         watch_pump(&f->w, 50);
@@ -691,7 +342,7 @@ static void watch_none_released(struct fx *f, kvf_room_key k)
         if (watch_count(&f->w, ids[i]) != 0)
             fail_msg("lease %llu released while an op is in flight", (unsigned long long)ids[i]);
     unsigned rel;
-    int s = room_state(f, k, &rel, NULL);
+    int s = nh_room_state(f->ch, k, &rel, NULL);
     if (rel != 0)
         fail_msg("%u leases RELEASED while an op is in flight (room state %d)", rel, s);
 }
@@ -706,62 +357,20 @@ static void watch_none_released(struct fx *f, kvf_room_key k)
 
 static int setup(void **state)
 {
-    struct fx *f = calloc(1, sizeof *f);
-    if (!f)
-        return -1;
-    *state = f;
-    return 0;
+    return nh_fx_alloc(state, sizeof(struct fx));
 }
 
 static int teardown(void **state)
 {
     struct fx *f = *state;
-    int rc = 0;
     if (f->w.cs) {
         kvf_rpc_client_stream_cancel(f->w.cs);
         kvf_rpc_client_stream_close(f->w.cs);
     }
-    struct node_proc *nodes[3] = {&f->n1, &f->n2, &f->n1b};
-    for (int i = 0; i < 3; i++) {
-        if (nodes[i]->pid <= 0) {
-            kvf_rpc_channel_destroy(nodes[i]->local);
-            nodes[i]->local = NULL;
-            continue;
-        }
-        int st = node_stop(nodes[i], 8000);
-        if (!nodes[i]->any_exit && (st < 0 || !WIFEXITED(st) || WEXITSTATUS(st) != 0)) {
-            fprintf(stderr, "kvfence-node %s did not exit 0 on SIGTERM (status %d)\n", nodes[i]->id,
-                    st);
-            rc = -1;
-        }
-    }
-    kvf_rpc_channel_destroy(f->ch);
-    if (f->cp.pid > 0) {
-        int st = kvf_proc_stop(&f->cp, 10000);
-        if (!WIFEXITED(st) || WEXITSTATUS(st) != 0) {
-            fprintf(stderr, "kvfence-control did not exit 0 on SIGTERM (0x%x)\n", st);
-            rc = -1;
-        }
-    }
-    kvf_proc_kill(&f->cp);
-    shm_destroy(&f->p1);
-    shm_destroy(&f->p2);
-    shm_destroy(&f->p3);
-    if (f->dir[0]) {
-        for (int i = 0; i < 3; i++) {
-            struct node_proc *np = nodes[i];
-            if (!np->id[0])
-                continue;
-            dump_log(np);
-            const char *paths[] = {np->port_file, np->sock, np->fault_file, np->log};
-            for (int p = 0; p < 4; p++)
-                unlink(paths[p]);
-            char tmp[200];
-            snprintf(tmp, sizeof tmp, "%s.tmp", np->fault_file);
-            unlink(tmp);
-        }
-        rmdir(f->dir);
-    }
+    /* nh_teardown dumps each node's log to stderr (ctest shows it on failure). */
+    struct nh_node *nodes[] = {&f->n1, &f->n2, &f->n1b};
+    struct nh_pool *pools[] = {&f->p1, &f->p2, &f->p3};
+    int rc = nh_teardown(&f->cp, f->ch, nodes, 3, 8000, pools, 3, f->dir);
     free(f);
     return rc;
 }
@@ -773,21 +382,15 @@ static void fx_start(struct fx *f)
     const char *args[] = {"--threads",   "2",  "--node-ttl-ms",          "1500",
                           "--resend-ms", "50", "--heartbeat-timeout-ms", "2500",
                           NULL};
-    assert_int_equal(kvf_proc_start(&f->cp, KVF_CONTROL_BIN, args), 0);
-    struct kvf_rpc_channel_opts co;
-    kvf_rpc_channel_opts_init(&co);
-    co.wait_for_ready = true;
-    f->ch = kvf_rpc_channel_create(f->cp.target, &co);
-    assert_non_null(f->ch);
-    snprintf(f->dir, sizeof f->dir, "/tmp/kvf-races-XXXXXX");
-    assert_non_null(mkdtemp(f->dir));
+    nh_control_start(&f->cp, &f->ch, args);
+    nh_tmpdir(f->dir, sizeof f->dir, "races");
     assert_int_equal(node_start(&f->n1, f->dir, "n1", "n1", f->cp.target), 0);
     assert_int_equal(node_start(&f->n2, f->dir, "n2", "n2", f->cp.target), 0);
     wait_log(&f->n1, "fault injection on", NULL, 1);
     assert_int_equal(shm_create(&f->p1, "n1", SEED_N1), 0);
     assert_int_equal(shm_create(&f->p2, "n2", SEED_N2), 0);
-    f->p1.pool_id = register_pool(&f->n1, &f->p1);
-    f->p2.pool_id = register_pool(&f->n2, &f->p2);
+    f->p1.pool_id = nh_register_pool(&f->n1, &f->p1);
+    f->p2.pool_id = nh_register_pool(&f->n2, &f->p2);
     f->src = &f->n1;
     f->src_pool = f->p1.pool_id;
     watch_open(f);
@@ -808,7 +411,7 @@ static void settle_with_room(struct fx *f, uint64_t room_id)
     fill(f->src == &f->n1b ? &f->p3 : &f->p1, SETTLE_S, SETTLE_PG, 200);
     kvf_room_key k = join_pair(f, room_id, SETTLE_S, SETTLE_D, SETTLE_PG);
     submit_ok(f, k, 1, SETTLE_S, SETTLE_D, SETTLE_PG, true);
-    wait_room_state(f, k, KVFENCE__V1__ROOM_STATE__ROOM_STATE_COMPLETED);
+    nh_wait_room_state(f->ch, k, KVFENCE__V1__ROOM_STATE__ROOM_STATE_COMPLETED, WAIT_MS);
     check_holds(&f->p2, SETTLE_D, SETTLE_PG, 200, SETTLE_S);
 }
 
@@ -816,7 +419,7 @@ static void settle_with_room(struct fx *f, uint64_t room_id)
  * nothing is released; n1 still holds. */
 static void expect_held_abort(struct fx *f, kvf_room_key k)
 {
-    wait_room_state(f, k, KVFENCE__V1__ROOM_STATE__ROOM_STATE_ABORTING);
+    nh_wait_room_state(f->ch, k, KVFENCE__V1__ROOM_STATE__ROOM_STATE_ABORTING, WAIT_MS);
     wait_log(&f->n2, "drained", &k, 1);
     wait_log(&f->n1, "abort notice", &k, 1);
     assert_int_equal(log_count(&f->n1, "drained", &k), 0);
@@ -833,13 +436,13 @@ static void test_abort_while_transfer_held(void **state)
     kvf_room_key k = join_pair(f, 1001, 0, 16, 8);
     submit_ok(f, k, 1, 0, 16, 8, true);
     wait_log(&f->n1, "fault: hold frame", &k, 1);
-    abort_room(f, k);
+    nh_abort_room(f->ch, k, "race test abort");
     expect_held_abort(f, k);
     check_holds(&f->p2, 0, PAGE_COUNT, SEED_N2, 0); /* nothing left n1 */
 
     n1_faults(f, "hold=0\n");
     wait_log(&f->n1, "fault: release frame", &k, 1);
-    wait_room_state(f, k, KVFENCE__V1__ROOM_STATE__ROOM_STATE_ABORTED);
+    nh_wait_room_state(f->ch, k, KVFENCE__V1__ROOM_STATE__ROOM_STATE_ABORTED, WAIT_MS);
     watch_released_once(f, k);
     /* The frame reached n2 after its admission closed: refused, not landed. */
     check_holds(&f->p2, 0, PAGE_COUNT, SEED_N2, 0);
@@ -871,7 +474,7 @@ static void test_one_op_fails_while_sibling_held(void **state)
 
     n1_faults(f, "hold=0\n");
     wait_log(&f->n1, "fault: release frame", &k, 1);
-    wait_room_state(f, k, KVFENCE__V1__ROOM_STATE__ROOM_STATE_ABORTED);
+    nh_wait_room_state(f->ch, k, KVFENCE__V1__ROOM_STATE__ROOM_STATE_ABORTED, WAIT_MS);
     watch_released_once(f, k);
     check_holds(&f->p2, 0, PAGE_COUNT, SEED_N2, 0); /* neither frame landed */
     fill(&f->p1, 0, 8, 311);
@@ -901,7 +504,7 @@ static void test_submission_fails_part_way(void **state)
 
     n1_faults(f, "hold=0\n");
     wait_log(&f->n1, "fault: release frame", &k, 1);
-    wait_room_state(f, k, KVFENCE__V1__ROOM_STATE__ROOM_STATE_ABORTED);
+    nh_wait_room_state(f->ch, k, KVFENCE__V1__ROOM_STATE__ROOM_STATE_ABORTED, WAIT_MS);
     watch_released_once(f, k);
     check_holds(&f->p2, 0, PAGE_COUNT, SEED_N2, 0); /* the posted frame came too late */
     fill(&f->p2, 16, 8, 322);
@@ -916,17 +519,17 @@ static void test_abort_between_chunks_keeps_source_pages(void **state)
     kvf_room_key k = join_pair(f, 4001, 0, 16, 8);
     submit_ok(f, k, 1, 0, 16, 4, false);
     /* Chunk 1 landed. */
-    int64_t end = now_ms() + WAIT_MS;
+    int64_t end = nh_now_ms() + WAIT_MS;
     char why[200];
     while (!holds(&f->p2, 16, 4, SEED_N1, 0, why, sizeof why)) {
-        if (now_ms() > end)
+        if (nh_now_ms() > end)
             fail_msg("chunk 1 never landed: %s", why);
-        sleep_ms(10);
+        nh_sleep_ms(10);
     }
     n1_faults(f, "hold=1\n");
     submit_ok(f, k, 2, 4, 20, 4, true);
     wait_log(&f->n1, "fault: hold frame", &k, 1);
-    abort_room(f, k);
+    nh_abort_room(f->ch, k, "race test abort");
     expect_held_abort(f, k);
 
     /* n1's read lease still covers chunk 1's pages [0, 4) and is not released. */
@@ -936,7 +539,7 @@ static void test_abort_between_chunks_keeps_source_pages(void **state)
     uint8_t *resp;
     size_t len;
     struct kvf_rpc_status st;
-    assert_int_equal(call(f->ch, "/kvfence.v1.Admin/ListLeases", &lr.base, &resp, &len, &st),
+    assert_int_equal(nh_call(f->ch, "/kvfence.v1.Admin/ListLeases", &lr.base, &resp, &len, &st),
                      KVF_GRPC_OK);
     Kvfence__V1__ListLeasesResponse *ll =
         kvfence__v1__list_leases_response__unpack(NULL, len, resp);
@@ -951,7 +554,7 @@ static void test_abort_between_chunks_keeps_source_pages(void **state)
     kvfence__v1__list_leases_response__free_unpacked(ll, NULL);
 
     n1_faults(f, "hold=0\n");
-    wait_room_state(f, k, KVFENCE__V1__ROOM_STATE__ROOM_STATE_ABORTED);
+    nh_wait_room_state(f->ch, k, KVFENCE__V1__ROOM_STATE__ROOM_STATE_ABORTED, WAIT_MS);
     watch_released_once(f, k);
     check_holds(&f->p2, 16, 4, SEED_N1, 0);  /* chunk 1 */
     check_holds(&f->p2, 20, 4, SEED_N2, 20); /* chunk 2 was refused */
@@ -970,9 +573,9 @@ static void test_killed_source_with_held_transfer(void **state)
     kvf_room_key k = join_pair(f, 5001, 0, 16, 8);
     submit_ok(f, k, 1, 0, 16, 8, true);
     wait_log(&f->n1, "fault: hold frame", &k, 1);
-    node_kill9(&f->n1);
+    nh_node_kill9(&f->n1);
     /* LOST after the ttl; n2 fences n1 and drains; the room ends. */
-    wait_room_state(f, k, KVFENCE__V1__ROOM_STATE__ROOM_STATE_ABORTED);
+    nh_wait_room_state(f->ch, k, KVFENCE__V1__ROOM_STATE__ROOM_STATE_ABORTED, WAIT_MS);
     assert_true(log_count(&f->n2, "fenced peer n1", NULL) >= 1);
     watch_released_once(f, k);
     fill(&f->p2, 16, 8, 342);
@@ -989,9 +592,9 @@ static void test_killed_sink_with_held_transfer(void **state)
     kvf_room_key k = join_pair(f, 5101, 0, 16, 8);
     submit_ok(f, k, 1, 0, 16, 8, true);
     wait_log(&f->n1, "fault: hold frame", &k, 1);
-    node_kill9(&f->n2);
+    nh_node_kill9(&f->n2);
     /* n1 fences n2: the held frame completes FLUSHED, n1 drains. */
-    wait_room_state(f, k, KVFENCE__V1__ROOM_STATE__ROOM_STATE_ABORTED);
+    nh_wait_room_state(f->ch, k, KVFENCE__V1__ROOM_STATE__ROOM_STATE_ABORTED, WAIT_MS);
     assert_int_equal(log_count(&f->n1, "fault: flush frame", &k), 1);
     assert_true(log_count(&f->n1, "fenced peer n2", NULL) >= 1);
     watch_released_once(f, k);
@@ -1011,7 +614,7 @@ static void test_stopped_node_cut_off_then_resumed(void **state)
     f->n1.any_exit = true;
     assert_int_equal(kill(f->n1.pid, SIGSTOP), 0);
     /* Heartbeats stop: the session ends, n1 is LOST, n2 fences it. */
-    wait_room_state(f, k, KVFENCE__V1__ROOM_STATE__ROOM_STATE_ABORTED);
+    nh_wait_room_state(f->ch, k, KVFENCE__V1__ROOM_STATE__ROOM_STATE_ABORTED, WAIT_MS);
     assert_true(log_count(&f->n2, "fenced peer n1", NULL) >= 1);
     watch_released_once(f, k);
     fill(&f->p2, 16, 8, 362);
@@ -1021,7 +624,7 @@ static void test_stopped_node_cut_off_then_resumed(void **state)
     assert_int_equal(kill(f->n1.pid, SIGCONT), 0);
     wait_log(&f->n1, "fault: release frame", &k, 1);
     /* Settled: n1 ends (its drain waits for the released frame's completion). */
-    int st = node_stop(&f->n1, 8000);
+    int st = nh_node_stop(&f->n1, 8000);
     assert_int_not_equal(st, -2);
     check_holds(&f->p2, 16, 8, 362, 16);
     check_holds(&f->p2, 0, 16, SEED_N2, 0);
@@ -1036,10 +639,10 @@ static void test_reused_room_id_new_generation(void **state)
     kvf_room_key k1 = join_pair(f, 7001, 0, 16, 8);
     submit_ok(f, k1, 1, 0, 16, 8, true);
     wait_log(&f->n1, "fault: hold frame", &k1, 1);
-    abort_room(f, k1);
+    nh_abort_room(f->ch, k1, "race test abort");
     expect_held_abort(f, k1);
     n1_faults(f, "hold=0\n");
-    wait_room_state(f, k1, KVFENCE__V1__ROOM_STATE__ROOM_STATE_ABORTED);
+    nh_wait_room_state(f->ch, k1, KVFENCE__V1__ROOM_STATE__ROOM_STATE_ABORTED, WAIT_MS);
     watch_released_once(f, k1);
 
     /* The same id again: new source content, fresh sink pages. */
@@ -1049,7 +652,7 @@ static void test_reused_room_id_new_generation(void **state)
     assert_true(k2.room_id == k1.room_id);
     assert_true(k2.generation > k1.generation);
     submit_ok(f, k2, 1, 0, 16, 8, true);
-    wait_room_state(f, k2, KVFENCE__V1__ROOM_STATE__ROOM_STATE_COMPLETED);
+    nh_wait_room_state(f->ch, k2, KVFENCE__V1__ROOM_STATE__ROOM_STATE_COMPLETED, WAIT_MS);
     watch_released_once(f, k2);
     check_holds(&f->p2, 16, 8, 371, 0); /* exactly the new generation's bytes */
     fill(&f->p2, 16, 8, 373);
@@ -1067,7 +670,7 @@ static void test_dropped_notice_and_report_are_resent(void **state)
     kvf_room_key k = join_pair(f, 8001, 0, 16, 8);
     submit_ok(f, k, 1, 0, 16, 8, true);
     wait_log(&f->n1, "fault: hold frame", &k, 1);
-    abort_room(f, k);
+    nh_abort_room(f->ch, k, "race test abort");
     wait_log(&f->n1, "fault: dropped a AbortNotice", NULL, 1);
     expect_held_abort(f, k); /* the re-sent notice got through */
 
@@ -1076,7 +679,7 @@ static void test_dropped_notice_and_report_are_resent(void **state)
     fault_write(&f->n1, "hold=0\ndrop_drained=1\n");
     wait_log(&f->n1, "fault: config loaded", NULL, before + 1);
     wait_log(&f->n1, "fault: did not send a Drained", NULL, 1);
-    wait_room_state(f, k, KVFENCE__V1__ROOM_STATE__ROOM_STATE_ABORTED);
+    nh_wait_room_state(f->ch, k, KVFENCE__V1__ROOM_STATE__ROOM_STATE_ABORTED, WAIT_MS);
     assert_true(log_count(&f->n1, "drained", &k) >= 2);
     watch_released_once(f, k);
     check_holds(&f->p2, 0, PAGE_COUNT, SEED_N2, 0);
@@ -1096,13 +699,13 @@ static void test_old_incarnation_cannot_write_into_new_generation(void **state)
     wait_log(&f->n1, "fault: hold frame", &k1, 1);
     f->n1.any_exit = true;
     assert_int_equal(kill(f->n1.pid, SIGSTOP), 0);
-    wait_room_state(f, k1, KVFENCE__V1__ROOM_STATE__ROOM_STATE_ABORTED);
+    nh_wait_room_state(f->ch, k1, KVFENCE__V1__ROOM_STATE__ROOM_STATE_ABORTED, WAIT_MS);
     watch_released_once(f, k1);
 
     /* n1 restarts as a new incarnation with a new pool; the zombie lives on. */
     assert_int_equal(node_start(&f->n1b, f->dir, "n1b", "n1", f->cp.target), 0);
     assert_int_equal(shm_create(&f->p3, "n1b", 391), 0);
-    f->p3.pool_id = register_pool(&f->n1b, &f->p3);
+    f->p3.pool_id = nh_register_pool(&f->n1b, &f->p3);
     f->src = &f->n1b;
     f->src_pool = f->p3.pool_id;
     fill(&f->p2, 16, 8, 392);
@@ -1114,11 +717,11 @@ static void test_old_incarnation_cannot_write_into_new_generation(void **state)
     fault_write(&f->n1, "hold=0\n");
     assert_int_equal(kill(f->n1.pid, SIGCONT), 0);
     wait_log(&f->n1, "fault: release frame", &k1, 1);
-    assert_int_not_equal(node_stop(&f->n1, 8000), -2);
+    assert_int_not_equal(nh_node_stop(&f->n1, 8000), -2);
     check_holds(&f->p2, 16, 8, 392, 16);
 
     submit_ok(f, k2, 1, 0, 16, 8, true);
-    wait_room_state(f, k2, KVFENCE__V1__ROOM_STATE__ROOM_STATE_COMPLETED);
+    nh_wait_room_state(f->ch, k2, KVFENCE__V1__ROOM_STATE__ROOM_STATE_COMPLETED, WAIT_MS);
     watch_released_once(f, k2);
     check_holds(&f->p2, 16, 8, 391, 0); /* exactly generation 2's bytes */
     fill(&f->p2, 16, 8, 393);
@@ -1143,8 +746,8 @@ static void test_peer_message_dropped_by_fault_file(void **state)
     f->aux_len = sizeof aux;
     submit_ok(f, k, 1, 0, 16, 8, true);
     f->aux = NULL;
-    wait_room_state(f, k, KVFENCE__V1__ROOM_STATE__ROOM_STATE_ABORTED);
-    Kvfence__V1__RoomInfo *ri = get_room(f, k);
+    nh_wait_room_state(f->ch, k, KVFENCE__V1__ROOM_STATE__ROOM_STATE_ABORTED, WAIT_MS);
+    Kvfence__V1__RoomInfo *ri = nh_get_room(f->ch, k);
     int reason = ri->abort_reason;
     kvfence__v1__room_info__free_unpacked(ri, NULL);
     assert_int_equal(reason, KVFENCE__V1__ABORT_REASON__ABORT_REASON_TRANSFER_FAILED);

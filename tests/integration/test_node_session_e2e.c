@@ -1,7 +1,7 @@
 /*
  * test_node_session_e2e.c: kvfence-node's session with kvfence-control, end
- * to end with real processes. Each test starts one kvfence-control
- * (kvf_proc.c) and two kvfence-node processes (n1, n2) on 127.0.0.1, plays
+ * to end with real processes. Each test starts one kvfence-control and two
+ * kvfence-node processes (n1, n2; node_harness.c) on 127.0.0.1, plays
  * the engine in this process (POSIX shm pools with canary patterns, NodeLocal
  * and Control calls) and follows the control plane's view with Admin.GetRoom
  * and Admin.GetNode:
@@ -21,7 +21,6 @@
  * shm objects.
  */
 #include <errno.h>
-#include <fcntl.h>
 #include <ftw.h>
 #include <setjmp.h>
 #include <signal.h>
@@ -35,129 +34,26 @@
 #include <arpa/inet.h>
 #include <netinet/in.h>
 #include <poll.h>
-#include <sys/mman.h>
 #include <sys/socket.h>
-#include <sys/prctl.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
-#include <time.h>
 #include <unistd.h>
 
 #include <cmocka.h>
 
 #include "kvf_error.h"
-#include "kvf_proc.h"
-#include "kvf_types.h"
-#include "kvfence/v1/control.pb-c.h"
-#include "kvfence/v1/node.pb-c.h"
-#include "rpc_client.h"
+#include "node_harness.h"
 
-#define CALL_TIMEOUT_MS 5000
-#define WAIT_MS         15000
-#define PAGE_SIZE       4096u
-#define PAGE_COUNT      64u
-#define NODE_TTL_MS     1500
+#define WAIT_MS     15000
+#define PAGE_SIZE   4096u
+#define PAGE_COUNT  64u
+#define NODE_TTL_MS 1500
 /* The node self-fences after node_ttl minus a fifth of silence; its last word
  * came up to a heartbeat interval (a fifth) before the cut: at the earliest
  * 3/5 of node_ttl after the cut (less 100 ms of slack). */
 #define SELF_FENCE_MIN_MS (NODE_TTL_MS * 3 / 5 - 100)
 
-/* ---- a kvfence-node child ----------------------------------------------------- */
-
-struct node_proc {
-    pid_t pid;
-    char id[16];
-    char sock[160];
-    char port_file[160];
-    struct kvf_rpc_channel *local; /* NodeLocal */
-};
-
-static int64_t now_ms(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
-}
-
-static void sleep_ms(long ms)
-{
-    struct timespec ts = {.tv_sec = ms / 1000, .tv_nsec = (ms % 1000) * 1000000L};
-    nanosleep(&ts, NULL);
-}
-
-/* Starts kvfence-node `id` against `control`; waits up to 10 s for its port
- * file (written once the control plane welcomed it). 0 or -1. */
-static int node_start(struct node_proc *np, const char *dir, const char *id, const char *control)
-{
-    memset(np, 0, sizeof *np);
-    snprintf(np->id, sizeof np->id, "%s", id);
-    snprintf(np->sock, sizeof np->sock, "%s/%s.sock", dir, id);
-    snprintf(np->port_file, sizeof np->port_file, "%s/%s.port", dir, id);
-    pid_t parent = getpid();
-    np->pid = fork();
-    if (np->pid < 0) {
-        np->pid = 0;
-        return -1;
-    }
-    if (np->pid == 0) {
-        prctl(PR_SET_PDEATHSIG, SIGKILL);
-        if (getppid() != parent)
-            _exit(127);
-        execl(KVF_NODE_BIN, KVF_NODE_BIN, "--control", control, "--node-id", id, "--local-socket",
-              np->sock, "--port-file", np->port_file, "--data-host", "127.0.0.1", "--data-port",
-              "0", "--drain-timeout-ms", "3000", (char *)NULL);
-        _exit(127);
-    }
-    for (int i = 0; i < 1000; i++) {
-        if (access(np->port_file, R_OK) == 0) {
-            char target[200];
-            snprintf(target, sizeof target, "unix:%s", np->sock);
-            np->local = kvf_rpc_channel_create(target, NULL);
-            return np->local ? 0 : -1;
-        }
-        int st;
-        if (waitpid(np->pid, &st, WNOHANG) == np->pid) {
-            fprintf(stderr, "kvfence-node %s exited early (0x%x)\n", id, st);
-            np->pid = 0;
-            return -1;
-        }
-        sleep_ms(10);
-    }
-    fprintf(stderr, "kvfence-node %s: no port file after 10 s\n", id);
-    return -1;
-}
-
-/* SIGTERM, wait up to `ms`, then SIGKILL. Returns the wait status, -1 if none. */
-static int node_stop(struct node_proc *np, long ms)
-{
-    kvf_rpc_channel_destroy(np->local);
-    np->local = NULL;
-    if (np->pid <= 0)
-        return -1;
-    int st = -1;
-    kill(np->pid, SIGCONT);
-    kill(np->pid, SIGTERM);
-    int64_t end = now_ms() + ms;
-    while (now_ms() < end) {
-        if (waitpid(np->pid, &st, WNOHANG) == np->pid) {
-            np->pid = 0;
-            return st;
-        }
-        sleep_ms(10);
-    }
-    kill(np->pid, SIGKILL);
-    waitpid(np->pid, &st, 0);
-    np->pid = 0;
-    return -2;
-}
-
-/* ---- fixture ------------------------------------------------------------------ */
-
-struct shm_pool {
-    char name[64];
-    uint8_t *mem;
-    uint32_t pool_id;
-};
+/* ---- fixture (the harness: node_harness.c) ---------------------------------------- */
 
 struct fx {
     struct kvf_proc cp;
@@ -165,60 +61,18 @@ struct fx {
     char data_dir[96]; /* durable tests */
     struct kvf_rpc_channel *ch;
     char dir[64];
-    struct node_proc n1, n2;
-    struct shm_pool p1, p2, p3;
+    struct nh_node n1, n2;
+    struct nh_pool p1, p2, p3;
 };
 
-static uint8_t canary1(uint32_t page, uint32_t i)
+static int shm_create(struct nh_pool *p, const char *tag, nh_canary_fn fill)
 {
-    return (uint8_t)(page * 31u + i * 7u + 1u);
-}
-
-static uint8_t canary2(uint32_t page, uint32_t i)
-{
-    return (uint8_t)(0xa5u ^ page ^ (i >> 3));
-}
-
-static int shm_create(struct shm_pool *p, const char *tag, uint8_t (*fill)(uint32_t, uint32_t))
-{
-    snprintf(p->name, sizeof p->name, "/kvf-se2e-%d-%s", (int)getpid(), tag);
-    int fd = shm_open(p->name, O_CREAT | O_EXCL | O_RDWR, 0600);
-    if (fd < 0)
-        return -1;
-    size_t len = (size_t)PAGE_SIZE * PAGE_COUNT;
-    if (ftruncate(fd, (off_t)len) != 0) {
-        close(fd);
-        return -1;
-    }
-    p->mem = mmap(NULL, len, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
-    close(fd);
-    if (p->mem == MAP_FAILED) {
-        p->mem = NULL;
-        return -1;
-    }
-    for (uint32_t pg = 0; pg < PAGE_COUNT; pg++)
-        for (uint32_t i = 0; i < PAGE_SIZE; i++)
-            p->mem[(size_t)pg * PAGE_SIZE + i] = fill(pg, i);
-    return 0;
-}
-
-static void shm_destroy(struct shm_pool *p)
-{
-    if (p->mem)
-        munmap(p->mem, (size_t)PAGE_SIZE * PAGE_COUNT);
-    p->mem = NULL;
-    if (p->name[0])
-        shm_unlink(p->name);
-    p->name[0] = '\0';
+    return nh_pool_create(p, "se2e", tag, PAGE_SIZE, PAGE_COUNT, fill);
 }
 
 static int setup(void **state)
 {
-    struct fx *f = calloc(1, sizeof *f);
-    if (!f)
-        return -1;
-    *state = f;
-    return 0;
+    return nh_fx_alloc(state, sizeof(struct fx));
 }
 
 static int rm_one(const char *path, const struct stat *sb, int flag, struct FTW *ftw)
@@ -232,208 +86,30 @@ static int rm_one(const char *path, const struct stat *sb, int flag, struct FTW 
 static int teardown(void **state)
 {
     struct fx *f = *state;
-    int rc = 0;
-    if (f->cp.pid > 0)
-        kill(f->cp.pid, SIGCONT); /* a test may have stopped it */
-    struct node_proc *nodes[2] = {&f->n1, &f->n2};
-    for (int i = 0; i < 2; i++) {
-        if (nodes[i]->pid <= 0) {
-            kvf_rpc_channel_destroy(nodes[i]->local);
-            nodes[i]->local = NULL;
-            continue;
-        }
-        int st = node_stop(nodes[i], 8000);
-        if (st < 0 || !WIFEXITED(st) || WEXITSTATUS(st) != 0) {
-            fprintf(stderr, "kvfence-node %s did not exit 0 on SIGTERM (status %d)\n", nodes[i]->id,
-                    st);
-            rc = -1;
-        }
-    }
-    kvf_rpc_channel_destroy(f->ch);
-    if (f->cp.pid > 0) {
-        int st = kvf_proc_stop(&f->cp, 10000);
-        if (!WIFEXITED(st) || WEXITSTATUS(st) != 0) {
-            fprintf(stderr, "kvfence-control did not exit 0 on SIGTERM (0x%x)\n", st);
-            rc = -1;
-        }
-    }
-    kvf_proc_kill(&f->cp);
-    shm_destroy(&f->p1);
-    shm_destroy(&f->p2);
-    shm_destroy(&f->p3);
+    /* nh_teardown sends SIGCONT to the control plane first (a test may have
+     * stopped it); the directory holds its data too: removed here. */
+    struct nh_node *nodes[] = {&f->n1, &f->n2};
+    struct nh_pool *pools[] = {&f->p1, &f->p2, &f->p3};
+    int rc = nh_teardown(&f->cp, f->ch, nodes, 2, 8000, pools, 3, NULL);
     if (f->dir[0])
         nftw(f->dir, rm_one, 16, FTW_DEPTH | FTW_PHYS);
     free(f);
     return rc;
 }
 
-/* ---- RPC helpers ------------------------------------------------------------- */
-
-/* One unary call; returns the status code, *resp_p (free it) on OK. */
-static int call(struct kvf_rpc_channel *ch, const char *method, const ProtobufCMessage *req,
-                uint8_t **resp_p, size_t *len_p, struct kvf_rpc_status *st)
-{
-    size_t len = protobuf_c_message_get_packed_size(req);
-    uint8_t *buf = malloc(len ? len : 1);
-    assert_non_null(buf);
-    protobuf_c_message_pack(req, buf);
-    uint8_t *resp = NULL;
-    size_t rlen = 0;
-    memset(st, 0, sizeof *st);
-    int rc = kvf_rpc_unary(ch, method, buf, len, CALL_TIMEOUT_MS, &resp, &rlen, st);
-    free(buf);
-    if (rc != 0) {
-        free(resp);
-        return st->code ? st->code : KVF_GRPC_INTERNAL;
-    }
-    if (resp_p) {
-        *resp_p = resp;
-        *len_p = rlen;
-    } else {
-        free(resp);
-    }
-    return KVF_GRPC_OK;
-}
-
-static int register_pool_sized(struct node_proc *np, const struct shm_pool *p, uint32_t page_size,
-                               uint32_t *id_p, struct kvf_rpc_status *st)
-{
-    Kvfence__V1__HostShmMemory shm = KVFENCE__V1__HOST_SHM_MEMORY__INIT;
-    shm.shm_name = (char *)p->name;
-    shm.size = (uint64_t)PAGE_SIZE * PAGE_COUNT;
-    Kvfence__V1__RegisterPoolRequest req = KVFENCE__V1__REGISTER_POOL_REQUEST__INIT;
-    req.memory_case = KVFENCE__V1__REGISTER_POOL_REQUEST__MEMORY_HOST_SHM;
-    req.host_shm = &shm;
-    req.page_size = page_size;
-    req.page_count = (uint32_t)(shm.size / page_size);
-    uint8_t *resp;
-    size_t len;
-    int code = call(np->local, "/kvfence.v1.NodeLocal/RegisterPool", &req.base, &resp, &len, st);
-    if (code != KVF_GRPC_OK)
-        return code;
-    Kvfence__V1__RegisterPoolResponse *r =
-        kvfence__v1__register_pool_response__unpack(NULL, len, resp);
-    free(resp);
-    assert_non_null(r);
-    assert_non_null(r->pool);
-    *id_p = r->pool->pool_id;
-    kvfence__v1__register_pool_response__free_unpacked(r, NULL);
-    return KVF_GRPC_OK;
-}
-
-static uint32_t register_pool(struct node_proc *np, const struct shm_pool *p)
-{
-    uint32_t id = 0;
-    struct kvf_rpc_status st;
-    int code = register_pool_sized(np, p, PAGE_SIZE, &id, &st);
-    if (code != KVF_GRPC_OK)
-        fail_msg("RegisterPool on %s: %d %s", np->id, code, st.message);
-    return id;
-}
-
-static int unregister_pool(struct node_proc *np, uint32_t pool_id, struct kvf_rpc_status *st)
+static int unregister_pool(struct nh_node *np, uint32_t pool_id, struct kvf_rpc_status *st)
 {
     Kvfence__V1__UnregisterPoolRequest req = KVFENCE__V1__UNREGISTER_POOL_REQUEST__INIT;
     req.pool_id = pool_id;
-    return call(np->local, "/kvfence.v1.NodeLocal/UnregisterPool", &req.base, NULL, NULL, st);
+    return nh_call(np->local, "/kvfence.v1.NodeLocal/UnregisterPool", &req.base, NULL, NULL, st);
 }
 
-/* Joins one participant (rank 0); retries while the node's pool is not yet
- * known to the control plane (the PoolUpdate races the engine's JoinRoom).
+/* Joins one participant (rank 0) of a room with one source and one sink;
  * *lease_p gets the lease id when not NULL. */
 static kvf_room_key join(struct fx *f, uint64_t room_id, const char *node, int role,
                          uint32_t pool_id, uint32_t first, uint32_t count, uint64_t *lease_p)
 {
-    static const char *features[] = {"QUIESCE_V1"};
-    Kvfence__V1__CapabilitySet caps = KVFENCE__V1__CAPABILITY_SET__INIT;
-    caps.protocol_min = 1;
-    caps.protocol_max = 1;
-    caps.n_features = 1;
-    caps.features = (char **)features;
-    Kvfence__V1__Participant part = KVFENCE__V1__PARTICIPANT__INIT;
-    part.node_id = (char *)node;
-    part.rank = 0;
-    part.role = (Kvfence__V1__Role)role;
-    Kvfence__V1__PageRange pr = KVFENCE__V1__PAGE_RANGE__INIT;
-    pr.first = first;
-    pr.count = count;
-    Kvfence__V1__PageRange *prs[1] = {&pr};
-    Kvfence__V1__JoinRoomRequest req = KVFENCE__V1__JOIN_ROOM_REQUEST__INIT;
-    req.room_id = room_id;
-    req.expected_sources = 1;
-    req.expected_sinks = 1;
-    req.participant = &part;
-    req.engine_capabilities = &caps;
-    req.pool_id = pool_id;
-    req.n_ranges = 1;
-    req.ranges = prs;
-    int64_t end = now_ms() + WAIT_MS;
-    for (;;) {
-        uint8_t *resp;
-        size_t len;
-        struct kvf_rpc_status st;
-        int code = call(f->ch, "/kvfence.v1.Control/JoinRoom", &req.base, &resp, &len, &st);
-        if (code == KVF_GRPC_OK) {
-            Kvfence__V1__JoinRoomResponse *r =
-                kvfence__v1__join_room_response__unpack(NULL, len, resp);
-            free(resp);
-            assert_non_null(r);
-            assert_non_null(r->room);
-            kvf_room_key k = {r->room->room_id, r->room->generation};
-            if (lease_p)
-                *lease_p = r->lease_id;
-            kvfence__v1__join_room_response__free_unpacked(r, NULL);
-            return k;
-        }
-        if (now_ms() > end)
-            fail_msg("JoinRoom %s: %d %s", node, code, st.message);
-        sleep_ms(20);
-    }
-}
-
-/* The room as the control plane sees it (free it). */
-static Kvfence__V1__RoomInfo *get_room(struct fx *f, kvf_room_key k)
-{
-    Kvfence__V1__RoomKey rk = KVFENCE__V1__ROOM_KEY__INIT;
-    rk.room_id = k.room_id;
-    rk.generation = k.generation;
-    Kvfence__V1__GetRoomRequest req = KVFENCE__V1__GET_ROOM_REQUEST__INIT;
-    req.room = &rk;
-    uint8_t *resp;
-    size_t len;
-    struct kvf_rpc_status st;
-    int code = call(f->ch, "/kvfence.v1.Admin/GetRoom", &req.base, &resp, &len, &st);
-    if (code != KVF_GRPC_OK)
-        fail_msg("GetRoom: %d %s", code, st.message);
-    Kvfence__V1__RoomInfo *ri = kvfence__v1__room_info__unpack(NULL, len, resp);
-    free(resp);
-    assert_non_null(ri);
-    return ri;
-}
-
-static void wait_room_state(struct fx *f, kvf_room_key k, Kvfence__V1__RoomState want,
-                            int64_t timeout_ms)
-{
-    int64_t end = now_ms() + timeout_ms;
-    for (;;) {
-        Kvfence__V1__RoomInfo *ri = get_room(f, k);
-        int last = ri->state;
-        bool released = true;
-        for (size_t i = 0; i < ri->n_participants; i++)
-            if (!ri->participants[i]->lease ||
-                ri->participants[i]->lease->state != KVFENCE__V1__LEASE_STATE__LEASE_STATE_RELEASED)
-                released = false;
-        kvfence__v1__room_info__free_unpacked(ri, NULL);
-        bool terminal = want == KVFENCE__V1__ROOM_STATE__ROOM_STATE_COMPLETED ||
-                        want == KVFENCE__V1__ROOM_STATE__ROOM_STATE_ABORTED;
-        if (last == (int)want && (!terminal || released))
-            return;
-        if (now_ms() > end)
-            fail_msg("room %llu:%llu: state %d (want %d), leases released %d",
-                     (unsigned long long)k.room_id, (unsigned long long)k.generation, last,
-                     (int)want, released);
-        sleep_ms(20);
-    }
+    return nh_join(f->ch, room_id, 1, 1, node, 0, role, pool_id, first, count, WAIT_MS, lease_p);
 }
 
 /* The control plane's view of a node (free it); NULL when unknown. */
@@ -444,7 +120,7 @@ static Kvfence__V1__NodeInfo *get_node(struct fx *f, const char *id)
     uint8_t *resp;
     size_t len;
     struct kvf_rpc_status st;
-    int code = call(f->ch, "/kvfence.v1.Admin/GetNode", &req.base, &resp, &len, &st);
+    int code = nh_call(f->ch, "/kvfence.v1.Admin/GetNode", &req.base, &resp, &len, &st);
     if (code == KVF_GRPC_NOT_FOUND || code == KVF_GRPC_UNAVAILABLE ||
         code == KVF_GRPC_DEADLINE_EXCEEDED)
         return NULL;
@@ -477,7 +153,7 @@ static uint64_t node_incarnation(struct fx *f, const char *id)
  * than `not_inc` (0: any); returns it. */
 static uint64_t wait_node_attached(struct fx *f, const char *id, uint64_t not_inc)
 {
-    int64_t end = now_ms() + WAIT_MS;
+    int64_t end = nh_now_ms() + WAIT_MS;
     for (;;) {
         Kvfence__V1__NodeInfo *ni = get_node(f, id);
         uint64_t inc = 0;
@@ -489,45 +165,32 @@ static uint64_t wait_node_attached(struct fx *f, const char *id, uint64_t not_in
             kvfence__v1__node_info__free_unpacked(ni, NULL);
         if (inc)
             return inc;
-        if (now_ms() > end)
+        if (nh_now_ms() > end)
             fail_msg("node %s: state %d, not ATTACHED at a new incarnation", id, s);
-        sleep_ms(20);
+        nh_sleep_ms(20);
     }
 }
 
 /* SubmitChunk of source rank `source_rank` on `np`: n1's pages [sfirst,
  * +count) -> n2's pages [dfirst, +count). Returns the status code. */
-static int submit_v(struct fx *f, struct node_proc *np, kvf_room_key k, uint32_t source_rank,
+static int submit_v(struct fx *f, struct nh_node *np, kvf_room_key k, uint32_t source_rank,
                     uint64_t seq, uint32_t sfirst, uint32_t dfirst, uint32_t count, bool last,
                     uint64_t source_lease_pages, struct kvf_rpc_status *st)
 {
-    Kvfence__V1__RoomKey rk = KVFENCE__V1__ROOM_KEY__INIT;
-    rk.room_id = k.room_id;
-    rk.generation = k.generation;
-    Kvfence__V1__PageRange s = KVFENCE__V1__PAGE_RANGE__INIT, d = KVFENCE__V1__PAGE_RANGE__INIT;
-    s.first = sfirst;
-    s.count = count;
-    d.first = dfirst;
-    d.count = count;
-    Kvfence__V1__PageRange *sv[1] = {&s}, *dv[1] = {&d};
-    Kvfence__V1__SubmitChunkRequest req = KVFENCE__V1__SUBMIT_CHUNK_REQUEST__INIT;
-    req.room = &rk;
-    req.chunk_seq = seq;
-    req.source_rank = source_rank;
-    req.source_pool_id = f->p1.pool_id;
-    req.n_source_ranges = 1;
-    req.source_ranges = sv;
-    req.sink_node_id = (char *)"n2";
-    req.sink_rank = 0;
-    req.sink_pool_id = f->p2.pool_id;
-    req.n_sink_ranges = 1;
-    req.sink_ranges = dv;
-    req.last_chunk = last;
-    req.source_lease_pages = source_lease_pages;
-    return call(np->local, "/kvfence.v1.NodeLocal/SubmitChunk", &req.base, NULL, NULL, st);
+    struct nh_chunk c = {.source_rank = source_rank,
+                         .seq = seq,
+                         .source_pool = f->p1.pool_id,
+                         .sink_node = "n2",
+                         .sink_pool = f->p2.pool_id,
+                         .sfirst = {sfirst},
+                         .dfirst = {dfirst},
+                         .count = {count},
+                         .last = last,
+                         .source_lease_pages = source_lease_pages};
+    return nh_submit(np->local, k, &c, st);
 }
 
-static int submit(struct fx *f, struct node_proc *np, kvf_room_key k, uint64_t seq, uint32_t sfirst,
+static int submit(struct fx *f, struct nh_node *np, kvf_room_key k, uint64_t seq, uint32_t sfirst,
                   uint32_t dfirst, uint32_t count, bool last, struct kvf_rpc_status *st)
 {
     return submit_v(f, np, k, 0, seq, sfirst, dfirst, count, last, 0, st);
@@ -536,43 +199,32 @@ static int submit(struct fx *f, struct node_proc *np, kvf_room_key k, uint64_t s
 /* A SubmitChunk naming a source rank in no lease (99): UNAVAILABLE before
  * the node has the room's update, FAILED_PRECONDITION while the room is open
  * on the node, ABORTED once its admission is closed. */
-static int probe(struct fx *f, struct node_proc *np, kvf_room_key k, struct kvf_rpc_status *st)
+static int probe(struct fx *f, struct nh_node *np, kvf_room_key k, struct kvf_rpc_status *st)
 {
     return submit_v(f, np, k, 99, 1, 0, 16, 1, false, 0, st);
 }
 
-static void wait_node_knows(struct fx *f, struct node_proc *np, kvf_room_key k)
+static void wait_node_knows(struct fx *f, struct nh_node *np, kvf_room_key k)
 {
-    int64_t end = now_ms() + WAIT_MS;
-    for (;;) {
-        struct kvf_rpc_status st;
-        int code = probe(f, np, k, &st);
-        if (code == KVF_GRPC_FAILED_PRECONDITION)
-            return;
-        if (code != KVF_GRPC_UNAVAILABLE)
-            fail_msg("node %s: unexpected probe answer %d: %s", np->id, code, st.message);
-        if (now_ms() > end)
-            fail_msg("node %s never got the room update (%d %s)", np->id, code, st.message);
-        sleep_ms(10);
-    }
+    nh_wait_node_knows(np, k, f->p1.pool_id, "n2", f->p2.pool_id, 16, WAIT_MS);
 }
 
 /* Waits until `np` has closed the room's admission (probe: ABORTED). */
-static int64_t wait_node_closed(struct fx *f, struct node_proc *np, kvf_room_key k,
+static int64_t wait_node_closed(struct fx *f, struct nh_node *np, kvf_room_key k,
                                 int64_t timeout_ms)
 {
-    int64_t t0 = now_ms(), end = t0 + timeout_ms;
+    int64_t t0 = nh_now_ms(), end = t0 + timeout_ms;
     for (;;) {
         struct kvf_rpc_status st;
         int code = probe(f, np, k, &st);
         if (code == KVF_GRPC_ABORTED)
-            return now_ms() - t0;
+            return nh_now_ms() - t0;
         if (code != KVF_GRPC_FAILED_PRECONDITION)
             fail_msg("node %s: unexpected probe answer %d: %s", np->id, code, st.message);
-        if (now_ms() > end)
+        if (nh_now_ms() > end)
             fail_msg("node %s never closed room %llu (%d %s)", np->id,
                      (unsigned long long)k.room_id, code, st.message);
-        sleep_ms(10);
+        nh_sleep_ms(10);
     }
 }
 
@@ -591,7 +243,7 @@ static uint64_t tcp_id(const char *node_id, uint64_t incarnation)
 }
 
 /* The data port a node wrote in its port file. */
-static uint16_t node_data_port(const struct node_proc *np)
+static uint16_t node_data_port(const struct nh_node *np)
 {
     FILE *fp = fopen(np->port_file, "r");
     assert_non_null(fp);
@@ -636,8 +288,8 @@ static void tcp_hello(int fd, uint64_t from, uint64_t to)
 static bool tcp_closed_within(int fd, int ms)
 {
     struct pollfd p = {.fd = fd, .events = POLLIN};
-    int64_t end = now_ms() + ms;
-    for (int64_t left; (left = end - now_ms()) > 0;) {
+    int64_t end = nh_now_ms() + ms;
+    for (int64_t left; (left = end - nh_now_ms()) > 0;) {
         int rc = poll(&p, 1, (int)left);
         if (rc > 0) {
             uint8_t c;
@@ -652,8 +304,7 @@ static bool tcp_closed_within(int fd, int ms)
 /* Control plane (extra args), two nodes, two pools registered. */
 static void fx_start(struct fx *f, bool durable)
 {
-    snprintf(f->dir, sizeof f->dir, "/tmp/kvf-se2e-XXXXXX");
-    assert_non_null(mkdtemp(f->dir));
+    nh_tmpdir(f->dir, sizeof f->dir, "se2e");
     char ttl[16];
     snprintf(ttl, sizeof ttl, "%d", durable ? 6000 : NODE_TTL_MS);
     snprintf(f->data_dir, sizeof f->data_dir, "%s/data", f->dir);
@@ -669,21 +320,16 @@ static void fx_start(struct fx *f, bool durable)
                           durable ? "--data-dir" : NULL,
                           f->data_dir,
                           NULL};
-    assert_int_equal(kvf_proc_start(&f->cp, KVF_CONTROL_BIN, args), 0);
+    nh_control_start(&f->cp, &f->ch, args);
     const char *colon = strrchr(f->cp.target, ':');
     assert_non_null(colon);
     snprintf(f->cp_port, sizeof f->cp_port, "%s", colon + 1);
-    struct kvf_rpc_channel_opts co;
-    kvf_rpc_channel_opts_init(&co);
-    co.wait_for_ready = true;
-    f->ch = kvf_rpc_channel_create(f->cp.target, &co);
-    assert_non_null(f->ch);
-    assert_int_equal(node_start(&f->n1, f->dir, "n1", f->cp.target), 0);
-    assert_int_equal(node_start(&f->n2, f->dir, "n2", f->cp.target), 0);
-    assert_int_equal(shm_create(&f->p1, "n1", canary1), 0);
-    assert_int_equal(shm_create(&f->p2, "n2", canary2), 0);
-    f->p1.pool_id = register_pool(&f->n1, &f->p1);
-    f->p2.pool_id = register_pool(&f->n2, &f->p2);
+    assert_int_equal(nh_node_start(&f->n1, f->dir, "n1", "n1", f->cp.target, NULL, 0), 0);
+    assert_int_equal(nh_node_start(&f->n2, f->dir, "n2", "n2", f->cp.target, NULL, 0), 0);
+    assert_int_equal(shm_create(&f->p1, "n1", nh_canary1), 0);
+    assert_int_equal(shm_create(&f->p2, "n2", nh_canary2), 0);
+    f->p1.pool_id = nh_register_pool(&f->n1, &f->p1);
+    f->p2.pool_id = nh_register_pool(&f->n2, &f->p2);
 }
 
 /* Kills the durable control plane and starts it again on the same port and
@@ -711,29 +357,15 @@ static void cp_restart(struct fx *f)
 
 static kvf_room_key join_pair(struct fx *f, uint64_t room_id)
 {
-    kvf_room_key k1 =
-        join(f, room_id, "n1", KVFENCE__V1__ROLE__ROLE_SOURCE, f->p1.pool_id, 0, 8, NULL);
-    kvf_room_key k2 =
-        join(f, room_id, "n2", KVFENCE__V1__ROLE__ROLE_SINK, f->p2.pool_id, 16, 8, NULL);
-    assert_true(k1.room_id == k2.room_id && k1.generation == k2.generation);
-    wait_room_state(f, k1, KVFENCE__V1__ROOM_STATE__ROOM_STATE_ACTIVE, WAIT_MS);
-    return k1;
+    return nh_join_pair(f->ch, room_id, "n1", f->p1.pool_id, 0, "n2", f->p2.pool_id, 16, 8,
+                        WAIT_MS);
 }
 
 /* n2's pool: pages [16, 24) hold n1's pages [0, 8) when `copied`; every other
  * byte still holds its canary. */
 static void check_n2_pool(struct fx *f, bool copied)
 {
-    for (uint32_t pg = 0; pg < PAGE_COUNT; pg++) {
-        for (uint32_t i = 0; i < PAGE_SIZE; i++) {
-            uint8_t got = f->p2.mem[(size_t)pg * PAGE_SIZE + i];
-            uint8_t want = canary2(pg, i);
-            if (copied && pg >= 16 && pg < 24)
-                want = canary1(pg - 16, i);
-            if (got != want)
-                fail_msg("n2 page %u byte %u: 0x%02x, want 0x%02x", pg, i, got, want);
-        }
-    }
+    nh_check_pool(&f->p2, nh_canary2, 16, copied ? 8 : 0, nh_canary1, 0, "n2");
 }
 
 /* ---- tests ----------------------------------------------------------------------- */
@@ -748,14 +380,14 @@ static void test_durable_restart_resync_reconciles_pools_room_goes_on(void **sta
 {
     struct fx *f = *state;
     fx_start(f, true);
-    assert_int_equal(shm_create(&f->p3, "n1b", canary1), 0);
-    f->p3.pool_id = register_pool(&f->n1, &f->p3);
+    assert_int_equal(shm_create(&f->p3, "n1b", nh_canary1), 0);
+    f->p3.pool_id = nh_register_pool(&f->n1, &f->p3);
     kvf_room_key k = join_pair(f, 101);
     wait_node_knows(f, &f->n1, k);
     wait_node_knows(f, &f->n2, k);
     uint64_t inc1 = node_incarnation(f, "n1");
     Kvfence__V1__NodeInfo *ni;
-    int64_t end = now_ms() + WAIT_MS;
+    int64_t end = nh_now_ms() + WAIT_MS;
     for (;;) { /* the PoolUpdate is on its way */
         ni = get_node(f, "n1");
         assert_non_null(ni);
@@ -763,9 +395,9 @@ static void test_durable_restart_resync_reconciles_pools_room_goes_on(void **sta
         kvfence__v1__node_info__free_unpacked(ni, NULL);
         if (has)
             break;
-        if (now_ms() > end)
+        if (nh_now_ms() > end)
             fail_msg("the control plane never learnt pool %u", f->p3.pool_id);
-        sleep_ms(20);
+        nh_sleep_ms(20);
     }
 
     kvf_proc_kill(&f->cp);
@@ -775,7 +407,7 @@ static void test_durable_restart_resync_reconciles_pools_room_goes_on(void **sta
 
     /* Same incarnation (no self-fence: back well within node_ttl), and the
      * pool is gone from the control plane's view once the Resync is in. */
-    end = now_ms() + WAIT_MS;
+    end = nh_now_ms() + WAIT_MS;
     for (;;) {
         ni = get_node(f, "n1");
         bool done = ni && ni->state == KVFENCE__V1__NODE_STATE__NODE_STATE_ATTACHED &&
@@ -787,20 +419,20 @@ static void test_durable_restart_resync_reconciles_pools_room_goes_on(void **sta
             assert_int_equal(inc, inc1);
             break;
         }
-        if (now_ms() > end)
+        if (nh_now_ms() > end)
             fail_msg("n1: pool %u still known to the restarted control plane", f->p3.pool_id);
-        sleep_ms(20);
+        nh_sleep_ms(20);
     }
     wait_node_attached(f, "n2", 0);
     /* The room survived the restart on both sides. */
-    end = now_ms() + WAIT_MS;
+    end = nh_now_ms() + WAIT_MS;
     int code;
     while ((code = submit(f, &f->n1, k, 1, 0, 16, 8, true, &st)) == KVF_GRPC_UNAVAILABLE &&
-           now_ms() < end)
-        sleep_ms(20);
+           nh_now_ms() < end)
+        nh_sleep_ms(20);
     if (code != KVF_GRPC_OK)
         fail_msg("SubmitChunk after the restart: %d %s", code, st.message);
-    wait_room_state(f, k, KVFENCE__V1__ROOM_STATE__ROOM_STATE_COMPLETED, WAIT_MS);
+    nh_wait_room_state(f->ch, k, KVFENCE__V1__ROOM_STATE__ROOM_STATE_COMPLETED, WAIT_MS);
     check_n2_pool(f, true);
 
     /* The Resync is in the log: a second restart, with the nodes held still
@@ -808,9 +440,9 @@ static void test_durable_restart_resync_reconciles_pools_room_goes_on(void **sta
     assert_int_equal(kill(f->n1.pid, SIGSTOP), 0);
     assert_int_equal(kill(f->n2.pid, SIGSTOP), 0);
     cp_restart(f);
-    end = now_ms() + WAIT_MS;
-    while ((ni = get_node(f, "n1")) == NULL && now_ms() < end)
-        sleep_ms(20); /* the channel reconnects */
+    end = nh_now_ms() + WAIT_MS;
+    while ((ni = get_node(f, "n1")) == NULL && nh_now_ms() < end)
+        nh_sleep_ms(20); /* the channel reconnects */
     assert_non_null(ni);
     assert_int_equal(ni->incarnation, inc1);
     assert_int_equal(ni->state, KVFENCE__V1__NODE_STATE__NODE_STATE_SUSPECT);
@@ -876,7 +508,7 @@ static void test_stopped_control_plane_nodes_self_fence_and_come_back_new(void *
     uint64_t new2 = wait_node_attached(f, "n2", inc2);
     assert_true(new1 > inc1);
     assert_true(new2 > inc2);
-    wait_room_state(f, k, KVFENCE__V1__ROOM_STATE__ROOM_STATE_ABORTED, WAIT_MS);
+    nh_wait_room_state(f->ch, k, KVFENCE__V1__ROOM_STATE__ROOM_STATE_ABORTED, WAIT_MS);
     check_n2_pool(f, false);
     /* The old room stays closed on the node. */
     code = submit(f, &f->n1, k, 2, 0, 16, 8, true, &st);
@@ -889,7 +521,7 @@ static void test_stopped_control_plane_nodes_self_fence_and_come_back_new(void *
     code = submit(f, &f->n1, k2, 1, 0, 16, 8, true, &st);
     if (code != KVF_GRPC_OK)
         fail_msg("SubmitChunk in the new incarnation: %d %s", code, st.message);
-    wait_room_state(f, k2, KVFENCE__V1__ROOM_STATE__ROOM_STATE_COMPLETED, WAIT_MS);
+    nh_wait_room_state(f->ch, k2, KVFENCE__V1__ROOM_STATE__ROOM_STATE_COMPLETED, WAIT_MS);
     check_n2_pool(f, true);
 }
 
@@ -897,27 +529,15 @@ static void test_stopped_control_plane_nodes_self_fence_and_come_back_new(void *
  * itself (pool p3, pages [16, 24)): the local transport. */
 static int submit_local(struct fx *f, kvf_room_key k, uint64_t seq, struct kvf_rpc_status *st)
 {
-    Kvfence__V1__RoomKey rk = KVFENCE__V1__ROOM_KEY__INIT;
-    rk.room_id = k.room_id;
-    rk.generation = k.generation;
-    Kvfence__V1__PageRange s = KVFENCE__V1__PAGE_RANGE__INIT, d = KVFENCE__V1__PAGE_RANGE__INIT;
-    s.first = 0;
-    s.count = 8;
-    d.first = 16;
-    d.count = 8;
-    Kvfence__V1__PageRange *sv[1] = {&s}, *dv[1] = {&d};
-    Kvfence__V1__SubmitChunkRequest req = KVFENCE__V1__SUBMIT_CHUNK_REQUEST__INIT;
-    req.room = &rk;
-    req.chunk_seq = seq;
-    req.source_pool_id = f->p1.pool_id;
-    req.n_source_ranges = 1;
-    req.source_ranges = sv;
-    req.sink_node_id = (char *)"n1";
-    req.sink_pool_id = f->p3.pool_id;
-    req.n_sink_ranges = 1;
-    req.sink_ranges = dv;
-    req.last_chunk = true;
-    return call(f->n1.local, "/kvfence.v1.NodeLocal/SubmitChunk", &req.base, NULL, NULL, st);
+    struct nh_chunk c = {.seq = seq,
+                         .source_pool = f->p1.pool_id,
+                         .sink_node = "n1",
+                         .sink_pool = f->p3.pool_id,
+                         .sfirst = {0},
+                         .dfirst = {16},
+                         .count = {8},
+                         .last = true};
+    return nh_submit(f->n1.local, k, &c, st);
 }
 
 /* Same-node rooms across a self-fence: the node's local copies go through a
@@ -929,17 +549,17 @@ static void test_self_fence_then_same_node_room_transfers(void **state)
 {
     struct fx *f = *state;
     fx_start(f, false);
-    assert_int_equal(shm_create(&f->p3, "n1c", canary2), 0);
-    f->p3.pool_id = register_pool(&f->n1, &f->p3);
+    assert_int_equal(shm_create(&f->p3, "n1c", nh_canary2), 0);
+    f->p3.pool_id = nh_register_pool(&f->n1, &f->p3);
     kvf_room_key k = join(f, 909, "n1", KVFENCE__V1__ROLE__ROLE_SOURCE, f->p1.pool_id, 0, 8, NULL);
     (void)join(f, 909, "n1", KVFENCE__V1__ROLE__ROLE_SINK, f->p3.pool_id, 16, 8, NULL);
-    wait_room_state(f, k, KVFENCE__V1__ROOM_STATE__ROOM_STATE_ACTIVE, WAIT_MS);
+    nh_wait_room_state(f->ch, k, KVFENCE__V1__ROOM_STATE__ROOM_STATE_ACTIVE, WAIT_MS);
     wait_node_knows(f, &f->n1, k);
     struct kvf_rpc_status st;
     int code = submit_local(f, k, 1, &st);
     if (code != KVF_GRPC_OK)
         fail_msg("same-node SubmitChunk: %d %s", code, st.message);
-    wait_room_state(f, k, KVFENCE__V1__ROOM_STATE__ROOM_STATE_COMPLETED, WAIT_MS);
+    nh_wait_room_state(f->ch, k, KVFENCE__V1__ROOM_STATE__ROOM_STATE_COMPLETED, WAIT_MS);
     uint64_t inc1 = node_incarnation(f, "n1");
 
     /* An open room with n2 shows when n1 has self-fenced (its probe turns
@@ -956,18 +576,18 @@ static void test_self_fence_then_same_node_room_transfers(void **state)
      * incarnation. */
     for (uint32_t pg = 16; pg < 24; pg++)
         for (uint32_t i = 0; i < PAGE_SIZE; i++)
-            f->p3.mem[(size_t)pg * PAGE_SIZE + i] = canary2(pg, i);
+            f->p3.mem[(size_t)pg * PAGE_SIZE + i] = nh_canary2(pg, i);
     kvf_room_key k3 = join(f, 910, "n1", KVFENCE__V1__ROLE__ROLE_SOURCE, f->p1.pool_id, 0, 8, NULL);
     (void)join(f, 910, "n1", KVFENCE__V1__ROLE__ROLE_SINK, f->p3.pool_id, 16, 8, NULL);
-    wait_room_state(f, k3, KVFENCE__V1__ROOM_STATE__ROOM_STATE_ACTIVE, WAIT_MS);
+    nh_wait_room_state(f->ch, k3, KVFENCE__V1__ROOM_STATE__ROOM_STATE_ACTIVE, WAIT_MS);
     wait_node_knows(f, &f->n1, k3);
     code = submit_local(f, k3, 1, &st);
     if (code != KVF_GRPC_OK)
         fail_msg("same-node SubmitChunk in the new incarnation: %d %s", code, st.message);
-    wait_room_state(f, k3, KVFENCE__V1__ROOM_STATE__ROOM_STATE_COMPLETED, WAIT_MS);
+    nh_wait_room_state(f->ch, k3, KVFENCE__V1__ROOM_STATE__ROOM_STATE_COMPLETED, WAIT_MS);
     for (uint32_t pg = 16; pg < 24; pg++)
         for (uint32_t i = 0; i < PAGE_SIZE; i++)
-            if (f->p3.mem[(size_t)pg * PAGE_SIZE + i] != canary1(pg - 16, i))
+            if (f->p3.mem[(size_t)pg * PAGE_SIZE + i] != nh_canary1(pg - 16, i))
                 fail_msg("sink page %u byte %u not copied", pg, i);
 }
 
@@ -985,7 +605,7 @@ static void test_lost_node_comes_back_as_new_incarnation(void **state)
     uint64_t inc1 = node_incarnation(f, "n1");
     assert_int_equal(kill(f->n1.pid, SIGSTOP), 0);
     /* LOST: the room aborts and ends once n2 fenced n1. */
-    wait_room_state(f, k, KVFENCE__V1__ROOM_STATE__ROOM_STATE_ABORTED, WAIT_MS);
+    nh_wait_room_state(f->ch, k, KVFENCE__V1__ROOM_STATE__ROOM_STATE_ABORTED, WAIT_MS);
     assert_int_equal(kill(f->n1.pid, SIGCONT), 0);
     uint64_t new1 = wait_node_attached(f, "n1", inc1);
     assert_true(new1 > inc1);
@@ -1042,14 +662,14 @@ static void test_lost_refusal_makes_node_self_fence_at_once(void **state)
     wait_node_knows(f, &f->n2, k);
     uint64_t inc1 = node_incarnation(f, "n1");
     assert_int_equal(kill(f->n1.pid, SIGSTOP), 0);
-    int64_t t0 = now_ms();
+    int64_t t0 = nh_now_ms();
     char listen[48];
     snprintf(listen, sizeof listen, "127.0.0.1:%s", f->cp_port);
     kvf_proc_kill(&f->cp);
     const char *args[] = {"--threads",  "2",         "--node-ttl-ms", "300",  "--resend-ms", "50",
                           "--data-dir", f->data_dir, "--listen",      listen, NULL};
     assert_int_equal(kvf_proc_start(&f->cp, KVF_CONTROL_BIN, args), 0);
-    int64_t end = now_ms() + WAIT_MS;
+    int64_t end = nh_now_ms() + WAIT_MS;
     for (;;) {
         Kvfence__V1__NodeInfo *ni = get_node(f, "n1");
         bool lost =
@@ -1058,21 +678,21 @@ static void test_lost_refusal_makes_node_self_fence_at_once(void **state)
             kvfence__v1__node_info__free_unpacked(ni, NULL);
         if (lost)
             break;
-        if (now_ms() > end)
+        if (nh_now_ms() > end)
             fail_msg("n1 never LOST at the restarted control plane");
-        sleep_ms(10);
+        nh_sleep_ms(10);
     }
     assert_int_equal(kill(f->n1.pid, SIGCONT), 0);
     uint64_t new1 = wait_node_attached(f, "n1", inc1);
     assert_true(new1 > inc1);
-    int64_t took = now_ms() - t0;
+    int64_t took = nh_now_ms() - t0;
     if (took >= 6000 * 3 / 5 - 100) /* its own self-fence could be due */
         fail_msg("n1 came back after %lld ms: not by the refusal", (long long)took);
     int st_child;
     assert_int_equal(waitpid(f->n1.pid, &st_child, WNOHANG), 0); /* still running */
     struct kvf_rpc_status st;
     assert_int_equal(submit(f, &f->n1, k, 1, 0, 16, 8, true, &st), KVF_GRPC_ABORTED);
-    wait_room_state(f, k, KVFENCE__V1__ROOM_STATE__ROOM_STATE_ABORTED, WAIT_MS);
+    nh_wait_room_state(f->ch, k, KVFENCE__V1__ROOM_STATE__ROOM_STATE_ABORTED, WAIT_MS);
     check_n2_pool(f, false);
 }
 
@@ -1103,17 +723,17 @@ static void test_unregister_pool(void **state)
     int code = submit(f, &f->n1, k, 1, 0, 16, 8, true, &st);
     if (code != KVF_GRPC_OK)
         fail_msg("SubmitChunk: %d %s", code, st.message);
-    wait_room_state(f, k, KVFENCE__V1__ROOM_STATE__ROOM_STATE_COMPLETED, WAIT_MS);
+    nh_wait_room_state(f->ch, k, KVFENCE__V1__ROOM_STATE__ROOM_STATE_COMPLETED, WAIT_MS);
     check_n2_pool(f, true);
     /* The sink's lifetime drains when its bytes landed and it completed. */
-    int64_t end = now_ms() + WAIT_MS;
+    int64_t end = nh_now_ms() + WAIT_MS;
     while ((code = unregister_pool(&f->n2, f->p2.pool_id, &st)) == KVF_GRPC_FAILED_PRECONDITION &&
-           now_ms() < end)
-        sleep_ms(20);
+           nh_now_ms() < end)
+        nh_sleep_ms(20);
     if (code != KVF_GRPC_OK)
         fail_msg("UnregisterPool after completion: %d %s", code, st.message);
     assert_int_equal(unregister_pool(&f->n2, f->p2.pool_id, &st), KVF_GRPC_NOT_FOUND);
-    end = now_ms() + WAIT_MS;
+    end = nh_now_ms() + WAIT_MS;
     for (;;) {
         Kvfence__V1__NodeInfo *ni = get_node(f, "n2");
         assert_non_null(ni);
@@ -1121,9 +741,9 @@ static void test_unregister_pool(void **state)
         kvfence__v1__node_info__free_unpacked(ni, NULL);
         if (gone)
             break;
-        if (now_ms() > end)
+        if (nh_now_ms() > end)
             fail_msg("the control plane still lists n2's pool %u", f->p2.pool_id);
-        sleep_ms(20);
+        nh_sleep_ms(20);
     }
     /* A join into the removed pool is refused by the control plane. */
     Kvfence__V1__NodeInfo *ni = get_node(f, "n2");
@@ -1137,21 +757,21 @@ static void test_page_size_mismatch_refused(void **state)
 {
     struct fx *f = *state;
     fx_start(f, false);
-    assert_int_equal(shm_create(&f->p3, "n2b", canary2), 0);
+    assert_int_equal(shm_create(&f->p3, "n2b", nh_canary2), 0);
     uint32_t big = 0;
     struct kvf_rpc_status st;
-    assert_int_equal(register_pool_sized(&f->n2, &f->p3, 2 * PAGE_SIZE, &big, &st), KVF_GRPC_OK);
+    assert_int_equal(nh_register_pool_sized(&f->n2, &f->p3, 2 * PAGE_SIZE, &big, &st), KVF_GRPC_OK);
     kvf_room_key k1 = join(f, 505, "n1", KVFENCE__V1__ROLE__ROLE_SOURCE, f->p1.pool_id, 0, 8, NULL);
     (void)join(f, 505, "n2", KVFENCE__V1__ROLE__ROLE_SINK, big, 16, 8, NULL);
-    wait_room_state(f, k1, KVFENCE__V1__ROOM_STATE__ROOM_STATE_ACTIVE, WAIT_MS);
+    nh_wait_room_state(f->ch, k1, KVFENCE__V1__ROOM_STATE__ROOM_STATE_ACTIVE, WAIT_MS);
     wait_node_knows(f, &f->n1, k1);
     f->p2.pool_id = big; /* submit() names the sink pool from p2 */
     int code = submit(f, &f->n1, k1, 1, 0, 16, 8, true, &st);
     assert_int_equal(code, KVF_GRPC_FAILED_PRECONDITION);
     assert_non_null(strstr(st.message, "page_size"));
-    sleep_ms(100); /* a window for a stray byte to land (there must be none) */
+    nh_sleep_ms(100); /* a window for a stray byte to land (there must be none) */
     for (size_t i = 0; i < (size_t)PAGE_SIZE * PAGE_COUNT; i++)
-        if (f->p3.mem[i] != canary2((uint32_t)(i / PAGE_SIZE), (uint32_t)(i % PAGE_SIZE)))
+        if (f->p3.mem[i] != nh_canary2((uint32_t)(i / PAGE_SIZE), (uint32_t)(i % PAGE_SIZE)))
             fail_msg("sink pool byte %zu changed", i);
 }
 
@@ -1166,7 +786,7 @@ static void test_extended_lease_version_unavailable_then_ok(void **state)
     kvf_room_key k =
         join(f, 606, "n1", KVFENCE__V1__ROLE__ROLE_SOURCE, f->p1.pool_id, 0, 4, &lease);
     (void)join(f, 606, "n2", KVFENCE__V1__ROLE__ROLE_SINK, f->p2.pool_id, 16, 8, NULL);
-    wait_room_state(f, k, KVFENCE__V1__ROOM_STATE__ROOM_STATE_ACTIVE, WAIT_MS);
+    nh_wait_room_state(f->ch, k, KVFENCE__V1__ROOM_STATE__ROOM_STATE_ACTIVE, WAIT_MS);
     wait_node_knows(f, &f->n1, k);
     wait_node_knows(f, &f->n2, k);
     struct kvf_rpc_status st;
@@ -1187,19 +807,19 @@ static void test_extended_lease_version_unavailable_then_ok(void **state)
     ex.lease_id = lease;
     ex.n_ranges = 1;
     ex.ranges = prs;
-    assert_int_equal(call(f->ch, "/kvfence.v1.Control/ExtendLease", &ex.base, NULL, NULL, &st),
+    assert_int_equal(nh_call(f->ch, "/kvfence.v1.Control/ExtendLease", &ex.base, NULL, NULL, &st),
                      KVF_GRPC_OK);
-    int64_t end = now_ms() + WAIT_MS;
+    int64_t end = nh_now_ms() + WAIT_MS;
     int unavailable = 0;
     while ((code = submit_v(f, &f->n1, k, 0, 1, 0, 16, 8, true, 8, &st)) == KVF_GRPC_UNAVAILABLE &&
-           now_ms() < end) {
+           nh_now_ms() < end) {
         unavailable++;
-        sleep_ms(5);
+        nh_sleep_ms(5);
     }
     if (code != KVF_GRPC_OK)
         fail_msg("SubmitChunk of the extended lease: %d %s (after %d UNAVAILABLE)", code,
                  st.message, unavailable);
-    wait_room_state(f, k, KVFENCE__V1__ROOM_STATE__ROOM_STATE_COMPLETED, WAIT_MS);
+    nh_wait_room_state(f->ch, k, KVFENCE__V1__ROOM_STATE__ROOM_STATE_COMPLETED, WAIT_MS);
     check_n2_pool(f, true);
 }
 
