@@ -31,7 +31,9 @@ __all__ = [
     "RoomKey", "PageRange", "Participant", "Token", "Lease", "JoinResult", "AbortResult", "Pool",
     "LeaseReleased", "RoomStateChanged", "WatchSynced", "WatchEvent", "ParticipantInfo",
     "RoomInfo", "NodeInfo", "ranges_from_pages", "ControlClient", "NodeClient", "AdminClient",
-    "LeaseWatch", "ReleaseWatcher", "DEFAULT_FEATURES", "DEFAULT_TIMEOUT_S",
+    "LeaseWatch", "ReleaseWatcher", "DEFAULT_FEATURES", "DEFAULT_TIMEOUT_S", "LifetimeState",
+    "NodeRoomState", "ChunkDone", "AuxReceived", "TransferDone", "NodeEvent", "NodeWatch",
+    "ChunkRequest", "ChunkResult", "ChunkStream",
 ]
 
 log = logging.getLogger("kvfence")
@@ -101,6 +103,15 @@ class PoolKind(enum.IntEnum):
     UNSPECIFIED = 0
     HOST_SHM = 1
     CUDA_IPC = 2
+
+
+class LifetimeState(enum.IntEnum):
+    """A node's lifetime of a room (admission and ops in flight)."""
+    UNSPECIFIED = 0
+    OPEN = 1
+    CLOSED = 2
+    DRAINED = 3
+    QUARANTINED = 4
 
 
 def _enum(cls: Any, value: int) -> Any:
@@ -311,6 +322,116 @@ def _event_from(m: control_pb2.LeaseEvent) -> Optional[WatchEvent]:
 
 
 @dataclass(frozen=True)
+class NodeRoomState:
+    """NodeClient.watch: a room's state as the node knows it (the first event
+    per matching room, then on every change)."""
+    room: RoomKey
+    state: RoomState
+    lifetime: LifetimeState
+    reason: AbortReason
+
+
+@dataclass(frozen=True)
+class ChunkDone:
+    """NodeClient.watch (include_chunks): a chunk a local source submitted finished."""
+    room: RoomKey
+    source_rank: int
+    sink_rank: int
+    chunk_seq: int
+    ok: bool
+    error: str
+
+
+@dataclass(frozen=True)
+class AuxReceived:
+    """NodeClient.watch: the aux bytes of a source's last chunk reached a
+    sink rank on this node (byte-exact)."""
+    room: RoomKey
+    source_rank: int
+    sink_rank: int
+    data: bytes
+
+
+@dataclass(frozen=True)
+class TransferDone:
+    """NodeClient.watch: a source's transfer to a sink rank on this node
+    ended (ok: the source reported success and every chunk arrived)."""
+    room: RoomKey
+    source_node_id: str
+    source_rank: int
+    sink_rank: int
+    ok: bool
+    error: str
+
+
+NodeEvent = Union[NodeRoomState, ChunkDone, AuxReceived, TransferDone]
+
+
+def _node_event_from(m: node_pb2.NodeEvent) -> Optional[NodeEvent]:
+    room = RoomKey._from(m.room)
+    which = m.WhichOneof("event")
+    if which == "room_state":
+        e = m.room_state
+        return NodeRoomState(room, _enum(RoomState, e.state), _enum(LifetimeState, e.lifetime),
+                             _enum(AbortReason, e.reason))
+    if which == "chunk_done":
+        c = m.chunk_done
+        return ChunkDone(room, c.source_rank, c.sink_rank, c.chunk_seq, c.ok, c.error)
+    if which == "aux":
+        return AuxReceived(room, m.aux.source_rank, m.aux.sink_rank, bytes(m.aux.data))
+    if which == "transfer_done":
+        t = m.transfer_done
+        return TransferDone(room, t.source_node_id, t.source_rank, t.sink_rank, t.ok, t.error)
+    return None  # an event kind this client does not know
+
+
+@dataclass(frozen=True)
+class ChunkRequest:
+    """One chunk for NodeClient.submit_chunks: the arguments of submit_chunk."""
+    room: RoomKey
+    chunk_seq: int
+    source_rank: int
+    source_pool_id: int
+    source_ranges: RangesLike
+    sink_node_id: str
+    sink_rank: int
+    sink_pool_id: int
+    sink_ranges: RangesLike
+    last_chunk: bool = False
+    aux: bytes = b""
+
+    def _pb(self) -> node_pb2.SubmitChunkRequest:
+        return node_pb2.SubmitChunkRequest(
+            room=self.room._pb(), chunk_seq=self.chunk_seq, source_rank=self.source_rank,
+            source_pool_id=self.source_pool_id, source_ranges=_ranges(self.source_ranges),
+            sink_node_id=self.sink_node_id, sink_rank=self.sink_rank,
+            sink_pool_id=self.sink_pool_id, sink_ranges=_ranges(self.sink_ranges),
+            last_chunk=self.last_chunk, aux=self.aux)
+
+
+_CODE_BY_NUMBER: Dict[int, grpc.StatusCode] = {c.value[0]: c for c in grpc.StatusCode}
+
+
+@dataclass(frozen=True)
+class ChunkResult:
+    """NodeClient.submit_chunks: the node's answer to one request. code OK:
+    admitted (as a submit_chunk reply); otherwise the code submit_chunk would
+    have raised, and `message` names the field. error() is that exception."""
+    chunk_seq: int
+    code: grpc.StatusCode
+    message: str
+
+    @property
+    def ok(self) -> bool:
+        return self.code == grpc.StatusCode.OK
+
+    def error(self) -> Optional[errors.KvfenceError]:
+        if self.ok:
+            return None
+        return errors.make_error(self.code, self.message, "NodeLocal.SubmitChunks")
+
+
+@dataclass(frozen=True)
 class ParticipantInfo:
     participant: Participant
     node_incarnation: int
@@ -469,6 +590,98 @@ class LeaseWatch(Iterator[WatchEvent]):
         self._call.cancel()
 
     def __enter__(self) -> "LeaseWatch":
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.cancel()
+
+
+class NodeWatch(Iterator[NodeEvent]):
+    """An open NodeLocal.Watch stream: iterate it for NodeEvents; close() (or
+    cancel(), or leaving the `with` block) ends it, and the iteration then
+    just stops. A stream error raises the matching KvfenceError (Unavailable
+    when the node shuts down; InvalidArgument naming the filter field)."""
+
+    def __init__(self, call: Any) -> None:
+        self._call = call
+        self._cancelled = False
+
+    def __iter__(self) -> "NodeWatch":
+        return self
+
+    def __next__(self) -> NodeEvent:
+        while True:
+            try:
+                m = next(self._call)
+            except grpc.RpcError as e:
+                if self._cancelled and e.code() == grpc.StatusCode.CANCELLED:
+                    raise StopIteration from None
+                raise errors.from_rpc_error(e, "NodeLocal.Watch") from None
+            ev = _node_event_from(m)
+            if ev is not None:
+                return ev
+
+    def cancel(self) -> None:
+        self._cancelled = True
+        self._call.cancel()
+
+    close = cancel
+
+    def __enter__(self) -> "NodeWatch":
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.cancel()
+
+
+class ChunkStream(Iterator[ChunkResult]):
+    """An open NodeLocal.SubmitChunks stream (NodeClient.submit_chunks):
+    iterate it for one ChunkResult per request, in request order. The
+    requests are sent from gRPC's own thread, at most `window` without a
+    result (the node ends a stream with more than 64 outstanding). close()
+    (or cancel(), or leaving the `with` block) stops sending and ends the
+    stream; requests sent by then may or may not have been admitted (Watch's
+    chunk_done tells). A stream error raises the matching KvfenceError
+    (Unavailable when the node shuts down)."""
+
+    def __init__(self, stub: Any, requests: Iterable[ChunkRequest], window: int,
+                 timeout: Optional[float]) -> None:
+        self._slots = threading.Semaphore(window)
+        self._cancelled = threading.Event()
+        self._call = stub.SubmitChunks(self._send(iter(requests)), timeout=timeout)
+
+    def _send(self, reqs: Iterator[ChunkRequest]) -> Iterator[node_pb2.SubmitChunkRequest]:
+        # Runs on gRPC's request-consuming thread: block for a window slot,
+        # but wake up to see a cancel.
+        for r in reqs:
+            while not self._slots.acquire(timeout=0.1):
+                if self._cancelled.is_set():
+                    return
+            if self._cancelled.is_set():
+                return
+            yield r._pb()
+
+    def __iter__(self) -> "ChunkStream":
+        return self
+
+    def __next__(self) -> ChunkResult:
+        try:
+            m = next(self._call)
+        except grpc.RpcError as e:
+            if self._cancelled.is_set() and e.code() == grpc.StatusCode.CANCELLED:
+                raise StopIteration from None
+            raise errors.from_rpc_error(e, "NodeLocal.SubmitChunks") from None
+        self._slots.release()
+        return ChunkResult(m.chunk_seq, _CODE_BY_NUMBER.get(m.code, grpc.StatusCode.UNKNOWN),
+                           m.message)
+
+    def cancel(self) -> None:
+        self._cancelled.set()
+        self._call.cancel()
+
+    close = cancel
+
+    def __enter__(self) -> "ChunkStream":
         return self
 
     def __exit__(self, *exc: Any) -> None:
@@ -746,10 +959,36 @@ class NodeClient(_Client):
         return Pool._from(r.pool)
 
     def unregister_pool(self, pool_id: int, *, timeout: Optional[float] = None) -> None:
-        """Unregisters a pool (FAILED_PRECONDITION while a lease on it is not
-        RELEASED). The current kvfence-node answers UNIMPLEMENTED."""
+        """Unregisters a pool. NotFound for an unknown pool_id; FailedPrecondition
+        (naming the pool and the room) while a room whose lease on this node
+        uses the pool has not drained: retry later."""
         req = node_pb2.UnregisterPoolRequest(pool_id=pool_id)
         self._unary("NodeLocal.UnregisterPool", self._stub.UnregisterPool, req, timeout)
+
+    def watch(self, rooms: Optional[Iterable[Union[RoomKey, int, Tuple[int, int]]]] = None,
+              ranks: Optional[Iterable[int]] = None, include_chunks: bool = False, *,
+              timeout: Optional[float] = None) -> NodeWatch:
+        """Opens a Watch stream of the rooms on this node (no deadline unless
+        `timeout`): one NodeRoomState per matching room whose lifetime has not
+        drained, then live events (NodeRoomState, AuxReceived, TransferDone,
+        and ChunkDone with include_chunks). rooms: RoomKeys or ids (an int
+        or generation 0: any generation); None or empty: all. ranks: local
+        ranks; None or empty: all."""
+        req = node_pb2.WatchRequest(rooms=[_room_key(r)._pb() for r in (rooms or ())],
+                                    ranks=list(ranks or ()), include_chunks=include_chunks)
+        return NodeWatch(self._stub.Watch(req, timeout=timeout))
+
+    def submit_chunks(self, requests: Iterable[ChunkRequest], *, window: int = 64,
+                      timeout: Optional[float] = None) -> ChunkStream:
+        """Submits ChunkRequests pipelined on one SubmitChunks stream; iterate
+        the result for one ChunkResult per request, in order. A refused
+        chunk is a result with its code (ChunkResult.error()), not an
+        exception, and later requests are still handled; stop feeding
+        requests if nothing may follow a refused one. No deadline unless
+        `timeout`. window (1..64): requests in flight without a result."""
+        if not 1 <= window <= 64:
+            raise ValueError("window: must be in 1..64, got %r" % (window,))
+        return ChunkStream(self._stub, requests, window, timeout)
 
     def submit_chunk(self, room: RoomKey, chunk_seq: int, *, source_rank: int,
                      source_pool_id: int, source_ranges: RangesLike, sink_node_id: str,
