@@ -280,12 +280,43 @@ void node_pools_to_wire(struct kvf_node *n, Kvfence__V1__Pool *pv, Kvfence__V1__
 /* ---- rooms ------------------------------------------------------------------- */
 
 /* Any thread holding rooms_lock, or the owner. */
+static size_t room_bucket(kvf_room_key key, size_t cap)
+{
+    uint64_t h = key.room_id * 0x9e3779b97f4a7c15ull ^ key.generation * 0xc2b2ae3d27d4eb4full;
+    return (size_t)(h ^ (h >> 32)) & (cap - 1);
+}
+
 struct node_room *node_room_find(struct kvf_node *n, kvf_room_key key)
 {
-    for (struct node_room *r = n->rooms; r; r = r->next)
+    if (!n->room_index_cap)
+        return NULL;
+    for (struct node_room *r = n->room_index[room_bucket(key, n->room_index_cap)]; r; r = r->hnext)
         if (kvf_room_key_eq(r->key, key))
             return r;
     return NULL;
+}
+
+/* Grows the index, if needed, so that one more room keeps it at about one
+ * room per bucket; -ENOMEM leaves it as it was. Owner thread. */
+static int room_index_reserve(struct kvf_node *n)
+{
+    if (n->room_count + 1 > n->room_index_cap) {
+        size_t cap = n->room_index_cap ? n->room_index_cap * 2 : 256;
+        struct node_room **idx = calloc(cap, sizeof *idx);
+        if (!idx)
+            return -ENOMEM;
+        pthread_rwlock_wrlock(&n->rooms_lock);
+        for (struct node_room *o = n->rooms; o; o = o->next) {
+            size_t b = room_bucket(o->key, cap);
+            o->hnext = idx[b];
+            idx[b] = o;
+        }
+        free(n->room_index);
+        n->room_index = idx;
+        n->room_index_cap = cap;
+        pthread_rwlock_unlock(&n->rooms_lock);
+    }
+    return 0;
 }
 
 /* Opens the lifetime of `key` and publishes an empty room. NULL (logged) when
@@ -293,8 +324,11 @@ struct node_room *node_room_find(struct kvf_node *n, kvf_room_key key)
 static struct node_room *room_open(struct kvf_node *n, kvf_room_key key)
 {
     struct node_room *r = calloc(1, sizeof *r);
-    if (!r)
+    if (!r || room_index_reserve(n) != 0) {
+        node_log("error", &key, "out of memory for the room");
+        free(r);
         return NULL;
+    }
     int rc = kvf_lt_table_open(n->lts, key, &r->lt);
     if (rc != 0) {
         node_log("warn", &key, "cannot open lifetime: %s", strerror(-rc));
@@ -304,6 +338,10 @@ static struct node_room *room_open(struct kvf_node *n, kvf_room_key key)
     r->key = key;
     r->incarnation = n->incarnation;
     pthread_rwlock_wrlock(&n->rooms_lock);
+    size_t b = room_bucket(key, n->room_index_cap);
+    r->hnext = n->room_index[b];
+    n->room_index[b] = r;
+    n->room_count++;
     r->next = n->rooms;
     n->rooms = r;
     pthread_rwlock_unlock(&n->rooms_lock);
@@ -1190,6 +1228,7 @@ void kvf_node_destroy(struct kvf_node *n)
         free(r);
         r = next;
     }
+    free(n->room_index);
     pthread_rwlock_destroy(&n->rooms_lock);
     pthread_mutex_destroy(&n->watch_lock);
     pthread_cond_destroy(&n->qdone);

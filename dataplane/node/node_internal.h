@@ -143,7 +143,8 @@ struct node_room {
     /* Written by the owner under rooms_lock (write): the peer channel must
      * answer LATE (aborting, admission closed, or drained). */
     bool peer_closed;
-    struct node_room *next;
+    struct node_room *next;  /* every room, newest first */
+    struct node_room *hnext; /* the same index bucket */
 };
 
 /* ---- peers ------------------------------------------------------------------- */
@@ -273,9 +274,14 @@ struct kvf_node {
     struct kvf_rpc_client_stream *_Atomic reset_stream;
     uint64_t self_fences; /* how many times (logs, tests) */
 
-    /* Rooms: list published under rooms_lock. */
+    /* Rooms: list published under rooms_lock, with a hash index by key (the
+     * TCP check and SubmitChunk find a room per frame; rooms are never
+     * forgotten while the node runs, so the list only grows). */
     pthread_rwlock_t rooms_lock;
     struct node_room *rooms;
+    struct node_room **room_index; /* room_index_cap buckets, a power of 2 */
+    size_t room_index_cap;
+    size_t room_count;
 
     /* Control session thread. */
     struct kvf_rpc_channel *channel;
