@@ -410,11 +410,11 @@ static struct kvf_rpc_client_stream *watch_open(struct kvf_rpc_channel *ch, cons
     return cs;
 }
 
-static void status_from_rpc(struct kvf_status *st, const struct kvf_rpc_status *rst)
+static int status_from_rpc(struct kvf_status *st, const struct kvf_rpc_status *rst)
 {
     int code =
         rst->code >= 0 && rst->code <= KVF_STATUS_UNAUTHENTICATED ? rst->code : KVF_STATUS_INTERNAL;
-    set_status(st, code, "%s", rst->message[0] ? rst->message : kvf_status_name(code));
+    return set_status(st, code, "%s", rst->message[0] ? rst->message : kvf_status_name(code));
 }
 
 int kvf_wait_released(kvf_client *c, uint64_t lease_id, int64_t deadline_ms, struct kvf_status *st)
@@ -826,8 +826,8 @@ static void chunk_req_free(struct chunk_req *cr)
 
 int kvf_submit_chunk(kvf_node_client *n, const struct kvf_chunk *chunk, struct kvf_status *st)
 {
-    if (!n || !chunk || !chunk->sink_node_id)
-        return bad_arg(st, "kvf_submit_chunk", "node client, chunk and sink_node_id are required");
+    if (!n)
+        return bad_arg(st, "kvf_submit_chunk", "node client is required");
     struct chunk_req cr;
     int rc = chunk_req_make(&cr, chunk, "kvf_submit_chunk", st);
     if (rc)
@@ -921,9 +921,7 @@ int kvf_chunk_stream_result(kvf_chunk_stream *s, int64_t timeout_ms, struct kvf_
             ok_status(st);
             return 0;
         }
-        int code =
-            rst.code > 0 && rst.code <= KVF_STATUS_UNAUTHENTICATED ? rst.code : KVF_STATUS_INTERNAL;
-        return set_status(st, code, "%s", rst.message[0] ? rst.message : kvf_status_name(code));
+        return status_from_rpc(st, &rst);
     }
     if (rc != 0)
         return set_status(st, KVF_STATUS_INTERNAL, "kvf_chunk_stream_result: receive failed (%d)",

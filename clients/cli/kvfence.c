@@ -12,6 +12,7 @@
 #include <signal.h>
 #include <stdarg.h>
 #include <stdbool.h>
+#include <stddef.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -288,6 +289,48 @@ static int push_page(ProtobufCMessage ***pages, size_t *n, ProtobufCMessage *m)
     return 0;
 }
 
+/* The reply pages of a paged List* call, in order. */
+struct pages {
+    ProtobufCMessage **v;
+    size_t n;
+};
+
+static void pages_free(struct pages *pg)
+{
+    for (size_t i = 0; i < pg->n; i++) {
+        protobuf_c_message_free_unpacked(pg->v[i], NULL);
+    }
+    free(pg->v);
+}
+
+/*
+ * Calls a paged Admin method until the reply's next_page_token is empty.
+ * page_token is the request's page_token field; next_off is the offset of the
+ * reply's next_page_token. The caller frees *pg, also on error.
+ */
+static int call_paged(struct cli *c, const char *method, const ProtobufCMessage *req,
+                      char **page_token, const ProtobufCMessageDescriptor *rd, size_t next_off,
+                      struct pages *pg)
+{
+    *page_token = "";
+    for (;;) {
+        ProtobufCMessage *m = NULL;
+        int rc = call(c, method, req, rd, &m);
+        if (rc != EXIT_OK) {
+            return rc;
+        }
+        if (push_page(&pg->v, &pg->n, m) != 0) {
+            return EXIT_SERVER;
+        }
+        /* Points into the page just kept, which lives until pages_free. */
+        char *next = *(char **)((char *)m + next_off);
+        if (!next || !*next) {
+            return EXIT_OK;
+        }
+        *page_token = next;
+    }
+}
+
 /* ---- shared printing ----------------------------------------------------- */
 
 static const char *fmt_token(const Kvfence__V1__AbortToken *t, char *buf, size_t len)
@@ -395,26 +438,13 @@ static int finish_table(struct cli_table *t)
 
 static int cmd_nodes(struct cli *c)
 {
-    ProtobufCMessage **pages = NULL;
-    size_t npages = 0;
-    char *token = "";
-    int rc = EXIT_OK;
-    for (;;) {
-        Kvfence__V1__ListNodesRequest rq = KVFENCE__V1__LIST_NODES_REQUEST__INIT;
-        rq.page_token = token;
-        ProtobufCMessage *m = NULL;
-        rc = call(c, "ListNodes", &rq.base, &kvfence__v1__list_nodes_response__descriptor, &m);
-        if (rc != EXIT_OK) {
-            goto out;
-        }
-        if (push_page(&pages, &npages, m) != 0) {
-            rc = EXIT_SERVER;
-            goto out;
-        }
-        token = ((Kvfence__V1__ListNodesResponse *)m)->next_page_token;
-        if (!token || !*token) {
-            break;
-        }
+    Kvfence__V1__ListNodesRequest rq = KVFENCE__V1__LIST_NODES_REQUEST__INIT;
+    struct pages pg = {0};
+    int rc = call_paged(c, "ListNodes", &rq.base, &rq.page_token,
+                        &kvfence__v1__list_nodes_response__descriptor,
+                        offsetof(Kvfence__V1__ListNodesResponse, next_page_token), &pg);
+    if (rc != EXIT_OK) {
+        goto out;
     }
     char b[64], b2[64];
     if (c->json) {
@@ -422,8 +452,8 @@ static int cmd_nodes(struct cli *c)
         cli_json_init(&j, stdout);
         cli_json_obj_begin(&j, NULL);
         cli_json_arr_begin(&j, "nodes");
-        for (size_t p = 0; p < npages; p++) {
-            Kvfence__V1__ListNodesResponse *r = (Kvfence__V1__ListNodesResponse *)pages[p];
+        for (size_t p = 0; p < pg.n; p++) {
+            Kvfence__V1__ListNodesResponse *r = (Kvfence__V1__ListNodesResponse *)pg.v[p];
             for (size_t i = 0; i < r->n_nodes; i++) {
                 Kvfence__V1__NodeInfo *n = r->nodes[i];
                 cli_json_obj_begin(&j, NULL);
@@ -482,8 +512,8 @@ static int cmd_nodes(struct cli *c)
                                         "POOLS", "NOTICES",     "STATE_AGE", "LAST_SEEN"};
         struct cli_table t;
         cli_table_init(&t, 9, h);
-        for (size_t p = 0; p < npages; p++) {
-            Kvfence__V1__ListNodesResponse *r = (Kvfence__V1__ListNodesResponse *)pages[p];
+        for (size_t p = 0; p < pg.n; p++) {
+            Kvfence__V1__ListNodesResponse *r = (Kvfence__V1__ListNodesResponse *)pg.v[p];
             for (size_t i = 0; i < r->n_nodes; i++) {
                 Kvfence__V1__NodeInfo *n = r->nodes[i];
                 cli_table_cell(&t, "%s", n->node_id);
@@ -500,10 +530,7 @@ static int cmd_nodes(struct cli *c)
         rc = finish_table(&t);
     }
 out:
-    for (size_t p = 0; p < npages; p++) {
-        protobuf_c_message_free_unpacked(pages[p], NULL);
-    }
-    free(pages);
+    pages_free(&pg);
     return rc;
 }
 
@@ -528,38 +555,25 @@ static void json_room_fields(struct cli_json *j, const Kvfence__V1__RoomInfo *r)
 
 static int cmd_rooms(struct cli *c)
 {
-    ProtobufCMessage **pages = NULL;
-    size_t npages = 0;
-    char *token = "";
-    int rc = EXIT_OK;
-    for (;;) {
-        Kvfence__V1__ListRoomsRequest rq = KVFENCE__V1__LIST_ROOMS_REQUEST__INIT;
-        rq.n_states = c->nstates;
-        rq.states = (Kvfence__V1__RoomState *)c->states;
-        rq.node_id = c->node ? (char *)c->node : "";
-        rq.min_age_ms = c->min_age_ms;
-        rq.page_token = token;
-        ProtobufCMessage *m = NULL;
-        rc = call(c, "ListRooms", &rq.base, &kvfence__v1__list_rooms_response__descriptor, &m);
-        if (rc != EXIT_OK) {
-            goto out;
-        }
-        if (push_page(&pages, &npages, m) != 0) {
-            rc = EXIT_SERVER;
-            goto out;
-        }
-        token = ((Kvfence__V1__ListRoomsResponse *)m)->next_page_token;
-        if (!token || !*token) {
-            break;
-        }
+    Kvfence__V1__ListRoomsRequest rq = KVFENCE__V1__LIST_ROOMS_REQUEST__INIT;
+    rq.n_states = c->nstates;
+    rq.states = (Kvfence__V1__RoomState *)c->states;
+    rq.node_id = c->node ? (char *)c->node : "";
+    rq.min_age_ms = c->min_age_ms;
+    struct pages pg = {0};
+    int rc = call_paged(c, "ListRooms", &rq.base, &rq.page_token,
+                        &kvfence__v1__list_rooms_response__descriptor,
+                        offsetof(Kvfence__V1__ListRoomsResponse, next_page_token), &pg);
+    if (rc != EXIT_OK) {
+        goto out;
     }
     if (c->json) {
         struct cli_json j;
         cli_json_init(&j, stdout);
         cli_json_obj_begin(&j, NULL);
         cli_json_arr_begin(&j, "rooms");
-        for (size_t p = 0; p < npages; p++) {
-            Kvfence__V1__ListRoomsResponse *r = (Kvfence__V1__ListRoomsResponse *)pages[p];
+        for (size_t p = 0; p < pg.n; p++) {
+            Kvfence__V1__ListRoomsResponse *r = (Kvfence__V1__ListRoomsResponse *)pg.v[p];
             for (size_t i = 0; i < r->n_rooms; i++) {
                 cli_json_obj_begin(&j, NULL);
                 json_room_fields(&j, r->rooms[i]);
@@ -576,8 +590,8 @@ static int cmd_rooms(struct cli *c)
         struct cli_table t;
         cli_table_init(&t, 9, h);
         char b[64];
-        for (size_t p = 0; p < npages; p++) {
-            Kvfence__V1__ListRoomsResponse *r = (Kvfence__V1__ListRoomsResponse *)pages[p];
+        for (size_t p = 0; p < pg.n; p++) {
+            Kvfence__V1__ListRoomsResponse *r = (Kvfence__V1__ListRoomsResponse *)pg.v[p];
             for (size_t i = 0; i < r->n_rooms; i++) {
                 const Kvfence__V1__RoomInfo *ri = r->rooms[i];
                 cli_table_cell(&t, "%" PRIu64, ri->room ? ri->room->room_id : 0);
@@ -595,10 +609,7 @@ static int cmd_rooms(struct cli *c)
         rc = finish_table(&t);
     }
 out:
-    for (size_t p = 0; p < npages; p++) {
-        protobuf_c_message_free_unpacked(pages[p], NULL);
-    }
-    free(pages);
+    pages_free(&pg);
     return rc;
 }
 
@@ -699,38 +710,25 @@ static int cmd_room(struct cli *c)
 
 static int cmd_leases(struct cli *c)
 {
-    ProtobufCMessage **pages = NULL;
-    size_t npages = 0;
-    char *token = "";
-    int rc = EXIT_OK;
-    for (;;) {
-        Kvfence__V1__ListLeasesRequest rq = KVFENCE__V1__LIST_LEASES_REQUEST__INIT;
-        rq.node_id = c->node ? (char *)c->node : "";
-        rq.n_states = c->nstates;
-        rq.states = (Kvfence__V1__LeaseState *)c->states;
-        rq.room_id = c->room_id;
-        rq.page_token = token;
-        ProtobufCMessage *m = NULL;
-        rc = call(c, "ListLeases", &rq.base, &kvfence__v1__list_leases_response__descriptor, &m);
-        if (rc != EXIT_OK) {
-            goto out;
-        }
-        if (push_page(&pages, &npages, m) != 0) {
-            rc = EXIT_SERVER;
-            goto out;
-        }
-        token = ((Kvfence__V1__ListLeasesResponse *)m)->next_page_token;
-        if (!token || !*token) {
-            break;
-        }
+    Kvfence__V1__ListLeasesRequest rq = KVFENCE__V1__LIST_LEASES_REQUEST__INIT;
+    rq.node_id = c->node ? (char *)c->node : "";
+    rq.n_states = c->nstates;
+    rq.states = (Kvfence__V1__LeaseState *)c->states;
+    rq.room_id = c->room_id;
+    struct pages pg = {0};
+    int rc = call_paged(c, "ListLeases", &rq.base, &rq.page_token,
+                        &kvfence__v1__list_leases_response__descriptor,
+                        offsetof(Kvfence__V1__ListLeasesResponse, next_page_token), &pg);
+    if (rc != EXIT_OK) {
+        goto out;
     }
     if (c->json) {
         struct cli_json j;
         cli_json_init(&j, stdout);
         cli_json_obj_begin(&j, NULL);
         cli_json_arr_begin(&j, "leases");
-        for (size_t p = 0; p < npages; p++) {
-            Kvfence__V1__ListLeasesResponse *r = (Kvfence__V1__ListLeasesResponse *)pages[p];
+        for (size_t p = 0; p < pg.n; p++) {
+            Kvfence__V1__ListLeasesResponse *r = (Kvfence__V1__ListLeasesResponse *)pg.v[p];
             for (size_t i = 0; i < r->n_leases; i++) {
                 json_lease(&j, NULL, r->leases[i]);
             }
@@ -744,8 +742,8 @@ static int cmd_leases(struct cli *c)
         struct cli_table t;
         cli_table_init(&t, 11, h);
         char b[64], rb[96];
-        for (size_t p = 0; p < npages; p++) {
-            Kvfence__V1__ListLeasesResponse *r = (Kvfence__V1__ListLeasesResponse *)pages[p];
+        for (size_t p = 0; p < pg.n; p++) {
+            Kvfence__V1__ListLeasesResponse *r = (Kvfence__V1__ListLeasesResponse *)pg.v[p];
             for (size_t i = 0; i < r->n_leases; i++) {
                 const Kvfence__V1__Lease *l = r->leases[i];
                 cli_table_cell(&t, "%" PRIu64, l->lease_id);
@@ -765,10 +763,7 @@ static int cmd_leases(struct cli *c)
         rc = finish_table(&t);
     }
 out:
-    for (size_t p = 0; p < npages; p++) {
-        protobuf_c_message_free_unpacked(pages[p], NULL);
-    }
-    free(pages);
+    pages_free(&pg);
     return rc;
 }
 

@@ -173,8 +173,10 @@ static int local_post_write(struct kvf_transport *t, struct kvf_xfer *x)
         rc = -ENOENT;
     else if (l->peer_fenced[x->peer])
         rc = -ESTALE;
-    else if (!x->src || !pool_find(l, x->sink_pool))
-        rc = !x->src ? -EINVAL : -ENOENT;
+    else if (!x->src)
+        rc = -EINVAL;
+    else if (!pool_find(l, x->sink_pool))
+        rc = -ENOENT;
     else if (!dest_of(l, x))
         rc = -EINVAL;
     if (rc == 0) {

@@ -479,6 +479,10 @@ static void test_chunk_stream(void **state)
     }
     assert_int_equal(kvf_chunk_stream_outstanding(cs), 5);
     assert_int_equal(kvf_chunk_stream_close_send(cs, &st), 0);
+    /* Closed for sending: refused, and not counted as outstanding. */
+    struct kvf_chunk late = chunk_of(f, src.room, 0, 6, &s[0], &d[0], false);
+    assert_int_equal(kvf_chunk_stream_send(cs, &late, &st), -KVF_STATUS_FAILED_PRECONDITION);
+    assert_int_equal(kvf_chunk_stream_outstanding(cs), 5);
     for (int i = 0; i < 5; i++) {
         struct kvf_chunk_result r;
         assert_int_equal(kvf_chunk_stream_result(cs, WAIT_MS, &r, &st), 1);
@@ -506,6 +510,8 @@ static void test_chunk_stream(void **state)
 
     /* The window: chunks of a rank in no lease, each refused by the node. */
     assert_int_equal(kvf_chunk_stream_open(f->n1.nc, &cs, &st), 0);
+    /* Nothing sent yet: a bounded wait for a result times out. */
+    assert_int_equal(kvf_chunk_stream_result(cs, 50, &r, &st), -KVF_STATUS_DEADLINE_EXCEEDED);
     struct kvf_page_range s1 = {0, 1}, d1 = {16, 1};
     for (uint64_t i = 1; i <= KVF_CHUNK_STREAM_WINDOW; i++) {
         struct kvf_chunk c = chunk_of(f, src.room, 99, i, &s1, &d1, false);

@@ -202,6 +202,9 @@ static void test_bad_writes_post_nothing(void **state)
     x->sink_pool = 99;
     assert_int_equal(kvf_transport_post_write(f->t, x), -ENOENT);
     x->sink_pool = POOL_ID;
+    x->src = NULL;
+    assert_int_equal(kvf_transport_post_write(f->t, x), -EINVAL);
+    x->src = f->src;
     x->peer = SELF + 1;
     assert_int_equal(kvf_transport_post_write(f->t, x), -ENOENT);
     assert_int_equal(kvf_transport_fence_peer(f->t, SELF + 1), -ENOENT);
