@@ -434,16 +434,22 @@ static void node_member_landed(struct kvf_node *n, struct node_room *r, struct n
     node_check_sink_complete(n, r, m);
 }
 
-void node_sink_landed(struct kvf_node *n, struct node_room *r, uint32_t rank, uint32_t first_page,
-                      uint32_t page_count, uint64_t bytes)
+struct node_member *node_local_sink(struct node_room *r, uint32_t rank)
 {
     for (size_t i = 0; i < r->nmembers; i++) {
         struct node_member *m = &r->members[i];
-        if (m->local && m->rank == rank && m->role == KVFENCE__V1__ROLE__ROLE_SINK) {
-            node_member_landed(n, r, m, first_page, page_count, bytes);
-            return;
-        }
+        if (m->local && m->rank == rank && m->role == KVFENCE__V1__ROLE__ROLE_SINK)
+            return m;
     }
+    return NULL;
+}
+
+void node_sink_landed(struct kvf_node *n, struct node_room *r, uint32_t rank, uint32_t first_page,
+                      uint32_t page_count, uint64_t bytes)
+{
+    struct node_member *m = node_local_sink(r, rank);
+    if (m)
+        node_member_landed(n, r, m, first_page, page_count, bytes);
 }
 
 /* ---- peers ------------------------------------------------------------------- */
@@ -657,14 +663,7 @@ static void on_abort_notice(struct kvf_node *n, const Kvfence__V1__AbortNotice *
     }
 }
 
-static void poll_completions(struct kvf_node *n);
-
 void node_poll_completions(struct kvf_node *n)
-{
-    poll_completions(n);
-}
-
-static void poll_completions(struct kvf_node *n)
 {
     struct kvf_completion c[NODE_POLL_BATCH];
     node_xport_poll(n); /* local copies and staging */
@@ -695,7 +694,7 @@ static void on_fence_peer(struct kvf_node *n, const Kvfence__V1__FencePeer *fp)
         node_log("error", NULL, "cannot fence peer %s: %s", id, strerror(-rc));
         return; /* no PeerFenced: the control plane re-sends */
     }
-    poll_completions(n);
+    node_poll_completions(n);
     for (struct node_room *r = n->rooms; r; r = r->next)
         node_check_drained(n, r);
     Kvfence__V1__PeerFenced pf = KVFENCE__V1__PEER_FENCED__INIT;
@@ -984,7 +983,7 @@ static void *owner_main(void *arg)
             }
         }
         node_faults_tick(n);
-        poll_completions(n);
+        node_poll_completions(n);
         int64_t now = node_now_ms();
         node_session_tick(n, now);
         if (n->session && n->session_welcomed && now >= n->next_hb_ms) {

@@ -308,6 +308,8 @@ void node_check_drained(struct kvf_node *n, struct node_room *r);
 void node_send_transfer_failed(struct kvf_node *n, struct node_room *r, uint32_t rank, int role,
                                const char *reason);
 void node_send_completed(struct kvf_node *n, struct node_room *r, struct node_member *m);
+/* This incarnation's sink member of rank `rank` in `r`, or NULL. */
+struct node_member *node_local_sink(struct node_room *r, uint32_t rank);
 /* `bytes` landed in pages [first_page, first_page + page_count) of local sink
  * `rank`'s lease (local transport); may complete it. */
 void node_sink_landed(struct kvf_node *n, struct node_room *r, uint32_t rank, uint32_t first_page,
