@@ -46,8 +46,6 @@
 
 #define LOCAL_CQ_THREADS 2
 
-bool node_ranges_cover(const struct node_range *rv, size_t nr, uint32_t first, uint32_t count);
-
 /* ---- replies ------------------------------------------------------------------ */
 
 static void fail(struct node_job *j, int code, const char *fmt, ...)
@@ -102,15 +100,8 @@ void node_local_register_pool(struct kvf_node *n, struct node_job *j)
              shm->shm_name, p->page_count, p->page_size, p->rank);
 
     Kvfence__V1__Pool pool;
-    Kvfence__V1__Pool *pp;
-    kvfence__v1__pool__init(&pool);
-    pool.pool_id = p->id;
-    pool.kind = KVFENCE__V1__POOL_KIND__POOL_KIND_HOST_SHM;
-    pool.page_size = p->page_size;
-    pool.page_count = p->page_count;
-    pool.owner_rank = p->rank;
-    pool.base_addr = (uint64_t)(uintptr_t)p->base;
-    pp = &pool;
+    node_pool_to_wire(p, &pool);
+    Kvfence__V1__Pool *pp = &pool;
     /* The control plane learns the pool now, or from the next Hello. */
     Kvfence__V1__PoolUpdate pu = KVFENCE__V1__POOL_UPDATE__INIT;
     pu.n_upserted = 1;
@@ -349,10 +340,7 @@ int node_submit_chunk(struct kvf_node *n, const Kvfence__V1__SubmitChunkRequest 
                req->chunk_seq, pair->last_seq);
         return o->code;
     }
-    const struct node_pool *pool = NULL;
-    for (uint32_t i = 0; i < n->npools; i++)
-        if (n->pools[i].id == src->pool_id)
-            pool = &n->pools[i];
+    const struct node_pool *pool = node_pool_find(n, src->pool_id);
     if (!pool) {
         refuse(o, KVF_GRPC_FAILED_PRECONDITION, "source pool %u is not registered", src->pool_id);
         return o->code;
@@ -538,7 +526,7 @@ void node_local_completion(struct kvf_node *n, const struct kvf_completion *c)
 
 /* ---- handlers (CQ threads) ------------------------------------------------------ */
 
-static void post_or_fail(struct kvf_node *n, struct node_job *j)
+void node_post_or_fail(struct kvf_node *n, struct node_job *j)
 {
     if (node_post(n, j) != 0) {
         kvf_rpc_call_fail(j->call, KVF_GRPC_UNAVAILABLE, "node shutting down");
@@ -588,7 +576,7 @@ static void h_register_pool(void *ctx, struct kvf_rpc_call *call, const uint8_t 
     j->kind = JOB_REGISTER_POOL;
     j->call = call;
     j->reg = r;
-    post_or_fail(n, j);
+    node_post_or_fail(n, j);
 }
 
 const char *node_submit_shape(const Kvfence__V1__SubmitChunkRequest *r)
@@ -631,7 +619,7 @@ static void h_submit_chunk(void *ctx, struct kvf_rpc_call *call, const uint8_t *
     j->kind = JOB_SUBMIT_CHUNK;
     j->call = call;
     j->submit = r;
-    post_or_fail(n, j);
+    node_post_or_fail(n, j);
 }
 
 int node_local_start(struct kvf_node *n)

@@ -263,16 +263,21 @@ static void send_heartbeat(struct kvf_node *n)
     node_ctl_send(n, &m);
 }
 
+void node_pool_to_wire(const struct node_pool *p, Kvfence__V1__Pool *pv)
+{
+    kvfence__v1__pool__init(pv);
+    pv->pool_id = p->id;
+    pv->kind = KVFENCE__V1__POOL_KIND__POOL_KIND_HOST_SHM;
+    pv->page_size = p->page_size;
+    pv->page_count = p->page_count;
+    pv->owner_rank = p->rank;
+    pv->base_addr = (uint64_t)(uintptr_t)p->base;
+}
+
 void node_pools_to_wire(struct kvf_node *n, Kvfence__V1__Pool *pv, Kvfence__V1__Pool **pp)
 {
     for (uint32_t i = 0; i < n->npools; i++) {
-        kvfence__v1__pool__init(&pv[i]);
-        pv[i].pool_id = n->pools[i].id;
-        pv[i].kind = KVFENCE__V1__POOL_KIND__POOL_KIND_HOST_SHM;
-        pv[i].page_size = n->pools[i].page_size;
-        pv[i].page_count = n->pools[i].page_count;
-        pv[i].owner_rank = n->pools[i].rank;
-        pv[i].base_addr = (uint64_t)(uintptr_t)n->pools[i].base;
+        node_pool_to_wire(&n->pools[i], &pv[i]);
         pp[i] = &pv[i];
     }
 }
@@ -369,7 +374,7 @@ void node_check_drained(struct kvf_node *n, struct node_room *r)
     }
 }
 
-static const struct node_pool *pool_find(const struct kvf_node *n, uint32_t id)
+struct node_pool *node_pool_find(struct kvf_node *n, uint32_t id)
 {
     for (uint32_t i = 0; i < n->npools; i++)
         if (n->pools[i].id == id)
@@ -460,23 +465,29 @@ static void node_member_landed(struct kvf_node *n, struct node_room *r, struct n
                                uint32_t first_page, uint32_t page_count, uint64_t bytes)
 {
     m->bytes_landed += bytes;
-    const struct node_pool *p = pool_find(n, m->pool_id);
+    const struct node_pool *p = node_pool_find(n, m->pool_id);
     if (p && bytes == (uint64_t)page_count * p->page_size &&
         mark_landed(m, first_page, page_count) != 0)
         node_log("error", &r->key, "out of memory for the sink's page map");
     node_check_sink_complete(n, r, m);
 }
 
-void node_sink_landed(struct kvf_node *n, struct node_room *r, uint32_t rank, uint32_t first_page,
-                      uint32_t page_count, uint64_t bytes)
+struct node_member *node_local_sink(struct node_room *r, uint32_t rank)
 {
     for (size_t i = 0; i < r->nmembers; i++) {
         struct node_member *m = &r->members[i];
-        if (m->local && m->rank == rank && m->role == KVFENCE__V1__ROLE__ROLE_SINK) {
-            node_member_landed(n, r, m, first_page, page_count, bytes);
-            return;
-        }
+        if (m->local && m->rank == rank && m->role == KVFENCE__V1__ROLE__ROLE_SINK)
+            return m;
     }
+    return NULL;
+}
+
+void node_sink_landed(struct kvf_node *n, struct node_room *r, uint32_t rank, uint32_t first_page,
+                      uint32_t page_count, uint64_t bytes)
+{
+    struct node_member *m = node_local_sink(r, rank);
+    if (m)
+        node_member_landed(n, r, m, first_page, page_count, bytes);
 }
 
 /* ---- peers ------------------------------------------------------------------- */
@@ -690,14 +701,7 @@ static void on_abort_notice(struct kvf_node *n, const Kvfence__V1__AbortNotice *
     }
 }
 
-static void poll_completions(struct kvf_node *n);
-
 void node_poll_completions(struct kvf_node *n)
-{
-    poll_completions(n);
-}
-
-static void poll_completions(struct kvf_node *n)
 {
     struct kvf_completion c[NODE_POLL_BATCH];
     node_xport_poll(n); /* local copies and staging */
@@ -728,7 +732,7 @@ static void on_fence_peer(struct kvf_node *n, const Kvfence__V1__FencePeer *fp)
         node_log("error", NULL, "cannot fence peer %s: %s", id, strerror(-rc));
         return; /* no PeerFenced: the control plane re-sends */
     }
-    poll_completions(n);
+    node_poll_completions(n);
     for (struct node_room *r = n->rooms; r; r = r->next)
         node_check_drained(n, r);
     Kvfence__V1__PeerFenced pf = KVFENCE__V1__PEER_FENCED__INIT;
@@ -783,7 +787,7 @@ static void on_control_msg(struct kvf_node *n, const Kvfence__V1__ControlMessage
 
 /* ---- TCP receive side (receiver threads) --------------------------------------- */
 
-static bool ranges_cover(const struct node_range *rv, size_t nr, uint32_t first, uint32_t count)
+bool node_ranges_cover(const struct node_range *rv, size_t nr, uint32_t first, uint32_t count)
 {
     /* Every page of [first, first + count) lies in one of the ranges. */
     uint64_t p = first, end = (uint64_t)first + count;
@@ -802,10 +806,19 @@ static bool ranges_cover(const struct node_range *rv, size_t nr, uint32_t first,
     return true;
 }
 
-bool node_ranges_cover(const struct node_range *rv, size_t nr, uint32_t first, uint32_t count);
-bool node_ranges_cover(const struct node_range *rv, size_t nr, uint32_t first, uint32_t count)
+/* The local sink member whose lease in `pool_id` covers the pages (a page is
+ * in at most one write lease, so there is at most one), as the room's members
+ * are now. The owner, or a receiver holding rooms_lock (tcp_check). */
+static struct node_member *sink_member_of(struct node_room *r, uint32_t pool_id,
+                                          uint32_t first_page, uint32_t page_count)
 {
-    return ranges_cover(rv, nr, first, count);
+    for (size_t i = 0; i < r->nmembers; i++) {
+        struct node_member *m = &r->members[i];
+        if (m->local && m->role == KVFENCE__V1__ROLE__ROLE_SINK && m->pool_id == pool_id &&
+            node_ranges_cover(m->ranges, m->nranges, first_page, page_count))
+            return m;
+    }
+    return NULL;
 }
 
 static int tcp_check(void *ctx, uint32_t peer, kvf_room_key room, uint32_t pool_id,
@@ -825,14 +838,8 @@ static int tcp_check(void *ctx, uint32_t peer, kvf_room_key room, uint32_t pool_
                           r->members[i].incarnation == from->incarnation &&
                           strcmp(r->members[i].node_id, from->node_id) == 0;
         rc = from_source ? -EPERM : -ENOENT;
-        for (size_t i = 0; i < r->nmembers && from_source; i++) {
-            const struct node_member *m = &r->members[i];
-            if (!m->local || m->role != KVFENCE__V1__ROLE__ROLE_SINK || m->pool_id != pool_id ||
-                !ranges_cover(m->ranges, m->nranges, first_page, page_count))
-                continue;
+        if (from_source && sink_member_of(r, pool_id, first_page, page_count))
             rc = kvf_lt_admit(r->lt, op, KVF_LT_OP_TCP_FRAME, peer);
-            break;
-        }
     }
     pthread_rwlock_unlock(&n->rooms_lock);
     return rc;
@@ -862,21 +869,6 @@ static void tcp_on_frame(void *ctx, uint32_t peer, kvf_room_key room, uint32_t p
     j->drained = drained;
     if (node_post(n, j) != 0)
         free(j);
-}
-
-/* The local sink member whose lease in `pool_id` covers the pages (a page is
- * in at most one write lease, so there is at most one), as the room's members
- * are now. Owner thread. */
-static struct node_member *sink_member_of(struct node_room *r, uint32_t pool_id,
-                                          uint32_t first_page, uint32_t page_count)
-{
-    for (size_t i = 0; i < r->nmembers; i++) {
-        struct node_member *m = &r->members[i];
-        if (m->local && m->role == KVFENCE__V1__ROLE__ROLE_SINK && m->pool_id == pool_id &&
-            ranges_cover(m->ranges, m->nranges, first_page, page_count))
-            return m;
-    }
-    return NULL;
 }
 
 static void on_frame(struct kvf_node *n, const struct node_job *j)
@@ -1029,7 +1021,7 @@ static void *owner_main(void *arg)
             }
         }
         node_faults_tick(n);
-        poll_completions(n);
+        node_poll_completions(n);
         int64_t now = node_now_ms();
         node_session_tick(n, now);
         if (n->session && n->session_welcomed && now >= n->next_hb_ms) {

@@ -314,13 +314,19 @@ void node_check_drained(struct kvf_node *n, struct node_room *r);
 void node_send_transfer_failed(struct kvf_node *n, struct node_room *r, uint32_t rank, int role,
                                const char *reason);
 void node_send_completed(struct kvf_node *n, struct node_room *r, struct node_member *m);
+/* This incarnation's sink member of rank `rank` in `r`, or NULL. */
+struct node_member *node_local_sink(struct node_room *r, uint32_t rank);
 /* `bytes` landed in pages [first_page, first_page + page_count) of local sink
  * `rank`'s lease (local transport); may complete it. */
 void node_sink_landed(struct kvf_node *n, struct node_room *r, uint32_t rank, uint32_t first_page,
                       uint32_t page_count, uint64_t bytes);
 int node_ensure_peer(struct kvf_node *n, const char *node_id, uint64_t incarnation,
                      uint32_t *idx_p);
+void node_pool_to_wire(const struct node_pool *p, Kvfence__V1__Pool *pv);
 void node_pools_to_wire(struct kvf_node *n, Kvfence__V1__Pool *pv, Kvfence__V1__Pool **pp);
+struct node_pool *node_pool_find(struct kvf_node *n, uint32_t id); /* NULL: not registered */
+/* Every page of [first, first + count) lies in one of the ranges. */
+bool node_ranges_cover(const struct node_range *rv, size_t nr, uint32_t first, uint32_t count);
 
 struct kvf_transport *node_tcp_create(struct kvf_node *n, uint64_t incarnation, uint16_t port);
 void node_poll_completions(struct kvf_node *n);
@@ -344,6 +350,8 @@ int node_local_start(struct kvf_node *n);
 void node_local_stop(struct kvf_node *n);
 void node_local_register_pool(struct kvf_node *n, struct node_job *j); /* owner */
 void node_local_submit_chunk(struct kvf_node *n, struct node_job *j);  /* owner */
+/* Posts a unary call's job; on shutdown fails the call UNAVAILABLE and frees the job. */
+void node_post_or_fail(struct kvf_node *n, struct node_job *j);
 /* A SubmitChunk(s) request's outcome: KVF_GRPC_OK, or the code and the
  * message naming the field. */
 struct node_submit_out {

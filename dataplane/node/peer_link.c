@@ -294,17 +294,6 @@ void node_peer_close_room(struct kvf_node *n, struct node_room *r)
 
 /* ---- sink side (owner) ------------------------------------------------------------- */
 
-static struct node_member *local_sink(struct kvf_node *n, struct node_room *r, uint32_t rank)
-{
-    for (size_t i = 0; i < r->nmembers; i++) {
-        struct node_member *m = &r->members[i];
-        if (m->local && m->role == KVFENCE__V1__ROLE__ROLE_SINK && m->rank == rank &&
-            strcmp(m->node_id, n->node_id) == 0)
-            return m;
-    }
-    return NULL;
-}
-
 void node_peer_msg(struct kvf_node *n, struct node_job *j)
 {
     const struct node_peer_msg *pm = j->pmsg;
@@ -315,7 +304,7 @@ void node_peer_msg(struct kvf_node *n, struct node_job *j)
                  pm->sender);
         return;
     }
-    struct node_member *m = local_sink(n, r, pm->sink_rank);
+    struct node_member *m = node_local_sink(r, pm->sink_rank);
     if (!m) {
         node_log("warn", &pm->room, "peer message from %s for sink rank %u: no such sink here",
                  pm->sender, pm->sink_rank);

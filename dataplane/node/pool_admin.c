@@ -28,11 +28,8 @@
 void node_local_unregister_pool(struct kvf_node *n, struct node_job *j)
 {
     uint32_t id = j->pool_id;
-    uint32_t idx = n->npools;
-    for (uint32_t i = 0; i < n->npools; i++)
-        if (n->pools[i].id == id)
-            idx = i;
-    if (idx == n->npools) {
+    struct node_pool *p = node_pool_find(n, id);
+    if (!p) {
         char msg[96];
         snprintf(msg, sizeof msg, "pool_id: no pool %u on this node", id);
         kvf_rpc_call_fail(j->call, KVF_GRPC_NOT_FOUND, msg);
@@ -67,8 +64,8 @@ void node_local_unregister_pool(struct kvf_node *n, struct node_job *j)
     rc = node_xport_remove_pool(n, id); /* same-node copies */
     if (rc != 0 && rc != -ENOENT)
         node_log("warn", NULL, "pool %u: local transport: %s", id, strerror(-rc));
-    struct node_pool gone = n->pools[idx];
-    n->pools[idx] = n->pools[--n->npools];
+    struct node_pool gone = *p;
+    *p = n->pools[--n->npools];
     kvf_pool_close(gone.pool);
     node_log("info", NULL, "pool %u unregistered (rank %u, %u pages of %u bytes)", id, gone.rank,
              gone.page_count, gone.page_size);
@@ -114,11 +111,7 @@ static void h_unregister_pool(void *ctx, struct kvf_rpc_call *call, const uint8_
     j->kind = JOB_UNREGISTER_POOL;
     j->call = call;
     j->pool_id = id;
-    if (node_post(n, j) != 0) {
-        kvf_rpc_call_fail(call, KVF_GRPC_UNAVAILABLE, "node shutting down");
-        j->call = NULL;
-        node_job_free(j);
-    }
+    node_post_or_fail(n, j);
 }
 
 int node_pool_admin_register(struct kvf_node *n)

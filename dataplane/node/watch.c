@@ -315,6 +315,21 @@ static bool any_watcher(struct kvf_node *n)
     return any;
 }
 
+/* Sends event `ev` of room `r` (its key filled in here) like broadcast. */
+static void emit(struct kvf_node *n, const struct node_room *r, Kvfence__V1__NodeEvent *ev,
+                 enum ev_rank kind, uint32_t rank)
+{
+    Kvfence__V1__RoomKey k = KVFENCE__V1__ROOM_KEY__INIT;
+    k.room_id = r->key.room_id;
+    k.generation = r->key.generation;
+    ev->room = &k;
+    size_t len;
+    uint8_t *buf = pack_event(ev, &len);
+    if (buf)
+        broadcast(n, r, kind, rank, buf, len);
+    free(buf);
+}
+
 void node_watch_room_state(struct kvf_node *n, struct node_room *r)
 {
     if (!any_watcher(n))
@@ -344,9 +359,6 @@ void node_watch_chunk_done(struct kvf_node *n, struct node_room *r, uint32_t src
 {
     if (!any_watcher(n))
         return;
-    Kvfence__V1__RoomKey k = KVFENCE__V1__ROOM_KEY__INIT;
-    k.room_id = r->key.room_id;
-    k.generation = r->key.generation;
     Kvfence__V1__ChunkDoneEvent cd = KVFENCE__V1__CHUNK_DONE_EVENT__INIT;
     cd.source_rank = src_rank;
     cd.sink_rank = sink_rank;
@@ -354,37 +366,24 @@ void node_watch_chunk_done(struct kvf_node *n, struct node_room *r, uint32_t src
     cd.ok = ok;
     cd.error = (char *)(error ? error : "");
     Kvfence__V1__NodeEvent ev = KVFENCE__V1__NODE_EVENT__INIT;
-    ev.room = &k;
     ev.event_case = KVFENCE__V1__NODE_EVENT__EVENT_CHUNK_DONE;
     ev.chunk_done = &cd;
-    size_t len;
-    uint8_t *buf = pack_event(&ev, &len);
-    if (buf)
-        broadcast(n, r, EV_CHUNK, src_rank, buf, len);
-    free(buf);
+    emit(n, r, &ev, EV_CHUNK, src_rank);
 }
 
 void node_watch_aux(struct kvf_node *n, struct node_room *r, const struct node_peer_msg *pm)
 {
     if (!any_watcher(n))
         return;
-    Kvfence__V1__RoomKey k = KVFENCE__V1__ROOM_KEY__INIT;
-    k.room_id = r->key.room_id;
-    k.generation = r->key.generation;
     Kvfence__V1__AuxEvent a = KVFENCE__V1__AUX_EVENT__INIT;
     a.source_rank = pm->source_rank;
     a.sink_rank = pm->sink_rank;
     a.data.data = (uint8_t *)pm->data;
     a.data.len = pm->len;
     Kvfence__V1__NodeEvent ev = KVFENCE__V1__NODE_EVENT__INIT;
-    ev.room = &k;
     ev.event_case = KVFENCE__V1__NODE_EVENT__EVENT_AUX;
     ev.aux = &a;
-    size_t len;
-    uint8_t *buf = pack_event(&ev, &len);
-    if (buf)
-        broadcast(n, r, EV_SINK, pm->sink_rank, buf, len);
-    free(buf);
+    emit(n, r, &ev, EV_SINK, pm->sink_rank);
 }
 
 void node_watch_transfer_done(struct kvf_node *n, struct node_room *r,
@@ -392,9 +391,6 @@ void node_watch_transfer_done(struct kvf_node *n, struct node_room *r,
 {
     if (!any_watcher(n))
         return;
-    Kvfence__V1__RoomKey k = KVFENCE__V1__ROOM_KEY__INIT;
-    k.room_id = r->key.room_id;
-    k.generation = r->key.generation;
     Kvfence__V1__TransferDoneEvent td = KVFENCE__V1__TRANSFER_DONE_EVENT__INIT;
     td.source_node_id = (char *)pm->sender;
     td.source_rank = pm->source_rank;
@@ -402,14 +398,9 @@ void node_watch_transfer_done(struct kvf_node *n, struct node_room *r,
     td.ok = pm->ok;
     td.error = (char *)pm->error;
     Kvfence__V1__NodeEvent ev = KVFENCE__V1__NODE_EVENT__INIT;
-    ev.room = &k;
     ev.event_case = KVFENCE__V1__NODE_EVENT__EVENT_TRANSFER_DONE;
     ev.transfer_done = &td;
-    size_t len;
-    uint8_t *buf = pack_event(&ev, &len);
-    if (buf)
-        broadcast(n, r, EV_SINK, pm->sink_rank, buf, len);
-    free(buf);
+    emit(n, r, &ev, EV_SINK, pm->sink_rank);
 }
 
 /* ---- shutdown -------------------------------------------------------------------------------- */
