@@ -376,17 +376,8 @@ static void get_node_run(struct kvf_svc_ctx *ctx, struct kvf_rpc_call *call,
         return;
     }
     char *names[KVF_FEATURE_COUNT];
-    size_t nn = 0;
-    for (unsigned i = 0; i < KVF_FEATURE_COUNT; i++) {
-        if (v.features & (1u << i)) {
-            const char *name = kvf_feature_name(1u << i);
-            if (name) {
-                names[nn++] = (char *)name;
-            }
-        }
-    }
     Kvfence__V1__CapabilitySet caps = KVFENCE__V1__CAPABILITY_SET__INIT;
-    caps.n_features = nn;
+    caps.n_features = kvf_svc_features_to_names(v.features, names);
     caps.features = names;
     Kvfence__V1__NodeInfo rs = KVFENCE__V1__NODE_INFO__INIT;
     rs.node_id = (char *)v.node_id;

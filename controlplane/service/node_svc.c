@@ -584,12 +584,10 @@ static void handle_hello(struct kvf_svc_ctx *ctx, struct node_sess *s, Kvfence__
 
     Kvfence__V1__CapabilitySet caps = KVFENCE__V1__CAPABILITY_SET__INIT;
     char *names[KVF_FEATURE_COUNT];
-    size_t nn = 0;
-    for (unsigned i = 0; i < KVF_FEATURE_COUNT; i++)
-        names[nn++] = (char *)kvf_feature_name(1u << i);
     caps.protocol_min = KVF_PROTOCOL_MIN;
     caps.protocol_max = KVF_PROTOCOL_MAX;
-    caps.n_features = nn;
+    /* Every feature this build knows. */
+    caps.n_features = kvf_svc_features_to_names((1u << KVF_FEATURE_COUNT) - 1, names);
     caps.features = names;
     Kvfence__V1__Welcome w = KVFENCE__V1__WELCOME__INIT;
     w.negotiated_version = version;

@@ -171,6 +171,7 @@ struct kvf_svc {
      * caused them is durable (with --data-dir), in the order they came. */
     struct fx_batch *held_head, *held_tail;
     kvf_time_ns heartbeat_timeout; /* 0: sessions are never swept */
+    kvf_time_ns next_sweep;        /* mono time of the next session sweep */
 };
 
 /* The effects of one command, released once record `seq` is durable. */
@@ -532,7 +533,11 @@ static void *state_thread(void *arg)
         now = mono_now();
 
         release_held_effects(svc);
-        kvf_svc_sessions_sweep(&svc->ctx, now, svc->heartbeat_timeout);
+        /* Walks every session: once a second (the wake-up below), not after every job. */
+        if (now >= svc->next_sweep) {
+            kvf_svc_sessions_sweep(&svc->ctx, now, svc->heartbeat_timeout);
+            svc->next_sweep = now + KVF_NS_PER_S;
+        }
         /* Wake at least every second while silent sessions are being watched. */
         if (svc->heartbeat_timeout && (dl == UINT64_MAX || dl > now + KVF_NS_PER_S)) {
             dl = now + KVF_NS_PER_S;

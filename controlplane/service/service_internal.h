@@ -182,6 +182,9 @@ void kvf_svc_metrics_rpc_done(void *ctx, const char *method, int grpc_code, uint
 
 /* Feature names on the wire -> enum kvf_feature bits (unknown names ignored). */
 uint32_t kvf_svc_features_from_names(char *const *names, size_t n);
+/* Enum kvf_feature bits -> their wire names (the strings are static); returns
+ * how many were written. */
+size_t kvf_svc_features_to_names(uint32_t bits, char *names[KVF_FEATURE_COUNT]);
 
 /* A Lease message built from a participant view, with the storage it points
  * at. The view's strings must outlive the message (until the next mutating

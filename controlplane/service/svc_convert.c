@@ -17,6 +17,16 @@ uint32_t kvf_svc_features_from_names(char *const *names, size_t n)
     return bits;
 }
 
+size_t kvf_svc_features_to_names(uint32_t bits, char *names[KVF_FEATURE_COUNT])
+{
+    size_t n = 0;
+    for (unsigned i = 0; i < KVF_FEATURE_COUNT; i++) {
+        if (bits & (1u << i))
+            names[n++] = (char *)kvf_feature_name(1u << i);
+    }
+    return n;
+}
+
 int kvf_svc_lease_fill(struct kvf_svc_lease_buf *b, kvf_room_key key,
                        const struct kvf_cps_participant_view *pv)
 {

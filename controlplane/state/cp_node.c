@@ -25,7 +25,7 @@
 
 #include "cp_state_internal.h"
 
-static bool node_id_valid(const char *id)
+bool cp_node_id_valid(const char *id)
 {
     return id != NULL && id[0] != '\0' && strnlen(id, CP_NODE_ID_MAX + 1) <= CP_NODE_ID_MAX;
 }
@@ -47,7 +47,7 @@ static struct cp_node *node_incarnation(const struct kvf_cps *st, const char *id
 int cp_node_for_report(struct kvf_cps *st, const char *id, uint64_t incarnation,
                        struct cp_node **node_p, struct kvf_error *err)
 {
-    if (!node_id_valid(id))
+    if (!cp_node_id_valid(id))
         return kvf_error_set(err, -EINVAL, "node_id: must be 1..%d bytes", CP_NODE_ID_MAX);
     struct cp_node *node = cp_node_current(st, id);
     if (node == NULL || incarnation > node->incarnation) {
@@ -293,8 +293,8 @@ void cp_node_ttl_fire(struct kvf_cps *st, struct cp_node *node, kvf_time_ns now)
 
 /* ---- attach, detach, pools ------------------------------------------------ */
 
-static int validate_pool(const struct kvf_cps_pool *p, const char *field, size_t i,
-                         struct kvf_error *err)
+int cp_pool_validate(const struct kvf_cps_pool *p, const char *field, size_t i,
+                     struct kvf_error *err)
 {
     if (p->page_size == 0)
         return kvf_error_set(err, -EINVAL, "%s[%zu].page_size: must be > 0", field, i);
@@ -308,7 +308,7 @@ static int validate_hello(const struct kvf_cps *st, const struct kvf_cps_node_he
 {
     if (h == NULL)
         return kvf_error_set(err, -EINVAL, "hello: missing");
-    if (!node_id_valid(h->node_id))
+    if (!cp_node_id_valid(h->node_id))
         return kvf_error_set(err, -EINVAL, "node_id: must be 1..%d bytes", CP_NODE_ID_MAX);
     if (h->incarnation == 0)
         return kvf_error_set(err, -EINVAL, "incarnation: must be > 0");
@@ -321,7 +321,7 @@ static int validate_hello(const struct kvf_cps *st, const struct kvf_cps_node_he
     if (h->pool_count > 0 && h->pools == NULL)
         return kvf_error_set(err, -EINVAL, "pools: missing");
     for (size_t i = 0; i < h->pool_count; i++) {
-        int rc = validate_pool(&h->pools[i], "pools", i, err);
+        int rc = cp_pool_validate(&h->pools[i], "pools", i, err);
         if (rc != 0)
             return rc;
         for (size_t j = 0; j < i; j++) {
@@ -552,10 +552,10 @@ int kvf_cps_node_attach(struct kvf_cps *st, const struct kvf_cps_node_hello *hel
     return 0;
 }
 
-static int node_for_call(struct kvf_cps *st, const char *node_id, uint64_t incarnation,
-                         struct cp_node **node_p, struct kvf_error *err)
+int cp_node_for_call(struct kvf_cps *st, const char *node_id, uint64_t incarnation,
+                     struct cp_node **node_p, struct kvf_error *err)
 {
-    if (!node_id_valid(node_id))
+    if (!cp_node_id_valid(node_id))
         return kvf_error_set(err, -EINVAL, "node_id: must be 1..%d bytes", CP_NODE_ID_MAX);
     struct cp_node *node = cp_node_current(st, node_id);
     if (node == NULL)
@@ -573,7 +573,7 @@ int kvf_cps_node_detach(struct kvf_cps *st, const char *node_id, uint64_t incarn
                         kvf_time_ns now, struct kvf_error *err)
 {
     struct cp_node *node;
-    int rc = node_for_call(st, node_id, incarnation, &node, err);
+    int rc = cp_node_for_call(st, node_id, incarnation, &node, err);
     if (rc != 0)
         return rc;
     if (node->state == KVF_CPS_NODE_SUSPECT)
@@ -589,7 +589,7 @@ int kvf_cps_node_set_pool(struct kvf_cps *st, const char *node_id, uint64_t inca
                           const struct kvf_cps_pool *pool, struct kvf_error *err)
 {
     struct cp_node *node;
-    int rc = node_for_call(st, node_id, incarnation, &node, err);
+    int rc = cp_node_for_call(st, node_id, incarnation, &node, err);
     if (rc != 0)
         return rc;
     if (node->state != KVF_CPS_NODE_ATTACHED)
@@ -597,7 +597,7 @@ int kvf_cps_node_set_pool(struct kvf_cps *st, const char *node_id, uint64_t inca
                              kvf_cps_node_state_name(node->state));
     if (pool == NULL)
         return kvf_error_set(err, -EINVAL, "pool: missing");
-    rc = validate_pool(pool, "pool", 0, err);
+    rc = cp_pool_validate(pool, "pool", 0, err);
     if (rc != 0)
         return rc;
     struct cp_pool *p = cp_node_pool(node, pool->pool_id);
@@ -638,7 +638,7 @@ int kvf_cps_report_fenced(struct kvf_cps *st, const char *node_id, uint64_t inca
                           const char *fenced_node, uint64_t fenced_incarnation, kvf_time_ns now,
                           struct kvf_error *err)
 {
-    if (!node_id_valid(fenced_node))
+    if (!cp_node_id_valid(fenced_node))
         return kvf_error_set(err, -EINVAL, "fenced_node: must be 1..%d bytes", CP_NODE_ID_MAX);
     struct cp_node *fencer;
     int rc = cp_node_for_report(st, node_id, incarnation, &fencer, err);
@@ -671,7 +671,7 @@ int kvf_cps_report_fenced(struct kvf_cps *st, const char *node_id, uint64_t inca
 int kvf_cps_admin_fence(struct kvf_cps *st, const char *node_id, kvf_time_ns now,
                         struct kvf_error *err)
 {
-    if (!node_id_valid(node_id))
+    if (!cp_node_id_valid(node_id))
         return kvf_error_set(err, -EINVAL, "node_id: must be 1..%d bytes", CP_NODE_ID_MAX);
     struct cp_node *node = cp_node_current(st, node_id);
     if (node == NULL)

@@ -21,15 +21,6 @@
 
 #include "cp_state_internal.h"
 
-static struct cp_rnode *rnode_of(const struct cp_room *room, const struct cp_node *node)
-{
-    for (uint32_t i = 0; i < room->nrnodes; i++) {
-        if (room->rnodes[i]->node == node)
-            return room->rnodes[i];
-    }
-    return NULL;
-}
-
 static void pool_remove_at(struct cp_node *node, uint32_t i)
 {
     cp_pool_free(node->pools[i]);
@@ -40,19 +31,11 @@ static void pool_remove_at(struct cp_node *node, uint32_t i)
 static int attached_node(struct kvf_cps *st, const char *node_id, uint64_t incarnation,
                          struct cp_node **node_p, struct kvf_error *err)
 {
-    if (node_id == NULL || node_id[0] == '\0' || strlen(node_id) > CP_NODE_ID_MAX)
-        return kvf_error_set(err, -EINVAL, "node_id: must be 1..%d bytes", CP_NODE_ID_MAX);
-    struct cp_node *node = cp_node_current(st, node_id);
-    if (node == NULL)
-        return kvf_error_set(err, -ENOENT, "node %s: unknown", node_id);
-    if (node->incarnation != incarnation || node->state == KVF_CPS_NODE_LOST)
-        return kvf_error_set(err, -ESTALE, "node %s: incarnation %" PRIu64 " is not current",
-                             node_id, incarnation);
-    if (node->state != KVF_CPS_NODE_ATTACHED)
-        return kvf_error_set(err, -EPERM, "node %s is %s, not ATTACHED", node_id,
-                             kvf_cps_node_state_name(node->state));
-    *node_p = node;
-    return 0;
+    int rc = cp_node_for_call(st, node_id, incarnation, node_p, err);
+    if (rc == 0 && (*node_p)->state != KVF_CPS_NODE_ATTACHED)
+        rc = kvf_error_set(err, -EPERM, "node %s is %s, not ATTACHED", node_id,
+                           kvf_cps_node_state_name((*node_p)->state));
+    return rc;
 }
 
 int kvf_cps_node_remove_pool(struct kvf_cps *st, const char *node_id, uint64_t incarnation,
@@ -94,8 +77,7 @@ static int validate(const struct kvf_cps *st, const struct kvf_cps_resync *rs,
                                  i, (int)l->state);
     }
     for (size_t i = 0; i < rs->fenced_count; i++) {
-        const char *id = rs->fenced[i].node_id;
-        if (id == NULL || id[0] == '\0' || strlen(id) > CP_NODE_ID_MAX)
+        if (!cp_node_id_valid(rs->fenced[i].node_id))
             return kvf_error_set(err, -EINVAL, "fenced_peers[%zu].node_id: must be 1..%d bytes", i,
                                  CP_NODE_ID_MAX);
     }
@@ -103,9 +85,9 @@ static int validate(const struct kvf_cps *st, const struct kvf_cps_resync *rs,
         return kvf_error_set(err, -E2BIG, "pools: %zu pools, limit %" PRIu32, rs->pool_count,
                              st->opts.max_pools_per_node);
     for (size_t i = 0; i < rs->pool_count; i++) {
-        if (rs->pools[i].page_size == 0 || rs->pools[i].page_count == 0)
-            return kvf_error_set(err, -EINVAL, "pools[%zu]: page_size and page_count must be > 0",
-                                 i);
+        int rc = cp_pool_validate(&rs->pools[i], "pools", i, err);
+        if (rc != 0)
+            return rc;
         for (size_t j = 0; j < i; j++) {
             if (rs->pools[j].pool_id == rs->pools[i].pool_id)
                 return kvf_error_set(err, -EINVAL, "pools[%zu].pool_id: %" PRIu32 " repeated", i,
@@ -122,7 +104,7 @@ static void resync_lifetime(struct kvf_cps *st, struct cp_node *node,
 {
     struct cp_room *room = cp_map_get(&st->rooms, l->key.room_id);
     bool known = room != NULL && room->key.generation == l->key.generation;
-    struct cp_rnode *rn = known ? rnode_of(room, node) : NULL;
+    struct cp_rnode *rn = known ? cp_room_rnode(room, node) : NULL;
     if (known && rn == NULL) {
         res->ignored++; /* not a room of this node incarnation */
         return;

@@ -382,7 +382,7 @@ static struct cp_part *find_part(const struct cp_room *room, const struct cp_nod
     return NULL;
 }
 
-static struct cp_rnode *find_rnode(const struct cp_room *room, const struct cp_node *node)
+struct cp_rnode *cp_room_rnode(const struct cp_room *room, const struct cp_node *node)
 {
     for (uint32_t i = 0; i < room->nrnodes; i++) {
         if (room->rnodes[i]->node == node)
@@ -576,7 +576,7 @@ int kvf_cps_join(struct kvf_cps *st, const struct kvf_cps_join *join, kvf_time_n
     if (grow_ptrs((void ***)&target->parts, target->nparts, &target->capparts) != 0 ||
         grow_ptrs((void ***)&target->rnodes, target->nrnodes, &target->caprnodes) != 0)
         goto err_free;
-    struct cp_rnode *rn = find_rnode(target, node);
+    struct cp_rnode *rn = cp_room_rnode(target, node);
     if (rn == NULL) {
         new_rn = calloc(1, sizeof(*new_rn));
         if (new_rn == NULL)
@@ -789,7 +789,7 @@ static int room_for_report(struct kvf_cps *st, const struct cp_node *node, kvf_r
             err, -ESTALE, "room %" PRIu64 ": generation %" PRIu64 " is not current (%" PRIu64 ")",
             key.room_id, key.generation, room->key.generation);
     }
-    struct cp_rnode *rn = find_rnode(room, node);
+    struct cp_rnode *rn = cp_room_rnode(room, node);
     if (rn == NULL) {
         st->stats.reports_unknown++;
         return kvf_error_set(err, -ENOENT, "node %s is not in room %" PRIu64 ":%" PRIu64, node->id,

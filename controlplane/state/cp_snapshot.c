@@ -1067,11 +1067,7 @@ static bool rd_node_links(struct rs *s, uint32_t idx)
         if (r->bad != NULL)
             return false;
         struct cp_room *room = cp_map_get(&s->st->rooms, room_id);
-        struct cp_rnode *rn = NULL;
-        for (uint32_t j = 0; room != NULL && j < room->nrnodes; j++) {
-            if (room->rnodes[j]->node == node)
-                rn = room->rnodes[j];
-        }
+        struct cp_rnode *rn = room != NULL ? cp_room_rnode(room, node) : NULL;
         if (rn == NULL || rnode_linked(rn))
             return rd_fail(r, "links: room of a node unknown or repeated");
         rn->node_prev = tail;

@@ -236,6 +236,15 @@ kvf_time_ns cp_backoff(struct kvf_cps *st, uint32_t attempt);
 /* ---- cp_node.c ----------------------------------------------------------- */
 
 struct cp_node *cp_node_current(const struct kvf_cps *st, const char *id);
+/* 1..CP_NODE_ID_MAX bytes. */
+bool cp_node_id_valid(const char *id);
+/* Looks up the current incarnation a node's own call names: -EINVAL, -ENOENT
+ * or -ESTALE (not current, or LOST) with a message. */
+int cp_node_for_call(struct kvf_cps *st, const char *node_id, uint64_t incarnation,
+                     struct cp_node **node_p, struct kvf_error *err);
+/* -EINVAL naming `field`[i].page_size or .page_count when zero. */
+int cp_pool_validate(const struct kvf_cps_pool *p, const char *field, size_t i,
+                     struct kvf_error *err);
 /* Looks up the reporting node; counts and explains an unknown or stale one. */
 int cp_node_for_report(struct kvf_cps *st, const char *id, uint64_t incarnation,
                        struct cp_node **node_p, struct kvf_error *err);
@@ -271,6 +280,8 @@ void cp_room_free(struct kvf_cps *st, struct cp_room *room);
 void cp_room_set_state(struct kvf_cps *st, struct cp_room *room, enum kvf_cps_room_state s,
                        kvf_time_ns now);
 bool cp_room_terminal(const struct cp_room *room);
+/* The room's entry for `node` (that incarnation), NULL if none. */
+struct cp_rnode *cp_room_rnode(const struct cp_room *room, const struct cp_node *node);
 struct cp_room *cp_room_lookup(const struct kvf_cps *st, kvf_room_key key);
 
 /* ---- cp_pages.c ---------------------------------------------------------- */

@@ -345,6 +345,92 @@ static void test_health_watch(void **state)
     kvf_rpc_client_stream_close(cs);
 }
 
+/* Runs kvfence-control with `args` (settings from a config file holding
+ * `conf`), its output in a temporary file; returns the exit status (-1: did
+ * not exit within 10 s) and the output in `out`. */
+static int run_once(const char *conf, const char *const *args, char *out, size_t cap)
+{
+    char cpath[] = "/tmp/kvf_test_control_confXXXXXX";
+    char opath[] = "/tmp/kvf_test_control_outXXXXXX";
+    int cfd = mkstemp(cpath);
+    int ofd = mkstemp(opath);
+    assert_true(cfd >= 0 && ofd >= 0);
+    assert_int_equal(write(cfd, conf, strlen(conf)), (ssize_t)strlen(conf));
+    close(cfd);
+    const char *argv[16] = {KVF_CONTROL_BIN, "--config", cpath};
+    size_t n = 3;
+    for (size_t i = 0; args[i] != NULL && n < 15; i++)
+        argv[n++] = args[i];
+    argv[n] = NULL;
+    pid_t pid = fork();
+    assert_true(pid >= 0);
+    if (pid == 0) {
+        dup2(ofd, 1);
+        dup2(ofd, 2);
+        execv(KVF_CONTROL_BIN, (char *const *)argv);
+        _exit(127);
+    }
+    int status = -1;
+    for (int i = 0; i < 1000; i++) {
+        pid_t w = waitpid(pid, &status, WNOHANG);
+        if (w == pid)
+            break;
+        status = -1;
+        struct timespec ts = {0, 10 * 1000000L};
+        nanosleep(&ts, NULL);
+    }
+    if (status == -1) {
+        kill(pid, SIGKILL);
+        waitpid(pid, NULL, 0);
+    }
+    ssize_t got = pread(ofd, out, cap - 1, 0);
+    out[got > 0 ? got : 0] = '\0';
+    close(ofd);
+    unlink(cpath);
+    unlink(opath);
+    return status;
+}
+
+/* Settings refused after a config file was read: exit 2 naming the settings,
+ * and (ASan build) nothing the config module kept is leaked. */
+static void test_bad_settings_exit_2(void **state)
+{
+    (void)state;
+    char out[4096];
+    static const char *const none[] = {NULL};
+    int st = run_once("listen = 127.0.0.1:0\ntls-cert = /nonexistent.pem\n", none, out, sizeof out);
+    assert_true(WIFEXITED(st));
+    assert_int_equal(WEXITSTATUS(st), 2);
+    assert_non_null(strstr(out, "--tls-cert and --tls-key go together"));
+
+    st = run_once("tls-client-ca = /nonexistent.pem\n", none, out, sizeof out);
+    assert_true(WIFEXITED(st));
+    assert_int_equal(WEXITSTATUS(st), 2);
+    assert_non_null(strstr(out, "--tls-client-ca needs"));
+
+    st = run_once("listen = 127.0.0.1:0\nlisen = x\n", none, out, sizeof out);
+    assert_true(WIFEXITED(st));
+    assert_int_equal(WEXITSTATUS(st), 2);
+    assert_non_null(strstr(out, "lisen"));
+}
+
+/* --version and --help after a config file was read: exit 0, nothing leaked. */
+static void test_version_and_help_exit_0(void **state)
+{
+    (void)state;
+    char out[16384];
+    static const char *const version[] = {"--version", NULL};
+    static const char *const help[] = {"--help", NULL};
+    int st = run_once("listen = 127.0.0.1:0\n", version, out, sizeof out);
+    assert_true(WIFEXITED(st));
+    assert_int_equal(WEXITSTATUS(st), 0);
+    assert_non_null(strstr(out, "kvfence-control "));
+    st = run_once("listen = 127.0.0.1:0\n", help, out, sizeof out);
+    assert_true(WIFEXITED(st));
+    assert_int_equal(WEXITSTATUS(st), 0);
+    assert_non_null(strstr(out, "--tombstone-ttl-ms"));
+}
+
 /* Last: SIGTERM makes the process exit 0 within a few seconds. */
 static void test_sigterm_exits_zero(void **state)
 {
@@ -368,6 +454,8 @@ int main(void)
         cmocka_unit_test(test_health_watch),
         cmocka_unit_test(test_admin_views_empty),
         cmocka_unit_test(test_reflection_list_services),
+        cmocka_unit_test(test_bad_settings_exit_2),
+        cmocka_unit_test(test_version_and_help_exit_0),
         cmocka_unit_test(test_sigterm_exits_zero),
     };
     return cmocka_run_group_tests(tests, group_setup, group_teardown);

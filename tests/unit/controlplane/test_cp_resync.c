@@ -229,6 +229,17 @@ static void malformed_or_unattached_resync_changes_nothing(void **state)
     struct kvf_cps_resync rs2 = {.lifetimes = &bad, .lifetime_count = 1};
     assert_int_equal(resync(f, "n1", &rs2, NULL), -EINVAL);
     assert_non_null(strstr(f->err.msg, "lifetimes[0].room"));
+    struct kvf_cps_pool empty = {.pool_id = 3, .page_size = 4096, .page_count = 0};
+    struct kvf_cps_resync rs3 = {.pools = &empty, .pool_count = 1};
+    assert_int_equal(resync(f, "n1", &rs3, NULL), -EINVAL);
+    assert_non_null(strstr(f->err.msg, "pools[0].page_count"));
+    struct kvf_cps_resync_peer nameless = {.node_id = "", .incarnation = 1};
+    struct kvf_cps_resync rs4 = {.fenced = &nameless, .fenced_count = 1};
+    assert_int_equal(resync(f, "n1", &rs4, NULL), -EINVAL);
+    assert_non_null(strstr(f->err.msg, "fenced_peers[0].node_id"));
+    struct kvf_cps_resync rs5 = {.fenced_count = 1};
+    assert_int_equal(resync(f, "n1", &rs5, NULL), -EINVAL);
+    assert_non_null(strstr(f->err.msg, "a list is missing"));
     assert_int_equal(room_state(f, key), KVF_CPS_ROOM_ABORTING);
     assert_int_equal(pool_count(f, "n1"), 1);
     assert_int_equal(f->nfx, 0);
