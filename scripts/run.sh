@@ -146,8 +146,10 @@ wait_file "$tmp/n2.port" 2 "${node_pids[1]}" "kvfence-node n2" "$tmp/n2.log"
 echo "cluster: kvfence-control $address (metrics 127.0.0.1:${metrics_port:-?}), nodes n1 n2 (logs in $tmp)"
 
 rc=0
+metrics_arg=()
+[ -n "${metrics_port:-}" ] && metrics_arg=(--metrics "127.0.0.1:$metrics_port")
 "${demo[@]}" --control "$address" --node1-socket "$tmp/n1.sock" --node2-socket "$tmp/n2.sock" \
-    "${demo_args[@]}" &
+    "${metrics_arg[@]}" "${demo_args[@]}" &
 demo_pid=$!
 wait "$demo_pid" || rc=$?
 demo_pid=""

@@ -44,6 +44,47 @@ from typing import Dict, List, Optional, Sequence
 import kvfence
 from kvfence import Lease, Participant, RoomKey, RoomState, Role
 
+ABORT_METRIC = "kvfence_abort_to_released_seconds"
+
+
+def scrape_abort_histogram(address: str) -> Optional[Dict[float, float]]:
+    """The control plane's abort -> released histogram from its /metrics
+    (cumulative count per upper bound, +Inf included), or None when it cannot
+    be read."""
+    try:
+        with urllib.request.urlopen("http://%s/metrics" % address, timeout=5) as r:
+            text = r.read().decode("utf-8", "replace")
+    except (OSError, ValueError):
+        return None
+    buckets: Dict[float, float] = {}
+    prefix = ABORT_METRIC + "_bucket{le=\""
+    for line in text.splitlines():
+        if line.startswith(prefix):
+            le, _, value = line[len(prefix):].partition("\"}")
+            buckets[float("inf") if le == "+Inf" else float(le)] = float(value.split()[0])
+    return buckets or None
+
+
+def histogram_quantile(q: float, before: Dict[float, float],
+                       after: Dict[float, float]) -> Optional[float]:
+    """Quantile q of the observations made between two scrapes, interpolated
+    linearly inside its bucket as Prometheus' histogram_quantile does."""
+    bounds = sorted(after)
+    counts = [after[b] - before.get(b, 0.0) for b in bounds]
+    total = counts[-1] if counts else 0.0
+    if total <= 0:
+        return None
+    rank = q * total
+    lower, below = 0.0, 0.0
+    for b, c in zip(bounds, counts):
+        if c >= rank:
+            if b == float("inf"):
+                return lower
+            return lower + (b - lower) * ((rank - below) / (c - below) if c > below else 1.0)
+        lower, below = b, c
+    return lower
+
+
 RELEASE_WAIT_S = 10.0  # a room not released by then is aborted by the demo (watchdog)
 DRAIN_WAIT_S = 90.0  # after an abort: the control plane's drain deadline is 60 s
 ABORT_POINTS = ("opening", "between_chunks", "mid_transfer", "timer")
@@ -200,6 +241,7 @@ class Demo:
         self.watchers: List[kvfence.ReleaseWatcher] = []
         self.next_room = 0
         self.room_base = (int(time.time() * 1000) % (1 << 40)) << 20  # fresh ids on a reused cluster
+        self.abort_hist0: Optional[Dict[float, float]] = None
 
     # ---- setup --------------------------------------------------------------------
 
@@ -217,6 +259,7 @@ class Demo:
                                  .start(10.0))
         s = self.admin.stats()
         self.late0 = int(s.get("reports_stale", 0)) + int(s.get("reports_unknown", 0))
+        self.abort_hist0 = scrape_abort_histogram(a.metrics) if a.metrics else None
         self.tokenless0 = int(s.get("reports_tokenless", 0))
 
     def close(self) -> None:
@@ -566,11 +609,23 @@ class Demo:
         st = self.admin.stats()
         late = int(st.get("reports_stale", 0)) + int(st.get("reports_unknown", 0)) - self.late0
         tokenless = int(st.get("reports_tokenless", 0)) - self.tokenless0
-        ok = self.summary(elapsed, late, tokenless, leaked, interrupted)
+        server = None
+        if self.a.metrics:
+            after = scrape_abort_histogram(self.a.metrics)
+            if after is None:
+                self.stats.problem("cannot read %s from %s/metrics" % (ABORT_METRIC, self.a.metrics))
+            else:
+                server = {}
+                for name, q in (("p50", 0.5), ("p99", 0.99)):
+                    v = histogram_quantile(q, self.abort_hist0 or {}, after)
+                    server[name] = None if v is None else round(v * 1000.0, 3)
+                server["count"] = int(after[float("inf")] - (self.abort_hist0 or {}).get(
+                    float("inf"), 0.0))
+        ok = self.summary(elapsed, late, tokenless, leaked, interrupted, server)
         return 0 if ok else (130 if interrupted else 1)
 
     def summary(self, elapsed: float, late: int, tokenless: int, leaked: int,
-                interrupted: bool) -> bool:
+                interrupted: bool, server: Optional[Dict[str, Optional[float]]] = None) -> bool:
         s = self.stats
         lat = sorted(s.latencies)
 
@@ -590,6 +645,7 @@ class Demo:
             "abort_to_released_ms": {"count": len(lat), "p50": round(pct(50), 3),
                                      "p99": round(pct(99), 3),
                                      "max": round(lat[-1] * 1000.0 if lat else 0.0, 3)},
+            "control_plane_abort_to_released_ms": server,
             "late_messages_rejected": {"control_plane": late, "control_plane_tokenless": tokenless,
                                        "node_submits_refused": s.late_refused_node},
             "pages_not_released": leaked, "corrupted_pages": s.corrupted_pages,
@@ -606,6 +662,10 @@ class Demo:
             (s.bytes_moved / 1e6, elapsed, res["throughput_mb_s"]))
         log("abort -> released latency: p50 %.1f ms  p99 %.1f ms  max %.1f ms  (%d rooms)" %
             (pct(50), pct(99), res["abort_to_released_ms"]["max"], len(lat)))
+        if server and server.get("p50") is not None:
+            log("  the control plane's own view (ABORTING -> ABORTED, from /metrics, bucket-"
+                "interpolated): p50 %.1f ms  p99 %.1f ms  (%d rooms)" %
+                (server["p50"], server["p99"], server["count"]))
         log("late messages rejected: %d (control plane: stale/unknown reports %d, tokenless %d; "
             "node: submits refused after abort %d)" %
             (late + tokenless + s.late_refused_node, late, tokenless, s.late_refused_node))
@@ -635,6 +695,9 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     ap.add_argument("--chunks", type=int, default=3, help="at most this many chunks per source")
     ap.add_argument("--concurrency", type=int, default=16)
     ap.add_argument("--seed", type=int, default=None)
+    ap.add_argument("--metrics", default=None, metavar="HOST:PORT",
+                    help="kvfence-control's metrics address: also report its own abort -> "
+                         "released histogram")
     ap.add_argument("--json", action="store_true", help="the summary as JSON too; no progress")
     a = ap.parse_args(argv)
     if a.seed is None:
