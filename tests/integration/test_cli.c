@@ -108,6 +108,18 @@ static int run_raw(char *out, const char *fmt, ...)
     return rc;
 }
 
+/* run() into a caller's buffer of `cap` bytes. */
+static int run_cap(char *buf, size_t cap, const char *fmt, ...)
+    __attribute__((format(printf, 3, 4)));
+static int run_cap(char *buf, size_t cap, const char *fmt, ...)
+{
+    va_list ap;
+    va_start(ap, fmt);
+    int rc = vrun(buf, cap, false, true, fmt, ap);
+    va_end(ap);
+    return rc;
+}
+
 #define assert_has(hay, needle)                                    \
     do {                                                           \
         if (!strstr((hay), (needle))) {                            \
@@ -802,6 +814,72 @@ static void test_tls(void **state)
     assert_int_equal(rc_plain, 3);  /* plaintext to a TLS server */
 }
 
+/* Counts the lines of `s` that hold `needle`. */
+static int count_lines_with(const char *s, const char *needle)
+{
+    int n = 0;
+    for (const char *line = s; line && *line;) {
+        const char *end = strchr(line, '\n');
+        size_t len = end ? (size_t)(end - line) : strlen(line);
+        const char *hit = strstr(line, needle);
+        if (hit && (size_t)(hit - line) < len) {
+            n++;
+        }
+        line = end ? end + 1 : NULL;
+    }
+    return n;
+}
+
+/* Counts the occurrences of `needle` in `s`. */
+static int count_hits(const char *s, const char *needle)
+{
+    int n = 0;
+    for (const char *p = strstr(s, needle); p; p = strstr(p + 1, needle)) {
+        n++;
+    }
+    return n;
+}
+
+/* More rooms and leases than one Admin page holds (100, the server's default):
+ * the CLI must follow next_page_token to the end and list each one once. Two
+ * nodes of their own, so the earlier tests' state does not matter. */
+static void test_paging(void **state)
+{
+    (void)state;
+    enum { ROOMS = 130, BASE = 5000 };
+    struct fake_node *p1 = fake_node_attach(g->ch, "cli-p1", 1);
+    struct fake_node *p2 = fake_node_attach(g->ch, "cli-p2", 1);
+    assert_non_null(p1);
+    assert_non_null(p2);
+    for (unsigned i = 0; i < ROOMS; i++) {
+        uint64_t gen = join(BASE + i, "cli-p1", KVFENCE__V1__ROLE__ROLE_SOURCE, 2 * i, 2);
+        assert_int_equal(join(BASE + i, "cli-p2", KVFENCE__V1__ROLE__ROLE_SINK, 2 * i, 2), gen);
+    }
+
+    static char big[OUT_MAX * 4];
+    assert_int_equal(run_cap(big, sizeof big, "rooms --node cli-p1"), 0);
+    assert_int_equal(count_lines_with(big, " ACTIVE "), ROOMS);
+    char want[64];
+    for (unsigned i = 0; i < ROOMS; i++) {
+        snprintf(want, sizeof want, "\n%u ", BASE + i);
+        assert_int_equal(count_hits(big, want), 1);
+    }
+    assert_int_equal(run_cap(big, sizeof big, "-o json rooms --node cli-p2"), 0);
+    assert_json_doc(big);
+    assert_int_equal(count_hits(big, "\"room_id\":5"), ROOMS);
+
+    /* Two leases per room: 260 rows over three pages. */
+    assert_int_equal(run_cap(big, sizeof big, "leases --node cli-p1"), 0);
+    assert_int_equal(count_lines_with(big, " cli-p1 "), ROOMS);
+    assert_int_equal(run_cap(big, sizeof big, "-o json leases"), 0);
+    assert_json_doc(big);
+    assert_int_equal(count_hits(big, "\"node_id\":\"cli-p1\""), ROOMS);
+    assert_int_equal(count_hits(big, "\"node_id\":\"cli-p2\""), ROOMS);
+
+    fake_node_vanish(p1);
+    fake_node_vanish(p2);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -818,6 +896,7 @@ int main(void)
         cmocka_unit_test(test_watch),
         cmocka_unit_test(test_env_and_unreachable),
         cmocka_unit_test(test_tls),
+        cmocka_unit_test(test_paging),
     };
     return cmocka_run_group_tests(tests, group_setup, group_teardown);
 }
