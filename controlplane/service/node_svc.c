@@ -36,6 +36,7 @@
 #include <string.h>
 #include <time.h>
 
+#include "cp_map.h"
 #include "kvfence/v1/node.pb-c.h"
 #include "rpc_server.h"
 #include "service_internal.h"
@@ -69,6 +70,7 @@ struct lease_watch {
 
 struct kvf_svc_sessions {
     struct node_sess *nodes;     /* attached sessions, one per node id */
+    struct cp_map by_id;         /* node id -> its session in `nodes` */
     struct lease_watch *watches; /* open WatchLeases streams */
     char (*resync_asked)[129];   /* node ids sent a ResyncRequest since recovery */
     size_t nresync_asked;
@@ -107,13 +109,11 @@ static void sess_unref(struct node_sess *s)
     free(s);
 }
 
+/* Per node message and per participant of a room update: a hash lookup, not
+ * a walk of every attached node. */
 static struct node_sess *registry_find(struct kvf_svc_sessions *reg, const char *node_id)
 {
-    for (struct node_sess *s = reg->nodes; s != NULL; s = s->next) {
-        if (strcmp(s->node_id, node_id) == 0)
-            return s;
-    }
-    return NULL;
+    return cp_map_get_str(&reg->by_id, node_id);
 }
 
 static void registry_remove(struct kvf_svc_sessions *reg, struct node_sess *gone)
@@ -121,6 +121,8 @@ static void registry_remove(struct kvf_svc_sessions *reg, struct node_sess *gone
     for (struct node_sess **pp = &reg->nodes; *pp != NULL; pp = &(*pp)->next) {
         if (*pp == gone) {
             *pp = gone->next;
+            if (cp_map_get_str(&reg->by_id, gone->node_id) == gone)
+                (void)cp_map_del_str(&reg->by_id, gone->node_id);
             gone->attached = false;
             sess_unref(gone);
             return;
@@ -553,6 +555,12 @@ static void handle_hello(struct kvf_svc_ctx *ctx, struct node_sess *s, Kvfence__
         sess_finish(s, -EINVAL, &err);
         return;
     }
+    /* The registry entry cannot fail after the core accepted the node. */
+    if (cp_map_reserve(&ctx->sessions->by_id, 1) != 0) {
+        kvf_error_set(&err, -ENOMEM, "out of memory registering the node");
+        sess_finish(s, -ENOMEM, &err);
+        return;
+    }
     uint32_t version = 0;
     kvf_svc_persist_begin(ctx);
     int rc = apply_hello(ctx, h, now, &version, &err);
@@ -581,6 +589,7 @@ static void handle_hello(struct kvf_svc_ctx *ctx, struct node_sess *s, Kvfence__
     atomic_fetch_add(&s->refs, 1);
     s->next = ctx->sessions->nodes;
     ctx->sessions->nodes = s;
+    (void)cp_map_put_str(&ctx->sessions->by_id, s->node_id, s); /* reserved above */
 
     Kvfence__V1__CapabilitySet caps = KVFENCE__V1__CAPABILITY_SET__INIT;
     char *names[KVF_FEATURE_COUNT];
@@ -1126,7 +1135,10 @@ void kvf_svc_sessions_sweep(struct kvf_svc_ctx *ctx, uint64_t mono_now, uint64_t
 
 struct kvf_svc_sessions *kvf_svc_sessions_create(void)
 {
-    return calloc(1, sizeof(struct kvf_svc_sessions));
+    struct kvf_svc_sessions *reg = calloc(1, sizeof(struct kvf_svc_sessions));
+    if (reg != NULL)
+        cp_map_init(&reg->by_id, true);
+    return reg;
 }
 
 void kvf_svc_sessions_destroy(struct kvf_svc_sessions *reg)
@@ -1141,6 +1153,7 @@ void kvf_svc_sessions_destroy(struct kvf_svc_sessions *reg)
         watch_free(w);
     }
     free(reg->resync_asked);
+    cp_map_fini(&reg->by_id);
     free(reg);
 }
 
