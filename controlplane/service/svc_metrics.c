@@ -15,13 +15,10 @@
  *     `mu` after every job and tick (kvf_svc_metrics_publish); the collector,
  *     on the HTTP thread, reads only that copy.
  *   - kvfence_abort_to_released_seconds: the state thread watches the core's
- *     ROOM_STATE effects. When a room enters ABORTING it remembers the core's
- *     state_since for that room-generation (a small hash map keyed by room
- *     key); when the room goes ABORTING -> ABORTED it observes the ABORTED
- *     state_since minus that, and forgets the room. Both times are the core's
- *     service time, so the latency is the core's own view. Rooms already
- *     ABORTING at start-up (recovered from the data dir) are seeded from the
- *     core in kvf_svc_metrics_create.
+ *     ROOM_STATE effects: an ABORTING -> ABORTED effect carries when the room
+ *     entered ABORTING and when it left it (the core's service time, so the
+ *     latency is the core's own view; a room recovered from the data dir
+ *     ABORTING keeps its recovered time), and is observed as is.
  *   - WAL: kvf_store_stats() is documented as readable from any thread, so the
  *     collector calls it directly. The metrics writer has no histogram-shaped
  *     families, so the store's own fsync-latency buckets are published as a
@@ -52,12 +49,6 @@ static const double abort_bounds[] = {100e-6, 250e-6, 500e-6, 1e-3, 2.5e-3, 5e-3
                                       1.0,    2.5,    5.0,    10.0, 30.0,   60.0};
 
 /* One room-generation that is ABORTING, and since when (service time). */
-struct aborting_slot {
-    kvf_room_key key;
-    kvf_time_ns since;
-    bool used;
-};
-
 struct kvf_svc_metrics {
     struct kvf_metrics *reg;
     struct kvf_metric_vec *rpc_requests; /* {method, code} */
@@ -68,101 +59,7 @@ struct kvf_svc_metrics {
 
     pthread_mutex_t mu;        /* guards snap */
     struct kvf_cps_stats snap; /* the core's stats as of the last job or tick */
-
-    /* State thread only: rooms now ABORTING (open addressing, linear probing,
-     * backward-shift deletion; at most half full). */
-    struct aborting_slot *slots;
-    size_t n_slots; /* a power of two */
-    size_t n_used;
 };
-
-/* ---- the ABORTING map (state thread) ------------------------------------- */
-
-static size_t key_hash(kvf_room_key k)
-{
-    uint64_t x = k.room_id * 0x9E3779B97F4A7C15ull ^ k.generation;
-    x ^= x >> 31;
-    x *= 0xBF58476D1CE4E5B9ull;
-    x ^= x >> 29;
-    return (size_t)x;
-}
-
-static struct aborting_slot *map_find(struct kvf_svc_metrics *m, kvf_room_key key)
-{
-    if (m->n_slots == 0)
-        return NULL;
-    size_t mask = m->n_slots - 1;
-    for (size_t i = key_hash(key) & mask;; i = (i + 1) & mask) {
-        struct aborting_slot *s = &m->slots[i];
-        if (!s->used)
-            return NULL;
-        if (kvf_room_key_eq(s->key, key))
-            return s;
-    }
-}
-
-static int map_grow(struct kvf_svc_metrics *m)
-{
-    size_t n = m->n_slots ? m->n_slots * 2 : 64;
-    struct aborting_slot *slots = calloc(n, sizeof(*slots));
-    if (!slots)
-        return -ENOMEM;
-    for (size_t j = 0; j < m->n_slots; j++) {
-        if (!m->slots[j].used)
-            continue;
-        size_t i = key_hash(m->slots[j].key) & (n - 1);
-        while (slots[i].used)
-            i = (i + 1) & (n - 1);
-        slots[i] = m->slots[j];
-    }
-    free(m->slots);
-    m->slots = slots;
-    m->n_slots = n;
-    return 0;
-}
-
-static void map_put(struct kvf_svc_metrics *m, kvf_room_key key, kvf_time_ns since)
-{
-    struct aborting_slot *s = map_find(m, key);
-    if (s) {
-        s->since = since;
-        return;
-    }
-    if ((m->n_used + 1) * 2 > m->n_slots && map_grow(m) < 0)
-        return; /* out of memory: this room's latency is not observed */
-    size_t mask = m->n_slots - 1;
-    size_t i = key_hash(key) & mask;
-    while (m->slots[i].used)
-        i = (i + 1) & mask;
-    m->slots[i] = (struct aborting_slot){.key = key, .since = since, .used = true};
-    m->n_used++;
-}
-
-static void map_remove(struct kvf_svc_metrics *m, struct aborting_slot *s)
-{
-    size_t mask = m->n_slots - 1;
-    size_t hole = (size_t)(s - m->slots);
-    m->slots[hole].used = false;
-    m->n_used--;
-    /* Backward shift: move later entries of the run into the hole when their
-     * home slot is not between the hole and them. */
-    for (size_t i = (hole + 1) & mask; m->slots[i].used; i = (i + 1) & mask) {
-        size_t home = key_hash(m->slots[i].key) & mask;
-        bool stays = hole <= i ? (hole < home && home <= i) : (hole < home || home <= i);
-        if (stays)
-            continue;
-        m->slots[hole] = m->slots[i];
-        m->slots[i].used = false;
-        hole = i;
-    }
-}
-
-static int seed_aborting(void *ctx, const struct kvf_cps_room_view *v)
-{
-    if (v->state == KVF_CPS_ROOM_ABORTING)
-        map_put(ctx, v->key, v->state_since);
-    return 0;
-}
 
 /* ---- the collector (HTTP thread) ------------------------------------------- */
 
@@ -345,10 +242,8 @@ struct kvf_svc_metrics *kvf_svc_metrics_create(struct kvf_svc_ctx *ctx, struct k
         goto fail;
     m->collector_added = true;
     /* Still single-threaded (the state thread has not started). */
-    if (ctx->cps) {
-        kvf_cps_room_foreach(ctx->cps, seed_aborting, m);
+    if (ctx->cps)
         kvf_svc_metrics_publish(m, ctx);
-    }
     return m;
 fail:
     kvf_svc_metrics_destroy(m);
@@ -362,7 +257,6 @@ void kvf_svc_metrics_destroy(struct kvf_svc_metrics *m)
     if (m->collector_added)
         kvf_metrics_remove_collector(m->reg, collect, m);
     kvf_metrics_destroy(m->reg);
-    free(m->slots);
     pthread_mutex_destroy(&m->mu);
     free(m);
 }
@@ -388,28 +282,12 @@ void kvf_svc_metrics_publish(struct kvf_svc_metrics *m, const struct kvf_svc_ctx
 void kvf_svc_metrics_effect(struct kvf_svc_metrics *m, const struct kvf_svc_ctx *ctx,
                             const struct kvf_cps_effect *e)
 {
-    if (!m || e->kind != KVF_CPS_FX_ROOM_STATE)
+    (void)ctx;
+    if (!m || e->kind != KVF_CPS_FX_ROOM_STATE || e->old_state != KVF_CPS_ROOM_ABORTING ||
+        e->new_state != KVF_CPS_ROOM_ABORTED)
         return;
-    if (e->new_state == KVF_CPS_ROOM_ABORTING) {
-        /* The view may already be past ABORTING when several transitions come
-         * in one batch; they all happened at the same `now` then. */
-        struct kvf_cps_room_view v;
-        if (kvf_cps_room_get(ctx->cps, e->key, &v) == 0)
-            map_put(m, e->key, v.state_since);
-        return;
-    }
-    if (e->old_state != KVF_CPS_ROOM_ABORTING)
-        return;
-    struct aborting_slot *s = map_find(m, e->key);
-    if (!s)
-        return; /* not seen entering ABORTING (out of memory at the time) */
-    kvf_time_ns since = s->since;
-    map_remove(m, s);
-    struct kvf_cps_room_view v;
-    if (e->new_state != KVF_CPS_ROOM_ABORTED || kvf_cps_room_get(ctx->cps, e->key, &v) != 0)
-        return;
-    kvf_time_ns end = v.state_since;
-    kvf_histogram_observe(m->abort_to_released, end > since ? (double)(end - since) / 1e9 : 0.0);
+    kvf_histogram_observe(m->abort_to_released,
+                          e->since > e->old_since ? (double)(e->since - e->old_since) / 1e9 : 0.0);
 }
 
 void kvf_svc_metrics_rpc_done(void *ctx, const char *method, int grpc_code, uint64_t latency_ns)

@@ -51,6 +51,7 @@ void cp_room_set_state(struct kvf_cps *st, struct cp_room *room, enum kvf_cps_ro
                        kvf_time_ns now)
 {
     int old = room->state;
+    kvf_time_ns old_since = old != 0 ? room->state_since : 0;
     if (old != 0)
         st->stats.rooms_by_state[old]--;
     st->stats.rooms_by_state[s]++;
@@ -60,6 +61,8 @@ void cp_room_set_state(struct kvf_cps *st, struct cp_room *room, enum kvf_cps_ro
     fx->key = room->key;
     fx->old_state = old;
     fx->new_state = s;
+    fx->old_since = old_since;
+    fx->since = now;
     if (s == KVF_CPS_ROOM_ABORTING || s == KVF_CPS_ROOM_ABORTED)
         fx->reason = (enum kvf_cps_abort_reason)room->reason;
 }

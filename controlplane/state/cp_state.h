@@ -343,6 +343,11 @@ struct kvf_cps_effect {
     enum kvf_cps_role role;
     int old_state; /* ROOM_STATE / NODE_STATE */
     int new_state;
+    /* ROOM_STATE: when the room entered old_state (0 for a new room) and when
+     * it left it, in the core's time: ABORTING -> ABORTED gives the abort ->
+     * released latency with no bookkeeping outside the core. */
+    kvf_time_ns old_since;
+    kvf_time_ns since;
     enum kvf_cps_abort_reason reason; /* ROOM_STATE into ABORTING */
 };
 

@@ -351,6 +351,7 @@ static void duplicate_drained_reports_count_once(void **state)
     (void)state;
     struct fixture *f = fixture_new(NULL);
     kvf_room_key key = join_pair(f, 17);
+    kvf_time_ns t_abort = f->now;
     kvf_token t = abort_room(f, key);
     assert_int_equal(stats(f).notices_pending, 2);
     assert_int_equal(drained(f, "n1", key, t), 0);
@@ -358,8 +359,21 @@ static void duplicate_drained_reports_count_once(void **state)
     assert_int_equal(drained(f, "n1", key, t), 0);
     assert_int_equal(stats(f).notices_pending, 1);
     assert_int_equal(room_state(f, key), KVF_CPS_ROOM_ABORTING);
+    f->now += 7 * KVF_NS_PER_MS;
     assert_int_equal(drained(f, "n2", key, t), 0);
     assert_int_equal(room_state(f, key), KVF_CPS_ROOM_ABORTED);
+    /* The ABORTING -> ABORTED effect says how long the room was ABORTING
+     * (the control plane's abort -> released metric reads it). */
+    const struct kvf_cps_effect *end = NULL;
+    for (unsigned i = 0; fx_find(f, KVF_CPS_FX_ROOM_STATE, NULL, i) != NULL; i++) {
+        const struct kvf_cps_effect *e = fx_find(f, KVF_CPS_FX_ROOM_STATE, NULL, i);
+        if (e->new_state == KVF_CPS_ROOM_ABORTED)
+            end = e;
+    }
+    assert_non_null(end);
+    assert_int_equal(end->old_state, KVF_CPS_ROOM_ABORTING);
+    assert_int_equal(end->old_since, t_abort);
+    assert_int_equal(end->since, f->now);
     assert_int_equal(drained(f, "n2", key, t), 0); /* late duplicate after ABORTED */
     assert_int_equal(fx_count(f, KVF_CPS_FX_LEASE_RELEASED, NULL), 2);
     assert_int_equal(fx_count(f, KVF_CPS_FX_ROOM_STATE, NULL),
