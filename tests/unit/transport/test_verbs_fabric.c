@@ -553,6 +553,11 @@ static int child_main(int sock)
     uint8_t go = 0;
     if (xfer_full(sock, &mine, 1, true) != 0 || xfer_full(sock, &go, 1, false) != 0)
         return 14; /* connected / the parent's writes all completed */
+    /* The stats take the device lock the responder copied under: this
+     * thread then sees the copies (the parent's message is no ordering the
+     * thread sanitizer can see across processes). */
+    struct kvf_verbs_fake_fabric_stats sb;
+    kvf_verbs_fake_fabric_stats(b.fake, &sb);
     int code = 0;
     for (unsigned i = 0; i < POOL_PAGES && code == 0; i++) {
         for (unsigned j = 0; j < PAGE; j++) {
@@ -565,8 +570,6 @@ static int child_main(int sock)
     }
     if (code == 0 && !canaries_ok(&b))
         code = 21;
-    struct kvf_verbs_fake_fabric_stats sb;
-    kvf_verbs_fake_fabric_stats(b.fake, &sb);
     if (code == 0 && (sb.writes_in != XP_PAGES || sb.bytes_in != (uint64_t)XP_PAGES * PAGE))
         code = 22;
     kvf_transport_destroy(b.t);
