@@ -810,15 +810,16 @@ static void *fab_conn_main(void *arg)
             break;
         if (fab_read_full(c->fd, buf, rq.length, f->stop_pipe[0]) != 0)
             break;
-        struct {
-            uint32_t len;
-            struct fab_rep rep;
-        } out;
-        memset(&out, 0, sizeof(out));
-        out.len = sizeof(out.rep);
-        out.rep.seq = rq.seq;
-        out.rep.status = fab_apply(f, &rq, buf);
-        if (fab_write_full(c->fd, &out, sizeof(out)) != 0)
+        /* The answer: a u32 length, then the fab_rep (no padding between). */
+        uint8_t out[sizeof(uint32_t) + sizeof(struct fab_rep)];
+        struct fab_rep rep;
+        memset(&rep, 0, sizeof(rep));
+        rep.seq = rq.seq;
+        rep.status = fab_apply(f, &rq, buf);
+        uint32_t rlen = sizeof(rep);
+        memcpy(out, &rlen, sizeof(rlen));
+        memcpy(out + sizeof(rlen), &rep, sizeof(rep));
+        if (fab_write_full(c->fd, out, sizeof(out)) != 0)
             break;
     }
     free(buf);
@@ -952,24 +953,26 @@ static enum ibv_wc_status fab_send(struct kvf_verbs_fake *f, const union ibv_gid
     if (fd < 0)
         return IBV_WC_RETRY_EXC_ERR; /* nobody there: no ack, the requester gives up */
     uint32_t len = (uint32_t)sizeof(*rq) + rq->length;
-    struct {
-        uint32_t len;
-        struct fab_rep rep;
-    } in;
     int rc = fab_write_full(fd, &len, sizeof(len));
     if (rc == 0)
         rc = fab_write_full(fd, rq, sizeof(*rq));
     if (rc == 0 && rq->length)
         rc = fab_write_full(fd, payload, rq->length);
+    uint32_t rlen = 0;
+    struct fab_rep rep;
     if (rc == 0)
-        rc = fab_read_full(fd, &in, sizeof(in), f->stop_pipe[0]);
-    if (rc == 0 && (in.len != sizeof(in.rep) || in.rep.seq != rq->seq))
+        rc = fab_read_full(fd, &rlen, sizeof(rlen), f->stop_pipe[0]);
+    if (rc == 0 && rlen != sizeof(rep))
+        rc = -EPROTO;
+    if (rc == 0)
+        rc = fab_read_full(fd, &rep, sizeof(rep), f->stop_pipe[0]);
+    if (rc == 0 && rep.seq != rq->seq)
         rc = -EPROTO;
     if (rc != 0) {
         fab_out_drop(f, fd);
         return IBV_WC_RETRY_EXC_ERR;
     }
-    switch (in.rep.status) {
+    switch (rep.status) {
     case FAB_OK:
         return IBV_WC_SUCCESS;
     case FAB_ACCESS:

@@ -23,6 +23,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/socket.h>
+#include <sys/un.h>
 #include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
@@ -502,6 +503,155 @@ static void test_unreachable(void **state)
     close_drained(&f->a, 0);
 }
 
+/* A device that A's QPs are not connected to (C) writes into B with B's
+ * rkey: B refuses it (RETRY_EXC at C) and its memory stays as it was. */
+static void test_stranger(void **state)
+{
+    struct fx *f = *state;
+    struct side c;
+    assert_int_equal(side_init(&c, "kvf-test"), 0);
+    struct kvf_rdma_conn_info ci;
+    assert_int_equal(kvf_transport_rdma_local_info(c.t, PEER_B, &ci), 0);
+    assert_int_equal(kvf_transport_rdma_connect(c.t, PEER_B, &f->b.info), 0); /* B's QPs are A's */
+    assert_int_equal(kvf_transport_rdma_add_remote_pool(c.t, PEER_B, POOL_ID,
+                                                        (uint64_t)(uintptr_t)f->b.pool, PAGE,
+                                                        POOL_PAGES, f->b.rkey),
+                     0);
+    memset(c.pool, 0x5a, PAGE);
+    struct kvf_xfer x;
+    memset(&x, 0, sizeof(x));
+    assert_int_equal(kvf_lt_admit(c.lt[0], &x.op, KVF_LT_OP_RDMA_WR, PEER_B), 0);
+    x.peer = PEER_B;
+    x.room = ROOM_0;
+    x.src = c.pool;
+    x.len = PAGE;
+    x.sink_pool = POOL_ID;
+    x.page_count = 1;
+    assert_int_equal(kvf_transport_post_write(c.t, &x), 0);
+    struct kvf_completion cp;
+    int n = 0;
+    for (uint64_t deadline = now_ms() + WAIT_MS; n == 0 && now_ms() < deadline;) {
+        n = kvf_transport_poll(c.t, 1, &cp);
+        if (n == 0)
+            nap();
+    }
+    assert_int_equal(n, 1);
+    assert_int_equal(cp.outcome, KVF_LT_DONE_ERROR);
+    assert_true(all_zero(f->b.pool, PAGE));
+    struct kvf_verbs_fake_fabric_stats sb;
+    kvf_verbs_fake_fabric_stats(f->b.fake, &sb);
+    assert_int_equal(sb.refused_in, 1);
+    assert_int_equal(sb.writes_in, 0);
+    /* A, which B's QPs are connected to, gets through. */
+    assert_int_equal(kvf_transport_post_write(f->a.t, mk(f, 0, ROOM_0, 0, POOL_ID, 0)), 0);
+    assert_int_equal(poll_until(f, 1), 1);
+    assert_int_equal(f->c[0].outcome, KVF_LT_DONE_OK);
+    assert_memory_equal(f->b.pool, f->a.pool, PAGE);
+    close_drained(&c, 0);
+    side_fini(&c);
+    close_drained(&f->a, 0);
+}
+
+/* A scripted responder: a socket at the fabric address of a made-up GID,
+ * speaking the fake's wire format (verbs_fake.c: a u32 length, a 56-byte
+ * request whose seq is the last u64, the payload; the answer is a u32 length
+ * and {u64 seq, u32 status, u32 pad}). It lets the test hold a WR on the
+ * wire while its QP goes to ERR. */
+static int scripted_listen(const uint8_t gid[16])
+{
+    struct sockaddr_un sa;
+    memset(&sa, 0, sizeof(sa));
+    sa.sun_family = AF_UNIX;
+    int n = snprintf(sa.sun_path + 1, sizeof(sa.sun_path) - 1, "kvf-fabric/kvf-test/");
+    for (unsigned i = 0; i < 16; i++)
+        n += snprintf(sa.sun_path + 1 + n, sizeof(sa.sun_path) - 1 - (size_t)n, "%02x", gid[i]);
+    int fd = socket(AF_UNIX, SOCK_STREAM, 0);
+    assert_true(fd >= 0);
+    assert_int_equal(bind(fd, (struct sockaddr *)&sa,
+                          (socklen_t)(offsetof(struct sockaddr_un, sun_path) + 1 + n)),
+                     0);
+    assert_int_equal(listen(fd, 4), 0);
+    return fd;
+}
+
+static int xfer_full(int fd, void *buf, size_t len, bool wr);
+
+/* Reads one request; returns its seq. */
+static uint64_t scripted_read(int fd)
+{
+    uint32_t len = 0;
+    assert_int_equal(xfer_full(fd, &len, sizeof(len), false), 0);
+    assert_true(len >= 56 && len <= 56 + PAGE);
+    uint8_t buf[56 + PAGE];
+    assert_int_equal(xfer_full(fd, buf, len, false), 0);
+    uint64_t seq;
+    memcpy(&seq, buf + 48, sizeof(seq));
+    return seq;
+}
+
+static void scripted_answer(int fd, uint64_t seq, uint32_t status)
+{
+    uint8_t out[4 + 16] = {0};
+    uint32_t len = 16;
+    memcpy(out, &len, 4);
+    memcpy(out + 4, &seq, 8);
+    memcpy(out + 12, &status, 4);
+    assert_int_equal(xfer_full(fd, out, sizeof(out), true), 0);
+}
+
+/* A WR on the wire when its QP goes to ERR completes once: SUCCESS if the
+ * remote acked it, FLUSH if not; the WRs behind it flush after it, never
+ * before. */
+static void test_err_while_on_the_wire(void **state)
+{
+    struct fx *f = *state;
+    struct side *a = &f->a;
+    struct kvf_rdma_conn_info fake_remote = {.lid = 0, .qp_num = {0x900, 0x901}, .psn = {1, 2}};
+    for (unsigned i = 0; i < 16; i++)
+        fake_remote.gid[i] = (uint8_t)(0xa0 + i);
+    int lfd = scripted_listen(fake_remote.gid);
+    const uint32_t peer = 7;
+    struct kvf_rdma_conn_info ai;
+    assert_int_equal(kvf_transport_rdma_local_info(a->t, peer, &ai), 0);
+    assert_int_equal(kvf_transport_rdma_connect(a->t, peer, &fake_remote), 0);
+    assert_int_equal(kvf_transport_rdma_add_remote_pool(a->t, peer, 1, 0x10000, PAGE, 4, 0x77), 0);
+
+    const uint32_t status_of[2] = {0 /* acked */, 2 /* not acked */};
+    const enum kvf_lt_outcome first[2] = {KVF_LT_DONE_OK, KVF_LT_DONE_FLUSHED};
+    int cfd = -1;
+    for (unsigned qp = 0; qp < 2; qp++) {
+        kvf_room_key room = qp ? ROOM_1 : ROOM_0;
+        for (unsigned k = 0; k < 2; k++) {
+            struct kvf_xfer *x = mk(f, 2 * qp + k, room, k, 1, k);
+            x->peer = peer;
+            x->op.peer = peer;
+            assert_int_equal(kvf_transport_post_write(a->t, x), 0);
+        }
+        if (cfd < 0) {
+            struct pollfd pfd = {.fd = lfd, .events = POLLIN};
+            assert_int_equal(poll(&pfd, 1, (int)WAIT_MS), 1);
+            cfd = accept(lfd, NULL, NULL);
+            assert_true(cfd >= 0);
+        }
+        uint64_t seq = scripted_read(cfd); /* the first WR is on the wire */
+        assert_int_equal(kvf_verbs_fake_set_qp_error(a->fake, ai.qp_num[qp]), 0);
+        /* Nothing may complete before the WR on the wire does. */
+        assert_int_equal(kvf_transport_poll(a->t, 4, f->c), 0);
+        assert_int_equal(kvf_verbs_fake_outstanding(a->fake, ai.qp_num[qp]), 2);
+        scripted_answer(cfd, seq, status_of[qp]);
+        assert_int_equal(poll_until(f, 2), 2);
+        assert_ptr_equal(f->c[0].xfer, &f->x[2 * qp]);
+        assert_int_equal(f->c[0].outcome, first[qp]);
+        assert_ptr_equal(f->c[1].xfer, &f->x[2 * qp + 1]);
+        assert_int_equal(f->c[1].outcome, KVF_LT_DONE_FLUSHED);
+        assert_int_equal(kvf_transport_poll(a->t, 4, f->c), 0); /* once each */
+    }
+    close(cfd);
+    close(lfd);
+    close_drained(a, 0);
+    close_drained(a, 1);
+}
+
 /* ---- across processes ---------------------------------------------------------- */
 
 struct hello {
@@ -652,6 +802,8 @@ int main(void)
         cmocka_unit_test_setup_teardown(test_hold, setup, teardown),
         cmocka_unit_test_setup_teardown(test_fence_by_source_flushes_held, setup, teardown),
         cmocka_unit_test_setup_teardown(test_unreachable, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_stranger, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_err_while_on_the_wire, setup, teardown),
         cmocka_unit_test(test_rtr_needs_gid),
         cmocka_unit_test(test_across_processes),
     };
