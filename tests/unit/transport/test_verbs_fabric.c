@@ -607,8 +607,9 @@ static void test_err_while_on_the_wire(void **state)
     struct fx *f = *state;
     struct side *a = &f->a;
     struct kvf_rdma_conn_info fake_remote = {.lid = 0, .qp_num = {0x900, 0x901}, .psn = {1, 2}};
+    uint32_t pid = (uint32_t)getpid(); /* unique while runs of this test overlap */
     for (unsigned i = 0; i < 16; i++)
-        fake_remote.gid[i] = (uint8_t)(0xa0 + i);
+        fake_remote.gid[i] = i < 4 ? (uint8_t)(pid >> (8 * i)) : (uint8_t)(0xa0 + i);
     int lfd = scripted_listen(fake_remote.gid);
     const uint32_t peer = 7;
     struct kvf_rdma_conn_info ai;
