@@ -53,6 +53,11 @@
  *     its outstanding WRs in order; a WR already on the wire when its QP went
  *     to ERR completes SUCCESS if the remote acked it, else FLUSH (never
  *     lost, never twice), and the flushes behind it follow it.
+ *   - the device runs threads (an acceptor, one per incoming connection, a
+ *     sender): create it after any fork. Bytes it copied into an MR are seen
+ *     by a thread that learned of them through the device (a completion, or
+ *     kvf_verbs_fake_fabric_stats: both take the device lock) or through a
+ *     message sent after the write completed.
  *   - control calls in fabric mode: kvf_verbs_fake_complete returns 0 and
  *     kvf_verbs_fake_complete_at -EINVAL (the fabric completes WRs); all the
  *     other kvf_verbs_fake_* calls work as in the single-process fake.
