@@ -926,3 +926,52 @@ void kvf_transport_rdma_stats(const struct kvf_transport *base,
 {
     *out = rdma_of_const(base)->st;
 }
+
+int kvf_transport_rdma_remove_pool(struct kvf_transport *base, uint32_t pool_id)
+{
+    struct rdma *t = rdma_of(base);
+    uint32_t k = t->lpool_count;
+    for (uint32_t i = 0; i < t->lpool_count; i++) {
+        if (t->lpools[i].id == pool_id)
+            k = i;
+    }
+    if (k == t->lpool_count)
+        return -ENOENT;
+    const struct rdma_lpool *lp = &t->lpools[k];
+    uintptr_t b = (uintptr_t)lp->base;
+    uint64_t size = lp->page_size * lp->page_count;
+    /* A busy slot (of unknown fate too) may still be read by the device. */
+    for (uint32_t i = 0; i < t->opts.max_peers; i++) {
+        for (unsigned j = 0; j < KVF_RDMA_QPS_PER_PEER; j++) {
+            const struct rdma_qp *q = t->peers[i].qp[j];
+            for (unsigned s = 0; q && q->outstanding > 0 && s < KVF_RDMA_MAX_WR_PER_QP; s++) {
+                if (!q->wrs[s].busy)
+                    continue;
+                uintptr_t a = (uintptr_t)q->wrs[s].x->src;
+                if (a >= b && a - b < size)
+                    return -EBUSY;
+            }
+        }
+    }
+    t->v->dereg_mr(t->prov, lp->mr);
+    memmove(&t->lpools[k], &t->lpools[k + 1], (t->lpool_count - k - 1) * sizeof(t->lpools[0]));
+    t->lpool_count--;
+    return 0;
+}
+
+int kvf_transport_rdma_remove_remote_pool(struct kvf_transport *base, uint32_t peer,
+                                          uint32_t pool_id)
+{
+    struct rdma *t = rdma_of(base);
+    if (peer >= t->opts.max_peers)
+        return -ENOENT;
+    struct rdma_peer *p = &t->peers[peer];
+    const struct rdma_rpool *rp = rdma_rpool_find(p, pool_id);
+    if (!rp)
+        return -ENOENT;
+    /* WRs already posted to it keep going: the rkey is the peer's to revoke. */
+    uint32_t k = (uint32_t)(rp - p->rpools);
+    memmove(&p->rpools[k], &p->rpools[k + 1], (p->rpool_count - k - 1) * sizeof(p->rpools[0]));
+    p->rpool_count--;
+    return 0;
+}

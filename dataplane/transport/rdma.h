@@ -158,6 +158,12 @@ int kvf_transport_rdma_connect(struct kvf_transport *t, uint32_t peer,
 int kvf_transport_rdma_post_chain(struct kvf_transport *t, struct kvf_xfer *const *xs, unsigned n,
                                   unsigned *posted_p);
 
+/* Deregisters local pool `pool_id`. -ENOENT; -EBUSY while a WR that reads from it is outstanding.
+ */
+int kvf_transport_rdma_remove_pool(struct kvf_transport *t, uint32_t pool_id);
+/* Forgets remote pool `pool_id` of `peer`. -ENOENT. Posts to it fail with -ENOENT afterwards. */
+int kvf_transport_rdma_remove_remote_pool(struct kvf_transport *t, uint32_t peer, uint32_t pool_id);
+
 /* WRs outstanding on QP `qp` (0 or 1) of `peer` (0 if none). */
 unsigned kvf_transport_rdma_outstanding(const struct kvf_transport *t, uint32_t peer, unsigned qp);
 

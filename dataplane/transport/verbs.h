@@ -24,9 +24,47 @@
  * Errors: 0 or a negative errno; output arguments (`_p`) are written only on
  * success. poll_cq returns the number of completions (>= 0) or -errno.
  *
- * DESIGN: a provider instance is used by one thread at a time (the thread
- * that drives the transport). The fake's control calls (kvf_verbs_fake_*) are
- * made by the test on that same thread, between transport calls.
+ * Fabric mode (kvf_verbs_fake_create_fabric): the fake is one end of a
+ * software fabric that really moves bytes, between processes of one host and
+ * between fakes of one process. It models an RC device over RoCE:
+ *   - each device has a unique GID (pid, a per-process counter, randomness) at
+ *     gid index 0; port 1 is active, link layer Ethernet, LID 0. Its address
+ *     is an abstract Unix socket named from the fabric name and the GID,
+ *     served by a responder thread the device starts.
+ *   - INIT -> RTR must carry ah_attr.is_global with grh.dgid (else -EINVAL, as
+ *     on RoCE); the QP remembers the remote GID and dest_qp_num.
+ *   - an RDMA WRITE posted to a QP in RTS is sent by the device's sender
+ *     thread (one WR of a QP at a time, strictly in post order) over one cached
+ *     SOCK_STREAM connection per remote device: sender GID and QP, dest QP,
+ *     rkey, remote address, length and the payload read from the local SGE
+ *     (which must lie in an MR of the QP's PD with that lkey, else
+ *     IBV_WC_LOC_PROT_ERR). The responder checks under its device lock that
+ *     the dest QP exists, is in RTR or RTS and is connected to (sender GID,
+ *     sender QP), and that an MR of that QP's PD with that rkey has
+ *     IBV_ACCESS_REMOTE_WRITE and holds [remote_addr, remote_addr + length);
+ *     then copies and acks. The sender completes the WR: IBV_WC_SUCCESS;
+ *     IBV_WC_REM_ACCESS_ERR (bad rkey, access or bounds);
+ *     IBV_WC_RETRY_EXC_ERR (dest QP missing, not RTR/RTS or not connected to
+ *     us; device unreachable; connection broken: no ack, as RC gives up).
+ *     An error completion moves the QP to ERR and the WRs behind it flush.
+ *   - modify_qp to ERR (the fence), destroy_qp and dereg_mr take the lock the
+ *     responder holds while it checks and copies: once they return, no write
+ *     to that QP/MR is being copied and none will be. A QP in ERR flushes
+ *     its outstanding WRs in order; a WR already on the wire when its QP went
+ *     to ERR completes SUCCESS if the remote acked it, else FLUSH (never
+ *     lost, never twice), and the flushes behind it follow it.
+ *   - the device runs threads (an acceptor, one per incoming connection, a
+ *     sender): create it after any fork. Bytes it copied into an MR are seen
+ *     by a thread that learned of them through the device (a completion, or
+ *     kvf_verbs_fake_fabric_stats: both take the device lock) or through a
+ *     message sent after the write completed.
+ *   - control calls in fabric mode: kvf_verbs_fake_complete returns 0 and
+ *     kvf_verbs_fake_complete_at -EINVAL (the fabric completes WRs); all the
+ *     other kvf_verbs_fake_* calls work as in the single-process fake.
+ *
+ * DESIGN: the transport drives a provider instance from one thread. The fake
+ * keeps its state under one mutex per device, so its ops and control calls
+ * are safe against its own fabric threads (and against another thread).
  */
 #ifndef KVF_TRANSPORT_VERBS_H
 #define KVF_TRANSPORT_VERBS_H
@@ -174,5 +212,26 @@ unsigned kvf_verbs_fake_transitions(const struct kvf_verbs_fake *f, uint32_t qp_
                                     struct kvf_verbs_fake_transition *out, unsigned max);
 
 void kvf_verbs_fake_stats(const struct kvf_verbs_fake *f, struct kvf_verbs_fake_stats *out);
+
+/* ---- fabric mode (see the top of this file) ---------------------------------- */
+
+/* A fake device that is one end of a software fabric between processes (and
+ * between fakes of one process): posted WRs complete by themselves. NULL on
+ * failure with -errno in *err_p (may be NULL). `fabric` names the fabric
+ * (fakes only reach fakes of the same name); NULL or "" = "kvf". */
+struct kvf_verbs_fake *kvf_verbs_fake_create_fabric(const char *fabric, int *err_p);
+/* Fabric mode: while held, posted WRs stay outstanding (not sent); releasing sends them in order.
+ */
+void kvf_verbs_fake_fabric_hold(struct kvf_verbs_fake *f, bool hold);
+/* Fabric mode, responder side counters. */
+struct kvf_verbs_fake_fabric_stats {
+    uint64_t writes_in;
+    uint64_t bytes_in;
+    uint64_t refused_in; /* bad rkey/bounds/QP state */
+    uint64_t writes_out;
+    uint64_t bytes_out;
+};
+void kvf_verbs_fake_fabric_stats(const struct kvf_verbs_fake *f,
+                                 struct kvf_verbs_fake_fabric_stats *out);
 
 #endif /* KVF_TRANSPORT_VERBS_H */

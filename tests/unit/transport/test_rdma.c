@@ -582,6 +582,45 @@ static void test_post_validation(void **state)
     assert_int_equal(poll_all(f, 1), 1);
 }
 
+/* Pools go away: a local one only when no outstanding WR reads from it, a
+ * remote one at once (later posts to it are refused). */
+static void test_remove_pools(void **state)
+{
+    struct fx *f = *state;
+    uint8_t other[PAGE];
+    assert_int_equal(kvf_transport_rdma_add_pool(f->t, 8, other, PAGE, 1, NULL), 0);
+    post(f, 0, ROOM_A); /* reads from POOL_ID */
+    assert_int_equal(kvf_transport_rdma_remove_pool(f->t, POOL_ID), -EBUSY);
+    assert_int_equal(kvf_transport_rdma_remove_pool(f->t, 99), -ENOENT);
+    struct kvf_verbs_fake_stats st0;
+    kvf_verbs_fake_stats(f->fake, &st0);
+    assert_int_equal(kvf_transport_rdma_remove_pool(f->t, 8), 0); /* nothing reads from it */
+    struct kvf_verbs_fake_stats st;
+    kvf_verbs_fake_stats(f->fake, &st);
+    assert_int_equal(st.objects_live, st0.objects_live - 1); /* its MR is gone */
+    assert_int_equal(kvf_transport_rdma_remove_pool(f->t, 8), -ENOENT);
+
+    assert_int_equal(kvf_verbs_fake_complete(f->fake, qpn_of(f, ROOM_A), 1, IBV_WC_SUCCESS), 1);
+    assert_int_equal(poll_all(f, 1), 1);
+    assert_int_equal(kvf_transport_rdma_remove_pool(f->t, POOL_ID), 0);
+    kvf_verbs_fake_stats(f->fake, &st);
+    assert_int_equal(st.objects_live, st0.objects_live - 2);
+    struct kvf_xfer *x = mk(f, 1, ROOM_A);
+    assert_int_equal(kvf_transport_post_write(f->t, x), -EINVAL); /* source not registered */
+
+    /* Re-registered, the source is fine again; now forget the remote pool. */
+    assert_int_equal(kvf_transport_rdma_add_pool(f->t, POOL_ID, f->pool, PAGE, POOL_PAGES, NULL),
+                     0);
+    assert_int_equal(kvf_transport_rdma_remove_remote_pool(f->t, PEER, 99), -ENOENT);
+    assert_int_equal(kvf_transport_rdma_remove_remote_pool(f->t, 1000, POOL_ID), -ENOENT);
+    assert_int_equal(kvf_transport_rdma_remove_remote_pool(f->t, PEER, POOL_ID), 0);
+    assert_int_equal(kvf_transport_post_write(f->t, x), -ENOENT);
+    assert_int_equal(kvf_transport_rdma_remove_remote_pool(f->t, PEER, POOL_ID), -ENOENT);
+    assert_false(kvf_lt_op_cancel(&x->op));
+    kvf_verbs_fake_stats(f->fake, &st);
+    assert_int_equal(st.wrs_posted, 1); /* only the first post reached the provider */
+}
+
 /* destroy with WRs still posted: it fences, and nothing stays counted. */
 static void test_destroy_with_outstanding(void **state)
 {
@@ -706,6 +745,7 @@ int main(void)
         cmocka_unit_test_setup_teardown(test_wr_limit, setup, teardown),
         cmocka_unit_test_setup_teardown(test_qp_transitions, setup, teardown),
         cmocka_unit_test_setup_teardown(test_post_validation, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_remove_pools, setup, teardown),
         cmocka_unit_test_setup_teardown(test_destroy_with_outstanding, setup, teardown),
         cmocka_unit_test(test_real_provider_no_device),
         cmocka_unit_test(test_setup_failures),
