@@ -637,6 +637,8 @@ static void rx_idle_flush(struct tcp *t, struct rx_idle *idle)
 /* After an on_frame: on_idle once the batch reaches its bounds (tcp.h). */
 static void rx_idle_count(struct tcp *t, struct rx_idle *idle, uint64_t bytes)
 {
+    if (!t->opts.on_idle)
+        return; /* nobody to tell: never look ahead */
     idle->frames++;
     idle->bytes += bytes;
     if (idle->frames >= KVF_TCP_IDLE_FRAMES || idle->bytes >= KVF_TCP_IDLE_BYTES)

@@ -111,7 +111,10 @@ typedef void (*kvf_tcp_frame_fn)(void *ctx, uint32_t peer, kvf_room_key room, ui
  * KVF_TCP_IDLE_FRAMES frames or KVF_TCP_IDLE_BYTES payload bytes since the
  * last call, or it is about to end. On the receiver thread. Lets the caller
  * hand a batch of frame events on with one wake-up instead of one per frame;
- * every on_frame is followed by an on_idle within those bounds.
+ * every on_frame is followed by an on_idle within those bounds. A wait in the
+ * middle of a payload does not count (a sender writes each frame whole, so
+ * only a stalled sender leaves one half sent): the events before it wait for
+ * that frame, or for the connection to end.
  */
 typedef void (*kvf_tcp_idle_fn)(void *ctx);
 
