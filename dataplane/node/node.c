@@ -151,6 +151,26 @@ int node_post(struct kvf_node *n, struct node_job *j)
     return 0;
 }
 
+/* Posts the asynchronous jobs head..tail (linked by next) with one wake-up.
+ * -ESHUTDOWN once the owner has exited (the jobs stay the caller's). */
+static int node_post_list(struct kvf_node *n, struct node_job *head, struct node_job *tail)
+{
+    pthread_mutex_lock(&n->qlock);
+    if (n->owner_exit) {
+        pthread_mutex_unlock(&n->qlock);
+        return -ESHUTDOWN;
+    }
+    tail->next = NULL;
+    if (n->qtail)
+        n->qtail->next = head;
+    else
+        n->qhead = head;
+    n->qtail = tail;
+    pthread_cond_signal(&n->qcond);
+    pthread_mutex_unlock(&n->qlock);
+    return 0;
+}
+
 /* ---- sending to the control plane ------------------------------------------- */
 
 int node_ctl_send(struct kvf_node *n, const Kvfence__V1__NodeMessage *m)
@@ -845,6 +865,37 @@ static int tcp_check(void *ctx, uint32_t peer, kvf_room_key room, uint32_t pool_
     return rc;
 }
 
+/* A receiver thread's frame events not yet posted: handed to the owner in
+ * one post (one wake-up) when the transport says the receiver is about to
+ * wait (tcp_on_idle), at once for a drain or a failed read, and at the
+ * latest after a bounded batch (tcp.h), so a busy stream does not wake the
+ * owner once per frame. */
+static _Thread_local struct {
+    struct kvf_node *n;
+    struct node_job *head, *tail;
+} rx_batch;
+
+static void rx_batch_flush(void)
+{
+    struct node_job *head = rx_batch.head;
+    if (!head)
+        return;
+    rx_batch.head = NULL;
+    if (node_post_list(rx_batch.n, head, rx_batch.tail) != 0) {
+        while (head) {
+            struct node_job *next = head->next;
+            free(head);
+            head = next;
+        }
+    }
+}
+
+static void tcp_on_idle(void *ctx)
+{
+    (void)ctx;
+    rx_batch_flush();
+}
+
 /* The frame's own coordinates go to the owner thread: nothing is carried
  * from check to here, since two connections of one peer (a reconnect) may
  * overlap and a RoomUpdate may replace the members in between. */
@@ -853,6 +904,8 @@ static void tcp_on_frame(void *ctx, uint32_t peer, kvf_room_key room, uint32_t p
                          bool drained)
 {
     struct kvf_node *n = ctx;
+    if (rx_batch.head && rx_batch.n != n)
+        rx_batch_flush(); /* not expected: a receiver serves one node */
     struct node_job *j = calloc(1, sizeof *j);
     if (!j) {
         node_log("error", &room, "out of memory posting a frame event: lost");
@@ -867,8 +920,15 @@ static void tcp_on_frame(void *ctx, uint32_t peer, kvf_room_key room, uint32_t p
     j->bytes = bytes;
     j->status = status;
     j->drained = drained;
-    if (node_post(n, j) != 0)
-        free(j);
+    j->next = NULL;
+    if (rx_batch.head)
+        rx_batch.tail->next = j;
+    else
+        rx_batch.head = j;
+    rx_batch.tail = j;
+    rx_batch.n = n;
+    if (drained || status != 0)
+        rx_batch_flush(); /* the owner acts on these now */
 }
 
 static void on_frame(struct kvf_node *n, const struct node_job *j)
@@ -911,6 +971,7 @@ struct kvf_transport *node_tcp_create(struct kvf_node *n, uint64_t incarnation, 
     to.max_pools = NODE_MAX_POOLS;
     to.check = tcp_check;
     to.on_frame = tcp_on_frame;
+    to.on_idle = tcp_on_idle;
     to.ctx = n;
     return kvf_transport_tcp_create(&to);
 }
