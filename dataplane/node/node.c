@@ -760,6 +760,8 @@ static void on_control_msg(struct kvf_node *n, const Kvfence__V1__ControlMessage
                  cm->welcome->negotiated_version);
         pthread_mutex_lock(&n->qlock);
         n->welcomed = true;
+        n->welcomes++;
+        n->welcomed_port = n->data_port;
         pthread_cond_broadcast(&n->qdone);
         pthread_mutex_unlock(&n->qlock);
         node_session_on_welcome(n, cm->welcome);
@@ -1146,6 +1148,15 @@ int kvf_node_fatal(const struct kvf_node *n)
 uint16_t kvf_node_data_port(const struct kvf_node *n)
 {
     return n->data_port;
+}
+
+uint64_t kvf_node_welcomed(struct kvf_node *n, uint16_t *data_port_p)
+{
+    pthread_mutex_lock(&n->qlock);
+    uint64_t w = n->welcomes;
+    *data_port_p = n->welcomed_port;
+    pthread_mutex_unlock(&n->qlock);
+    return w;
 }
 
 int kvf_node_wait_ready(struct kvf_node *n, int64_t timeout_ms)

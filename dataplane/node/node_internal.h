@@ -239,6 +239,8 @@ struct kvf_node {
 
     /* Readiness and fatal errors (under qlock). */
     bool welcomed;
+    uint64_t welcomes;      /* Welcomes so far (main rewrites the port file) */
+    uint16_t welcomed_port; /* the data port the last welcomed Hello announced */
     atomic_int fatal;
     atomic_bool stopping; /* the session thread must end */
 
