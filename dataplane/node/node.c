@@ -961,6 +961,10 @@ static void run_job(struct kvf_node *n, struct node_job *j)
         node_local_submit_chunk(n, j);
         break;
     case JOB_SUBMIT_STREAM:
+        if (node_fault_hold_stream(n, j)) {
+            j->kept = true; /* the fault module runs and frees it */
+            break;
+        }
         node_substream_run(n, j);
         break;
     case JOB_FRAME:
@@ -1018,7 +1022,7 @@ static void *owner_main(void *arg)
                 j->done = true;
                 pthread_cond_broadcast(&n->qdone);
                 pthread_mutex_unlock(&n->qlock);
-            } else {
+            } else if (!j->kept) {
                 node_job_free(j);
             }
         }

@@ -205,8 +205,9 @@ struct node_job {
     Kvfence__V1__RegisterPoolRequest *reg;   /* owned */
     Kvfence__V1__SubmitChunkRequest *submit; /* owned */
     struct node_substream *sub;              /* SUBMIT_STREAM (a reference) */
-    uint32_t pool_id;                        /* UNREGISTER_POOL; FRAME: the frame's pool */
-    kvf_room_key room;                       /* FRAME */
+    bool kept;         /* run_job kept it (faults.c hold_stream): not freed after */
+    uint32_t pool_id;  /* UNREGISTER_POOL; FRAME: the frame's pool */
+    kvf_room_key room; /* FRAME */
     uint32_t peer;
     uint32_t member;                 /* PEER_GAP: the sink rank */
     uint32_t first_page, page_count; /* FRAME: the frame's pages (its sink member is found by
