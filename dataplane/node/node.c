@@ -944,6 +944,10 @@ static void run_job(struct kvf_node *n, struct node_job *j)
     case JOB_CONTROL_MSG:
         if (j->stream != n->session)
             break; /* a stream given up by a self-fence */
+        if (node_fault_hold_control(n, j)) {
+            j->kept = true; /* posted again when the hold ends */
+            break;
+        }
         on_control_msg(n, j->cm);
         if (n->session_welcomed)
             n->last_contact_ms = node_now_ms();

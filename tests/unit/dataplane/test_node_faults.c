@@ -25,6 +25,7 @@ static void every_key_parses(void **state)
                        "op_error=3   # trailing comment\n"
                        "\n"
                        "hold_stream=1\n"
+                       "hold_room_update=1\n"
                        "drop_room_update=4\n"
                        "drop_abort=5\n"
                        "drop_fence=6\n"
@@ -42,6 +43,7 @@ static void every_key_parses(void **state)
     assert_int_equal(c.xport.fail_post_nth, 2);
     assert_int_equal(c.xport.error_nth, 3);
     assert_int_equal(c.hold_stream, 1);
+    assert_int_equal(c.hold_room_update, 1);
     assert_int_equal(c.drop_room_update, 4);
     assert_int_equal(c.drop_abort, 5);
     assert_int_equal(c.drop_fence, 6);
@@ -85,6 +87,7 @@ static void bad_lines_are_refused_naming_line_and_key(void **state)
         {"hold=1\nnosuch=1\n", "line 2: unknown key 'nosuch'"},
         {"hold=2\n", "hold: want 0 or 1"},
         {"hold_stream=2\n", "hold_stream: at most 1"},
+        {"hold_room_update=3\n", "hold_room_update: at most 1"},
         {"post_fail=-1\n", "post_fail: '-1' is not a count"},
         {"op_error=3x\n", "op_error: '3x' is not a count"},
         {"drop_abort=\n", "drop_abort: '' is not a count"},
