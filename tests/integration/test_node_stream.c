@@ -14,7 +14,11 @@
  * result in order and the later chunks still go; after an abort the
  * remaining chunks of the stream get ABORTED and the sink's canary holds
  * once the leases are RELEASED; a stream still open at node shutdown ends
- * with UNAVAILABLE and the node exits 0 (under ASan: no leak).
+ * with UNAVAILABLE and the node exits 0 (under ASan: no leak); the flow
+ * control bounds: a client past 64 (+8) outstanding requests gets
+ * RESOURCE_EXHAUSTED and nothing of the refused requests runs (n1 holds the
+ * requests with its fault file: hold_stream), and a 65th stream per node is
+ * refused with RESOURCE_EXHAUSTED.
  *
  * Waits are on observed state with timeouts. Teardown stops every process:
  * they must exit 0 on SIGTERM, and the shm objects are unlinked.
@@ -415,6 +419,64 @@ static void test_pipelining_past_the_window_resource_exhausted(void **state)
     check_n2_pool(f, 0, PAGE_COUNT);
 }
 
+/* At most 64 SubmitChunks streams per node (submit_stream.c SUBSTREAM_MAX):
+ * 64 open streams each answer a request; the 65th ends at once with
+ * RESOURCE_EXHAUSTED naming the limit; once one of the 64 ended, a new stream
+ * is taken. Each stream's request is refused (chunk_seq 0): a result proves
+ * the node registered the stream, and nothing is submitted. */
+#define STREAMS_MAX 64
+
+static void test_stream_count_bound_per_node(void **state)
+{
+    struct fx *f = *state;
+    fx_start(f);
+    kvf_room_key k = join_pair(f, 506, 16, 8);
+    struct kvf_rpc_client_stream *cs[STREAMS_MAX];
+    for (int i = 0; i < STREAMS_MAX; i++) {
+        cs[i] = stream_open(f->n1.local);
+        stream_submit(f, cs[i], k, 0, 0, 16, 1, false);
+        expect_result(cs[i], 0, KVF_GRPC_INVALID_ARGUMENT, "chunk_seq");
+    }
+    struct kvf_rpc_client_stream *over = stream_open(f->n1.local);
+    expect_end(over, KVF_GRPC_RESOURCE_EXHAUSTED, "limit 64 per node");
+    kvf_rpc_client_stream_close(over);
+    /* One ends (half-close: OK); its place is free again. The node forgets a
+     * stream when gRPC reports it closed: retry until then. */
+    assert_int_equal(kvf_rpc_client_stream_half_close(cs[0]), 0);
+    expect_end(cs[0], KVF_GRPC_OK, NULL);
+    kvf_rpc_client_stream_close(cs[0]);
+    int64_t end = nh_now_ms() + WAIT_MS;
+    for (;;) {
+        struct kvf_rpc_client_stream *again = stream_open(f->n1.local);
+        if (stream_send(f, again, k, 1, 0, 16, 8, true) == 0) {
+            uint8_t *msg = NULL;
+            size_t len = 0;
+            struct kvf_rpc_status st;
+            int rc = kvf_rpc_client_stream_recv(again, WAIT_MS, &msg, &len, &st);
+            free(msg);
+            if (rc == 0) { /* taken: chunk 1 is the room's whole transfer */
+                assert_int_equal(kvf_rpc_client_stream_half_close(again), 0);
+                expect_end(again, KVF_GRPC_OK, NULL);
+                kvf_rpc_client_stream_close(again);
+                break;
+            }
+            if (rc != KVF_RPC_STREAM_END || st.code != KVF_GRPC_RESOURCE_EXHAUSTED)
+                fail_msg("a stream after one ended: recv %d status %d %s", rc, st.code, st.message);
+        }
+        kvf_rpc_client_stream_close(again);
+        if (nh_now_ms() > end)
+            fail_msg("no stream taken after one of %d ended", STREAMS_MAX);
+        nh_sleep_ms(10);
+    }
+    nh_wait_room_state(f->ch, k, KVFENCE__V1__ROOM_STATE__ROOM_STATE_COMPLETED, WAIT_MS);
+    check_n2_pool(f, 16, 8);
+    for (int i = 1; i < STREAMS_MAX; i++) {
+        assert_int_equal(kvf_rpc_client_stream_half_close(cs[i]), 0);
+        expect_end(cs[i], KVF_GRPC_OK, NULL);
+        kvf_rpc_client_stream_close(cs[i]);
+    }
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -426,6 +488,7 @@ int main(void)
         cmocka_unit_test_setup_teardown(test_stream_ends_at_node_shutdown, setup, teardown),
         cmocka_unit_test_setup_teardown(test_pipelining_past_the_window_resource_exhausted, setup,
                                         teardown),
+        cmocka_unit_test_setup_teardown(test_stream_count_bound_per_node, setup, teardown),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
