@@ -65,6 +65,10 @@ static enum kvf_peer_verdict verdict_of(struct kvf_node *n, kvf_room_key key, co
             if (r->members[i].incarnation == sender_incarnation &&
                 strcmp(r->members[i].node_id, sender) == 0)
                 v = KVF_PEER_ACCEPT;
+    } else {
+        /* Published by the owner's RoomUpdate, its members not yet: the
+         * update is under way (dropping here lost a message: a gap). */
+        *unseen = true;
     }
     pthread_rwlock_unlock(&n->rooms_lock);
     return v;
