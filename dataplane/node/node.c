@@ -780,6 +780,8 @@ static void on_control_msg(struct kvf_node *n, const Kvfence__V1__ControlMessage
                  cm->welcome->negotiated_version);
         pthread_mutex_lock(&n->qlock);
         n->welcomed = true;
+        n->welcomes++;
+        n->welcomed_port = n->data_port;
         pthread_cond_broadcast(&n->qdone);
         pthread_mutex_unlock(&n->qlock);
         node_session_on_welcome(n, cm->welcome);
@@ -1003,6 +1005,10 @@ static void run_job(struct kvf_node *n, struct node_job *j)
     case JOB_CONTROL_MSG:
         if (j->stream != n->session)
             break; /* a stream given up by a self-fence */
+        if (node_fault_hold_control(n, j)) {
+            j->kept = true; /* posted again when the hold ends */
+            break;
+        }
         on_control_msg(n, j->cm);
         if (n->session_welcomed)
             n->last_contact_ms = node_now_ms();
@@ -1020,6 +1026,10 @@ static void run_job(struct kvf_node *n, struct node_job *j)
         node_local_submit_chunk(n, j);
         break;
     case JOB_SUBMIT_STREAM:
+        if (node_fault_hold_stream(n, j)) {
+            j->kept = true; /* the fault module runs and frees it */
+            break;
+        }
         node_substream_run(n, j);
         break;
     case JOB_FRAME:
@@ -1077,7 +1087,7 @@ static void *owner_main(void *arg)
                 j->done = true;
                 pthread_cond_broadcast(&n->qdone);
                 pthread_mutex_unlock(&n->qlock);
-            } else {
+            } else if (!j->kept) {
                 node_job_free(j);
             }
         }
@@ -1207,6 +1217,15 @@ int kvf_node_fatal(const struct kvf_node *n)
 uint16_t kvf_node_data_port(const struct kvf_node *n)
 {
     return n->data_port;
+}
+
+uint64_t kvf_node_welcomed(struct kvf_node *n, uint16_t *data_port_p)
+{
+    pthread_mutex_lock(&n->qlock);
+    uint64_t w = n->welcomes;
+    *data_port_p = n->welcomed_port;
+    pthread_mutex_unlock(&n->qlock);
+    return w;
 }
 
 int kvf_node_wait_ready(struct kvf_node *n, int64_t timeout_ms)
