@@ -13,7 +13,8 @@
  * is dropped; 8 threads submitting last chunks of 32 rooms at once get every
  * aux whole and in order per room; bad filters answer INVALID_ARGUMENT
  * naming the field; a node's shutdown ends its Watch streams with
- * UNAVAILABLE and the node exits 0; a message that reaches the sink before
+ * UNAVAILABLE and the node exits 0; a 65th watcher is refused with
+ * RESOURCE_EXHAUSTED until one of the 64 leaves; a message that reaches the sink before
  * its RoomUpdate (held by n2's fault file) waits for it: accepted when it
  * comes within the wait, dropped as UNKNOWN (then a sequence gap fails the
  * room) when it does not.
@@ -813,6 +814,62 @@ static void test_watch_bad_filters_and_shutdown(void **state)
     assert_true(status >= 0 && WIFEXITED(status) && WEXITSTATUS(status) == 0);
 }
 
+/* The node serves at most 64 Watch streams: the 65th ends at once with
+ * RESOURCE_EXHAUSTED naming the limit, the 64 keep their events, and once one
+ * of them closes a new watcher is served again. */
+static void test_watchers_bounded_per_node(void **state)
+{
+    struct fx *f = *state;
+    fx_start(f, NULL);
+    enum { LIMIT = 64 };
+    kvf_room_key k = room_pair(f, 701, 0, 4);
+    struct kvf_rpc_client_stream *w[LIMIT];
+    for (int i = 0; i < LIMIT; i++) {
+        w[i] = watch_open(&f->n2, &k, 1, NULL, 0, false);
+        watch_sync(w[i], k); /* registered: its snapshot came */
+    }
+    struct kvf_rpc_client_stream *extra = watch_open(&f->n2, &k, 1, NULL, 0, false);
+    struct kvf_rpc_status st;
+    Kvfence__V1__NodeEvent *ev = watch_next(extra, WAIT_MS, &st);
+    if (ev)
+        fail_msg("watcher %d was served (event %d)", LIMIT + 1, (int)ev->event_case);
+    assert_int_equal(st.code, KVF_GRPC_RESOURCE_EXHAUSTED);
+    assert_non_null(strstr(st.message, "watchers: limit 64"));
+    kvf_rpc_client_stream_close(extra);
+
+    /* One leaves; its slot is free once the node saw the stream close. */
+    kvf_rpc_client_stream_close(w[0]);
+    int64_t end = nh_now_ms() + WAIT_MS;
+    for (;;) {
+        w[0] = watch_open(&f->n2, &k, 1, NULL, 0, false);
+        ev = watch_next(w[0], WAIT_MS, &st);
+        if (ev) {
+            assert_true(ev_room(ev, k));
+            kvfence__v1__node_event__free_unpacked(ev, NULL);
+            break;
+        }
+        assert_int_equal(st.code, KVF_GRPC_RESOURCE_EXHAUSTED);
+        kvf_rpc_client_stream_close(w[0]);
+        if (nh_now_ms() > end)
+            fail_msg("no Watch slot came free after a watcher closed");
+        nh_sleep_ms(10);
+    }
+    /* Every watcher still gets live events: the abort's ABORTING. */
+    nh_abort_room(f->ch, k, "test abort");
+    for (int i = 0; i < LIMIT; i++) {
+        bool aborting = false;
+        while (!aborting) {
+            ev = watch_must(w[i]);
+            assert_true(ev_room(ev, k));
+            aborting = ev->event_case == KVFENCE__V1__NODE_EVENT__EVENT_ROOM_STATE &&
+                       ev->room_state->state == KVFENCE__V1__ROOM_STATE__ROOM_STATE_ABORTING;
+            kvfence__v1__node_event__free_unpacked(ev, NULL);
+        }
+    }
+    for (int i = 0; i < LIMIT; i++)
+        kvf_rpc_client_stream_close(w[i]);
+}
+
 /* The slow watcher: this executable run as "watch-child SOCKET", a separate
  * process so that the test can SIGSTOP it: stopped, its gRPC transport grants
  * no more flow-control window, and the node's sends to it stay queued. It
@@ -930,6 +987,7 @@ int main(int argc, char **argv)
         cmocka_unit_test_setup_teardown(test_many_threads_every_aux_whole_and_in_order, setup,
                                         teardown),
         cmocka_unit_test_setup_teardown(test_watch_bad_filters_and_shutdown, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_watchers_bounded_per_node, setup, teardown),
         cmocka_unit_test_setup_teardown(test_slow_watcher_ends_with_resource_exhausted, setup,
                                         teardown),
     };
