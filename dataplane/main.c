@@ -3,7 +3,8 @@
  *
  * Parses the settings (flags > KVF_NODE_* environment > config file >
  * default, common/kvf_config.h), starts the node (dataplane/node/node.h),
- * writes the port file once the control plane welcomed the node, and waits
+ * writes the port file once the control plane welcomed the node (again when
+ * a Welcome follows a Hello with another data port: a self-fence), and waits
  * for SIGTERM or SIGINT. On a signal it closes admission on every lifetime,
  * waits for them to drain (bounded by --drain-timeout-ms), reports, ends its
  * session and exits 0. It exits 1 when the control plane refuses the node
@@ -202,16 +203,21 @@ int main(int argc, char **argv)
     }
 
     int rc = 0;
-    bool ready = false;
+    uint64_t seen = 0;    /* Welcomes handled */
+    uint16_t written = 0; /* the port in the port file (0: none yet) */
     for (;;) {
         if (kvf_node_fatal(n)) {
             rc = 1;
             break;
         }
-        if (!ready && kvf_node_wait_ready(n, 0) == 0) {
-            ready = true;
-            if (cfg.port_file && cfg.port_file[0]) {
-                int wrc = write_port_file(cfg.port_file, kvf_node_data_port(n), cfg.local_socket);
+        uint16_t port;
+        uint64_t welcomes = kvf_node_welcomed(n, &port);
+        if (welcomes != seen) {
+            seen = welcomes;
+            /* After a self-fence the new incarnation may listen elsewhere. */
+            if (port != written && cfg.port_file && cfg.port_file[0]) {
+                written = port;
+                int wrc = write_port_file(cfg.port_file, port, cfg.local_socket);
                 if (wrc < 0) {
                     fprintf(stderr, "kvfence-node: cannot write %s: %s\n", cfg.port_file,
                             strerror(-wrc));

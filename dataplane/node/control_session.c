@@ -114,50 +114,33 @@ static bool resync_wants(const struct kvf_node *n, const struct node_room *r, bo
     return drained_pass ? drained && r->aborting : !drained;
 }
 
-void node_session_send_resync(struct kvf_node *n, const char *why)
+int node_resync_emit(struct kvf_node *n, node_resync_send_fn send, size_t *lifetimes_p,
+                     size_t *messages_p)
 {
-    if (!n->session)
-        return;
+    *lifetimes_p = 0;
+    *messages_p = 0;
+    /* Open, closed and quarantined lifetimes first, then drained aborted ones
+     * (their Drained may have been lost), newest first. */
     size_t nrooms = 0;
     for (struct node_room *r = n->rooms; r; r = r->next)
         nrooms += resync_wants(n, r, false) || resync_wants(n, r, true);
-    size_t skipped = 0;
-    if (nrooms > NODE_RESYNC_MAX) {
-        skipped = nrooms - NODE_RESYNC_MAX;
-        nrooms = NODE_RESYNC_MAX;
-    }
-    Kvfence__V1__LifetimeInfo *lv = calloc(nrooms ? nrooms : 1, sizeof *lv);
-    Kvfence__V1__LifetimeInfo **lp = calloc(nrooms ? nrooms : 1, sizeof *lp);
-    Kvfence__V1__RoomKey *kv = calloc(nrooms ? nrooms : 1, sizeof *kv);
-    Kvfence__V1__AbortToken *tv = calloc(nrooms ? nrooms : 1, sizeof *tv);
-    if (!lv || !lp || !kv || !tv) {
-        node_log("error", NULL, "resync not sent: out of memory");
+    struct node_room **rooms = calloc(nrooms ? nrooms : 1, sizeof *rooms);
+    size_t batch = nrooms < NODE_RESYNC_MAX ? nrooms : NODE_RESYNC_MAX;
+    Kvfence__V1__LifetimeInfo *lv = calloc(batch ? batch : 1, sizeof *lv);
+    Kvfence__V1__LifetimeInfo **lp = calloc(batch ? batch : 1, sizeof *lp);
+    Kvfence__V1__RoomKey *kv = calloc(batch ? batch : 1, sizeof *kv);
+    Kvfence__V1__AbortToken *tv = calloc(batch ? batch : 1, sizeof *tv);
+    int rc = 0;
+    if (!rooms || !lv || !lp || !kv || !tv) {
+        rc = -ENOMEM;
         goto out;
     }
-    size_t i = 0;
-    /* Open, closed and quarantined lifetimes first, then drained aborted ones
-     * (their Drained may have been lost), newest first, up to the cap. */
+    size_t k = 0;
     for (int pass = 0; pass < 2; pass++)
-        for (struct node_room *r = n->rooms; r && i < nrooms; r = r->next) {
-            if (!resync_wants(n, r, pass == 1))
-                continue;
-            kvfence__v1__lifetime_info__init(&lv[i]);
-            kvfence__v1__room_key__init(&kv[i]);
-            kv[i].room_id = r->key.room_id;
-            kv[i].generation = r->key.generation;
-            lv[i].room = &kv[i];
-            /* kvf_lt_state numbers its states as node.proto's LifetimeState. */
-            lv[i].state = (Kvfence__V1__LifetimeState)kvf_lt_state(r->lt);
-            lv[i].ops_in_flight = kvf_lt_inflight(r->lt);
-            if (r->aborting) {
-                kvfence__v1__abort_token__init(&tv[i]);
-                tv[i].hi = r->token.hi;
-                tv[i].lo = r->token.lo;
-                lv[i].token = &tv[i];
-            }
-            lp[i] = &lv[i];
-            i++;
-        }
+        for (struct node_room *r = n->rooms; r; r = r->next)
+            if (resync_wants(n, r, pass == 1))
+                rooms[k++] = r;
+
     Kvfence__V1__FencedPeer fv[NODE_MAX_PEERS];
     Kvfence__V1__FencedPeer *fp[NODE_MAX_PEERS];
     size_t nf = 0;
@@ -173,26 +156,67 @@ void node_session_send_resync(struct kvf_node *n, const char *why)
     Kvfence__V1__Pool pv[NODE_MAX_POOLS];
     Kvfence__V1__Pool *pp[NODE_MAX_POOLS];
     node_pools_to_wire(n, pv, pp);
-    Kvfence__V1__Resync rs = KVFENCE__V1__RESYNC__INIT;
-    rs.n_lifetimes = i;
-    rs.lifetimes = lp;
-    rs.n_fenced_peers = nf;
-    rs.fenced_peers = fp;
-    rs.n_pools = n->npools;
-    rs.pools = pp;
-    Kvfence__V1__NodeMessage m = KVFENCE__V1__NODE_MESSAGE__INIT;
-    m.msg_case = KVFENCE__V1__NODE_MESSAGE__MSG_RESYNC;
-    m.resync = &rs;
-    int rc = node_ctl_send(n, &m);
-    node_log(skipped ? "warn" : "info", NULL,
-             "resync (%s): %zu lifetimes (%zu left out: over the cap), %zu fenced peers, %u "
-             "pools%s",
-             why, i, skipped, nf, n->npools, rc == 0 ? "" : " (not sent)");
+
+    /* Over the cap, more messages rather than fewer lifetimes: the control
+     * plane reconciles each lifetime on its own and takes the (repeated) pool
+     * list as a whole each time, so a split Resync reconciles like one; one
+     * left out could keep admission open on a room it forgot. */
+    size_t done = 0;
+    do {
+        size_t i = 0;
+        for (; i < batch && done + i < nrooms; i++) {
+            const struct node_room *r = rooms[done + i];
+            kvfence__v1__lifetime_info__init(&lv[i]);
+            kvfence__v1__room_key__init(&kv[i]);
+            kv[i].room_id = r->key.room_id;
+            kv[i].generation = r->key.generation;
+            lv[i].room = &kv[i];
+            /* kvf_lt_state numbers its states as node.proto's LifetimeState. */
+            lv[i].state = (Kvfence__V1__LifetimeState)kvf_lt_state(r->lt);
+            lv[i].ops_in_flight = kvf_lt_inflight(r->lt);
+            if (r->aborting) {
+                kvfence__v1__abort_token__init(&tv[i]);
+                tv[i].hi = r->token.hi;
+                tv[i].lo = r->token.lo;
+                lv[i].token = &tv[i];
+            }
+            lp[i] = &lv[i];
+        }
+        Kvfence__V1__Resync rs = KVFENCE__V1__RESYNC__INIT;
+        rs.n_lifetimes = i;
+        rs.lifetimes = lp;
+        rs.n_fenced_peers = done == 0 ? nf : 0; /* said once */
+        rs.fenced_peers = fp;
+        rs.n_pools = n->npools;
+        rs.pools = pp;
+        Kvfence__V1__NodeMessage m = KVFENCE__V1__NODE_MESSAGE__INIT;
+        m.msg_case = KVFENCE__V1__NODE_MESSAGE__MSG_RESYNC;
+        m.resync = &rs;
+        rc = send(n, &m);
+        if (rc != 0)
+            break;
+        done += i;
+        ++*messages_p;
+    } while (done < nrooms);
+    *lifetimes_p = done;
 out:
+    free(rooms);
     free(lv);
     free(lp);
     free(kv);
     free(tv);
+    return rc;
+}
+
+void node_session_send_resync(struct kvf_node *n, const char *why)
+{
+    if (!n->session)
+        return;
+    size_t nlt = 0, nmsg = 0;
+    int rc = node_resync_emit(n, node_ctl_send, &nlt, &nmsg);
+    node_log(rc == 0 ? "info" : "warn", NULL,
+             "resync (%s): %zu lifetimes in %zu messages, %u pools%s%s", why, nlt, nmsg, n->npools,
+             rc == 0 ? "" : ": not all sent: ", rc == 0 ? "" : strerror(-rc));
 }
 
 /* ---- liveness and self-fencing --------------------------------------------------- */

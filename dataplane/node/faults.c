@@ -29,6 +29,10 @@ struct node_faults {
     ino_t ino;
     off_t size;
     struct timespec mtime;
+    struct node_job *held, *held_tail; /* SubmitChunks requests (hold_stream) */
+    uint64_t nheld;
+    struct node_job *held_cm, *held_cm_tail; /* RoomUpdates (hold_room_update) */
+    uint64_t nheld_cm;
 };
 
 /* ---- parsing ------------------------------------------------------------------ */
@@ -44,6 +48,8 @@ struct fault_key {
 static const struct fault_key fault_keys[] = {
     {"post_fail", CFG_OFF(xport.fail_post_nth), UINT64_MAX},
     {"op_error", CFG_OFF(xport.error_nth), UINT64_MAX},
+    {"hold_stream", CFG_OFF(hold_stream), 1},
+    {"hold_room_update", CFG_OFF(hold_room_update), 1},
     {"drop_room_update", CFG_OFF(drop_room_update), UINT64_MAX},
     {"drop_abort", CFG_OFF(drop_abort), UINT64_MAX},
     {"drop_fence", CFG_OFF(drop_fence), UINT64_MAX},
@@ -172,14 +178,15 @@ static void apply(struct kvf_node *n, const struct node_fault_cfg *c, const char
 {
     n->faults->cfg = *c;
     node_log("info", NULL,
-             "fault: config %s: hold=%d post_fail=%" PRIu64 " op_error=%" PRIu64
-             " drop_room_update=%" PRIu64 " drop_abort=%" PRIu64 " drop_fence=%" PRIu64
-             " drop_drained=%" PRIu64 " drop_completed=%" PRIu64 " drop_peer_fenced=%" PRIu64
-             " peer_drop=%" PRIu64 " peer_dup=%" PRIu64 " peer_delay=%" PRIu64
-             " rdma_hold=%" PRIu64,
-             why, c->xport.hold, c->xport.fail_post_nth, c->xport.error_nth, c->drop_room_update,
-             c->drop_abort, c->drop_fence, c->drop_drained, c->drop_completed, c->drop_peer_fenced,
-             c->peer_drop, c->peer_dup, c->peer_delay, c->rdma_hold);
+             "fault: config %s: hold=%d hold_stream=%" PRIu64 " hold_room_update=%" PRIu64
+             " post_fail=%" PRIu64 " op_error=%" PRIu64 " drop_room_update=%" PRIu64
+             " drop_abort=%" PRIu64 " drop_fence=%" PRIu64 " drop_drained=%" PRIu64
+             " drop_completed=%" PRIu64 " drop_peer_fenced=%" PRIu64 " peer_drop=%" PRIu64
+             " peer_dup=%" PRIu64 " peer_delay=%" PRIu64 " rdma_hold=%" PRIu64,
+             why, c->xport.hold, c->hold_stream, c->hold_room_update, c->xport.fail_post_nth,
+             c->xport.error_nth, c->drop_room_update, c->drop_abort, c->drop_fence, c->drop_drained,
+             c->drop_completed, c->drop_peer_fenced, c->peer_drop, c->peer_dup, c->peer_delay,
+             c->rdma_hold);
     kvf_transport_fault_set(n->tcp_io, &c->xport);
     if (n->faults->rdma_applied != (c->rdma_hold != 0)) {
         n->faults->rdma_applied = c->rdma_hold != 0;
@@ -249,16 +256,89 @@ int node_faults_start(struct kvf_node *n, const char *path)
     return 0;
 }
 
+/* hold_stream off, or the node stops: the held requests run, in order. */
+static void release_held(struct kvf_node *n)
+{
+    struct node_faults *f = n->faults;
+    if (!f->held || (f->cfg.hold_stream && !n->stop_requested))
+        return;
+    node_log("info", NULL, "fault: running %" PRIu64 " held SubmitChunks requests", f->nheld);
+    while (f->held) {
+        struct node_job *j = f->held;
+        f->held = j->next;
+        node_substream_run(n, j);
+        node_job_free(j);
+    }
+    f->held_tail = NULL;
+    f->nheld = 0;
+}
+
+/* hold_room_update off: the held RoomUpdates go back to the owner's queue,
+ * in order (a stream given up meanwhile drops them there). */
+static void release_held_cm(struct kvf_node *n)
+{
+    struct node_faults *f = n->faults;
+    if (!f->held_cm || f->cfg.hold_room_update)
+        return;
+    node_log("info", NULL, "fault: letting %" PRIu64 " held RoomUpdates through", f->nheld_cm);
+    while (f->held_cm) {
+        struct node_job *j = f->held_cm;
+        f->held_cm = j->next;
+        j->kept = false;
+        if (node_post(n, j) != 0)
+            node_job_free(j); /* the owner is exiting */
+    }
+    f->held_cm_tail = NULL;
+    f->nheld_cm = 0;
+}
+
+bool node_fault_hold_control(struct kvf_node *n, struct node_job *j)
+{
+    struct node_faults *f = n->faults;
+    if (!f || !j->cm || j->cm->msg_case != KVFENCE__V1__CONTROL_MESSAGE__MSG_ROOM_UPDATE ||
+        (!f->cfg.hold_room_update && !f->held_cm))
+        return false;
+    j->next = NULL;
+    if (f->held_cm_tail)
+        f->held_cm_tail->next = j;
+    else
+        f->held_cm = j;
+    f->held_cm_tail = j;
+    f->nheld_cm++;
+    node_log("info", NULL, "fault: holding a RoomUpdate (%" PRIu64 " held)", f->nheld_cm);
+    return true;
+}
+
 void node_faults_tick(struct kvf_node *n)
 {
     if (!n->faults)
         return;
+    release_held(n);
     int64_t now = node_now_ms();
     if (now < n->faults->next_check_ms)
         return;
     n->faults->next_check_ms = now + NODE_FAULT_CHECK_MS;
     reload(n);
     apply_peer(n);
+    release_held(n);
+    release_held_cm(n);
+}
+
+bool node_fault_hold_stream(struct kvf_node *n, struct node_job *j)
+{
+    struct node_faults *f = n->faults;
+    /* While some are held, later ones queue behind them (request order). */
+    if (!f || n->stop_requested || (!f->cfg.hold_stream && !f->held))
+        return false;
+    j->next = NULL;
+    if (f->held_tail)
+        f->held_tail->next = j;
+    else
+        f->held = j;
+    f->held_tail = j;
+    if (f->nheld++ == 0)
+        node_log("info", NULL, "fault: holding SubmitChunks requests");
+    return true;
 }
 
 static bool take(uint64_t *count)
@@ -359,6 +439,16 @@ void node_faults_stop(struct kvf_node *n)
 {
     if (!n->faults)
         return;
+    while (n->faults->held) { /* not run: the owner is gone (it runs them at stop) */
+        struct node_job *j = n->faults->held;
+        n->faults->held = j->next;
+        node_job_free(j);
+    }
+    while (n->faults->held_cm) {
+        struct node_job *j = n->faults->held_cm;
+        n->faults->held_cm = j->next;
+        node_job_free(j);
+    }
     kvf_transport_destroy(n->tcp_io);
     n->tcp_io = n->tcp;
     free(n->faults);

@@ -15,7 +15,14 @@
  *   hold=0|1             transport: hold every posted frame until hold=0;
  *   post_fail=N          transport: the Nth post after the load returns -EIO;
  *   op_error=N           transport: the Nth post after the load completes ERROR;
- *   drop_room_update=N   drop the next N RoomUpdate notices (no ack: re-sent);
+ *   hold_stream=0|1      SubmitChunks requests reaching the owner are kept
+ *                        back, in order, until hold_stream=0 (or the node
+ *                        stops): they count as outstanding on their stream;
+ *   hold_room_update=0|1 RoomUpdates are kept back, in order, until
+ *                        hold_room_update=0 (other control messages pass);
+ *   drop_room_update=N   drop the next N RoomUpdates (lost: the control
+ *                        plane sends a room's update again only when it
+ *                        changes or the node re-attaches);
  *   drop_abort=N         drop the next N AbortNotice notices;
  *   drop_fence=N         drop the next N FencePeer notices;
  *   drop_drained=N       do not send the next N Drained reports;
@@ -47,9 +54,12 @@
 
 struct kvf_node;
 struct kvf_peer_fault;
+struct node_job;
 
 struct node_fault_cfg {
     struct kvf_fault_knobs xport;
+    uint64_t hold_stream;      /* 0 or 1 */
+    uint64_t hold_room_update; /* 0 or 1 */
     uint64_t drop_room_update, drop_abort, drop_fence;
     uint64_t drop_drained, drop_completed, drop_peer_fenced;
     uint64_t peer_drop, peer_dup, peer_delay, peer_delay_after;
@@ -82,6 +92,15 @@ void node_faults_tick(struct kvf_node *n);
 /* True when the control message of `msg_case` (Kvfence__V1__ControlMessage)
  * must be dropped (counts it). */
 bool node_fault_drop_control(struct kvf_node *n, int msg_case);
+
+/* True when the SubmitChunks request `j` (JOB_SUBMIT_STREAM) is kept back
+ * (hold_stream): the job is then the fault module's until it runs. */
+bool node_fault_hold_stream(struct kvf_node *n, struct node_job *j);
+
+/* True when the control message job `j` (JOB_CONTROL_MSG) is a RoomUpdate
+ * kept back (hold_room_update): the job is then the fault module's; it is
+ * posted again, in order, once the hold ends. */
+bool node_fault_hold_control(struct kvf_node *n, struct node_job *j);
 
 /* True when the report of `msg_case` (Kvfence__V1__NodeMessage) must not be
  * sent (counts it). */

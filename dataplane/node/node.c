@@ -155,6 +155,26 @@ int node_post(struct kvf_node *n, struct node_job *j)
     return 0;
 }
 
+/* Posts the asynchronous jobs head..tail (linked by next) with one wake-up.
+ * -ESHUTDOWN once the owner has exited (the jobs stay the caller's). */
+static int node_post_list(struct kvf_node *n, struct node_job *head, struct node_job *tail)
+{
+    pthread_mutex_lock(&n->qlock);
+    if (n->owner_exit) {
+        pthread_mutex_unlock(&n->qlock);
+        return -ESHUTDOWN;
+    }
+    tail->next = NULL;
+    if (n->qtail)
+        n->qtail->next = head;
+    else
+        n->qhead = head;
+    n->qtail = tail;
+    pthread_cond_signal(&n->qcond);
+    pthread_mutex_unlock(&n->qlock);
+    return 0;
+}
+
 /* ---- sending to the control plane ------------------------------------------- */
 
 int node_ctl_send(struct kvf_node *n, const Kvfence__V1__NodeMessage *m)
@@ -766,6 +786,8 @@ static void on_control_msg(struct kvf_node *n, const Kvfence__V1__ControlMessage
                  cm->welcome->negotiated_version);
         pthread_mutex_lock(&n->qlock);
         n->welcomed = true;
+        n->welcomes++;
+        n->welcomed_port = n->data_port;
         pthread_cond_broadcast(&n->qdone);
         pthread_mutex_unlock(&n->qlock);
         node_session_on_welcome(n, cm->welcome);
@@ -851,6 +873,37 @@ static int tcp_check(void *ctx, uint32_t peer, kvf_room_key room, uint32_t pool_
     return rc;
 }
 
+/* A receiver thread's frame events not yet posted: handed to the owner in
+ * one post (one wake-up) when the transport says the receiver is about to
+ * wait (tcp_on_idle), at once for a drain or a failed read, and at the
+ * latest after a bounded batch (tcp.h), so a busy stream does not wake the
+ * owner once per frame. */
+static _Thread_local struct {
+    struct kvf_node *n;
+    struct node_job *head, *tail;
+} rx_batch;
+
+static void rx_batch_flush(void)
+{
+    struct node_job *head = rx_batch.head;
+    if (!head)
+        return;
+    rx_batch.head = NULL;
+    if (node_post_list(rx_batch.n, head, rx_batch.tail) != 0) {
+        while (head) {
+            struct node_job *next = head->next;
+            free(head);
+            head = next;
+        }
+    }
+}
+
+static void tcp_on_idle(void *ctx)
+{
+    (void)ctx;
+    rx_batch_flush();
+}
+
 /* The frame's own coordinates go to the owner thread: nothing is carried
  * from check to here, since two connections of one peer (a reconnect) may
  * overlap and a RoomUpdate may replace the members in between. */
@@ -859,6 +912,8 @@ static void tcp_on_frame(void *ctx, uint32_t peer, kvf_room_key room, uint32_t p
                          bool drained)
 {
     struct kvf_node *n = ctx;
+    if (rx_batch.head && rx_batch.n != n)
+        rx_batch_flush(); /* not expected: a receiver serves one node */
     struct node_job *j = calloc(1, sizeof *j);
     if (!j) {
         node_log("error", &room, "out of memory posting a frame event: lost");
@@ -873,8 +928,15 @@ static void tcp_on_frame(void *ctx, uint32_t peer, kvf_room_key room, uint32_t p
     j->bytes = bytes;
     j->status = status;
     j->drained = drained;
-    if (node_post(n, j) != 0)
-        free(j);
+    j->next = NULL;
+    if (rx_batch.head)
+        rx_batch.tail->next = j;
+    else
+        rx_batch.head = j;
+    rx_batch.tail = j;
+    rx_batch.n = n;
+    if (drained || status != 0)
+        rx_batch_flush(); /* the owner acts on these now */
 }
 
 static void on_frame(struct kvf_node *n, const struct node_job *j)
@@ -917,6 +979,7 @@ struct kvf_transport *node_tcp_create(struct kvf_node *n, uint64_t incarnation, 
     to.max_pools = NODE_MAX_POOLS;
     to.check = tcp_check;
     to.on_frame = tcp_on_frame;
+    to.on_idle = tcp_on_idle;
     to.ctx = n;
     return kvf_transport_tcp_create(&to);
 }
@@ -948,6 +1011,10 @@ static void run_job(struct kvf_node *n, struct node_job *j)
     case JOB_CONTROL_MSG:
         if (j->stream != n->session)
             break; /* a stream given up by a self-fence */
+        if (node_fault_hold_control(n, j)) {
+            j->kept = true; /* posted again when the hold ends */
+            break;
+        }
         on_control_msg(n, j->cm);
         if (n->session_welcomed)
             n->last_contact_ms = node_now_ms();
@@ -965,6 +1032,10 @@ static void run_job(struct kvf_node *n, struct node_job *j)
         node_local_submit_chunk(n, j);
         break;
     case JOB_SUBMIT_STREAM:
+        if (node_fault_hold_stream(n, j)) {
+            j->kept = true; /* the fault module runs and frees it */
+            break;
+        }
         node_substream_run(n, j);
         break;
     case JOB_FRAME:
@@ -1025,7 +1096,7 @@ static void *owner_main(void *arg)
                 j->done = true;
                 pthread_cond_broadcast(&n->qdone);
                 pthread_mutex_unlock(&n->qlock);
-            } else {
+            } else if (!j->kept) {
                 node_job_free(j);
             }
         }
@@ -1155,6 +1226,15 @@ int kvf_node_fatal(const struct kvf_node *n)
 uint16_t kvf_node_data_port(const struct kvf_node *n)
 {
     return n->data_port;
+}
+
+uint64_t kvf_node_welcomed(struct kvf_node *n, uint16_t *data_port_p)
+{
+    pthread_mutex_lock(&n->qlock);
+    uint64_t w = n->welcomes;
+    *data_port_p = n->welcomed_port;
+    pthread_mutex_unlock(&n->qlock);
+    return w;
 }
 
 int kvf_node_wait_ready(struct kvf_node *n, int64_t timeout_ms)

@@ -64,8 +64,14 @@ int kvf_node_wait_ready(struct kvf_node *n, int64_t timeout_ms);
  * survive (the control plane refused it with FAILED_PRECONDITION). Any thread. */
 int kvf_node_fatal(const struct kvf_node *n);
 
-/* The bound TCP data port. */
+/* The bound TCP data port (owner thread's view; see kvf_node_welcomed). */
 uint16_t kvf_node_data_port(const struct kvf_node *n);
+
+/* How many Welcomes the node got so far (0: none yet), and in *data_port_p
+ * the data port of the Hello the last one answered: a self-fence takes a new
+ * incarnation on a new TCP transport, whose port differs with --data-port 0.
+ * Any thread. */
+uint64_t kvf_node_welcomed(struct kvf_node *n, uint16_t *data_port_p);
 
 /*
  * Graceful stop (SIGTERM): closes admission on every lifetime, waits for them

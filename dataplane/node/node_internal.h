@@ -51,7 +51,7 @@
 #define NODE_MAX_PEERS  64
 #define NODE_FRAME_MAX  (256u * 1024u) /* largest TCP frame payload */
 #define NODE_POLL_BATCH 64
-#define NODE_RESYNC_MAX 4096 /* lifetimes in one Resync */
+#define NODE_RESYNC_MAX 4096 /* lifetimes in one Resync message (more: more messages) */
 
 /* ---- logging ----------------------------------------------------------------- */
 
@@ -209,8 +209,9 @@ struct node_job {
     Kvfence__V1__RegisterPoolRequest *reg;   /* owned */
     Kvfence__V1__SubmitChunkRequest *submit; /* owned */
     struct node_substream *sub;              /* SUBMIT_STREAM (a reference) */
-    uint32_t pool_id;                        /* UNREGISTER_POOL; FRAME: the frame's pool */
-    kvf_room_key room;                       /* FRAME */
+    bool kept;         /* run_job kept it (faults.c hold_stream): not freed after */
+    uint32_t pool_id;  /* UNREGISTER_POOL; FRAME: the frame's pool */
+    kvf_room_key room; /* FRAME */
     uint32_t peer;
     uint32_t member;                 /* PEER_GAP: the sink rank */
     uint32_t first_page, page_count; /* FRAME: the frame's pages (its sink member is found by
@@ -243,6 +244,8 @@ struct kvf_node {
 
     /* Readiness and fatal errors (under qlock). */
     bool welcomed;
+    uint64_t welcomes;      /* Welcomes so far (main rewrites the port file) */
+    uint16_t welcomed_port; /* the data port the last welcomed Hello announced */
     atomic_int fatal;
     atomic_bool stopping; /* the session thread must end */
 
@@ -342,6 +345,16 @@ int node_session_start(struct kvf_node *n);
 void node_session_on_welcome(struct kvf_node *n, const Kvfence__V1__Welcome *w);
 /* Owner: sends Resync (every lifetime of this incarnation, fenced peers, pools). */
 void node_session_send_resync(struct kvf_node *n, const char *why);
+
+/* The Resync of the current incarnation handed to `send` (node_ctl_send; a
+ * test's own): every lifetime to report (not DRAINED, or DRAINED by an abort
+ * notice), the undrained first, newest first, in messages of at most
+ * NODE_RESYNC_MAX lifetimes (at least one message); each carries the pools,
+ * the first the fenced peers. 0, -ENOMEM, or the first failed send's error;
+ * *lifetimes_p / *messages_p: what was sent. Owner thread. */
+typedef int (*node_resync_send_fn)(struct kvf_node *n, const Kvfence__V1__NodeMessage *m);
+int node_resync_emit(struct kvf_node *n, node_resync_send_fn send, size_t *lifetimes_p,
+                     size_t *messages_p);
 /* Owner, every loop: self-fences once the session is gone for node_ttl. */
 void node_session_tick(struct kvf_node *n, int64_t now_ms);
 /* Owner: fences every peer, closes every lifetime and takes a new incarnation. */

@@ -18,7 +18,8 @@
  *   names its peer under the transport lock (a fenced or unknown node is
  *   refused there, so a fence and an identification are ordered by that
  *   lock), then loops: header, bounds, check (admits the receive op), payload
- *   straight into the pool, retire, on_frame.
+ *   straight into the pool, retire, on_frame; on_idle when it would wait for
+ *   the next header, or after a bounded batch (tcp.h).
  * - Sender thread (one per outbound connection): owns its socket and its
  *   frame sequence; pops xfers from the connection's queue and writes each as
  *   one header + payload with sendmsg, so frames never interleave. A frame
@@ -619,14 +620,68 @@ static bool rx_find_pool(struct tcp *t, uint32_t id, struct tcp_pool *out)
     return found;
 }
 
+/* on_frame calls (and their payload bytes) not yet followed by on_idle. */
+struct rx_idle {
+    unsigned frames;
+    uint64_t bytes;
+};
+
+static void rx_idle_flush(struct tcp *t, struct rx_idle *idle)
+{
+    if (idle->frames > 0 && t->opts.on_idle)
+        t->opts.on_idle(t->opts.ctx);
+    idle->frames = 0;
+    idle->bytes = 0;
+}
+
+/* After an on_frame: on_idle once the batch reaches its bounds (tcp.h). */
+static void rx_idle_count(struct tcp *t, struct rx_idle *idle, uint64_t bytes)
+{
+    if (!t->opts.on_idle)
+        return; /* nobody to tell: never look ahead */
+    idle->frames++;
+    idle->bytes += bytes;
+    if (idle->frames >= KVF_TCP_IDLE_FRAMES || idle->bytes >= KVF_TCP_IDLE_BYTES)
+        rx_idle_flush(t, idle);
+}
+
+/*
+ * Reads the next header, as recv_full(..., eof_ok) does. While frame events
+ * wait for on_idle, it first takes what is already there without waiting;
+ * only when the socket is empty (the receiver would sleep) does it call
+ * on_idle, so a busy stream hands its events on in batches and the last
+ * frame of a burst is handed on at once.
+ */
+static int rx_header(struct tcp_rx *rx, uint8_t buf[KVF_TCP_HEADER_SIZE], struct rx_idle *idle)
+{
+    size_t got = 0;
+    if (idle->frames > 0 && !atomic_load_explicit(&rx->stop, memory_order_acquire)) {
+        ssize_t n;
+        do {
+            n = recv(rx->fd, buf, KVF_TCP_HEADER_SIZE, MSG_DONTWAIT);
+        } while (n < 0 && errno == EINTR);
+        if (n == 0)
+            return 1;
+        if (n < 0 && errno != EAGAIN && errno != EWOULDBLOCK)
+            return -errno;
+        if (n < 0)
+            rx_idle_flush(rx->t, idle);
+        else
+            got = (size_t)n;
+    }
+    if (got == KVF_TCP_HEADER_SIZE)
+        return 0;
+    return recv_full(rx->fd, buf + got, KVF_TCP_HEADER_SIZE - got, &rx->stop, got == 0);
+}
+
 /* Reads frames until the connection ends, is fenced, or misbehaves. */
-static void rx_frames(struct tcp_rx *rx)
+static void rx_frames(struct tcp_rx *rx, struct rx_idle *idle)
 {
     struct tcp *t = rx->t;
     uint64_t expect_seq = 1;
     for (;;) {
         uint8_t buf[KVF_TCP_HEADER_SIZE];
-        int rc = recv_full(rx->fd, buf, sizeof(buf), &rx->stop, true);
+        int rc = rx_header(rx, buf, idle);
         if (rc != 0)
             return; /* EOF between frames, fence, or error: nothing admitted */
 
@@ -650,6 +705,8 @@ static void rx_frames(struct tcp_rx *rx)
         memset(&op, 0, sizeof(op));
         rc = t->opts.check(t->opts.ctx, rx->peer, h.room, h.pool, h.first_page, h.page_count, &op);
         /* The source may know a room before this node does: wait a little. */
+        if (rc == -EAGAIN)
+            rx_idle_flush(t, idle); /* about to sleep */
         for (uint32_t waited = 0;
              rc == -EAGAIN && waited < t->opts.check_wait_ms && !atomic_load(&rx->stop); waited++) {
             struct timespec ms = {0, 1000000L};
@@ -675,6 +732,7 @@ static void rx_frames(struct tcp_rx *rx)
             if (t->opts.on_frame)
                 t->opts.on_frame(t->opts.ctx, rx->peer, h.room, h.pool, h.first_page, h.page_count,
                                  0, -ENOENT, gone_drained);
+            rx_idle_count(t, idle, 0);
             if (recv_drop(rx->fd, rx->scratch, h.length, &rx->stop) != 0)
                 return;
             continue;
@@ -695,6 +753,7 @@ static void rx_frames(struct tcp_rx *rx)
         if (t->opts.on_frame)
             t->opts.on_frame(t->opts.ctx, rx->peer, h.room, h.pool, h.first_page, h.page_count,
                              h.length, rc, drained);
+        rx_idle_count(t, idle, h.length);
         if (rc != 0)
             return;
     }
@@ -707,7 +766,9 @@ static void *rx_main(void *arg)
     int rc = rx_hello(rx);
     if (rc == 0) {
         CNT_ADD(t, conns_accepted, 1);
-        rx_frames(rx);
+        struct rx_idle idle = {0, 0};
+        rx_frames(rx, &idle);
+        rx_idle_flush(t, &idle); /* the events of the last batch */
     } else if (rc != -ECANCELED) {
         CNT_ADD(t, conns_refused, 1);
     }

@@ -105,6 +105,22 @@ typedef void (*kvf_tcp_frame_fn)(void *ctx, uint32_t peer, kvf_room_key room, ui
                                  uint32_t first_page, uint32_t page_count, uint64_t bytes,
                                  int status, bool drained);
 
+/*
+ * The receiver is about to wait: it called `on_frame` since the last
+ * `on_idle` and finds no next header in its socket, or it delivered
+ * KVF_TCP_IDLE_FRAMES frames or KVF_TCP_IDLE_BYTES payload bytes since the
+ * last call, or it is about to end. On the receiver thread. Lets the caller
+ * hand a batch of frame events on with one wake-up instead of one per frame;
+ * every on_frame is followed by an on_idle within those bounds. A wait in the
+ * middle of a payload does not count (a sender writes each frame whole, so
+ * only a stalled sender leaves one half sent): the events before it wait for
+ * that frame, or for the connection to end.
+ */
+typedef void (*kvf_tcp_idle_fn)(void *ctx);
+
+#define KVF_TCP_IDLE_FRAMES 16u
+#define KVF_TCP_IDLE_BYTES  (1024u * 1024u)
+
 struct kvf_transport_tcp_opts {
     uint64_t node_id;          /* this node (incarnation), carried in hellos; != 0 */
     const char *bind_host;     /* numeric IPv4; default "127.0.0.1" */
@@ -115,6 +131,7 @@ struct kvf_transport_tcp_opts {
     uint32_t check_wait_ms;    /* how long an -EAGAIN from check, or a hello from a peer not
                                   added yet, is waited for; default 2000 */
     kvf_tcp_frame_fn on_frame; /* may be NULL */
+    kvf_tcp_idle_fn on_idle;   /* may be NULL */
     void *ctx;
 };
 

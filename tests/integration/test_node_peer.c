@@ -13,7 +13,10 @@
  * is dropped; 8 threads submitting last chunks of 32 rooms at once get every
  * aux whole and in order per room; bad filters answer INVALID_ARGUMENT
  * naming the field; a node's shutdown ends its Watch streams with
- * UNAVAILABLE and the node exits 0.
+ * UNAVAILABLE and the node exits 0; a message that reaches the sink before
+ * its RoomUpdate (held by n2's fault file) waits for it: accepted when it
+ * comes within the wait, dropped as UNKNOWN (then a sequence gap fails the
+ * room) when it does not.
  *
  * Waits are on observed state with timeouts (GetRoom polls, Watch events).
  * "Nothing for room A" is proven by order: the channel carries messages of
@@ -138,7 +141,8 @@ static void wait_node_knows(struct fx *f, struct nh_node *np, kvf_room_key k)
     nh_wait_node_knows(np, k, f->p1.pool_id, "n2", f->p2.pool_id, 0, WAIT_MS);
 }
 
-static void fx_start(struct fx *f, const char *n1_fault)
+/* n2 with `n2_flags` (NH_LOG_FILE, NH_FAULT_FILE). */
+static void fx_start_n2(struct fx *f, const char *n1_fault, unsigned n2_flags)
 {
     const char *args[] = {"--threads", "2", "--node-ttl-ms", "3000", "--resend-ms", "50", NULL};
     nh_control_start(&f->cp, &f->ch, args);
@@ -146,11 +150,64 @@ static void fx_start(struct fx *f, const char *n1_fault)
     const char *n1_args[] = {"--peer-fault", n1_fault ? n1_fault : "", NULL};
     const char *n2_args[] = {"--peer-fault", "", NULL};
     assert_int_equal(nh_node_start(&f->n1, f->dir, "n1", "n1", f->cp.target, n1_args, 0), 0);
-    assert_int_equal(nh_node_start(&f->n2, f->dir, "n2", "n2", f->cp.target, n2_args, 0), 0);
+    assert_int_equal(nh_node_start(&f->n2, f->dir, "n2", "n2", f->cp.target, n2_args, n2_flags), 0);
     assert_int_equal(nh_pool_create(&f->p1, "peer", "n1", PAGE_SIZE, PAGE_COUNT, nh_canary1), 0);
     assert_int_equal(nh_pool_create(&f->p2, "peer", "n2", PAGE_SIZE, PAGE_COUNT, nh_canary2), 0);
     f->p1.pool_id = nh_register_pool(&f->n1, &f->p1);
     f->p2.pool_id = nh_register_pool(&f->n2, &f->p2);
+}
+
+static void fx_start(struct fx *f, const char *n1_fault)
+{
+    fx_start_n2(f, n1_fault, 0);
+}
+
+/* Lines of the node's log (NH_LOG_FILE) holding `needle` and, when `k`, the
+ * room's tag. */
+static unsigned log_count(const struct nh_node *np, const char *needle, const kvf_room_key *k)
+{
+    FILE *fp = fopen(np->log, "r");
+    if (!fp)
+        return 0;
+    char tag[64] = "";
+    if (k)
+        snprintf(tag, sizeof tag, "\"room\":\"%llu:%llu\"", (unsigned long long)k->room_id,
+                 (unsigned long long)k->generation);
+    char line[2048];
+    unsigned n = 0;
+    while (fgets(line, sizeof line, fp))
+        n += strstr(line, needle) && (!k || strstr(line, tag));
+    fclose(fp);
+    return n;
+}
+
+static void wait_log(const struct nh_node *np, const char *needle, const kvf_room_key *k)
+{
+    int64_t end = nh_now_ms() + WAIT_MS;
+    while (log_count(np, needle, k) == 0) {
+        if (nh_now_ms() > end)
+            fail_msg("node %s: no log line '%s' within %d ms", np->id, needle, WAIT_MS);
+        nh_sleep_ms(5);
+    }
+}
+
+/* Writes n2's fault file atomically and waits until n2 loaded it. */
+static void n2_faults(struct fx *f, const char *text)
+{
+    unsigned before = log_count(&f->n2, "fault: config loaded", NULL);
+    char tmp[200];
+    snprintf(tmp, sizeof tmp, "%s.tmp", f->n2.fault_file);
+    FILE *fp = fopen(tmp, "w");
+    assert_non_null(fp);
+    fputs(text, fp);
+    assert_int_equal(fclose(fp), 0);
+    assert_int_equal(rename(tmp, f->n2.fault_file), 0);
+    int64_t end = nh_now_ms() + WAIT_MS;
+    while (log_count(&f->n2, "fault: config loaded", NULL) <= before) {
+        if (nh_now_ms() > end)
+            fail_msg("n2 did not load its fault file: %s", text);
+        nh_sleep_ms(5);
+    }
 }
 
 /* One source (n1 rank 0, pages [first, +count)) and one sink (n2 rank 0, the
@@ -527,6 +584,78 @@ static void test_status_after_abort_is_dropped(void **state)
     kvf_rpc_client_stream_close(w);
 }
 
+/* A room that n1 knows and n2 does not yet: n2 holds its RoomUpdates (fault
+ * hold_room_update) until the test lets them through. */
+static kvf_room_key room_unknown_to_n2(struct fx *f, uint64_t room_id, uint32_t first,
+                                       uint32_t count)
+{
+    n2_faults(f, "hold_room_update=1\n");
+    kvf_room_key k = nh_join_pair(f->ch, room_id, "n1", f->p1.pool_id, first, "n2", f->p2.pool_id,
+                                  first, count, WAIT_MS);
+    wait_node_knows(f, &f->n1, k);
+    wait_log(&f->n2, "fault: holding a RoomUpdate", NULL);
+    return k;
+}
+
+/* Peer admission waits for the RoomUpdate (docs/node.md, peer_link.c): n1's
+ * aux and status reach n2 before n2 knows the room (its RoomUpdate is held
+ * until n2 logged that a message waits); the RoomUpdate then comes
+ * within the 2 s wait: the messages are accepted, the aux reaches Watch
+ * byte-exact before transfer_done, and the room completes (the sink's
+ * Completed needs the ok status). */
+static void test_peer_message_waits_for_late_room_update(void **state)
+{
+    struct fx *f = *state;
+    fx_start_n2(f, NULL, NH_LOG_FILE | NH_FAULT_FILE);
+    kvf_room_key k = room_unknown_to_n2(f, 601, 8, 4);
+    kvf_room_key wk[1] = {{k.room_id, 0}};
+    struct kvf_rpc_client_stream *w = watch_open(&f->n2, wk, 1, NULL, 0, false);
+    uint8_t aux[3000];
+    fill_aux(aux, sizeof aux, 0);
+    struct chunk c = {0, 1, 8, 0, 8, 4, true, aux, sizeof aux};
+    submit_ok(f, k, &c);
+    wait_log(&f->n2, "for a room not known here yet: waiting", &k);
+    n2_faults(f, ""); /* the held RoomUpdate goes through */
+    struct pair_seen seen[64] = {{0}};
+    read_pairs(w, k, seen, 1, aux_len_3000, (kvf_room_key){0, 0});
+    assert_true(seen[0].aux && seen[0].done_ok);
+    nh_wait_room_state(f->ch, k, KVFENCE__V1__ROOM_STATE__ROOM_STATE_COMPLETED, WAIT_MS);
+    nh_check_pool(&f->p2, nh_canary2, 8, 4, nh_canary1, 8, "n2");
+    assert_int_equal(log_count(&f->n2, "peer channel: dropped a message", &k), 0);
+    kvf_rpc_client_stream_close(w);
+}
+
+/* The RoomUpdate does not come within the wait: n1's aux is dropped as
+ * UNKNOWN (logged, and counted in the channel's statistics that n2 logs at
+ * exit); once the update is let through, n1's status is the pair's next
+ * message, a sequence gap: n2 reports TransferFailed and the room aborts. */
+static void test_peer_message_unknown_after_the_wait(void **state)
+{
+    struct fx *f = *state;
+    fx_start_n2(f, NULL, NH_LOG_FILE | NH_FAULT_FILE);
+    kvf_room_key k = room_unknown_to_n2(f, 602, 8, 4);
+    uint8_t aux[3000];
+    fill_aux(aux, sizeof aux, 0);
+    struct chunk c = {0, 1, 8, 0, 8, 4, true, aux, sizeof aux};
+    int64_t t0 = nh_now_ms();
+    submit_ok(f, k, &c);
+    wait_log(&f->n2, "for a room not known here yet: waiting", &k);
+    wait_log(&f->n2, "peer channel: dropped a message from n1: unknown", &k);
+    /* Not before the wait ran out (2 s, timed from before the send). */
+    int64_t took = nh_now_ms() - t0;
+    if (took < 2000)
+        fail_msg("the message was dropped %lld ms after the submit: before the 2 s wait",
+                 (long long)took);
+    n2_faults(f, "");
+    int reason = nh_wait_room_state(f->ch, k, KVFENCE__V1__ROOM_STATE__ROOM_STATE_ABORTED, WAIT_MS);
+    assert_int_equal(reason, KVFENCE__V1__ABORT_REASON__ABORT_REASON_TRANSFER_FAILED);
+    /* Counted: the channel's statistics at n2's exit. */
+    int st = nh_node_stop(&f->n2, 8000);
+    if (st < 0 || !WIFEXITED(st) || WEXITSTATUS(st) != 0)
+        fail_msg("n2 did not exit 0 on SIGTERM (status %d)", st);
+    assert_int_equal(log_count(&f->n2, " 1 unknown, 1 out of order", NULL), 1);
+}
+
 #define MT_THREADS 8
 #define MT_ROOMS   32 /* 2 pages each */
 
@@ -795,6 +924,9 @@ int main(int argc, char **argv)
         cmocka_unit_test_setup_teardown(test_lost_message_fails_room_and_late_aux_is_dropped, setup,
                                         teardown),
         cmocka_unit_test_setup_teardown(test_status_after_abort_is_dropped, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_peer_message_waits_for_late_room_update, setup,
+                                        teardown),
+        cmocka_unit_test_setup_teardown(test_peer_message_unknown_after_the_wait, setup, teardown),
         cmocka_unit_test_setup_teardown(test_many_threads_every_aux_whole_and_in_order, setup,
                                         teardown),
         cmocka_unit_test_setup_teardown(test_watch_bad_filters_and_shutdown, setup, teardown),

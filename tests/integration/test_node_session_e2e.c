@@ -460,7 +460,8 @@ static void test_durable_restart_resync_reconciles_pools_room_goes_on(void **sta
  * is refused and no byte reaches the sink; once the
  * control plane runs again the nodes attach as new incarnations, the old ones
  * are LOST, the room ends ABORTED, and a new room between the new
- * incarnations transfers. */
+ * incarnations transfers. The port file follows: it names the new
+ * incarnation's data port, where the node takes its new peer. */
 static void test_stopped_control_plane_nodes_self_fence_and_come_back_new(void **state)
 {
     struct fx *f = *state;
@@ -518,6 +519,22 @@ static void test_stopped_control_plane_nodes_self_fence_and_come_back_new(void *
     kvf_room_key k2 = join_pair(f, 203);
     wait_node_knows(f, &f->n1, k2);
     wait_node_knows(f, &f->n2, k2);
+
+    /* n2's new incarnation listens on a new port (--data-port 0): its port
+     * file is rewritten after the Welcome, and n2 takes its peer of room k2
+     * there as the new incarnation. */
+    int64_t end = nh_now_ms() + WAIT_MS;
+    while (node_data_port(&f->n2) == port2 && nh_now_ms() < end)
+        nh_sleep_ms(20);
+    uint16_t new_port = node_data_port(&f->n2);
+    if (new_port == port2)
+        fail_msg("n2's port file still names %u, the port of its old incarnation", port2);
+    int fresh = tcp_dial(new_port);
+    if (fresh < 0)
+        fail_msg("n2's port file names %u: %s", new_port, strerror(errno));
+    tcp_hello(fresh, tcp_id("n1", new1), tcp_id("n2", new2));
+    assert_false(tcp_closed_within(fresh, 300));
+    close(fresh);
     code = submit(f, &f->n1, k2, 1, 0, 16, 8, true, &st);
     if (code != KVF_GRPC_OK)
         fail_msg("SubmitChunk in the new incarnation: %d %s", code, st.message);

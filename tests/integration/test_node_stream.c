@@ -14,11 +14,16 @@
  * result in order and the later chunks still go; after an abort the
  * remaining chunks of the stream get ABORTED and the sink's canary holds
  * once the leases are RELEASED; a stream still open at node shutdown ends
- * with UNAVAILABLE and the node exits 0 (under ASan: no leak).
+ * with UNAVAILABLE and the node exits 0 (under ASan: no leak); the flow
+ * control bounds: a client past 64 (+8) outstanding requests gets
+ * RESOURCE_EXHAUSTED and nothing of the refused requests runs (n1 holds the
+ * requests with its fault file: hold_stream), and a 65th stream per node is
+ * refused with RESOURCE_EXHAUSTED.
  *
  * Waits are on observed state with timeouts. Teardown stops every process:
  * they must exit 0 on SIGTERM, and the shm objects are unlinked.
  */
+#include <errno.h>
 #include <setjmp.h>
 #include <signal.h>
 #include <stdarg.h>
@@ -38,9 +43,12 @@
 
 #define WAIT_MS      10000
 #define PAGE_SIZE    4096u
-#define PAGE_COUNT   64u
+#define PAGE_COUNT   128u
 #define STREAM_PAGES 32u /* lease of the pipelined test: n1 [0, 32) -> n2 [32, 64) */
 #define NODE_TTL_MS  "1500"
+/* The node's bound on outstanding requests per stream (submit_stream.c:
+ * SUBSTREAM_WINDOW 64 plus SUBSTREAM_SLACK 8; docs/node.md). */
+#define STREAM_BOUND 72u
 
 /* ---- fixture (the harness: node_harness.c) ---------------------------------------- */
 
@@ -75,19 +83,58 @@ static void wait_node_knows(struct fx *f, struct nh_node *np, kvf_room_key k)
     nh_wait_node_knows(np, k, f->p1.pool_id, "n2", f->p2.pool_id, 16, WAIT_MS);
 }
 
-/* Control plane, two nodes, two pools registered. */
-static void fx_start(struct fx *f)
+/* Control plane, two nodes (n1 with `n1_flags`: NH_LOG_FILE, NH_FAULT_FILE),
+ * two pools registered. */
+static void fx_start_flags(struct fx *f, unsigned n1_flags)
 {
     const char *args[] = {"--threads", "2", "--node-ttl-ms", NODE_TTL_MS, "--resend-ms",
                           "50",        NULL};
     nh_control_start(&f->cp, &f->ch, args);
     nh_tmpdir(f->dir, sizeof f->dir, "sst");
-    assert_int_equal(nh_node_start(&f->n1, f->dir, "n1", "n1", f->cp.target, NULL, 0), 0);
+    assert_int_equal(nh_node_start(&f->n1, f->dir, "n1", "n1", f->cp.target, NULL, n1_flags), 0);
     assert_int_equal(nh_node_start(&f->n2, f->dir, "n2", "n2", f->cp.target, NULL, 0), 0);
     assert_int_equal(nh_pool_create(&f->p1, "sst", "n1", PAGE_SIZE, PAGE_COUNT, nh_canary1), 0);
     assert_int_equal(nh_pool_create(&f->p2, "sst", "n2", PAGE_SIZE, PAGE_COUNT, nh_canary2), 0);
     f->p1.pool_id = nh_register_pool(&f->n1, &f->p1);
     f->p2.pool_id = nh_register_pool(&f->n2, &f->p2);
+}
+
+static void fx_start(struct fx *f)
+{
+    fx_start_flags(f, 0);
+}
+
+/* Lines of the node's log (NH_LOG_FILE) holding `needle`. */
+static unsigned log_count(const struct nh_node *np, const char *needle)
+{
+    FILE *fp = fopen(np->log, "r");
+    if (!fp)
+        return 0;
+    char line[2048];
+    unsigned n = 0;
+    while (fgets(line, sizeof line, fp))
+        n += strstr(line, needle) != NULL;
+    fclose(fp);
+    return n;
+}
+
+/* Writes n1's fault file atomically and waits until n1 loaded it. */
+static void n1_faults(struct fx *f, const char *text)
+{
+    unsigned before = log_count(&f->n1, "fault: config loaded");
+    char tmp[200];
+    snprintf(tmp, sizeof tmp, "%s.tmp", f->n1.fault_file);
+    FILE *fp = fopen(tmp, "w");
+    assert_non_null(fp);
+    fputs(text, fp);
+    assert_int_equal(fclose(fp), 0);
+    assert_int_equal(rename(tmp, f->n1.fault_file), 0);
+    int64_t end = nh_now_ms() + WAIT_MS;
+    while (log_count(&f->n1, "fault: config loaded") <= before) {
+        if (nh_now_ms() > end)
+            fail_msg("n1 did not load its fault file: %s", text);
+        nh_sleep_ms(5);
+    }
 }
 
 /* A room: n1's source rank 0 leases pages [0, count), n2's sink rank 0
@@ -120,9 +167,9 @@ static struct kvf_rpc_client_stream *stream_open(struct kvf_rpc_channel *ch)
 }
 
 /* Sends one request: source rank 0, n1's pages [sfirst, +count) -> n2's pages
- * [dfirst, +count). */
-static void stream_submit(struct fx *f, struct kvf_rpc_client_stream *cs, kvf_room_key k,
-                          uint64_t seq, uint32_t sfirst, uint32_t dfirst, uint32_t count, bool last)
+ * [dfirst, +count). kvf_rpc_client_stream_send's result. */
+static int stream_send(struct fx *f, struct kvf_rpc_client_stream *cs, kvf_room_key k, uint64_t seq,
+                       uint32_t sfirst, uint32_t dfirst, uint32_t count, bool last)
 {
     Kvfence__V1__RoomKey rk = KVFENCE__V1__ROOM_KEY__INIT;
     rk.room_id = k.room_id;
@@ -150,7 +197,14 @@ static void stream_submit(struct fx *f, struct kvf_rpc_client_stream *cs, kvf_ro
     size_t len = kvfence__v1__submit_chunk_request__get_packed_size(&req);
     assert_true(len <= sizeof buf);
     kvfence__v1__submit_chunk_request__pack(&req, buf);
-    assert_int_equal(kvf_rpc_client_stream_send(cs, buf, len), 0);
+    return kvf_rpc_client_stream_send(cs, buf, len);
+}
+
+/* The same; the send must be taken. */
+static void stream_submit(struct fx *f, struct kvf_rpc_client_stream *cs, kvf_room_key k,
+                          uint64_t seq, uint32_t sfirst, uint32_t dfirst, uint32_t count, bool last)
+{
+    assert_int_equal(stream_send(f, cs, k, seq, sfirst, dfirst, count, last), 0);
 }
 
 /* The next result: its chunk_seq must be `seq` and its code `code`; a
@@ -315,6 +369,114 @@ static void test_stream_ends_at_node_shutdown(void **state)
         fail_msg("n1 exited with status 0x%x, want 0", st);
 }
 
+/* Flow control: n1 keeps every SubmitChunks request back (fault
+ * hold_stream), so none gets a result; a client that pipelines past the
+ * node's bound (STREAM_BOUND requests without a result) has its stream ended
+ * with RESOURCE_EXHAUSTED at the first request over it. The requests taken
+ * before run whole once released (their results are dropped: the stream
+ * ended); the refused one and those after it are not run: a new stream goes
+ * on from the refused chunk_seq with every result OK, in order, and the room
+ * completes byte for byte. */
+static void test_pipelining_past_the_window_resource_exhausted(void **state)
+{
+    struct fx *f = *state;
+    fx_start_flags(f, NH_LOG_FILE | NH_FAULT_FILE);
+    kvf_room_key k = join_pair(f, 505, 0, PAGE_COUNT);
+    n1_faults(f, "hold_stream=1\n");
+    struct kvf_rpc_client_stream *cs = stream_open(f->n1.local);
+    for (uint32_t i = 0; i < STREAM_BOUND + 1; i++)
+        stream_submit(f, cs, k, i + 1, i, i, 1, false);
+    /* More after the refused one: the stream has ended (or is about to). */
+    for (uint32_t i = STREAM_BOUND + 1; i < STREAM_BOUND + 8; i++) {
+        int rc = stream_send(f, cs, k, i + 1, i, i, 1, false);
+        if (rc != 0 && rc != -ECANCELED)
+            fail_msg("send of chunk %u: %d", i + 1, rc);
+    }
+    /* No result came (all held), only the end. */
+    expect_end(cs, KVF_GRPC_RESOURCE_EXHAUSTED, "outstanding");
+    kvf_rpc_client_stream_close(cs);
+    check_n2_pool(f, 0, 0); /* held: nothing posted yet */
+
+    /* Released: the STREAM_BOUND requests taken run, in order. */
+    n1_faults(f, "hold_stream=0\n");
+    int64_t end = nh_now_ms() + WAIT_MS;
+    while (memcmp(f->p2.mem, f->p1.mem, (size_t)STREAM_BOUND * PAGE_SIZE) != 0) {
+        if (nh_now_ms() > end)
+            fail_msg("the %u requests taken before the refusal never landed", STREAM_BOUND);
+        nh_sleep_ms(5);
+    }
+    /* A new stream goes on from the refused request: had it (or a later one)
+     * run, its chunk_seq would be ALREADY_EXISTS. */
+    cs = stream_open(f->n1.local);
+    for (uint32_t i = STREAM_BOUND; i < PAGE_COUNT; i++)
+        stream_submit(f, cs, k, i + 1, i, i, 1, i + 1 == PAGE_COUNT);
+    assert_int_equal(kvf_rpc_client_stream_half_close(cs), 0);
+    for (uint32_t i = STREAM_BOUND; i < PAGE_COUNT; i++)
+        expect_result(cs, i + 1, KVF_GRPC_OK, NULL);
+    expect_end(cs, KVF_GRPC_OK, NULL);
+    kvf_rpc_client_stream_close(cs);
+    nh_wait_room_state(f->ch, k, KVFENCE__V1__ROOM_STATE__ROOM_STATE_COMPLETED, WAIT_MS);
+    check_n2_pool(f, 0, PAGE_COUNT);
+}
+
+/* At most 64 SubmitChunks streams per node (submit_stream.c SUBSTREAM_MAX):
+ * 64 open streams each answer a request; the 65th ends at once with
+ * RESOURCE_EXHAUSTED naming the limit; once one of the 64 ended, a new stream
+ * is taken. Each stream's request is refused (chunk_seq 0): a result proves
+ * the node registered the stream, and nothing is submitted. */
+#define STREAMS_MAX 64
+
+static void test_stream_count_bound_per_node(void **state)
+{
+    struct fx *f = *state;
+    fx_start(f);
+    kvf_room_key k = join_pair(f, 506, 16, 8);
+    struct kvf_rpc_client_stream *cs[STREAMS_MAX];
+    for (int i = 0; i < STREAMS_MAX; i++) {
+        cs[i] = stream_open(f->n1.local);
+        stream_submit(f, cs[i], k, 0, 0, 16, 1, false);
+        expect_result(cs[i], 0, KVF_GRPC_INVALID_ARGUMENT, "chunk_seq");
+    }
+    struct kvf_rpc_client_stream *over = stream_open(f->n1.local);
+    expect_end(over, KVF_GRPC_RESOURCE_EXHAUSTED, "limit 64 per node");
+    kvf_rpc_client_stream_close(over);
+    /* One ends (half-close: OK); its place is free again. The node forgets a
+     * stream when gRPC reports it closed: retry until then. */
+    assert_int_equal(kvf_rpc_client_stream_half_close(cs[0]), 0);
+    expect_end(cs[0], KVF_GRPC_OK, NULL);
+    kvf_rpc_client_stream_close(cs[0]);
+    int64_t end = nh_now_ms() + WAIT_MS;
+    for (;;) {
+        struct kvf_rpc_client_stream *again = stream_open(f->n1.local);
+        if (stream_send(f, again, k, 1, 0, 16, 8, true) == 0) {
+            uint8_t *msg = NULL;
+            size_t len = 0;
+            struct kvf_rpc_status st;
+            int rc = kvf_rpc_client_stream_recv(again, WAIT_MS, &msg, &len, &st);
+            free(msg);
+            if (rc == 0) { /* taken: chunk 1 is the room's whole transfer */
+                assert_int_equal(kvf_rpc_client_stream_half_close(again), 0);
+                expect_end(again, KVF_GRPC_OK, NULL);
+                kvf_rpc_client_stream_close(again);
+                break;
+            }
+            if (rc != KVF_RPC_STREAM_END || st.code != KVF_GRPC_RESOURCE_EXHAUSTED)
+                fail_msg("a stream after one ended: recv %d status %d %s", rc, st.code, st.message);
+        }
+        kvf_rpc_client_stream_close(again);
+        if (nh_now_ms() > end)
+            fail_msg("no stream taken after one of %d ended", STREAMS_MAX);
+        nh_sleep_ms(10);
+    }
+    nh_wait_room_state(f->ch, k, KVFENCE__V1__ROOM_STATE__ROOM_STATE_COMPLETED, WAIT_MS);
+    check_n2_pool(f, 16, 8);
+    for (int i = 1; i < STREAMS_MAX; i++) {
+        assert_int_equal(kvf_rpc_client_stream_half_close(cs[i]), 0);
+        expect_end(cs[i], KVF_GRPC_OK, NULL);
+        kvf_rpc_client_stream_close(cs[i]);
+    }
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -324,6 +486,9 @@ int main(void)
                                         teardown),
         cmocka_unit_test_setup_teardown(test_abort_mid_stream_refuses_the_rest, setup, teardown),
         cmocka_unit_test_setup_teardown(test_stream_ends_at_node_shutdown, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_pipelining_past_the_window_resource_exhausted, setup,
+                                        teardown),
+        cmocka_unit_test_setup_teardown(test_stream_count_bound_per_node, setup, teardown),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -13,6 +13,7 @@
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include <cmocka.h>
@@ -280,6 +281,66 @@ static void remove_pool_refuses_unknown_and_leased_pools(void **state)
     fixture_free(f);
 }
 
+/* A node sends at most 4096 lifetimes per Resync message and more messages
+ * beyond (node_resync_emit, dataplane/node/control_session.c). The core has
+ * no cap of its own: a Resync over 4096 lifetimes is reconciled whole, and the
+ * same lifetimes split in two messages (each with the whole pool list, the
+ * fenced peers in the first) reconcile like one: every notice, the drain, the
+ * pools kept. */
+#define BIG_RESYNC 4100u
+
+static size_t take_notices(struct fixture *f)
+{
+    size_t n = 0, notices = 0;
+    const struct kvf_cps_effect *fx = kvf_cps_effects_take(f->st, &n);
+    for (size_t i = 0; i < n; i++)
+        notices += fx[i].kind == KVF_CPS_FX_ABORT_NOTICE;
+    return notices;
+}
+
+static void resync_over_4096_lifetimes_whole_or_split(void **state)
+{
+    (void)state;
+    struct fixture *f = fixture_new(NULL);
+    kvf_room_key key = join_pair(f, 8);
+    kvf_token tok = abort_room(f, key);
+    assert_int_equal(kvf_cps_report_drained(f->st, "n2", 1, key, tok, f->now, &f->err), 0);
+    fx_reset(f);
+    struct kvf_cps_resync_lifetime *lts = calloc(BIG_RESYNC + 1, sizeof *lts);
+    assert_non_null(lts);
+    for (uint32_t i = 0; i < BIG_RESYNC; i++) /* open lifetimes of forgotten rooms */
+        lts[i] = (struct kvf_cps_resync_lifetime){{1000 + i, 1}, KVF_CPS_LT_OPEN, {0, 0}, 0};
+    lts[BIG_RESYNC] = (struct kvf_cps_resync_lifetime){key, KVF_CPS_LT_DRAINED, tok, 0};
+
+    /* Whole: every open lifetime gets its notice. */
+    struct kvf_cps_resync rs = {
+        .lifetimes = lts, .lifetime_count = BIG_RESYNC, .pools = &POOL1, .pool_count = 1};
+    struct kvf_cps_resync_result res;
+    assert_int_equal(kvf_cps_node_resync(f->st, "n1", 1, &rs, f->now, &res, &f->err), 0);
+    assert_int_equal(res.notices, BIG_RESYNC);
+    assert_int_equal(take_notices(f), BIG_RESYNC);
+
+    /* Split as the node sends it: 4096, then the rest with the drained one. */
+    struct kvf_cps_resync first = {
+        .lifetimes = lts, .lifetime_count = 4096, .pools = &POOL1, .pool_count = 1};
+    struct kvf_cps_resync rest = {.lifetimes = lts + 4096,
+                                  .lifetime_count = BIG_RESYNC + 1 - 4096,
+                                  .pools = &POOL1,
+                                  .pool_count = 1};
+    assert_int_equal(kvf_cps_node_resync(f->st, "n1", 1, &first, f->now, &res, &f->err), 0);
+    assert_int_equal(res.notices, 4096);
+    assert_int_equal(take_notices(f), 4096);
+    assert_int_equal(room_state(f, key), KVF_CPS_ROOM_ABORTING);
+    assert_int_equal(kvf_cps_node_resync(f->st, "n1", 1, &rest, f->now, &res, &f->err), 0);
+    assert_int_equal(res.notices, BIG_RESYNC - 4096);
+    assert_int_equal(res.drained, 1);
+    assert_int_equal(take_notices(f), BIG_RESYNC - 4096);
+    assert_int_equal(room_state(f, key), KVF_CPS_ROOM_ABORTED); /* n1's drain was in the rest */
+    assert_int_equal(pool_count(f, "n1"), 1);
+    free(lts);
+    fixture_free(f);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -290,6 +351,7 @@ int main(void)
         cmocka_unit_test(pools_are_upserted_and_unlisted_ones_removed_unless_leased),
         cmocka_unit_test(malformed_or_unattached_resync_changes_nothing),
         cmocka_unit_test(remove_pool_refuses_unknown_and_leased_pools),
+        cmocka_unit_test(resync_over_4096_lifetimes_whole_or_split),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -24,6 +24,8 @@ static void every_key_parses(void **state)
                        "post_fail=2\n"
                        "op_error=3   # trailing comment\n"
                        "\n"
+                       "hold_stream=1\n"
+                       "hold_room_update=1\n"
                        "drop_room_update=4\n"
                        "drop_abort=5\n"
                        "drop_fence=6\n"
@@ -41,6 +43,8 @@ static void every_key_parses(void **state)
     assert_true(c.xport.hold);
     assert_int_equal(c.xport.fail_post_nth, 2);
     assert_int_equal(c.xport.error_nth, 3);
+    assert_int_equal(c.hold_stream, 1);
+    assert_int_equal(c.hold_room_update, 1);
     assert_int_equal(c.drop_room_update, 4);
     assert_int_equal(c.drop_abort, 5);
     assert_int_equal(c.drop_fence, 6);
@@ -68,6 +72,7 @@ static void empty_text_is_no_fault(void **state)
     assert_int_equal(c.xport.fail_post_nth, 0);
     assert_int_equal(c.drop_abort, 0);
     assert_int_equal(c.rdma_hold, 0);
+    assert_int_equal(c.hold_stream, 0);
     assert_false(c.peer_keys); /* the channel's faults are left alone */
     struct kvf_peer_fault pf;
     node_fault_peer(&c, &pf);
@@ -84,6 +89,8 @@ static void bad_lines_are_refused_naming_line_and_key(void **state)
     } cases[] = {
         {"hold=1\nnosuch=1\n", "line 2: unknown key 'nosuch'"},
         {"hold=2\n", "hold: want 0 or 1"},
+        {"hold_stream=2\n", "hold_stream: at most 1"},
+        {"hold_room_update=3\n", "hold_room_update: at most 1"},
         {"post_fail=-1\n", "post_fail: '-1' is not a count"},
         {"op_error=3x\n", "op_error: '3x' is not a count"},
         {"drop_abort=\n", "drop_abort: '' is not a count"},

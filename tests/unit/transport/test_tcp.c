@@ -69,6 +69,13 @@ struct node {
     atomic_uint_fast64_t landed_pages_sum;
     atomic_uint_fast64_t landed_bytes_sum;
     atomic_uint bad_coords;
+    /* on_idle: frames and bytes since the last call, the largest batch
+     * seen, and the calls. */
+    atomic_uint since_idle;
+    atomic_uint_fast64_t bytes_since_idle;
+    atomic_uint max_batch;
+    atomic_uint_fast64_t max_batch_bytes;
+    atomic_uint idle_calls;
 };
 
 struct pair {
@@ -172,6 +179,20 @@ static void frame_cb(void *ctx, uint32_t peer, kvf_room_key room, uint32_t pool_
     atomic_fetch_add(status == 0 ? &n->frames_ok : &n->frames_cut, 1);
     if (drained)
         atomic_fetch_add(&n->drained_events, 1);
+    atomic_fetch_add(&n->since_idle, 1);
+    atomic_fetch_add(&n->bytes_since_idle, status == 0 ? bytes : 0);
+}
+
+static void idle_cb(void *ctx)
+{
+    struct node *n = ctx;
+    unsigned f = atomic_exchange(&n->since_idle, 0);
+    uint64_t b = atomic_exchange(&n->bytes_since_idle, 0);
+    if (f > atomic_load(&n->max_batch))
+        atomic_store(&n->max_batch, f);
+    if (b > atomic_load(&n->max_batch_bytes))
+        atomic_store(&n->max_batch_bytes, b);
+    atomic_fetch_add(&n->idle_calls, 1);
 }
 
 static void node_init(struct node *n, uint64_t node_id)
@@ -194,6 +215,7 @@ static void node_init(struct node *n, uint64_t node_id)
     o.node_id = node_id;
     o.check = check_cb;
     o.on_frame = frame_cb;
+    o.on_idle = idle_cb;
     o.ctx = n;
     n->t = kvf_transport_tcp_create(&o);
     assert_non_null(n->t);
@@ -205,6 +227,9 @@ static void node_init(struct node *n, uint64_t node_id)
 static void node_fini(struct node *n)
 {
     kvf_transport_destroy(n->t);
+    /* Every frame event was followed by on_idle, in batches within bounds. */
+    assert_int_equal(atomic_load(&n->since_idle), 0);
+    assert_true(atomic_load(&n->max_batch) <= KVF_TCP_IDLE_FRAMES);
     (void)kvf_lt_close(n->lt, NULL, NULL);
     assert_int_equal(kvf_lt_inflight(n->lt), 0);
     assert_true(kvf_lt_table_can_teardown(n->tab));
@@ -405,6 +430,39 @@ static void test_transfer_byte_exact(void **state)
     free(x);
     free(src);
     free(expect);
+}
+
+/* A burst of frame events is followed by on_idle once the receiver finds its
+ * socket empty, with no further traffic; no batch passes the bounds. */
+static void test_frame_events_end_with_idle(void **state)
+{
+    struct pair *p = *state;
+    enum { N = 100 };
+    uint8_t *src = malloc((size_t)N * PAGE);
+    struct kvf_xfer *x = calloc(N, sizeof(*x));
+    assert_non_null(src);
+    assert_non_null(x);
+    fill_pattern(src, (size_t)N * PAGE, 7);
+    for (unsigned i = 0; i < N; i++)
+        assert_int_equal(post(&p->a, &x[i], ROOM, src + (size_t)i * PAGE, PAGE, i, 1, 0), 0);
+    struct reaped r = {0};
+    reap(p->a.t, N, &r);
+    assert_int_equal(r.by_outcome[KVF_LT_DONE_OK], N);
+    wait_count(&p->b.frames_ok, N);
+
+    /* Nothing more is sent: the last batch is handed on by itself. */
+    uint64_t deadline = now_ms() + WAIT_MS;
+    while (atomic_load(&p->b.since_idle) != 0) {
+        assert_true(now_ms() < deadline);
+        sleep_ms(1);
+    }
+    assert_true(atomic_load(&p->b.idle_calls) >=
+                (N + KVF_TCP_IDLE_FRAMES - 1) / KVF_TCP_IDLE_FRAMES);
+    assert_true(atomic_load(&p->b.max_batch) <= KVF_TCP_IDLE_FRAMES);
+    assert_true(atomic_load(&p->b.max_batch_bytes) <= KVF_TCP_IDLE_BYTES);
+    assert_memory_equal(p->b.pool, src, (size_t)N * PAGE);
+    free(x);
+    free(src);
 }
 
 /* Frames for a room the sink does not admit, or for pages outside its lease,
@@ -1004,6 +1062,7 @@ int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test_setup_teardown(test_transfer_byte_exact, pair_setup, pair_teardown),
+        cmocka_unit_test_setup_teardown(test_frame_events_end_with_idle, pair_setup, pair_teardown),
         cmocka_unit_test_setup_teardown(test_refused_frames_land_nowhere, pair_setup,
                                         pair_teardown),
         cmocka_unit_test_setup_teardown(test_malformed_range_past_pool, pair_setup, pair_teardown),
