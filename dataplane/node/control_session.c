@@ -34,6 +34,7 @@
 #include "faults.h"
 #include "kvf_version.h"
 #include "node_internal.h"
+#include "rdma_link.h"
 #include "tcp.h"
 #include "xport.h"
 
@@ -292,6 +293,8 @@ void node_self_fence(struct kvf_node *n, const char *why)
         if (n->peers[i].fenced)
             continue;
         int rc = kvf_transport_fence_peer(n->tcp_io, i); /* held faults flushed too */
+        if (rc == 0)
+            rc = node_rdma_fence_peer(n, i); /* before its quarantined ops are retired */
         if (rc != 0) {
             node_log("error", NULL, "self-fence: cannot fence peer %s: %s", n->peers[i].node_id,
                      strerror(-rc));

@@ -14,6 +14,7 @@
 
 #include "node_internal.h"
 #include "peer_channel.h"
+#include "rdma_link.h"
 
 #define FAULT_FILE_MAX 4096
 
@@ -22,6 +23,7 @@ struct node_faults {
     struct node_fault_cfg cfg; /* drop_* count down as they fire */
     int64_t next_check_ms;
     bool peer_pending; /* peer faults loaded before the channel existed */
+    bool rdma_applied; /* rdma_hold as last handed to the RDMA side */
     bool seen;         /* the file existed at the last check */
     dev_t dev;
     ino_t ino;
@@ -58,6 +60,7 @@ static const struct fault_key fault_keys[] = {
     {"peer_dup", CFG_OFF(peer_dup), UINT64_MAX},
     {"peer_delay", CFG_OFF(peer_delay), UINT64_MAX},
     {"peer_delay_after", CFG_OFF(peer_delay_after), UINT32_MAX},
+    {"rdma_hold", CFG_OFF(rdma_hold), 1},
 };
 
 static char *trim(char *s, char *end)
@@ -179,11 +182,16 @@ static void apply(struct kvf_node *n, const struct node_fault_cfg *c, const char
              " post_fail=%" PRIu64 " op_error=%" PRIu64 " drop_room_update=%" PRIu64
              " drop_abort=%" PRIu64 " drop_fence=%" PRIu64 " drop_drained=%" PRIu64
              " drop_completed=%" PRIu64 " drop_peer_fenced=%" PRIu64 " peer_drop=%" PRIu64
-             " peer_dup=%" PRIu64 " peer_delay=%" PRIu64,
+             " peer_dup=%" PRIu64 " peer_delay=%" PRIu64 " rdma_hold=%" PRIu64,
              why, c->xport.hold, c->hold_stream, c->hold_room_update, c->xport.fail_post_nth,
              c->xport.error_nth, c->drop_room_update, c->drop_abort, c->drop_fence, c->drop_drained,
-             c->drop_completed, c->drop_peer_fenced, c->peer_drop, c->peer_dup, c->peer_delay);
+             c->drop_completed, c->drop_peer_fenced, c->peer_drop, c->peer_dup, c->peer_delay,
+             c->rdma_hold);
     kvf_transport_fault_set(n->tcp_io, &c->xport);
+    if (n->faults->rdma_applied != (c->rdma_hold != 0)) {
+        n->faults->rdma_applied = c->rdma_hold != 0;
+        node_rdma_set_hold(n, n->faults->rdma_applied); /* no-op before RDMA started */
+    }
     n->faults->peer_pending = c->peer_keys;
     apply_peer(n);
 }
@@ -445,4 +453,9 @@ void node_faults_stop(struct kvf_node *n)
     n->tcp_io = n->tcp;
     free(n->faults);
     n->faults = NULL;
+}
+
+bool node_fault_rdma_hold(const struct kvf_node *n)
+{
+    return n->faults && n->faults->cfg.rdma_hold != 0;
 }

@@ -28,6 +28,8 @@
  *   drop_drained=N       do not send the next N Drained reports;
  *   drop_completed=N     ... Completed reports;
  *   drop_peer_fenced=N   ... PeerFenced reports;
+ *   rdma_hold=0|1        the fake RDMA fabric (--rdma fake) keeps every posted
+ *                        WR outstanding until rdma_hold=0 (kvf_verbs_fake_fabric_hold);
  *   peer_drop=N, peer_dup=N, peer_delay=N, peer_delay_after=N
  *                        the ZeroMQ peer channel's faults (struct
  *                        kvf_peer_fault, kvf_peer_channel_set_fault): set
@@ -61,7 +63,8 @@ struct node_fault_cfg {
     uint64_t drop_room_update, drop_abort, drop_fence;
     uint64_t drop_drained, drop_completed, drop_peer_fenced;
     uint64_t peer_drop, peer_dup, peer_delay, peer_delay_after;
-    bool peer_keys; /* the file named a peer_* key */
+    uint64_t rdma_hold; /* 0 or 1 */
+    bool peer_keys;     /* the file named a peer_* key */
 };
 
 /* Parses `text` (NUL-terminated). 0, or -EINVAL with a message naming the
@@ -102,6 +105,9 @@ bool node_fault_hold_control(struct kvf_node *n, struct node_job *j);
 /* True when the report of `msg_case` (Kvfence__V1__NodeMessage) must not be
  * sent (counts it). */
 bool node_fault_drop_report(struct kvf_node *n, int msg_case);
+
+/* The loaded rdma_hold (false without --fault-file): the RDMA start applies it. */
+bool node_fault_rdma_hold(const struct kvf_node *n);
 
 /* Frees the wrapper (before n->tcp) and the state. */
 void node_faults_stop(struct kvf_node *n);

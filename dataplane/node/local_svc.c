@@ -41,6 +41,8 @@
 
 #include "kvf_error.h"
 #include "node_internal.h"
+#include "rdma.h"
+#include "rdma_link.h"
 #include "tcp.h"
 #include "xport.h"
 
@@ -191,7 +193,9 @@ static struct node_chunk *chunk_new(struct node_room *r, const struct node_membe
                                     const Kvfence__V1__SubmitChunkRequest *req,
                                     const struct node_route *rt)
 {
-    uint32_t max_pages = NODE_FRAME_MAX / pool->page_size;
+    /* RDMA: one slice per WR (its own lifetime op), at most KVF_RDMA_MAX_SLICE. */
+    uint32_t frame_max = rt->kind == KVF_LT_OP_RDMA_WR ? KVF_RDMA_MAX_SLICE : NODE_FRAME_MAX;
+    uint32_t max_pages = frame_max / pool->page_size;
     if (max_pages == 0)
         max_pages = 1;
     struct walk w = {
@@ -382,6 +386,9 @@ int node_submit_chunk(struct kvf_node *n, const Kvfence__V1__SubmitChunkRequest 
         /* Every frame starts (or is dropped) in the pipeline: the chunk is
          * accepted whole, its frames end one by one. */
         node_xport_stage_chunk(n, ch);
+    } else if (rt.kind == KVF_LT_OP_RDMA_WR) {
+        /* The same for RDMA slices: queued, admitted one by one at their post. */
+        node_rdma_post_chunk(n, ch);
     } else {
         ch->nframes = 0; /* counts the frames posted */
         for (uint32_t i = 0; i < nframes; i++) {
@@ -462,7 +469,18 @@ static void chunk_end(struct kvf_node *n, struct node_chunk *ch)
 {
     struct node_room *r = ch->room;
     char why[96] = "";
-    if (ch->nfail)
+    if (ch->rdma && ch->nfail == 0 && !r->aborting) {
+        /* One-sided writes: the sink learns its pages landed from this, in
+         * the pair's order on the channel, before its AuxData/TransferStatus. */
+        int rc = node_rdma_send_notice(n, ch);
+        if (rc != 0) {
+            ch->nfail++;
+            snprintf(why, sizeof why, "chunk %" PRIu64 ": ChunkNotice not sent: %s", ch->seq,
+                     strerror(-rc));
+            source_failed(n, ch, why);
+        }
+    }
+    if (ch->nfail && !why[0])
         snprintf(why, sizeof why, "chunk %" PRIu64 ": %u of %u frames failed", ch->seq, ch->nfail,
                  ch->nframes);
     node_watch_chunk_done(n, r, ch->src_rank, ch->pair->sink_rank, ch->seq, ch->nfail == 0, why);

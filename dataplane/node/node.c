@@ -5,12 +5,14 @@
  *
  * SCOPE OF THIS VERSION (the first vertical slice):
  * - transfers over TCP, or the local transport for a sink on this node, with
- *   optional host or CUDA staging (xport.c); RDMA is detected, not used;
+ *   optional host or CUDA staging (xport.c), or RDMA writes towards a peer
+ *   whose RDMA link is up (rdma_link.c; not with staging);
  * - host shared-memory pools (dataplane/pool, kvf_pool_open_shm);
  * - NodeLocal: RegisterPool, UnregisterPool (pool_admin.c), SubmitChunk and
  *   Watch (watch.c);
  * - the peer channel (peer_link.c) carries AuxData and TransferStatus from a
- *   source to its sink node (no ChunkNotice, staging or link messages);
+ *   source to its sink node, ChunkNotice for RDMA chunks and the RDMA link
+ *   messages (rdma_link.c; no staging messages);
  * - lifetimes are never forgotten while the process runs (one small record per
  *   room), so that every late message for a room stays recognisable;
  * - Resync and self-fencing after node_ttl without a session: control_session.c.
@@ -24,7 +26,8 @@
  *   several sinks opens every pair before the last chunk of any completes;
  * - a sink participant is Completed when whole-page frames that landed have
  *   covered every page of its lease (one page bitmap per sink lease, fed by
- *   the TCP receivers' frame events and the local copies' completions: a page
+ *   the TCP receivers' frame events, the local copies' completions and the
+ *   RDMA sources' checked ChunkNotice messages (rdma_link.c): a page
  *   written twice counts once; a frame shorter than its pages covers none)
  *   AND the ok TransferStatus messages of its sources account for every
  *   landed byte (sum of their `bytes` == bytes landed): every source that
@@ -59,6 +62,7 @@
 
 #include "faults.h"
 #include "kvf_error.h"
+#include "rdma_link.h"
 #include "tcp.h"
 #include "xport.h"
 
@@ -741,6 +745,8 @@ static void on_fence_peer(struct kvf_node *n, const Kvfence__V1__FencePeer *fp)
     int rc = node_ensure_peer(n, id, fp->incarnation, &idx);
     if (rc == 0 && !n->peers[idx].fenced) {
         rc = kvf_transport_fence_peer(n->tcp_io, idx);
+        if (rc == 0)
+            rc = node_rdma_fence_peer(n, idx); /* QPs to ERR, every WR back */
         if (rc == 0) {
             n->peers[idx].fenced = true;
             size_t drained = kvf_lt_table_peer_fenced(n->lts, idx);
@@ -1040,6 +1046,9 @@ static void run_job(struct kvf_node *n, struct node_job *j)
         break;
     case JOB_PEER_GAP:
         node_peer_gap(n, j);
+        break;
+    case JOB_PEER_LINK:
+        node_rdma_link_job(n, j);
         break;
     case JOB_WATCH_ADD:
         node_watch_snapshot(n);

@@ -39,6 +39,13 @@ struct kvf_node_opts {
      * delay_nth=N,delay_after=M" (struct kvf_peer_fault); NULL or "": none. */
     const char *peer_fault;
     const char *fault_file; /* tests: fault injection (faults.h); NULL: off */
+    /* RDMA (rdma_link.c): "auto" (NULL), "off" or "fake" (tests: the fake
+     * fabric named rdma_fabric, NULL: "kvf"); the GID index when
+     * rdma_gid_set, else from the port's link layer. */
+    const char *rdma;
+    const char *rdma_fabric;
+    bool rdma_gid_set;
+    int rdma_gid_index;
 };
 
 /* Fills defaults: data_host "127.0.0.1", port 0, drain timeout 10 s. */

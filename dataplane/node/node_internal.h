@@ -12,8 +12,9 @@
  *   - NodeLocal handlers (gRPC CQ threads): REGISTER_POOL, SUBMIT_CHUNK; the
  *     owner completes the call;
  *   - TCP receiver threads: FRAME (an admitted frame landed or was cut);
- *   - the peer channel's thread (peer_link.c): PEER_MSG (a delivered AuxData
- *     or TransferStatus, copied), PEER_GAP (an OUT_OF_ORDER drop);
+ *   - the peer channel's thread (peer_link.c): PEER_MSG (a delivered AuxData,
+ *     TransferStatus or ChunkNotice, copied), PEER_GAP (an OUT_OF_ORDER drop),
+ *     PEER_LINK (an RDMA link message, packed: rdma_link.c);
  *   - NodeLocal.Watch streams (watch.c): WATCH_ADD (send the snapshot);
  *   - NodeLocal.SubmitChunks streams (submit_stream.c): SUBMIT_STREAM (one
  *     request; the owner queues its result on the stream).
@@ -170,7 +171,9 @@ struct node_peer_msg {
     int body; /* Kvfence__V1__PeerEnvelope__BodyCase */
     uint32_t source_rank;
     uint32_t sink_rank;
-    uint64_t chunk_seq; /* aux */
+    uint64_t chunk_seq; /* aux, chunk notice */
+    uint32_t pool_id;   /* chunk notice: sink pool (ranges in data[], bytes: length) */
+    int transport;      /* chunk notice: Kvfence__V1__TransportKind */
     bool ok;            /* status */
     uint64_t chunks, last_chunk_seq, bytes;
     char error[256];
@@ -194,6 +197,7 @@ enum node_job_kind {
     JOB_UNREGISTER_POOL, /* pool_admin.c */
     JOB_SESSION_LOST,    /* the control plane refused this incarnation as LOST */
     JOB_SUBMIT_STREAM,   /* submit_stream.c: one SubmitChunks request */
+    JOB_PEER_LINK,       /* rdma_link.c: a link message (packed, in pmsg->data) */
 };
 
 struct node_job {
@@ -296,6 +300,7 @@ struct kvf_node {
 
     /* Local transport, staging, transport choice (xport.c; owner thread). */
     struct node_xport *xp;
+    struct node_rdma *rdma; /* rdma_link.c; NULL when RDMA is off */
     /* Peer channel (peer_link.c). */
     struct kvf_peer_channel *peerch;
     char peer_ep[96];          /* ours, announced in Hello */
@@ -392,6 +397,9 @@ void node_peer_learn(struct kvf_node *n, struct node_peer *p, const Kvfence__V1_
 void node_peer_close_room(struct kvf_node *n, struct node_room *r);
 void node_peer_msg(struct kvf_node *n, struct node_job *j); /* owner: PEER_MSG */
 void node_peer_gap(struct kvf_node *n, struct node_job *j); /* owner: PEER_GAP */
+/* Owner: queues `env` (room, receiver filled in here) for the pair's sink node. */
+int node_peer_send_env(struct kvf_node *n, struct node_room *r, const struct node_pair *p,
+                       Kvfence__V1__PeerEnvelope *env);
 /* Owner: the pair (src, sink) of `r`; created when `create`. NULL if absent
  * or out of memory. */
 struct node_pair *node_pair_get(struct node_room *r, uint32_t src_rank,

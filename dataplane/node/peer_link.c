@@ -3,7 +3,9 @@
  * (dataplane/peer): the source side sends AuxData then TransferStatus to the
  * sink node when a (source rank, sink rank) pair ended; the sink side admits
  * envelopes against its room map and hands the delivered ones to the owner
- * thread, which turns them into Watch events and sink completion.
+ * thread, which turns them into Watch events and sink completion. It also
+ * carries ChunkNotice (an RDMA chunk landed, rdma_link.c) and the RDMA link
+ * messages, which the channel thread only packs into JOB_PEER_LINK jobs.
  *
  * DESIGN (threads): the channel's callbacks run on the channel's own thread.
  * Admission (peer_accept) reads the room map under rooms_lock (read), like
@@ -36,6 +38,7 @@
 
 #include "kvf_error.h"
 #include "node_internal.h"
+#include "rdma_link.h"
 
 static void done_pending_free(struct node_room *r);
 
@@ -109,8 +112,10 @@ static void peer_on_message(void *ctx, const Kvfence__V1__PeerEnvelope *env)
     size_t len = 0;
     if (env->body_case == KVFENCE__V1__PEER_ENVELOPE__BODY_AUX_DATA)
         len = env->aux_data->data.len;
+    else if (env->body_case == KVFENCE__V1__PEER_ENVELOPE__BODY_CHUNK_NOTICE)
+        len = env->chunk_notice->n_sink_ranges * sizeof(struct node_range);
     else if (env->body_case != KVFENCE__V1__PEER_ENVELOPE__BODY_TRANSFER_STATUS)
-        return; /* ChunkNotice, StagingWatermark: not used in this version */
+        return; /* StagingWatermark: not used in this version */
     struct node_job *j = calloc(1, sizeof *j);
     struct node_peer_msg *pm = calloc(1, sizeof *pm + (len ? len : 1));
     if (!j || !pm) {
@@ -132,6 +137,18 @@ static void peer_on_message(void *ctx, const Kvfence__V1__PeerEnvelope *env)
         pm->len = len;
         if (len)
             memcpy(pm->data, a->data.data, len);
+    } else if (env->body_case == KVFENCE__V1__PEER_ENVELOPE__BODY_CHUNK_NOTICE) {
+        const Kvfence__V1__ChunkNotice *c = env->chunk_notice;
+        pm->source_rank = c->source_rank;
+        pm->sink_rank = c->sink_rank;
+        pm->chunk_seq = c->chunk_seq;
+        pm->pool_id = c->sink_pool_id;
+        pm->transport = (int)c->transport;
+        pm->bytes = c->length;
+        struct node_range *rv = (struct node_range *)(void *)pm->data;
+        for (size_t i = 0; i < c->n_sink_ranges; i++)
+            rv[i] = (struct node_range){c->sink_ranges[i]->first, c->sink_ranges[i]->count};
+        pm->len = len;
     } else {
         const Kvfence__V1__TransferStatus *t = env->transfer_status;
         pm->source_rank = t->source_rank;
@@ -147,6 +164,29 @@ static void peer_on_message(void *ctx, const Kvfence__V1__PeerEnvelope *env)
     j->pmsg = pm;
     if (node_post(n, j) != 0)
         node_job_free(j); /* stopping */
+}
+
+/* A link message (RDMA queue pairs and pools, rdma_link.c): packed again
+ * for the owner thread, which alone drives the RDMA transport. */
+static void peer_on_link(void *ctx, const Kvfence__V1__LinkMessage *msg)
+{
+    struct kvf_node *n = ctx;
+    size_t len = kvfence__v1__link_message__get_packed_size(msg);
+    struct node_job *j = calloc(1, sizeof *j);
+    struct node_peer_msg *pm = calloc(1, sizeof *pm + (len ? len : 1));
+    if (!j || !pm) {
+        free(j);
+        free(pm);
+        node_log("error", NULL, "out of memory for a link message: lost");
+        return;
+    }
+    snprintf(pm->sender, sizeof pm->sender, "%s", msg->sender_node_id ? msg->sender_node_id : "");
+    pm->sender_incarnation = msg->sender_incarnation;
+    pm->len = kvfence__v1__link_message__pack(msg, pm->data);
+    j->kind = JOB_PEER_LINK;
+    j->pmsg = pm;
+    if (node_post(n, j) != 0)
+        node_job_free(j);
 }
 
 static uint32_t sink_rank_of(const Kvfence__V1__PeerEnvelope *env)
@@ -238,6 +278,7 @@ int node_peer_start(struct kvf_node *n)
     o.on_message = peer_on_message;
     o.accept = peer_accept;
     o.on_drop = peer_on_drop;
+    o.on_link = peer_on_link;
     o.ctx = n;
     n->peerch = kvf_peer_channel_create(&o);
     if (!n->peerch) {
@@ -317,6 +358,10 @@ void node_peer_msg(struct kvf_node *n, struct node_job *j)
     if (!m) {
         node_log("warn", &pm->room, "peer message from %s for sink rank %u: no such sink here",
                  pm->sender, pm->sink_rank);
+        return;
+    }
+    if (pm->body == KVFENCE__V1__PEER_ENVELOPE__BODY_CHUNK_NOTICE) {
+        node_rdma_notice_in(n, r, m, pm);
         return;
     }
     if (pm->body == KVFENCE__V1__PEER_ENVELOPE__BODY_AUX_DATA) {
@@ -442,8 +487,8 @@ static const char *sink_endpoint(struct kvf_node *n, const struct node_pair *p)
     return NULL;
 }
 
-static int send_env(struct kvf_node *n, struct node_room *r, const struct node_pair *p,
-                    Kvfence__V1__PeerEnvelope *env)
+int node_peer_send_env(struct kvf_node *n, struct node_room *r, const struct node_pair *p,
+                       Kvfence__V1__PeerEnvelope *env)
 {
     const char *ep = sink_endpoint(n, p);
     if (!ep)
@@ -483,7 +528,7 @@ void node_pair_chunk_done(struct kvf_node *n, struct node_room *r, struct node_p
         Kvfence__V1__PeerEnvelope env = KVFENCE__V1__PEER_ENVELOPE__INIT;
         env.body_case = KVFENCE__V1__PEER_ENVELOPE__BODY_AUX_DATA;
         env.aux_data = &a;
-        rc = send_env(n, r, p, &env);
+        rc = node_peer_send_env(n, r, p, &env);
     }
     free(p->aux);
     p->aux = NULL;
@@ -499,7 +544,7 @@ void node_pair_chunk_done(struct kvf_node *n, struct node_room *r, struct node_p
         Kvfence__V1__PeerEnvelope env = KVFENCE__V1__PEER_ENVELOPE__INIT;
         env.body_case = KVFENCE__V1__PEER_ENVELOPE__BODY_TRANSFER_STATUS;
         env.transfer_status = &t;
-        rc = send_env(n, r, p, &env);
+        rc = node_peer_send_env(n, r, p, &env);
     }
     if (rc != 0 && !p->failed) {
         /* Without the status the sink can never complete: fail the transfer. */

@@ -1,16 +1,12 @@
 /*
- * xport.c: transport choice, the local transport's wiring, the staging
- * pipeline and RDMA detection for kvfence-node (xport.h).
+ * xport.c: transport choice, the local transport's wiring and the staging
+ * pipeline for kvfence-node (xport.h); the RDMA side is rdma_link.c.
  *
  * Transport choice per sink: a sink participant of this node (same node id
  * and incarnation) gets the local transport (memcpy workers, local.h) with the
- * node's own peer index; another node gets TCP. RDMA devices are detected at
- * start through the real verbs seam (verbs_real.c); the node advertises the
- * "RDMA" feature and a DATA_RDMA endpoint only when one is present, and a peer
- * that advertises "RDMA" too is marked, but the RDMA transport is not wired
- * into the submit path yet (queue pair exchange over the peer channel, rkeys
- * per pool: docs/node.md), so such a peer still gets TCP, and the node says so
- * once per peer.
+ * node's own peer index; another node gets RDMA when both ends have it and
+ * their RDMA link is up (rdma_link.c: the link starts with the first chunk
+ * routed to that peer, which goes over TCP meanwhile), else TCP.
  *
  * Staging (opts.staging "host" or "cuda"): each frame acquires a buffer of
  * the ring (in ring order; a frame waits in a FIFO while none is free), the
@@ -38,8 +34,8 @@
 #include <unistd.h>
 
 #include "local.h"
+#include "rdma_link.h"
 #include "tcp.h"
-#include "verbs.h"
 
 #define STAGE_POLL_BATCH 64
 
@@ -54,39 +50,7 @@ struct node_xport {
     struct node_frame *pend_head, *pend_tail;
     bool held;
     uint64_t held_written; /* last count written to <hold file>.queued, +1 */
-    bool rdma_device;
-    char rdma_ep[96];
-    bool rdma_note[NODE_MAX_PEERS]; /* "negotiated but not wired" said once */
 };
-
-/* ---- RDMA detection ------------------------------------------------------------ */
-
-static void rdma_detect(struct node_xport *xp)
-{
-    struct ibv_context *ctx = NULL;
-    int rc = kvf_verbs_real_ops.open_device(NULL, NULL, &ctx);
-    if (rc != 0) {
-        node_log("info", NULL, "RDMA off: %s; data goes over TCP (and local copies on this node)",
-                 rc == -ENODEV ? "no RDMA device" : strerror(-rc));
-        return;
-    }
-    struct ibv_port_attr pa;
-    memset(&pa, 0, sizeof pa);
-    rc = kvf_verbs_real_ops.query_port(NULL, ctx, 1, &pa);
-    const char *name = ctx->device ? ibv_get_device_name(ctx->device) : "?";
-    if (rc == 0 && pa.state == IBV_PORT_ACTIVE) {
-        xp->rdma_device = true;
-        snprintf(xp->rdma_ep, sizeof xp->rdma_ep, "%s:1", name ? name : "?");
-        node_log("info", NULL,
-                 "RDMA device %s port 1 active: advertised; the RDMA submit path is not wired "
-                 "yet, so transfers still use TCP",
-                 xp->rdma_ep);
-    } else {
-        node_log("info", NULL, "RDMA off: device %s port 1 is not active (%s)", name ? name : "?",
-                 rc == 0 ? "port down" : strerror(-rc));
-    }
-    kvf_verbs_real_ops.close_device(NULL, ctx);
-}
 
 /* ---- start / stop ------------------------------------------------------------------ */
 
@@ -141,8 +105,7 @@ int node_xport_start(struct kvf_node *n)
         node_log("info", NULL, "staging: %s engine, %u buffers of %u bytes", mode, nbufs,
                  NODE_FRAME_MAX);
     }
-    rdma_detect(xp);
-    return 0;
+    return node_rdma_start(n);
 }
 
 void node_xport_stop(struct kvf_node *n)
@@ -159,6 +122,7 @@ void node_xport_stop(struct kvf_node *n)
             free(f->chunk);
     }
     xp->pend_tail = NULL;
+    node_rdma_stop(n);
     kvf_transport_destroy(xp->local);
     xp->local = NULL;
     if (kvf_staging_destroy(xp->eng) != 0)
@@ -173,11 +137,16 @@ void node_xport_stop(struct kvf_node *n)
 
 int node_xport_add_pool(struct kvf_node *n, const struct node_pool *p)
 {
-    return kvf_transport_local_add_pool(n->xp->local, p->id, p->base, p->page_size, p->page_count);
+    int rc =
+        kvf_transport_local_add_pool(n->xp->local, p->id, p->base, p->page_size, p->page_count);
+    if (rc == 0)
+        node_rdma_add_pool(n, p);
+    return rc;
 }
 
 int node_xport_remove_pool(struct kvf_node *n, uint32_t pool_id)
 {
+    node_rdma_remove_pool(n, pool_id);
     return kvf_transport_local_remove_pool(n->xp->local, pool_id);
 }
 
@@ -193,11 +162,10 @@ size_t node_xport_features(const struct kvf_node *n, const char **out, size_t ma
     size_t k = 0;
     for (size_t i = 0; i < sizeof base / sizeof base[0] && k < max; i++)
         out[k++] = base[i];
-    if (n->xp->rdma_device && k < max)
+    if (node_rdma_advertised(n, rdma_ep) && k < max)
         out[k++] = "RDMA";
     if (n->xp->staging_cuda && k < max)
         out[k++] = "CUDA_STAGING";
-    *rdma_ep = n->xp->rdma_device ? n->xp->rdma_ep : "";
     return k;
 }
 
@@ -261,12 +229,8 @@ int node_xport_route(struct kvf_node *n, const struct node_member *sink, struct 
         *rt = (struct node_route){xp->local, peer, KVF_LT_OP_CUDA_COPY};
         return 0;
     }
-    if (pe->rdma && xp->rdma_device && !xp->rdma_note[peer]) {
-        xp->rdma_note[peer] = true;
-        node_log("info", NULL,
-                 "peer %s: both ends have RDMA, the RDMA submit path is not wired: TCP",
-                 pe->node_id);
-    }
+    if (node_rdma_route(n, peer, sink, rt))
+        return 0;
     if (!pe->connected && !pe->fenced && pe->port) {
         rc = kvf_transport_tcp_connect(n->tcp, peer, pe->host, pe->port);
         if (rc == 0 || rc == -EEXIST)
@@ -315,8 +279,8 @@ int node_xport_renew_local(struct kvf_node *n)
     xp->local = fresh;
     xp->self_known = false;
     xp->held = false; /* the test knob is applied again to the new transport */
-    memset(xp->rdma_note, 0, sizeof xp->rdma_note);
-    return 0;
+    /* RDMA: every peer fenced (QPs to ERR), then new PD, regions and rkeys. */
+    return node_rdma_renew(n);
 }
 
 /* ---- staging pipeline --------------------------------------------------------------------- */
@@ -427,6 +391,7 @@ void node_xport_poll(struct kvf_node *n)
     while ((got = kvf_transport_poll(xp->local, NODE_POLL_BATCH, c)) > 0)
         for (int i = 0; i < got; i++)
             node_local_completion(n, &c[i]);
+    node_rdma_poll(n);
     if (!xp->eng)
         return;
     struct kvf_stage_copy *done[STAGE_POLL_BATCH];

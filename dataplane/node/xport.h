@@ -1,6 +1,6 @@
 /*
  * xport.h: the node's data path below SubmitChunk: which transport a chunk
- * goes through (local, TCP; RDMA detected but not wired yet), the frames of a
+ * goes through (local, RDMA, TCP), the frames (RDMA: slices) of a
  * chunk, and the staging pipeline (pool -> staging buffer -> transport).
  *
  * DESIGN (threads): everything here runs on the owner thread (node.c),
@@ -41,6 +41,7 @@ struct node_chunk {
     uint32_t src_rank;
     uint32_t sink_rank;
     bool sink_local; /* the sink is on this node: completions feed its bytes */
+    bool rdma;       /* RDMA slices: a ChunkNotice goes to the sink once all are OK */
     uint64_t seq;
     uint32_t nframes; /* frames that each end exactly once (node_frame_end) */
     uint32_t ndone;
@@ -55,22 +56,23 @@ struct node_route {
     enum kvf_lt_op_kind kind;
 };
 
-/* Node start: local transport, staging engine and ring (opts.staging), RDMA
- * device detection. 0, or -errno (logged). */
+/* Node start: local transport, staging engine and ring (opts.staging), the
+ * RDMA transport (rdma_link.c). 0, or -errno (logged). */
 int node_xport_start(struct kvf_node *n);
 
 /* After the owner thread stopped: frees what node_xport_start made. Staged
  * frames still waiting for a buffer are dropped. */
 void node_xport_stop(struct kvf_node *n);
 
-/* A pool was registered: the local transport may write into it. */
+/* A pool was registered: the local transport may write into it (and it is
+ * registered for RDMA when RDMA is on). */
 int node_xport_add_pool(struct kvf_node *n, const struct node_pool *p);
 
 /* A pool is unregistered (every lifetime that could use it drained). */
 int node_xport_remove_pool(struct kvf_node *n, uint32_t pool_id);
 
 /* Picks the transport towards `sink` (same node: local; else RDMA when both
- * ends negotiated it and it is wired, else TCP) and connects it. 0, or -errno
+ * ends have it and their link is up, else TCP) and connects it. 0, or -errno
  * with `why` filled. */
 int node_xport_route(struct kvf_node *n, const struct node_member *sink, struct node_route *rt,
                      char *why, size_t why_len);
@@ -84,8 +86,9 @@ int node_xport_fence_local(struct kvf_node *n);
 /* Self-fencing, when the node takes a new incarnation and starts its peer
  * table over: fences the local peer (node_xport_fence_local), then replaces
  * the local transport with a fresh one holding the same pools, so that the new
- * incarnation's local index is not a fenced one. 0 or -errno (the old
- * transport stays, fenced). */
+ * incarnation's local index is not a fenced one; the same for RDMA
+ * (node_rdma_renew: every peer fenced, a fresh transport with new rkeys).
+ * 0 or -errno (the old transport stays, fenced). */
 int node_xport_renew_local(struct kvf_node *n);
 
 /* True when frames go through a staging buffer. */

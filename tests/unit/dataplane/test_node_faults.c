@@ -35,6 +35,7 @@ static void every_key_parses(void **state)
                        "peer_drop=10\n"
                        "peer_dup=11\n"
                        "peer_delay=12\n"
+                       "rdma_hold=1\n"
                        "peer_delay_after=13"; /* no final newline */
     struct node_fault_cfg c;
     char err[160] = "";
@@ -51,6 +52,7 @@ static void every_key_parses(void **state)
     assert_int_equal(c.drop_completed, 8);
     assert_int_equal(c.drop_peer_fenced, 9);
     assert_true(c.peer_keys);
+    assert_int_equal(c.rdma_hold, 1);
     struct kvf_peer_fault pf;
     node_fault_peer(&c, &pf);
     assert_int_equal(pf.drop_nth, 10);
@@ -69,6 +71,7 @@ static void empty_text_is_no_fault(void **state)
     assert_false(c.xport.hold);
     assert_int_equal(c.xport.fail_post_nth, 0);
     assert_int_equal(c.drop_abort, 0);
+    assert_int_equal(c.rdma_hold, 0);
     assert_int_equal(c.hold_stream, 0);
     assert_false(c.peer_keys); /* the channel's faults are left alone */
     struct kvf_peer_fault pf;
@@ -93,6 +96,7 @@ static void bad_lines_are_refused_naming_line_and_key(void **state)
         {"drop_abort=\n", "drop_abort: '' is not a count"},
         {"hold\n", "line 1: 'hold': want key=value"},
         {"peer_delay_after=4294967296\n", "peer_delay_after: at most 4294967295"},
+        {"rdma_hold=2\n", "rdma_hold: at most 1"},
         {"op_error=99999999999999999999999\n", "is not a count"},
     };
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {

@@ -1,0 +1,79 @@
+/*
+ * rdma_link.h: the RDMA transport in kvfence-node's data path (rdma_link.c):
+ * which device (--rdma auto|off|fake), the pools as memory regions, the link
+ * per peer (queue pairs and pool rkeys exchanged over the peer channel:
+ * LinkHello / LinkAccept / LinkReady / LinkPools, peer.proto), the slices of
+ * a chunk posted as RDMA WRITE chains, ChunkNotice at the source and its
+ * checks at the sink, fences and the self-fence renewal.
+ *
+ * DESIGN (threads): the RDMA transport has one owner thread (rdma.h): every
+ * function here runs on the node's owner thread (or, for start and stop,
+ * while it does not run). The peer channel's thread only packs a received
+ * link message into a JOB_PEER_LINK job.
+ */
+#ifndef KVF_NODE_RDMA_LINK_H
+#define KVF_NODE_RDMA_LINK_H
+
+#include <stdbool.h>
+#include <stdint.h>
+
+#include "node_internal.h"
+
+struct node_chunk;
+struct node_route;
+
+/* Start (after the local transport): with --rdma auto a real device if one
+ * is found, with fake the fake fabric, with off (or --staging) nothing.
+ * 0, or -errno when --rdma fake cannot start. n->rdma stays NULL when off. */
+int node_rdma_start(struct kvf_node *n);
+
+/* After the owner stopped and the lifetimes drained: logs the counters and
+ * frees the transport (and the fake device). */
+void node_rdma_stop(struct kvf_node *n);
+
+/* Hello: true when the node advertises RDMA; *ep: its DATA_RDMA endpoint. */
+bool node_rdma_advertised(const struct kvf_node *n, const char **ep);
+
+/* A pool was registered / is being removed: its memory region (and the
+ * announcement to the linked peers). Never fails the pool: a region that
+ * cannot be registered only keeps RDMA away from it (logged). */
+void node_rdma_add_pool(struct kvf_node *n, const struct node_pool *p);
+void node_rdma_remove_pool(struct kvf_node *n, uint32_t pool_id);
+
+/* Route towards peer `peer` (not this node): true when the chunk goes over
+ * RDMA (both ends have it, the link is up, the sink pool is known there);
+ * otherwise starts the link when it can and answers false (TCP). */
+bool node_rdma_route(struct kvf_node *n, uint32_t peer, const struct node_member *sink,
+                     struct node_route *rt);
+
+/* Queues the slices of `ch` (kind RDMA_WR, all filled in) and posts what
+ * the queue pairs take; each slice is admitted right before its post. */
+void node_rdma_post_chunk(struct kvf_node *n, struct node_chunk *ch);
+
+/* Owner loop: completions, queued slices, link messages due. */
+void node_rdma_poll(struct kvf_node *n);
+
+/* FencePeer / self-fence: the peer's QPs to ERR and every WR back (rdma.h
+ * fence_peer); the link is dead for good. 0 or -errno (not fenced). */
+int node_rdma_fence_peer(struct kvf_node *n, uint32_t peer);
+
+/* Self-fence: fences every peer, then replaces the transport by a fresh one
+ * (new PD, regions and rkeys) with the same pools and no links. */
+int node_rdma_renew(struct kvf_node *n);
+
+/* Fault file rdma_hold: the fake fabric keeps posted WRs outstanding. */
+void node_rdma_set_hold(struct kvf_node *n, bool hold);
+
+/* JOB_PEER_LINK: a link message (packed LinkMessage in j->pmsg). */
+void node_rdma_link_job(struct kvf_node *n, struct node_job *j);
+
+/* Source: every slice of `ch` completed OK: ChunkNotice to the sink (before
+ * the pair's AuxData / TransferStatus). 0 or -errno. */
+int node_rdma_send_notice(struct kvf_node *n, struct node_chunk *ch);
+
+/* Sink: a ChunkNotice for local sink `m` (checked, then counted like landed
+ * TCP frames). */
+void node_rdma_notice_in(struct kvf_node *n, struct node_room *r, struct node_member *m,
+                         const struct node_peer_msg *pm);
+
+#endif /* KVF_NODE_RDMA_LINK_H */

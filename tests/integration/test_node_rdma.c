@@ -1,0 +1,706 @@
+/*
+ * test_node_rdma.c: kvfence-node's RDMA data path end to end, with real
+ * processes on 127.0.0.1: one kvfence-control and two kvfence-node (n1,
+ * source; n2, sink) started with --rdma fake (the fake verbs fabric, which
+ * really moves the RDMA WRITE bytes between the two processes over Unix
+ * sockets and checks rkeys, bounds and QP states like an RC responder) on a
+ * fabric name unique to the test run, each with its log in a file and a
+ * --fault-file (rdma_hold=1 holds the posted writes in flight).
+ *
+ * What is checked: a multi-chunk room lands byte-exact over RDMA (proof: the
+ * sink's Watch shows a chunk_done per chunk, which only an RDMA ChunkNotice
+ * produces on a sink node, and the counters both nodes log at exit name the
+ * writes, notices and bytes), aux exact, the room COMPLETED and its leases
+ * RELEASED once, canaries after the release; a peer with --rdma off gets TCP
+ * and the room still lands byte-exact; an abort while RDMA writes are held:
+ * no release until they were let go and completed, then exactly once; a
+ * kill -9 of the source with writes outstanding: the sink fences it (its QPs
+ * to ERR), the room ABORTED and released, nothing landed.
+ *
+ * The first chunk towards a peer goes over TCP while the RDMA link is set up
+ * (docs/node.md); each test first runs a warm-up room and waits for the link
+ * in both logs. Waits are on observed state with timeouts.
+ */
+#include <errno.h>
+#include <fcntl.h>
+#include <inttypes.h>
+#include <setjmp.h>
+#include <signal.h>
+#include <stdarg.h>
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+
+#include <cmocka.h>
+
+#include "kvf_error.h"
+#include "node_harness.h"
+
+#define WAIT_MS    15000
+#define PAGE_SIZE  4096u
+#define PAGE_COUNT 64u
+#define WATCH_MAX  64
+
+#define SEED_N1 11u
+#define SEED_N2 77u
+
+struct lwatch {
+    struct kvf_rpc_client_stream *cs;
+    uint64_t ids[WATCH_MAX];
+    unsigned counts[WATCH_MAX];
+    unsigned n;
+};
+
+struct fx {
+    struct kvf_proc cp;
+    struct kvf_rpc_channel *ch;
+    char dir[64];
+    char fabric[64];
+    struct nh_node n1, n2;
+    struct nh_pool p1, p2, p3;
+    struct lwatch w;
+};
+
+/* ---- logs and faults ----------------------------------------------------------------- */
+
+static void fault_write(struct nh_node *np, const char *text)
+{
+    char tmp[200];
+    snprintf(tmp, sizeof tmp, "%s.tmp", np->fault_file);
+    FILE *fp = fopen(tmp, "w");
+    assert_non_null(fp);
+    fputs(text, fp);
+    assert_int_equal(fclose(fp), 0);
+    assert_int_equal(rename(tmp, np->fault_file), 0);
+}
+
+static unsigned log_count(const struct nh_node *np, const char *needle, const kvf_room_key *k)
+{
+    FILE *fp = fopen(np->log, "r");
+    if (!fp)
+        return 0;
+    char tag[64] = "";
+    if (k)
+        snprintf(tag, sizeof tag, "\"room\":\"%llu:%llu\"", (unsigned long long)k->room_id,
+                 (unsigned long long)k->generation);
+    char line[4096];
+    unsigned n = 0;
+    while (fgets(line, sizeof line, fp))
+        if (strstr(line, needle) && (!k || strstr(line, tag)))
+            n++;
+    fclose(fp);
+    return n;
+}
+
+static void wait_log(const struct nh_node *np, const char *needle, const kvf_room_key *k,
+                     unsigned min)
+{
+    int64_t end = nh_now_ms() + WAIT_MS;
+    while (log_count(np, needle, k) < min) {
+        if (nh_now_ms() > end)
+            fail_msg("node %s: no log line '%s'%s after %d ms", np->id, needle,
+                     k ? " for the room" : "", WAIT_MS);
+        nh_sleep_ms(10);
+    }
+}
+
+/* The value of `key` ("notices_in=") in the node's "rdma stats:" line (logged
+ * at exit); -1 when there is none. */
+static long long rdma_stat(const struct nh_node *np, const char *key)
+{
+    FILE *fp = fopen(np->log, "r");
+    if (!fp)
+        return -1;
+    char line[4096];
+    long long v = -1;
+    while (fgets(line, sizeof line, fp)) {
+        if (!strstr(line, "rdma stats:"))
+            continue;
+        const char *p = strstr(line, key);
+        if (p)
+            v = strtoll(p + strlen(key), NULL, 10);
+    }
+    fclose(fp);
+    return v;
+}
+
+static void n1_faults(struct fx *f, const char *text)
+{
+    unsigned before = log_count(&f->n1, "fault: config loaded", NULL);
+    fault_write(&f->n1, text);
+    wait_log(&f->n1, "fault: config loaded", NULL, before + 1);
+}
+
+/* ---- pools and canaries ------------------------------------------------------------ */
+
+static uint8_t pat(uint32_t seed, uint32_t page, uint32_t i)
+{
+    return (uint8_t)(seed * 157u + page * 31u + i * 7u + (i >> 8) + 1u);
+}
+
+static void fill(struct nh_pool *p, uint32_t first, uint32_t count, uint32_t seed)
+{
+    for (uint32_t pg = first; pg < first + count; pg++)
+        for (uint32_t i = 0; i < PAGE_SIZE; i++)
+            p->mem[(size_t)pg * PAGE_SIZE + i] = pat(seed, pg, i);
+}
+
+/* Pages [first, +count) of `p` hold `seed`'s pattern of pages [as_first, ...). */
+static void check_holds(const struct nh_pool *p, uint32_t first, uint32_t count, uint32_t seed,
+                        uint32_t as_first)
+{
+    for (uint32_t k = 0; k < count; k++)
+        for (uint32_t i = 0; i < PAGE_SIZE; i++) {
+            uint8_t got = p->mem[(size_t)(first + k) * PAGE_SIZE + i];
+            uint8_t want = pat(seed, as_first + k, i);
+            if (got != want)
+                fail_msg("canary: %s page %u byte %u: 0x%02x, want 0x%02x", p->name, first + k, i,
+                         got, want);
+        }
+}
+
+/* ---- fixture ------------------------------------------------------------------------- */
+
+static int setup(void **state)
+{
+    return nh_fx_alloc(state, sizeof(struct fx));
+}
+
+static int teardown(void **state)
+{
+    struct fx *f = *state;
+    if (f->w.cs) {
+        kvf_rpc_client_stream_cancel(f->w.cs);
+        kvf_rpc_client_stream_close(f->w.cs);
+    }
+    struct nh_node *nodes[] = {&f->n1, &f->n2};
+    struct nh_pool *pools[] = {&f->p1, &f->p2, &f->p3};
+    int rc = nh_teardown(&f->cp, f->ch, nodes, 2, 20000, pools, 3, f->dir);
+    free(f);
+    return rc;
+}
+
+static void lwatch_open(struct fx *f);
+
+/* n2_rdma: "fake" or "off". */
+static void fx_start(struct fx *f, const char *n2_rdma)
+{
+    static unsigned runs;
+    /* A fabric of this run only: parallel tests never meet. */
+    snprintf(f->fabric, sizeof f->fabric, "kvft-%d-%u", (int)getpid(), runs++);
+    const char *args[] = {"--threads",   "2",  "--node-ttl-ms",          "1500",
+                          "--resend-ms", "50", "--heartbeat-timeout-ms", "2500",
+                          NULL};
+    nh_control_start(&f->cp, &f->ch, args);
+    nh_tmpdir(f->dir, sizeof f->dir, "rdma");
+    const char *a1[] = {"--rdma", "fake", "--rdma-fabric", f->fabric, NULL};
+    const char *a2[] = {"--rdma", n2_rdma, "--rdma-fabric", f->fabric, NULL};
+    unsigned fl = NH_LOG_FILE | NH_FAULT_FILE;
+    assert_int_equal(nh_node_start(&f->n1, f->dir, "n1", "n1", f->cp.target, a1, fl), 0);
+    assert_int_equal(nh_node_start(&f->n2, f->dir, "n2", "n2", f->cp.target, a2, fl), 0);
+    wait_log(&f->n1, "RDMA on: fake:", NULL, 1);
+    assert_int_equal(nh_pool_create(&f->p1, "rdma", "n1", PAGE_SIZE, PAGE_COUNT, NULL), 0);
+    assert_int_equal(nh_pool_create(&f->p2, "rdma", "n2", PAGE_SIZE, PAGE_COUNT, NULL), 0);
+    fill(&f->p1, 0, PAGE_COUNT, SEED_N1);
+    fill(&f->p2, 0, PAGE_COUNT, SEED_N2);
+    f->p1.pool_id = nh_register_pool(&f->n1, &f->p1);
+    f->p2.pool_id = nh_register_pool(&f->n2, &f->p2);
+    lwatch_open(f);
+}
+
+/* ---- rooms and chunks ------------------------------------------------------------------ */
+
+static kvf_room_key join_pair(struct fx *f, uint64_t room_id, uint32_t sfirst, uint32_t dfirst,
+                              uint32_t count)
+{
+    kvf_room_key k = nh_join_pair(f->ch, room_id, "n1", f->p1.pool_id, sfirst, "n2", f->p2.pool_id,
+                                  dfirst, count, WAIT_MS);
+    wait_log(&f->n2, "room update", &k, 1);
+    nh_wait_node_knows(&f->n1, k, f->p1.pool_id, "n2", f->p2.pool_id, dfirst, WAIT_MS);
+    return k;
+}
+
+static void submit_ok(struct fx *f, kvf_room_key k, uint64_t seq, uint32_t sfirst, uint32_t dfirst,
+                      uint32_t count, bool last, const uint8_t *aux, size_t aux_len)
+{
+    struct nh_chunk c = {.source_rank = 0,
+                         .seq = seq,
+                         .source_pool = f->p1.pool_id,
+                         .sink_node = "n2",
+                         .sink_pool = f->p2.pool_id,
+                         .n = 1,
+                         .sfirst = {sfirst},
+                         .dfirst = {dfirst},
+                         .count = {count},
+                         .last = last,
+                         .aux = aux,
+                         .aux_len = aux_len};
+    struct kvf_rpc_status st;
+    int code = nh_submit(f->n1.local, k, &c, &st);
+    if (code != KVF_GRPC_OK)
+        fail_msg("SubmitChunk %llu: %d %s", (unsigned long long)seq, code, st.message);
+}
+
+/* A one-chunk room n1 [s, +count) -> n2 [d, +count) that completes and lands. */
+static void room_lands(struct fx *f, uint64_t room_id, uint32_t s, uint32_t d, uint32_t count,
+                       uint32_t seed)
+{
+    fill(&f->p1, s, count, seed);
+    kvf_room_key k = join_pair(f, room_id, s, d, count);
+    submit_ok(f, k, 1, s, d, count, true, NULL, 0);
+    nh_wait_room_state(f->ch, k, KVFENCE__V1__ROOM_STATE__ROOM_STATE_COMPLETED, WAIT_MS);
+    check_holds(&f->p2, d, count, seed, s);
+}
+
+/* The first chunk to n2 goes over TCP and opens the RDMA link: waits for it. */
+static void warm_up_link(struct fx *f, uint64_t room_id)
+{
+    room_lands(f, room_id, 60, 60, 4, 5);
+    wait_log(&f->n1, "rdma link to n2 incarnation", NULL, 1);
+    wait_log(&f->n1, "up (initiator)", NULL, 1);
+    wait_log(&f->n2, "up (acceptor)", NULL, 1);
+}
+
+/* ---- the lease watch (Control.WatchLeases) ------------------------------------------------ */
+
+static void lwatch_open(struct fx *f)
+{
+    struct lwatch *w = &f->w;
+    w->cs =
+        kvf_rpc_client_stream_open(f->ch, "/kvfence.v1.Control/WatchLeases", KVF_RPC_NO_TIMEOUT);
+    assert_non_null(w->cs);
+    Kvfence__V1__WatchLeasesRequest req = KVFENCE__V1__WATCH_LEASES_REQUEST__INIT;
+    uint8_t buf[16];
+    size_t len = kvfence__v1__watch_leases_request__pack(&req, buf);
+    assert_int_equal(kvf_rpc_client_stream_send(w->cs, buf, len), 0);
+    assert_int_equal(kvf_rpc_client_stream_half_close(w->cs), 0);
+    int64_t end = nh_now_ms() + WAIT_MS;
+    for (;;) {
+        uint8_t *msg = NULL;
+        size_t mlen = 0;
+        struct kvf_rpc_status st;
+        int rc = kvf_rpc_client_stream_recv(w->cs, 200, &msg, &mlen, &st);
+        if (rc == 0) {
+            Kvfence__V1__LeaseEvent *ev = kvfence__v1__lease_event__unpack(NULL, mlen, msg);
+            free(msg);
+            assert_non_null(ev);
+            bool synced = ev->event_case == KVFENCE__V1__LEASE_EVENT__EVENT_SYNCED;
+            kvfence__v1__lease_event__free_unpacked(ev, NULL);
+            if (synced)
+                return;
+        } else if (rc != -ETIMEDOUT) {
+            fail_msg("WatchLeases ended before synced (%d)", rc);
+        }
+        if (nh_now_ms() > end)
+            fail_msg("WatchLeases: no synced event");
+    }
+}
+
+static void lwatch_pump(struct lwatch *w, int64_t ms)
+{
+    int64_t end = nh_now_ms() + ms;
+    do {
+        uint8_t *msg = NULL;
+        size_t mlen = 0;
+        struct kvf_rpc_status st;
+        int rc = kvf_rpc_client_stream_recv(w->cs, 20, &msg, &mlen, &st);
+        if (rc == -ETIMEDOUT)
+            continue;
+        if (rc != 0)
+            fail_msg("WatchLeases ended (%d)", rc);
+        Kvfence__V1__LeaseEvent *ev = kvfence__v1__lease_event__unpack(NULL, mlen, msg);
+        free(msg);
+        assert_non_null(ev);
+        if (ev->event_case == KVFENCE__V1__LEASE_EVENT__EVENT_RELEASED && ev->released) {
+            uint64_t id = ev->released->lease_id;
+            unsigned i = 0;
+            while (i < w->n && w->ids[i] != id)
+                i++;
+            if (i == w->n && w->n < WATCH_MAX) {
+                w->ids[w->n] = id;
+                w->counts[w->n++] = 0;
+            }
+            if (i < WATCH_MAX)
+                w->counts[i]++;
+        }
+        kvfence__v1__lease_event__free_unpacked(ev, NULL);
+    } while (nh_now_ms() < end);
+}
+
+static unsigned lwatch_count(const struct lwatch *w, uint64_t id)
+{
+    for (unsigned i = 0; i < w->n; i++)
+        if (w->ids[i] == id)
+            return w->counts[i];
+    return 0;
+}
+
+static unsigned room_leases(struct fx *f, kvf_room_key k, uint64_t ids[2])
+{
+    Kvfence__V1__RoomInfo *ri = nh_get_room(f->ch, k);
+    unsigned n = 0;
+    for (size_t i = 0; i < ri->n_participants && n < 2; i++)
+        if (ri->participants[i]->lease)
+            ids[n++] = ri->participants[i]->lease->lease_id;
+    kvfence__v1__room_info__free_unpacked(ri, NULL);
+    return n;
+}
+
+static void released_once(struct fx *f, kvf_room_key k)
+{
+    uint64_t ids[2];
+    unsigned n = room_leases(f, k, ids);
+    assert_int_equal(n, 2);
+    int64_t end = nh_now_ms() + WAIT_MS;
+    while (lwatch_count(&f->w, ids[0]) == 0 || lwatch_count(&f->w, ids[1]) == 0) {
+        if (nh_now_ms() > end)
+            fail_msg("WatchLeases: no release of lease %llu or %llu", (unsigned long long)ids[0],
+                     (unsigned long long)ids[1]);
+        lwatch_pump(&f->w, 50);
+    }
+    lwatch_pump(&f->w, 100);
+    for (unsigned i = 0; i < n; i++)
+        if (lwatch_count(&f->w, ids[i]) != 1)
+            fail_msg("lease %llu released %u times", (unsigned long long)ids[i],
+                     lwatch_count(&f->w, ids[i]));
+}
+
+static void none_released(struct fx *f, kvf_room_key k)
+{
+    uint64_t ids[2];
+    unsigned n = room_leases(f, k, ids);
+    lwatch_pump(&f->w, 50);
+    for (unsigned i = 0; i < n; i++)
+        if (lwatch_count(&f->w, ids[i]) != 0)
+            fail_msg("lease %llu released while RDMA writes are held", (unsigned long long)ids[i]);
+    unsigned rel;
+    int s = nh_room_state(f->ch, k, &rel, NULL);
+    if (rel != 0)
+        fail_msg("%u leases RELEASED while RDMA writes are held (room state %d)", rel, s);
+}
+
+/* ---- NodeLocal.Watch on the sink -------------------------------------------------------- */
+
+static struct kvf_rpc_client_stream *nwatch_open(struct nh_node *np, kvf_room_key k)
+{
+    Kvfence__V1__RoomKey rk = KVFENCE__V1__ROOM_KEY__INIT;
+    rk.room_id = k.room_id;
+    rk.generation = k.generation;
+    Kvfence__V1__RoomKey *rkp = &rk;
+    Kvfence__V1__WatchRequest req = KVFENCE__V1__WATCH_REQUEST__INIT;
+    req.n_rooms = 1;
+    req.rooms = &rkp;
+    req.include_chunks = true;
+    uint8_t buf[128];
+    size_t len = kvfence__v1__watch_request__pack(&req, buf);
+    struct kvf_rpc_client_stream *cs =
+        kvf_rpc_client_stream_open(np->local, "/kvfence.v1.NodeLocal/Watch", 120000);
+    assert_non_null(cs);
+    assert_int_equal(kvf_rpc_client_stream_send(cs, buf, len), 0);
+    assert_int_equal(kvf_rpc_client_stream_half_close(cs), 0);
+    return cs;
+}
+
+static Kvfence__V1__NodeEvent *nwatch_must(struct kvf_rpc_client_stream *cs)
+{
+    uint8_t *msg;
+    size_t len;
+    struct kvf_rpc_status st;
+    int rc = kvf_rpc_client_stream_recv(cs, WAIT_MS, &msg, &len, &st);
+    if (rc != 0)
+        fail_msg("watch: no event (%d %s)", rc, rc == KVF_RPC_STREAM_END ? st.message : "");
+    Kvfence__V1__NodeEvent *ev = kvfence__v1__node_event__unpack(NULL, len, msg);
+    free(msg);
+    assert_non_null(ev);
+    return ev;
+}
+
+static void nwatch_close(struct kvf_rpc_client_stream *cs)
+{
+    kvf_rpc_client_stream_cancel(cs);
+    kvf_rpc_client_stream_close(cs);
+}
+
+/* The snapshot's room_state of `k` (ACTIVE): live events follow. */
+static void nwatch_sync(struct kvf_rpc_client_stream *cs)
+{
+    Kvfence__V1__NodeEvent *ev = nwatch_must(cs);
+    assert_int_equal(ev->event_case, KVFENCE__V1__NODE_EVENT__EVENT_ROOM_STATE);
+    assert_int_equal(ev->room_state->state, KVFENCE__V1__ROOM_STATE__ROOM_STATE_ACTIVE);
+    kvfence__v1__node_event__free_unpacked(ev, NULL);
+}
+
+static void fill_aux(uint8_t *buf, size_t len)
+{
+    for (size_t i = 0; i < len; i++)
+        buf[i] = (uint8_t)(i * 13u + (i >> 8) + 3u);
+}
+
+/* ---- tests ------------------------------------------------------------------------------ */
+
+static void test_rdma_room_lands_byte_exact(void **state)
+{
+    struct fx *f = *state;
+    fx_start(f, "fake");
+    warm_up_link(f, 100);
+
+    /* 40 pages in three chunks: 20 pages (two slices: 64 KiB + 16 KiB), 12
+     * and 8 (one slice each), the last with aux bytes. */
+    kvf_room_key k = join_pair(f, 101, 8, 8, 40);
+    struct kvf_rpc_client_stream *w2 = nwatch_open(&f->n2, k);
+    nwatch_sync(w2);
+    uint8_t aux[3000];
+    fill_aux(aux, sizeof aux);
+    submit_ok(f, k, 1, 8, 8, 20, false, NULL, 0);
+    submit_ok(f, k, 2, 28, 28, 12, false, NULL, 0);
+    submit_ok(f, k, 3, 40, 40, 8, true, aux, sizeof aux);
+
+    /* The sink's chunk_done events come only from RDMA ChunkNotices. */
+    unsigned chunks = 0;
+    bool aux_seen = false, done = false;
+    while (!done) {
+        Kvfence__V1__NodeEvent *ev = nwatch_must(w2);
+        switch (ev->event_case) {
+        case KVFENCE__V1__NODE_EVENT__EVENT_CHUNK_DONE:
+            assert_true(ev->chunk_done->ok);
+            assert_false(aux_seen);
+            assert_int_equal(ev->chunk_done->chunk_seq, chunks + 1);
+            chunks++;
+            break;
+        case KVFENCE__V1__NODE_EVENT__EVENT_AUX:
+            assert_int_equal(chunks, 3);
+            assert_int_equal(ev->aux->data.len, sizeof aux);
+            assert_memory_equal(ev->aux->data.data, aux, sizeof aux);
+            aux_seen = true;
+            break;
+        case KVFENCE__V1__NODE_EVENT__EVENT_TRANSFER_DONE:
+            assert_true(ev->transfer_done->ok);
+            assert_true(aux_seen);
+            done = true;
+            break;
+        default:
+            break;
+        }
+        kvfence__v1__node_event__free_unpacked(ev, NULL);
+    }
+    nwatch_close(w2);
+    nh_wait_room_state(f->ch, k, KVFENCE__V1__ROOM_STATE__ROOM_STATE_COMPLETED, WAIT_MS);
+    released_once(f, k);
+    check_holds(&f->p2, 8, 40, SEED_N1, 8);
+    check_holds(&f->p2, 0, 8, SEED_N2, 0);
+    check_holds(&f->p2, 48, 12, SEED_N2, 48);
+
+    /* The engine owns the pages again: nothing of the room lands later. */
+    fill(&f->p2, 8, 40, 303);
+    room_lands(f, 102, 48, 48, 8, 304); /* over RDMA too */
+    check_holds(&f->p2, 8, 40, 303, 8);
+
+    /* The counters at exit: 4 RDMA chunks (5 slices, 48 pages) went n1 -> n2. */
+    struct nh_node *nodes[] = {&f->n1, &f->n2};
+    assert_int_equal(nh_nodes_stop(nodes, 2, 20000), 0);
+    assert_int_equal(rdma_stat(&f->n1, "notices_sent="), 4);
+    assert_int_equal(rdma_stat(&f->n1, "wrs_ok="), 5);
+    assert_int_equal(rdma_stat(&f->n1, "wrs_error="), 0);
+    assert_int_equal(rdma_stat(&f->n1, "fabric_bytes_out="), 48 * PAGE_SIZE);
+    assert_int_equal(rdma_stat(&f->n2, "notices_in="), 4);
+    assert_int_equal(rdma_stat(&f->n2, "notice_bytes_in="), 48 * PAGE_SIZE);
+    assert_int_equal(rdma_stat(&f->n2, "fabric_writes_in="), 5);
+    assert_int_equal(rdma_stat(&f->n2, "fabric_bytes_in="), 48 * PAGE_SIZE);
+    assert_int_equal(rdma_stat(&f->n2, "notices_refused="), 0);
+}
+
+static void test_rdma_off_peer_gets_tcp(void **state)
+{
+    struct fx *f = *state;
+    fx_start(f, "off");
+    wait_log(&f->n2, "RDMA off: --rdma off", NULL, 1);
+    kvf_room_key k = join_pair(f, 201, 0, 16, 24);
+    submit_ok(f, k, 1, 0, 16, 16, false, NULL, 0);
+    submit_ok(f, k, 2, 16, 32, 8, true, NULL, 0);
+    nh_wait_room_state(f->ch, k, KVFENCE__V1__ROOM_STATE__ROOM_STATE_COMPLETED, WAIT_MS);
+    released_once(f, k);
+    check_holds(&f->p2, 16, 24, SEED_N1, 0);
+    check_holds(&f->p2, 0, 16, SEED_N2, 0);
+    check_holds(&f->p2, 40, 24, SEED_N2, 40);
+    room_lands(f, 202, 48, 48, 8, 305);
+
+    struct nh_node *nodes[] = {&f->n1, &f->n2};
+    assert_int_equal(nh_nodes_stop(nodes, 2, 20000), 0);
+    assert_int_equal(rdma_stat(&f->n1, "links_up="), 0);
+    assert_int_equal(rdma_stat(&f->n1, "wrs_posted="), 0);
+    assert_int_equal(rdma_stat(&f->n2, "notices_in="), -1); /* no RDMA at all there */
+    assert_int_equal(log_count(&f->n1, "rdma link to", NULL), 0);
+}
+
+static void test_rdma_abort_with_writes_held(void **state)
+{
+    struct fx *f = *state;
+    fx_start(f, "fake");
+    warm_up_link(f, 300);
+    n1_faults(f, "rdma_hold=1\n");
+    wait_log(&f->n1, "fault: rdma writes held", NULL, 1);
+
+    kvf_room_key k = join_pair(f, 301, 0, 16, 24);
+    submit_ok(f, k, 1, 0, 16, 24, true, NULL, 0); /* two slices, posted and held */
+    nh_abort_room(f->ch, k, "rdma test abort");
+    nh_wait_room_state(f->ch, k, KVFENCE__V1__ROOM_STATE__ROOM_STATE_ABORTING, WAIT_MS);
+    wait_log(&f->n2, "drained", &k, 1);
+    wait_log(&f->n1, "abort notice", &k, 1);
+    assert_int_equal(log_count(&f->n1, "drained", &k), 0);
+    none_released(f, k);
+    check_holds(&f->p2, 0, PAGE_COUNT - 4, SEED_N2, 0); /* the writes are held at n1 */
+
+    /* Let go: the writes complete (into the sink lease, still held), then
+     * n1 drains and the leases are released once. */
+    n1_faults(f, "rdma_hold=0\n");
+    wait_log(&f->n1, "fault: rdma writes released", NULL, 1);
+    nh_wait_room_state(f->ch, k, KVFENCE__V1__ROOM_STATE__ROOM_STATE_ABORTED, WAIT_MS);
+    released_once(f, k);
+    check_holds(&f->p2, 0, 16, SEED_N2, 0);
+    check_holds(&f->p2, 40, 20, SEED_N2, 40);
+
+    /* The engine owns the pages again: a following room lands, they stay. */
+    fill(&f->p2, 16, 24, 306);
+    room_lands(f, 302, 48, 48, 8, 307);
+    check_holds(&f->p2, 16, 24, 306, 16);
+    struct nh_node *nodes[] = {&f->n1, &f->n2};
+    assert_int_equal(nh_nodes_stop(nodes, 2, 20000), 0);
+    assert_int_equal(rdma_stat(&f->n1, "wrs_ok="), 3); /* 2 held + 1 of room 302 */
+    assert_int_equal(rdma_stat(&f->n1, "notices_sent="), 1);
+}
+
+static void test_rdma_kill9_source_with_writes_outstanding(void **state)
+{
+    struct fx *f = *state;
+    fx_start(f, "fake");
+    warm_up_link(f, 400);
+    n1_faults(f, "rdma_hold=1\n");
+    wait_log(&f->n1, "fault: rdma writes held", NULL, 1);
+
+    kvf_room_key k = join_pair(f, 401, 0, 16, 24);
+    submit_ok(f, k, 1, 0, 16, 24, true, NULL, 0);
+    nh_node_kill9(&f->n1);
+    /* LOST after the ttl: the room aborts, n2 fences n1 (its QPs to ERR). */
+    wait_log(&f->n2, "fenced peer n1", NULL, 1);
+    wait_log(&f->n2, "rdma: peer n1 incarnation", NULL, 1);
+    nh_wait_room_state(f->ch, k, KVFENCE__V1__ROOM_STATE__ROOM_STATE_ABORTED, WAIT_MS);
+    uint64_t ids[2];
+    assert_int_equal(room_leases(f, k, ids), 2);
+    unsigned rel;
+    nh_room_state(f->ch, k, &rel, NULL);
+    assert_int_equal(rel, 2);
+    /* Released, and not one byte of the held writes landed: they died with
+     * n1, and n2's QPs towards it are in ERR (logged above), so no write of
+     * that incarnation can land from now on. */
+    check_holds(&f->p2, 0, PAGE_COUNT - 4, SEED_N2, 0);
+    struct nh_node *nodes[] = {&f->n2};
+    assert_int_equal(nh_nodes_stop(nodes, 1, 20000), 0);
+    assert_int_equal(rdma_stat(&f->n2, "notices_in="), 0);
+    assert_int_equal(rdma_stat(&f->n2, "fabric_writes_in="), 0);
+}
+
+/* A pool the sink registers after the link came up reaches the source in a
+ * LinkPools message: a room into it goes over RDMA; once the sink removed it
+ * (UnregisterPool), the source forgets it. */
+static void test_rdma_pool_registered_after_link(void **state)
+{
+    struct fx *f = *state;
+    fx_start(f, "fake");
+    warm_up_link(f, 600);
+    assert_int_equal(nh_pool_create(&f->p3, "rdma", "n2b", PAGE_SIZE, 16, NULL), 0);
+    fill(&f->p3, 0, 16, SEED_N2);
+    f->p3.pool_id = nh_register_pool(&f->n2, &f->p3);
+    wait_log(&f->n1, "rdma link to n2: 1 pools announced, 2 known", NULL, 1);
+
+    fill(&f->p1, 0, 8, 311);
+    kvf_room_key k =
+        nh_join_pair(f->ch, 601, "n1", f->p1.pool_id, 0, "n2", f->p3.pool_id, 4, 8, WAIT_MS);
+    wait_log(&f->n2, "room update", &k, 1);
+    nh_wait_node_knows(&f->n1, k, f->p1.pool_id, "n2", f->p3.pool_id, 4, WAIT_MS);
+    struct nh_chunk c = {.seq = 1,
+                         .source_pool = f->p1.pool_id,
+                         .sink_node = "n2",
+                         .sink_pool = f->p3.pool_id,
+                         .n = 1,
+                         .sfirst = {0},
+                         .dfirst = {4},
+                         .count = {8},
+                         .last = true};
+    struct kvf_rpc_status st;
+    int code = nh_submit(f->n1.local, k, &c, &st);
+    if (code != KVF_GRPC_OK)
+        fail_msg("SubmitChunk: %d %s", code, st.message);
+    nh_wait_room_state(f->ch, k, KVFENCE__V1__ROOM_STATE__ROOM_STATE_COMPLETED, WAIT_MS);
+    check_holds(&f->p3, 4, 8, 311, 0);
+    check_holds(&f->p3, 0, 4, SEED_N2, 0);
+    check_holds(&f->p3, 12, 4, SEED_N2, 12);
+
+    Kvfence__V1__UnregisterPoolRequest req = KVFENCE__V1__UNREGISTER_POOL_REQUEST__INIT;
+    req.pool_id = f->p3.pool_id;
+    code = nh_call(f->n2.local, "/kvfence.v1.NodeLocal/UnregisterPool", &req.base, NULL, NULL, &st);
+    if (code != KVF_GRPC_OK)
+        fail_msg("UnregisterPool: %d %s", code, st.message);
+    char line[64];
+    snprintf(line, sizeof line, "rdma link to n2: its pool %u removed", f->p3.pool_id);
+    wait_log(&f->n1, line, NULL, 1);
+
+    struct nh_node *nodes[] = {&f->n1, &f->n2};
+    assert_int_equal(nh_nodes_stop(nodes, 2, 20000), 0);
+    assert_int_equal(rdma_stat(&f->n1, "notices_sent="), 1);
+    assert_int_equal(rdma_stat(&f->n2, "notice_bytes_in="), 8 * PAGE_SIZE);
+}
+
+/* The control plane stops (SIGSTOP) past node_ttl with the link up: both
+ * nodes self-fence, which fences the RDMA peers and replaces the transport
+ * (new regions and rkeys, no links); back, as new incarnations, the first
+ * chunk goes over TCP again, a new link comes up and RDMA lands byte-exact. */
+static void test_rdma_self_fence_renews_transport(void **state)
+{
+    struct fx *f = *state;
+    fx_start(f, "fake");
+    warm_up_link(f, 500);
+    assert_int_equal(kill(f->cp.pid, SIGSTOP), 0);
+    wait_log(&f->n1, "a fresh RDMA transport, 1 of 1 pools registered", NULL, 1);
+    wait_log(&f->n2, "a fresh RDMA transport, 1 of 1 pools registered", NULL, 1);
+    assert_int_equal(kill(f->cp.pid, SIGCONT), 0);
+    wait_log(&f->n1, "attached to control plane", NULL, 2);
+    wait_log(&f->n2, "attached to control plane", NULL, 2);
+
+    room_lands(f, 501, 56, 56, 4, 9); /* TCP: it opens the new incarnations' link */
+    wait_log(&f->n1, "up (initiator)", NULL, 2);
+    wait_log(&f->n2, "up (acceptor)", NULL, 2);
+    fill(&f->p2, 0, 24, SEED_N2);
+    room_lands(f, 502, 0, 0, 24, 310); /* two slices over the new link */
+    check_holds(&f->p2, 24, 32, SEED_N2, 24);
+
+    struct nh_node *nodes[] = {&f->n1, &f->n2};
+    assert_int_equal(nh_nodes_stop(nodes, 2, 20000), 0);
+    /* Counters of the incarnation that ran last: its own transport. */
+    assert_int_equal(rdma_stat(&f->n1, "wrs_ok="), 2);
+    assert_int_equal(rdma_stat(&f->n2, "notices_in="), 1);
+    assert_int_equal(rdma_stat(&f->n2, "notice_bytes_in="), 24 * PAGE_SIZE);
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test_setup_teardown(test_rdma_room_lands_byte_exact, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_rdma_off_peer_gets_tcp, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_rdma_abort_with_writes_held, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_rdma_kill9_source_with_writes_outstanding, setup,
+                                        teardown),
+        cmocka_unit_test_setup_teardown(test_rdma_pool_registered_after_link, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_rdma_self_fence_renews_transport, setup, teardown),
+    };
+    const char *filter = getenv("KVF_TEST_FILTER");
+    if (filter && filter[0])
+        cmocka_set_test_filter(filter);
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
