@@ -31,33 +31,21 @@ static int sync_dir(const char *path)
     return rc;
 }
 
-static int write_all(int fd, const char *p, size_t len)
-{
-    while (len > 0) {
-        ssize_t w = write(fd, p, len);
-        if (w < 0) {
-            if (errno == EINTR)
-                continue;
-            return -errno;
-        }
-        p += w;
-        len -= (size_t)w;
-    }
-    return 0;
-}
-
 int kvf_file_write(const char *path, const void *data, size_t len, unsigned flags)
 {
     char tmp[PATH_MAX];
     if (snprintf(tmp, sizeof tmp, "%s.tmp", path) >= (int)sizeof tmp)
         return -ENAMETOOLONG;
-    int fd = open(tmp, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0666);
-    if (fd < 0)
+    FILE *fp = fopen(tmp, "we");
+    if (!fp)
         return -errno;
-    int rc = write_all(fd, data, len);
-    if (rc == 0 && (flags & KVF_FILE_SYNC) && fsync(fd) != 0)
+    int rc = 0;
+    errno = 0; /* fwrite need not set it */
+    if (fwrite(data, 1, len, fp) != len || fflush(fp) != 0)
+        rc = errno ? -errno : -EIO;
+    if (rc == 0 && (flags & KVF_FILE_SYNC) && fsync(fileno(fp)) != 0)
         rc = -errno;
-    if (close(fd) != 0 && rc == 0)
+    if (fclose(fp) != 0 && rc == 0)
         rc = -errno;
     if (rc == 0 && rename(tmp, path) != 0)
         rc = -errno;
