@@ -20,6 +20,7 @@
 
 #include "http.h"
 #include "kvf_config.h"
+#include "kvf_file.h"
 #include "kvf_types.h"
 #include "kvf_version.h"
 #include "rpc_server.h"
@@ -31,26 +32,7 @@
 
 static int write_port_file(const char *path, int port)
 {
-    char tmp[4096];
-    if (snprintf(tmp, sizeof tmp, "%s.tmp", path) >= (int)sizeof tmp) {
-        return -ENAMETOOLONG;
-    }
-    FILE *f = fopen(tmp, "w");
-    if (!f) {
-        return -errno;
-    }
-    fprintf(f, "%d\n", port);
-    if (fclose(f) != 0) {
-        int e = errno;
-        unlink(tmp);
-        return -e;
-    }
-    if (rename(tmp, path) != 0) {
-        int e = errno;
-        unlink(tmp);
-        return -e;
-    }
-    return 0;
+    return kvf_file_printf(path, 0, "%d\n", port);
 }
 
 /* Every setting, with its default (kvf_config.h: flags > environment

@@ -22,6 +22,7 @@
 #include <unistd.h>
 
 #include "kvf_config.h"
+#include "kvf_file.h"
 #include "kvf_version.h"
 #include "node.h"
 
@@ -36,19 +37,7 @@ struct settings {
 /* Writes "DATA_PORT\nLOCAL_SOCKET\n" atomically (rename). */
 static int write_port_file(const char *path, unsigned port, const char *sock)
 {
-    char tmp[4096];
-    if (snprintf(tmp, sizeof tmp, "%s.tmp", path) >= (int)sizeof tmp)
-        return -ENAMETOOLONG;
-    FILE *f = fopen(tmp, "w");
-    if (!f)
-        return -errno;
-    fprintf(f, "%u\n%s\n", port, sock);
-    if (fclose(f) != 0 || rename(tmp, path) != 0) {
-        int e = errno;
-        unlink(tmp);
-        return -e;
-    }
-    return 0;
+    return kvf_file_printf(path, 0, "%u\n%s\n", port, sock);
 }
 
 int main(int argc, char **argv)

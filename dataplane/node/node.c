@@ -127,43 +127,12 @@ void node_job_free(struct node_job *j)
     free(j);
 }
 
-/* Posts `j`. A synchronous job (j->sync) is waited for and stays the
- * caller's; an asynchronous one belongs to the owner from a 0 return on.
- * -ESHUTDOWN once the owner has exited (the job stays the caller's). */
-int node_post(struct kvf_node *n, struct node_job *j)
+/* Under qlock: appends head..tail (linked by next) to the owner's queue and
+ * wakes it. -ESHUTDOWN once the owner has exited (nothing is queued). */
+static int node_queue_locked(struct kvf_node *n, struct node_job *head, struct node_job *tail)
 {
-    pthread_mutex_lock(&n->qlock);
-    if (n->owner_exit) {
-        pthread_mutex_unlock(&n->qlock);
+    if (n->owner_exit)
         return -ESHUTDOWN;
-    }
-    j->next = NULL;
-    if (n->qtail)
-        n->qtail->next = j;
-    else
-        n->qhead = j;
-    n->qtail = j;
-    pthread_cond_signal(&n->qcond);
-    if (j->sync) {
-        while (!j->done && !n->owner_exit)
-            pthread_cond_wait(&n->qdone, &n->qlock);
-        int rc = j->done ? 0 : -ESHUTDOWN;
-        pthread_mutex_unlock(&n->qlock);
-        return rc;
-    }
-    pthread_mutex_unlock(&n->qlock);
-    return 0;
-}
-
-/* Posts the asynchronous jobs head..tail (linked by next) with one wake-up.
- * -ESHUTDOWN once the owner has exited (the jobs stay the caller's). */
-static int node_post_list(struct kvf_node *n, struct node_job *head, struct node_job *tail)
-{
-    pthread_mutex_lock(&n->qlock);
-    if (n->owner_exit) {
-        pthread_mutex_unlock(&n->qlock);
-        return -ESHUTDOWN;
-    }
     tail->next = NULL;
     if (n->qtail)
         n->qtail->next = head;
@@ -171,8 +140,33 @@ static int node_post_list(struct kvf_node *n, struct node_job *head, struct node
         n->qhead = head;
     n->qtail = tail;
     pthread_cond_signal(&n->qcond);
-    pthread_mutex_unlock(&n->qlock);
     return 0;
+}
+
+/* Posts `j`. A synchronous job (j->sync) is waited for and stays the
+ * caller's; an asynchronous one belongs to the owner from a 0 return on.
+ * -ESHUTDOWN once the owner has exited (the job stays the caller's). */
+int node_post(struct kvf_node *n, struct node_job *j)
+{
+    pthread_mutex_lock(&n->qlock);
+    int rc = node_queue_locked(n, j, j);
+    if (rc == 0 && j->sync) {
+        while (!j->done && !n->owner_exit)
+            pthread_cond_wait(&n->qdone, &n->qlock);
+        rc = j->done ? 0 : -ESHUTDOWN;
+    }
+    pthread_mutex_unlock(&n->qlock);
+    return rc;
+}
+
+/* Posts the asynchronous jobs head..tail (linked by next) with one wake-up.
+ * -ESHUTDOWN once the owner has exited (the jobs stay the caller's). */
+static int node_post_list(struct kvf_node *n, struct node_job *head, struct node_job *tail)
+{
+    pthread_mutex_lock(&n->qlock);
+    int rc = node_queue_locked(n, head, tail);
+    pthread_mutex_unlock(&n->qlock);
+    return rc;
 }
 
 /* ---- sending to the control plane ------------------------------------------- */

@@ -33,6 +33,7 @@
 #include <string.h>
 #include <unistd.h>
 
+#include "kvf_file.h"
 #include "local.h"
 #include "rdma_link.h"
 #include "tcp.h"
@@ -177,14 +178,9 @@ static void write_held(struct node_xport *xp, const char *path)
     kvf_transport_local_stats(xp->local, &st);
     if (st.queued + 1 == xp->held_written)
         return;
-    char tmp[300], dst[300];
-    snprintf(tmp, sizeof tmp, "%s.queued.tmp", path);
+    char dst[300];
     snprintf(dst, sizeof dst, "%s.queued", path);
-    FILE *fp = fopen(tmp, "w");
-    if (!fp)
-        return;
-    fprintf(fp, "%" PRIu64 "\n", st.queued);
-    if (fclose(fp) == 0 && rename(tmp, dst) == 0)
+    if (kvf_file_printf(dst, 0, "%" PRIu64 "\n", st.queued) == 0)
         xp->held_written = st.queued + 1;
 }
 

@@ -20,6 +20,7 @@
 #include <cmocka.h>
 
 #include "kvf_error.h"
+#include "kvf_file.h"
 
 #define NH_MAX_ARGS 48
 
@@ -183,6 +184,59 @@ void nh_node_dump_log(const struct nh_node *np)
     while (fgets(line, sizeof line, fp))
         fputs(line, stderr);
     fclose(fp);
+}
+
+unsigned nh_log_count(const struct nh_node *np, const char *needle, const kvf_room_key *k)
+{
+    FILE *fp = np->log[0] ? fopen(np->log, "r") : NULL;
+    if (!fp)
+        return 0;
+    char tag[64] = "";
+    if (k)
+        snprintf(tag, sizeof tag, "\"room\":\"%llu:%llu\"", (unsigned long long)k->room_id,
+                 (unsigned long long)k->generation);
+    /* getline: a long line is one line (fgets would split it and could count
+     * it twice or miss a needle cut in two). */
+    char *line = NULL;
+    size_t cap = 0;
+    unsigned n = 0;
+    while (getline(&line, &cap, fp) >= 0)
+        n += strstr(line, needle) && (!k || strstr(line, tag));
+    free(line);
+    fclose(fp);
+    return n;
+}
+
+void nh_wait_log(const struct nh_node *np, const char *needle, const kvf_room_key *k, unsigned min,
+                 int64_t timeout_ms)
+{
+    int64_t end = nh_now_ms() + timeout_ms;
+    unsigned got;
+    while ((got = nh_log_count(np, needle, k)) < min) {
+        if (nh_now_ms() > end)
+            fail_msg("node %s: %u log lines '%s'%s after %lld ms, want %u", np->id, got, needle,
+                     k ? " for the room" : "", (long long)timeout_ms, min);
+        nh_sleep_ms(5);
+    }
+}
+
+void nh_fault_file_write(const struct nh_node *np, const char *text)
+{
+    assert_true(np->fault_file[0] != '\0'); /* started with NH_FAULT_FILE */
+    assert_int_equal(kvf_file_write(np->fault_file, text, strlen(text), 0), 0);
+}
+
+void nh_set_faults(const struct nh_node *np, const char *text, int64_t timeout_ms)
+{
+    unsigned before = nh_log_count(np, "fault: config loaded", NULL);
+    nh_fault_file_write(np, text);
+    int64_t end = nh_now_ms() + timeout_ms;
+    while (nh_log_count(np, "fault: config loaded", NULL) <= before) {
+        if (nh_now_ms() > end)
+            fail_msg("node %s did not load its fault file within %lld ms: %s", np->id,
+                     (long long)timeout_ms, text);
+        nh_sleep_ms(5);
+    }
 }
 
 void nh_node_remove_files(const struct nh_node *np)

@@ -87,6 +87,27 @@ void nh_node_dump_log(const struct nh_node *np);
 /* Removes the node's files (port, socket, fault file and its .tmp, log). */
 void nh_node_remove_files(const struct nh_node *np);
 
+/* ---- the node's log and fault file ------------------------------------------------ */
+
+/* Lines of the node's log file (NH_LOG_FILE) holding `needle` and, when `k`
+ * is not NULL, the room's tag "room":"ID:GEN". 0 while there is no log. */
+unsigned nh_log_count(const struct nh_node *np, const char *needle, const kvf_room_key *k);
+
+/* Waits up to `timeout_ms` until nh_log_count(np, needle, k) >= `min`; fails
+ * the test on the timeout. */
+void nh_wait_log(const struct nh_node *np, const char *needle, const kvf_room_key *k, unsigned min,
+                 int64_t timeout_ms);
+
+/* Writes `text` to the node's fault file (NH_FAULT_FILE) atomically
+ * (kvf_file_write: a .tmp beside it, then rename), so the node never reads
+ * half a file. Does not wait for the node to load it. Fails the test. */
+void nh_fault_file_write(const struct nh_node *np, const char *text);
+
+/* nh_fault_file_write, then waits up to `timeout_ms` until the node logged
+ * one more "fault: config loaded" than before (it needs NH_LOG_FILE too).
+ * Fails the test. */
+void nh_set_faults(const struct nh_node *np, const char *text, int64_t timeout_ms);
+
 /* ---- the control plane ------------------------------------------------------------- */
 
 /* kvf_proc_start of kvfence-control with `args`, and a wait-for-ready channel

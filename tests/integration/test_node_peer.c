@@ -163,54 +163,6 @@ static void fx_start(struct fx *f, const char *n1_fault)
     fx_start_n2(f, n1_fault, 0);
 }
 
-/* Lines of the node's log (NH_LOG_FILE) holding `needle` and, when `k`, the
- * room's tag. */
-static unsigned log_count(const struct nh_node *np, const char *needle, const kvf_room_key *k)
-{
-    FILE *fp = fopen(np->log, "r");
-    if (!fp)
-        return 0;
-    char tag[64] = "";
-    if (k)
-        snprintf(tag, sizeof tag, "\"room\":\"%llu:%llu\"", (unsigned long long)k->room_id,
-                 (unsigned long long)k->generation);
-    char line[2048];
-    unsigned n = 0;
-    while (fgets(line, sizeof line, fp))
-        n += strstr(line, needle) && (!k || strstr(line, tag));
-    fclose(fp);
-    return n;
-}
-
-static void wait_log(const struct nh_node *np, const char *needle, const kvf_room_key *k)
-{
-    int64_t end = nh_now_ms() + WAIT_MS;
-    while (log_count(np, needle, k) == 0) {
-        if (nh_now_ms() > end)
-            fail_msg("node %s: no log line '%s' within %d ms", np->id, needle, WAIT_MS);
-        nh_sleep_ms(5);
-    }
-}
-
-/* Writes n2's fault file atomically and waits until n2 loaded it. */
-static void n2_faults(struct fx *f, const char *text)
-{
-    unsigned before = log_count(&f->n2, "fault: config loaded", NULL);
-    char tmp[200];
-    snprintf(tmp, sizeof tmp, "%s.tmp", f->n2.fault_file);
-    FILE *fp = fopen(tmp, "w");
-    assert_non_null(fp);
-    fputs(text, fp);
-    assert_int_equal(fclose(fp), 0);
-    assert_int_equal(rename(tmp, f->n2.fault_file), 0);
-    int64_t end = nh_now_ms() + WAIT_MS;
-    while (log_count(&f->n2, "fault: config loaded", NULL) <= before) {
-        if (nh_now_ms() > end)
-            fail_msg("n2 did not load its fault file: %s", text);
-        nh_sleep_ms(5);
-    }
-}
-
 /* One source (n1 rank 0, pages [first, +count)) and one sink (n2 rank 0, the
  * same pages); ACTIVE and known to both nodes. */
 static kvf_room_key room_pair(struct fx *f, uint64_t room_id, uint32_t first, uint32_t count)
@@ -590,11 +542,11 @@ static void test_status_after_abort_is_dropped(void **state)
 static kvf_room_key room_unknown_to_n2(struct fx *f, uint64_t room_id, uint32_t first,
                                        uint32_t count)
 {
-    n2_faults(f, "hold_room_update=1\n");
+    nh_set_faults(&f->n2, "hold_room_update=1\n", WAIT_MS);
     kvf_room_key k = nh_join_pair(f->ch, room_id, "n1", f->p1.pool_id, first, "n2", f->p2.pool_id,
                                   first, count, WAIT_MS);
     wait_node_knows(f, &f->n1, k);
-    wait_log(&f->n2, "fault: holding a RoomUpdate", NULL);
+    nh_wait_log(&f->n2, "fault: holding a RoomUpdate", NULL, 1, WAIT_MS);
     return k;
 }
 
@@ -615,14 +567,14 @@ static void test_peer_message_waits_for_late_room_update(void **state)
     fill_aux(aux, sizeof aux, 0);
     struct chunk c = {0, 1, 8, 0, 8, 4, true, aux, sizeof aux};
     submit_ok(f, k, &c);
-    wait_log(&f->n2, "for a room not known here yet: waiting", &k);
-    n2_faults(f, ""); /* the held RoomUpdate goes through */
+    nh_wait_log(&f->n2, "for a room not known here yet: waiting", &k, 1, WAIT_MS);
+    nh_set_faults(&f->n2, "", WAIT_MS); /* the held RoomUpdate goes through */
     struct pair_seen seen[64] = {{0}};
     read_pairs(w, k, seen, 1, aux_len_3000, (kvf_room_key){0, 0});
     assert_true(seen[0].aux && seen[0].done_ok);
     nh_wait_room_state(f->ch, k, KVFENCE__V1__ROOM_STATE__ROOM_STATE_COMPLETED, WAIT_MS);
     nh_check_pool(&f->p2, nh_canary2, 8, 4, nh_canary1, 8, "n2");
-    assert_int_equal(log_count(&f->n2, "peer channel: dropped a message", &k), 0);
+    assert_int_equal(nh_log_count(&f->n2, "peer channel: dropped a message", &k), 0);
     kvf_rpc_client_stream_close(w);
 }
 
@@ -640,21 +592,21 @@ static void test_peer_message_unknown_after_the_wait(void **state)
     struct chunk c = {0, 1, 8, 0, 8, 4, true, aux, sizeof aux};
     int64_t t0 = nh_now_ms();
     submit_ok(f, k, &c);
-    wait_log(&f->n2, "for a room not known here yet: waiting", &k);
-    wait_log(&f->n2, "peer channel: dropped a message from n1: unknown", &k);
+    nh_wait_log(&f->n2, "for a room not known here yet: waiting", &k, 1, WAIT_MS);
+    nh_wait_log(&f->n2, "peer channel: dropped a message from n1: unknown", &k, 1, WAIT_MS);
     /* Not before the wait ran out (2 s, timed from before the send). */
     int64_t took = nh_now_ms() - t0;
     if (took < 2000)
         fail_msg("the message was dropped %lld ms after the submit: before the 2 s wait",
                  (long long)took);
-    n2_faults(f, "");
+    nh_set_faults(&f->n2, "", WAIT_MS);
     int reason = nh_wait_room_state(f->ch, k, KVFENCE__V1__ROOM_STATE__ROOM_STATE_ABORTED, WAIT_MS);
     assert_int_equal(reason, KVFENCE__V1__ABORT_REASON__ABORT_REASON_TRANSFER_FAILED);
     /* Counted: the channel's statistics at n2's exit. */
     int st = nh_node_stop(&f->n2, 8000);
     if (st < 0 || !WIFEXITED(st) || WEXITSTATUS(st) != 0)
         fail_msg("n2 did not exit 0 on SIGTERM (status %d)", st);
-    assert_int_equal(log_count(&f->n2, " 1 unknown, 1 out of order", NULL), 1);
+    assert_int_equal(nh_log_count(&f->n2, " 1 unknown, 1 out of order", NULL), 1);
 }
 
 #define MT_THREADS 8

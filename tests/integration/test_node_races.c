@@ -69,49 +69,6 @@ struct fx {
     struct watch w;
 };
 
-/* Writes `text` to the node's fault file atomically (rename). */
-static void fault_write(struct nh_node *np, const char *text)
-{
-    char tmp[200];
-    snprintf(tmp, sizeof tmp, "%s.tmp", np->fault_file);
-    FILE *fp = fopen(tmp, "w");
-    assert_non_null(fp);
-    fputs(text, fp);
-    assert_int_equal(fclose(fp), 0);
-    assert_int_equal(rename(tmp, np->fault_file), 0);
-}
-
-/* Lines of the node's log holding `needle` (and the room's tag when `k`). */
-static unsigned log_count(const struct nh_node *np, const char *needle, const kvf_room_key *k)
-{
-    FILE *fp = fopen(np->log, "r");
-    if (!fp)
-        return 0;
-    char tag[64] = "";
-    if (k)
-        snprintf(tag, sizeof tag, "\"room\":\"%llu:%llu\"", (unsigned long long)k->room_id,
-                 (unsigned long long)k->generation);
-    char line[2048];
-    unsigned n = 0;
-    while (fgets(line, sizeof line, fp))
-        if (strstr(line, needle) && (!k || strstr(line, tag)))
-            n++;
-    fclose(fp);
-    return n;
-}
-
-static void wait_log(const struct nh_node *np, const char *needle, const kvf_room_key *k,
-                     unsigned min)
-{
-    int64_t end = nh_now_ms() + WAIT_MS;
-    while (log_count(np, needle, k) < min) {
-        if (nh_now_ms() > end)
-            fail_msg("node %s: no log line '%s'%s after %d ms", np->id, needle,
-                     k ? " for the room" : "", WAIT_MS);
-        nh_sleep_ms(10);
-    }
-}
-
 /* Starts kvfence-node `node_id`; its files in `dir` are named after `tag`. */
 static int node_start(struct nh_node *np, const char *dir, const char *tag, const char *node_id,
                       const char *control)
@@ -223,7 +180,7 @@ static void submit_ok(struct fx *f, kvf_room_key k, uint64_t seq, uint32_t sfirs
  * FAILED_PRECONDITION after), the sink by its log. */
 static void wait_nodes_know(struct fx *f, kvf_room_key k)
 {
-    wait_log(&f->n2, "room update", &k, 1);
+    nh_wait_log(&f->n2, "room update", &k, 1, WAIT_MS);
     nh_wait_node_knows(f->src, k, f->src_pool, "n2", f->p2.pool_id, 16, WAIT_MS);
 }
 
@@ -386,7 +343,7 @@ static void fx_start(struct fx *f)
     nh_tmpdir(f->dir, sizeof f->dir, "races");
     assert_int_equal(node_start(&f->n1, f->dir, "n1", "n1", f->cp.target), 0);
     assert_int_equal(node_start(&f->n2, f->dir, "n2", "n2", f->cp.target), 0);
-    wait_log(&f->n1, "fault injection on", NULL, 1);
+    nh_wait_log(&f->n1, "fault injection on", NULL, 1, WAIT_MS);
     assert_int_equal(shm_create(&f->p1, "n1", SEED_N1), 0);
     assert_int_equal(shm_create(&f->p2, "n2", SEED_N2), 0);
     f->p1.pool_id = nh_register_pool(&f->n1, &f->p1);
@@ -394,14 +351,6 @@ static void fx_start(struct fx *f)
     f->src = &f->n1;
     f->src_pool = f->p1.pool_id;
     watch_open(f);
-}
-
-/* Sets n1's faults and waits until it loaded them (the nth load). */
-static void n1_faults(struct fx *f, const char *text)
-{
-    unsigned before = log_count(&f->n1, "fault: config loaded", NULL);
-    fault_write(&f->n1, text);
-    wait_log(&f->n1, "fault: config loaded", NULL, before + 1);
 }
 
 /* A following room on other pages between the same nodes completes and lands
@@ -420,9 +369,9 @@ static void settle_with_room(struct fx *f, uint64_t room_id)
 static void expect_held_abort(struct fx *f, kvf_room_key k)
 {
     nh_wait_room_state(f->ch, k, KVFENCE__V1__ROOM_STATE__ROOM_STATE_ABORTING, WAIT_MS);
-    wait_log(&f->n2, "drained", &k, 1);
-    wait_log(&f->n1, "abort notice", &k, 1);
-    assert_int_equal(log_count(&f->n1, "drained", &k), 0);
+    nh_wait_log(&f->n2, "drained", &k, 1, WAIT_MS);
+    nh_wait_log(&f->n1, "abort notice", &k, 1, WAIT_MS);
+    assert_int_equal(nh_log_count(&f->n1, "drained", &k), 0);
     watch_none_released(f, k);
 }
 
@@ -432,16 +381,16 @@ static void test_abort_while_transfer_held(void **state)
 {
     struct fx *f = *state;
     fx_start(f);
-    n1_faults(f, "hold=1\n");
+    nh_set_faults(&f->n1, "hold=1\n", WAIT_MS);
     kvf_room_key k = join_pair(f, 1001, 0, 16, 8);
     submit_ok(f, k, 1, 0, 16, 8, true);
-    wait_log(&f->n1, "fault: hold frame", &k, 1);
+    nh_wait_log(&f->n1, "fault: hold frame", &k, 1, WAIT_MS);
     nh_abort_room(f->ch, k, "race test abort");
     expect_held_abort(f, k);
     check_holds(&f->p2, 0, PAGE_COUNT, SEED_N2, 0); /* nothing left n1 */
 
-    n1_faults(f, "hold=0\n");
-    wait_log(&f->n1, "fault: release frame", &k, 1);
+    nh_set_faults(&f->n1, "hold=0\n", WAIT_MS);
+    nh_wait_log(&f->n1, "fault: release frame", &k, 1, WAIT_MS);
     nh_wait_room_state(f->ch, k, KVFENCE__V1__ROOM_STATE__ROOM_STATE_ABORTED, WAIT_MS);
     watch_released_once(f, k);
     /* The frame reached n2 after its admission closed: refused, not landed. */
@@ -460,20 +409,20 @@ static void test_one_op_fails_while_sibling_held(void **state)
     struct fx *f = *state;
     fx_start(f);
     /* Frame 1 fails (completion ERROR), frame 2 is held. */
-    n1_faults(f, "hold=1\nop_error=1\n");
+    nh_set_faults(&f->n1, "hold=1\nop_error=1\n", WAIT_MS);
     kvf_room_key k = join_pair(f, 2001, 0, 16, 8);
     uint32_t s[2] = {0, 4}, d[2] = {16, 20}, c[2] = {4, 4};
     struct kvf_rpc_status st;
     int code = submit(f, k, 0, 1, 2, s, d, c, true, &st);
     if (code != KVF_GRPC_OK)
         fail_msg("SubmitChunk: %d %s", code, st.message);
-    wait_log(&f->n1, "fault: error frame", &k, 1);
-    wait_log(&f->n1, "fault: hold frame", &k, 1);
+    nh_wait_log(&f->n1, "fault: error frame", &k, 1, WAIT_MS);
+    nh_wait_log(&f->n1, "fault: hold frame", &k, 1, WAIT_MS);
     /* The failure alone aborts the room; the held sibling keeps it from draining. */
     expect_held_abort(f, k);
 
-    n1_faults(f, "hold=0\n");
-    wait_log(&f->n1, "fault: release frame", &k, 1);
+    nh_set_faults(&f->n1, "hold=0\n", WAIT_MS);
+    nh_wait_log(&f->n1, "fault: release frame", &k, 1, WAIT_MS);
     nh_wait_room_state(f->ch, k, KVFENCE__V1__ROOM_STATE__ROOM_STATE_ABORTED, WAIT_MS);
     watch_released_once(f, k);
     check_holds(&f->p2, 0, PAGE_COUNT, SEED_N2, 0); /* neither frame landed */
@@ -489,7 +438,7 @@ static void test_submission_fails_part_way(void **state)
     struct fx *f = *state;
     fx_start(f);
     /* Three frames: the first is posted (held), the second's post fails. */
-    n1_faults(f, "hold=1\npost_fail=2\n");
+    nh_set_faults(&f->n1, "hold=1\npost_fail=2\n", WAIT_MS);
     kvf_room_key k = join_pair(f, 3001, 0, 16, 8);
     uint32_t s[3] = {0, 2, 4}, d[3] = {16, 18, 20}, c[3] = {2, 2, 4};
     struct kvf_rpc_status st;
@@ -499,11 +448,11 @@ static void test_submission_fails_part_way(void **state)
     if (!strstr(st.message, "chunk 1") || !strstr(st.message, "1 of 3"))
         fail_msg("SubmitChunk error does not name the chunk and its posted frames: %d %s", code,
                  st.message);
-    assert_int_equal(log_count(&f->n1, "fault: fail_post frame", &k), 1);
+    assert_int_equal(nh_log_count(&f->n1, "fault: fail_post frame", &k), 1);
     expect_held_abort(f, k);
 
-    n1_faults(f, "hold=0\n");
-    wait_log(&f->n1, "fault: release frame", &k, 1);
+    nh_set_faults(&f->n1, "hold=0\n", WAIT_MS);
+    nh_wait_log(&f->n1, "fault: release frame", &k, 1, WAIT_MS);
     nh_wait_room_state(f->ch, k, KVFENCE__V1__ROOM_STATE__ROOM_STATE_ABORTED, WAIT_MS);
     watch_released_once(f, k);
     check_holds(&f->p2, 0, PAGE_COUNT, SEED_N2, 0); /* the posted frame came too late */
@@ -526,9 +475,9 @@ static void test_abort_between_chunks_keeps_source_pages(void **state)
             fail_msg("chunk 1 never landed: %s", why);
         nh_sleep_ms(10);
     }
-    n1_faults(f, "hold=1\n");
+    nh_set_faults(&f->n1, "hold=1\n", WAIT_MS);
     submit_ok(f, k, 2, 4, 20, 4, true);
-    wait_log(&f->n1, "fault: hold frame", &k, 1);
+    nh_wait_log(&f->n1, "fault: hold frame", &k, 1, WAIT_MS);
     nh_abort_room(f->ch, k, "race test abort");
     expect_held_abort(f, k);
 
@@ -553,7 +502,7 @@ static void test_abort_between_chunks_keeps_source_pages(void **state)
     assert_int_equal(l->ranges[0]->count, 8);
     kvfence__v1__list_leases_response__free_unpacked(ll, NULL);
 
-    n1_faults(f, "hold=0\n");
+    nh_set_faults(&f->n1, "hold=0\n", WAIT_MS);
     nh_wait_room_state(f->ch, k, KVFENCE__V1__ROOM_STATE__ROOM_STATE_ABORTED, WAIT_MS);
     watch_released_once(f, k);
     check_holds(&f->p2, 16, 4, SEED_N1, 0);  /* chunk 1 */
@@ -569,14 +518,14 @@ static void test_killed_source_with_held_transfer(void **state)
 {
     struct fx *f = *state;
     fx_start(f);
-    n1_faults(f, "hold=1\n");
+    nh_set_faults(&f->n1, "hold=1\n", WAIT_MS);
     kvf_room_key k = join_pair(f, 5001, 0, 16, 8);
     submit_ok(f, k, 1, 0, 16, 8, true);
-    wait_log(&f->n1, "fault: hold frame", &k, 1);
+    nh_wait_log(&f->n1, "fault: hold frame", &k, 1, WAIT_MS);
     nh_node_kill9(&f->n1);
     /* LOST after the ttl; n2 fences n1 and drains; the room ends. */
     nh_wait_room_state(f->ch, k, KVFENCE__V1__ROOM_STATE__ROOM_STATE_ABORTED, WAIT_MS);
-    assert_true(log_count(&f->n2, "fenced peer n1", NULL) >= 1);
+    assert_true(nh_log_count(&f->n2, "fenced peer n1", NULL) >= 1);
     watch_released_once(f, k);
     fill(&f->p2, 16, 8, 342);
     /* Settled: n2 fenced the dead node, and the dead node cannot send. */
@@ -588,18 +537,18 @@ static void test_killed_sink_with_held_transfer(void **state)
 {
     struct fx *f = *state;
     fx_start(f);
-    n1_faults(f, "hold=1\n");
+    nh_set_faults(&f->n1, "hold=1\n", WAIT_MS);
     kvf_room_key k = join_pair(f, 5101, 0, 16, 8);
     submit_ok(f, k, 1, 0, 16, 8, true);
-    wait_log(&f->n1, "fault: hold frame", &k, 1);
+    nh_wait_log(&f->n1, "fault: hold frame", &k, 1, WAIT_MS);
     nh_node_kill9(&f->n2);
     /* n1 fences n2: the held frame completes FLUSHED, n1 drains. */
     nh_wait_room_state(f->ch, k, KVFENCE__V1__ROOM_STATE__ROOM_STATE_ABORTED, WAIT_MS);
-    assert_int_equal(log_count(&f->n1, "fault: flush frame", &k), 1);
-    assert_true(log_count(&f->n1, "fenced peer n2", NULL) >= 1);
+    assert_int_equal(nh_log_count(&f->n1, "fault: flush frame", &k), 1);
+    assert_true(nh_log_count(&f->n1, "fenced peer n2", NULL) >= 1);
     watch_released_once(f, k);
     fill(&f->p1, 0, 8, 351);
-    n1_faults(f, "hold=0\n"); /* nothing is held any more */
+    nh_set_faults(&f->n1, "hold=0\n", WAIT_MS); /* nothing is held any more */
     check_holds(&f->p1, 0, 8, 351, 0);
 }
 
@@ -607,22 +556,22 @@ static void test_stopped_node_cut_off_then_resumed(void **state)
 {
     struct fx *f = *state;
     fx_start(f);
-    n1_faults(f, "hold=1\n");
+    nh_set_faults(&f->n1, "hold=1\n", WAIT_MS);
     kvf_room_key k = join_pair(f, 6001, 0, 16, 8);
     submit_ok(f, k, 1, 0, 16, 8, true);
-    wait_log(&f->n1, "fault: hold frame", &k, 1);
+    nh_wait_log(&f->n1, "fault: hold frame", &k, 1, WAIT_MS);
     f->n1.any_exit = true;
     assert_int_equal(kill(f->n1.pid, SIGSTOP), 0);
     /* Heartbeats stop: the session ends, n1 is LOST, n2 fences it. */
     nh_wait_room_state(f->ch, k, KVFENCE__V1__ROOM_STATE__ROOM_STATE_ABORTED, WAIT_MS);
-    assert_true(log_count(&f->n2, "fenced peer n1", NULL) >= 1);
+    assert_true(nh_log_count(&f->n2, "fenced peer n1", NULL) >= 1);
     watch_released_once(f, k);
     fill(&f->p2, 16, 8, 362);
 
     /* n1 comes back and sends what it held. */
-    fault_write(&f->n1, "hold=0\n");
+    nh_fault_file_write(&f->n1, "hold=0\n");
     assert_int_equal(kill(f->n1.pid, SIGCONT), 0);
-    wait_log(&f->n1, "fault: release frame", &k, 1);
+    nh_wait_log(&f->n1, "fault: release frame", &k, 1, WAIT_MS);
     /* Settled: n1 ends (its drain waits for the released frame's completion). */
     int st = nh_node_stop(&f->n1, 8000);
     assert_int_not_equal(st, -2);
@@ -635,13 +584,13 @@ static void test_reused_room_id_new_generation(void **state)
 {
     struct fx *f = *state;
     fx_start(f);
-    n1_faults(f, "hold=1\n");
+    nh_set_faults(&f->n1, "hold=1\n", WAIT_MS);
     kvf_room_key k1 = join_pair(f, 7001, 0, 16, 8);
     submit_ok(f, k1, 1, 0, 16, 8, true);
-    wait_log(&f->n1, "fault: hold frame", &k1, 1);
+    nh_wait_log(&f->n1, "fault: hold frame", &k1, 1, WAIT_MS);
     nh_abort_room(f->ch, k1, "race test abort");
     expect_held_abort(f, k1);
-    n1_faults(f, "hold=0\n");
+    nh_set_faults(&f->n1, "hold=0\n", WAIT_MS);
     nh_wait_room_state(f->ch, k1, KVFENCE__V1__ROOM_STATE__ROOM_STATE_ABORTED, WAIT_MS);
     watch_released_once(f, k1);
 
@@ -666,21 +615,19 @@ static void test_dropped_notice_and_report_are_resent(void **state)
     struct fx *f = *state;
     fx_start(f);
     /* n1 loses the first AbortNotice and its first Drained report. */
-    n1_faults(f, "hold=1\ndrop_abort=1\ndrop_drained=1\n");
+    nh_set_faults(&f->n1, "hold=1\ndrop_abort=1\ndrop_drained=1\n", WAIT_MS);
     kvf_room_key k = join_pair(f, 8001, 0, 16, 8);
     submit_ok(f, k, 1, 0, 16, 8, true);
-    wait_log(&f->n1, "fault: hold frame", &k, 1);
+    nh_wait_log(&f->n1, "fault: hold frame", &k, 1, WAIT_MS);
     nh_abort_room(f->ch, k, "race test abort");
-    wait_log(&f->n1, "fault: dropped a AbortNotice", NULL, 1);
+    nh_wait_log(&f->n1, "fault: dropped a AbortNotice", NULL, 1, WAIT_MS);
     expect_held_abort(f, k); /* the re-sent notice got through */
 
     /* Released: the first Drained is lost, the re-sent notice gets another. */
-    unsigned before = log_count(&f->n1, "fault: config loaded", NULL);
-    fault_write(&f->n1, "hold=0\ndrop_drained=1\n");
-    wait_log(&f->n1, "fault: config loaded", NULL, before + 1);
-    wait_log(&f->n1, "fault: did not send a Drained", NULL, 1);
+    nh_set_faults(&f->n1, "hold=0\ndrop_drained=1\n", WAIT_MS);
+    nh_wait_log(&f->n1, "fault: did not send a Drained", NULL, 1, WAIT_MS);
     nh_wait_room_state(f->ch, k, KVFENCE__V1__ROOM_STATE__ROOM_STATE_ABORTED, WAIT_MS);
-    assert_true(log_count(&f->n1, "drained", &k) >= 2);
+    assert_true(nh_log_count(&f->n1, "drained", &k) >= 2);
     watch_released_once(f, k);
     check_holds(&f->p2, 0, PAGE_COUNT, SEED_N2, 0);
     fill(&f->p2, 16, 8, 382);
@@ -693,10 +640,10 @@ static void test_old_incarnation_cannot_write_into_new_generation(void **state)
     struct fx *f = *state;
     fx_start(f);
     /* Generation 1: n1 holds its frame and is cut off (SIGSTOP) until LOST. */
-    n1_faults(f, "hold=1\n");
+    nh_set_faults(&f->n1, "hold=1\n", WAIT_MS);
     kvf_room_key k1 = join_pair(f, 9001, 0, 16, 8);
     submit_ok(f, k1, 1, 0, 16, 8, true);
-    wait_log(&f->n1, "fault: hold frame", &k1, 1);
+    nh_wait_log(&f->n1, "fault: hold frame", &k1, 1, WAIT_MS);
     f->n1.any_exit = true;
     assert_int_equal(kill(f->n1.pid, SIGSTOP), 0);
     nh_wait_room_state(f->ch, k1, KVFENCE__V1__ROOM_STATE__ROOM_STATE_ABORTED, WAIT_MS);
@@ -714,9 +661,9 @@ static void test_old_incarnation_cannot_write_into_new_generation(void **state)
 
     /* While generation 2 is ACTIVE on the same sink pages, the zombie sends
      * the frame it held, then ends. */
-    fault_write(&f->n1, "hold=0\n");
+    nh_fault_file_write(&f->n1, "hold=0\n");
     assert_int_equal(kill(f->n1.pid, SIGCONT), 0);
-    wait_log(&f->n1, "fault: release frame", &k1, 1);
+    nh_wait_log(&f->n1, "fault: release frame", &k1, 1, WAIT_MS);
     assert_int_not_equal(nh_node_stop(&f->n1, 8000), -2);
     check_holds(&f->p2, 16, 8, 392, 16);
 
@@ -736,8 +683,8 @@ static void test_peer_message_dropped_by_fault_file(void **state)
     fx_start(f);
     /* n1's first peer message (the aux of the room's pair) is lost: its
      * status arrives after a gap, the sink fails the room. */
-    n1_faults(f, "peer_drop=1\n");
-    wait_log(&f->n1, "fault: peer channel faults set: drop_nth=1", NULL, 1);
+    nh_set_faults(&f->n1, "peer_drop=1\n", WAIT_MS);
+    nh_wait_log(&f->n1, "fault: peer channel faults set: drop_nth=1", NULL, 1, WAIT_MS);
     kvf_room_key k = join_pair(f, 10001, 0, 16, 8);
     uint8_t aux[2000];
     for (size_t i = 0; i < sizeof aux; i++)

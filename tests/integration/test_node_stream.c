@@ -104,39 +104,6 @@ static void fx_start(struct fx *f)
     fx_start_flags(f, 0);
 }
 
-/* Lines of the node's log (NH_LOG_FILE) holding `needle`. */
-static unsigned log_count(const struct nh_node *np, const char *needle)
-{
-    FILE *fp = fopen(np->log, "r");
-    if (!fp)
-        return 0;
-    char line[2048];
-    unsigned n = 0;
-    while (fgets(line, sizeof line, fp))
-        n += strstr(line, needle) != NULL;
-    fclose(fp);
-    return n;
-}
-
-/* Writes n1's fault file atomically and waits until n1 loaded it. */
-static void n1_faults(struct fx *f, const char *text)
-{
-    unsigned before = log_count(&f->n1, "fault: config loaded");
-    char tmp[200];
-    snprintf(tmp, sizeof tmp, "%s.tmp", f->n1.fault_file);
-    FILE *fp = fopen(tmp, "w");
-    assert_non_null(fp);
-    fputs(text, fp);
-    assert_int_equal(fclose(fp), 0);
-    assert_int_equal(rename(tmp, f->n1.fault_file), 0);
-    int64_t end = nh_now_ms() + WAIT_MS;
-    while (log_count(&f->n1, "fault: config loaded") <= before) {
-        if (nh_now_ms() > end)
-            fail_msg("n1 did not load its fault file: %s", text);
-        nh_sleep_ms(5);
-    }
-}
-
 /* A room: n1's source rank 0 leases pages [0, count), n2's sink rank 0
  * pages [dfirst, dfirst + count); waits until both nodes have its update. */
 static kvf_room_key join_pair(struct fx *f, uint64_t room_id, uint32_t dfirst, uint32_t count)
@@ -382,7 +349,7 @@ static void test_pipelining_past_the_window_resource_exhausted(void **state)
     struct fx *f = *state;
     fx_start_flags(f, NH_LOG_FILE | NH_FAULT_FILE);
     kvf_room_key k = join_pair(f, 505, 0, PAGE_COUNT);
-    n1_faults(f, "hold_stream=1\n");
+    nh_set_faults(&f->n1, "hold_stream=1\n", WAIT_MS);
     struct kvf_rpc_client_stream *cs = stream_open(f->n1.local);
     for (uint32_t i = 0; i < STREAM_BOUND + 1; i++)
         stream_submit(f, cs, k, i + 1, i, i, 1, false);
@@ -398,7 +365,7 @@ static void test_pipelining_past_the_window_resource_exhausted(void **state)
     check_n2_pool(f, 0, 0); /* held: nothing posted yet */
 
     /* Released: the STREAM_BOUND requests taken run, in order. */
-    n1_faults(f, "hold_stream=0\n");
+    nh_set_faults(&f->n1, "hold_stream=0\n", WAIT_MS);
     int64_t end = nh_now_ms() + WAIT_MS;
     while (memcmp(f->p2.mem, f->p1.mem, (size_t)STREAM_BOUND * PAGE_SIZE) != 0) {
         if (nh_now_ms() > end)
