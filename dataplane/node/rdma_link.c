@@ -845,6 +845,14 @@ int node_rdma_renew(struct kvf_node *n)
 
 /* ---- ChunkNotice ---------------------------------------------------------------------- */
 
+int node_chunk_transport(const struct node_chunk *ch)
+{
+    if (ch->rdma)
+        return KVFENCE__V1__TRANSPORT_KIND__TRANSPORT_KIND_RDMA;
+    return ch->sink_local ? KVFENCE__V1__TRANSPORT_KIND__TRANSPORT_KIND_LOCAL
+                          : KVFENCE__V1__TRANSPORT_KIND__TRANSPORT_KIND_TCP;
+}
+
 int node_rdma_send_notice(struct kvf_node *n, struct node_chunk *ch)
 {
     struct node_rdma *rd = n->rdma;
@@ -961,7 +969,8 @@ void node_rdma_notice_in(struct kvf_node *n, struct node_room *r, struct node_me
     rd->notices_in++;
     rd->notice_bytes_in += pm->bytes;
     /* The event before the pages count: they may complete the sink. */
-    node_watch_chunk_done(n, r, pm->source_rank, pm->sink_rank, pm->chunk_seq, true, "");
+    node_watch_chunk_done(n, r, pm->source_rank, pm->sink_rank, pm->chunk_seq, true, "",
+                          KVFENCE__V1__TRANSPORT_KIND__TRANSPORT_KIND_RDMA);
     for (size_t i = 0; i < nr; i++)
         node_sink_landed(n, r, m->rank, rv[i].first, rv[i].count,
                          (uint64_t)rv[i].count * p->page_size);

@@ -67,6 +67,10 @@ void node_rdma_set_hold(struct kvf_node *n, bool hold);
 /* JOB_PEER_LINK: a link message (packed LinkMessage in j->pmsg). */
 void node_rdma_link_job(struct kvf_node *n, struct node_job *j);
 
+/* How the bytes of `ch` travel (Kvfence__V1__TransportKind): RDMA, LOCAL
+ * (same node) or TCP. */
+int node_chunk_transport(const struct node_chunk *ch);
+
 /* Source: every slice of `ch` completed OK: ChunkNotice to the sink (before
  * the pair's AuxData / TransferStatus). 0 or -errno. */
 int node_rdma_send_notice(struct kvf_node *n, struct node_chunk *ch);

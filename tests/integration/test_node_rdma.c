@@ -388,7 +388,7 @@ static void none_released(struct fx *f, kvf_room_key k)
 
 /* ---- NodeLocal.Watch on the sink -------------------------------------------------------- */
 
-static struct kvf_rpc_client_stream *nwatch_open(struct nh_node *np, kvf_room_key k)
+static struct kvf_rpc_client_stream *nwatch_open_ex(struct nh_node *np, kvf_room_key k, bool chunks)
 {
     Kvfence__V1__RoomKey rk = KVFENCE__V1__ROOM_KEY__INIT;
     rk.room_id = k.room_id;
@@ -397,7 +397,7 @@ static struct kvf_rpc_client_stream *nwatch_open(struct nh_node *np, kvf_room_ke
     Kvfence__V1__WatchRequest req = KVFENCE__V1__WATCH_REQUEST__INIT;
     req.n_rooms = 1;
     req.rooms = &rkp;
-    req.include_chunks = true;
+    req.include_chunks = chunks;
     uint8_t buf[128];
     size_t len = kvfence__v1__watch_request__pack(&req, buf);
     struct kvf_rpc_client_stream *cs =
@@ -406,6 +406,11 @@ static struct kvf_rpc_client_stream *nwatch_open(struct nh_node *np, kvf_room_ke
     assert_int_equal(kvf_rpc_client_stream_send(cs, buf, len), 0);
     assert_int_equal(kvf_rpc_client_stream_half_close(cs), 0);
     return cs;
+}
+
+static struct kvf_rpc_client_stream *nwatch_open(struct nh_node *np, kvf_room_key k)
+{
+    return nwatch_open_ex(np, k, true);
 }
 
 static Kvfence__V1__NodeEvent *nwatch_must(struct kvf_rpc_client_stream *cs)
@@ -437,6 +442,40 @@ static void nwatch_sync(struct kvf_rpc_client_stream *cs)
     kvfence__v1__node_event__free_unpacked(ev, NULL);
 }
 
+/* Reads events until `n` chunk_done, seqs 1..n in order, each ok and with
+ * `transport` (how the bytes travelled). */
+static void nwatch_chunks(struct kvf_rpc_client_stream *cs, unsigned n, int transport)
+{
+    unsigned seen = 0;
+    while (seen < n) {
+        Kvfence__V1__NodeEvent *ev = nwatch_must(cs);
+        if (ev->event_case == KVFENCE__V1__NODE_EVENT__EVENT_CHUNK_DONE) {
+            assert_true(ev->chunk_done->ok);
+            assert_int_equal(ev->chunk_done->chunk_seq, seen + 1);
+            assert_int_equal(ev->chunk_done->transport, transport);
+            seen++;
+        }
+        kvfence__v1__node_event__free_unpacked(ev, NULL);
+    }
+}
+
+/* The "watch stats:" value of `key` logged at exit; -1 when none. */
+static long long watch_stat(const struct nh_node *np, const char *key)
+{
+    FILE *fp = fopen(np->log, "r");
+    if (!fp)
+        return -1;
+    char line[4096];
+    long long v = -1;
+    while (fgets(line, sizeof line, fp)) {
+        const char *p = strstr(line, "watch stats:");
+        if (p && (p = strstr(p, key)) != NULL)
+            v = strtoll(p + strlen(key), NULL, 10);
+    }
+    fclose(fp);
+    return v;
+}
+
 static void fill_aux(uint8_t *buf, size_t len)
 {
     for (size_t i = 0; i < len; i++)
@@ -456,6 +495,8 @@ static void test_rdma_room_lands_byte_exact(void **state)
     kvf_room_key k = join_pair(f, 101, 8, 8, 40);
     struct kvf_rpc_client_stream *w2 = nwatch_open(&f->n2, k);
     nwatch_sync(w2);
+    struct kvf_rpc_client_stream *w1 = nwatch_open(&f->n1, k);
+    nwatch_sync(w1);
     uint8_t aux[3000];
     fill_aux(aux, sizeof aux);
     submit_ok(f, k, 1, 8, 8, 20, false, NULL, 0);
@@ -472,6 +513,8 @@ static void test_rdma_room_lands_byte_exact(void **state)
             assert_true(ev->chunk_done->ok);
             assert_false(aux_seen);
             assert_int_equal(ev->chunk_done->chunk_seq, chunks + 1);
+            assert_int_equal(ev->chunk_done->transport,
+                             KVFENCE__V1__TRANSPORT_KIND__TRANSPORT_KIND_RDMA);
             chunks++;
             break;
         case KVFENCE__V1__NODE_EVENT__EVENT_AUX:
@@ -491,6 +534,9 @@ static void test_rdma_room_lands_byte_exact(void **state)
         kvfence__v1__node_event__free_unpacked(ev, NULL);
     }
     nwatch_close(w2);
+    /* The source's events name the transport too. */
+    nwatch_chunks(w1, 3, KVFENCE__V1__TRANSPORT_KIND__TRANSPORT_KIND_RDMA);
+    nwatch_close(w1);
     nh_wait_room_state(f->ch, k, KVFENCE__V1__ROOM_STATE__ROOM_STATE_COMPLETED, WAIT_MS);
     released_once(f, k);
     check_holds(&f->p2, 8, 40, SEED_N1, 8);
@@ -522,14 +568,26 @@ static void test_rdma_off_peer_gets_tcp(void **state)
     fx_start(f, "off");
     wait_log(&f->n2, "RDMA off: --rdma off", NULL, 1);
     kvf_room_key k = join_pair(f, 201, 0, 16, 24);
+    struct kvf_rpc_client_stream *w1 = nwatch_open(&f->n1, k);
+    nwatch_sync(w1);
     submit_ok(f, k, 1, 0, 16, 16, false, NULL, 0);
     submit_ok(f, k, 2, 16, 32, 8, true, NULL, 0);
+    nwatch_chunks(w1, 2, KVFENCE__V1__TRANSPORT_KIND__TRANSPORT_KIND_TCP);
+    nwatch_close(w1);
     nh_wait_room_state(f->ch, k, KVFENCE__V1__ROOM_STATE__ROOM_STATE_COMPLETED, WAIT_MS);
     released_once(f, k);
     check_holds(&f->p2, 16, 24, SEED_N1, 0);
     check_holds(&f->p2, 0, 16, SEED_N2, 0);
     check_holds(&f->p2, 40, 24, SEED_N2, 40);
-    room_lands(f, 202, 48, 48, 8, 305);
+    /* A watcher without include_chunks: the chunk's event is not even packed. */
+    kvf_room_key k2 = join_pair(f, 202, 48, 48, 8);
+    struct kvf_rpc_client_stream *w1b = nwatch_open_ex(&f->n1, k2, false);
+    nwatch_sync(w1b);
+    fill(&f->p1, 48, 8, 305);
+    submit_ok(f, k2, 1, 48, 48, 8, true, NULL, 0);
+    nh_wait_room_state(f->ch, k2, KVFENCE__V1__ROOM_STATE__ROOM_STATE_COMPLETED, WAIT_MS);
+    check_holds(&f->p2, 48, 8, 305, 48);
+    nwatch_close(w1b);
 
     struct nh_node *nodes[] = {&f->n1, &f->n2};
     assert_int_equal(nh_nodes_stop(nodes, 2, 20000), 0);
@@ -537,6 +595,8 @@ static void test_rdma_off_peer_gets_tcp(void **state)
     assert_int_equal(rdma_stat(&f->n1, "wrs_posted="), 0);
     assert_int_equal(rdma_stat(&f->n2, "notices_in="), -1); /* no RDMA at all there */
     assert_int_equal(log_count(&f->n1, "rdma link to", NULL), 0);
+    assert_int_equal(watch_stat(&f->n1, "chunk_done="), 3);
+    assert_int_equal(watch_stat(&f->n1, "chunk_done_packed="), 2); /* room 202's: not packed */
 }
 
 static void test_rdma_abort_with_writes_held(void **state)
