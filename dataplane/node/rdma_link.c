@@ -878,6 +878,8 @@ int node_rdma_send_notice(struct kvf_node *n, struct node_chunk *ch)
         rp[nr] = &rv[nr];
         nr++;
     }
+    if (nr && node_fault_rdma_take(n, NODE_FAULT_RDMA_BAD_NOTICE))
+        rv[0].first = UINT32_MAX - rv[0].count; /* no lease reaches that far */
     Kvfence__V1__ChunkNotice cn = KVFENCE__V1__CHUNK_NOTICE__INIT;
     cn.source_rank = ch->src_rank;
     cn.sink_rank = ch->sink_rank;

@@ -748,6 +748,50 @@ static void test_rdma_self_fence_renews_transport(void **state)
     assert_int_equal(rdma_stat(&f->n2, "notice_bytes_in="), 24 * PAGE_SIZE);
 }
 
+/* Fault rdma_bad_notice=1 at the source: its next ChunkNotice names pages
+ * outside the sink lease. The sink refuses it (counted, logged), fails the
+ * room (TransferFailed: ABORTED), the leases are released once, the pages
+ * outside the lease are untouched; the link stays up for the next room. */
+static void test_rdma_bad_notice_fails_room(void **state)
+{
+    struct fx *f = *state;
+    fx_start(f, "fake");
+    warm_up_link(f, 700);
+    n1_faults(f, "rdma_bad_notice=1\n");
+    fill(&f->p1, 0, 8, 321);
+    kvf_room_key k = join_pair(f, 701, 0, 16, 8);
+    struct kvf_rpc_client_stream *w2 = nwatch_open(&f->n2, k);
+    nwatch_sync(w2);
+    submit_ok(f, k, 1, 0, 16, 8, true, NULL, 0);
+    wait_log(&f->n1, "fault: a bad ChunkNotice", NULL, 1);
+    wait_log(&f->n2, "pages outside the sink lease", &k, 1);
+    nh_wait_room_state(f->ch, k, KVFENCE__V1__ROOM_STATE__ROOM_STATE_ABORTED, WAIT_MS);
+    released_once(f, k);
+    /* No chunk_done on the sink for a refused notice; the failed transfer is. */
+    for (;;) {
+        Kvfence__V1__NodeEvent *ev = nwatch_must(w2);
+        bool end = ev->event_case == KVFENCE__V1__NODE_EVENT__EVENT_TRANSFER_DONE ||
+                   (ev->event_case == KVFENCE__V1__NODE_EVENT__EVENT_ROOM_STATE &&
+                    ev->room_state->state != KVFENCE__V1__ROOM_STATE__ROOM_STATE_ACTIVE);
+        assert_int_not_equal(ev->event_case, KVFENCE__V1__NODE_EVENT__EVENT_CHUNK_DONE);
+        kvfence__v1__node_event__free_unpacked(ev, NULL);
+        if (end)
+            break;
+    }
+    nwatch_close(w2);
+    check_holds(&f->p2, 0, 16, SEED_N2, 0);
+    check_holds(&f->p2, 24, 36, SEED_N2, 24);
+    room_lands(f, 702, 48, 48, 8, 322); /* the link still carries the next room */
+    check_holds(&f->p2, 24, 24, SEED_N2, 24);
+
+    struct nh_node *nodes[] = {&f->n1, &f->n2};
+    assert_int_equal(nh_nodes_stop(nodes, 2, 20000), 0);
+    assert_int_equal(rdma_stat(&f->n1, "notices_sent="), 2);
+    assert_int_equal(rdma_stat(&f->n2, "notices_refused="), 1);
+    assert_int_equal(rdma_stat(&f->n2, "notices_in="), 1);
+    assert_int_equal(rdma_stat(&f->n2, "notice_bytes_in="), 8 * PAGE_SIZE);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -758,6 +802,7 @@ int main(void)
                                         teardown),
         cmocka_unit_test_setup_teardown(test_rdma_pool_registered_after_link, setup, teardown),
         cmocka_unit_test_setup_teardown(test_rdma_self_fence_renews_transport, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_rdma_bad_notice_fails_room, setup, teardown),
     };
     const char *filter = getenv("KVF_TEST_FILTER");
     if (filter && filter[0])
