@@ -80,9 +80,19 @@ struct rlink {
     bool ready_due;
     bool page_note; /* "pages larger than a slice: TCP" said once */
     bool fenced;    /* fence_peer returned 0: nothing of it lands any more */
+    /* HELLO_SENT: hellos sent, the wait before the next one, when it is due. */
+    uint32_t hello_tries, hello_wait_ms;
+    int64_t hello_next_ms;
     struct rpool rpools[NODE_MAX_POOLS];
     uint32_t nrpools;
 };
+
+/* An unanswered LinkHello is sent again (lost, or the peer was not ready):
+ * after 100 ms, doubling up to 5 s, 10 hellos in all; then the link goes back
+ * to NONE and the next chunk routed to the peer starts over. */
+#define HELLO_FIRST_MS 100
+#define HELLO_MAX_MS   5000
+#define HELLO_TRIES    10
 
 struct lpool {
     uint32_t id;
@@ -419,15 +429,58 @@ static void announce_pool(struct kvf_node *n, const struct node_pool *p, uint32_
     }
 }
 
-/* Messages that could not go when due (endpoint unknown yet, queue full). */
+/* A LinkHello (or, under fault rdma_drop_hello, none: as if lost). */
+static int send_hello(struct kvf_node *n, uint32_t peer)
+{
+    if (node_fault_rdma_take(n, NODE_FAULT_RDMA_DROP_HELLO))
+        return 0;
+    return send_hello_or_accept(n, peer, true);
+}
+
+/* HELLO_SENT with no answer yet: the next hello when it is due. */
+static void hello_again(struct kvf_node *n, uint32_t peer, int64_t now)
+{
+    struct rlink *L = &n->rdma->links[peer];
+    struct node_peer *pe = &n->peers[peer];
+    if (now < L->hello_next_ms)
+        return;
+    if (L->hello_tries >= HELLO_TRIES) {
+        L->st = RL_NONE; /* the next chunk routed to it starts over */
+        node_log("warn", NULL, "rdma link to %s: %u hellos unanswered: TCP until a later chunk",
+                 pe->node_id, L->hello_tries);
+        return;
+    }
+    int rc = send_hello(n, peer);
+    if (rc != 0 && rc != -EAGAIN) {
+        L->st = RL_DEAD;
+        node_log("warn", NULL, "rdma link to %s: hello not sent (%s): TCP only", pe->node_id,
+                 strerror(-rc));
+        return;
+    }
+    if (rc == 0) {
+        L->hello_tries++;
+        node_log("info", NULL, "rdma link to %s: no answer in %u ms: hello sent again (%u)",
+                 pe->node_id, L->hello_wait_ms, L->hello_tries);
+    }
+    L->hello_wait_ms = L->hello_wait_ms * 2 > HELLO_MAX_MS ? HELLO_MAX_MS : L->hello_wait_ms * 2;
+    L->hello_next_ms = now + L->hello_wait_ms;
+}
+
+/* Messages that could not go when due (endpoint unknown yet, queue full),
+ * and hellos to send again. */
 static void link_tick(struct kvf_node *n)
 {
     struct node_rdma *rd = n->rdma;
     if (!rd->due)
         return;
     rd->due = false;
+    int64_t now = node_now_ms();
     for (uint32_t i = 0; i < n->npeers; i++) {
         struct rlink *L = &rd->links[i];
+        if (L->st == RL_HELLO_SENT && !n->peers[i].fenced) {
+            hello_again(n, i, now);
+            rd->due = rd->due || L->st == RL_HELLO_SENT;
+        }
         if (L->accept_due && n->peers[i].peer_ep[0] && L->st == RL_ACCEPTED) {
             int rc = send_hello_or_accept(n, i, false);
             if (rc == 0)
@@ -595,7 +648,16 @@ static void link_msg(struct kvf_node *n, const Kvfence__V1__LinkMessage *m)
             node_log("info", NULL, "rdma link to %s: both sent a hello; ours wins", from);
             return;
         }
-        if (L->st == RL_ACCEPTED || L->st == RL_UP) {
+        if (L->st == RL_ACCEPTED) {
+            /* Its hello again: our accept may be lost; same QPs, so the
+             * same accept once more. */
+            node_log("info", NULL, "rdma link to %s: hello again: accept again", from);
+            L->accept_due = true;
+            rd->due = true;
+            link_tick(n);
+            return;
+        }
+        if (L->st == RL_UP) {
             node_log("info", NULL, "rdma link to %s: hello again ignored", from);
             return;
         }
@@ -669,9 +731,13 @@ bool node_rdma_route(struct kvf_node *n, uint32_t peer, const struct node_member
         return false;
     struct rlink *L = &rd->links[peer];
     if (L->st == RL_NONE && pe->peer_ep[0]) {
-        int rc = send_hello_or_accept(n, peer, true);
+        int rc = send_hello(n, peer);
         if (rc == 0) {
             L->st = RL_HELLO_SENT;
+            L->hello_tries = 1;
+            L->hello_wait_ms = HELLO_FIRST_MS;
+            L->hello_next_ms = node_now_ms() + HELLO_FIRST_MS;
+            rd->due = true; /* link_tick sends it again if unanswered */
             node_log("info", NULL, "rdma link to %s: hello sent; TCP until it is up", pe->node_id);
         } else if (rc != -EAGAIN) {
             L->st = RL_DEAD;

@@ -792,6 +792,37 @@ static void test_rdma_bad_notice_fails_room(void **state)
     assert_int_equal(rdma_stat(&f->n2, "notice_bytes_in="), 8 * PAGE_SIZE);
 }
 
+/* A lost LinkHello (fault rdma_drop_hello=1 at n1): the first room goes over
+ * TCP, n1 sends the hello again after 100 ms, the link comes up and the next
+ * room goes over RDMA (its chunk_done on n1 says so, n2 counts the notice). */
+static void test_rdma_lost_hello_is_sent_again(void **state)
+{
+    struct fx *f = *state;
+    fx_start(f, "fake");
+    n1_faults(f, "rdma_drop_hello=1\n");
+    room_lands(f, 800, 60, 60, 4, 5); /* TCP; its route sends the (dropped) hello */
+    wait_log(&f->n1, "fault: a LinkHello dropped", NULL, 1);
+    wait_log(&f->n1, "hello sent again (2)", NULL, 1);
+    wait_log(&f->n1, "up (initiator)", NULL, 1);
+    wait_log(&f->n2, "up (acceptor)", NULL, 1);
+
+    fill(&f->p1, 0, 8, 331);
+    kvf_room_key k = join_pair(f, 801, 0, 8, 8);
+    struct kvf_rpc_client_stream *w1 = nwatch_open(&f->n1, k);
+    nwatch_sync(w1);
+    submit_ok(f, k, 1, 0, 8, 8, true, NULL, 0);
+    nwatch_chunks(w1, 1, KVFENCE__V1__TRANSPORT_KIND__TRANSPORT_KIND_RDMA);
+    nwatch_close(w1);
+    nh_wait_room_state(f->ch, k, KVFENCE__V1__ROOM_STATE__ROOM_STATE_COMPLETED, WAIT_MS);
+    check_holds(&f->p2, 8, 8, 331, 0);
+    check_holds(&f->p2, 0, 8, SEED_N2, 0);
+
+    struct nh_node *nodes[] = {&f->n1, &f->n2};
+    assert_int_equal(nh_nodes_stop(nodes, 2, 20000), 0);
+    assert_int_equal(rdma_stat(&f->n1, "links_up="), 1);
+    assert_int_equal(rdma_stat(&f->n2, "notices_in="), 1);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -803,6 +834,7 @@ int main(void)
         cmocka_unit_test_setup_teardown(test_rdma_pool_registered_after_link, setup, teardown),
         cmocka_unit_test_setup_teardown(test_rdma_self_fence_renews_transport, setup, teardown),
         cmocka_unit_test_setup_teardown(test_rdma_bad_notice_fails_room, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_rdma_lost_hello_is_sent_again, setup, teardown),
     };
     const char *filter = getenv("KVF_TEST_FILTER");
     if (filter && filter[0])
