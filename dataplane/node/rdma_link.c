@@ -55,8 +55,10 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #include "faults.h"
+#include "peer_channel.h"
 #include "rdma.h"
 #include "verbs.h"
 #include "xport.h"
@@ -72,6 +74,9 @@ enum rlink_state {
 struct rpool {
     uint32_t id;
     uint32_t page_size;
+    uint32_t page_count;
+    uint32_t rkey;
+    uint64_t base_addr;
 };
 
 struct rlink {
@@ -112,7 +117,8 @@ struct node_rdma {
     bool due; /* some link has a message due */
     struct node_frame *qhead, *qtail;
     /* Counters (logged at exit). */
-    uint64_t links_up, notices_sent, notices_in, notice_bytes_in, notices_refused;
+    uint64_t links_up, links_down, closes_sent, closes_in;
+    uint64_t notices_sent, notices_in, notice_bytes_in, notices_refused;
     uint64_t chunks_posted;
 };
 
@@ -270,14 +276,16 @@ void node_rdma_stop(struct kvf_node *n)
     if (rd->fake)
         kvf_verbs_fake_fabric_stats(rd->fake, &fs);
     node_log("info", NULL,
-             "rdma stats: links_up=%" PRIu64 " chunks_posted=%" PRIu64 " wrs_posted=%" PRIu64
-             " wrs_ok=%" PRIu64 " wrs_error=%" PRIu64 " wrs_flushed=%" PRIu64
+             "rdma stats: links_up=%" PRIu64 " links_down=%" PRIu64 " closes_sent=%" PRIu64
+             " closes_in=%" PRIu64 " peer_resets=%" PRIu64 " chunks_posted=%" PRIu64
+             " wrs_posted=%" PRIu64 " wrs_ok=%" PRIu64 " wrs_error=%" PRIu64 " wrs_flushed=%" PRIu64
              " wrs_quarantined=%" PRIu64 " fences=%" PRIu64 " notices_sent=%" PRIu64
              " notices_in=%" PRIu64 " notice_bytes_in=%" PRIu64 " notices_refused=%" PRIu64
              " fabric_writes_in=%" PRIu64 " fabric_bytes_in=%" PRIu64 " fabric_refused_in=%" PRIu64
              " fabric_writes_out=%" PRIu64 " fabric_bytes_out=%" PRIu64,
-             rd->links_up, rd->chunks_posted, st.wrs_posted, st.wrs_ok, st.wrs_error,
-             st.wrs_flushed, st.wrs_quarantined, st.fences_done, rd->notices_sent, rd->notices_in,
+             rd->links_up, rd->links_down, rd->closes_sent, rd->closes_in, st.peer_resets,
+             rd->chunks_posted, st.wrs_posted, st.wrs_ok, st.wrs_error, st.wrs_flushed,
+             st.wrs_quarantined, st.fences_done, rd->notices_sent, rd->notices_in,
              rd->notice_bytes_in, rd->notices_refused, fs.writes_in, fs.bytes_in, fs.refused_in,
              fs.writes_out, fs.bytes_out);
     kvf_transport_destroy(rd->t); /* fences every peer, retires what nobody polled */
@@ -396,6 +404,64 @@ static int send_ready(struct kvf_node *n, uint32_t peer)
     m.body_case = KVFENCE__V1__LINK_MESSAGE__BODY_READY;
     m.ready = &r;
     return link_send(n, peer, &m);
+}
+
+/* LinkClose to `peer`, best effort: a fence or a reset never waits for it. */
+static void send_close(struct kvf_node *n, uint32_t peer, const char *why, bool reconnect)
+{
+    Kvfence__V1__LinkClose c = KVFENCE__V1__LINK_CLOSE__INIT;
+    c.reason = (char *)why;
+    c.reconnect = reconnect;
+    Kvfence__V1__LinkMessage m = KVFENCE__V1__LINK_MESSAGE__INIT;
+    m.body_case = KVFENCE__V1__LINK_MESSAGE__BODY_CLOSE;
+    m.close = &c;
+    int rc = link_send(n, peer, &m);
+    if (rc == 0)
+        n->rdma->closes_sent++;
+    else
+        node_log("info", NULL, "rdma link to %s: LinkClose not sent (%s)", n->peers[peer].node_id,
+                 strerror(-rc));
+}
+
+/* The link to `peer` goes down (an error completion here, or its LinkClose):
+ * its QPs are drained and destroyed (reset_peer), so nothing of the old link
+ * lands any more; chunks routed to it go over TCP, and with `relink` the next
+ * one starts a new link with fresh QPs. Slices still queued for it fail at
+ * their post (not connected). */
+static void link_down(struct kvf_node *n, uint32_t peer, const char *why, bool relink)
+{
+    struct node_rdma *rd = n->rdma;
+    struct rlink *L = &rd->links[peer];
+    const struct node_peer *pe = &n->peers[peer];
+    L->accept_due = L->ready_due = false;
+    L->hello_tries = 0;
+    rd->links_down++;
+    int rc = kvf_transport_rdma_reset_peer(rd->t, peer);
+    if (rc != 0) {
+        L->st = RL_DEAD;
+        node_log("warn", NULL,
+                 "rdma link to %s incarnation %" PRIu64 " down (%s); queue pairs not reset (%s): "
+                 "TCP only",
+                 pe->node_id, pe->incarnation, why, strerror(-rc));
+        return;
+    }
+    L->st = relink ? RL_NONE : RL_DEAD;
+    node_log("warn", NULL, "rdma link to %s incarnation %" PRIu64 " down (%s): TCP %s", pe->node_id,
+             pe->incarnation, why, relink ? "until a new link is up" : "only");
+}
+
+/* After an error completion: every link whose QP broke goes down and is made
+ * again (the peer is told, so that it drops its side too). */
+static void links_check(struct kvf_node *n)
+{
+    struct node_rdma *rd = n->rdma;
+    for (uint32_t i = 0; i < n->npeers; i++) {
+        if (rd->links[i].st == RL_DEAD || n->peers[i].fenced ||
+            !kvf_transport_rdma_peer_broken(rd->t, i))
+            continue;
+        send_close(n, i, "an RDMA write completed in error", true);
+        link_down(n, i, "an RDMA write completed in error", true);
+    }
 }
 
 /* LinkPools to every live link: one pool upserted, or removed. */
@@ -570,7 +636,8 @@ static void rpools_learn(struct kvf_node *n, uint32_t peer, Kvfence__V1__Pool **
                      n->peers[peer].node_id, p->pool_id, strerror(-rc));
             continue;
         }
-        L->rpools[L->nrpools++] = (struct rpool){p->pool_id, p->page_size};
+        L->rpools[L->nrpools++] =
+            (struct rpool){p->pool_id, p->page_size, p->page_count, p->rkey, p->base_addr};
     }
 }
 
@@ -687,6 +754,17 @@ static void link_msg(struct kvf_node *n, const Kvfence__V1__LinkMessage *m)
         if (L->st == RL_ACCEPTED && !L->accept_due)
             link_up(n, peer, "acceptor");
         return;
+    case KVFENCE__V1__LINK_MESSAGE__BODY_CLOSE: {
+        const char *why = m->close->reason && m->close->reason[0] ? m->close->reason : "no reason";
+        bool relink = m->close->reconnect;
+        rd->closes_in++;
+        node_log("info", NULL, "rdma link to %s incarnation %" PRIu64 ": LinkClose (%s)", from,
+                 m->sender_incarnation, why);
+        if (relink && (L->st == RL_NONE || L->st == RL_HELLO_SENT))
+            return; /* about a link before our hello: that one is gone here already */
+        link_down(n, peer, why, relink);
+        return;
+    }
     case KVFENCE__V1__LINK_MESSAGE__BODY_POOLS:
         if (!link_live(L))
             return;
@@ -762,6 +840,20 @@ bool node_rdma_route(struct kvf_node *n, uint32_t peer, const struct node_member
     return true;
 }
 
+/* Fault rdma_wr_error: the peer's pool is named with a wrong rkey from now
+ * on, so the responder refuses the write (REM_ACCESS_ERR). The link goes
+ * down on that error; a new link learns the real rkey again. */
+static void fault_bad_rkey(struct kvf_node *n, uint32_t peer, uint32_t pool_id)
+{
+    struct node_rdma *rd = n->rdma;
+    const struct rpool *rp = rpool_find(&rd->links[peer], pool_id);
+    if (!rp)
+        return;
+    (void)kvf_transport_rdma_remove_remote_pool(rd->t, peer, pool_id);
+    (void)kvf_transport_rdma_add_remote_pool(rd->t, peer, rp->id, rp->base_addr, rp->page_size,
+                                             rp->page_count, rp->rkey ^ 0x5a5a5au);
+}
+
 /* Posts queued slices while the QPs take them. */
 static void pump(struct kvf_node *n)
 {
@@ -785,6 +877,8 @@ static void pump(struct kvf_node *n)
                 break;
             xs[k++] = &f->x;
         }
+        if (k && xs[0] == &ch->frames[0].x && node_fault_rdma_take(n, NODE_FAULT_RDMA_WR_ERROR))
+            fault_bad_rkey(n, peer, xs[0]->sink_pool);
         unsigned posted = 0;
         int rc = k ? kvf_transport_rdma_post_chain(rd->t, xs, k, &posted) : 0;
         if (rc == -EAGAIN) {
@@ -839,9 +933,14 @@ static void reap(struct kvf_node *n)
 {
     struct kvf_completion c[NODE_POLL_BATCH];
     int got;
+    bool error = false;
     while ((got = kvf_transport_poll(n->rdma->t, NODE_POLL_BATCH, c)) > 0)
-        for (int i = 0; i < got; i++)
+        for (int i = 0; i < got; i++) {
+            error = error || c[i].outcome == KVF_LT_DONE_ERROR;
             node_local_completion(n, &c[i]);
+        }
+    if (error)
+        links_check(n);
 }
 
 void node_rdma_poll(struct kvf_node *n)
@@ -861,6 +960,8 @@ int node_rdma_fence_peer(struct kvf_node *n, uint32_t peer)
     if (!rd)
         return 0;
     struct rlink *L = &rd->links[peer];
+    if (L->st != RL_NONE && L->st != RL_DEAD)
+        send_close(n, peer, "fenced", false);
     L->st = RL_DEAD;
     L->accept_due = L->ready_due = false;
     if (L->fenced)
@@ -873,6 +974,33 @@ int node_rdma_fence_peer(struct kvf_node *n, uint32_t peer)
              "rdma: peer %s incarnation %" PRIu64 " fenced: its QPs are in ERR, every WR back",
              n->peers[peer].node_id, n->peers[peer].incarnation);
     return 0;
+}
+
+void node_rdma_close_all(struct kvf_node *n, const char *why)
+{
+    struct node_rdma *rd = n->rdma;
+    if (!rd || !n->peerch)
+        return;
+    struct kvf_peer_stats st;
+    kvf_peer_channel_stats(n->peerch, &st);
+    uint64_t want = st.sent;
+    for (uint32_t i = 0; i < n->npeers; i++) {
+        struct rlink *L = &rd->links[i];
+        if (L->st == RL_NONE || L->st == RL_DEAD || n->peers[i].fenced)
+            continue;
+        uint64_t before = rd->closes_sent;
+        send_close(n, i, why, false);
+        want += rd->closes_sent - before;
+        L->st = RL_DEAD;
+    }
+    /* The channel drops what it has not handed to ZeroMQ when it stops: give
+     * the closes a moment (bounded) to leave. */
+    int64_t end = node_now_ms() + 200;
+    while (st.sent < want && node_now_ms() < end) {
+        struct timespec ts = {0, 2000000};
+        nanosleep(&ts, NULL);
+        kvf_peer_channel_stats(n->peerch, &st);
+    }
 }
 
 int node_rdma_renew(struct kvf_node *n)

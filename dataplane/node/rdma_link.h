@@ -57,6 +57,10 @@ void node_rdma_poll(struct kvf_node *n);
  * fence_peer); the link is dead for good. 0 or -errno (not fenced). */
 int node_rdma_fence_peer(struct kvf_node *n, uint32_t peer);
 
+/* Stop (owner thread, lifetimes drained): LinkClose to every linked peer,
+ * best effort (waits at most 200 ms for the channel to send them). */
+void node_rdma_close_all(struct kvf_node *n, const char *why);
+
 /* Self-fence: fences every peer, then replaces the transport by a fresh one
  * (new PD, regions and rkeys) with the same pools and no links. */
 int node_rdma_renew(struct kvf_node *n);

@@ -823,6 +823,87 @@ static void test_rdma_lost_hello_is_sent_again(void **state)
     assert_int_equal(rdma_stat(&f->n2, "notices_in="), 1);
 }
 
+/* Fault rdma_wr_error=1 at n1: its next RDMA chunk names the sink pool with a
+ * wrong rkey, n2's fabric end refuses the write and n1's WR completes in
+ * error (its QP to ERR). The room fails cleanly (ABORTED, leases released
+ * once, nothing landed), n1 takes the link down, tells n2 (LinkClose), both
+ * reset their QPs; the next room goes over TCP and opens a new link with
+ * fresh QPs, and the one after lands byte-exact over RDMA again. */
+static void test_rdma_wr_error_link_rebuilt(void **state)
+{
+    struct fx *f = *state;
+    fx_start(f, "fake");
+    warm_up_link(f, 900);
+    n1_faults(f, "rdma_wr_error=1\n");
+    fill(&f->p1, 0, 8, 341);
+    kvf_room_key k = join_pair(f, 901, 0, 16, 8);
+    submit_ok(f, k, 1, 0, 16, 8, true, NULL, 0);
+    wait_log(&f->n1, "fault: an RDMA chunk with a wrong rkey", NULL, 1);
+    wait_log(&f->n1, "down (an RDMA write completed in error): TCP until a new link is up", NULL,
+             1);
+    wait_log(&f->n2, "LinkClose (an RDMA write completed in error)", NULL, 1);
+    wait_log(&f->n2, "down (an RDMA write completed in error): TCP until a new link is up", NULL,
+             1);
+    nh_wait_room_state(f->ch, k, KVFENCE__V1__ROOM_STATE__ROOM_STATE_ABORTED, WAIT_MS);
+    released_once(f, k);
+    check_holds(&f->p2, 0, PAGE_COUNT - 4, SEED_N2, 0); /* the refused write landed nowhere */
+
+    /* TCP while the new link is made, then RDMA over fresh QPs. */
+    kvf_room_key k2 = join_pair(f, 902, 48, 48, 8);
+    struct kvf_rpc_client_stream *w1 = nwatch_open(&f->n1, k2);
+    nwatch_sync(w1);
+    fill(&f->p1, 48, 8, 342);
+    submit_ok(f, k2, 1, 48, 48, 8, true, NULL, 0);
+    nwatch_chunks(w1, 1, KVFENCE__V1__TRANSPORT_KIND__TRANSPORT_KIND_TCP);
+    nwatch_close(w1);
+    nh_wait_room_state(f->ch, k2, KVFENCE__V1__ROOM_STATE__ROOM_STATE_COMPLETED, WAIT_MS);
+    check_holds(&f->p2, 48, 8, 342, 48);
+    wait_log(&f->n1, "up (initiator)", NULL, 2);
+    wait_log(&f->n2, "up (acceptor)", NULL, 2);
+
+    kvf_room_key k3 = join_pair(f, 903, 8, 24, 16);
+    w1 = nwatch_open(&f->n1, k3);
+    nwatch_sync(w1);
+    fill(&f->p1, 8, 16, 343);
+    submit_ok(f, k3, 1, 8, 24, 16, true, NULL, 0);
+    nwatch_chunks(w1, 1, KVFENCE__V1__TRANSPORT_KIND__TRANSPORT_KIND_RDMA);
+    nwatch_close(w1);
+    nh_wait_room_state(f->ch, k3, KVFENCE__V1__ROOM_STATE__ROOM_STATE_COMPLETED, WAIT_MS);
+    released_once(f, k3);
+    check_holds(&f->p2, 24, 16, 343, 8);
+    check_holds(&f->p2, 0, 24, SEED_N2, 0);
+    check_holds(&f->p2, 40, 8, SEED_N2, 40);
+
+    struct nh_node *nodes[] = {&f->n1, &f->n2};
+    assert_int_equal(nh_nodes_stop(nodes, 2, 20000), 0);
+    assert_int_equal(rdma_stat(&f->n1, "links_up="), 2);
+    assert_int_equal(rdma_stat(&f->n1, "links_down="), 1);
+    assert_int_equal(rdma_stat(&f->n1, "peer_resets="), 1);
+    assert_int_equal(rdma_stat(&f->n1, "wrs_error="), 1);
+    assert_int_equal(rdma_stat(&f->n1, "notices_sent="), 1);
+    assert_int_equal(rdma_stat(&f->n2, "links_up="), 2);
+    assert_int_equal(rdma_stat(&f->n2, "notices_in="), 1);
+    assert_int_equal(rdma_stat(&f->n2, "fabric_refused_in="), 1);
+}
+
+/* A node that stops sends LinkClose to its linked peers (best effort): the
+ * peer tears its side down (QPs reset) and links no more to that incarnation. */
+static void test_rdma_link_close_on_shutdown(void **state)
+{
+    struct fx *f = *state;
+    fx_start(f, "fake");
+    warm_up_link(f, 1000);
+    struct nh_node *first[] = {&f->n1};
+    assert_int_equal(nh_nodes_stop(first, 1, 20000), 0);
+    wait_log(&f->n2, "LinkClose (node shutting down)", NULL, 1);
+    wait_log(&f->n2, "down (node shutting down): TCP only", NULL, 1);
+    struct nh_node *second[] = {&f->n2};
+    assert_int_equal(nh_nodes_stop(second, 1, 20000), 0);
+    assert_int_equal(rdma_stat(&f->n1, "closes_sent="), 1);
+    assert_int_equal(rdma_stat(&f->n2, "closes_in="), 1);
+    assert_int_equal(rdma_stat(&f->n2, "peer_resets="), 1);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -835,6 +916,8 @@ int main(void)
         cmocka_unit_test_setup_teardown(test_rdma_self_fence_renews_transport, setup, teardown),
         cmocka_unit_test_setup_teardown(test_rdma_bad_notice_fails_room, setup, teardown),
         cmocka_unit_test_setup_teardown(test_rdma_lost_hello_is_sent_again, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_rdma_wr_error_link_rebuilt, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_rdma_link_close_on_shutdown, setup, teardown),
     };
     const char *filter = getenv("KVF_TEST_FILTER");
     if (filter && filter[0])
