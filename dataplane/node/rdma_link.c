@@ -23,16 +23,25 @@
  *   HELLO_SENT --(LinkAccept in)--> UP: connected, LinkReady sent at once.
  *   ACCEPTED --(LinkReady in)--> UP. An acceptor never writes before
  *        LinkReady: the initiator's QPs are not ready to receive before.
- *   any --(fence)--> DEAD for good: that incarnation never gets RDMA back.
+ *   HELLO_SENT --(no answer)--> the hello again after 100 ms, doubling to
+ *        5 s; after 10 hellos back to NONE.
+ *   UP or ACCEPTED --(an error completion: a QP broke)--> NONE: LinkClose
+ *        (reconnect) to the peer, our QPs drained and destroyed
+ *        (reset_peer); the next chunk starts a new link with fresh QPs.
+ *   any --(LinkClose in)--> its QPs reset; NONE with reconnect (a
+ *        HELLO_SENT or NONE link ignores that one: it is about an older
+ *        link), else DEAD.
+ *   any --(fence)--> DEAD for good: that incarnation never gets RDMA back
+ *        (LinkClose sent best effort; also to every linked peer at stop).
  * Pools registered or removed later go to every linked peer as LinkPools.
  * Link messages and envelopes to one peer share one ordered ZeroMQ socket.
  *
  * Source side: a chunk routed to RDMA is cut into slices of at most
- * KVF_RDMA_MAX_SLICE bytes (local_svc.c); its slices wait in one FIFO and
- * are posted as chains (one chain per chunk run, at most the free WR slots
- * of the room's QP), each slice admitted (RDMA_WR towards the peer) right
- * before the post. A QP without free slots stops the FIFO until completions
- * come back (head of line, across peers too: kept simple). post_chain's
+ * KVF_RDMA_MAX_SLICE bytes (local_svc.c); its slices wait in the FIFO of
+ * their QP (peer, room_id % 2) and are posted as chains (one chain per chunk
+ * run, at most the free WR slots of that QP), each slice admitted (RDMA_WR
+ * towards the peer) right before the post. A QP without free slots stops
+ * only its own FIFO until completions come back. post_chain's
  * failure contract (rdma.h): the unposted ones have their admissions
  * cancelled and fail their chunk; ambiguous ones are quarantined by the
  * transport and complete through poll. When every slice completed OK the
@@ -99,6 +108,10 @@ struct rlink {
 #define HELLO_MAX_MS   5000
 #define HELLO_TRIES    10
 
+struct squeue {
+    struct node_frame *head, *tail;
+};
+
 struct lpool {
     uint32_t id;
     uint32_t rkey;
@@ -115,7 +128,9 @@ struct node_rdma {
     uint32_t nlpools;
     struct rlink links[NODE_MAX_PEERS];
     bool due; /* some link has a message due */
-    struct node_frame *qhead, *qtail;
+    /* Slices waiting for a free WR slot, one FIFO per QP (peer, room_id % 2):
+     * a full QP holds back only its own queue. */
+    struct squeue sq[NODE_MAX_PEERS][KVF_RDMA_QPS_PER_PEER];
     /* Counters (logged at exit). */
     uint64_t links_up, links_down, closes_sent, closes_in;
     uint64_t notices_sent, notices_in, notice_bytes_in, notices_refused;
@@ -249,16 +264,21 @@ int node_rdma_start(struct kvf_node *n)
 /* Frames still queued: nothing native was done for them. */
 static void queue_drop(struct kvf_node *n, struct node_rdma *rd, bool report)
 {
-    while (rd->qhead) {
-        struct node_frame *f = rd->qhead;
-        rd->qhead = f->pnext;
-        if (report) {
-            node_frame_end(n, f, false);
-        } else if (++f->chunk->ndone == f->chunk->nframes) {
-            free(f->chunk);
+    for (uint32_t p = 0; p < NODE_MAX_PEERS; p++) {
+        for (unsigned q = 0; q < KVF_RDMA_QPS_PER_PEER; q++) {
+            struct squeue *sq = &rd->sq[p][q];
+            while (sq->head) {
+                struct node_frame *f = sq->head;
+                sq->head = f->pnext;
+                if (report) {
+                    node_frame_end(n, f, false);
+                } else if (++f->chunk->ndone == f->chunk->nframes) {
+                    free(f->chunk);
+                }
+            }
+            sq->tail = NULL;
         }
     }
-    rd->qtail = NULL;
 }
 
 void node_rdma_stop(struct kvf_node *n)
@@ -854,13 +874,13 @@ static void fault_bad_rkey(struct kvf_node *n, uint32_t peer, uint32_t pool_id)
                                              rp->page_count, rp->rkey ^ 0x5a5a5au);
 }
 
-/* Posts queued slices while the QPs take them. */
-static void pump(struct kvf_node *n)
+/* Posts the slices of one queue while its QP takes them. */
+static void pump_queue(struct kvf_node *n, struct squeue *sq)
 {
     struct node_rdma *rd = n->rdma;
     struct kvf_xfer *xs[KVF_RDMA_MAX_WR_PER_QP];
-    while (rd->qhead) {
-        struct node_frame *f0 = rd->qhead;
+    while (sq->head) {
+        struct node_frame *f0 = sq->head;
         struct node_chunk *ch = f0->chunk;
         struct node_room *r = ch->room;
         uint32_t peer = f0->x.peer;
@@ -891,10 +911,10 @@ static void pump(struct kvf_node *n)
             node_log("warn", &r->key, "rdma post to %s: %u of %u slices posted: %s",
                      n->peers[peer].node_id, posted, k, strerror(-rc));
         for (unsigned i = 0; i < k; i++) {
-            struct node_frame *f = rd->qhead;
-            rd->qhead = f->pnext;
-            if (!rd->qhead)
-                rd->qtail = NULL;
+            struct node_frame *f = sq->head;
+            sq->head = f->pnext;
+            if (!sq->head)
+                sq->tail = NULL;
             if (i < posted)
                 continue; /* it completes through poll */
             if (kvf_lt_op_cancel(&f->x.op))
@@ -903,13 +923,23 @@ static void pump(struct kvf_node *n)
         }
         if (arc != 0 && (rc == 0 || k == 0)) {
             /* Admission closed: the slice is dropped before any native call. */
-            struct node_frame *f = rd->qhead;
-            rd->qhead = f->pnext;
-            if (!rd->qhead)
-                rd->qtail = NULL;
+            struct node_frame *f = sq->head;
+            sq->head = f->pnext;
+            if (!sq->head)
+                sq->tail = NULL;
             node_frame_end(n, f, false);
         }
     }
+}
+
+/* Posts queued slices while the QPs take them. */
+static void pump(struct kvf_node *n)
+{
+    struct node_rdma *rd = n->rdma;
+    for (uint32_t p = 0; p < n->npeers && p < NODE_MAX_PEERS; p++)
+        for (unsigned q = 0; q < KVF_RDMA_QPS_PER_PEER; q++)
+            if (rd->sq[p][q].head)
+                pump_queue(n, &rd->sq[p][q]);
 }
 
 void node_rdma_post_chunk(struct kvf_node *n, struct node_chunk *ch)
@@ -917,16 +947,20 @@ void node_rdma_post_chunk(struct kvf_node *n, struct node_chunk *ch)
     struct node_rdma *rd = n->rdma;
     ch->rdma = true;
     rd->chunks_posted++;
+    if (ch->nframes == 0)
+        return;
+    struct squeue *sq =
+        &rd->sq[ch->frames[0].x.peer][ch->room->key.room_id % KVF_RDMA_QPS_PER_PEER];
     for (uint32_t i = 0; i < ch->nframes; i++) {
         struct node_frame *f = &ch->frames[i];
         f->pnext = NULL;
-        if (rd->qtail)
-            rd->qtail->pnext = f;
+        if (sq->tail)
+            sq->tail->pnext = f;
         else
-            rd->qhead = f;
-        rd->qtail = f;
+            sq->head = f;
+        sq->tail = f;
     }
-    pump(n);
+    pump_queue(n, sq);
 }
 
 static void reap(struct kvf_node *n)
