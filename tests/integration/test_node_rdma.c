@@ -904,6 +904,42 @@ static void test_rdma_link_close_on_shutdown(void **state)
     assert_int_equal(rdma_stat(&f->n2, "peer_resets="), 1);
 }
 
+/* A sink on the same node: the chunk is a local copy, and its chunk_done on
+ * the source's Watch says LOCAL. */
+static void test_rdma_local_sink_chunk_says_local(void **state)
+{
+    struct fx *f = *state;
+    fx_start(f, "fake");
+    assert_int_equal(nh_pool_create(&f->p3, "rdma", "n1b", PAGE_SIZE, 16, NULL), 0);
+    fill(&f->p3, 0, 16, SEED_N2);
+    f->p3.pool_id = nh_register_pool(&f->n1, &f->p3);
+    fill(&f->p1, 0, 8, 351);
+    kvf_room_key k =
+        nh_join_pair(f->ch, 1101, "n1", f->p1.pool_id, 0, "n1", f->p3.pool_id, 4, 8, WAIT_MS);
+    nh_wait_node_knows(&f->n1, k, f->p1.pool_id, "n1", f->p3.pool_id, 4, WAIT_MS);
+    struct kvf_rpc_client_stream *w1 = nwatch_open(&f->n1, k);
+    nwatch_sync(w1);
+    struct nh_chunk c = {.seq = 1,
+                         .source_pool = f->p1.pool_id,
+                         .sink_node = "n1",
+                         .sink_pool = f->p3.pool_id,
+                         .n = 1,
+                         .sfirst = {0},
+                         .dfirst = {4},
+                         .count = {8},
+                         .last = true};
+    struct kvf_rpc_status st;
+    int code = nh_submit(f->n1.local, k, &c, &st);
+    if (code != KVF_GRPC_OK)
+        fail_msg("SubmitChunk: %d %s", code, st.message);
+    nwatch_chunks(w1, 1, KVFENCE__V1__TRANSPORT_KIND__TRANSPORT_KIND_LOCAL);
+    nwatch_close(w1);
+    nh_wait_room_state(f->ch, k, KVFENCE__V1__ROOM_STATE__ROOM_STATE_COMPLETED, WAIT_MS);
+    check_holds(&f->p3, 4, 8, 351, 0);
+    check_holds(&f->p3, 0, 4, SEED_N2, 0);
+    check_holds(&f->p3, 12, 4, SEED_N2, 12);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -918,6 +954,7 @@ int main(void)
         cmocka_unit_test_setup_teardown(test_rdma_lost_hello_is_sent_again, setup, teardown),
         cmocka_unit_test_setup_teardown(test_rdma_wr_error_link_rebuilt, setup, teardown),
         cmocka_unit_test_setup_teardown(test_rdma_link_close_on_shutdown, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_rdma_local_sink_chunk_says_local, setup, teardown),
     };
     const char *filter = getenv("KVF_TEST_FILTER");
     if (filter && filter[0])
