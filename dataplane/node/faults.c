@@ -61,6 +61,9 @@ static const struct fault_key fault_keys[] = {
     {"peer_delay", CFG_OFF(peer_delay), UINT64_MAX},
     {"peer_delay_after", CFG_OFF(peer_delay_after), UINT32_MAX},
     {"rdma_hold", CFG_OFF(rdma_hold), 1},
+    {"rdma_bad_notice", CFG_OFF(rdma_bad_notice), UINT64_MAX},
+    {"rdma_drop_hello", CFG_OFF(rdma_drop_hello), UINT64_MAX},
+    {"rdma_wr_error", CFG_OFF(rdma_wr_error), UINT64_MAX},
 };
 
 static char *trim(char *s, char *end)
@@ -182,11 +185,12 @@ static void apply(struct kvf_node *n, const struct node_fault_cfg *c, const char
              " post_fail=%" PRIu64 " op_error=%" PRIu64 " drop_room_update=%" PRIu64
              " drop_abort=%" PRIu64 " drop_fence=%" PRIu64 " drop_drained=%" PRIu64
              " drop_completed=%" PRIu64 " drop_peer_fenced=%" PRIu64 " peer_drop=%" PRIu64
-             " peer_dup=%" PRIu64 " peer_delay=%" PRIu64 " rdma_hold=%" PRIu64,
+             " peer_dup=%" PRIu64 " peer_delay=%" PRIu64 " rdma_hold=%" PRIu64
+             " rdma_bad_notice=%" PRIu64 " rdma_drop_hello=%" PRIu64 " rdma_wr_error=%" PRIu64,
              why, c->xport.hold, c->hold_stream, c->hold_room_update, c->xport.fail_post_nth,
              c->xport.error_nth, c->drop_room_update, c->drop_abort, c->drop_fence, c->drop_drained,
              c->drop_completed, c->drop_peer_fenced, c->peer_drop, c->peer_dup, c->peer_delay,
-             c->rdma_hold);
+             c->rdma_hold, c->rdma_bad_notice, c->rdma_drop_hello, c->rdma_wr_error);
     kvf_transport_fault_set(n->tcp_io, &c->xport);
     if (n->faults->rdma_applied != (c->rdma_hold != 0)) {
         n->faults->rdma_applied = c->rdma_hold != 0;
@@ -458,4 +462,20 @@ void node_faults_stop(struct kvf_node *n)
 bool node_fault_rdma_hold(const struct kvf_node *n)
 {
     return n->faults && n->faults->cfg.rdma_hold != 0;
+}
+
+bool node_fault_rdma_take(struct kvf_node *n, enum node_fault_rdma which)
+{
+    if (!n->faults)
+        return false;
+    struct node_fault_cfg *c = &n->faults->cfg;
+    static const char *const what[] = {"a bad ChunkNotice (pages outside the sink lease)",
+                                       "a LinkHello dropped", "an RDMA chunk with a wrong rkey"};
+    uint64_t *cnt = which == NODE_FAULT_RDMA_BAD_NOTICE   ? &c->rdma_bad_notice
+                    : which == NODE_FAULT_RDMA_DROP_HELLO ? &c->rdma_drop_hello
+                                                          : &c->rdma_wr_error;
+    if (!take(cnt))
+        return false;
+    node_log("warn", NULL, "fault: %s (%" PRIu64 " more)", what[which], *cnt);
+    return true;
 }

@@ -64,7 +64,11 @@ struct node_fault_cfg {
     uint64_t drop_drained, drop_completed, drop_peer_fenced;
     uint64_t peer_drop, peer_dup, peer_delay, peer_delay_after;
     uint64_t rdma_hold; /* 0 or 1 */
-    bool peer_keys;     /* the file named a peer_* key */
+    /* Count down as they fire (rdma_link.c): the next N ChunkNotices name
+     * pages outside the sink lease; the next N LinkHellos are not sent; the
+     * next N RDMA chunks are posted with a wrong rkey (an error completion). */
+    uint64_t rdma_bad_notice, rdma_drop_hello, rdma_wr_error;
+    bool peer_keys; /* the file named a peer_* key */
 };
 
 /* Parses `text` (NUL-terminated). 0, or -EINVAL with a message naming the
@@ -108,6 +112,15 @@ bool node_fault_drop_report(struct kvf_node *n, int msg_case);
 
 /* The loaded rdma_hold (false without --fault-file): the RDMA start applies it. */
 bool node_fault_rdma_hold(const struct kvf_node *n);
+
+enum node_fault_rdma {
+    NODE_FAULT_RDMA_BAD_NOTICE,
+    NODE_FAULT_RDMA_DROP_HELLO,
+    NODE_FAULT_RDMA_WR_ERROR
+};
+
+/* True (and one less to fire, logged) when fault `which` fires now. */
+bool node_fault_rdma_take(struct kvf_node *n, enum node_fault_rdma which);
 
 /* Frees the wrapper (before n->tcp) and the state. */
 void node_faults_stop(struct kvf_node *n);

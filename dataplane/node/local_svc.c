@@ -483,7 +483,8 @@ static void chunk_end(struct kvf_node *n, struct node_chunk *ch)
     if (ch->nfail && !why[0])
         snprintf(why, sizeof why, "chunk %" PRIu64 ": %u of %u frames failed", ch->seq, ch->nfail,
                  ch->nframes);
-    node_watch_chunk_done(n, r, ch->src_rank, ch->pair->sink_rank, ch->seq, ch->nfail == 0, why);
+    node_watch_chunk_done(n, r, ch->src_rank, ch->pair->sink_rank, ch->seq, ch->nfail == 0, why,
+                          node_chunk_transport(ch));
     /* AuxData and TransferStatus leave before Completed is decided. */
     node_pair_chunk_done(n, r, ch->pair, ch->seq, ch->nfail == 0, why);
     struct node_member *src =

@@ -1108,6 +1108,7 @@ static void *owner_main(void *arg)
                 n->stop_result = done ? 0 : -ETIMEDOUT;
                 if (!done)
                     node_log("error", NULL, "drain timeout: lifetimes still undrained at stop");
+                node_rdma_close_all(n, "node shutting down");
                 if (n->session) {
                     send_heartbeat(n);
                     kvf_rpc_client_stream_half_close(n->session); /* deregister */

@@ -309,7 +309,9 @@ struct kvf_node {
     /* NodeLocal.Watch streams (watch.c). */
     pthread_mutex_t watch_lock;
     struct node_watcher *watchers;
-    struct node_substream *substreams; /* SubmitChunks streams (submit_stream.c) */
+    unsigned watchers_chunks;                       /* watchers with include_chunks (watch_lock) */
+    uint64_t watch_chunk_calls, watch_chunk_packed; /* owner; logged at exit */
+    struct node_substream *substreams;              /* SubmitChunks streams (submit_stream.c) */
 };
 
 /* node.c */
@@ -427,8 +429,10 @@ void node_watch_room_state(struct kvf_node *n, struct node_room *r);
 /* Owner: emits the DRAINED room_state once, and lets the peer channel forget
  * the room. */
 void node_room_drained(struct kvf_node *n, struct node_room *r);
+/* transport: Kvfence__V1__TransportKind, how the chunk's bytes travelled. */
 void node_watch_chunk_done(struct kvf_node *n, struct node_room *r, uint32_t src_rank,
-                           uint32_t sink_rank, uint64_t seq, bool ok, const char *error);
+                           uint32_t sink_rank, uint64_t seq, bool ok, const char *error,
+                           int transport);
 void node_watch_aux(struct kvf_node *n, struct node_room *r, const struct node_peer_msg *pm);
 void node_watch_transfer_done(struct kvf_node *n, struct node_room *r,
                               const struct node_peer_msg *pm);

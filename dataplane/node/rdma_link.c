@@ -23,16 +23,25 @@
  *   HELLO_SENT --(LinkAccept in)--> UP: connected, LinkReady sent at once.
  *   ACCEPTED --(LinkReady in)--> UP. An acceptor never writes before
  *        LinkReady: the initiator's QPs are not ready to receive before.
- *   any --(fence)--> DEAD for good: that incarnation never gets RDMA back.
+ *   HELLO_SENT --(no answer)--> the hello again after 100 ms, doubling to
+ *        5 s; after 10 hellos back to NONE.
+ *   UP or ACCEPTED --(an error completion: a QP broke)--> NONE: LinkClose
+ *        (reconnect) to the peer, our QPs drained and destroyed
+ *        (reset_peer); the next chunk starts a new link with fresh QPs.
+ *   any --(LinkClose in)--> its QPs reset; NONE with reconnect (a
+ *        HELLO_SENT or NONE link ignores that one: it is about an older
+ *        link), else DEAD.
+ *   any --(fence)--> DEAD for good: that incarnation never gets RDMA back
+ *        (LinkClose sent best effort; also to every linked peer at stop).
  * Pools registered or removed later go to every linked peer as LinkPools.
  * Link messages and envelopes to one peer share one ordered ZeroMQ socket.
  *
  * Source side: a chunk routed to RDMA is cut into slices of at most
- * KVF_RDMA_MAX_SLICE bytes (local_svc.c); its slices wait in one FIFO and
- * are posted as chains (one chain per chunk run, at most the free WR slots
- * of the room's QP), each slice admitted (RDMA_WR towards the peer) right
- * before the post. A QP without free slots stops the FIFO until completions
- * come back (head of line, across peers too: kept simple). post_chain's
+ * KVF_RDMA_MAX_SLICE bytes (local_svc.c); its slices wait in the FIFO of
+ * their QP (peer, room_id % 2) and are posted as chains (one chain per chunk
+ * run, at most the free WR slots of that QP), each slice admitted (RDMA_WR
+ * towards the peer) right before the post. A QP without free slots stops
+ * only its own FIFO until completions come back. post_chain's
  * failure contract (rdma.h): the unposted ones have their admissions
  * cancelled and fail their chunk; ambiguous ones are quarantined by the
  * transport and complete through poll. When every slice completed OK the
@@ -55,8 +64,10 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #include "faults.h"
+#include "peer_channel.h"
 #include "rdma.h"
 #include "verbs.h"
 #include "xport.h"
@@ -72,6 +83,9 @@ enum rlink_state {
 struct rpool {
     uint32_t id;
     uint32_t page_size;
+    uint32_t page_count;
+    uint32_t rkey;
+    uint64_t base_addr;
 };
 
 struct rlink {
@@ -80,8 +94,22 @@ struct rlink {
     bool ready_due;
     bool page_note; /* "pages larger than a slice: TCP" said once */
     bool fenced;    /* fence_peer returned 0: nothing of it lands any more */
+    /* HELLO_SENT: hellos sent, the wait before the next one, when it is due. */
+    uint32_t hello_tries, hello_wait_ms;
+    int64_t hello_next_ms;
     struct rpool rpools[NODE_MAX_POOLS];
     uint32_t nrpools;
+};
+
+/* An unanswered LinkHello is sent again (lost, or the peer was not ready):
+ * after 100 ms, doubling up to 5 s, 10 hellos in all; then the link goes back
+ * to NONE and the next chunk routed to the peer starts over. */
+#define HELLO_FIRST_MS 100
+#define HELLO_MAX_MS   5000
+#define HELLO_TRIES    10
+
+struct squeue {
+    struct node_frame *head, *tail;
 };
 
 struct lpool {
@@ -100,9 +128,12 @@ struct node_rdma {
     uint32_t nlpools;
     struct rlink links[NODE_MAX_PEERS];
     bool due; /* some link has a message due */
-    struct node_frame *qhead, *qtail;
+    /* Slices waiting for a free WR slot, one FIFO per QP (peer, room_id % 2):
+     * a full QP holds back only its own queue. */
+    struct squeue sq[NODE_MAX_PEERS][KVF_RDMA_QPS_PER_PEER];
     /* Counters (logged at exit). */
-    uint64_t links_up, notices_sent, notices_in, notice_bytes_in, notices_refused;
+    uint64_t links_up, links_down, closes_sent, closes_in;
+    uint64_t notices_sent, notices_in, notice_bytes_in, notices_refused;
     uint64_t chunks_posted;
 };
 
@@ -233,16 +264,21 @@ int node_rdma_start(struct kvf_node *n)
 /* Frames still queued: nothing native was done for them. */
 static void queue_drop(struct kvf_node *n, struct node_rdma *rd, bool report)
 {
-    while (rd->qhead) {
-        struct node_frame *f = rd->qhead;
-        rd->qhead = f->pnext;
-        if (report) {
-            node_frame_end(n, f, false);
-        } else if (++f->chunk->ndone == f->chunk->nframes) {
-            free(f->chunk);
+    for (uint32_t p = 0; p < NODE_MAX_PEERS; p++) {
+        for (unsigned q = 0; q < KVF_RDMA_QPS_PER_PEER; q++) {
+            struct squeue *sq = &rd->sq[p][q];
+            while (sq->head) {
+                struct node_frame *f = sq->head;
+                sq->head = f->pnext;
+                if (report) {
+                    node_frame_end(n, f, false);
+                } else if (++f->chunk->ndone == f->chunk->nframes) {
+                    free(f->chunk);
+                }
+            }
+            sq->tail = NULL;
         }
     }
-    rd->qtail = NULL;
 }
 
 void node_rdma_stop(struct kvf_node *n)
@@ -260,14 +296,16 @@ void node_rdma_stop(struct kvf_node *n)
     if (rd->fake)
         kvf_verbs_fake_fabric_stats(rd->fake, &fs);
     node_log("info", NULL,
-             "rdma stats: links_up=%" PRIu64 " chunks_posted=%" PRIu64 " wrs_posted=%" PRIu64
-             " wrs_ok=%" PRIu64 " wrs_error=%" PRIu64 " wrs_flushed=%" PRIu64
+             "rdma stats: links_up=%" PRIu64 " links_down=%" PRIu64 " closes_sent=%" PRIu64
+             " closes_in=%" PRIu64 " peer_resets=%" PRIu64 " chunks_posted=%" PRIu64
+             " wrs_posted=%" PRIu64 " wrs_ok=%" PRIu64 " wrs_error=%" PRIu64 " wrs_flushed=%" PRIu64
              " wrs_quarantined=%" PRIu64 " fences=%" PRIu64 " notices_sent=%" PRIu64
              " notices_in=%" PRIu64 " notice_bytes_in=%" PRIu64 " notices_refused=%" PRIu64
              " fabric_writes_in=%" PRIu64 " fabric_bytes_in=%" PRIu64 " fabric_refused_in=%" PRIu64
              " fabric_writes_out=%" PRIu64 " fabric_bytes_out=%" PRIu64,
-             rd->links_up, rd->chunks_posted, st.wrs_posted, st.wrs_ok, st.wrs_error,
-             st.wrs_flushed, st.wrs_quarantined, st.fences_done, rd->notices_sent, rd->notices_in,
+             rd->links_up, rd->links_down, rd->closes_sent, rd->closes_in, st.peer_resets,
+             rd->chunks_posted, st.wrs_posted, st.wrs_ok, st.wrs_error, st.wrs_flushed,
+             st.wrs_quarantined, st.fences_done, rd->notices_sent, rd->notices_in,
              rd->notice_bytes_in, rd->notices_refused, fs.writes_in, fs.bytes_in, fs.refused_in,
              fs.writes_out, fs.bytes_out);
     kvf_transport_destroy(rd->t); /* fences every peer, retires what nobody polled */
@@ -388,6 +426,64 @@ static int send_ready(struct kvf_node *n, uint32_t peer)
     return link_send(n, peer, &m);
 }
 
+/* LinkClose to `peer`, best effort: a fence or a reset never waits for it. */
+static void send_close(struct kvf_node *n, uint32_t peer, const char *why, bool reconnect)
+{
+    Kvfence__V1__LinkClose c = KVFENCE__V1__LINK_CLOSE__INIT;
+    c.reason = (char *)why;
+    c.reconnect = reconnect;
+    Kvfence__V1__LinkMessage m = KVFENCE__V1__LINK_MESSAGE__INIT;
+    m.body_case = KVFENCE__V1__LINK_MESSAGE__BODY_CLOSE;
+    m.close = &c;
+    int rc = link_send(n, peer, &m);
+    if (rc == 0)
+        n->rdma->closes_sent++;
+    else
+        node_log("info", NULL, "rdma link to %s: LinkClose not sent (%s)", n->peers[peer].node_id,
+                 strerror(-rc));
+}
+
+/* The link to `peer` goes down (an error completion here, or its LinkClose):
+ * its QPs are drained and destroyed (reset_peer), so nothing of the old link
+ * lands any more; chunks routed to it go over TCP, and with `relink` the next
+ * one starts a new link with fresh QPs. Slices still queued for it fail at
+ * their post (not connected). */
+static void link_down(struct kvf_node *n, uint32_t peer, const char *why, bool relink)
+{
+    struct node_rdma *rd = n->rdma;
+    struct rlink *L = &rd->links[peer];
+    const struct node_peer *pe = &n->peers[peer];
+    L->accept_due = L->ready_due = false;
+    L->hello_tries = 0;
+    rd->links_down++;
+    int rc = kvf_transport_rdma_reset_peer(rd->t, peer);
+    if (rc != 0) {
+        L->st = RL_DEAD;
+        node_log("warn", NULL,
+                 "rdma link to %s incarnation %" PRIu64 " down (%s); queue pairs not reset (%s): "
+                 "TCP only",
+                 pe->node_id, pe->incarnation, why, strerror(-rc));
+        return;
+    }
+    L->st = relink ? RL_NONE : RL_DEAD;
+    node_log("warn", NULL, "rdma link to %s incarnation %" PRIu64 " down (%s): TCP %s", pe->node_id,
+             pe->incarnation, why, relink ? "until a new link is up" : "only");
+}
+
+/* After an error completion: every link whose QP broke goes down and is made
+ * again (the peer is told, so that it drops its side too). */
+static void links_check(struct kvf_node *n)
+{
+    struct node_rdma *rd = n->rdma;
+    for (uint32_t i = 0; i < n->npeers; i++) {
+        if (rd->links[i].st == RL_DEAD || n->peers[i].fenced ||
+            !kvf_transport_rdma_peer_broken(rd->t, i))
+            continue;
+        send_close(n, i, "an RDMA write completed in error", true);
+        link_down(n, i, "an RDMA write completed in error", true);
+    }
+}
+
 /* LinkPools to every live link: one pool upserted, or removed. */
 static void announce_pool(struct kvf_node *n, const struct node_pool *p, uint32_t rkey,
                           uint32_t removed_id)
@@ -419,15 +515,58 @@ static void announce_pool(struct kvf_node *n, const struct node_pool *p, uint32_
     }
 }
 
-/* Messages that could not go when due (endpoint unknown yet, queue full). */
+/* A LinkHello (or, under fault rdma_drop_hello, none: as if lost). */
+static int send_hello(struct kvf_node *n, uint32_t peer)
+{
+    if (node_fault_rdma_take(n, NODE_FAULT_RDMA_DROP_HELLO))
+        return 0;
+    return send_hello_or_accept(n, peer, true);
+}
+
+/* HELLO_SENT with no answer yet: the next hello when it is due. */
+static void hello_again(struct kvf_node *n, uint32_t peer, int64_t now)
+{
+    struct rlink *L = &n->rdma->links[peer];
+    struct node_peer *pe = &n->peers[peer];
+    if (now < L->hello_next_ms)
+        return;
+    if (L->hello_tries >= HELLO_TRIES) {
+        L->st = RL_NONE; /* the next chunk routed to it starts over */
+        node_log("warn", NULL, "rdma link to %s: %u hellos unanswered: TCP until a later chunk",
+                 pe->node_id, L->hello_tries);
+        return;
+    }
+    int rc = send_hello(n, peer);
+    if (rc != 0 && rc != -EAGAIN) {
+        L->st = RL_DEAD;
+        node_log("warn", NULL, "rdma link to %s: hello not sent (%s): TCP only", pe->node_id,
+                 strerror(-rc));
+        return;
+    }
+    if (rc == 0) {
+        L->hello_tries++;
+        node_log("info", NULL, "rdma link to %s: no answer in %u ms: hello sent again (%u)",
+                 pe->node_id, L->hello_wait_ms, L->hello_tries);
+    }
+    L->hello_wait_ms = L->hello_wait_ms * 2 > HELLO_MAX_MS ? HELLO_MAX_MS : L->hello_wait_ms * 2;
+    L->hello_next_ms = now + L->hello_wait_ms;
+}
+
+/* Messages that could not go when due (endpoint unknown yet, queue full),
+ * and hellos to send again. */
 static void link_tick(struct kvf_node *n)
 {
     struct node_rdma *rd = n->rdma;
     if (!rd->due)
         return;
     rd->due = false;
+    int64_t now = node_now_ms();
     for (uint32_t i = 0; i < n->npeers; i++) {
         struct rlink *L = &rd->links[i];
+        if (L->st == RL_HELLO_SENT && !n->peers[i].fenced) {
+            hello_again(n, i, now);
+            rd->due = rd->due || L->st == RL_HELLO_SENT;
+        }
         if (L->accept_due && n->peers[i].peer_ep[0] && L->st == RL_ACCEPTED) {
             int rc = send_hello_or_accept(n, i, false);
             if (rc == 0)
@@ -517,7 +656,8 @@ static void rpools_learn(struct kvf_node *n, uint32_t peer, Kvfence__V1__Pool **
                      n->peers[peer].node_id, p->pool_id, strerror(-rc));
             continue;
         }
-        L->rpools[L->nrpools++] = (struct rpool){p->pool_id, p->page_size};
+        L->rpools[L->nrpools++] =
+            (struct rpool){p->pool_id, p->page_size, p->page_count, p->rkey, p->base_addr};
     }
 }
 
@@ -595,7 +735,16 @@ static void link_msg(struct kvf_node *n, const Kvfence__V1__LinkMessage *m)
             node_log("info", NULL, "rdma link to %s: both sent a hello; ours wins", from);
             return;
         }
-        if (L->st == RL_ACCEPTED || L->st == RL_UP) {
+        if (L->st == RL_ACCEPTED) {
+            /* Its hello again: our accept may be lost; same QPs, so the
+             * same accept once more. */
+            node_log("info", NULL, "rdma link to %s: hello again: accept again", from);
+            L->accept_due = true;
+            rd->due = true;
+            link_tick(n);
+            return;
+        }
+        if (L->st == RL_UP) {
             node_log("info", NULL, "rdma link to %s: hello again ignored", from);
             return;
         }
@@ -625,6 +774,17 @@ static void link_msg(struct kvf_node *n, const Kvfence__V1__LinkMessage *m)
         if (L->st == RL_ACCEPTED && !L->accept_due)
             link_up(n, peer, "acceptor");
         return;
+    case KVFENCE__V1__LINK_MESSAGE__BODY_CLOSE: {
+        const char *why = m->close->reason && m->close->reason[0] ? m->close->reason : "no reason";
+        bool relink = m->close->reconnect;
+        rd->closes_in++;
+        node_log("info", NULL, "rdma link to %s incarnation %" PRIu64 ": LinkClose (%s)", from,
+                 m->sender_incarnation, why);
+        if (relink && (L->st == RL_NONE || L->st == RL_HELLO_SENT))
+            return; /* about a link before our hello: that one is gone here already */
+        link_down(n, peer, why, relink);
+        return;
+    }
     case KVFENCE__V1__LINK_MESSAGE__BODY_POOLS:
         if (!link_live(L))
             return;
@@ -669,9 +829,13 @@ bool node_rdma_route(struct kvf_node *n, uint32_t peer, const struct node_member
         return false;
     struct rlink *L = &rd->links[peer];
     if (L->st == RL_NONE && pe->peer_ep[0]) {
-        int rc = send_hello_or_accept(n, peer, true);
+        int rc = send_hello(n, peer);
         if (rc == 0) {
             L->st = RL_HELLO_SENT;
+            L->hello_tries = 1;
+            L->hello_wait_ms = HELLO_FIRST_MS;
+            L->hello_next_ms = node_now_ms() + HELLO_FIRST_MS;
+            rd->due = true; /* link_tick sends it again if unanswered */
             node_log("info", NULL, "rdma link to %s: hello sent; TCP until it is up", pe->node_id);
         } else if (rc != -EAGAIN) {
             L->st = RL_DEAD;
@@ -696,13 +860,27 @@ bool node_rdma_route(struct kvf_node *n, uint32_t peer, const struct node_member
     return true;
 }
 
-/* Posts queued slices while the QPs take them. */
-static void pump(struct kvf_node *n)
+/* Fault rdma_wr_error: the peer's pool is named with a wrong rkey from now
+ * on, so the responder refuses the write (REM_ACCESS_ERR). The link goes
+ * down on that error; a new link learns the real rkey again. */
+static void fault_bad_rkey(struct kvf_node *n, uint32_t peer, uint32_t pool_id)
+{
+    struct node_rdma *rd = n->rdma;
+    const struct rpool *rp = rpool_find(&rd->links[peer], pool_id);
+    if (!rp)
+        return;
+    (void)kvf_transport_rdma_remove_remote_pool(rd->t, peer, pool_id);
+    (void)kvf_transport_rdma_add_remote_pool(rd->t, peer, rp->id, rp->base_addr, rp->page_size,
+                                             rp->page_count, rp->rkey ^ 0x5a5a5au);
+}
+
+/* Posts the slices of one queue while its QP takes them. */
+static void pump_queue(struct kvf_node *n, struct squeue *sq)
 {
     struct node_rdma *rd = n->rdma;
     struct kvf_xfer *xs[KVF_RDMA_MAX_WR_PER_QP];
-    while (rd->qhead) {
-        struct node_frame *f0 = rd->qhead;
+    while (sq->head) {
+        struct node_frame *f0 = sq->head;
         struct node_chunk *ch = f0->chunk;
         struct node_room *r = ch->room;
         uint32_t peer = f0->x.peer;
@@ -719,6 +897,8 @@ static void pump(struct kvf_node *n)
                 break;
             xs[k++] = &f->x;
         }
+        if (k && xs[0] == &ch->frames[0].x && node_fault_rdma_take(n, NODE_FAULT_RDMA_WR_ERROR))
+            fault_bad_rkey(n, peer, xs[0]->sink_pool);
         unsigned posted = 0;
         int rc = k ? kvf_transport_rdma_post_chain(rd->t, xs, k, &posted) : 0;
         if (rc == -EAGAIN) {
@@ -731,10 +911,10 @@ static void pump(struct kvf_node *n)
             node_log("warn", &r->key, "rdma post to %s: %u of %u slices posted: %s",
                      n->peers[peer].node_id, posted, k, strerror(-rc));
         for (unsigned i = 0; i < k; i++) {
-            struct node_frame *f = rd->qhead;
-            rd->qhead = f->pnext;
-            if (!rd->qhead)
-                rd->qtail = NULL;
+            struct node_frame *f = sq->head;
+            sq->head = f->pnext;
+            if (!sq->head)
+                sq->tail = NULL;
             if (i < posted)
                 continue; /* it completes through poll */
             if (kvf_lt_op_cancel(&f->x.op))
@@ -743,13 +923,23 @@ static void pump(struct kvf_node *n)
         }
         if (arc != 0 && (rc == 0 || k == 0)) {
             /* Admission closed: the slice is dropped before any native call. */
-            struct node_frame *f = rd->qhead;
-            rd->qhead = f->pnext;
-            if (!rd->qhead)
-                rd->qtail = NULL;
+            struct node_frame *f = sq->head;
+            sq->head = f->pnext;
+            if (!sq->head)
+                sq->tail = NULL;
             node_frame_end(n, f, false);
         }
     }
+}
+
+/* Posts queued slices while the QPs take them. */
+static void pump(struct kvf_node *n)
+{
+    struct node_rdma *rd = n->rdma;
+    for (uint32_t p = 0; p < n->npeers && p < NODE_MAX_PEERS; p++)
+        for (unsigned q = 0; q < KVF_RDMA_QPS_PER_PEER; q++)
+            if (rd->sq[p][q].head)
+                pump_queue(n, &rd->sq[p][q]);
 }
 
 void node_rdma_post_chunk(struct kvf_node *n, struct node_chunk *ch)
@@ -757,25 +947,34 @@ void node_rdma_post_chunk(struct kvf_node *n, struct node_chunk *ch)
     struct node_rdma *rd = n->rdma;
     ch->rdma = true;
     rd->chunks_posted++;
+    if (ch->nframes == 0)
+        return;
+    struct squeue *sq =
+        &rd->sq[ch->frames[0].x.peer][ch->room->key.room_id % KVF_RDMA_QPS_PER_PEER];
     for (uint32_t i = 0; i < ch->nframes; i++) {
         struct node_frame *f = &ch->frames[i];
         f->pnext = NULL;
-        if (rd->qtail)
-            rd->qtail->pnext = f;
+        if (sq->tail)
+            sq->tail->pnext = f;
         else
-            rd->qhead = f;
-        rd->qtail = f;
+            sq->head = f;
+        sq->tail = f;
     }
-    pump(n);
+    pump_queue(n, sq);
 }
 
 static void reap(struct kvf_node *n)
 {
     struct kvf_completion c[NODE_POLL_BATCH];
     int got;
+    bool error = false;
     while ((got = kvf_transport_poll(n->rdma->t, NODE_POLL_BATCH, c)) > 0)
-        for (int i = 0; i < got; i++)
+        for (int i = 0; i < got; i++) {
+            error = error || c[i].outcome == KVF_LT_DONE_ERROR;
             node_local_completion(n, &c[i]);
+        }
+    if (error)
+        links_check(n);
 }
 
 void node_rdma_poll(struct kvf_node *n)
@@ -795,6 +994,8 @@ int node_rdma_fence_peer(struct kvf_node *n, uint32_t peer)
     if (!rd)
         return 0;
     struct rlink *L = &rd->links[peer];
+    if (L->st != RL_NONE && L->st != RL_DEAD)
+        send_close(n, peer, "fenced", false);
     L->st = RL_DEAD;
     L->accept_due = L->ready_due = false;
     if (L->fenced)
@@ -807,6 +1008,33 @@ int node_rdma_fence_peer(struct kvf_node *n, uint32_t peer)
              "rdma: peer %s incarnation %" PRIu64 " fenced: its QPs are in ERR, every WR back",
              n->peers[peer].node_id, n->peers[peer].incarnation);
     return 0;
+}
+
+void node_rdma_close_all(struct kvf_node *n, const char *why)
+{
+    struct node_rdma *rd = n->rdma;
+    if (!rd || !n->peerch)
+        return;
+    struct kvf_peer_stats st;
+    kvf_peer_channel_stats(n->peerch, &st);
+    uint64_t want = st.sent;
+    for (uint32_t i = 0; i < n->npeers; i++) {
+        struct rlink *L = &rd->links[i];
+        if (L->st == RL_NONE || L->st == RL_DEAD || n->peers[i].fenced)
+            continue;
+        uint64_t before = rd->closes_sent;
+        send_close(n, i, why, false);
+        want += rd->closes_sent - before;
+        L->st = RL_DEAD;
+    }
+    /* The channel drops what it has not handed to ZeroMQ when it stops: give
+     * the closes a moment (bounded) to leave. */
+    int64_t end = node_now_ms() + 200;
+    while (st.sent < want && node_now_ms() < end) {
+        struct timespec ts = {0, 2000000};
+        nanosleep(&ts, NULL);
+        kvf_peer_channel_stats(n->peerch, &st);
+    }
 }
 
 int node_rdma_renew(struct kvf_node *n)
@@ -845,6 +1073,14 @@ int node_rdma_renew(struct kvf_node *n)
 
 /* ---- ChunkNotice ---------------------------------------------------------------------- */
 
+int node_chunk_transport(const struct node_chunk *ch)
+{
+    if (ch->rdma)
+        return KVFENCE__V1__TRANSPORT_KIND__TRANSPORT_KIND_RDMA;
+    return ch->sink_local ? KVFENCE__V1__TRANSPORT_KIND__TRANSPORT_KIND_LOCAL
+                          : KVFENCE__V1__TRANSPORT_KIND__TRANSPORT_KIND_TCP;
+}
+
 int node_rdma_send_notice(struct kvf_node *n, struct node_chunk *ch)
 {
     struct node_rdma *rd = n->rdma;
@@ -870,6 +1106,8 @@ int node_rdma_send_notice(struct kvf_node *n, struct node_chunk *ch)
         rp[nr] = &rv[nr];
         nr++;
     }
+    if (nr && node_fault_rdma_take(n, NODE_FAULT_RDMA_BAD_NOTICE))
+        rv[0].first = UINT32_MAX - rv[0].count; /* no lease reaches that far */
     Kvfence__V1__ChunkNotice cn = KVFENCE__V1__CHUNK_NOTICE__INIT;
     cn.source_rank = ch->src_rank;
     cn.sink_rank = ch->sink_rank;
@@ -961,7 +1199,8 @@ void node_rdma_notice_in(struct kvf_node *n, struct node_room *r, struct node_me
     rd->notices_in++;
     rd->notice_bytes_in += pm->bytes;
     /* The event before the pages count: they may complete the sink. */
-    node_watch_chunk_done(n, r, pm->source_rank, pm->sink_rank, pm->chunk_seq, true, "");
+    node_watch_chunk_done(n, r, pm->source_rank, pm->sink_rank, pm->chunk_seq, true, "",
+                          KVFENCE__V1__TRANSPORT_KIND__TRANSPORT_KIND_RDMA);
     for (size_t i = 0; i < nr; i++)
         node_sink_landed(n, r, m->rank, rv[i].first, rv[i].count,
                          (uint64_t)rv[i].count * p->page_size);

@@ -57,6 +57,10 @@ void node_rdma_poll(struct kvf_node *n);
  * fence_peer); the link is dead for good. 0 or -errno (not fenced). */
 int node_rdma_fence_peer(struct kvf_node *n, uint32_t peer);
 
+/* Stop (owner thread, lifetimes drained): LinkClose to every linked peer,
+ * best effort (waits at most 200 ms for the channel to send them). */
+void node_rdma_close_all(struct kvf_node *n, const char *why);
+
 /* Self-fence: fences every peer, then replaces the transport by a fresh one
  * (new PD, regions and rkeys) with the same pools and no links. */
 int node_rdma_renew(struct kvf_node *n);
@@ -66,6 +70,10 @@ void node_rdma_set_hold(struct kvf_node *n, bool hold);
 
 /* JOB_PEER_LINK: a link message (packed LinkMessage in j->pmsg). */
 void node_rdma_link_job(struct kvf_node *n, struct node_job *j);
+
+/* How the bytes of `ch` travel (Kvfence__V1__TransportKind): RDMA, LOCAL
+ * (same node) or TCP. */
+int node_chunk_transport(const struct node_chunk *ch);
 
 /* Source: every slice of `ch` completed OK: ChunkNotice to the sink (before
  * the pair's AuxData / TransferStatus). 0 or -errno. */

@@ -6,7 +6,9 @@
  * every watcher in the order the owner decided them:
  * - room_state: a RoomUpdate opened or changed a room, an AbortNotice arrived
  *   (first one), the room's lifetime drained here;
- * - chunk_done (include_chunks only): a chunk of a local source finished;
+ * - chunk_done (include_chunks only): a chunk of a local source finished, or
+ *   (sink) an RDMA ChunkNotice was accepted; with the transport it took. It
+ *   is packed only while some watcher asked for chunks (watchers_chunks);
  * - aux: AuxData arrived for a local sink rank;
  * - transfer_done: a source's TransferStatus arrived for a local sink rank.
  *   ok=false goes out at once; ok=true is held (peer_link.c) until the sink
@@ -126,6 +128,8 @@ static void w_on_open(void *ctx, struct kvf_rpc_stream *stream, const uint8_t *r
     }
     w->next = n->watchers;
     n->watchers = w;
+    if (w->include_chunks)
+        n->watchers_chunks++;
     kvf_rpc_stream_set_user(stream, w);
     pthread_mutex_unlock(&n->watch_lock);
 
@@ -158,6 +162,8 @@ static void w_on_closed(void *ctx, struct kvf_rpc_stream *stream, enum kvf_rpc_c
     for (struct node_watcher **pp = &n->watchers; w && *pp; pp = &(*pp)->next) {
         if (*pp == w) {
             *pp = w->next;
+            if (w->include_chunks)
+                n->watchers_chunks--;
             break;
         }
     }
@@ -315,6 +321,15 @@ static bool any_watcher(struct kvf_node *n)
     return any;
 }
 
+/* Chunk events are one per chunk: not built at all unless someone wants them. */
+static bool any_chunk_watcher(struct kvf_node *n)
+{
+    pthread_mutex_lock(&n->watch_lock);
+    bool any = n->watchers_chunks != 0;
+    pthread_mutex_unlock(&n->watch_lock);
+    return any;
+}
+
 /* Sends event `ev` of room `r` (its key filled in here) like broadcast. */
 static void emit(struct kvf_node *n, const struct node_room *r, Kvfence__V1__NodeEvent *ev,
                  enum ev_rank kind, uint32_t rank)
@@ -355,16 +370,20 @@ void node_room_drained(struct kvf_node *n, struct node_room *r)
 }
 
 void node_watch_chunk_done(struct kvf_node *n, struct node_room *r, uint32_t src_rank,
-                           uint32_t sink_rank, uint64_t seq, bool ok, const char *error)
+                           uint32_t sink_rank, uint64_t seq, bool ok, const char *error,
+                           int transport)
 {
-    if (!any_watcher(n))
+    n->watch_chunk_calls++;
+    if (!any_chunk_watcher(n))
         return;
+    n->watch_chunk_packed++;
     Kvfence__V1__ChunkDoneEvent cd = KVFENCE__V1__CHUNK_DONE_EVENT__INIT;
     cd.source_rank = src_rank;
     cd.sink_rank = sink_rank;
     cd.chunk_seq = seq;
     cd.ok = ok;
     cd.error = (char *)(error ? error : "");
+    cd.transport = (Kvfence__V1__TransportKind)transport;
     Kvfence__V1__NodeEvent ev = KVFENCE__V1__NODE_EVENT__INIT;
     ev.event_case = KVFENCE__V1__NODE_EVENT__EVENT_CHUNK_DONE;
     ev.chunk_done = &cd;
@@ -423,7 +442,10 @@ void node_watch_free_all(struct kvf_node *n)
     pthread_mutex_lock(&n->watch_lock);
     struct node_watcher *w = n->watchers;
     n->watchers = NULL;
+    n->watchers_chunks = 0;
     pthread_mutex_unlock(&n->watch_lock);
+    node_log("info", NULL, "watch stats: chunk_done=%" PRIu64 " chunk_done_packed=%" PRIu64,
+             n->watch_chunk_calls, n->watch_chunk_packed);
     while (w) {
         struct node_watcher *next = w->next;
         watcher_free(w);

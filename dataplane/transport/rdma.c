@@ -667,16 +667,11 @@ static bool rdma_qp_drained(const struct rdma_qp *q)
     return q->outstanding == 0; /* no marker: only provable with no unknowns */
 }
 
-static int rdma_fence_peer(struct kvf_transport *base, uint32_t peer)
+/* Both QPs of `p` to ERR, their markers posted, then reaps until every WR
+ * posted to them came back (or quarantines the open ones at the timeout).
+ * The fence and the reset share it. */
+static int rdma_drain_peer(struct rdma *t, uint32_t peer, struct rdma_peer *p)
 {
-    struct rdma *t = rdma_of(base);
-    if (peer >= t->opts.max_peers)
-        return -ENOENT;
-    struct rdma_peer *p = &t->peers[peer];
-    p->fenced = true; /* no post from here on */
-    if (!p->qp[0])
-        return 0; /* no QP: nothing of this peer can reach our memory */
-
     for (unsigned i = 0; i < KVF_RDMA_QPS_PER_PEER; i++) {
         struct rdma_qp *q = p->qp[i];
         if (q->state != RDMA_QP_ERR) { /* a broken QP is in ERR already */
@@ -722,8 +717,61 @@ static int rdma_fence_peer(struct kvf_transport *base, uint32_t peer)
         struct timespec ts = {.tv_sec = 0, .tv_nsec = 100000};
         nanosleep(&ts, NULL);
     }
+    return 0;
+}
+
+static int rdma_fence_peer(struct kvf_transport *base, uint32_t peer)
+{
+    struct rdma *t = rdma_of(base);
+    if (peer >= t->opts.max_peers)
+        return -ENOENT;
+    struct rdma_peer *p = &t->peers[peer];
+    p->fenced = true; /* no post from here on */
+    if (!p->qp[0])
+        return 0; /* no QP: nothing of this peer can reach our memory */
+    int rc = rdma_drain_peer(t, peer, p);
+    if (rc != 0)
+        return rc;
     t->st.fences_done++;
     return 0;
+}
+
+int kvf_transport_rdma_reset_peer(struct kvf_transport *base, uint32_t peer)
+{
+    struct rdma *t = rdma_of(base);
+    if (peer >= t->opts.max_peers)
+        return -ENOENT;
+    struct rdma_peer *p = &t->peers[peer];
+    if (p->fenced)
+        return -ESTALE;
+    if (!p->qp[0])
+        return 0; /* nothing to reset */
+    int rc = rdma_drain_peer(t, peer, p);
+    if (rc != 0) {
+        /* Not proven empty: no fresh QP may stand in for these ones. */
+        p->fenced = true;
+        return rc;
+    }
+    /* Every WR came back: the QPs can go (their slots are all free). */
+    for (unsigned i = 0; i < KVF_RDMA_QPS_PER_PEER; i++) {
+        rdma_qp_free(t, p->qp[i]);
+        p->qp[i] = NULL;
+    }
+    p->connected = false;
+    t->st.peer_resets++;
+    return 0;
+}
+
+bool kvf_transport_rdma_peer_broken(const struct kvf_transport *base, uint32_t peer)
+{
+    const struct rdma *t = rdma_of_const(base);
+    if (peer >= t->opts.max_peers)
+        return false;
+    const struct rdma_peer *p = &t->peers[peer];
+    for (unsigned i = 0; i < KVF_RDMA_QPS_PER_PEER; i++)
+        if (p->qp[i] && p->qp[i]->broken)
+            return true;
+    return false;
 }
 
 /* ---- create / destroy -------------------------------------------------------- */

@@ -103,6 +103,7 @@ struct kvf_transport_rdma_stats {
     uint64_t wrs_quarantined; /* ops this transport quarantined */
     uint64_t fences_done;     /* fence_peer calls that returned 0 */
     uint64_t fences_timed_out;
+    uint64_t peer_resets; /* reset_peer calls that returned 0 */
 };
 
 void kvf_transport_rdma_opts_init(struct kvf_transport_rdma_opts *opts);
@@ -163,6 +164,23 @@ int kvf_transport_rdma_post_chain(struct kvf_transport *t, struct kvf_xfer *cons
 int kvf_transport_rdma_remove_pool(struct kvf_transport *t, uint32_t pool_id);
 /* Forgets remote pool `pool_id` of `peer`. -ENOENT. Posts to it fail with -ENOENT afterwards. */
 int kvf_transport_rdma_remove_remote_pool(struct kvf_transport *t, uint32_t peer, uint32_t pool_id);
+
+/*
+ * After an error completion (a QP of the peer is broken: in ERR for good),
+ * the link can be made again with fresh QPs: reset_peer moves both QPs to
+ * ERR and waits like fence_peer (at most fence_timeout_ms) until every WR
+ * posted to them came back (the completions wait for poll), then destroys
+ * them. The next local_info creates new QPs (new numbers and PSNs) for
+ * connect; remote pools stay. Unlike a fence it is not permanent. 0 (also
+ * with no QPs), -ENOENT, -ESTALE (fenced); any other error (the move to ERR
+ * failed, -ETIMEDOUT with the open WRs quarantined, a poll error) leaves the
+ * peer fenced for good: a caller then uses another transport for it.
+ */
+int kvf_transport_rdma_reset_peer(struct kvf_transport *t, uint32_t peer);
+
+/* True when a QP of `peer` got an error completion (posts to it fail -EIO
+ * until reset_peer). */
+bool kvf_transport_rdma_peer_broken(const struct kvf_transport *t, uint32_t peer);
 
 /* WRs outstanding on QP `qp` (0 or 1) of `peer` (0 if none). */
 unsigned kvf_transport_rdma_outstanding(const struct kvf_transport *t, uint32_t peer, unsigned qp);

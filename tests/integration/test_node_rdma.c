@@ -388,7 +388,7 @@ static void none_released(struct fx *f, kvf_room_key k)
 
 /* ---- NodeLocal.Watch on the sink -------------------------------------------------------- */
 
-static struct kvf_rpc_client_stream *nwatch_open(struct nh_node *np, kvf_room_key k)
+static struct kvf_rpc_client_stream *nwatch_open_ex(struct nh_node *np, kvf_room_key k, bool chunks)
 {
     Kvfence__V1__RoomKey rk = KVFENCE__V1__ROOM_KEY__INIT;
     rk.room_id = k.room_id;
@@ -397,7 +397,7 @@ static struct kvf_rpc_client_stream *nwatch_open(struct nh_node *np, kvf_room_ke
     Kvfence__V1__WatchRequest req = KVFENCE__V1__WATCH_REQUEST__INIT;
     req.n_rooms = 1;
     req.rooms = &rkp;
-    req.include_chunks = true;
+    req.include_chunks = chunks;
     uint8_t buf[128];
     size_t len = kvfence__v1__watch_request__pack(&req, buf);
     struct kvf_rpc_client_stream *cs =
@@ -406,6 +406,11 @@ static struct kvf_rpc_client_stream *nwatch_open(struct nh_node *np, kvf_room_ke
     assert_int_equal(kvf_rpc_client_stream_send(cs, buf, len), 0);
     assert_int_equal(kvf_rpc_client_stream_half_close(cs), 0);
     return cs;
+}
+
+static struct kvf_rpc_client_stream *nwatch_open(struct nh_node *np, kvf_room_key k)
+{
+    return nwatch_open_ex(np, k, true);
 }
 
 static Kvfence__V1__NodeEvent *nwatch_must(struct kvf_rpc_client_stream *cs)
@@ -437,6 +442,40 @@ static void nwatch_sync(struct kvf_rpc_client_stream *cs)
     kvfence__v1__node_event__free_unpacked(ev, NULL);
 }
 
+/* Reads events until `n` chunk_done, seqs 1..n in order, each ok and with
+ * `transport` (how the bytes travelled). */
+static void nwatch_chunks(struct kvf_rpc_client_stream *cs, unsigned n, int transport)
+{
+    unsigned seen = 0;
+    while (seen < n) {
+        Kvfence__V1__NodeEvent *ev = nwatch_must(cs);
+        if (ev->event_case == KVFENCE__V1__NODE_EVENT__EVENT_CHUNK_DONE) {
+            assert_true(ev->chunk_done->ok);
+            assert_int_equal(ev->chunk_done->chunk_seq, seen + 1);
+            assert_int_equal(ev->chunk_done->transport, transport);
+            seen++;
+        }
+        kvfence__v1__node_event__free_unpacked(ev, NULL);
+    }
+}
+
+/* The "watch stats:" value of `key` logged at exit; -1 when none. */
+static long long watch_stat(const struct nh_node *np, const char *key)
+{
+    FILE *fp = fopen(np->log, "r");
+    if (!fp)
+        return -1;
+    char line[4096];
+    long long v = -1;
+    while (fgets(line, sizeof line, fp)) {
+        const char *p = strstr(line, "watch stats:");
+        if (p && (p = strstr(p, key)) != NULL)
+            v = strtoll(p + strlen(key), NULL, 10);
+    }
+    fclose(fp);
+    return v;
+}
+
 static void fill_aux(uint8_t *buf, size_t len)
 {
     for (size_t i = 0; i < len; i++)
@@ -456,6 +495,8 @@ static void test_rdma_room_lands_byte_exact(void **state)
     kvf_room_key k = join_pair(f, 101, 8, 8, 40);
     struct kvf_rpc_client_stream *w2 = nwatch_open(&f->n2, k);
     nwatch_sync(w2);
+    struct kvf_rpc_client_stream *w1 = nwatch_open(&f->n1, k);
+    nwatch_sync(w1);
     uint8_t aux[3000];
     fill_aux(aux, sizeof aux);
     submit_ok(f, k, 1, 8, 8, 20, false, NULL, 0);
@@ -472,6 +513,8 @@ static void test_rdma_room_lands_byte_exact(void **state)
             assert_true(ev->chunk_done->ok);
             assert_false(aux_seen);
             assert_int_equal(ev->chunk_done->chunk_seq, chunks + 1);
+            assert_int_equal(ev->chunk_done->transport,
+                             KVFENCE__V1__TRANSPORT_KIND__TRANSPORT_KIND_RDMA);
             chunks++;
             break;
         case KVFENCE__V1__NODE_EVENT__EVENT_AUX:
@@ -491,6 +534,9 @@ static void test_rdma_room_lands_byte_exact(void **state)
         kvfence__v1__node_event__free_unpacked(ev, NULL);
     }
     nwatch_close(w2);
+    /* The source's events name the transport too. */
+    nwatch_chunks(w1, 3, KVFENCE__V1__TRANSPORT_KIND__TRANSPORT_KIND_RDMA);
+    nwatch_close(w1);
     nh_wait_room_state(f->ch, k, KVFENCE__V1__ROOM_STATE__ROOM_STATE_COMPLETED, WAIT_MS);
     released_once(f, k);
     check_holds(&f->p2, 8, 40, SEED_N1, 8);
@@ -522,14 +568,26 @@ static void test_rdma_off_peer_gets_tcp(void **state)
     fx_start(f, "off");
     wait_log(&f->n2, "RDMA off: --rdma off", NULL, 1);
     kvf_room_key k = join_pair(f, 201, 0, 16, 24);
+    struct kvf_rpc_client_stream *w1 = nwatch_open(&f->n1, k);
+    nwatch_sync(w1);
     submit_ok(f, k, 1, 0, 16, 16, false, NULL, 0);
     submit_ok(f, k, 2, 16, 32, 8, true, NULL, 0);
+    nwatch_chunks(w1, 2, KVFENCE__V1__TRANSPORT_KIND__TRANSPORT_KIND_TCP);
+    nwatch_close(w1);
     nh_wait_room_state(f->ch, k, KVFENCE__V1__ROOM_STATE__ROOM_STATE_COMPLETED, WAIT_MS);
     released_once(f, k);
     check_holds(&f->p2, 16, 24, SEED_N1, 0);
     check_holds(&f->p2, 0, 16, SEED_N2, 0);
     check_holds(&f->p2, 40, 24, SEED_N2, 40);
-    room_lands(f, 202, 48, 48, 8, 305);
+    /* A watcher without include_chunks: the chunk's event is not even packed. */
+    kvf_room_key k2 = join_pair(f, 202, 48, 48, 8);
+    struct kvf_rpc_client_stream *w1b = nwatch_open_ex(&f->n1, k2, false);
+    nwatch_sync(w1b);
+    fill(&f->p1, 48, 8, 305);
+    submit_ok(f, k2, 1, 48, 48, 8, true, NULL, 0);
+    nh_wait_room_state(f->ch, k2, KVFENCE__V1__ROOM_STATE__ROOM_STATE_COMPLETED, WAIT_MS);
+    check_holds(&f->p2, 48, 8, 305, 48);
+    nwatch_close(w1b);
 
     struct nh_node *nodes[] = {&f->n1, &f->n2};
     assert_int_equal(nh_nodes_stop(nodes, 2, 20000), 0);
@@ -537,6 +595,8 @@ static void test_rdma_off_peer_gets_tcp(void **state)
     assert_int_equal(rdma_stat(&f->n1, "wrs_posted="), 0);
     assert_int_equal(rdma_stat(&f->n2, "notices_in="), -1); /* no RDMA at all there */
     assert_int_equal(log_count(&f->n1, "rdma link to", NULL), 0);
+    assert_int_equal(watch_stat(&f->n1, "chunk_done="), 3);
+    assert_int_equal(watch_stat(&f->n1, "chunk_done_packed="), 2); /* room 202's: not packed */
 }
 
 static void test_rdma_abort_with_writes_held(void **state)
@@ -688,6 +748,198 @@ static void test_rdma_self_fence_renews_transport(void **state)
     assert_int_equal(rdma_stat(&f->n2, "notice_bytes_in="), 24 * PAGE_SIZE);
 }
 
+/* Fault rdma_bad_notice=1 at the source: its next ChunkNotice names pages
+ * outside the sink lease. The sink refuses it (counted, logged), fails the
+ * room (TransferFailed: ABORTED), the leases are released once, the pages
+ * outside the lease are untouched; the link stays up for the next room. */
+static void test_rdma_bad_notice_fails_room(void **state)
+{
+    struct fx *f = *state;
+    fx_start(f, "fake");
+    warm_up_link(f, 700);
+    n1_faults(f, "rdma_bad_notice=1\n");
+    fill(&f->p1, 0, 8, 321);
+    kvf_room_key k = join_pair(f, 701, 0, 16, 8);
+    struct kvf_rpc_client_stream *w2 = nwatch_open(&f->n2, k);
+    nwatch_sync(w2);
+    submit_ok(f, k, 1, 0, 16, 8, true, NULL, 0);
+    wait_log(&f->n1, "fault: a bad ChunkNotice", NULL, 1);
+    wait_log(&f->n2, "pages outside the sink lease", &k, 1);
+    nh_wait_room_state(f->ch, k, KVFENCE__V1__ROOM_STATE__ROOM_STATE_ABORTED, WAIT_MS);
+    released_once(f, k);
+    /* No chunk_done on the sink for a refused notice; the failed transfer is. */
+    for (;;) {
+        Kvfence__V1__NodeEvent *ev = nwatch_must(w2);
+        bool end = ev->event_case == KVFENCE__V1__NODE_EVENT__EVENT_TRANSFER_DONE ||
+                   (ev->event_case == KVFENCE__V1__NODE_EVENT__EVENT_ROOM_STATE &&
+                    ev->room_state->state != KVFENCE__V1__ROOM_STATE__ROOM_STATE_ACTIVE);
+        assert_int_not_equal(ev->event_case, KVFENCE__V1__NODE_EVENT__EVENT_CHUNK_DONE);
+        kvfence__v1__node_event__free_unpacked(ev, NULL);
+        if (end)
+            break;
+    }
+    nwatch_close(w2);
+    check_holds(&f->p2, 0, 16, SEED_N2, 0);
+    check_holds(&f->p2, 24, 36, SEED_N2, 24);
+    room_lands(f, 702, 48, 48, 8, 322); /* the link still carries the next room */
+    check_holds(&f->p2, 24, 24, SEED_N2, 24);
+
+    struct nh_node *nodes[] = {&f->n1, &f->n2};
+    assert_int_equal(nh_nodes_stop(nodes, 2, 20000), 0);
+    assert_int_equal(rdma_stat(&f->n1, "notices_sent="), 2);
+    assert_int_equal(rdma_stat(&f->n2, "notices_refused="), 1);
+    assert_int_equal(rdma_stat(&f->n2, "notices_in="), 1);
+    assert_int_equal(rdma_stat(&f->n2, "notice_bytes_in="), 8 * PAGE_SIZE);
+}
+
+/* A lost LinkHello (fault rdma_drop_hello=1 at n1): the first room goes over
+ * TCP, n1 sends the hello again after 100 ms, the link comes up and the next
+ * room goes over RDMA (its chunk_done on n1 says so, n2 counts the notice). */
+static void test_rdma_lost_hello_is_sent_again(void **state)
+{
+    struct fx *f = *state;
+    fx_start(f, "fake");
+    n1_faults(f, "rdma_drop_hello=1\n");
+    room_lands(f, 800, 60, 60, 4, 5); /* TCP; its route sends the (dropped) hello */
+    wait_log(&f->n1, "fault: a LinkHello dropped", NULL, 1);
+    wait_log(&f->n1, "hello sent again (2)", NULL, 1);
+    wait_log(&f->n1, "up (initiator)", NULL, 1);
+    wait_log(&f->n2, "up (acceptor)", NULL, 1);
+
+    fill(&f->p1, 0, 8, 331);
+    kvf_room_key k = join_pair(f, 801, 0, 8, 8);
+    struct kvf_rpc_client_stream *w1 = nwatch_open(&f->n1, k);
+    nwatch_sync(w1);
+    submit_ok(f, k, 1, 0, 8, 8, true, NULL, 0);
+    nwatch_chunks(w1, 1, KVFENCE__V1__TRANSPORT_KIND__TRANSPORT_KIND_RDMA);
+    nwatch_close(w1);
+    nh_wait_room_state(f->ch, k, KVFENCE__V1__ROOM_STATE__ROOM_STATE_COMPLETED, WAIT_MS);
+    check_holds(&f->p2, 8, 8, 331, 0);
+    check_holds(&f->p2, 0, 8, SEED_N2, 0);
+
+    struct nh_node *nodes[] = {&f->n1, &f->n2};
+    assert_int_equal(nh_nodes_stop(nodes, 2, 20000), 0);
+    assert_int_equal(rdma_stat(&f->n1, "links_up="), 1);
+    assert_int_equal(rdma_stat(&f->n2, "notices_in="), 1);
+}
+
+/* Fault rdma_wr_error=1 at n1: its next RDMA chunk names the sink pool with a
+ * wrong rkey, n2's fabric end refuses the write and n1's WR completes in
+ * error (its QP to ERR). The room fails cleanly (ABORTED, leases released
+ * once, nothing landed), n1 takes the link down, tells n2 (LinkClose), both
+ * reset their QPs; the next room goes over TCP and opens a new link with
+ * fresh QPs, and the one after lands byte-exact over RDMA again. */
+static void test_rdma_wr_error_link_rebuilt(void **state)
+{
+    struct fx *f = *state;
+    fx_start(f, "fake");
+    warm_up_link(f, 900);
+    n1_faults(f, "rdma_wr_error=1\n");
+    fill(&f->p1, 0, 8, 341);
+    kvf_room_key k = join_pair(f, 901, 0, 16, 8);
+    submit_ok(f, k, 1, 0, 16, 8, true, NULL, 0);
+    wait_log(&f->n1, "fault: an RDMA chunk with a wrong rkey", NULL, 1);
+    wait_log(&f->n1, "down (an RDMA write completed in error): TCP until a new link is up", NULL,
+             1);
+    wait_log(&f->n2, "LinkClose (an RDMA write completed in error)", NULL, 1);
+    wait_log(&f->n2, "down (an RDMA write completed in error): TCP until a new link is up", NULL,
+             1);
+    nh_wait_room_state(f->ch, k, KVFENCE__V1__ROOM_STATE__ROOM_STATE_ABORTED, WAIT_MS);
+    released_once(f, k);
+    check_holds(&f->p2, 0, PAGE_COUNT - 4, SEED_N2, 0); /* the refused write landed nowhere */
+
+    /* TCP while the new link is made, then RDMA over fresh QPs. */
+    kvf_room_key k2 = join_pair(f, 902, 48, 48, 8);
+    struct kvf_rpc_client_stream *w1 = nwatch_open(&f->n1, k2);
+    nwatch_sync(w1);
+    fill(&f->p1, 48, 8, 342);
+    submit_ok(f, k2, 1, 48, 48, 8, true, NULL, 0);
+    nwatch_chunks(w1, 1, KVFENCE__V1__TRANSPORT_KIND__TRANSPORT_KIND_TCP);
+    nwatch_close(w1);
+    nh_wait_room_state(f->ch, k2, KVFENCE__V1__ROOM_STATE__ROOM_STATE_COMPLETED, WAIT_MS);
+    check_holds(&f->p2, 48, 8, 342, 48);
+    wait_log(&f->n1, "up (initiator)", NULL, 2);
+    wait_log(&f->n2, "up (acceptor)", NULL, 2);
+
+    kvf_room_key k3 = join_pair(f, 903, 8, 24, 16);
+    w1 = nwatch_open(&f->n1, k3);
+    nwatch_sync(w1);
+    fill(&f->p1, 8, 16, 343);
+    submit_ok(f, k3, 1, 8, 24, 16, true, NULL, 0);
+    nwatch_chunks(w1, 1, KVFENCE__V1__TRANSPORT_KIND__TRANSPORT_KIND_RDMA);
+    nwatch_close(w1);
+    nh_wait_room_state(f->ch, k3, KVFENCE__V1__ROOM_STATE__ROOM_STATE_COMPLETED, WAIT_MS);
+    released_once(f, k3);
+    check_holds(&f->p2, 24, 16, 343, 8);
+    check_holds(&f->p2, 0, 24, SEED_N2, 0);
+    check_holds(&f->p2, 40, 8, SEED_N2, 40);
+
+    struct nh_node *nodes[] = {&f->n1, &f->n2};
+    assert_int_equal(nh_nodes_stop(nodes, 2, 20000), 0);
+    assert_int_equal(rdma_stat(&f->n1, "links_up="), 2);
+    assert_int_equal(rdma_stat(&f->n1, "links_down="), 1);
+    assert_int_equal(rdma_stat(&f->n1, "peer_resets="), 1);
+    assert_int_equal(rdma_stat(&f->n1, "wrs_error="), 1);
+    assert_int_equal(rdma_stat(&f->n1, "notices_sent="), 1);
+    assert_int_equal(rdma_stat(&f->n2, "links_up="), 2);
+    assert_int_equal(rdma_stat(&f->n2, "notices_in="), 1);
+    assert_int_equal(rdma_stat(&f->n2, "fabric_refused_in="), 1);
+}
+
+/* A node that stops sends LinkClose to its linked peers (best effort): the
+ * peer tears its side down (QPs reset) and links no more to that incarnation. */
+static void test_rdma_link_close_on_shutdown(void **state)
+{
+    struct fx *f = *state;
+    fx_start(f, "fake");
+    warm_up_link(f, 1000);
+    struct nh_node *first[] = {&f->n1};
+    assert_int_equal(nh_nodes_stop(first, 1, 20000), 0);
+    wait_log(&f->n2, "LinkClose (node shutting down)", NULL, 1);
+    wait_log(&f->n2, "down (node shutting down): TCP only", NULL, 1);
+    struct nh_node *second[] = {&f->n2};
+    assert_int_equal(nh_nodes_stop(second, 1, 20000), 0);
+    assert_int_equal(rdma_stat(&f->n1, "closes_sent="), 1);
+    assert_int_equal(rdma_stat(&f->n2, "closes_in="), 1);
+    assert_int_equal(rdma_stat(&f->n2, "peer_resets="), 1);
+}
+
+/* A sink on the same node: the chunk is a local copy, and its chunk_done on
+ * the source's Watch says LOCAL. */
+static void test_rdma_local_sink_chunk_says_local(void **state)
+{
+    struct fx *f = *state;
+    fx_start(f, "fake");
+    assert_int_equal(nh_pool_create(&f->p3, "rdma", "n1b", PAGE_SIZE, 16, NULL), 0);
+    fill(&f->p3, 0, 16, SEED_N2);
+    f->p3.pool_id = nh_register_pool(&f->n1, &f->p3);
+    fill(&f->p1, 0, 8, 351);
+    kvf_room_key k =
+        nh_join_pair(f->ch, 1101, "n1", f->p1.pool_id, 0, "n1", f->p3.pool_id, 4, 8, WAIT_MS);
+    nh_wait_node_knows(&f->n1, k, f->p1.pool_id, "n1", f->p3.pool_id, 4, WAIT_MS);
+    struct kvf_rpc_client_stream *w1 = nwatch_open(&f->n1, k);
+    nwatch_sync(w1);
+    struct nh_chunk c = {.seq = 1,
+                         .source_pool = f->p1.pool_id,
+                         .sink_node = "n1",
+                         .sink_pool = f->p3.pool_id,
+                         .n = 1,
+                         .sfirst = {0},
+                         .dfirst = {4},
+                         .count = {8},
+                         .last = true};
+    struct kvf_rpc_status st;
+    int code = nh_submit(f->n1.local, k, &c, &st);
+    if (code != KVF_GRPC_OK)
+        fail_msg("SubmitChunk: %d %s", code, st.message);
+    nwatch_chunks(w1, 1, KVFENCE__V1__TRANSPORT_KIND__TRANSPORT_KIND_LOCAL);
+    nwatch_close(w1);
+    nh_wait_room_state(f->ch, k, KVFENCE__V1__ROOM_STATE__ROOM_STATE_COMPLETED, WAIT_MS);
+    check_holds(&f->p3, 4, 8, 351, 0);
+    check_holds(&f->p3, 0, 4, SEED_N2, 0);
+    check_holds(&f->p3, 12, 4, SEED_N2, 12);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -698,6 +950,11 @@ int main(void)
                                         teardown),
         cmocka_unit_test_setup_teardown(test_rdma_pool_registered_after_link, setup, teardown),
         cmocka_unit_test_setup_teardown(test_rdma_self_fence_renews_transport, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_rdma_bad_notice_fails_room, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_rdma_lost_hello_is_sent_again, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_rdma_wr_error_link_rebuilt, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_rdma_link_close_on_shutdown, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_rdma_local_sink_chunk_says_local, setup, teardown),
     };
     const char *filter = getenv("KVF_TEST_FILTER");
     if (filter && filter[0])

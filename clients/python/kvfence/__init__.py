@@ -28,7 +28,7 @@ try:
                          LeaseReleased, LeaseState, LeaseWatch, NodeClient, NodeInfo, NodeState,
                          PageRange, Participant, Pool, PoolKind, ReleaseWatcher, Role, RoomInfo,
                          RoomKey, RoomState, RoomStateChanged, Token, WatchEvent, WatchSynced,
-                         ranges_from_pages, LifetimeState, NodeRoomState, ChunkDone,
+                         ranges_from_pages, LifetimeState, NodeRoomState, ChunkDone, TransportKind,
                          AuxReceived, TransferDone, NodeEvent, NodeWatch, ChunkRequest,
                          ChunkResult, ChunkStream)
 except ImportError as e:  # pragma: no cover - stubs not generated or not on PYTHONPATH
@@ -49,6 +49,7 @@ __all__ = [
     "RoomKey", "PageRange", "Participant", "Token", "Lease", "JoinResult", "AbortResult", "Pool",
     "LeaseReleased", "RoomStateChanged", "WatchSynced", "WatchEvent", "NodeInfo", "RoomInfo",
     "ranges_from_pages", "DEFAULT_FEATURES", "DEFAULT_TIMEOUT_S",
-    "LifetimeState", "NodeRoomState", "ChunkDone", "AuxReceived", "TransferDone", "NodeEvent",
+    "LifetimeState", "NodeRoomState", "ChunkDone", "TransportKind", "AuxReceived", "TransferDone",
+    "NodeEvent",
     "NodeWatch", "ChunkRequest", "ChunkResult", "ChunkStream",
 ]

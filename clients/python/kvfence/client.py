@@ -32,8 +32,8 @@ __all__ = [
     "LeaseReleased", "RoomStateChanged", "WatchSynced", "WatchEvent", "ParticipantInfo",
     "RoomInfo", "NodeInfo", "ranges_from_pages", "ControlClient", "NodeClient", "AdminClient",
     "LeaseWatch", "ReleaseWatcher", "DEFAULT_FEATURES", "DEFAULT_TIMEOUT_S", "LifetimeState",
-    "NodeRoomState", "ChunkDone", "AuxReceived", "TransferDone", "NodeEvent", "NodeWatch",
-    "ChunkRequest", "ChunkResult", "ChunkStream",
+    "NodeRoomState", "ChunkDone", "TransportKind", "AuxReceived", "TransferDone", "NodeEvent",
+    "NodeWatch", "ChunkRequest", "ChunkResult", "ChunkStream",
 ]
 
 log = logging.getLogger("kvfence")
@@ -112,6 +112,14 @@ class LifetimeState(enum.IntEnum):
     CLOSED = 2
     DRAINED = 3
     QUARANTINED = 4
+
+
+class TransportKind(enum.IntEnum):
+    """How a chunk's bytes travelled (ChunkDone.transport)."""
+    UNSPECIFIED = 0
+    RDMA = 1
+    TCP = 2
+    LOCAL = 3
 
 
 def _enum(cls: Any, value: int) -> Any:
@@ -340,6 +348,7 @@ class ChunkDone:
     chunk_seq: int
     ok: bool
     error: str
+    transport: "TransportKind" = TransportKind.UNSPECIFIED  # TCP, LOCAL or RDMA
 
 
 @dataclass(frozen=True)
@@ -376,7 +385,8 @@ def _node_event_from(m: node_pb2.NodeEvent) -> Optional[NodeEvent]:
                              _enum(AbortReason, e.reason))
     if which == "chunk_done":
         c = m.chunk_done
-        return ChunkDone(room, c.source_rank, c.sink_rank, c.chunk_seq, c.ok, c.error)
+        return ChunkDone(room, c.source_rank, c.sink_rank, c.chunk_seq, c.ok, c.error,
+                         _enum(TransportKind, c.transport))
     if which == "aux":
         return AuxReceived(room, m.aux.source_rank, m.aux.sink_rank, bytes(m.aux.data))
     if which == "transfer_done":

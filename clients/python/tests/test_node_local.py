@@ -107,6 +107,7 @@ def test_submit_chunks_pipelines_in_order_and_the_room_completes(cluster):
         for ev in w:
             if isinstance(ev, kvfence.ChunkDone):
                 assert ev.ok, ev
+                assert ev.transport == kvfence.TransportKind.TCP, ev  # n1 -> n2, no RDMA
                 done.add(ev.chunk_seq)
                 if len(done) == 8:
                     break

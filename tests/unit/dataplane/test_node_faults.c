@@ -36,6 +36,9 @@ static void every_key_parses(void **state)
                        "peer_dup=11\n"
                        "peer_delay=12\n"
                        "rdma_hold=1\n"
+                       "rdma_bad_notice=14\n"
+                       "rdma_drop_hello=15\n"
+                       "rdma_wr_error=16\n"
                        "peer_delay_after=13"; /* no final newline */
     struct node_fault_cfg c;
     char err[160] = "";
@@ -53,6 +56,9 @@ static void every_key_parses(void **state)
     assert_int_equal(c.drop_peer_fenced, 9);
     assert_true(c.peer_keys);
     assert_int_equal(c.rdma_hold, 1);
+    assert_int_equal(c.rdma_bad_notice, 14);
+    assert_int_equal(c.rdma_drop_hello, 15);
+    assert_int_equal(c.rdma_wr_error, 16);
     struct kvf_peer_fault pf;
     node_fault_peer(&c, &pf);
     assert_int_equal(pf.drop_nth, 10);
@@ -72,6 +78,8 @@ static void empty_text_is_no_fault(void **state)
     assert_int_equal(c.xport.fail_post_nth, 0);
     assert_int_equal(c.drop_abort, 0);
     assert_int_equal(c.rdma_hold, 0);
+    assert_int_equal(c.rdma_bad_notice, 0);
+    assert_int_equal(c.rdma_wr_error, 0);
     assert_int_equal(c.hold_stream, 0);
     assert_false(c.peer_keys); /* the channel's faults are left alone */
     struct kvf_peer_fault pf;

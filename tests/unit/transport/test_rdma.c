@@ -378,6 +378,62 @@ static void test_fence(void **state)
     assert_int_equal(st.fences_done, 2);
 }
 
+/* After an error completion the peer's QPs are broken; reset_peer drains and
+ * destroys them, and local_info + connect make fresh ones that carry writes
+ * again. A fenced peer cannot be reset. */
+static void test_reset_peer_after_error(void **state)
+{
+    struct fx *f = *state;
+    for (unsigned i = 0; i < 3; i++)
+        post(f, i, ROOM_A);
+    assert_false(kvf_transport_rdma_peer_broken(f->t, PEER));
+    assert_int_equal(kvf_verbs_fake_complete(f->fake, qpn_of(f, ROOM_A), 1, IBV_WC_REM_ACCESS_ERR),
+                     1);
+    assert_int_equal(poll_all(f, 1), 1);
+    assert_int_equal(f->c[0].outcome, KVF_LT_DONE_ERROR);
+    assert_true(kvf_transport_rdma_peer_broken(f->t, PEER));
+    assert_false(kvf_transport_rdma_peer_broken(f->t, PEER + 1));
+
+    struct kvf_rdma_conn_info old = f->local;
+    assert_int_equal(kvf_transport_rdma_reset_peer(f->t, PEER), 0);
+    /* The WRs behind the error came back (flushed), the old QPs are gone. */
+    assert_int_equal(kvf_transport_rdma_outstanding(f->t, PEER, 0), 0);
+    assert_int_equal(kvf_transport_rdma_outstanding(f->t, PEER, 1), 0);
+    assert_int_equal(poll_all(f, 2), 2);
+    assert_int_equal(f->c[0].outcome, KVF_LT_DONE_FLUSHED);
+    assert_int_equal(f->c[1].outcome, KVF_LT_DONE_FLUSHED);
+    assert_int_equal(kvf_lt_inflight(f->lt_a), 0);
+    for (unsigned q = 0; q < 2; q++)
+        assert_int_equal(kvf_verbs_fake_qp_state(f->fake, old.qp_num[q]), IBV_QPS_UNKNOWN);
+    assert_false(kvf_transport_rdma_peer_broken(f->t, PEER));
+    assert_int_equal(kvf_transport_rdma_reset_peer(f->t, PEER), 0); /* no QPs: nothing to do */
+
+    /* Not connected until a new exchange. */
+    struct kvf_xfer *x = mk(f, 5, ROOM_B);
+    assert_int_equal(kvf_transport_post_write(f->t, x), -ENOENT);
+    assert_true(kvf_lt_op_cancel(&x->op) == false);
+    assert_int_equal(kvf_transport_rdma_local_info(f->t, PEER, &f->local), 0);
+    for (unsigned q = 0; q < 2; q++) {
+        assert_int_not_equal(f->local.qp_num[q], old.qp_num[q]);
+        assert_int_equal(kvf_verbs_fake_qp_state(f->fake, f->local.qp_num[q]), IBV_QPS_INIT);
+    }
+    assert_int_equal(kvf_transport_rdma_connect(f->t, PEER, &REMOTE), 0);
+    post(f, 6, ROOM_B);
+    assert_int_equal(kvf_verbs_fake_complete(f->fake, qpn_of(f, ROOM_B), 1, IBV_WC_SUCCESS), 1);
+    assert_int_equal(poll_all(f, 1), 1);
+    assert_int_equal(f->c[0].outcome, KVF_LT_DONE_OK);
+    assert_int_equal(kvf_lt_inflight(f->lt_b), 0);
+    struct kvf_transport_rdma_stats st;
+    kvf_transport_rdma_stats(f->t, &st);
+    assert_int_equal(st.peer_resets, 1);
+    assert_int_equal(st.wrs_error, 1);
+    assert_int_equal(st.wrs_ok, 1);
+
+    assert_int_equal(kvf_transport_fence_peer(f->t, PEER), 0);
+    assert_int_equal(kvf_transport_rdma_reset_peer(f->t, PEER), -ESTALE);
+    assert_int_equal(kvf_transport_rdma_reset_peer(f->t, 100000), -ENOENT);
+}
+
 /* A fence whose flushes do not come back in time: -ETIMEDOUT, nothing pretended. */
 static void test_fence_timeout(void **state)
 {
@@ -740,6 +796,7 @@ int main(void)
         cmocka_unit_test_setup_teardown(test_post_fails_mid_chain, setup, teardown),
         cmocka_unit_test_setup_teardown(test_fence, setup, teardown),
         cmocka_unit_test_setup_teardown(test_fence_timeout, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_reset_peer_after_error, setup, teardown),
         cmocka_unit_test_setup_teardown(test_quarantine_until_completion_or_fence, setup, teardown),
         cmocka_unit_test_setup_teardown(test_quarantine_retired_by_flush, setup, teardown),
         cmocka_unit_test_setup_teardown(test_wr_limit, setup, teardown),
