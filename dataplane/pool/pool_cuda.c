@@ -76,3 +76,18 @@ void pool_cuda_unmap(struct kvf_pool *pool)
         fprintf(stderr, "kvf_pool_close: cudaIpcCloseMemHandle on device %u: %s\n", pool->device,
                 cudaGetErrorString(ce));
 }
+
+int pool_cuda_copy(struct kvf_pool *pool, void *dst, const void *src, size_t len, bool to_device)
+{
+    /* The runtime's current device is per thread: set it on every call, the
+     * receiver and staging threads never set one themselves. */
+    cudaError_t ce = cudaSetDevice((int)pool->device);
+    if (ce == cudaSuccess)
+        ce = cudaMemcpy(dst, src, len, to_device ? cudaMemcpyHostToDevice : cudaMemcpyDeviceToHost);
+    if (ce != cudaSuccess) {
+        fprintf(stderr, "kvf_pool: cudaMemcpy %s device %u, %zu bytes: %s\n",
+                to_device ? "to" : "from", pool->device, len, cudaGetErrorString(ce));
+        return -EIO;
+    }
+    return 0;
+}
