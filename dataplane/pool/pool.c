@@ -287,3 +287,8 @@ uint64_t kvf_pool_size(const struct kvf_pool *pool)
 {
     return pool->size;
 }
+
+uint32_t kvf_pool_device(const struct kvf_pool *pool)
+{
+    return pool->device;
+}

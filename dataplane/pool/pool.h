@@ -141,5 +141,7 @@ enum kvf_pool_kind kvf_pool_kind(const struct kvf_pool *pool);
 uint32_t kvf_pool_page_size(const struct kvf_pool *pool);
 uint32_t kvf_pool_page_count(const struct kvf_pool *pool);
 uint64_t kvf_pool_size(const struct kvf_pool *pool);
+/* CUDA_IPC: the device ordinal; 0 for other kinds. */
+uint32_t kvf_pool_device(const struct kvf_pool *pool);
 
 #endif /* KVF_POOL_H */
