@@ -13,6 +13,7 @@
 
 #include <errno.h>
 #include <pthread.h>
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -99,11 +100,13 @@ static void done_push(struct local *l, struct kvf_xfer *x, enum kvf_lt_outcome o
 static const struct local_pool *src_device_pool(const struct local *l, const uint8_t *src,
                                                 uint64_t len)
 {
+    /* By address: a CUDA pool's device pointers never alias host memory (UVA). */
+    uintptr_t a = (uintptr_t)src;
     for (uint32_t i = 0; i < l->npools; i++) {
         const struct local_pool *p = &l->pools[i];
         uint64_t size = (uint64_t)p->page_size * p->page_count;
-        if (p->dev && src >= p->base && (uint64_t)(src - p->base) <= size &&
-            len <= size - (uint64_t)(src - p->base))
+        uintptr_t b = (uintptr_t)p->base;
+        if (p->dev && a >= b && (uint64_t)(a - b) <= size && len <= size - (uint64_t)(a - b))
             return p;
     }
     return NULL;

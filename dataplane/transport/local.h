@@ -5,7 +5,8 @@
  * into a pool registered with this transport. It keeps the transport.h
  * contract so that the node's submit path treats it like TCP: the caller
  * admits the op before post_write, the transport retires it inside poll(),
- * and every posted xfer completes exactly once (OK, or FLUSHED by a fence).
+ * and every posted xfer completes exactly once (OK, FLUSHED by a fence, or
+ * ERROR when a device pool's copy failed).
  *
  * The "peer" of a local write is this node itself: the node gives it a peer
  * index (kvf_transport_local_add_peer) so the lifetime core can fence it like

@@ -3,7 +3,8 @@
  *
  * A node listens on one TCP port and opens one outbound connection to each
  * peer it writes to; a peer's writes arrive on the connection it opened. Pages
- * are written straight from the socket into the registered pool, but only
+ * are written straight from the socket into the registered pool (a device
+ * pool: through a host bounce buffer and kvf_pool_write), but only
  * after the receiver checked the frame's header against the pool and asked
  * the node (the `check` callback) whether the room-generation's sink lease
  * covers the pages and its admission is open (DESIGN.md §2.3).
