@@ -28,7 +28,7 @@
 
 struct settings {
     const char *config, *control, *node_id, *local_socket, *data_host, *port_file, *peer_fault,
-        *fault_file;
+        *fault_file, *test_fake_device_pools;
     const char *staging, *test_local_hold_file, *rdma, *rdma_fabric, *rdma_gid_index;
     uint64_t data_port, peer_port, drain_timeout_ms, staging_buffers;
     bool version;
@@ -81,6 +81,9 @@ int main(int argc, char **argv)
         {"fault-file", KVF_CONFIG_STRING, &cfg.fault_file, 0,
          "tests only: inject the faults this key=value file names, re-read when it changes "
          "(docs/node.md)"},
+        {"test-fake-device-pools", KVF_CONFIG_STRING, &cfg.test_fake_device_pools, 0,
+         "tests only: host_shm pools whose shm_name starts with this prefix are treated as "
+         "device memory (copied through the device path; docs/node.md)"},
         {"rdma", KVF_CONFIG_STRING, &cfg.rdma, 0,
          "auto (an RDMA device when one is found, else TCP), off, or fake (tests only: the "
          "fake verbs fabric between processes of this host)"},
@@ -181,6 +184,7 @@ int main(int argc, char **argv)
     opts.staging_buffers = (uint32_t)cfg.staging_buffers;
     opts.test_local_hold_file = cfg.test_local_hold_file;
     opts.fault_file = cfg.fault_file;
+    opts.test_fake_device_pools = cfg.test_fake_device_pools;
     opts.rdma = cfg.rdma;
     opts.rdma_fabric = cfg.rdma_fabric;
     opts.rdma_gid_set = gid_set;

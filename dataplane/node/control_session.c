@@ -31,6 +31,7 @@
 
 #include "kvf_error.h"
 #include "kvf_types.h"
+#include "devpool.h"
 #include "faults.h"
 #include "kvf_version.h"
 #include "node_internal.h"
@@ -354,8 +355,7 @@ void node_self_fence(struct kvf_node *n, const char *why)
     if (node_faults_wrap(n) != 0)
         node_log("error", NULL, "self-fence: fault injection off: out of memory");
     for (uint32_t i = 0; i < n->npools; i++) {
-        int rc = kvf_transport_tcp_add_pool(n->tcp, n->pools[i].id, n->pools[i].base,
-                                            n->pools[i].page_size, n->pools[i].page_count);
+        int rc = node_devpool_add_tcp(n->tcp, &n->pools[i]);
         if (rc != 0)
             node_log("error", NULL, "self-fence: pool %u not re-added to tcp: %s", n->pools[i].id,
                      strerror(-rc));

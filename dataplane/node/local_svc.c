@@ -25,8 +25,10 @@
  * ends the pair; the last chunk's aux bytes are kept with the pair and sent,
  * then the pair's TransferStatus, once its chunks completed.
  *
- * Not in this version: CUDA IPC pools (FAILED_PRECONDITION). UnregisterPool
- * is in pool_admin.c. A sink pool whose page size (RoomUpdate) differs from
+ * Device pools (CUDA IPC, or the tests' fake ones) are opened in devpool.c;
+ * a chunk from one towards another node needs staging (its pages are copied
+ * to a host buffer before TCP sends them), without it FAILED_PRECONDITION.
+ * UnregisterPool is in pool_admin.c. A sink pool whose page size (RoomUpdate) differs from
  * the source pool's is refused.
  */
 #include <errno.h>
@@ -39,6 +41,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include "devpool.h"
 #include "kvf_error.h"
 #include "node_internal.h"
 #include "rdma.h"
@@ -68,19 +71,16 @@ static void fail(struct node_job *j, int code, const char *fmt, ...)
 void node_local_register_pool(struct kvf_node *n, struct node_job *j)
 {
     const Kvfence__V1__RegisterPoolRequest *req = j->reg;
-    const Kvfence__V1__HostShmMemory *shm = req->host_shm;
     if (n->npools >= NODE_MAX_POOLS) {
         fail(j, KVF_GRPC_RESOURCE_EXHAUSTED, "pools per node: limit %u", NODE_MAX_POOLS);
         return;
     }
     struct node_pool *p = &n->pools[n->npools];
     memset(p, 0, sizeof *p);
-    struct kvf_error err;
-    kvf_error_clear(&err);
-    int rc = kvf_pool_open_shm(shm->shm_name, shm->offset, shm->size, req->page_size,
-                               req->page_count, &p->pool, &err);
+    char why[300];
+    int rc = node_devpool_open(n, req, &p->pool, why, sizeof why);
     if (rc != 0) {
-        fail(j, (int)kvf_errno_to_grpc_code(rc), "host_shm: %s", err.msg);
+        fail(j, rc, "%s", why);
         return;
     }
     p->base = kvf_pool_page(p->pool, 0);
@@ -88,7 +88,7 @@ void node_local_register_pool(struct kvf_node *n, struct node_job *j)
     p->page_size = req->page_size;
     p->page_count = req->page_count;
     p->rank = req->rank;
-    rc = kvf_transport_tcp_add_pool(n->tcp, p->id, p->base, p->page_size, p->page_count);
+    rc = node_devpool_add_tcp(n->tcp, p);
     if (rc == 0)
         rc = node_xport_add_pool(n, p);
     if (rc != 0) {
@@ -98,8 +98,9 @@ void node_local_register_pool(struct kvf_node *n, struct node_job *j)
     }
     n->next_pool_id++;
     n->npools++;
-    node_log("info", NULL, "pool %u registered: %s, %u pages of %u bytes, rank %u", p->id,
-             shm->shm_name, p->page_count, p->page_size, p->rank);
+    node_log("info", NULL, "pool %u registered: %s %s, %u pages of %u bytes, rank %u", p->id,
+             node_devpool_kind_name(p), req->host_shm ? req->host_shm->shm_name : "(device memory)",
+             p->page_count, p->page_size, p->rank);
 
     Kvfence__V1__Pool pool;
     node_pool_to_wire(p, &pool);
@@ -219,6 +220,10 @@ static struct node_chunk *chunk_new(struct node_room *r, const struct node_membe
         f->t = rt->t;
         f->kind = rt->kind;
         f->src = pool->base + (uint64_t)a * pool->page_size;
+        if (node_devpool_is(pool)) { /* staged through kvf_pool_read (xport.c) */
+            f->src_dev = pool->pool;
+            f->src_offset = (uint64_t)a * pool->page_size;
+        }
         struct kvf_xfer *x = &f->x;
         x->peer = rt->peer;
         x->room = r->key;
@@ -362,6 +367,15 @@ int node_submit_chunk(struct kvf_node *n, const Kvfence__V1__SubmitChunkRequest 
     if (node_xport_route(n, sink, &rt, why, sizeof why) != 0) {
         refuse(o, KVF_GRPC_FAILED_PRECONDITION, "no transport to the sink node %s (%s)",
                sink->node_id, why);
+        return o->code;
+    }
+    /* Device pages reach another node only through a staging buffer (a
+     * same-node copy reads them through the pool itself: local.h). */
+    if (node_devpool_is(pool) && rt.kind != KVF_LT_OP_CUDA_COPY && !node_xport_staging(n)) {
+        refuse(o, KVF_GRPC_FAILED_PRECONDITION,
+               "source pool %u: device pool %u needs --staging cuda (this node runs --staging "
+               "none)",
+               pool->id, pool->id);
         return o->code;
     }
     struct node_chunk *ch = chunk_new(r, src, sink, pool, req, &rt);
@@ -567,11 +581,7 @@ static void h_register_pool(void *ctx, struct kvf_rpc_call *call, const uint8_t 
     const char *why = NULL;
     int code = KVF_GRPC_INVALID_ARGUMENT;
     if (r->memory_case == KVFENCE__V1__REGISTER_POOL_REQUEST__MEMORY_CUDA_IPC) {
-        /* The CUDA IPC mapping exists (dataplane/pool), the data path for
-         * device pages (staging on both ends) does not yet: docs/node.md. */
-        why = "cuda_ipc: device-memory pools are not supported by this kvfence-node yet (host_shm "
-              "only)";
-        code = KVF_GRPC_UNIMPLEMENTED;
+        why = node_devpool_check_cuda_request(r); /* opened on the owner thread (devpool.c) */
     } else if (r->memory_case != KVFENCE__V1__REGISTER_POOL_REQUEST__MEMORY_HOST_SHM) {
         why = "memory: none given";
     } else if (r->page_size == 0 || r->page_count == 0) {

@@ -285,7 +285,10 @@ void node_pool_to_wire(const struct node_pool *p, Kvfence__V1__Pool *pv)
 {
     kvfence__v1__pool__init(pv);
     pv->pool_id = p->id;
-    pv->kind = KVFENCE__V1__POOL_KIND__POOL_KIND_HOST_SHM;
+    bool cuda = p->pool && kvf_pool_kind(p->pool) == KVF_POOL_CUDA_IPC;
+    pv->kind = cuda ? KVFENCE__V1__POOL_KIND__POOL_KIND_CUDA_IPC
+                    : KVFENCE__V1__POOL_KIND__POOL_KIND_HOST_SHM;
+    pv->cuda_device = cuda ? kvf_pool_device(p->pool) : 0;
     pv->page_size = p->page_size;
     pv->page_count = p->page_count;
     pv->owner_rank = p->rank;

@@ -39,6 +39,9 @@ struct kvf_node_opts {
      * delay_nth=N,delay_after=M" (struct kvf_peer_fault); NULL or "": none. */
     const char *peer_fault;
     const char *fault_file; /* tests: fault injection (faults.h); NULL: off */
+    /* Tests only: host_shm pools whose shm_name starts with this are fake
+     * device pools (devpool.h); NULL or "": off. */
+    const char *test_fake_device_pools;
     /* RDMA (rdma_link.c): "auto" (NULL), "off" or "fake" (tests: the fake
      * fabric named rdma_fabric, NULL: "kvf"); the GID index when
      * rdma_gid_set, else from the port's link layer. */

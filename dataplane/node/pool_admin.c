@@ -20,6 +20,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "devpool.h"
 #include "kvf_error.h"
 #include "node_internal.h"
 #include "tcp.h"
@@ -64,6 +65,7 @@ void node_local_unregister_pool(struct kvf_node *n, struct node_job *j)
     rc = node_xport_remove_pool(n, id); /* same-node copies */
     if (rc != 0 && rc != -ENOENT)
         node_log("warn", NULL, "pool %u: local transport: %s", id, strerror(-rc));
+    node_devpool_log_stats(p);
     struct node_pool gone = *p;
     *p = n->pools[--n->npools];
     kvf_pool_close(gone.pool);

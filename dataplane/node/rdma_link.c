@@ -586,8 +586,8 @@ static void link_tick(struct kvf_node *n)
 void node_rdma_add_pool(struct kvf_node *n, const struct node_pool *p)
 {
     struct node_rdma *rd = n->rdma;
-    if (!rd || rd->nlpools >= NODE_MAX_POOLS)
-        return;
+    if (!rd || rd->nlpools >= NODE_MAX_POOLS || kvf_pool_is_device(p->pool))
+        return; /* device pools: no GPUDirect RDMA, their peers write over TCP */
     uint32_t rkey = 0;
     int rc = kvf_transport_rdma_add_pool(rd->t, p->id, p->base, p->page_size, p->page_count, &rkey);
     if (rc != 0) {

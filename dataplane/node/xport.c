@@ -33,6 +33,7 @@
 #include <string.h>
 #include <unistd.h>
 
+#include "devpool.h"
 #include "kvf_file.h"
 #include "local.h"
 #include "rdma_link.h"
@@ -123,6 +124,8 @@ void node_xport_stop(struct kvf_node *n)
             free(f->chunk);
     }
     xp->pend_tail = NULL;
+    for (uint32_t i = 0; i < n->npools; i++)
+        node_devpool_log_stats(&n->pools[i]);
     node_rdma_stop(n);
     kvf_transport_destroy(xp->local);
     xp->local = NULL;
@@ -138,10 +141,9 @@ void node_xport_stop(struct kvf_node *n)
 
 int node_xport_add_pool(struct kvf_node *n, const struct node_pool *p)
 {
-    int rc =
-        kvf_transport_local_add_pool(n->xp->local, p->id, p->base, p->page_size, p->page_count);
+    int rc = node_devpool_add_local(n->xp->local, p);
     if (rc == 0)
-        node_rdma_add_pool(n, p);
+        node_rdma_add_pool(n, p); /* not a device pool (no GPUDirect RDMA): rdma_link.c */
     return rc;
 }
 
@@ -265,8 +267,7 @@ int node_xport_renew_local(struct kvf_node *n)
     if (!fresh)
         return -ENOMEM;
     for (uint32_t i = 0; i < n->npools && rc == 0; i++)
-        rc = kvf_transport_local_add_pool(fresh, n->pools[i].id, n->pools[i].base,
-                                          n->pools[i].page_size, n->pools[i].page_count);
+        rc = node_devpool_add_local(fresh, &n->pools[i]);
     if (rc != 0) {
         kvf_transport_destroy(fresh);
         return rc;
@@ -316,6 +317,8 @@ static void pump(struct kvf_node *n)
         memset(&f->copy, 0, sizeof f->copy);
         f->copy.dst = buf->data;
         f->copy.src = f->src;
+        f->copy.src_pool = f->src_dev; /* host engine: kvf_pool_read, never *src */
+        f->copy.src_offset = f->src_offset;
         f->copy.len = f->x.len;
         f->copy.buf = buf;
         f->copy.user = f;

@@ -30,6 +30,8 @@ struct node_frame {
     struct kvf_transport *t;     /* where x is posted */
     enum kvf_lt_op_kind kind;    /* x's lifetime kind */
     const uint8_t *src;          /* the source pages */
+    struct kvf_pool *src_dev;    /* the source pool when it is a device pool, else NULL */
+    uint64_t src_offset;         /* with src_dev: src's offset from the pool's page 0 */
     struct kvf_staging_buf *buf; /* staging: x is posted from it; NULL once returned */
     struct kvf_stage_copy copy;  /* staging: src -> buf */
     struct node_frame *pnext;    /* staging: waiting for a buffer */

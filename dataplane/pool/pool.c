@@ -8,6 +8,10 @@
  * the system page below `offset` and `base` points `offset` bytes in. The file
  * descriptor is closed right after mmap (the mapping keeps the object alive).
  *
+ * A FAKE_DEVICE pool (tests) is a HOST_SHM mapping with another kind: the
+ * node reaches its bytes only through kvf_pool_read/kvf_pool_write, as it
+ * must for CUDA memory; those count every copy so tests can see the path.
+ *
  * DESIGN: see pool.h. The only mutable field after open is `busy`, an atomic
  * word whose bit 63 (POOL_CLOSING) is set by close with one CAS from exactly 0,
  * so close and busy_get never both succeed on one pool.
@@ -53,6 +57,10 @@ struct kvf_pool *pool_alloc(enum kvf_pool_kind kind, uint64_t size, uint32_t pag
     pool->page_size = page_size;
     pool->page_count = page_count;
     atomic_init(&pool->busy, 0);
+    atomic_init(&pool->io_writes, 0);
+    atomic_init(&pool->io_write_bytes, 0);
+    atomic_init(&pool->io_reads, 0);
+    atomic_init(&pool->io_read_bytes, 0);
     return pool;
 }
 
@@ -68,6 +76,15 @@ static int pool_check_shm_name(const char *name, struct kvf_error *err)
     if (strchr(name + 1, '/') != NULL)
         return kvf_error_set(err, -EINVAL, "host_shm.shm_name: \"%s\" contains a second '/'", name);
     return 0;
+}
+
+int kvf_pool_open_fake_device(const char *name, uint64_t offset, uint64_t size, uint32_t page_size,
+                              uint32_t page_count, struct kvf_pool **pool_p, struct kvf_error *err)
+{
+    int rc = kvf_pool_open_shm(name, offset, size, page_size, page_count, pool_p, err);
+    if (rc == 0)
+        (*pool_p)->kind = KVF_POOL_FAKE_DEVICE; /* still unmapped as shm at close */
+    return rc;
 }
 
 int kvf_pool_open_shm(const char *name, uint64_t offset, uint64_t size, uint32_t page_size,
@@ -146,6 +163,7 @@ int kvf_pool_close(struct kvf_pool *pool)
         return -EBUSY;
     switch (pool->kind) {
     case KVF_POOL_HOST_SHM:
+    case KVF_POOL_FAKE_DEVICE:
         if (munmap(pool->map_base, pool->map_len) != 0)
             fprintf(stderr, "kvf_pool_close: munmap: %s\n", strerror(errno));
         break;
@@ -171,6 +189,62 @@ int kvf_pool_check_range(const struct kvf_pool *pool, uint32_t first, uint64_t o
     if (first >= pool->page_count || offset > total - start || len > total - start - offset)
         return -ERANGE;
     return 0;
+}
+
+/* [offset, offset + len) inside the pool's pages. */
+static bool io_in_range(const struct kvf_pool *pool, uint64_t offset, size_t len)
+{
+    uint64_t total = (uint64_t)pool->page_size * pool->page_count;
+    return offset <= total && (uint64_t)len <= total - offset;
+}
+
+int kvf_pool_write(struct kvf_pool *pool, uint64_t offset, const void *src, size_t len)
+{
+    if (!io_in_range(pool, offset, len))
+        return -ERANGE;
+    int rc = 0;
+    if (len == 0)
+        return 0;
+    if (pool->kind == KVF_POOL_CUDA_IPC)
+        rc = pool_cuda_copy(pool, pool->base + offset, src, len, true);
+    else
+        memcpy(pool->base + offset, src, len);
+    if (rc == 0) {
+        atomic_fetch_add_explicit(&pool->io_writes, 1, memory_order_relaxed);
+        atomic_fetch_add_explicit(&pool->io_write_bytes, len, memory_order_relaxed);
+    }
+    return rc;
+}
+
+int kvf_pool_read(struct kvf_pool *pool, uint64_t offset, void *dst, size_t len)
+{
+    if (!io_in_range(pool, offset, len))
+        return -ERANGE;
+    int rc = 0;
+    if (len == 0)
+        return 0;
+    if (pool->kind == KVF_POOL_CUDA_IPC)
+        rc = pool_cuda_copy(pool, dst, pool->base + offset, len, false);
+    else
+        memcpy(dst, pool->base + offset, len);
+    if (rc == 0) {
+        atomic_fetch_add_explicit(&pool->io_reads, 1, memory_order_relaxed);
+        atomic_fetch_add_explicit(&pool->io_read_bytes, len, memory_order_relaxed);
+    }
+    return rc;
+}
+
+bool kvf_pool_is_device(const struct kvf_pool *pool)
+{
+    return pool->kind == KVF_POOL_CUDA_IPC || pool->kind == KVF_POOL_FAKE_DEVICE;
+}
+
+void kvf_pool_io_stats(const struct kvf_pool *pool, struct kvf_pool_io_stats *out)
+{
+    out->writes = atomic_load_explicit(&pool->io_writes, memory_order_relaxed);
+    out->write_bytes = atomic_load_explicit(&pool->io_write_bytes, memory_order_relaxed);
+    out->reads = atomic_load_explicit(&pool->io_reads, memory_order_relaxed);
+    out->read_bytes = atomic_load_explicit(&pool->io_read_bytes, memory_order_relaxed);
 }
 
 int kvf_pool_busy_get(struct kvf_pool *pool)
@@ -212,4 +286,9 @@ uint32_t kvf_pool_page_count(const struct kvf_pool *pool)
 uint64_t kvf_pool_size(const struct kvf_pool *pool)
 {
     return pool->size;
+}
+
+uint32_t kvf_pool_device(const struct kvf_pool *pool)
+{
+    return pool->device;
 }

@@ -26,6 +26,7 @@
 #ifndef KVF_POOL_H
 #define KVF_POOL_H
 
+#include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
 
@@ -36,6 +37,11 @@ struct kvf_pool;
 enum kvf_pool_kind {
     KVF_POOL_HOST_SHM = 1, /* host shared memory: page addresses are host pointers */
     KVF_POOL_CUDA_IPC = 2, /* CUDA device memory: page addresses are device pointers */
+    /* Tests only: a host shm object the node treats as device memory. Its
+     * page addresses are host pointers, but nothing outside kvf_pool_read and
+     * kvf_pool_write may dereference them, so the device data path runs (and
+     * is counted) on a machine without a GPU. */
+    KVF_POOL_FAKE_DEVICE = 3,
 };
 
 /* Size of a cudaIpcMemHandle_t (node.proto CudaIpcMemory.ipc_handle). */
@@ -70,6 +76,13 @@ int kvf_pool_open_cuda_ipc(const void *handle, size_t handle_len, uint32_t devic
                            struct kvf_pool **pool_p, struct kvf_error *err);
 
 /*
+ * Tests only: kvf_pool_open_shm, but the pool is KVF_POOL_FAKE_DEVICE (above).
+ * Same errors. Control thread.
+ */
+int kvf_pool_open_fake_device(const char *name, uint64_t offset, uint64_t size, uint32_t page_size,
+                              uint32_t page_count, struct kvf_pool **pool_p, struct kvf_error *err);
+
+/*
  * Unmaps the pool (munmap, or cudaIpcCloseMemHandle) and frees it. Call only
  * when no room's lifetime can touch its pages any more (see the top of this
  * file); -EBUSY (and nothing changes) while its busy count is above zero.
@@ -78,13 +91,41 @@ int kvf_pool_open_cuda_ipc(const void *handle, size_t handle_len, uint32_t devic
 int kvf_pool_close(struct kvf_pool *pool);
 
 /* The address of page `page`, or NULL when page >= page_count. For a CUDA
- * pool it is a device pointer. Any thread. */
+ * pool it is a device pointer; for any device pool (kvf_pool_is_device) only
+ * an address to hand to CUDA, never to dereference. Any thread. */
 void *kvf_pool_page(const struct kvf_pool *pool, uint32_t page);
 
 /* Checks that bytes [offset, offset + len) from the start of page `first`
  * lie inside the pool: 0 or -ERANGE. Any thread. */
 int kvf_pool_check_range(const struct kvf_pool *pool, uint32_t first, uint64_t offset,
                          uint64_t len);
+
+/*
+ * Device pages are touched only through these two: they copy `len` bytes
+ * between host memory and bytes [offset, offset + len) from the start of page
+ * 0, synchronously (the bytes have landed, or were read, when they return).
+ * HOST_SHM and FAKE_DEVICE: memcpy; CUDA_IPC: cudaMemcpy on the pool's device
+ * (the calling thread's current device is set to it). `src`/`dst` are host
+ * memory. 0, -ERANGE (outside the pool; nothing copied), or -EIO (the CUDA
+ * runtime failed; the range may hold a partial copy). Any thread, on an open
+ * pool that the caller holds busy (or otherwise keeps open).
+ */
+int kvf_pool_write(struct kvf_pool *pool, uint64_t offset, const void *src, size_t len);
+int kvf_pool_read(struct kvf_pool *pool, uint64_t offset, void *dst, size_t len);
+
+/* True for a pool whose pages the node must not dereference: CUDA_IPC and
+ * FAKE_DEVICE. Any thread. */
+bool kvf_pool_is_device(const struct kvf_pool *pool);
+
+/* Copies done by kvf_pool_write / kvf_pool_read since open (every kind):
+ * tests prove with them that a device pool's bytes went the device path. */
+struct kvf_pool_io_stats {
+    uint64_t writes;
+    uint64_t write_bytes;
+    uint64_t reads;
+    uint64_t read_bytes;
+};
+void kvf_pool_io_stats(const struct kvf_pool *pool, struct kvf_pool_io_stats *out);
 
 /* Takes one busy reference for an op that touches the pool: 0, or -ENOENT once
  * close has begun. Any thread. */
@@ -100,5 +141,7 @@ enum kvf_pool_kind kvf_pool_kind(const struct kvf_pool *pool);
 uint32_t kvf_pool_page_size(const struct kvf_pool *pool);
 uint32_t kvf_pool_page_count(const struct kvf_pool *pool);
 uint64_t kvf_pool_size(const struct kvf_pool *pool);
+/* CUDA_IPC: the device ordinal; 0 for other kinds. */
+uint32_t kvf_pool_device(const struct kvf_pool *pool);
 
 #endif /* KVF_POOL_H */

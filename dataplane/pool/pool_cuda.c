@@ -32,13 +32,14 @@ int kvf_pool_open_cuda_ipc(const void *handle, size_t handle_len, uint32_t devic
     int ndev = 0;
     cudaError_t ce = cudaGetDeviceCount(&ndev);
     if (ce != cudaSuccess)
-        return kvf_error_set(err, -ENODEV, "cuda_ipc: no CUDA device: %s", cudaGetErrorString(ce));
+        return kvf_error_set(err, -ENODEV, "cuda_ipc.device: no CUDA device on this node: %s",
+                             cudaGetErrorString(ce));
     if (device >= (uint32_t)ndev)
-        return kvf_error_set(err, -ENODEV, "cuda_ipc.device: %u, this host has %d devices", device,
-                             ndev);
+        return kvf_error_set(err, -ENODEV, "cuda_ipc.device: %u, this node has %d CUDA devices",
+                             device, ndev);
     ce = cudaSetDevice((int)device);
     if (ce != cudaSuccess)
-        return kvf_error_set(err, -ENODEV, "cuda_ipc: cudaSetDevice(%u): %s", device,
+        return kvf_error_set(err, -ENODEV, "cuda_ipc.device: cudaSetDevice(%u): %s", device,
                              cudaGetErrorString(ce));
 
     cudaIpcMemHandle_t h;
@@ -46,7 +47,8 @@ int kvf_pool_open_cuda_ipc(const void *handle, size_t handle_len, uint32_t devic
     void *dev_ptr = NULL;
     ce = cudaIpcOpenMemHandle(&dev_ptr, h, cudaIpcMemLazyEnablePeerAccess);
     if (ce != cudaSuccess)
-        return kvf_error_set(err, -EIO, "cuda_ipc: cudaIpcOpenMemHandle on device %u: %s", device,
+        return kvf_error_set(err, -EIO,
+                             "cuda_ipc.ipc_handle: cudaIpcOpenMemHandle on device %u: %s", device,
                              cudaGetErrorString(ce));
     /* The runtime does not say how large the allocation is (cuMemGetAddressRange
      * would, through the driver API); the engine's size is trusted here and the
@@ -75,4 +77,19 @@ void pool_cuda_unmap(struct kvf_pool *pool)
     if (ce != cudaSuccess)
         fprintf(stderr, "kvf_pool_close: cudaIpcCloseMemHandle on device %u: %s\n", pool->device,
                 cudaGetErrorString(ce));
+}
+
+int pool_cuda_copy(struct kvf_pool *pool, void *dst, const void *src, size_t len, bool to_device)
+{
+    /* The runtime's current device is per thread: set it on every call, the
+     * receiver and staging threads never set one themselves. */
+    cudaError_t ce = cudaSetDevice((int)pool->device);
+    if (ce == cudaSuccess)
+        ce = cudaMemcpy(dst, src, len, to_device ? cudaMemcpyHostToDevice : cudaMemcpyDeviceToHost);
+    if (ce != cudaSuccess) {
+        fprintf(stderr, "kvf_pool: cudaMemcpy %s device %u, %zu bytes: %s\n",
+                to_device ? "to" : "from", pool->device, len, cudaGetErrorString(ce));
+        return -EIO;
+    }
+    return 0;
 }

@@ -23,6 +23,7 @@ struct kvf_pool {
     size_t map_len;  /* HOST_SHM: bytes mapped at map_base */
     uint32_t device; /* CUDA_IPC: the device ordinal */
     _Atomic uint64_t busy;
+    _Atomic uint64_t io_writes, io_write_bytes, io_reads, io_read_bytes;
 };
 
 /* Checks page_size, page_count, size and that offset + size does not exceed
@@ -36,5 +37,10 @@ struct kvf_pool *pool_alloc(enum kvf_pool_kind kind, uint64_t size, uint32_t pag
 
 /* Closes the CUDA IPC mapping of `pool` (pool_cuda.c); logs failures. */
 void pool_cuda_unmap(struct kvf_pool *pool);
+
+/* CUDA_IPC copies (pool_cuda.c; -ENOTSUP in pool_nocuda.c, never reached):
+ * synchronous cudaMemcpy between host memory and `dev` on the pool's device.
+ * 0 or -EIO. */
+int pool_cuda_copy(struct kvf_pool *pool, void *dst, const void *src, size_t len, bool to_device);
 
 #endif /* KVF_POOL_INTERNAL_H */

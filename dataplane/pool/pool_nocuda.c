@@ -26,3 +26,13 @@ void pool_cuda_unmap(struct kvf_pool *pool)
 {
     (void)pool; /* never reached: no CUDA pool can be opened */
 }
+
+int pool_cuda_copy(struct kvf_pool *pool, void *dst, const void *src, size_t len, bool to_device)
+{
+    (void)pool; /* never reached: no CUDA pool can be opened */
+    (void)dst;
+    (void)src;
+    (void)len;
+    (void)to_device;
+    return -ENOTSUP;
+}

@@ -26,6 +26,8 @@
 
 #include "staging_internal.h"
 
+#include "pool.h"
+
 /* ---- engine wrappers ------------------------------------------------------ */
 
 int kvf_staging_copy_async(struct kvf_staging *s, struct kvf_stage_copy *c)
@@ -242,4 +244,14 @@ uint32_t kvf_staging_ring_count(const struct kvf_staging_ring *r)
 size_t kvf_staging_ring_buf_size(const struct kvf_staging_ring *r)
 {
     return r->buf_size;
+}
+
+int staging_host_copy(struct kvf_stage_copy *c)
+{
+    if (c->len == 0)
+        return 0;
+    if (c->src_pool)
+        return kvf_pool_read(c->src_pool, c->src_offset, c->dst, c->len);
+    memcpy(c->dst, c->src, c->len);
+    return 0;
 }

@@ -51,6 +51,8 @@
 
 #include "lifetime.h"
 
+struct kvf_pool;
+
 struct kvf_staging;
 struct kvf_staging_ring;
 struct kvf_staging_buf;
@@ -58,14 +60,20 @@ struct kvf_staging_buf;
 /*
  * One copy of `len` bytes from `src` to `dst`. For the CUDA engine either side
  * may be device memory (a CUDA pool page) or pinned host memory; for the host
- * and fake engines both are host memory. The caller owns the struct and keeps
- * it, and both regions, alive and unchanged until the copy is polled.
+ * and fake engines both are host memory, except that a source in a device pool
+ * is named by `src_pool` (then `src` is still its page address, which the CUDA
+ * engine copies from, and the host and fake engines read the bytes with
+ * kvf_pool_read at `src_offset` instead of dereferencing it). The caller owns
+ * the struct and keeps it, both regions and the pool alive and unchanged until
+ * the copy is polled.
  */
 struct kvf_stage_copy {
     struct kvf_lt_op op; /* admitted by the caller (KVF_LT_OP_CUDA_COPY), or op.lt NULL */
     void *dst;
     const void *src;
     size_t len;
+    struct kvf_pool *src_pool;   /* NULL, or the device pool `src` lies in */
+    uint64_t src_offset;         /* with src_pool: src's byte offset from its page 0 */
     struct kvf_staging_buf *buf; /* the staging buffer this copy fills or drains, or NULL:
                                     the caller's, the engine never looks at it */
     void *user;                  /* the caller's */

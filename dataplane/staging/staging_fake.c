@@ -105,8 +105,8 @@ int kvf_staging_fake_complete(struct kvf_staging *s, struct kvf_stage_copy *c, i
     *pp = c->snext;
     f->held--;
     c->spriv = NULL;
-    if (status == 0 && c->len > 0)
-        memcpy(c->dst, c->src, c->len);
+    if (status == 0)
+        status = staging_host_copy(c);
     c->status = status;
     c->snext = NULL;
     if (f->done_tail != NULL)

@@ -65,9 +65,7 @@ static void *host_worker(void *arg)
             h->q_tail = NULL;
         pthread_mutex_unlock(&h->lock);
 
-        if (c->len > 0)
-            memcpy(c->dst, c->src, c->len);
-        c->status = 0;
+        c->status = staging_host_copy(c);
 
         struct kvf_stage_copy *top = atomic_load_explicit(&h->done, memory_order_relaxed);
         do {

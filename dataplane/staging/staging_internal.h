@@ -21,4 +21,8 @@ static inline void staging_base_init(struct kvf_staging *s, const struct kvf_sta
     atomic_init(&s->inflight, 0);
 }
 
+/* The host-memory copy of the host and fake engines: memcpy, or kvf_pool_read
+ * for a source in a device pool (staging.h). 0 or -errno. */
+int staging_host_copy(struct kvf_stage_copy *c);
+
 #endif /* KVF_STAGING_INTERNAL_H */

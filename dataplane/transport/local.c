@@ -9,16 +9,22 @@
  */
 #include "local.h"
 
+#include "pool.h"
+
 #include <errno.h>
 #include <pthread.h>
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
 #define LOCAL_MAX_THREADS 16u
+/* Device to device: copied through a worker's host buffer in steps of this. */
+#define LOCAL_BOUNCE_SIZE (256u * 1024u)
 
 struct local_pool {
     uint32_t id;
+    struct kvf_pool *dev; /* a device pool: kvf_pool_read/kvf_pool_write only */
     uint8_t *base;
     uint32_t page_size;
     uint32_t page_count;
@@ -89,6 +95,52 @@ static void done_push(struct local *l, struct kvf_xfer *x, enum kvf_lt_outcome o
     l->st.done++;
 }
 
+/* The device pool whose pages hold `src` .. `src + len`, or NULL (host
+ * memory). Lock held. */
+static const struct local_pool *src_device_pool(const struct local *l, const uint8_t *src,
+                                                uint64_t len)
+{
+    /* By address: a CUDA pool's device pointers never alias host memory (UVA). */
+    uintptr_t a = (uintptr_t)src;
+    for (uint32_t i = 0; i < l->npools; i++) {
+        const struct local_pool *p = &l->pools[i];
+        uint64_t size = (uint64_t)p->page_size * p->page_count;
+        uintptr_t b = (uintptr_t)p->base;
+        if (p->dev && a >= b && (uint64_t)(a - b) <= size && len <= size - (uint64_t)(a - b))
+            return p;
+    }
+    return NULL;
+}
+
+/* One write, outside the lock. A device side goes through the pool's copy
+ * functions, device to device through `*bounce` (allocated on first use). */
+static int copy_one(const struct kvf_xfer *x, uint8_t *dst, struct local_pool dpool,
+                    struct local_pool spool, uint8_t **bounce)
+{
+    uint64_t dat = (uint64_t)(dst - dpool.base);
+    uint64_t sat = spool.dev ? (uint64_t)((const uint8_t *)x->src - spool.base) : 0;
+    if (!dpool.dev && !spool.dev) {
+        memcpy(dst, x->src, x->len);
+        return 0;
+    }
+    if (!spool.dev)
+        return kvf_pool_write(dpool.dev, dat, x->src, x->len);
+    if (!dpool.dev)
+        return kvf_pool_read(spool.dev, sat, dst, x->len);
+    if (!*bounce && !(*bounce = malloc(LOCAL_BOUNCE_SIZE)))
+        return -ENOMEM;
+    for (uint64_t done = 0; done < x->len;) {
+        size_t n = x->len - done < LOCAL_BOUNCE_SIZE ? (size_t)(x->len - done) : LOCAL_BOUNCE_SIZE;
+        int rc = kvf_pool_read(spool.dev, sat + done, *bounce, n);
+        if (rc == 0)
+            rc = kvf_pool_write(dpool.dev, dat + done, *bounce, n);
+        if (rc != 0)
+            return rc;
+        done += n;
+    }
+    return 0;
+}
+
 static bool overlaps_copying(const struct local *l, const struct kvf_xfer *x)
 {
     const uint8_t *a = dest_of(l, x);
@@ -103,6 +155,7 @@ static bool overlaps_copying(const struct local *l, const struct kvf_xfer *x)
 static void *worker(void *arg)
 {
     struct local *l = arg;
+    uint8_t *bounce = NULL;
     pthread_mutex_lock(&l->lock);
     for (;;) {
         struct kvf_xfer *x = l->q_head;
@@ -120,9 +173,14 @@ static void *worker(void *arg)
         l->copying = x;
         l->st.copying++;
         uint8_t *dst = dest_of(l, x);
+        /* Copies of the pool records: the pools stay registered while a
+         * write into them runs (local.h), the array may change. */
+        struct local_pool dpool = *pool_find(l, x->sink_pool);
+        const struct local_pool *sp = src_device_pool(l, x->src, x->len);
+        struct local_pool spool = sp ? *sp : (struct local_pool){0};
         pthread_mutex_unlock(&l->lock);
 
-        memcpy(dst, x->src, x->len);
+        int rc = copy_one(x, dst, dpool, spool, &bounce);
 
         pthread_mutex_lock(&l->lock);
         for (struct kvf_xfer **pp = &l->copying; *pp; pp = &(*pp)->tnext) {
@@ -132,12 +190,19 @@ static void *worker(void *arg)
             }
         }
         l->st.copying--;
-        l->st.copied++;
-        done_push(l, x, KVF_LT_DONE_OK);
+        if (rc == 0) {
+            l->st.copied++;
+            done_push(l, x, KVF_LT_DONE_OK);
+        } else {
+            l->st.failed++;
+            done_push(l, x, KVF_LT_DONE_ERROR);
+            x->tstatus = rc;
+        }
         pthread_cond_broadcast(&l->idle);
         pthread_cond_broadcast(&l->work); /* an overlapping write may go now */
     }
     pthread_mutex_unlock(&l->lock);
+    free(bounce);
     return NULL;
 }
 
@@ -336,8 +401,8 @@ struct kvf_transport *kvf_transport_local_create(const struct kvf_transport_loca
     return &l->base;
 }
 
-int kvf_transport_local_add_pool(struct kvf_transport *t, uint32_t pool_id, void *mem,
-                                 uint32_t page_size, uint32_t page_count)
+static int local_add_pool(struct kvf_transport *t, uint32_t pool_id, void *mem,
+                          struct kvf_pool *dev, uint32_t page_size, uint32_t page_count)
 {
     struct local *l = local_of(t);
     if (!mem || page_size == 0 || page_count == 0 ||
@@ -350,9 +415,24 @@ int kvf_transport_local_add_pool(struct kvf_transport *t, uint32_t pool_id, void
     else if (l->npools == l->opts.max_pools)
         rc = -E2BIG;
     else
-        l->pools[l->npools++] = (struct local_pool){pool_id, mem, page_size, page_count};
+        l->pools[l->npools++] = (struct local_pool){pool_id, dev, mem, page_size, page_count};
     pthread_mutex_unlock(&l->lock);
     return rc;
+}
+
+int kvf_transport_local_add_pool(struct kvf_transport *t, uint32_t pool_id, void *mem,
+                                 uint32_t page_size, uint32_t page_count)
+{
+    return local_add_pool(t, pool_id, mem, NULL, page_size, page_count);
+}
+
+int kvf_transport_local_add_device_pool(struct kvf_transport *t, uint32_t pool_id,
+                                        struct kvf_pool *pool)
+{
+    if (!pool)
+        return -EINVAL;
+    return local_add_pool(t, pool_id, kvf_pool_page(pool, 0), pool, kvf_pool_page_size(pool),
+                          kvf_pool_page_count(pool));
 }
 
 int kvf_transport_local_remove_pool(struct kvf_transport *t, uint32_t pool_id)

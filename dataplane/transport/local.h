@@ -5,7 +5,8 @@
  * into a pool registered with this transport. It keeps the transport.h
  * contract so that the node's submit path treats it like TCP: the caller
  * admits the op before post_write, the transport retires it inside poll(),
- * and every posted xfer completes exactly once (OK, or FLUSHED by a fence).
+ * and every posted xfer completes exactly once (OK, FLUSHED by a fence, or
+ * ERROR when a device pool's copy failed).
  *
  * The "peer" of a local write is this node itself: the node gives it a peer
  * index (kvf_transport_local_add_peer) so the lifetime core can fence it like
@@ -33,6 +34,8 @@
 
 #include "transport.h"
 
+struct kvf_pool;
+
 struct kvf_transport_local_opts {
     unsigned threads;   /* copy workers, 1..16 (default 1) */
     uint32_t max_peers; /* peer indices 0..max_peers-1 (default 64) */
@@ -48,6 +51,16 @@ struct kvf_transport *kvf_transport_local_create(const struct kvf_transport_loca
  * -E2BIG (max_pools), -EINVAL. */
 int kvf_transport_local_add_pool(struct kvf_transport *t, uint32_t pool_id, void *mem,
                                  uint32_t page_size, uint32_t page_count);
+
+/*
+ * A device pool (kvf_pool_is_device), as a sink and as a source: a write
+ * into it goes through kvf_pool_write, a write whose `src` lies in its pages
+ * through kvf_pool_read, device to device through a worker's host buffer;
+ * its pages are never dereferenced here. A copy that fails completes ERROR
+ * with its -errno. The pool must stay open until removed. Same errors.
+ */
+int kvf_transport_local_add_device_pool(struct kvf_transport *t, uint32_t pool_id,
+                                        struct kvf_pool *pool);
 
 /* Unregisters a sink pool: later posts naming it are refused (-EINVAL).
  * The caller guarantees that no write into it is queued or being copied (the
@@ -66,6 +79,7 @@ void kvf_transport_local_set_hold(struct kvf_transport *t, bool hold);
 struct kvf_transport_local_stats {
     uint64_t posted;  /* post_write calls that queued a write */
     uint64_t copied;  /* writes copied (OK) */
+    uint64_t failed;  /* writes whose device-pool copy failed (ERROR) */
     uint64_t flushed; /* writes a fence or destroy stopped before their copy */
     uint64_t queued;  /* now: posted, no copy started */
     uint64_t copying; /* now: a worker is copying */

@@ -44,6 +44,8 @@
  */
 #include "tcp.h"
 
+#include "pool.h"
+
 #include <arpa/inet.h>
 #include <errno.h>
 #include <fcntl.h>
@@ -63,12 +65,16 @@
 #include <unistd.h>
 
 #define TCP_SCRATCH_SIZE (64u * 1024u)
-#define TCP_NO_PEER      UINT32_MAX
+/* Device pools: the payload lands here first, then kvf_pool_write copies it
+ * in. One frame of the node (256 KiB) is one copy; longer ones take several. */
+#define TCP_BOUNCE_SIZE (256u * 1024u)
+#define TCP_NO_PEER     UINT32_MAX
 
 struct tcp;
 
 struct tcp_pool {
     uint32_t id;
+    struct kvf_pool *dev; /* a device pool: written through kvf_pool_write only */
     uint8_t *base;
     uint64_t page_size;
     uint64_t page_count;
@@ -102,6 +108,7 @@ struct tcp_rx {
     atomic_bool done;
     struct tcp_rx *next;
     uint8_t *scratch;
+    uint8_t *bounce; /* TCP_BOUNCE_SIZE, allocated at the first device-pool frame */
 };
 
 struct tcp_peer {
@@ -674,6 +681,36 @@ static int rx_header(struct tcp_rx *rx, uint8_t buf[KVF_TCP_HEADER_SIZE], struct
     return recv_full(rx->fd, buf + got, KVF_TCP_HEADER_SIZE - got, &rx->stop, got == 0);
 }
 
+/*
+ * A frame into a device pool: the payload goes through the receiver's bounce
+ * buffer and kvf_pool_write, synchronously, so it has landed (or failed)
+ * before the op is retired, as a direct read has. -EIO when the copy failed
+ * (the rest of the payload is not read: the connection ends, as on a cut).
+ */
+static int rx_into_device(struct tcp_rx *rx, struct kvf_pool *dev, uint64_t at, uint64_t len)
+{
+    if (!rx->bounce) {
+        rx->bounce = malloc(TCP_BOUNCE_SIZE);
+        if (!rx->bounce)
+            return -ENOMEM;
+    }
+    while (len > 0) {
+        uint64_t n = len < TCP_BOUNCE_SIZE ? len : TCP_BOUNCE_SIZE;
+        int rc = recv_full(rx->fd, rx->bounce, n, &rx->stop, false);
+        if (rc != 0)
+            return rc;
+        rc = kvf_pool_write(dev, at, rx->bounce, (size_t)n);
+        if (rc != 0) {
+            fprintf(stderr, "kvf_tcp: device pool write of %llu bytes failed: %s\n",
+                    (unsigned long long)n, strerror(-rc));
+            return -EIO;
+        }
+        at += n;
+        len -= n;
+    }
+    return 0;
+}
+
 /* Reads frames until the connection ends, is fenced, or misbehaves. */
 static void rx_frames(struct tcp_rx *rx, struct rx_idle *idle)
 {
@@ -726,7 +763,7 @@ static void rx_frames(struct tcp_rx *rx, struct rx_idle *idle)
          * admission (kvf_transport_tcp_remove_pool): look again now that the
          * op holds the lifetime open, and never write into a stale mapping. */
         struct tcp_pool again;
-        if (!rx_find_pool(t, h.pool, &again) || again.base != pool.base) {
+        if (!rx_find_pool(t, h.pool, &again) || again.base != pool.base || again.dev != pool.dev) {
             bool gone_drained = kvf_lt_op_retire(&op, KVF_LT_DONE_ERROR);
             CNT_ADD(t, frames_rejected, 1);
             if (t->opts.on_frame)
@@ -737,8 +774,11 @@ static void rx_frames(struct tcp_rx *rx, struct rx_idle *idle)
                 return;
             continue;
         }
-        uint8_t *dst = pool.base + (uint64_t)h.first_page * pool.page_size + h.offset;
-        rc = recv_full(rx->fd, dst, h.length, &rx->stop, false);
+        uint64_t at = (uint64_t)h.first_page * pool.page_size + h.offset;
+        if (pool.dev)
+            rc = rx_into_device(rx, pool.dev, at, h.length);
+        else
+            rc = recv_full(rx->fd, pool.base + at, h.length, &rx->stop, false);
         /* The read has stopped either way: retire before telling anyone. */
         enum kvf_lt_outcome outcome = KVF_LT_DONE_OK;
         if (rc != 0)
@@ -789,6 +829,7 @@ static void rx_join_free(struct tcp_rx *rx)
 {
     pthread_join(rx->thread, NULL);
     free(rx->scratch);
+    free(rx->bounce);
     free(rx);
 }
 
@@ -1058,8 +1099,8 @@ uint16_t kvf_transport_tcp_port(const struct kvf_transport *base)
     return tcp_of_const(base)->port;
 }
 
-int kvf_transport_tcp_add_pool(struct kvf_transport *base, uint32_t pool_id, void *mem,
-                               uint32_t page_size, uint32_t page_count)
+static int tcp_add_pool(struct kvf_transport *base, uint32_t pool_id, void *mem,
+                        struct kvf_pool *dev, uint32_t page_size, uint32_t page_count)
 {
     struct tcp *t = tcp_of(base);
     if (!mem || page_size == 0 || page_count == 0 ||
@@ -1074,11 +1115,29 @@ int kvf_transport_tcp_add_pool(struct kvf_transport *base, uint32_t pool_id, voi
     if (rc == 0 && t->pool_count == t->opts.max_pools)
         rc = -E2BIG;
     if (rc == 0) {
-        t->pools[t->pool_count++] = (struct tcp_pool){
-            .id = pool_id, .base = mem, .page_size = page_size, .page_count = page_count};
+        t->pools[t->pool_count++] = (struct tcp_pool){.id = pool_id,
+                                                      .dev = dev,
+                                                      .base = mem,
+                                                      .page_size = page_size,
+                                                      .page_count = page_count};
     }
     pthread_mutex_unlock(&t->lock);
     return rc;
+}
+
+int kvf_transport_tcp_add_pool(struct kvf_transport *base, uint32_t pool_id, void *mem,
+                               uint32_t page_size, uint32_t page_count)
+{
+    return tcp_add_pool(base, pool_id, mem, NULL, page_size, page_count);
+}
+
+int kvf_transport_tcp_add_device_pool(struct kvf_transport *base, uint32_t pool_id,
+                                      struct kvf_pool *pool)
+{
+    if (!pool)
+        return -EINVAL;
+    return tcp_add_pool(base, pool_id, kvf_pool_page(pool, 0), pool, kvf_pool_page_size(pool),
+                        kvf_pool_page_count(pool));
 }
 
 int kvf_transport_tcp_remove_pool(struct kvf_transport *base, uint32_t pool_id)

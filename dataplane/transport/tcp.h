@@ -3,7 +3,8 @@
  *
  * A node listens on one TCP port and opens one outbound connection to each
  * peer it writes to; a peer's writes arrive on the connection it opened. Pages
- * are written straight from the socket into the registered pool, but only
+ * are written straight from the socket into the registered pool (a device
+ * pool: through a host bounce buffer and kvf_pool_write), but only
  * after the receiver checked the frame's header against the pool and asked
  * the node (the `check` callback) whether the room-generation's sink lease
  * covers the pages and its admission is open (DESIGN.md §2.3).
@@ -68,6 +69,8 @@
 #include <stdint.h>
 
 #include "transport.h"
+
+struct kvf_pool;
 
 #define KVF_TCP_HELLO_SIZE  24u
 #define KVF_TCP_HEADER_SIZE 64u
@@ -166,6 +169,17 @@ uint16_t kvf_transport_tcp_port(const struct kvf_transport *t);
  */
 int kvf_transport_tcp_add_pool(struct kvf_transport *t, uint32_t pool_id, void *base,
                                uint32_t page_size, uint32_t page_count);
+
+/*
+ * Registers a device pool (kvf_pool_is_device): its pages are never
+ * dereferenced here. A frame for it is read into the receiver's host bounce
+ * buffer and copied in with kvf_pool_write, synchronously, before its op is
+ * retired: the lease check still comes before any byte moves, and a fence
+ * (which joins the receiver) still means no byte lands after it returns.
+ * The pool must stay open until removed. Same errors. Any thread.
+ */
+int kvf_transport_tcp_add_device_pool(struct kvf_transport *t, uint32_t pool_id,
+                                      struct kvf_pool *pool);
 
 /*
  * Unregisters a pool: frames for it are malformed from now on. A receiver

@@ -254,7 +254,8 @@ static void test_register_pool_bad_input(void **state)
     Kvfence__V1__CudaIpcMemory cuda = KVFENCE__V1__CUDA_IPC_MEMORY__INIT;
     req.memory_case = KVFENCE__V1__REGISTER_POOL_REQUEST__MEMORY_CUDA_IPC;
     req.cuda_ipc = &cuda;
-    expect_register(&f->n1, &req, KVF_GRPC_UNIMPLEMENTED, "cuda_ipc");
+    /* An empty handle (test_node_devpool covers a well-formed one). */
+    expect_register(&f->n1, &req, KVF_GRPC_INVALID_ARGUMENT, "cuda_ipc.ipc_handle");
 
     /* Nothing was half-registered: the next good pool is the fixture's + 1. */
     assert_int_equal(nh_register_pool(&f->n1, &f->p1), f->p1.pool_id + 1);

@@ -3,7 +3,8 @@
  * the test creates (shm_open O_CREAT with a name unique to the process),
  * fills with a pattern and unlinks at the end; and the CUDA IPC pool: opened
  * from an allocation exported by a child process when a device is present,
- * skipped (said in the output) when none is, -ENOTSUP in a build without CUDA.
+ * skipped (said in the output) when none is, -ENOTSUP in a build without CUDA;
+ * the fake device pool of the tests and the pools' copy functions.
  */
 #include <errno.h>
 #include <fcntl.h>
@@ -228,6 +229,72 @@ static void test_close_busy(void **state)
     assert_int_equal(kvf_pool_close(NULL), 0);
 }
 
+/* ---- device-pool copies -------------------------------------------------- */
+
+/* The fake device pool: the same mapping as host_shm, another kind, and its
+ * bytes reached through kvf_pool_write/kvf_pool_read, which count. */
+static void test_fake_device_io(void **state)
+{
+    (void)state;
+    struct kvf_pool *pool = NULL;
+    struct kvf_error err = {0};
+    assert_int_equal(
+        kvf_pool_open_fake_device(g_name, 4096, (uint64_t)PAGE_SIZE * 4, PAGE_SIZE, 4, &pool, &err),
+        0);
+    assert_int_equal(kvf_pool_kind(pool), KVF_POOL_FAKE_DEVICE);
+    assert_true(kvf_pool_is_device(pool));
+    struct kvf_pool_io_stats st;
+    kvf_pool_io_stats(pool, &st);
+    assert_int_equal(st.writes + st.reads + st.write_bytes + st.read_bytes, 0);
+
+    uint8_t buf[PAGE_SIZE + 100];
+    assert_int_equal(kvf_pool_read(pool, PAGE_SIZE - 50, buf, sizeof buf), 0);
+    for (size_t i = 0; i < sizeof buf; i++)
+        assert_int_equal(buf[i], pattern(4096 + PAGE_SIZE - 50 + i));
+    uint8_t w[300];
+    for (size_t i = 0; i < sizeof w; i++)
+        w[i] = (uint8_t)(0xC0 ^ i);
+    assert_int_equal(kvf_pool_write(pool, (uint64_t)PAGE_SIZE * 2 + 10, w, sizeof w), 0);
+    uint8_t back[sizeof w + 2];
+    assert_int_equal(kvf_pool_read(pool, (uint64_t)PAGE_SIZE * 2 + 9, back, sizeof back), 0);
+    assert_int_equal(back[0], pattern(4096 + PAGE_SIZE * 2 + 9)); /* neighbours untouched */
+    assert_memory_equal(back + 1, w, sizeof w);
+    assert_int_equal(back[sizeof w + 1], pattern(4096 + PAGE_SIZE * 2 + 10 + sizeof w));
+
+    /* Outside the pages: refused, nothing copied, not counted. */
+    assert_int_equal(kvf_pool_write(pool, (uint64_t)PAGE_SIZE * 4 - 1, w, 2), -ERANGE);
+    assert_int_equal(kvf_pool_read(pool, (uint64_t)PAGE_SIZE * 4 + 1, buf, 0), -ERANGE);
+    assert_int_equal(kvf_pool_read(pool, UINT64_MAX, buf, 1), -ERANGE);
+    assert_int_equal(kvf_pool_write(pool, (uint64_t)PAGE_SIZE * 4, w, 0),
+                     0); /* empty, at the end */
+
+    kvf_pool_io_stats(pool, &st);
+    assert_int_equal(st.writes, 1);
+    assert_int_equal(st.write_bytes, sizeof w);
+    assert_int_equal(st.reads, 2);
+    assert_int_equal(st.read_bytes, sizeof buf + sizeof back);
+    assert_int_equal(kvf_pool_close(pool), 0);
+
+    /* The write reached the shm object itself (another mapping sees it). */
+    struct kvf_pool *host = NULL;
+    assert_int_equal(
+        kvf_pool_open_shm(g_name, 4096, (uint64_t)PAGE_SIZE * 4, PAGE_SIZE, 4, &host, NULL), 0);
+    assert_false(kvf_pool_is_device(host));
+    assert_memory_equal((uint8_t *)kvf_pool_page(host, 2) + 10, w, sizeof w);
+    /* Host pools copy through the same functions (memcpy), counted alike. */
+    uint8_t one = 0x11;
+    assert_int_equal(kvf_pool_write(host, 0, &one, 1), 0);
+    assert_int_equal(((uint8_t *)kvf_pool_page(host, 0))[0], 0x11);
+    kvf_pool_io_stats(host, &st);
+    assert_int_equal(st.writes, 1);
+    /* restore the pattern for the other tests */
+    one = pattern(4096);
+    assert_int_equal(kvf_pool_write(host, 0, &one, 1), 0);
+    for (size_t i = 0; i < sizeof w; i++)
+        ((uint8_t *)kvf_pool_page(host, 2))[10 + i] = pattern(4096 + PAGE_SIZE * 2 + 10 + i);
+    assert_int_equal(kvf_pool_close(host), 0);
+}
+
 /* ---- CUDA IPC ------------------------------------------------------------ */
 
 #ifndef KVF_HAVE_CUDA
@@ -317,6 +384,16 @@ static void test_cuda_ipc(void **state)
     for (size_t i = 0; i < PAGE_SIZE; i++)
         assert_int_equal(host[i], 0x5A);
     assert_null(kvf_pool_page(pool, 3));
+    /* The pool's own copies (cudaMemcpy host<->device). */
+    assert_true(kvf_pool_is_device(pool));
+    uint8_t w[100], r[102];
+    memset(w, 0xA7, sizeof w);
+    assert_int_equal(kvf_pool_write(pool, PAGE_SIZE + 7, w, sizeof w), 0);
+    assert_int_equal(kvf_pool_read(pool, PAGE_SIZE + 6, r, sizeof r), 0);
+    assert_int_equal(r[0], 0x5A);
+    assert_memory_equal(r + 1, w, sizeof w);
+    assert_int_equal(r[sizeof w + 1], 0x5A);
+    assert_int_equal(kvf_pool_write(pool, (uint64_t)PAGE_SIZE * 3, w, 1), -ERANGE);
     assert_int_equal(kvf_pool_busy_get(pool), 0);
     assert_int_equal(kvf_pool_close(pool), -EBUSY);
     kvf_pool_busy_put(pool);
@@ -336,6 +413,7 @@ int main(void)
         cmocka_unit_test(test_bounds),          cmocka_unit_test(test_unknown_name),
         cmocka_unit_test(test_invalid),         cmocka_unit_test(test_access_denied),
         cmocka_unit_test(test_close_busy),      cmocka_unit_test(test_cuda_ipc),
+        cmocka_unit_test(test_fake_device_io),
     };
     return cmocka_run_group_tests_name("pool", tests, setup_shm, teardown_shm);
 }

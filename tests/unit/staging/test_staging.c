@@ -12,6 +12,7 @@
  * The CUDA test runs only with a device and says so when it skips.
  */
 #include <errno.h>
+#include <fcntl.h>
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -19,7 +20,9 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
 #include <time.h>
+#include <unistd.h>
 
 #include <cmocka.h>
 
@@ -28,6 +31,7 @@
 #endif
 
 #include "lifetime.h"
+#include "pool.h"
 #include "staging.h"
 #include "staging_fake.h"
 
@@ -457,6 +461,69 @@ static void test_host_engine_byte_exact(void **state)
     kvf_lt_table_destroy(t);
 }
 
+/* A copy whose source is a device pool (here the tests' fake one): the host
+ * engine reads it with kvf_pool_read (counted), never through `src`, which
+ * the test points at an unmapped address to prove it. */
+static void test_host_engine_reads_device_pool(void **state)
+{
+    (void)state;
+    enum { PG = 4096, NPG = 8 };
+    char name[64];
+    snprintf(name, sizeof name, "/kvf-test-staging-%d", (int)getpid());
+    shm_unlink(name);
+    int fd = shm_open(name, O_RDWR | O_CREAT | O_EXCL, 0600);
+    assert_true(fd >= 0);
+    assert_int_equal(ftruncate(fd, PG * NPG), 0);
+    uint8_t *m = mmap(NULL, PG * NPG, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+    assert_true(m != MAP_FAILED);
+    close(fd);
+    for (size_t i = 0; i < PG * NPG; i++)
+        m[i] = (uint8_t)(i * 11u + 3u);
+    struct kvf_pool *dev = NULL;
+    assert_int_equal(kvf_pool_open_fake_device(name, 0, PG * NPG, PG, NPG, &dev, NULL), 0);
+    shm_unlink(name);
+
+    struct kvf_staging *eng = kvf_staging_host_create(NULL);
+    assert_non_null(eng);
+    /* An address nobody mapped: dereferencing it would crash the test. */
+    void *hole = mmap(NULL, PG * NPG, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    assert_true(hole != MAP_FAILED);
+    uint8_t dst[3 * PG];
+    struct kvf_stage_copy c;
+    memset(&c, 0, sizeof c);
+    c.dst = dst;
+    c.src = (uint8_t *)hole + 2 * PG;
+    c.len = sizeof dst;
+    c.src_pool = dev;
+    c.src_offset = 2 * PG;
+    assert_int_equal(kvf_staging_copy_async(eng, &c), 0);
+    struct kvf_stage_copy *done[1];
+    poll_until(eng, 1, done);
+    assert_ptr_equal(done[0], &c);
+    assert_int_equal(c.status, 0);
+    assert_memory_equal(dst, m + 2 * PG, sizeof dst);
+    /* Past the pool's end: the pool refuses, the copy fails (ERROR). */
+    memset(&c, 0, sizeof c);
+    c.dst = dst;
+    c.src = hole;
+    c.len = sizeof dst;
+    c.src_pool = dev;
+    c.src_offset = 6 * PG;
+    assert_int_equal(kvf_staging_copy_async(eng, &c), 0);
+    poll_until(eng, 1, done);
+    assert_int_equal(c.status, -ERANGE);
+    assert_int_equal(c.outcome, KVF_LT_DONE_ERROR);
+    struct kvf_pool_io_stats st;
+    kvf_pool_io_stats(dev, &st);
+    assert_int_equal(st.reads, 1);
+    assert_int_equal(st.read_bytes, sizeof dst);
+
+    assert_int_equal(kvf_staging_destroy(eng), 0);
+    munmap(hole, PG * NPG);
+    munmap(m, PG * NPG);
+    assert_int_equal(kvf_pool_close(dev), 0);
+}
+
 /* Destroying the host engine with copies still running is refused; once they
  * are polled the workers are joined and nothing leaks. */
 static void test_host_destroy_in_flight(void **state)
@@ -601,6 +668,7 @@ int main(void)
         cmocka_unit_test(test_destroy_with_copies_in_flight),
         cmocka_unit_test(test_host_engine_byte_exact),
         cmocka_unit_test(test_host_destroy_in_flight),
+        cmocka_unit_test(test_host_engine_reads_device_pool),
         cmocka_unit_test(test_cuda_engine),
     };
     return cmocka_run_group_tests_name("staging", tests, NULL, NULL);

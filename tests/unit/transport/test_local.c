@@ -9,18 +9,23 @@
  * with a timeout.
  */
 #include <errno.h>
+#include <fcntl.h>
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
 #include <stdint.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
 #include <time.h>
+#include <unistd.h>
 
 #include <cmocka.h>
 
 #include "lifetime.h"
 #include "local.h"
+#include "pool.h"
 #include "transport.h"
 
 #define PAGE       4096u
@@ -323,6 +328,119 @@ static void test_destroy_retires_queued_writes(void **state)
     fx_free(f);
 }
 
+/* ---- device pools -------------------------------------------------------------- */
+
+/* A fake device pool (pool.h) over a new shm object of POOL_PAGES pages
+ * filled with `seed`'s pattern; the object is unlinked at once (the mapping
+ * keeps it). */
+static struct kvf_pool *dev_pool(const char *tag, uint8_t seed)
+{
+    char name[64];
+    snprintf(name, sizeof name, "/kvf-test-local-%d-%s", (int)getpid(), tag);
+    shm_unlink(name);
+    int fd = shm_open(name, O_RDWR | O_CREAT | O_EXCL, 0600);
+    assert_true(fd >= 0);
+    size_t bytes = (size_t)PAGE * POOL_PAGES;
+    assert_int_equal(ftruncate(fd, (off_t)bytes), 0);
+    uint8_t *m = mmap(NULL, bytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+    assert_true(m != MAP_FAILED);
+    for (size_t i = 0; i < bytes; i++)
+        m[i] = (uint8_t)(seed + i * 3u);
+    munmap(m, bytes);
+    close(fd);
+    struct kvf_pool *p = NULL;
+    assert_int_equal(kvf_pool_open_fake_device(name, 0, bytes, PAGE, POOL_PAGES, &p, NULL), 0);
+    shm_unlink(name);
+    return p;
+}
+
+static uint8_t dev_byte(struct kvf_pool *p, uint64_t off)
+{
+    uint8_t b = 0;
+    assert_int_equal(kvf_pool_read(p, off, &b, 1), 0);
+    return b;
+}
+
+/* Host -> device, device -> host and device -> device copies all go through
+ * the pools' copy functions (their counters say so) and land byte-exact. */
+static void test_device_pools_copy_through_the_pool(void **state)
+{
+    (void)state;
+    struct fx *f = fx_new(2, (size_t)PAGE * 8);
+    struct kvf_pool *dsink = dev_pool("sink", 0x10);
+    struct kvf_pool *dsrc = dev_pool("src", 0x90);
+    assert_int_equal(kvf_transport_local_add_device_pool(f->t, 7, dsink), 0);
+    assert_int_equal(kvf_transport_local_add_device_pool(f->t, 8, dsrc), 0);
+    /* 0: host src -> device pool 7 pages [4, 6). */
+    struct kvf_xfer *x = &f->x[0];
+    memset(x, 0, sizeof *x);
+    x->peer = SELF;
+    x->room = (kvf_room_key){1, 1};
+    x->src = f->src;
+    x->len = 2u * PAGE;
+    x->sink_pool = 7;
+    x->first_page = 4;
+    x->page_count = 2;
+    assert_int_equal(kvf_lt_admit(f->lt, &x->op, KVF_LT_OP_CUDA_COPY, SELF), 0);
+    assert_int_equal(kvf_transport_post_write(f->t, x), 0);
+    /* 1: device pool 8 pages [10, 13) -> host pool pages [20, 23). */
+    x = &f->x[1];
+    memset(x, 0, sizeof *x);
+    x->peer = SELF;
+    x->room = (kvf_room_key){1, 1};
+    x->src = (const uint8_t *)kvf_pool_page(dsrc, 10);
+    x->len = 3u * PAGE;
+    x->sink_pool = POOL_ID;
+    x->first_page = 20;
+    x->page_count = 3;
+    assert_int_equal(kvf_lt_admit(f->lt, &x->op, KVF_LT_OP_CUDA_COPY, SELF), 0);
+    assert_int_equal(kvf_transport_post_write(f->t, x), 0);
+    /* 2: device pool 8 pages [0, 2) -> device pool 7 pages [30, 32). */
+    x = &f->x[2];
+    memset(x, 0, sizeof *x);
+    x->peer = SELF;
+    x->room = (kvf_room_key){1, 1};
+    x->src = (const uint8_t *)kvf_pool_page(dsrc, 0);
+    x->len = 2u * PAGE;
+    x->sink_pool = 7;
+    x->first_page = 30;
+    x->page_count = 2;
+    assert_int_equal(kvf_lt_admit(f->lt, &x->op, KVF_LT_OP_CUDA_COPY, SELF), 0);
+    assert_int_equal(kvf_transport_post_write(f->t, x), 0);
+
+    struct kvf_completion c[3];
+    reap(f, 3, c);
+    for (unsigned i = 0; i < 3; i++)
+        assert_int_equal(c[i].outcome, KVF_LT_DONE_OK);
+
+    for (size_t i = 0; i < 2u * PAGE; i++)
+        assert_int_equal(dev_byte(dsink, 4u * PAGE + i), f->src[i]);
+    for (size_t i = 0; i < 3u * PAGE; i++)
+        assert_int_equal(f->pool[20u * PAGE + i], (uint8_t)(0x90 + (10u * PAGE + i) * 3u));
+    for (size_t i = 0; i < 2u * PAGE; i++)
+        assert_int_equal(dev_byte(dsink, 30u * PAGE + i), (uint8_t)(0x90 + i * 3u));
+    /* Neighbours untouched. */
+    assert_int_equal(dev_byte(dsink, 4u * PAGE - 1), (uint8_t)(0x10 + (4u * PAGE - 1) * 3u));
+    assert_int_equal(dev_byte(dsink, 6u * PAGE), (uint8_t)(0x10 + 6u * PAGE * 3u));
+    check_canary(f, 0, 20);
+    check_canary(f, 23, POOL_PAGES - 23);
+
+    /* Through the pools: the sink got two writes, the source two reads (the
+     * test's own reads above were of the sink only). */
+    struct kvf_pool_io_stats ss, rs;
+    kvf_pool_io_stats(dsrc, &rs);
+    assert_int_equal(rs.reads, 2);
+    assert_int_equal(rs.read_bytes, 5u * PAGE);
+    assert_int_equal(rs.writes, 0);
+    kvf_pool_io_stats(dsink, &ss);
+    assert_int_equal(ss.writes, 2);
+    assert_int_equal(ss.write_bytes, 4u * PAGE);
+
+    fx_free(f);
+    assert_int_equal(kvf_pool_close(dsink), 0);
+    assert_int_equal(kvf_pool_close(dsrc), 0);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -332,6 +450,7 @@ int main(void)
         cmocka_unit_test(test_fence_flushes_queued_and_refuses_later_posts),
         cmocka_unit_test(test_fence_waits_for_the_copy_in_progress),
         cmocka_unit_test(test_destroy_retires_queued_writes),
+        cmocka_unit_test(test_device_pools_copy_through_the_pool),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

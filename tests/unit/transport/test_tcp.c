@@ -11,12 +11,14 @@
  * runs on the main thread.
  */
 #include <errno.h>
+#include <fcntl.h>
 #include <pthread.h>
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stdatomic.h>
 #include <stddef.h>
 #include <stdint.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
@@ -24,11 +26,13 @@
 
 #include <arpa/inet.h>
 #include <netinet/in.h>
+#include <sys/mman.h>
 #include <sys/socket.h>
 
 #include <cmocka.h>
 
 #include "lifetime.h"
+#include "pool.h"
 #include "tcp.h"
 #include "transport.h"
 
@@ -1026,6 +1030,72 @@ static void test_removed_pool_lands_nowhere(void **state)
     free(src);
 }
 
+/* B's pool replaced by a fake device pool (pool.h): frames land through the
+ * receiver's bounce buffer and kvf_pool_write (one write per 256 KiB of
+ * payload), byte-exact; a refused frame writes nothing. */
+static void test_device_pool_lands_through_the_pool(void **state)
+{
+    struct pair *p = *state;
+    char name[64];
+    snprintf(name, sizeof name, "/kvf-test-tcp-%d", (int)getpid());
+    shm_unlink(name);
+    int fd = shm_open(name, O_RDWR | O_CREAT | O_EXCL, 0600);
+    assert_true(fd >= 0);
+    assert_int_equal(ftruncate(fd, (off_t)POOL_BYTES), 0);
+    uint8_t *m = mmap(NULL, POOL_BYTES, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+    assert_true(m != MAP_FAILED);
+    close(fd);
+    fill_canary(m, POOL_BYTES);
+    struct kvf_pool *dev = NULL;
+    assert_int_equal(kvf_pool_open_fake_device(name, 0, POOL_BYTES, PAGE, POOL_PAGES, &dev, NULL),
+                     0);
+    shm_unlink(name);
+    assert_int_equal(kvf_transport_tcp_remove_pool(p->b.t, POOL_ID), 0);
+    assert_int_equal(kvf_transport_tcp_add_device_pool(p->b.t, POOL_ID, dev), 0);
+    assert_int_equal(kvf_transport_tcp_add_device_pool(p->b.t, POOL_ID, dev), -EEXIST);
+    pthread_mutex_lock(&p->b.lock);
+    p->b.lease_first = 0;
+    p->b.lease_count = 64;
+    pthread_mutex_unlock(&p->b.lock);
+
+    uint8_t *expect = malloc(POOL_BYTES);
+    uint8_t *src = malloc(20 * (size_t)PAGE);
+    assert_non_null(expect);
+    assert_non_null(src);
+    memcpy(expect, m, POOL_BYTES);
+    struct kvf_xfer x[3];
+    /* 1 MiB into pages [16, 32): four bounce-buffer writes. */
+    fill_pattern(src, 16 * (size_t)PAGE, 51);
+    memcpy(expect + 16 * (size_t)PAGE, src, 16 * (size_t)PAGE);
+    assert_int_equal(post(&p->a, &x[0], ROOM, src, 16 * (uint64_t)PAGE, 16, 16, 0), 0);
+    /* An unaligned one over pages [40, 42). */
+    uint64_t off = 300, len = (uint64_t)PAGE + 5000;
+    fill_pattern(src + 16 * (size_t)PAGE, len, 52);
+    memcpy(expect + 40 * (size_t)PAGE + off, src + 16 * (size_t)PAGE, len);
+    assert_int_equal(post(&p->a, &x[1], ROOM, src + 16 * (size_t)PAGE, len, 40, 2, off), 0);
+    /* Outside B's lease: refused by the check, nothing written. */
+    assert_int_equal(post(&p->a, &x[2], ROOM, src, PAGE, 100, 1, 0), 0);
+    struct reaped r = {0};
+    reap(p->a.t, 3, &r);
+    wait_count(&p->b.frames_ok, 2);
+    WAIT_STAT(p->b.t, frames_rejected, 1);
+    assert_memory_equal(m, expect, POOL_BYTES);
+    struct kvf_pool_io_stats st;
+    kvf_pool_io_stats(dev, &st);
+    assert_int_equal(st.writes, 4 + 1);
+    assert_int_equal(st.write_bytes, 16 * (uint64_t)PAGE + len);
+    assert_int_equal(st.reads, 0);
+    assert_int_equal(kvf_lt_inflight(p->b.lt), 0);
+
+    /* Put B's host pool back for the teardown's checks. */
+    assert_int_equal(kvf_transport_tcp_remove_pool(p->b.t, POOL_ID), 0);
+    assert_int_equal(kvf_transport_tcp_add_pool(p->b.t, POOL_ID, p->b.pool, PAGE, POOL_PAGES), 0);
+    assert_int_equal(kvf_pool_close(dev), 0);
+    munmap(m, POOL_BYTES);
+    free(src);
+    free(expect);
+}
+
 /* Bad arguments are refused before anything is queued. */
 static void test_post_checks_arguments(void **state)
 {
@@ -1081,6 +1151,8 @@ int main(void)
                                         pair_teardown),
         cmocka_unit_test_setup_teardown(test_post_checks_arguments, pair_setup, pair_teardown),
         cmocka_unit_test_setup_teardown(test_removed_pool_lands_nowhere, pair_setup, pair_teardown),
+        cmocka_unit_test_setup_teardown(test_device_pool_lands_through_the_pool, pair_setup,
+                                        pair_teardown),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -1,0 +1,117 @@
+/*
+ * devpool.c: device memory pools in kvfence-node (devpool.h).
+ *
+ * CUDA IPC pools are opened with kvf_pool_open_cuda_ipc: in a build without
+ * CUDA the pool layer answers -ENOTSUP, which becomes FAILED_PRECONDITION
+ * "this kvfence-node was built without CUDA"; with CUDA but no device (or an
+ * ordinal beyond them) FAILED_PRECONDITION naming cuda_ipc.device, and a
+ * handle the runtime refuses INVALID_ARGUMENT naming cuda_ipc.ipc_handle.
+ * The fake device pool (--test-fake-device-pools PREFIX) exists so that the
+ * same data path runs on a machine without a GPU: the node treats it exactly
+ * as a CUDA pool except that its copies are memcpy.
+ */
+#include "devpool.h"
+
+#include <errno.h>
+#include <inttypes.h>
+#include <stdio.h>
+#include <string.h>
+
+#include "local.h"
+#include "tcp.h"
+
+const char *node_devpool_check_cuda_request(const Kvfence__V1__RegisterPoolRequest *r)
+{
+    const Kvfence__V1__CudaIpcMemory *c = r->cuda_ipc;
+    if (r->page_size == 0 || r->page_count == 0)
+        return "page_size and page_count must be >= 1";
+    if (c->ipc_handle.len != KVF_POOL_CUDA_IPC_HANDLE_SIZE)
+        return "cuda_ipc.ipc_handle: must be the 64 bytes of a cudaIpcMemHandle_t";
+    if (c->size < (uint64_t)r->page_size * r->page_count)
+        return "cuda_ipc.size: smaller than page_size x page_count";
+    return NULL;
+}
+
+static bool fake_device_name(const struct kvf_node *n, const char *name)
+{
+    const char *pre = n->opts.test_fake_device_pools;
+    return pre && pre[0] && name && strncmp(name, pre, strlen(pre)) == 0;
+}
+
+int node_devpool_open(struct kvf_node *n, const Kvfence__V1__RegisterPoolRequest *req,
+                      struct kvf_pool **pool_p, char *msg, size_t msg_len)
+{
+    struct kvf_error err;
+    kvf_error_clear(&err);
+    if (req->memory_case == KVFENCE__V1__REGISTER_POOL_REQUEST__MEMORY_CUDA_IPC) {
+        const Kvfence__V1__CudaIpcMemory *c = req->cuda_ipc;
+        int rc = kvf_pool_open_cuda_ipc(c->ipc_handle.data, c->ipc_handle.len, c->device, c->offset,
+                                        c->size, req->page_size, req->page_count, pool_p, &err);
+        if (rc == 0)
+            return 0;
+        if (rc == -ENOTSUP) {
+            snprintf(msg, msg_len, "cuda_ipc: this kvfence-node was built without CUDA");
+            return KVF_GRPC_FAILED_PRECONDITION;
+        }
+        snprintf(msg, msg_len, "%s", err.msg);
+        if (rc == -ENODEV)
+            return KVF_GRPC_FAILED_PRECONDITION;
+        if (rc == -ENOMEM)
+            return KVF_GRPC_RESOURCE_EXHAUSTED;
+        return KVF_GRPC_INVALID_ARGUMENT; /* -EINVAL geometry, -EIO a refused handle */
+    }
+    const Kvfence__V1__HostShmMemory *shm = req->host_shm;
+    bool fake = fake_device_name(n, shm->shm_name);
+    int rc = fake ? kvf_pool_open_fake_device(shm->shm_name, shm->offset, shm->size, req->page_size,
+                                              req->page_count, pool_p, &err)
+                  : kvf_pool_open_shm(shm->shm_name, shm->offset, shm->size, req->page_size,
+                                      req->page_count, pool_p, &err);
+    if (rc == 0)
+        return 0;
+    snprintf(msg, msg_len, "host_shm: %s", err.msg);
+    return (int)kvf_errno_to_grpc_code(rc);
+}
+
+bool node_devpool_is(const struct node_pool *p)
+{
+    return kvf_pool_is_device(p->pool);
+}
+
+int node_devpool_add_tcp(struct kvf_transport *tcp, const struct node_pool *p)
+{
+    if (node_devpool_is(p))
+        return kvf_transport_tcp_add_device_pool(tcp, p->id, p->pool);
+    return kvf_transport_tcp_add_pool(tcp, p->id, p->base, p->page_size, p->page_count);
+}
+
+int node_devpool_add_local(struct kvf_transport *local, const struct node_pool *p)
+{
+    if (node_devpool_is(p))
+        return kvf_transport_local_add_device_pool(local, p->id, p->pool);
+    return kvf_transport_local_add_pool(local, p->id, p->base, p->page_size, p->page_count);
+}
+
+const char *node_devpool_kind_name(const struct node_pool *p)
+{
+    switch (kvf_pool_kind(p->pool)) {
+    case KVF_POOL_CUDA_IPC:
+        return "cuda_ipc";
+    case KVF_POOL_FAKE_DEVICE:
+        return "fake device (test)";
+    case KVF_POOL_HOST_SHM:
+        break;
+    }
+    return "host_shm";
+}
+
+void node_devpool_log_stats(const struct node_pool *p)
+{
+    if (!node_devpool_is(p))
+        return;
+    struct kvf_pool_io_stats st;
+    kvf_pool_io_stats(p->pool, &st);
+    node_log("info", NULL,
+             "device pool %u (%s): writes=%" PRIu64 " write_bytes=%" PRIu64 " reads=%" PRIu64
+             " read_bytes=%" PRIu64,
+             p->id, node_devpool_kind_name(p), st.writes, st.write_bytes, st.reads, st.read_bytes);
+}

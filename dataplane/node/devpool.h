@@ -1,0 +1,52 @@
+/*
+ * devpool.h: device memory pools in kvfence-node (docs/node.md, "Device
+ * pools"): opening a RegisterPool request's memory (host shm, CUDA IPC, or
+ * the tests' fake device pool), handing device pools to the transports, and
+ * their copy statistics.
+ *
+ * Device pages (kvf_pool_is_device) are touched only through kvf_pool_read /
+ * kvf_pool_write: the TCP receiver lands a frame through a host bounce
+ * buffer, the local transport copies through the pool functions, the source
+ * stages the pages into a host buffer first (a remote sink without staging is
+ * refused), and RDMA never registers them.
+ *
+ * DESIGN: everything here runs on the node's owner thread.
+ */
+#ifndef KVF_NODE_DEVPOOL_H
+#define KVF_NODE_DEVPOOL_H
+
+#include <stdbool.h>
+#include <stddef.h>
+
+#include "node_internal.h"
+
+/* Opens the memory of `req` into *pool_p. 0, or a gRPC code with `msg`
+ * naming the field (cuda_ipc.ipc_handle, cuda_ipc.device, host_shm...). With
+ * opts.test_fake_device_pools set, a host_shm pool whose shm_name starts with
+ * it is opened as a fake device pool (tests). */
+int node_devpool_open(struct kvf_node *n, const Kvfence__V1__RegisterPoolRequest *req,
+                      struct kvf_pool **pool_p, char *msg, size_t msg_len);
+
+/* Shape checks of a cuda_ipc request on the CQ thread: NULL or the
+ * INVALID_ARGUMENT message. */
+const char *node_devpool_check_cuda_request(const Kvfence__V1__RegisterPoolRequest *r);
+
+/* Adds a pool to the TCP transport: a device pool through
+ * kvf_transport_tcp_add_device_pool. 0 or -errno. */
+int node_devpool_add_tcp(struct kvf_transport *tcp, const struct node_pool *p);
+
+/* The same for the local transport. */
+int node_devpool_add_local(struct kvf_transport *local, const struct node_pool *p);
+
+/* True for a device pool. */
+bool node_devpool_is(const struct node_pool *p);
+
+/* What the pool was registered from ("host_shm /name", "cuda_ipc device 0",
+ * "fake device /name"), for logs. */
+const char *node_devpool_kind_name(const struct node_pool *p);
+
+/* Logs the device-pool copy counts of `p` (nothing for a host pool):
+ * "device pool N: writes=W write_bytes=B reads=R read_bytes=B". */
+void node_devpool_log_stats(const struct node_pool *p);
+
+#endif /* KVF_NODE_DEVPOOL_H */
