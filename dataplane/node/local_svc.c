@@ -89,8 +89,11 @@ void node_local_register_pool(struct kvf_node *n, struct node_job *j)
     p->page_count = req->page_count;
     p->rank = req->rank;
     rc = node_devpool_add_tcp(n->tcp, p);
-    if (rc == 0)
+    if (rc == 0) {
         rc = node_xport_add_pool(n, p);
+        if (rc != 0) /* nothing half-applied: TCP must not keep a pool about to be unmapped */
+            (void)kvf_transport_tcp_remove_pool(n->tcp, p->id);
+    }
     if (rc != 0) {
         kvf_pool_close(p->pool);
         fail(j, KVF_GRPC_INTERNAL, "a transport refused the pool: %s", strerror(-rc));
