@@ -188,6 +188,32 @@ static void submit_ok(struct fx *f, kvf_room_key k, uint64_t seq, uint32_t sfirs
         fail_msg("SubmitChunk %llu: %d %s", (unsigned long long)seq, code, st.message);
 }
 
+/* The only chunk (seq 1, last) of a room: n1's pages [sfirst, +count) ->
+ * pages [dfirst, +count) of `sink_pool` on `sink_node`. The status code. */
+static int submit_one(struct fx *f, kvf_room_key k, const char *sink_node, uint32_t sink_pool,
+                      uint32_t sfirst, uint32_t dfirst, uint32_t count, struct kvf_rpc_status *st)
+{
+    struct nh_chunk c = {.seq = 1,
+                         .source_pool = f->p1.pool_id,
+                         .sink_node = sink_node,
+                         .sink_pool = sink_pool,
+                         .n = 1,
+                         .sfirst = {sfirst},
+                         .dfirst = {dfirst},
+                         .count = {count},
+                         .last = true};
+    return nh_submit(f->n1.local, k, &c, st);
+}
+
+static void submit_one_ok(struct fx *f, kvf_room_key k, const char *sink_node, uint32_t sink_pool,
+                          uint32_t sfirst, uint32_t dfirst, uint32_t count)
+{
+    struct kvf_rpc_status st;
+    int code = submit_one(f, k, sink_node, sink_pool, sfirst, dfirst, count, &st);
+    if (code != KVF_GRPC_OK)
+        fail_msg("SubmitChunk: %d %s", code, st.message);
+}
+
 /* A one-chunk room n1 [s, +count) -> n2 [d, +count) that completes and lands. */
 static void room_lands(struct fx *f, uint64_t room_id, uint32_t s, uint32_t d, uint32_t count,
                        uint32_t seed)
@@ -506,19 +532,7 @@ static void test_rdma_pool_registered_after_link(void **state)
         nh_join_pair(f->ch, 601, "n1", f->p1.pool_id, 0, "n2", f->p3.pool_id, 4, 8, WAIT_MS);
     nh_wait_log(&f->n2, "room update", &k, 1, WAIT_MS);
     nh_wait_node_knows(&f->n1, k, f->p1.pool_id, "n2", f->p3.pool_id, 4, WAIT_MS);
-    struct nh_chunk c = {.seq = 1,
-                         .source_pool = f->p1.pool_id,
-                         .sink_node = "n2",
-                         .sink_pool = f->p3.pool_id,
-                         .n = 1,
-                         .sfirst = {0},
-                         .dfirst = {4},
-                         .count = {8},
-                         .last = true};
-    struct kvf_rpc_status st;
-    int code = nh_submit(f->n1.local, k, &c, &st);
-    if (code != KVF_GRPC_OK)
-        fail_msg("SubmitChunk: %d %s", code, st.message);
+    submit_one_ok(f, k, "n2", f->p3.pool_id, 0, 4, 8);
     nh_wait_room_state(f->ch, k, KVFENCE__V1__ROOM_STATE__ROOM_STATE_COMPLETED, WAIT_MS);
     check_holds(&f->p3, 4, 8, 311, 0);
     check_holds(&f->p3, 0, 4, SEED_N2, 0);
@@ -526,7 +540,9 @@ static void test_rdma_pool_registered_after_link(void **state)
 
     Kvfence__V1__UnregisterPoolRequest req = KVFENCE__V1__UNREGISTER_POOL_REQUEST__INIT;
     req.pool_id = f->p3.pool_id;
-    code = nh_call(f->n2.local, "/kvfence.v1.NodeLocal/UnregisterPool", &req.base, NULL, NULL, &st);
+    struct kvf_rpc_status st;
+    int code =
+        nh_call(f->n2.local, "/kvfence.v1.NodeLocal/UnregisterPool", &req.base, NULL, NULL, &st);
     if (code != KVF_GRPC_OK)
         fail_msg("UnregisterPool: %d %s", code, st.message);
     char line[64];
@@ -726,6 +742,72 @@ static void test_rdma_link_close_on_shutdown(void **state)
     assert_int_equal(rdma_stat(&f->n2, "peer_resets="), 1);
 }
 
+/* Admin.FenceNode n1 while both nodes run and n1 has RDMA writes held: the
+ * control plane has n2 fence n1 (FencePeer), n2 moves its QPs to n1 to ERR
+ * and sends LinkClose (reconnect false); n1, alive, takes the link down for
+ * good and resets its QPs (the held writes come back flushed: the room fails,
+ * its leases are released once). Nothing n1 writes lands on n2 afterwards,
+ * and n1 never links to that n2 incarnation again: a later room to n2 sends
+ * no hello (it goes over TCP, which n2 refuses for the fenced n1). */
+static void test_rdma_fence_sends_link_close(void **state)
+{
+    struct fx *f = *state;
+    fx_start(f, "fake");
+    warm_up_link(f, 1200);
+    nh_set_faults(&f->n1, "rdma_hold=1\n", WAIT_MS);
+    nh_wait_log(&f->n1, "fault: rdma writes held", NULL, 1, WAIT_MS);
+    fill(&f->p1, 0, 8, 361);
+    kvf_room_key k = join_pair(f, 1201, 0, 16, 8);
+    submit_ok(f, k, 1, 0, 16, 8, true, NULL, 0); /* posted over RDMA, held at n1 */
+
+    Kvfence__V1__FenceNodeRequest req = KVFENCE__V1__FENCE_NODE_REQUEST__INIT;
+    req.node_id = (char *)"n1";
+    uint8_t *resp = NULL;
+    size_t len = 0;
+    struct kvf_rpc_status st;
+    int code = nh_call(f->ch, "/kvfence.v1.Admin/FenceNode", &req.base, &resp, &len, &st);
+    if (code != KVF_GRPC_OK)
+        fail_msg("FenceNode: %d %s", code, st.message);
+    Kvfence__V1__FenceNodeResponse *fr = kvfence__v1__fence_node_response__unpack(NULL, len, resp);
+    free(resp);
+    assert_non_null(fr);
+    assert_int_equal(fr->fencers, 1); /* n2, the room's other node */
+    kvfence__v1__fence_node_response__free_unpacked(fr, NULL);
+
+    nh_wait_log(&f->n2, "rdma: peer n1 incarnation", NULL, 1, WAIT_MS); /* its QPs in ERR */
+    nh_wait_log(&f->n1, "LinkClose (fenced)", NULL, 1, WAIT_MS);
+    nh_wait_log(&f->n1, "down (fenced): TCP only", NULL, 1, WAIT_MS);
+    nh_wait_room_state(f->ch, k, KVFENCE__V1__ROOM_STATE__ROOM_STATE_ABORTED, WAIT_MS);
+    nh_watch_released_once(&f->w, f->ch, k, WAIT_MS);
+    check_holds(&f->p2, 0, PAGE_COUNT - 4, SEED_N2, 0); /* the held writes landed nowhere */
+
+    /* n1 lives on as the same incarnation: its next room to n2 finds the link
+     * dead (no hello), and nothing of it lands on n2. */
+    nh_set_faults(&f->n1, "rdma_hold=0\n", WAIT_MS);
+    fill(&f->p2, 0, 16, 362);
+    fill(&f->p1, 40, 8, 363);
+    kvf_room_key k2 = join_pair(f, 1202, 40, 40, 8);
+    /* Refused at once or failed on the way: either way the room fails. */
+    (void)submit_one(f, k2, "n2", f->p2.pool_id, 40, 40, 8, &st);
+    nh_wait_room_state(f->ch, k2, KVFENCE__V1__ROOM_STATE__ROOM_STATE_ABORTED, WAIT_MS);
+    nh_watch_released_once(&f->w, f->ch, k2, WAIT_MS);
+    check_holds(&f->p2, 0, 16, 362, 0);
+    check_holds(&f->p2, 16, PAGE_COUNT - 20, SEED_N2, 16);
+    assert_int_equal(nh_log_count(&f->n1, "rdma link to n2: hello sent", NULL), 1);
+    assert_int_equal(nh_log_count(&f->n1, "up (initiator)", NULL), 1);
+
+    struct nh_node *nodes[] = {&f->n1, &f->n2};
+    assert_int_equal(nh_nodes_stop(nodes, 2, 20000), 0);
+    assert_int_equal(rdma_stat(&f->n2, "closes_sent="), 1);
+    assert_int_equal(rdma_stat(&f->n1, "closes_in="), 1);
+    assert_int_equal(rdma_stat(&f->n1, "closes_sent="), 0); /* dead link: none at its stop */
+    assert_int_equal(rdma_stat(&f->n1, "peer_resets="), 1);
+    assert_int_equal(rdma_stat(&f->n1, "wrs_flushed="), 1); /* the held write, back at the reset */
+    assert_int_equal(rdma_stat(&f->n2, "fences="), 1);
+    assert_int_equal(rdma_stat(&f->n2, "notices_in="), 0); /* the warm-up room went over TCP */
+    assert_int_equal(rdma_stat(&f->n2, "fabric_writes_in="), 0);
+}
+
 /* A sink on the same node: the chunk is a local copy, and its chunk_done on
  * the source's Watch says LOCAL. */
 static void test_rdma_local_sink_chunk_says_local(void **state)
@@ -741,19 +823,7 @@ static void test_rdma_local_sink_chunk_says_local(void **state)
     nh_wait_node_knows(&f->n1, k, f->p1.pool_id, "n1", f->p3.pool_id, 4, WAIT_MS);
     struct kvf_rpc_client_stream *w1 = nwatch_open(&f->n1, k);
     nwatch_sync(w1);
-    struct nh_chunk c = {.seq = 1,
-                         .source_pool = f->p1.pool_id,
-                         .sink_node = "n1",
-                         .sink_pool = f->p3.pool_id,
-                         .n = 1,
-                         .sfirst = {0},
-                         .dfirst = {4},
-                         .count = {8},
-                         .last = true};
-    struct kvf_rpc_status st;
-    int code = nh_submit(f->n1.local, k, &c, &st);
-    if (code != KVF_GRPC_OK)
-        fail_msg("SubmitChunk: %d %s", code, st.message);
+    submit_one_ok(f, k, "n1", f->p3.pool_id, 0, 4, 8);
     nwatch_chunks(w1, 1, KVFENCE__V1__TRANSPORT_KIND__TRANSPORT_KIND_LOCAL);
     nwatch_close(w1);
     nh_wait_room_state(f->ch, k, KVFENCE__V1__ROOM_STATE__ROOM_STATE_COMPLETED, WAIT_MS);
@@ -776,6 +846,7 @@ int main(void)
         cmocka_unit_test_setup_teardown(test_rdma_lost_hello_is_sent_again, setup, teardown),
         cmocka_unit_test_setup_teardown(test_rdma_wr_error_link_rebuilt, setup, teardown),
         cmocka_unit_test_setup_teardown(test_rdma_link_close_on_shutdown, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_rdma_fence_sends_link_close, setup, teardown),
         cmocka_unit_test_setup_teardown(test_rdma_local_sink_chunk_says_local, setup, teardown),
     };
     const char *filter = getenv("KVF_TEST_FILTER");
