@@ -56,7 +56,7 @@ struct fx {
     char dir[64];
     char fabric[64];
     struct nh_node n1, n2;
-    struct nh_pool p1, p2, p3;
+    struct nh_pool p1, p2, p3, p4;
     struct nh_watch w; /* WatchLeases: the releases of every lease */
 };
 
@@ -123,8 +123,8 @@ static int teardown(void **state)
     struct fx *f = *state;
     nh_watch_close(&f->w);
     struct nh_node *nodes[] = {&f->n1, &f->n2};
-    struct nh_pool *pools[] = {&f->p1, &f->p2, &f->p3};
-    int rc = nh_teardown(&f->cp, f->ch, nodes, 2, 20000, pools, 3, f->dir);
+    struct nh_pool *pools[] = {&f->p1, &f->p2, &f->p3, &f->p4};
+    int rc = nh_teardown(&f->cp, f->ch, nodes, 2, 20000, pools, 4, f->dir);
     free(f);
     return rc;
 }
@@ -188,13 +188,15 @@ static void submit_ok(struct fx *f, kvf_room_key k, uint64_t seq, uint32_t sfirs
         fail_msg("SubmitChunk %llu: %d %s", (unsigned long long)seq, code, st.message);
 }
 
-/* The only chunk (seq 1, last) of a room: n1's pages [sfirst, +count) ->
- * pages [dfirst, +count) of `sink_pool` on `sink_node`. The status code. */
-static int submit_one(struct fx *f, kvf_room_key k, const char *sink_node, uint32_t sink_pool,
-                      uint32_t sfirst, uint32_t dfirst, uint32_t count, struct kvf_rpc_status *st)
+/* The only chunk (seq 1, last) of a room: pages [sfirst, +count) of n1's
+ * `src_pool` -> pages [dfirst, +count) of `sink_pool` on `sink_node`. The
+ * status code. */
+static int submit_one(struct fx *f, kvf_room_key k, uint32_t src_pool, const char *sink_node,
+                      uint32_t sink_pool, uint32_t sfirst, uint32_t dfirst, uint32_t count,
+                      struct kvf_rpc_status *st)
 {
     struct nh_chunk c = {.seq = 1,
-                         .source_pool = f->p1.pool_id,
+                         .source_pool = src_pool,
                          .sink_node = sink_node,
                          .sink_pool = sink_pool,
                          .n = 1,
@@ -205,11 +207,11 @@ static int submit_one(struct fx *f, kvf_room_key k, const char *sink_node, uint3
     return nh_submit(f->n1.local, k, &c, st);
 }
 
-static void submit_one_ok(struct fx *f, kvf_room_key k, const char *sink_node, uint32_t sink_pool,
-                          uint32_t sfirst, uint32_t dfirst, uint32_t count)
+static void submit_one_ok(struct fx *f, kvf_room_key k, uint32_t src_pool, const char *sink_node,
+                          uint32_t sink_pool, uint32_t sfirst, uint32_t dfirst, uint32_t count)
 {
     struct kvf_rpc_status st;
-    int code = submit_one(f, k, sink_node, sink_pool, sfirst, dfirst, count, &st);
+    int code = submit_one(f, k, src_pool, sink_node, sink_pool, sfirst, dfirst, count, &st);
     if (code != KVF_GRPC_OK)
         fail_msg("SubmitChunk: %d %s", code, st.message);
 }
@@ -532,7 +534,7 @@ static void test_rdma_pool_registered_after_link(void **state)
         nh_join_pair(f->ch, 601, "n1", f->p1.pool_id, 0, "n2", f->p3.pool_id, 4, 8, WAIT_MS);
     nh_wait_log(&f->n2, "room update", &k, 1, WAIT_MS);
     nh_wait_node_knows(&f->n1, k, f->p1.pool_id, "n2", f->p3.pool_id, 4, WAIT_MS);
-    submit_one_ok(f, k, "n2", f->p3.pool_id, 0, 4, 8);
+    submit_one_ok(f, k, f->p1.pool_id, "n2", f->p3.pool_id, 0, 4, 8);
     nh_wait_room_state(f->ch, k, KVFENCE__V1__ROOM_STATE__ROOM_STATE_COMPLETED, WAIT_MS);
     check_holds(&f->p3, 4, 8, 311, 0);
     check_holds(&f->p3, 0, 4, SEED_N2, 0);
@@ -788,7 +790,7 @@ static void test_rdma_fence_sends_link_close(void **state)
     fill(&f->p1, 40, 8, 363);
     kvf_room_key k2 = join_pair(f, 1202, 40, 40, 8);
     /* Refused at once or failed on the way: either way the room fails. */
-    (void)submit_one(f, k2, "n2", f->p2.pool_id, 40, 40, 8, &st);
+    (void)submit_one(f, k2, f->p1.pool_id, "n2", f->p2.pool_id, 40, 40, 8, &st);
     nh_wait_room_state(f->ch, k2, KVFENCE__V1__ROOM_STATE__ROOM_STATE_ABORTED, WAIT_MS);
     nh_watch_released_once(&f->w, f->ch, k2, WAIT_MS);
     check_holds(&f->p2, 0, 16, 362, 0);
@@ -808,6 +810,61 @@ static void test_rdma_fence_sends_link_close(void **state)
     assert_int_equal(rdma_stat(&f->n2, "fabric_writes_in="), 0);
 }
 
+/* One slice FIFO per QP (peer, room_id % 2): fault rdma_hold_odd=1 at n1
+ * holds its QP 1 to n2 (rooms with odd ids) in the fake fabric. Room 1301
+ * (odd) sends 260 pages of 64 KiB, one slice each: 256 fill QP 1's WR slots
+ * (held), 4 wait in that QP's FIFO. Room 1302 (even: QP 0), submitted after
+ * it, completes and lands while 1301 is held; behind one FIFO per peer its
+ * slices would wait for QP 1. Let go, 1301 completes byte-exact. */
+static void test_rdma_qp_fifos_independent(void **state)
+{
+    struct fx *f = *state;
+    const uint32_t big = 65536, npages = 272, units = big / PAGE_SIZE; /* 4 KiB units a page */
+    fx_start(f, "fake");
+    assert_int_equal(nh_pool_create(&f->p3, "rdma", "n1big", big, npages, NULL), 0);
+    assert_int_equal(nh_pool_create(&f->p4, "rdma", "n2big", big, npages, NULL), 0);
+    fill(&f->p3, 0, npages * units, 371);
+    fill(&f->p4, 0, npages * units, SEED_N2);
+    f->p3.pool_id = nh_register_pool(&f->n1, &f->p3);
+    warm_up_link(f, 1300);
+    f->p4.pool_id = nh_register_pool(&f->n2, &f->p4);
+    nh_wait_log(&f->n1, "rdma link to n2: 1 pools announced, 2 known", NULL, 1, WAIT_MS);
+    nh_set_faults(&f->n1, "rdma_hold_odd=1\n", WAIT_MS);
+    nh_wait_log(&f->n1, "fault: rdma writes on QP 1 held (1 links)", NULL, 1, WAIT_MS);
+
+    kvf_room_key ka =
+        nh_join_pair(f->ch, 1301, "n1", f->p3.pool_id, 0, "n2", f->p4.pool_id, 0, 260, WAIT_MS);
+    kvf_room_key kb =
+        nh_join_pair(f->ch, 1302, "n1", f->p3.pool_id, 260, "n2", f->p4.pool_id, 260, 8, WAIT_MS);
+    nh_wait_log(&f->n2, "room update", &kb, 1, WAIT_MS);
+    nh_wait_node_knows(&f->n1, ka, f->p3.pool_id, "n2", f->p4.pool_id, 0, WAIT_MS);
+    nh_wait_node_knows(&f->n1, kb, f->p3.pool_id, "n2", f->p4.pool_id, 260, WAIT_MS);
+    submit_one_ok(f, ka, f->p3.pool_id, "n2", f->p4.pool_id, 0, 0, 260);
+    submit_one_ok(f, kb, f->p3.pool_id, "n2", f->p4.pool_id, 260, 260, 8);
+    nh_wait_room_state(f->ch, kb, KVFENCE__V1__ROOM_STATE__ROOM_STATE_COMPLETED, WAIT_MS);
+    nh_watch_released_once(&f->w, f->ch, kb, WAIT_MS);
+    check_holds(&f->p4, 260 * units, 8 * units, 371, 260 * units);
+    /* Room 1301 is still held: ACTIVE, nothing released, nothing landed. */
+    unsigned rel;
+    assert_int_equal(nh_room_state(f->ch, ka, &rel, NULL),
+                     KVFENCE__V1__ROOM_STATE__ROOM_STATE_ACTIVE);
+    nh_watch_none_released(&f->w, f->ch, ka, "its QP is held");
+    check_holds(&f->p4, 0, 260 * units, SEED_N2, 0);
+
+    nh_set_faults(&f->n1, "rdma_hold_odd=0\n", WAIT_MS);
+    nh_wait_log(&f->n1, "fault: rdma writes on QP 1 released (1 links)", NULL, 1, WAIT_MS);
+    nh_wait_room_state(f->ch, ka, KVFENCE__V1__ROOM_STATE__ROOM_STATE_COMPLETED, WAIT_MS);
+    nh_watch_released_once(&f->w, f->ch, ka, WAIT_MS);
+    check_holds(&f->p4, 0, 268 * units, 371, 0);
+    check_holds(&f->p4, 268 * units, 4 * units, SEED_N2, 268 * units);
+
+    struct nh_node *nodes[] = {&f->n1, &f->n2};
+    assert_int_equal(nh_nodes_stop(nodes, 2, 20000), 0);
+    assert_int_equal(rdma_stat(&f->n1, "wrs_ok="), 268);
+    assert_int_equal(rdma_stat(&f->n1, "notices_sent="), 2);
+    assert_int_equal(rdma_stat(&f->n2, "notice_bytes_in="), 268ll * big);
+}
+
 /* A sink on the same node: the chunk is a local copy, and its chunk_done on
  * the source's Watch says LOCAL. */
 static void test_rdma_local_sink_chunk_says_local(void **state)
@@ -823,7 +880,7 @@ static void test_rdma_local_sink_chunk_says_local(void **state)
     nh_wait_node_knows(&f->n1, k, f->p1.pool_id, "n1", f->p3.pool_id, 4, WAIT_MS);
     struct kvf_rpc_client_stream *w1 = nwatch_open(&f->n1, k);
     nwatch_sync(w1);
-    submit_one_ok(f, k, "n1", f->p3.pool_id, 0, 4, 8);
+    submit_one_ok(f, k, f->p1.pool_id, "n1", f->p3.pool_id, 0, 4, 8);
     nwatch_chunks(w1, 1, KVFENCE__V1__TRANSPORT_KIND__TRANSPORT_KIND_LOCAL);
     nwatch_close(w1);
     nh_wait_room_state(f->ch, k, KVFENCE__V1__ROOM_STATE__ROOM_STATE_COMPLETED, WAIT_MS);
@@ -847,6 +904,7 @@ int main(void)
         cmocka_unit_test_setup_teardown(test_rdma_wr_error_link_rebuilt, setup, teardown),
         cmocka_unit_test_setup_teardown(test_rdma_link_close_on_shutdown, setup, teardown),
         cmocka_unit_test_setup_teardown(test_rdma_fence_sends_link_close, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_rdma_qp_fifos_independent, setup, teardown),
         cmocka_unit_test_setup_teardown(test_rdma_local_sink_chunk_says_local, setup, teardown),
     };
     const char *filter = getenv("KVF_TEST_FILTER");
