@@ -15,7 +15,11 @@
  * and the room still lands byte-exact; an abort while RDMA writes are held:
  * no release until they were let go and completed, then exactly once; a
  * kill -9 of the source with writes outstanding: the sink fences it (its QPs
- * to ERR), the room ABORTED and released, nothing landed.
+ * to ERR), the room ABORTED and released, nothing landed; a fence of the live
+ * source (Admin.FenceNode) sends it LinkClose and nothing of it lands after;
+ * one QP held (rdma_hold_odd=1) does not stop a room on the other QP (the
+ * per-QP slice FIFOs); and the rest named at each test. The lease watch and
+ * the log and fault-file helpers are node_harness.c's.
  *
  * The first chunk towards a peer goes over TCP while the RDMA link is set up
  * (docs/node.md); each test first runs a warm-up room and waits for the link
