@@ -240,6 +240,16 @@ static void warm_up_link(struct fx *f, uint64_t room_id)
     nh_wait_log(&f->n2, "up (acceptor)", NULL, 1, WAIT_MS);
 }
 
+/* Both nodes up, the link warmed up by room `room_id`, then fault rdma_hold=1
+ * at n1: the RDMA writes it posts from now on stay in flight. */
+static void start_linked_held(struct fx *f, uint64_t room_id)
+{
+    fx_start(f, "fake");
+    warm_up_link(f, room_id);
+    nh_set_faults(&f->n1, "rdma_hold=1\n", WAIT_MS);
+    nh_wait_log(&f->n1, "fault: rdma writes held", NULL, 1, WAIT_MS);
+}
+
 /* ---- NodeLocal.Watch on the sink -------------------------------------------------------- */
 
 static struct kvf_rpc_client_stream *nwatch_open_ex(struct nh_node *np, kvf_room_key k, bool chunks)
@@ -456,10 +466,7 @@ static void test_rdma_off_peer_gets_tcp(void **state)
 static void test_rdma_abort_with_writes_held(void **state)
 {
     struct fx *f = *state;
-    fx_start(f, "fake");
-    warm_up_link(f, 300);
-    nh_set_faults(&f->n1, "rdma_hold=1\n", WAIT_MS);
-    nh_wait_log(&f->n1, "fault: rdma writes held", NULL, 1, WAIT_MS);
+    start_linked_held(f, 300);
 
     kvf_room_key k = join_pair(f, 301, 0, 16, 24);
     submit_ok(f, k, 1, 0, 16, 24, true, NULL, 0); /* two slices, posted and held */
@@ -493,10 +500,7 @@ static void test_rdma_abort_with_writes_held(void **state)
 static void test_rdma_kill9_source_with_writes_outstanding(void **state)
 {
     struct fx *f = *state;
-    fx_start(f, "fake");
-    warm_up_link(f, 400);
-    nh_set_faults(&f->n1, "rdma_hold=1\n", WAIT_MS);
-    nh_wait_log(&f->n1, "fault: rdma writes held", NULL, 1, WAIT_MS);
+    start_linked_held(f, 400);
 
     kvf_room_key k = join_pair(f, 401, 0, 16, 24);
     submit_ok(f, k, 1, 0, 16, 24, true, NULL, 0);
@@ -758,10 +762,7 @@ static void test_rdma_link_close_on_shutdown(void **state)
 static void test_rdma_fence_sends_link_close(void **state)
 {
     struct fx *f = *state;
-    fx_start(f, "fake");
-    warm_up_link(f, 1200);
-    nh_set_faults(&f->n1, "rdma_hold=1\n", WAIT_MS);
-    nh_wait_log(&f->n1, "fault: rdma writes held", NULL, 1, WAIT_MS);
+    start_linked_held(f, 1200);
     fill(&f->p1, 0, 8, 361);
     kvf_room_key k = join_pair(f, 1201, 0, 16, 8);
     submit_ok(f, k, 1, 0, 16, 8, true, NULL, 0); /* posted over RDMA, held at n1 */
