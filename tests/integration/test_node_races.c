@@ -6,7 +6,8 @@
  * to follow what the node did. The test plays the engine: POSIX shm pools,
  * NodeLocal RegisterPool / SubmitChunk, Control.JoinRoom / AbortRoom,
  * Admin.GetRoom / ListLeases, and a Control.WatchLeases stream that counts the
- * releases of every lease. The process and RPC helpers are node_harness.c.
+ * releases of every lease. The process, RPC and lease-watch (nh_watch_*)
+ * helpers are node_harness.c.
  *
  * Every test ends with the canary check: after the room's leases are
  * RELEASED, the test (the engine, owning the pages again) refills them with a
