@@ -24,6 +24,7 @@ struct node_faults {
     int64_t next_check_ms;
     bool peer_pending; /* peer faults loaded before the channel existed */
     bool rdma_applied; /* rdma_hold as last handed to the RDMA side */
+    bool odd_applied;  /* rdma_hold_odd, the same */
     bool seen;         /* the file existed at the last check */
     dev_t dev;
     ino_t ino;
@@ -61,6 +62,7 @@ static const struct fault_key fault_keys[] = {
     {"peer_delay", CFG_OFF(peer_delay), UINT64_MAX},
     {"peer_delay_after", CFG_OFF(peer_delay_after), UINT32_MAX},
     {"rdma_hold", CFG_OFF(rdma_hold), 1},
+    {"rdma_hold_odd", CFG_OFF(rdma_hold_odd), 1},
     {"rdma_bad_notice", CFG_OFF(rdma_bad_notice), UINT64_MAX},
     {"rdma_drop_hello", CFG_OFF(rdma_drop_hello), UINT64_MAX},
     {"rdma_wr_error", CFG_OFF(rdma_wr_error), UINT64_MAX},
@@ -186,15 +188,21 @@ static void apply(struct kvf_node *n, const struct node_fault_cfg *c, const char
              " drop_abort=%" PRIu64 " drop_fence=%" PRIu64 " drop_drained=%" PRIu64
              " drop_completed=%" PRIu64 " drop_peer_fenced=%" PRIu64 " peer_drop=%" PRIu64
              " peer_dup=%" PRIu64 " peer_delay=%" PRIu64 " rdma_hold=%" PRIu64
-             " rdma_bad_notice=%" PRIu64 " rdma_drop_hello=%" PRIu64 " rdma_wr_error=%" PRIu64,
+             " rdma_bad_notice=%" PRIu64 " rdma_drop_hello=%" PRIu64 " rdma_wr_error=%" PRIu64
+             " rdma_hold_odd=%" PRIu64,
              why, c->xport.hold, c->hold_stream, c->hold_room_update, c->xport.fail_post_nth,
              c->xport.error_nth, c->drop_room_update, c->drop_abort, c->drop_fence, c->drop_drained,
              c->drop_completed, c->drop_peer_fenced, c->peer_drop, c->peer_dup, c->peer_delay,
-             c->rdma_hold, c->rdma_bad_notice, c->rdma_drop_hello, c->rdma_wr_error);
+             c->rdma_hold, c->rdma_bad_notice, c->rdma_drop_hello, c->rdma_wr_error,
+             c->rdma_hold_odd);
     kvf_transport_fault_set(n->tcp_io, &c->xport);
     if (n->faults->rdma_applied != (c->rdma_hold != 0)) {
         n->faults->rdma_applied = c->rdma_hold != 0;
         node_rdma_set_hold(n, n->faults->rdma_applied); /* no-op before RDMA started */
+    }
+    if (n->faults->odd_applied != (c->rdma_hold_odd != 0)) {
+        n->faults->odd_applied = c->rdma_hold_odd != 0;
+        node_rdma_set_hold_odd(n, n->faults->odd_applied);
     }
     n->faults->peer_pending = c->peer_keys;
     apply_peer(n);

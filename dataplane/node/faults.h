@@ -30,6 +30,8 @@
  *   drop_peer_fenced=N   ... PeerFenced reports;
  *   rdma_hold=0|1        the fake RDMA fabric (--rdma fake) keeps every posted
  *                        WR outstanding until rdma_hold=0 (kvf_verbs_fake_fabric_hold);
+ *   rdma_hold_odd=0|1    the same for QP 1 only (rooms with odd ids) of every
+ *                        peer linked when it loads (kvf_verbs_fake_fabric_hold_qp);
  *   peer_drop=N, peer_dup=N, peer_delay=N, peer_delay_after=N
  *                        the ZeroMQ peer channel's faults (struct
  *                        kvf_peer_fault, kvf_peer_channel_set_fault): set
@@ -63,7 +65,8 @@ struct node_fault_cfg {
     uint64_t drop_room_update, drop_abort, drop_fence;
     uint64_t drop_drained, drop_completed, drop_peer_fenced;
     uint64_t peer_drop, peer_dup, peer_delay, peer_delay_after;
-    uint64_t rdma_hold; /* 0 or 1 */
+    uint64_t rdma_hold;     /* 0 or 1 */
+    uint64_t rdma_hold_odd; /* 0 or 1 */
     /* Count down as they fire (rdma_link.c): the next N ChunkNotices name
      * pages outside the sink lease; the next N LinkHellos are not sent; the
      * next N RDMA chunks are posted with a wrong rkey (an error completion). */

@@ -335,6 +335,23 @@ static bool link_live(const struct rlink *L)
     return L->st == RL_HELLO_SENT || L->st == RL_ACCEPTED || L->st == RL_UP;
 }
 
+void node_rdma_set_hold_odd(struct kvf_node *n, bool hold)
+{
+    struct node_rdma *rd = n->rdma;
+    if (!rd || !rd->fake)
+        return;
+    unsigned links = 0;
+    for (uint32_t i = 0; i < n->npeers && i < NODE_MAX_PEERS; i++) {
+        struct kvf_rdma_conn_info ci;
+        if (!link_live(&rd->links[i]) || kvf_transport_rdma_local_info(rd->t, i, &ci) != 0)
+            continue;
+        if (kvf_verbs_fake_fabric_hold_qp(rd->fake, ci.qp_num[1], hold) == 0)
+            links++;
+    }
+    node_log("info", NULL, "fault: rdma writes on QP 1 %s (%u links)", hold ? "held" : "released",
+             links);
+}
+
 static int link_send(struct kvf_node *n, uint32_t peer, Kvfence__V1__LinkMessage *m)
 {
     struct node_peer *pe = &n->peers[peer];

@@ -68,6 +68,10 @@ int node_rdma_renew(struct kvf_node *n);
 /* Fault file rdma_hold: the fake fabric keeps posted WRs outstanding. */
 void node_rdma_set_hold(struct kvf_node *n, bool hold);
 
+/* Fault file rdma_hold_odd: the same for QP 1 (rooms with odd ids) of every
+ * peer linked now; QP 0 runs (a test of the per-QP slice FIFOs). */
+void node_rdma_set_hold_odd(struct kvf_node *n, bool hold);
+
 /* JOB_PEER_LINK: a link message (packed LinkMessage in j->pmsg). */
 void node_rdma_link_job(struct kvf_node *n, struct node_job *j);
 

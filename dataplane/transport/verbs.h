@@ -223,6 +223,10 @@ struct kvf_verbs_fake *kvf_verbs_fake_create_fabric(const char *fabric, int *err
 /* Fabric mode: while held, posted WRs stay outstanding (not sent); releasing sends them in order.
  */
 void kvf_verbs_fake_fabric_hold(struct kvf_verbs_fake *f, bool hold);
+/* Fabric mode: the same for one QP only (its WRs stay outstanding, the other
+ * QPs of the device run; a WR already on the wire completes). A QP moved to
+ * ERR still flushes them. 0 or -ENOENT. */
+int kvf_verbs_fake_fabric_hold_qp(struct kvf_verbs_fake *f, uint32_t qp_num, bool hold);
 /* Fabric mode, responder side counters. */
 struct kvf_verbs_fake_fabric_stats {
     uint64_t writes_in;

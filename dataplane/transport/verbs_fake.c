@@ -104,6 +104,7 @@ struct fake_qp {
     struct fake_cq *scq;
     enum ibv_qp_state state;
     bool hold_flushes;
+    bool hold_send;      /* fabric: its WRs stay outstanding (kvf_verbs_fake_fabric_hold_qp) */
     int access;          /* qp_access_flags given at INIT */
     bool connected;      /* RTR given: rgid and rqpn are set */
     union ibv_gid rgid;  /* the remote GID */
@@ -988,7 +989,7 @@ static struct fake_qp *fab_pick(struct kvf_verbs_fake *f)
     struct fake_qp *best = NULL;
     struct fake_qp *first = NULL;
     for (struct fake_qp *q = f->qps; q; q = q->next) {
-        if (q->state != IBV_QPS_RTS || q->inflight || q->count == 0)
+        if (q->state != IBV_QPS_RTS || q->inflight || q->count == 0 || q->hold_send)
             continue;
         uint32_t n = q->qp.qp_num;
         if (!first || n < first->qp.qp_num)
@@ -1216,6 +1217,18 @@ void kvf_verbs_fake_fabric_hold(struct kvf_verbs_fake *f, bool hold)
     f->hold = hold;
     pthread_cond_broadcast(&f->cv);
     fake_unlock(f);
+}
+
+int kvf_verbs_fake_fabric_hold_qp(struct kvf_verbs_fake *f, uint32_t qp_num, bool hold)
+{
+    fake_lock(f);
+    struct fake_qp *q = fake_qp_find(f, qp_num);
+    if (q) {
+        q->hold_send = hold;
+        pthread_cond_broadcast(&f->cv);
+    }
+    fake_unlock(f);
+    return q ? 0 : -ENOENT;
 }
 
 void kvf_verbs_fake_fabric_stats(const struct kvf_verbs_fake *f,

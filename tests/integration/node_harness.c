@@ -3,6 +3,7 @@
  */
 #include "node_harness.h"
 
+#include <errno.h>
 #include <fcntl.h>
 #include <setjmp.h>
 #include <signal.h>
@@ -615,6 +616,133 @@ void nh_wait_node_knows(struct nh_node *np, kvf_room_key k, uint32_t source_pool
             fail_msg("node %s never got the room update (%d %s)", np->id, code, st.message);
         nh_sleep_ms(10);
     }
+}
+
+/* ---- the lease watch (Control.WatchLeases) ------------------------------------------ */
+
+void nh_watch_open(struct nh_watch *w, struct kvf_rpc_channel *ch, int64_t timeout_ms)
+{
+    w->cs = kvf_rpc_client_stream_open(ch, "/kvfence.v1.Control/WatchLeases", KVF_RPC_NO_TIMEOUT);
+    assert_non_null(w->cs);
+    Kvfence__V1__WatchLeasesRequest req = KVFENCE__V1__WATCH_LEASES_REQUEST__INIT;
+    uint8_t buf[16];
+    size_t len = kvfence__v1__watch_leases_request__pack(&req, buf);
+    assert_int_equal(kvf_rpc_client_stream_send(w->cs, buf, len), 0);
+    assert_int_equal(kvf_rpc_client_stream_half_close(w->cs), 0);
+    int64_t end = nh_now_ms() + timeout_ms;
+    for (;;) {
+        uint8_t *msg = NULL;
+        size_t mlen = 0;
+        struct kvf_rpc_status st;
+        int rc = kvf_rpc_client_stream_recv(w->cs, 200, &msg, &mlen, &st);
+        if (rc == 0) {
+            Kvfence__V1__LeaseEvent *ev = kvfence__v1__lease_event__unpack(NULL, mlen, msg);
+            free(msg);
+            assert_non_null(ev);
+            bool synced = ev->event_case == KVFENCE__V1__LEASE_EVENT__EVENT_SYNCED;
+            kvfence__v1__lease_event__free_unpacked(ev, NULL);
+            if (synced)
+                return;
+        } else if (rc != -ETIMEDOUT) {
+            fail_msg("WatchLeases ended before synced (%d)", rc);
+        }
+        if (nh_now_ms() > end)
+            fail_msg("WatchLeases: no synced event");
+    }
+}
+
+void nh_watch_close(struct nh_watch *w)
+{
+    if (!w->cs)
+        return;
+    kvf_rpc_client_stream_cancel(w->cs);
+    kvf_rpc_client_stream_close(w->cs);
+    w->cs = NULL;
+}
+
+void nh_watch_pump(struct nh_watch *w, int64_t ms)
+{
+    int64_t end = nh_now_ms() + ms;
+    do {
+        uint8_t *msg = NULL;
+        size_t mlen = 0;
+        struct kvf_rpc_status st;
+        int rc = kvf_rpc_client_stream_recv(w->cs, 20, &msg, &mlen, &st);
+        if (rc == -ETIMEDOUT)
+            continue;
+        if (rc != 0)
+            fail_msg("WatchLeases ended (%d)", rc);
+        Kvfence__V1__LeaseEvent *ev = kvfence__v1__lease_event__unpack(NULL, mlen, msg);
+        free(msg);
+        assert_non_null(ev);
+        if (ev->event_case == KVFENCE__V1__LEASE_EVENT__EVENT_RELEASED && ev->released) {
+            uint64_t id = ev->released->lease_id;
+            unsigned i = 0;
+            while (i < w->n && w->ids[i] != id)
+                i++;
+            if (i == w->n && w->n < NH_WATCH_MAX) {
+                w->ids[w->n] = id;
+                w->counts[w->n++] = 0;
+            }
+            if (i < NH_WATCH_MAX)
+                w->counts[i]++;
+        }
+        kvfence__v1__lease_event__free_unpacked(ev, NULL);
+    } while (nh_now_ms() < end);
+}
+
+unsigned nh_watch_count(const struct nh_watch *w, uint64_t id)
+{
+    for (unsigned i = 0; i < w->n; i++)
+        if (w->ids[i] == id)
+            return w->counts[i];
+    return 0;
+}
+
+unsigned nh_room_leases(struct kvf_rpc_channel *ch, kvf_room_key k, uint64_t ids[2])
+{
+    Kvfence__V1__RoomInfo *ri = nh_get_room(ch, k);
+    unsigned n = 0;
+    for (size_t i = 0; i < ri->n_participants && n < 2; i++)
+        if (ri->participants[i]->lease)
+            ids[n++] = ri->participants[i]->lease->lease_id;
+    kvfence__v1__room_info__free_unpacked(ri, NULL);
+    return n;
+}
+
+void nh_watch_released_once(struct nh_watch *w, struct kvf_rpc_channel *ch, kvf_room_key k,
+                            int64_t timeout_ms)
+{
+    uint64_t ids[2];
+    unsigned n = nh_room_leases(ch, k, ids);
+    assert_int_equal(n, 2);
+    int64_t end = nh_now_ms() + timeout_ms;
+    while (nh_watch_count(w, ids[0]) == 0 || nh_watch_count(w, ids[1]) == 0) {
+        if (nh_now_ms() > end)
+            fail_msg("WatchLeases: no release of lease %llu or %llu", (unsigned long long)ids[0],
+                     (unsigned long long)ids[1]);
+        nh_watch_pump(w, 50);
+    }
+    nh_watch_pump(w, 100); /* a duplicate would come now */
+    for (unsigned i = 0; i < n; i++)
+        if (nh_watch_count(w, ids[i]) != 1)
+            fail_msg("lease %llu released %u times on the watch", (unsigned long long)ids[i],
+                     nh_watch_count(w, ids[i]));
+}
+
+void nh_watch_none_released(struct nh_watch *w, struct kvf_rpc_channel *ch, kvf_room_key k,
+                            const char *what)
+{
+    uint64_t ids[2];
+    unsigned n = nh_room_leases(ch, k, ids);
+    nh_watch_pump(w, 50);
+    for (unsigned i = 0; i < n; i++)
+        if (nh_watch_count(w, ids[i]) != 0)
+            fail_msg("lease %llu released while %s", (unsigned long long)ids[i], what);
+    unsigned rel;
+    int s = nh_room_state(ch, k, &rel, NULL);
+    if (rel != 0)
+        fail_msg("%u leases RELEASED while %s (room state %d)", rel, what, s);
 }
 
 /* ---- teardown --------------------------------------------------------------------- */

@@ -225,6 +225,45 @@ void nh_wait_node_knows(struct nh_node *np, kvf_room_key k, uint32_t source_pool
                         const char *sink_node, uint32_t sink_pool, uint32_t dfirst,
                         int64_t timeout_ms);
 
+/* ---- the lease watch (Control.WatchLeases) ------------------------------------------ */
+
+/* A WatchLeases stream that counts the RELEASED events of each lease (the
+ * first NH_WATCH_MAX lease ids seen). */
+#define NH_WATCH_MAX 64
+
+struct nh_watch {
+    struct kvf_rpc_client_stream *cs;
+    uint64_t ids[NH_WATCH_MAX];
+    unsigned counts[NH_WATCH_MAX];
+    unsigned n;
+};
+
+/* Opens the stream on `ch` and reads up to its `synced` event (up to
+ * `timeout_ms`): releases from then on are live. Fails the test. */
+void nh_watch_open(struct nh_watch *w, struct kvf_rpc_channel *ch, int64_t timeout_ms);
+
+/* Cancels and closes the stream when open. */
+void nh_watch_close(struct nh_watch *w);
+
+/* Reads the events that arrive for `ms`; fails the test if the stream ends. */
+void nh_watch_pump(struct nh_watch *w, int64_t ms);
+
+/* How many RELEASED events lease `id` had so far. */
+unsigned nh_watch_count(const struct nh_watch *w, uint64_t id);
+
+/* The lease ids of room `k` (at most 2, from Admin.GetRoom): how many. */
+unsigned nh_room_leases(struct kvf_rpc_channel *ch, kvf_room_key k, uint64_t ids[2]);
+
+/* Both leases of `k` were RELEASED exactly once on the watch: waits up to
+ * `timeout_ms` for the events, then reads 100 ms more for a duplicate. */
+void nh_watch_released_once(struct nh_watch *w, struct kvf_rpc_channel *ch, kvf_room_key k,
+                            int64_t timeout_ms);
+
+/* No lease of `k` was released, on the watch (50 ms read) nor in GetRoom:
+ * `what` (the work still in flight) names it in the failure. */
+void nh_watch_none_released(struct nh_watch *w, struct kvf_rpc_channel *ch, kvf_room_key k,
+                            const char *what);
+
 /* ---- teardown --------------------------------------------------------------------- */
 
 /* The fixture's end: SIGCONT the control plane (a test may have stopped it),

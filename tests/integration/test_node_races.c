@@ -6,7 +6,8 @@
  * to follow what the node did. The test plays the engine: POSIX shm pools,
  * NodeLocal RegisterPool / SubmitChunk, Control.JoinRoom / AbortRoom,
  * Admin.GetRoom / ListLeases, and a Control.WatchLeases stream that counts the
- * releases of every lease. The process and RPC helpers are node_harness.c.
+ * releases of every lease. The process, RPC and lease-watch (nh_watch_*)
+ * helpers are node_harness.c.
  *
  * Every test ends with the canary check: after the room's leases are
  * RELEASED, the test (the engine, owning the pages again) refills them with a
@@ -44,16 +45,8 @@
 #define WAIT_MS    15000
 #define PAGE_SIZE  4096u
 #define PAGE_COUNT 64u
-#define WATCH_MAX  64
 
 /* ---- fixture state, node logs and faults (the harness: node_harness.c) --------- */
-
-struct watch {
-    struct kvf_rpc_client_stream *cs;
-    uint64_t ids[WATCH_MAX];
-    unsigned counts[WATCH_MAX];
-    unsigned n;
-};
 
 struct fx {
     struct kvf_proc cp;
@@ -66,7 +59,7 @@ struct fx {
     uint32_t src_pool;   /* its pool */
     const uint8_t *aux;  /* aux bytes of the next last chunk (NULL: none) */
     size_t aux_len;
-    struct watch w;
+    struct nh_watch w; /* WatchLeases: the releases of every lease */
 };
 
 /* Starts kvfence-node `node_id`; its files in `dir` are named after `tag`. */
@@ -127,18 +120,6 @@ static int shm_create(struct nh_pool *p, const char *tag, uint32_t seed)
 
 /* ---- RPC helpers ------------------------------------------------------------------- */
 
-/* The room's lease ids (at most 2). */
-static unsigned room_leases(struct fx *f, kvf_room_key k, uint64_t ids[2])
-{
-    Kvfence__V1__RoomInfo *ri = nh_get_room(f->ch, k);
-    unsigned n = 0;
-    for (size_t i = 0; i < ri->n_participants && n < 2; i++)
-        if (ri->participants[i]->lease)
-            ids[n++] = ri->participants[i]->lease->lease_id;
-    kvfence__v1__room_info__free_unpacked(ri, NULL);
-    return n;
-}
-
 /* SubmitChunk of source rank 0 on n1 into n2's pool: `n` source ranges of
  * n1's pool, each `counts[i]` pages at `sfirst[i]`, into n2's pages at
  * `dfirst[i]`. The status code; the status in `st`. */
@@ -193,117 +174,6 @@ static kvf_room_key join_pair(struct fx *f, uint64_t room_id, uint32_t sfirst, u
     return k;
 }
 
-/* ---- the lease watch ----------------------------------------------------------------- */
-
-static void watch_open(struct fx *f)
-{
-    struct watch *w = &f->w;
-    w->cs =
-        kvf_rpc_client_stream_open(f->ch, "/kvfence.v1.Control/WatchLeases", KVF_RPC_NO_TIMEOUT);
-    assert_non_null(w->cs);
-    Kvfence__V1__WatchLeasesRequest req = KVFENCE__V1__WATCH_LEASES_REQUEST__INIT;
-    uint8_t buf[16];
-    size_t len = kvfence__v1__watch_leases_request__pack(&req, buf);
-    assert_int_equal(kvf_rpc_client_stream_send(w->cs, buf, len), 0);
-    assert_int_equal(kvf_rpc_client_stream_half_close(w->cs), 0);
-    /* Up to `synced`: releases from now on are live. */
-    int64_t end = nh_now_ms() + WAIT_MS;
-    for (;;) {
-        uint8_t *msg = NULL;
-        size_t mlen = 0;
-        struct kvf_rpc_status st;
-        int rc = kvf_rpc_client_stream_recv(w->cs, 200, &msg, &mlen, &st);
-        if (rc == 0) {
-            Kvfence__V1__LeaseEvent *ev = kvfence__v1__lease_event__unpack(NULL, mlen, msg);
-            free(msg);
-            assert_non_null(ev);
-            bool synced = ev->event_case == KVFENCE__V1__LEASE_EVENT__EVENT_SYNCED;
-            kvfence__v1__lease_event__free_unpacked(ev, NULL);
-            if (synced)
-                return;
-        } else if (rc != -ETIMEDOUT) {
-            fail_msg("WatchLeases ended before synced (%d)", rc);
-        }
-        if (nh_now_ms() > end)
-            fail_msg("WatchLeases: no synced event");
-    }
-}
-
-/* Reads the events that arrived, for up to `ms`. */
-static void watch_pump(struct watch *w, int64_t ms)
-{
-    int64_t end = nh_now_ms() + ms;
-    do {
-        uint8_t *msg = NULL;
-        size_t mlen = 0;
-        struct kvf_rpc_status st;
-        int rc = kvf_rpc_client_stream_recv(w->cs, 20, &msg, &mlen, &st);
-        if (rc == -ETIMEDOUT)
-            continue;
-        if (rc != 0)
-            fail_msg("WatchLeases ended (%d)", rc);
-        Kvfence__V1__LeaseEvent *ev = kvfence__v1__lease_event__unpack(NULL, mlen, msg);
-        free(msg);
-        assert_non_null(ev);
-        if (ev->event_case == KVFENCE__V1__LEASE_EVENT__EVENT_RELEASED && ev->released) {
-            uint64_t id = ev->released->lease_id;
-            unsigned i = 0;
-            while (i < w->n && w->ids[i] != id)
-                i++;
-            if (i == w->n && w->n < WATCH_MAX) {
-                w->ids[w->n] = id;
-                w->counts[w->n++] = 0;
-            }
-            if (i < WATCH_MAX)
-                w->counts[i]++;
-        }
-        kvfence__v1__lease_event__free_unpacked(ev, NULL);
-    } while (nh_now_ms() < end);
-}
-
-static unsigned watch_count(const struct watch *w, uint64_t id)
-{
-    for (unsigned i = 0; i < w->n; i++)
-        if (w->ids[i] == id)
-            return w->counts[i];
-    return 0;
-}
-
-/* Every lease of `k` was released exactly once on the watch (waits for the
- * events to arrive, then reads a little longer for a duplicate). */
-static void watch_released_once(struct fx *f, kvf_room_key k)
-{
-    uint64_t ids[2];
-    unsigned n = room_leases(f, k, ids);
-    assert_int_equal(n, 2);
-    int64_t end = nh_now_ms() + WAIT_MS;
-    while (watch_count(&f->w, ids[0]) == 0 || watch_count(&f->w, ids[1]) == 0) {
-        if (nh_now_ms() > end)
-            fail_msg("WatchLeases: no release of lease %llu or %llu", (unsigned long long)ids[0],
-                     (unsigned long long)ids[1]);
-        watch_pump(&f->w, 50);
-    }
-    watch_pump(&f->w, 100);
-    for (unsigned i = 0; i < n; i++)
-        if (watch_count(&f->w, ids[i]) != 1)
-            fail_msg("lease %llu released %u times on the watch", (unsigned long long)ids[i],
-                     watch_count(&f->w, ids[i]));
-}
-
-static void watch_none_released(struct fx *f, kvf_room_key k)
-{
-    uint64_t ids[2];
-    unsigned n = room_leases(f, k, ids);
-    watch_pump(&f->w, 50);
-    for (unsigned i = 0; i < n; i++)
-        if (watch_count(&f->w, ids[i]) != 0)
-            fail_msg("lease %llu released while an op is in flight", (unsigned long long)ids[i]);
-    unsigned rel;
-    int s = nh_room_state(f->ch, k, &rel, NULL);
-    if (rel != 0)
-        fail_msg("%u leases RELEASED while an op is in flight (room state %d)", rel, s);
-}
-
 /* ---- fixture ------------------------------------------------------------------------- */
 
 #define SEED_N1   11u
@@ -320,10 +190,7 @@ static int setup(void **state)
 static int teardown(void **state)
 {
     struct fx *f = *state;
-    if (f->w.cs) {
-        kvf_rpc_client_stream_cancel(f->w.cs);
-        kvf_rpc_client_stream_close(f->w.cs);
-    }
+    nh_watch_close(&f->w);
     /* nh_teardown dumps each node's log to stderr (ctest shows it on failure). */
     struct nh_node *nodes[] = {&f->n1, &f->n2, &f->n1b};
     struct nh_pool *pools[] = {&f->p1, &f->p2, &f->p3};
@@ -350,7 +217,7 @@ static void fx_start(struct fx *f)
     f->p2.pool_id = nh_register_pool(&f->n2, &f->p2);
     f->src = &f->n1;
     f->src_pool = f->p1.pool_id;
-    watch_open(f);
+    nh_watch_open(&f->w, f->ch, WAIT_MS);
 }
 
 /* A following room on other pages between the same nodes completes and lands
@@ -372,7 +239,7 @@ static void expect_held_abort(struct fx *f, kvf_room_key k)
     nh_wait_log(&f->n2, "drained", &k, 1, WAIT_MS);
     nh_wait_log(&f->n1, "abort notice", &k, 1, WAIT_MS);
     assert_int_equal(nh_log_count(&f->n1, "drained", &k), 0);
-    watch_none_released(f, k);
+    nh_watch_none_released(&f->w, f->ch, k, "an op is in flight");
 }
 
 /* ---- tests ----------------------------------------------------------------------------- */
@@ -392,7 +259,7 @@ static void test_abort_while_transfer_held(void **state)
     nh_set_faults(&f->n1, "hold=0\n", WAIT_MS);
     nh_wait_log(&f->n1, "fault: release frame", &k, 1, WAIT_MS);
     nh_wait_room_state(f->ch, k, KVFENCE__V1__ROOM_STATE__ROOM_STATE_ABORTED, WAIT_MS);
-    watch_released_once(f, k);
+    nh_watch_released_once(&f->w, f->ch, k, WAIT_MS);
     /* The frame reached n2 after its admission closed: refused, not landed. */
     check_holds(&f->p2, 0, PAGE_COUNT, SEED_N2, 0);
     /* The engine owns the pages again: fresh patterns, then run on. */
@@ -424,7 +291,7 @@ static void test_one_op_fails_while_sibling_held(void **state)
     nh_set_faults(&f->n1, "hold=0\n", WAIT_MS);
     nh_wait_log(&f->n1, "fault: release frame", &k, 1, WAIT_MS);
     nh_wait_room_state(f->ch, k, KVFENCE__V1__ROOM_STATE__ROOM_STATE_ABORTED, WAIT_MS);
-    watch_released_once(f, k);
+    nh_watch_released_once(&f->w, f->ch, k, WAIT_MS);
     check_holds(&f->p2, 0, PAGE_COUNT, SEED_N2, 0); /* neither frame landed */
     fill(&f->p1, 0, 8, 311);
     fill(&f->p2, 16, 8, 312);
@@ -454,7 +321,7 @@ static void test_submission_fails_part_way(void **state)
     nh_set_faults(&f->n1, "hold=0\n", WAIT_MS);
     nh_wait_log(&f->n1, "fault: release frame", &k, 1, WAIT_MS);
     nh_wait_room_state(f->ch, k, KVFENCE__V1__ROOM_STATE__ROOM_STATE_ABORTED, WAIT_MS);
-    watch_released_once(f, k);
+    nh_watch_released_once(&f->w, f->ch, k, WAIT_MS);
     check_holds(&f->p2, 0, PAGE_COUNT, SEED_N2, 0); /* the posted frame came too late */
     fill(&f->p2, 16, 8, 322);
     settle_with_room(f, 3002);
@@ -504,7 +371,7 @@ static void test_abort_between_chunks_keeps_source_pages(void **state)
 
     nh_set_faults(&f->n1, "hold=0\n", WAIT_MS);
     nh_wait_room_state(f->ch, k, KVFENCE__V1__ROOM_STATE__ROOM_STATE_ABORTED, WAIT_MS);
-    watch_released_once(f, k);
+    nh_watch_released_once(&f->w, f->ch, k, WAIT_MS);
     check_holds(&f->p2, 16, 4, SEED_N1, 0);  /* chunk 1 */
     check_holds(&f->p2, 20, 4, SEED_N2, 20); /* chunk 2 was refused */
     fill(&f->p1, 0, 8, 331);
@@ -526,7 +393,7 @@ static void test_killed_source_with_held_transfer(void **state)
     /* LOST after the ttl; n2 fences n1 and drains; the room ends. */
     nh_wait_room_state(f->ch, k, KVFENCE__V1__ROOM_STATE__ROOM_STATE_ABORTED, WAIT_MS);
     assert_true(nh_log_count(&f->n2, "fenced peer n1", NULL) >= 1);
-    watch_released_once(f, k);
+    nh_watch_released_once(&f->w, f->ch, k, WAIT_MS);
     fill(&f->p2, 16, 8, 342);
     /* Settled: n2 fenced the dead node, and the dead node cannot send. */
     check_holds(&f->p2, 16, 8, 342, 16);
@@ -546,7 +413,7 @@ static void test_killed_sink_with_held_transfer(void **state)
     nh_wait_room_state(f->ch, k, KVFENCE__V1__ROOM_STATE__ROOM_STATE_ABORTED, WAIT_MS);
     assert_int_equal(nh_log_count(&f->n1, "fault: flush frame", &k), 1);
     assert_true(nh_log_count(&f->n1, "fenced peer n2", NULL) >= 1);
-    watch_released_once(f, k);
+    nh_watch_released_once(&f->w, f->ch, k, WAIT_MS);
     fill(&f->p1, 0, 8, 351);
     nh_set_faults(&f->n1, "hold=0\n", WAIT_MS); /* nothing is held any more */
     check_holds(&f->p1, 0, 8, 351, 0);
@@ -565,7 +432,7 @@ static void test_stopped_node_cut_off_then_resumed(void **state)
     /* Heartbeats stop: the session ends, n1 is LOST, n2 fences it. */
     nh_wait_room_state(f->ch, k, KVFENCE__V1__ROOM_STATE__ROOM_STATE_ABORTED, WAIT_MS);
     assert_true(nh_log_count(&f->n2, "fenced peer n1", NULL) >= 1);
-    watch_released_once(f, k);
+    nh_watch_released_once(&f->w, f->ch, k, WAIT_MS);
     fill(&f->p2, 16, 8, 362);
 
     /* n1 comes back and sends what it held. */
@@ -592,7 +459,7 @@ static void test_reused_room_id_new_generation(void **state)
     expect_held_abort(f, k1);
     nh_set_faults(&f->n1, "hold=0\n", WAIT_MS);
     nh_wait_room_state(f->ch, k1, KVFENCE__V1__ROOM_STATE__ROOM_STATE_ABORTED, WAIT_MS);
-    watch_released_once(f, k1);
+    nh_watch_released_once(&f->w, f->ch, k1, WAIT_MS);
 
     /* The same id again: new source content, fresh sink pages. */
     fill(&f->p1, 0, 8, 371);
@@ -602,7 +469,7 @@ static void test_reused_room_id_new_generation(void **state)
     assert_true(k2.generation > k1.generation);
     submit_ok(f, k2, 1, 0, 16, 8, true);
     nh_wait_room_state(f->ch, k2, KVFENCE__V1__ROOM_STATE__ROOM_STATE_COMPLETED, WAIT_MS);
-    watch_released_once(f, k2);
+    nh_watch_released_once(&f->w, f->ch, k2, WAIT_MS);
     check_holds(&f->p2, 16, 8, 371, 0); /* exactly the new generation's bytes */
     fill(&f->p2, 16, 8, 373);
     settle_with_room(f, 7002);
@@ -628,7 +495,7 @@ static void test_dropped_notice_and_report_are_resent(void **state)
     nh_wait_log(&f->n1, "fault: did not send a Drained", NULL, 1, WAIT_MS);
     nh_wait_room_state(f->ch, k, KVFENCE__V1__ROOM_STATE__ROOM_STATE_ABORTED, WAIT_MS);
     assert_true(nh_log_count(&f->n1, "drained", &k) >= 2);
-    watch_released_once(f, k);
+    nh_watch_released_once(&f->w, f->ch, k, WAIT_MS);
     check_holds(&f->p2, 0, PAGE_COUNT, SEED_N2, 0);
     fill(&f->p2, 16, 8, 382);
     settle_with_room(f, 8002);
@@ -647,7 +514,7 @@ static void test_old_incarnation_cannot_write_into_new_generation(void **state)
     f->n1.any_exit = true;
     assert_int_equal(kill(f->n1.pid, SIGSTOP), 0);
     nh_wait_room_state(f->ch, k1, KVFENCE__V1__ROOM_STATE__ROOM_STATE_ABORTED, WAIT_MS);
-    watch_released_once(f, k1);
+    nh_watch_released_once(&f->w, f->ch, k1, WAIT_MS);
 
     /* n1 restarts as a new incarnation with a new pool; the zombie lives on. */
     assert_int_equal(node_start(&f->n1b, f->dir, "n1b", "n1", f->cp.target), 0);
@@ -669,7 +536,7 @@ static void test_old_incarnation_cannot_write_into_new_generation(void **state)
 
     submit_ok(f, k2, 1, 0, 16, 8, true);
     nh_wait_room_state(f->ch, k2, KVFENCE__V1__ROOM_STATE__ROOM_STATE_COMPLETED, WAIT_MS);
-    watch_released_once(f, k2);
+    nh_watch_released_once(&f->w, f->ch, k2, WAIT_MS);
     check_holds(&f->p2, 16, 8, 391, 0); /* exactly generation 2's bytes */
     fill(&f->p2, 16, 8, 393);
     settle_with_room(f, 9002);
@@ -698,7 +565,7 @@ static void test_peer_message_dropped_by_fault_file(void **state)
     int reason = ri->abort_reason;
     kvfence__v1__room_info__free_unpacked(ri, NULL);
     assert_int_equal(reason, KVFENCE__V1__ABORT_REASON__ABORT_REASON_TRANSFER_FAILED);
-    watch_released_once(f, k);
+    nh_watch_released_once(&f->w, f->ch, k, WAIT_MS);
     fill(&f->p2, 16, 8, 402);
     settle_with_room(f, 10002);
     check_holds(&f->p2, 16, 8, 402, 16);

@@ -15,7 +15,11 @@
  * and the room still lands byte-exact; an abort while RDMA writes are held:
  * no release until they were let go and completed, then exactly once; a
  * kill -9 of the source with writes outstanding: the sink fences it (its QPs
- * to ERR), the room ABORTED and released, nothing landed.
+ * to ERR), the room ABORTED and released, nothing landed; a fence of the live
+ * source (Admin.FenceNode) sends it LinkClose and nothing of it lands after;
+ * one QP held (rdma_hold_odd=1) does not stop a room on the other QP (the
+ * per-QP slice FIFOs); and the rest named at each test. The lease watch and
+ * the log and fault-file helpers are node_harness.c's.
  *
  * The first chunk towards a peer goes over TCP while the RDMA link is set up
  * (docs/node.md); each test first runs a warm-up room and waits for the link
@@ -46,17 +50,9 @@
 #define WAIT_MS    15000
 #define PAGE_SIZE  4096u
 #define PAGE_COUNT 64u
-#define WATCH_MAX  64
 
 #define SEED_N1 11u
 #define SEED_N2 77u
-
-struct lwatch {
-    struct kvf_rpc_client_stream *cs;
-    uint64_t ids[WATCH_MAX];
-    unsigned counts[WATCH_MAX];
-    unsigned n;
-};
 
 struct fx {
     struct kvf_proc cp;
@@ -64,52 +60,12 @@ struct fx {
     char dir[64];
     char fabric[64];
     struct nh_node n1, n2;
-    struct nh_pool p1, p2, p3;
-    struct lwatch w;
+    struct nh_pool p1, p2, p3, p4;
+    struct nh_watch w; /* WatchLeases: the releases of every lease */
 };
 
-/* ---- logs and faults ----------------------------------------------------------------- */
-
-static void fault_write(struct nh_node *np, const char *text)
-{
-    char tmp[200];
-    snprintf(tmp, sizeof tmp, "%s.tmp", np->fault_file);
-    FILE *fp = fopen(tmp, "w");
-    assert_non_null(fp);
-    fputs(text, fp);
-    assert_int_equal(fclose(fp), 0);
-    assert_int_equal(rename(tmp, np->fault_file), 0);
-}
-
-static unsigned log_count(const struct nh_node *np, const char *needle, const kvf_room_key *k)
-{
-    FILE *fp = fopen(np->log, "r");
-    if (!fp)
-        return 0;
-    char tag[64] = "";
-    if (k)
-        snprintf(tag, sizeof tag, "\"room\":\"%llu:%llu\"", (unsigned long long)k->room_id,
-                 (unsigned long long)k->generation);
-    char line[4096];
-    unsigned n = 0;
-    while (fgets(line, sizeof line, fp))
-        if (strstr(line, needle) && (!k || strstr(line, tag)))
-            n++;
-    fclose(fp);
-    return n;
-}
-
-static void wait_log(const struct nh_node *np, const char *needle, const kvf_room_key *k,
-                     unsigned min)
-{
-    int64_t end = nh_now_ms() + WAIT_MS;
-    while (log_count(np, needle, k) < min) {
-        if (nh_now_ms() > end)
-            fail_msg("node %s: no log line '%s'%s after %d ms", np->id, needle,
-                     k ? " for the room" : "", WAIT_MS);
-        nh_sleep_ms(10);
-    }
-}
+/* ---- logs (the harness reads them too: nh_wait_log)
+ * ----------------------------------------------------------------- */
 
 /* The value of `key` ("notices_in=") in the node's "rdma stats:" line (logged
  * at exit); -1 when there is none. */
@@ -129,13 +85,6 @@ static long long rdma_stat(const struct nh_node *np, const char *key)
     }
     fclose(fp);
     return v;
-}
-
-static void n1_faults(struct fx *f, const char *text)
-{
-    unsigned before = log_count(&f->n1, "fault: config loaded", NULL);
-    fault_write(&f->n1, text);
-    wait_log(&f->n1, "fault: config loaded", NULL, before + 1);
 }
 
 /* ---- pools and canaries ------------------------------------------------------------ */
@@ -176,18 +125,13 @@ static int setup(void **state)
 static int teardown(void **state)
 {
     struct fx *f = *state;
-    if (f->w.cs) {
-        kvf_rpc_client_stream_cancel(f->w.cs);
-        kvf_rpc_client_stream_close(f->w.cs);
-    }
+    nh_watch_close(&f->w);
     struct nh_node *nodes[] = {&f->n1, &f->n2};
-    struct nh_pool *pools[] = {&f->p1, &f->p2, &f->p3};
-    int rc = nh_teardown(&f->cp, f->ch, nodes, 2, 20000, pools, 3, f->dir);
+    struct nh_pool *pools[] = {&f->p1, &f->p2, &f->p3, &f->p4};
+    int rc = nh_teardown(&f->cp, f->ch, nodes, 2, 20000, pools, 4, f->dir);
     free(f);
     return rc;
 }
-
-static void lwatch_open(struct fx *f);
 
 /* n2_rdma: "fake" or "off". */
 static void fx_start(struct fx *f, const char *n2_rdma)
@@ -205,14 +149,14 @@ static void fx_start(struct fx *f, const char *n2_rdma)
     unsigned fl = NH_LOG_FILE | NH_FAULT_FILE;
     assert_int_equal(nh_node_start(&f->n1, f->dir, "n1", "n1", f->cp.target, a1, fl), 0);
     assert_int_equal(nh_node_start(&f->n2, f->dir, "n2", "n2", f->cp.target, a2, fl), 0);
-    wait_log(&f->n1, "RDMA on: fake:", NULL, 1);
+    nh_wait_log(&f->n1, "RDMA on: fake:", NULL, 1, WAIT_MS);
     assert_int_equal(nh_pool_create(&f->p1, "rdma", "n1", PAGE_SIZE, PAGE_COUNT, NULL), 0);
     assert_int_equal(nh_pool_create(&f->p2, "rdma", "n2", PAGE_SIZE, PAGE_COUNT, NULL), 0);
     fill(&f->p1, 0, PAGE_COUNT, SEED_N1);
     fill(&f->p2, 0, PAGE_COUNT, SEED_N2);
     f->p1.pool_id = nh_register_pool(&f->n1, &f->p1);
     f->p2.pool_id = nh_register_pool(&f->n2, &f->p2);
-    lwatch_open(f);
+    nh_watch_open(&f->w, f->ch, WAIT_MS);
 }
 
 /* ---- rooms and chunks ------------------------------------------------------------------ */
@@ -222,7 +166,7 @@ static kvf_room_key join_pair(struct fx *f, uint64_t room_id, uint32_t sfirst, u
 {
     kvf_room_key k = nh_join_pair(f->ch, room_id, "n1", f->p1.pool_id, sfirst, "n2", f->p2.pool_id,
                                   dfirst, count, WAIT_MS);
-    wait_log(&f->n2, "room update", &k, 1);
+    nh_wait_log(&f->n2, "room update", &k, 1, WAIT_MS);
     nh_wait_node_knows(&f->n1, k, f->p1.pool_id, "n2", f->p2.pool_id, dfirst, WAIT_MS);
     return k;
 }
@@ -248,6 +192,34 @@ static void submit_ok(struct fx *f, kvf_room_key k, uint64_t seq, uint32_t sfirs
         fail_msg("SubmitChunk %llu: %d %s", (unsigned long long)seq, code, st.message);
 }
 
+/* The only chunk (seq 1, last) of a room: pages [sfirst, +count) of n1's
+ * `src_pool` -> pages [dfirst, +count) of `sink_pool` on `sink_node`. The
+ * status code. */
+static int submit_one(struct fx *f, kvf_room_key k, uint32_t src_pool, const char *sink_node,
+                      uint32_t sink_pool, uint32_t sfirst, uint32_t dfirst, uint32_t count,
+                      struct kvf_rpc_status *st)
+{
+    struct nh_chunk c = {.seq = 1,
+                         .source_pool = src_pool,
+                         .sink_node = sink_node,
+                         .sink_pool = sink_pool,
+                         .n = 1,
+                         .sfirst = {sfirst},
+                         .dfirst = {dfirst},
+                         .count = {count},
+                         .last = true};
+    return nh_submit(f->n1.local, k, &c, st);
+}
+
+static void submit_one_ok(struct fx *f, kvf_room_key k, uint32_t src_pool, const char *sink_node,
+                          uint32_t sink_pool, uint32_t sfirst, uint32_t dfirst, uint32_t count)
+{
+    struct kvf_rpc_status st;
+    int code = submit_one(f, k, src_pool, sink_node, sink_pool, sfirst, dfirst, count, &st);
+    if (code != KVF_GRPC_OK)
+        fail_msg("SubmitChunk: %d %s", code, st.message);
+}
+
 /* A one-chunk room n1 [s, +count) -> n2 [d, +count) that completes and lands. */
 static void room_lands(struct fx *f, uint64_t room_id, uint32_t s, uint32_t d, uint32_t count,
                        uint32_t seed)
@@ -263,127 +235,19 @@ static void room_lands(struct fx *f, uint64_t room_id, uint32_t s, uint32_t d, u
 static void warm_up_link(struct fx *f, uint64_t room_id)
 {
     room_lands(f, room_id, 60, 60, 4, 5);
-    wait_log(&f->n1, "rdma link to n2 incarnation", NULL, 1);
-    wait_log(&f->n1, "up (initiator)", NULL, 1);
-    wait_log(&f->n2, "up (acceptor)", NULL, 1);
+    nh_wait_log(&f->n1, "rdma link to n2 incarnation", NULL, 1, WAIT_MS);
+    nh_wait_log(&f->n1, "up (initiator)", NULL, 1, WAIT_MS);
+    nh_wait_log(&f->n2, "up (acceptor)", NULL, 1, WAIT_MS);
 }
 
-/* ---- the lease watch (Control.WatchLeases) ------------------------------------------------ */
-
-static void lwatch_open(struct fx *f)
+/* Both nodes up, the link warmed up by room `room_id`, then fault rdma_hold=1
+ * at n1: the RDMA writes it posts from now on stay in flight. */
+static void start_linked_held(struct fx *f, uint64_t room_id)
 {
-    struct lwatch *w = &f->w;
-    w->cs =
-        kvf_rpc_client_stream_open(f->ch, "/kvfence.v1.Control/WatchLeases", KVF_RPC_NO_TIMEOUT);
-    assert_non_null(w->cs);
-    Kvfence__V1__WatchLeasesRequest req = KVFENCE__V1__WATCH_LEASES_REQUEST__INIT;
-    uint8_t buf[16];
-    size_t len = kvfence__v1__watch_leases_request__pack(&req, buf);
-    assert_int_equal(kvf_rpc_client_stream_send(w->cs, buf, len), 0);
-    assert_int_equal(kvf_rpc_client_stream_half_close(w->cs), 0);
-    int64_t end = nh_now_ms() + WAIT_MS;
-    for (;;) {
-        uint8_t *msg = NULL;
-        size_t mlen = 0;
-        struct kvf_rpc_status st;
-        int rc = kvf_rpc_client_stream_recv(w->cs, 200, &msg, &mlen, &st);
-        if (rc == 0) {
-            Kvfence__V1__LeaseEvent *ev = kvfence__v1__lease_event__unpack(NULL, mlen, msg);
-            free(msg);
-            assert_non_null(ev);
-            bool synced = ev->event_case == KVFENCE__V1__LEASE_EVENT__EVENT_SYNCED;
-            kvfence__v1__lease_event__free_unpacked(ev, NULL);
-            if (synced)
-                return;
-        } else if (rc != -ETIMEDOUT) {
-            fail_msg("WatchLeases ended before synced (%d)", rc);
-        }
-        if (nh_now_ms() > end)
-            fail_msg("WatchLeases: no synced event");
-    }
-}
-
-static void lwatch_pump(struct lwatch *w, int64_t ms)
-{
-    int64_t end = nh_now_ms() + ms;
-    do {
-        uint8_t *msg = NULL;
-        size_t mlen = 0;
-        struct kvf_rpc_status st;
-        int rc = kvf_rpc_client_stream_recv(w->cs, 20, &msg, &mlen, &st);
-        if (rc == -ETIMEDOUT)
-            continue;
-        if (rc != 0)
-            fail_msg("WatchLeases ended (%d)", rc);
-        Kvfence__V1__LeaseEvent *ev = kvfence__v1__lease_event__unpack(NULL, mlen, msg);
-        free(msg);
-        assert_non_null(ev);
-        if (ev->event_case == KVFENCE__V1__LEASE_EVENT__EVENT_RELEASED && ev->released) {
-            uint64_t id = ev->released->lease_id;
-            unsigned i = 0;
-            while (i < w->n && w->ids[i] != id)
-                i++;
-            if (i == w->n && w->n < WATCH_MAX) {
-                w->ids[w->n] = id;
-                w->counts[w->n++] = 0;
-            }
-            if (i < WATCH_MAX)
-                w->counts[i]++;
-        }
-        kvfence__v1__lease_event__free_unpacked(ev, NULL);
-    } while (nh_now_ms() < end);
-}
-
-static unsigned lwatch_count(const struct lwatch *w, uint64_t id)
-{
-    for (unsigned i = 0; i < w->n; i++)
-        if (w->ids[i] == id)
-            return w->counts[i];
-    return 0;
-}
-
-static unsigned room_leases(struct fx *f, kvf_room_key k, uint64_t ids[2])
-{
-    Kvfence__V1__RoomInfo *ri = nh_get_room(f->ch, k);
-    unsigned n = 0;
-    for (size_t i = 0; i < ri->n_participants && n < 2; i++)
-        if (ri->participants[i]->lease)
-            ids[n++] = ri->participants[i]->lease->lease_id;
-    kvfence__v1__room_info__free_unpacked(ri, NULL);
-    return n;
-}
-
-static void released_once(struct fx *f, kvf_room_key k)
-{
-    uint64_t ids[2];
-    unsigned n = room_leases(f, k, ids);
-    assert_int_equal(n, 2);
-    int64_t end = nh_now_ms() + WAIT_MS;
-    while (lwatch_count(&f->w, ids[0]) == 0 || lwatch_count(&f->w, ids[1]) == 0) {
-        if (nh_now_ms() > end)
-            fail_msg("WatchLeases: no release of lease %llu or %llu", (unsigned long long)ids[0],
-                     (unsigned long long)ids[1]);
-        lwatch_pump(&f->w, 50);
-    }
-    lwatch_pump(&f->w, 100);
-    for (unsigned i = 0; i < n; i++)
-        if (lwatch_count(&f->w, ids[i]) != 1)
-            fail_msg("lease %llu released %u times", (unsigned long long)ids[i],
-                     lwatch_count(&f->w, ids[i]));
-}
-
-static void none_released(struct fx *f, kvf_room_key k)
-{
-    uint64_t ids[2];
-    unsigned n = room_leases(f, k, ids);
-    lwatch_pump(&f->w, 50);
-    for (unsigned i = 0; i < n; i++)
-        if (lwatch_count(&f->w, ids[i]) != 0)
-            fail_msg("lease %llu released while RDMA writes are held", (unsigned long long)ids[i]);
-    unsigned rel;
-    int s = nh_room_state(f->ch, k, &rel, NULL);
-    if (rel != 0)
-        fail_msg("%u leases RELEASED while RDMA writes are held (room state %d)", rel, s);
+    fx_start(f, "fake");
+    warm_up_link(f, room_id);
+    nh_set_faults(&f->n1, "rdma_hold=1\n", WAIT_MS);
+    nh_wait_log(&f->n1, "fault: rdma writes held", NULL, 1, WAIT_MS);
 }
 
 /* ---- NodeLocal.Watch on the sink -------------------------------------------------------- */
@@ -538,7 +402,7 @@ static void test_rdma_room_lands_byte_exact(void **state)
     nwatch_chunks(w1, 3, KVFENCE__V1__TRANSPORT_KIND__TRANSPORT_KIND_RDMA);
     nwatch_close(w1);
     nh_wait_room_state(f->ch, k, KVFENCE__V1__ROOM_STATE__ROOM_STATE_COMPLETED, WAIT_MS);
-    released_once(f, k);
+    nh_watch_released_once(&f->w, f->ch, k, WAIT_MS);
     check_holds(&f->p2, 8, 40, SEED_N1, 8);
     check_holds(&f->p2, 0, 8, SEED_N2, 0);
     check_holds(&f->p2, 48, 12, SEED_N2, 48);
@@ -566,7 +430,7 @@ static void test_rdma_off_peer_gets_tcp(void **state)
 {
     struct fx *f = *state;
     fx_start(f, "off");
-    wait_log(&f->n2, "RDMA off: --rdma off", NULL, 1);
+    nh_wait_log(&f->n2, "RDMA off: --rdma off", NULL, 1, WAIT_MS);
     kvf_room_key k = join_pair(f, 201, 0, 16, 24);
     struct kvf_rpc_client_stream *w1 = nwatch_open(&f->n1, k);
     nwatch_sync(w1);
@@ -575,7 +439,7 @@ static void test_rdma_off_peer_gets_tcp(void **state)
     nwatch_chunks(w1, 2, KVFENCE__V1__TRANSPORT_KIND__TRANSPORT_KIND_TCP);
     nwatch_close(w1);
     nh_wait_room_state(f->ch, k, KVFENCE__V1__ROOM_STATE__ROOM_STATE_COMPLETED, WAIT_MS);
-    released_once(f, k);
+    nh_watch_released_once(&f->w, f->ch, k, WAIT_MS);
     check_holds(&f->p2, 16, 24, SEED_N1, 0);
     check_holds(&f->p2, 0, 16, SEED_N2, 0);
     check_holds(&f->p2, 40, 24, SEED_N2, 40);
@@ -594,7 +458,7 @@ static void test_rdma_off_peer_gets_tcp(void **state)
     assert_int_equal(rdma_stat(&f->n1, "links_up="), 0);
     assert_int_equal(rdma_stat(&f->n1, "wrs_posted="), 0);
     assert_int_equal(rdma_stat(&f->n2, "notices_in="), -1); /* no RDMA at all there */
-    assert_int_equal(log_count(&f->n1, "rdma link to", NULL), 0);
+    assert_int_equal(nh_log_count(&f->n1, "rdma link to", NULL), 0);
     assert_int_equal(watch_stat(&f->n1, "chunk_done="), 3);
     assert_int_equal(watch_stat(&f->n1, "chunk_done_packed="), 2); /* room 202's: not packed */
 }
@@ -602,27 +466,24 @@ static void test_rdma_off_peer_gets_tcp(void **state)
 static void test_rdma_abort_with_writes_held(void **state)
 {
     struct fx *f = *state;
-    fx_start(f, "fake");
-    warm_up_link(f, 300);
-    n1_faults(f, "rdma_hold=1\n");
-    wait_log(&f->n1, "fault: rdma writes held", NULL, 1);
+    start_linked_held(f, 300);
 
     kvf_room_key k = join_pair(f, 301, 0, 16, 24);
     submit_ok(f, k, 1, 0, 16, 24, true, NULL, 0); /* two slices, posted and held */
     nh_abort_room(f->ch, k, "rdma test abort");
     nh_wait_room_state(f->ch, k, KVFENCE__V1__ROOM_STATE__ROOM_STATE_ABORTING, WAIT_MS);
-    wait_log(&f->n2, "drained", &k, 1);
-    wait_log(&f->n1, "abort notice", &k, 1);
-    assert_int_equal(log_count(&f->n1, "drained", &k), 0);
-    none_released(f, k);
+    nh_wait_log(&f->n2, "drained", &k, 1, WAIT_MS);
+    nh_wait_log(&f->n1, "abort notice", &k, 1, WAIT_MS);
+    assert_int_equal(nh_log_count(&f->n1, "drained", &k), 0);
+    nh_watch_none_released(&f->w, f->ch, k, "RDMA writes are held");
     check_holds(&f->p2, 0, PAGE_COUNT - 4, SEED_N2, 0); /* the writes are held at n1 */
 
     /* Let go: the writes complete (into the sink lease, still held), then
      * n1 drains and the leases are released once. */
-    n1_faults(f, "rdma_hold=0\n");
-    wait_log(&f->n1, "fault: rdma writes released", NULL, 1);
+    nh_set_faults(&f->n1, "rdma_hold=0\n", WAIT_MS);
+    nh_wait_log(&f->n1, "fault: rdma writes released", NULL, 1, WAIT_MS);
     nh_wait_room_state(f->ch, k, KVFENCE__V1__ROOM_STATE__ROOM_STATE_ABORTED, WAIT_MS);
-    released_once(f, k);
+    nh_watch_released_once(&f->w, f->ch, k, WAIT_MS);
     check_holds(&f->p2, 0, 16, SEED_N2, 0);
     check_holds(&f->p2, 40, 20, SEED_N2, 40);
 
@@ -639,20 +500,17 @@ static void test_rdma_abort_with_writes_held(void **state)
 static void test_rdma_kill9_source_with_writes_outstanding(void **state)
 {
     struct fx *f = *state;
-    fx_start(f, "fake");
-    warm_up_link(f, 400);
-    n1_faults(f, "rdma_hold=1\n");
-    wait_log(&f->n1, "fault: rdma writes held", NULL, 1);
+    start_linked_held(f, 400);
 
     kvf_room_key k = join_pair(f, 401, 0, 16, 24);
     submit_ok(f, k, 1, 0, 16, 24, true, NULL, 0);
     nh_node_kill9(&f->n1);
     /* LOST after the ttl: the room aborts, n2 fences n1 (its QPs to ERR). */
-    wait_log(&f->n2, "fenced peer n1", NULL, 1);
-    wait_log(&f->n2, "rdma: peer n1 incarnation", NULL, 1);
+    nh_wait_log(&f->n2, "fenced peer n1", NULL, 1, WAIT_MS);
+    nh_wait_log(&f->n2, "rdma: peer n1 incarnation", NULL, 1, WAIT_MS);
     nh_wait_room_state(f->ch, k, KVFENCE__V1__ROOM_STATE__ROOM_STATE_ABORTED, WAIT_MS);
     uint64_t ids[2];
-    assert_int_equal(room_leases(f, k, ids), 2);
+    assert_int_equal(nh_room_leases(f->ch, k, ids), 2);
     unsigned rel;
     nh_room_state(f->ch, k, &rel, NULL);
     assert_int_equal(rel, 2);
@@ -677,26 +535,14 @@ static void test_rdma_pool_registered_after_link(void **state)
     assert_int_equal(nh_pool_create(&f->p3, "rdma", "n2b", PAGE_SIZE, 16, NULL), 0);
     fill(&f->p3, 0, 16, SEED_N2);
     f->p3.pool_id = nh_register_pool(&f->n2, &f->p3);
-    wait_log(&f->n1, "rdma link to n2: 1 pools announced, 2 known", NULL, 1);
+    nh_wait_log(&f->n1, "rdma link to n2: 1 pools announced, 2 known", NULL, 1, WAIT_MS);
 
     fill(&f->p1, 0, 8, 311);
     kvf_room_key k =
         nh_join_pair(f->ch, 601, "n1", f->p1.pool_id, 0, "n2", f->p3.pool_id, 4, 8, WAIT_MS);
-    wait_log(&f->n2, "room update", &k, 1);
+    nh_wait_log(&f->n2, "room update", &k, 1, WAIT_MS);
     nh_wait_node_knows(&f->n1, k, f->p1.pool_id, "n2", f->p3.pool_id, 4, WAIT_MS);
-    struct nh_chunk c = {.seq = 1,
-                         .source_pool = f->p1.pool_id,
-                         .sink_node = "n2",
-                         .sink_pool = f->p3.pool_id,
-                         .n = 1,
-                         .sfirst = {0},
-                         .dfirst = {4},
-                         .count = {8},
-                         .last = true};
-    struct kvf_rpc_status st;
-    int code = nh_submit(f->n1.local, k, &c, &st);
-    if (code != KVF_GRPC_OK)
-        fail_msg("SubmitChunk: %d %s", code, st.message);
+    submit_one_ok(f, k, f->p1.pool_id, "n2", f->p3.pool_id, 0, 4, 8);
     nh_wait_room_state(f->ch, k, KVFENCE__V1__ROOM_STATE__ROOM_STATE_COMPLETED, WAIT_MS);
     check_holds(&f->p3, 4, 8, 311, 0);
     check_holds(&f->p3, 0, 4, SEED_N2, 0);
@@ -704,12 +550,14 @@ static void test_rdma_pool_registered_after_link(void **state)
 
     Kvfence__V1__UnregisterPoolRequest req = KVFENCE__V1__UNREGISTER_POOL_REQUEST__INIT;
     req.pool_id = f->p3.pool_id;
-    code = nh_call(f->n2.local, "/kvfence.v1.NodeLocal/UnregisterPool", &req.base, NULL, NULL, &st);
+    struct kvf_rpc_status st;
+    int code =
+        nh_call(f->n2.local, "/kvfence.v1.NodeLocal/UnregisterPool", &req.base, NULL, NULL, &st);
     if (code != KVF_GRPC_OK)
         fail_msg("UnregisterPool: %d %s", code, st.message);
     char line[64];
     snprintf(line, sizeof line, "rdma link to n2: its pool %u removed", f->p3.pool_id);
-    wait_log(&f->n1, line, NULL, 1);
+    nh_wait_log(&f->n1, line, NULL, 1, WAIT_MS);
 
     struct nh_node *nodes[] = {&f->n1, &f->n2};
     assert_int_equal(nh_nodes_stop(nodes, 2, 20000), 0);
@@ -727,15 +575,15 @@ static void test_rdma_self_fence_renews_transport(void **state)
     fx_start(f, "fake");
     warm_up_link(f, 500);
     assert_int_equal(kill(f->cp.pid, SIGSTOP), 0);
-    wait_log(&f->n1, "a fresh RDMA transport, 1 of 1 pools registered", NULL, 1);
-    wait_log(&f->n2, "a fresh RDMA transport, 1 of 1 pools registered", NULL, 1);
+    nh_wait_log(&f->n1, "a fresh RDMA transport, 1 of 1 pools registered", NULL, 1, WAIT_MS);
+    nh_wait_log(&f->n2, "a fresh RDMA transport, 1 of 1 pools registered", NULL, 1, WAIT_MS);
     assert_int_equal(kill(f->cp.pid, SIGCONT), 0);
-    wait_log(&f->n1, "attached to control plane", NULL, 2);
-    wait_log(&f->n2, "attached to control plane", NULL, 2);
+    nh_wait_log(&f->n1, "attached to control plane", NULL, 2, WAIT_MS);
+    nh_wait_log(&f->n2, "attached to control plane", NULL, 2, WAIT_MS);
 
     room_lands(f, 501, 56, 56, 4, 9); /* TCP: it opens the new incarnations' link */
-    wait_log(&f->n1, "up (initiator)", NULL, 2);
-    wait_log(&f->n2, "up (acceptor)", NULL, 2);
+    nh_wait_log(&f->n1, "up (initiator)", NULL, 2, WAIT_MS);
+    nh_wait_log(&f->n2, "up (acceptor)", NULL, 2, WAIT_MS);
     fill(&f->p2, 0, 24, SEED_N2);
     room_lands(f, 502, 0, 0, 24, 310); /* two slices over the new link */
     check_holds(&f->p2, 24, 32, SEED_N2, 24);
@@ -757,16 +605,16 @@ static void test_rdma_bad_notice_fails_room(void **state)
     struct fx *f = *state;
     fx_start(f, "fake");
     warm_up_link(f, 700);
-    n1_faults(f, "rdma_bad_notice=1\n");
+    nh_set_faults(&f->n1, "rdma_bad_notice=1\n", WAIT_MS);
     fill(&f->p1, 0, 8, 321);
     kvf_room_key k = join_pair(f, 701, 0, 16, 8);
     struct kvf_rpc_client_stream *w2 = nwatch_open(&f->n2, k);
     nwatch_sync(w2);
     submit_ok(f, k, 1, 0, 16, 8, true, NULL, 0);
-    wait_log(&f->n1, "fault: a bad ChunkNotice", NULL, 1);
-    wait_log(&f->n2, "pages outside the sink lease", &k, 1);
+    nh_wait_log(&f->n1, "fault: a bad ChunkNotice", NULL, 1, WAIT_MS);
+    nh_wait_log(&f->n2, "pages outside the sink lease", &k, 1, WAIT_MS);
     nh_wait_room_state(f->ch, k, KVFENCE__V1__ROOM_STATE__ROOM_STATE_ABORTED, WAIT_MS);
-    released_once(f, k);
+    nh_watch_released_once(&f->w, f->ch, k, WAIT_MS);
     /* No chunk_done on the sink for a refused notice; the failed transfer is. */
     for (;;) {
         Kvfence__V1__NodeEvent *ev = nwatch_must(w2);
@@ -799,12 +647,12 @@ static void test_rdma_lost_hello_is_sent_again(void **state)
 {
     struct fx *f = *state;
     fx_start(f, "fake");
-    n1_faults(f, "rdma_drop_hello=1\n");
+    nh_set_faults(&f->n1, "rdma_drop_hello=1\n", WAIT_MS);
     room_lands(f, 800, 60, 60, 4, 5); /* TCP; its route sends the (dropped) hello */
-    wait_log(&f->n1, "fault: a LinkHello dropped", NULL, 1);
-    wait_log(&f->n1, "hello sent again (2)", NULL, 1);
-    wait_log(&f->n1, "up (initiator)", NULL, 1);
-    wait_log(&f->n2, "up (acceptor)", NULL, 1);
+    nh_wait_log(&f->n1, "fault: a LinkHello dropped", NULL, 1, WAIT_MS);
+    nh_wait_log(&f->n1, "hello sent again (2)", NULL, 1, WAIT_MS);
+    nh_wait_log(&f->n1, "up (initiator)", NULL, 1, WAIT_MS);
+    nh_wait_log(&f->n2, "up (acceptor)", NULL, 1, WAIT_MS);
 
     fill(&f->p1, 0, 8, 331);
     kvf_room_key k = join_pair(f, 801, 0, 8, 8);
@@ -834,18 +682,18 @@ static void test_rdma_wr_error_link_rebuilt(void **state)
     struct fx *f = *state;
     fx_start(f, "fake");
     warm_up_link(f, 900);
-    n1_faults(f, "rdma_wr_error=1\n");
+    nh_set_faults(&f->n1, "rdma_wr_error=1\n", WAIT_MS);
     fill(&f->p1, 0, 8, 341);
     kvf_room_key k = join_pair(f, 901, 0, 16, 8);
     submit_ok(f, k, 1, 0, 16, 8, true, NULL, 0);
-    wait_log(&f->n1, "fault: an RDMA chunk with a wrong rkey", NULL, 1);
-    wait_log(&f->n1, "down (an RDMA write completed in error): TCP until a new link is up", NULL,
-             1);
-    wait_log(&f->n2, "LinkClose (an RDMA write completed in error)", NULL, 1);
-    wait_log(&f->n2, "down (an RDMA write completed in error): TCP until a new link is up", NULL,
-             1);
+    nh_wait_log(&f->n1, "fault: an RDMA chunk with a wrong rkey", NULL, 1, WAIT_MS);
+    nh_wait_log(&f->n1, "down (an RDMA write completed in error): TCP until a new link is up", NULL,
+                1, WAIT_MS);
+    nh_wait_log(&f->n2, "LinkClose (an RDMA write completed in error)", NULL, 1, WAIT_MS);
+    nh_wait_log(&f->n2, "down (an RDMA write completed in error): TCP until a new link is up", NULL,
+                1, WAIT_MS);
     nh_wait_room_state(f->ch, k, KVFENCE__V1__ROOM_STATE__ROOM_STATE_ABORTED, WAIT_MS);
-    released_once(f, k);
+    nh_watch_released_once(&f->w, f->ch, k, WAIT_MS);
     check_holds(&f->p2, 0, PAGE_COUNT - 4, SEED_N2, 0); /* the refused write landed nowhere */
 
     /* TCP while the new link is made, then RDMA over fresh QPs. */
@@ -858,8 +706,8 @@ static void test_rdma_wr_error_link_rebuilt(void **state)
     nwatch_close(w1);
     nh_wait_room_state(f->ch, k2, KVFENCE__V1__ROOM_STATE__ROOM_STATE_COMPLETED, WAIT_MS);
     check_holds(&f->p2, 48, 8, 342, 48);
-    wait_log(&f->n1, "up (initiator)", NULL, 2);
-    wait_log(&f->n2, "up (acceptor)", NULL, 2);
+    nh_wait_log(&f->n1, "up (initiator)", NULL, 2, WAIT_MS);
+    nh_wait_log(&f->n2, "up (acceptor)", NULL, 2, WAIT_MS);
 
     kvf_room_key k3 = join_pair(f, 903, 8, 24, 16);
     w1 = nwatch_open(&f->n1, k3);
@@ -869,7 +717,7 @@ static void test_rdma_wr_error_link_rebuilt(void **state)
     nwatch_chunks(w1, 1, KVFENCE__V1__TRANSPORT_KIND__TRANSPORT_KIND_RDMA);
     nwatch_close(w1);
     nh_wait_room_state(f->ch, k3, KVFENCE__V1__ROOM_STATE__ROOM_STATE_COMPLETED, WAIT_MS);
-    released_once(f, k3);
+    nh_watch_released_once(&f->w, f->ch, k3, WAIT_MS);
     check_holds(&f->p2, 24, 16, 343, 8);
     check_holds(&f->p2, 0, 24, SEED_N2, 0);
     check_holds(&f->p2, 40, 8, SEED_N2, 40);
@@ -895,13 +743,131 @@ static void test_rdma_link_close_on_shutdown(void **state)
     warm_up_link(f, 1000);
     struct nh_node *first[] = {&f->n1};
     assert_int_equal(nh_nodes_stop(first, 1, 20000), 0);
-    wait_log(&f->n2, "LinkClose (node shutting down)", NULL, 1);
-    wait_log(&f->n2, "down (node shutting down): TCP only", NULL, 1);
+    nh_wait_log(&f->n2, "LinkClose (node shutting down)", NULL, 1, WAIT_MS);
+    nh_wait_log(&f->n2, "down (node shutting down): TCP only", NULL, 1, WAIT_MS);
     struct nh_node *second[] = {&f->n2};
     assert_int_equal(nh_nodes_stop(second, 1, 20000), 0);
     assert_int_equal(rdma_stat(&f->n1, "closes_sent="), 1);
     assert_int_equal(rdma_stat(&f->n2, "closes_in="), 1);
     assert_int_equal(rdma_stat(&f->n2, "peer_resets="), 1);
+}
+
+/* Admin.FenceNode n1 while both nodes run and n1 has RDMA writes held: the
+ * control plane has n2 fence n1 (FencePeer), n2 moves its QPs to n1 to ERR
+ * and sends LinkClose (reconnect false); n1, alive, takes the link down for
+ * good and resets its QPs (the held writes come back flushed: the room fails,
+ * its leases are released once). Nothing n1 writes lands on n2 afterwards,
+ * and n1 never links to that n2 incarnation again: a later room to n2 sends
+ * no hello (it goes over TCP, which n2 refuses for the fenced n1). */
+static void test_rdma_fence_sends_link_close(void **state)
+{
+    struct fx *f = *state;
+    start_linked_held(f, 1200);
+    fill(&f->p1, 0, 8, 361);
+    kvf_room_key k = join_pair(f, 1201, 0, 16, 8);
+    submit_ok(f, k, 1, 0, 16, 8, true, NULL, 0); /* posted over RDMA, held at n1 */
+
+    Kvfence__V1__FenceNodeRequest req = KVFENCE__V1__FENCE_NODE_REQUEST__INIT;
+    req.node_id = (char *)"n1";
+    uint8_t *resp = NULL;
+    size_t len = 0;
+    struct kvf_rpc_status st;
+    int code = nh_call(f->ch, "/kvfence.v1.Admin/FenceNode", &req.base, &resp, &len, &st);
+    if (code != KVF_GRPC_OK)
+        fail_msg("FenceNode: %d %s", code, st.message);
+    Kvfence__V1__FenceNodeResponse *fr = kvfence__v1__fence_node_response__unpack(NULL, len, resp);
+    free(resp);
+    assert_non_null(fr);
+    assert_int_equal(fr->fencers, 1); /* n2, the room's other node */
+    kvfence__v1__fence_node_response__free_unpacked(fr, NULL);
+
+    nh_wait_log(&f->n2, "rdma: peer n1 incarnation", NULL, 1, WAIT_MS); /* its QPs in ERR */
+    nh_wait_log(&f->n1, "LinkClose (fenced)", NULL, 1, WAIT_MS);
+    nh_wait_log(&f->n1, "down (fenced): TCP only", NULL, 1, WAIT_MS);
+    nh_wait_room_state(f->ch, k, KVFENCE__V1__ROOM_STATE__ROOM_STATE_ABORTED, WAIT_MS);
+    nh_watch_released_once(&f->w, f->ch, k, WAIT_MS);
+    check_holds(&f->p2, 0, PAGE_COUNT - 4, SEED_N2, 0); /* the held writes landed nowhere */
+
+    /* n1 lives on as the same incarnation: its next room to n2 finds the link
+     * dead (no hello), and nothing of it lands on n2. */
+    nh_set_faults(&f->n1, "rdma_hold=0\n", WAIT_MS);
+    fill(&f->p2, 0, 16, 362);
+    fill(&f->p1, 40, 8, 363);
+    kvf_room_key k2 = join_pair(f, 1202, 40, 40, 8);
+    /* Refused at once or failed on the way: either way the room fails. */
+    (void)submit_one(f, k2, f->p1.pool_id, "n2", f->p2.pool_id, 40, 40, 8, &st);
+    nh_wait_room_state(f->ch, k2, KVFENCE__V1__ROOM_STATE__ROOM_STATE_ABORTED, WAIT_MS);
+    nh_watch_released_once(&f->w, f->ch, k2, WAIT_MS);
+    check_holds(&f->p2, 0, 16, 362, 0);
+    check_holds(&f->p2, 16, PAGE_COUNT - 20, SEED_N2, 16);
+    assert_int_equal(nh_log_count(&f->n1, "rdma link to n2: hello sent", NULL), 1);
+    assert_int_equal(nh_log_count(&f->n1, "up (initiator)", NULL), 1);
+
+    struct nh_node *nodes[] = {&f->n1, &f->n2};
+    assert_int_equal(nh_nodes_stop(nodes, 2, 20000), 0);
+    assert_int_equal(rdma_stat(&f->n2, "closes_sent="), 1);
+    assert_int_equal(rdma_stat(&f->n1, "closes_in="), 1);
+    assert_int_equal(rdma_stat(&f->n1, "closes_sent="), 0); /* dead link: none at its stop */
+    assert_int_equal(rdma_stat(&f->n1, "peer_resets="), 1);
+    assert_int_equal(rdma_stat(&f->n1, "wrs_flushed="), 1); /* the held write, back at the reset */
+    assert_int_equal(rdma_stat(&f->n2, "fences="), 1);
+    assert_int_equal(rdma_stat(&f->n2, "notices_in="), 0); /* the warm-up room went over TCP */
+    assert_int_equal(rdma_stat(&f->n2, "fabric_writes_in="), 0);
+}
+
+/* One slice FIFO per QP (peer, room_id % 2): fault rdma_hold_odd=1 at n1
+ * holds its QP 1 to n2 (rooms with odd ids) in the fake fabric. Room 1301
+ * (odd) sends 260 pages of 64 KiB, one slice each: 256 fill QP 1's WR slots
+ * (held), 4 wait in that QP's FIFO. Room 1302 (even: QP 0), submitted after
+ * it, completes and lands while 1301 is held; behind one FIFO per peer its
+ * slices would wait for QP 1. Let go, 1301 completes byte-exact. */
+static void test_rdma_qp_fifos_independent(void **state)
+{
+    struct fx *f = *state;
+    const uint32_t big = 65536, npages = 272, units = big / PAGE_SIZE; /* 4 KiB units a page */
+    fx_start(f, "fake");
+    assert_int_equal(nh_pool_create(&f->p3, "rdma", "n1big", big, npages, NULL), 0);
+    assert_int_equal(nh_pool_create(&f->p4, "rdma", "n2big", big, npages, NULL), 0);
+    fill(&f->p3, 0, npages * units, 371);
+    fill(&f->p4, 0, npages * units, SEED_N2);
+    f->p3.pool_id = nh_register_pool(&f->n1, &f->p3);
+    warm_up_link(f, 1300);
+    f->p4.pool_id = nh_register_pool(&f->n2, &f->p4);
+    nh_wait_log(&f->n1, "rdma link to n2: 1 pools announced, 2 known", NULL, 1, WAIT_MS);
+    nh_set_faults(&f->n1, "rdma_hold_odd=1\n", WAIT_MS);
+    nh_wait_log(&f->n1, "fault: rdma writes on QP 1 held (1 links)", NULL, 1, WAIT_MS);
+
+    kvf_room_key ka =
+        nh_join_pair(f->ch, 1301, "n1", f->p3.pool_id, 0, "n2", f->p4.pool_id, 0, 260, WAIT_MS);
+    kvf_room_key kb =
+        nh_join_pair(f->ch, 1302, "n1", f->p3.pool_id, 260, "n2", f->p4.pool_id, 260, 8, WAIT_MS);
+    nh_wait_log(&f->n2, "room update", &kb, 1, WAIT_MS);
+    nh_wait_node_knows(&f->n1, ka, f->p3.pool_id, "n2", f->p4.pool_id, 0, WAIT_MS);
+    nh_wait_node_knows(&f->n1, kb, f->p3.pool_id, "n2", f->p4.pool_id, 260, WAIT_MS);
+    submit_one_ok(f, ka, f->p3.pool_id, "n2", f->p4.pool_id, 0, 0, 260);
+    submit_one_ok(f, kb, f->p3.pool_id, "n2", f->p4.pool_id, 260, 260, 8);
+    nh_wait_room_state(f->ch, kb, KVFENCE__V1__ROOM_STATE__ROOM_STATE_COMPLETED, WAIT_MS);
+    nh_watch_released_once(&f->w, f->ch, kb, WAIT_MS);
+    check_holds(&f->p4, 260 * units, 8 * units, 371, 260 * units);
+    /* Room 1301 is still held: ACTIVE, nothing released, nothing landed. */
+    unsigned rel;
+    assert_int_equal(nh_room_state(f->ch, ka, &rel, NULL),
+                     KVFENCE__V1__ROOM_STATE__ROOM_STATE_ACTIVE);
+    nh_watch_none_released(&f->w, f->ch, ka, "its QP is held");
+    check_holds(&f->p4, 0, 260 * units, SEED_N2, 0);
+
+    nh_set_faults(&f->n1, "rdma_hold_odd=0\n", WAIT_MS);
+    nh_wait_log(&f->n1, "fault: rdma writes on QP 1 released (1 links)", NULL, 1, WAIT_MS);
+    nh_wait_room_state(f->ch, ka, KVFENCE__V1__ROOM_STATE__ROOM_STATE_COMPLETED, WAIT_MS);
+    nh_watch_released_once(&f->w, f->ch, ka, WAIT_MS);
+    check_holds(&f->p4, 0, 268 * units, 371, 0);
+    check_holds(&f->p4, 268 * units, 4 * units, SEED_N2, 268 * units);
+
+    struct nh_node *nodes[] = {&f->n1, &f->n2};
+    assert_int_equal(nh_nodes_stop(nodes, 2, 20000), 0);
+    assert_int_equal(rdma_stat(&f->n1, "wrs_ok="), 268);
+    assert_int_equal(rdma_stat(&f->n1, "notices_sent="), 2);
+    assert_int_equal(rdma_stat(&f->n2, "notice_bytes_in="), 268ll * big);
 }
 
 /* A sink on the same node: the chunk is a local copy, and its chunk_done on
@@ -919,19 +885,7 @@ static void test_rdma_local_sink_chunk_says_local(void **state)
     nh_wait_node_knows(&f->n1, k, f->p1.pool_id, "n1", f->p3.pool_id, 4, WAIT_MS);
     struct kvf_rpc_client_stream *w1 = nwatch_open(&f->n1, k);
     nwatch_sync(w1);
-    struct nh_chunk c = {.seq = 1,
-                         .source_pool = f->p1.pool_id,
-                         .sink_node = "n1",
-                         .sink_pool = f->p3.pool_id,
-                         .n = 1,
-                         .sfirst = {0},
-                         .dfirst = {4},
-                         .count = {8},
-                         .last = true};
-    struct kvf_rpc_status st;
-    int code = nh_submit(f->n1.local, k, &c, &st);
-    if (code != KVF_GRPC_OK)
-        fail_msg("SubmitChunk: %d %s", code, st.message);
+    submit_one_ok(f, k, f->p1.pool_id, "n1", f->p3.pool_id, 0, 4, 8);
     nwatch_chunks(w1, 1, KVFENCE__V1__TRANSPORT_KIND__TRANSPORT_KIND_LOCAL);
     nwatch_close(w1);
     nh_wait_room_state(f->ch, k, KVFENCE__V1__ROOM_STATE__ROOM_STATE_COMPLETED, WAIT_MS);
@@ -954,6 +908,8 @@ int main(void)
         cmocka_unit_test_setup_teardown(test_rdma_lost_hello_is_sent_again, setup, teardown),
         cmocka_unit_test_setup_teardown(test_rdma_wr_error_link_rebuilt, setup, teardown),
         cmocka_unit_test_setup_teardown(test_rdma_link_close_on_shutdown, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_rdma_fence_sends_link_close, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_rdma_qp_fifos_independent, setup, teardown),
         cmocka_unit_test_setup_teardown(test_rdma_local_sink_chunk_says_local, setup, teardown),
     };
     const char *filter = getenv("KVF_TEST_FILTER");

@@ -39,6 +39,7 @@ static void every_key_parses(void **state)
                        "rdma_bad_notice=14\n"
                        "rdma_drop_hello=15\n"
                        "rdma_wr_error=16\n"
+                       "rdma_hold_odd=1\n"
                        "peer_delay_after=13"; /* no final newline */
     struct node_fault_cfg c;
     char err[160] = "";
@@ -59,6 +60,7 @@ static void every_key_parses(void **state)
     assert_int_equal(c.rdma_bad_notice, 14);
     assert_int_equal(c.rdma_drop_hello, 15);
     assert_int_equal(c.rdma_wr_error, 16);
+    assert_int_equal(c.rdma_hold_odd, 1);
     struct kvf_peer_fault pf;
     node_fault_peer(&c, &pf);
     assert_int_equal(pf.drop_nth, 10);
@@ -80,6 +82,7 @@ static void empty_text_is_no_fault(void **state)
     assert_int_equal(c.rdma_hold, 0);
     assert_int_equal(c.rdma_bad_notice, 0);
     assert_int_equal(c.rdma_wr_error, 0);
+    assert_int_equal(c.rdma_hold_odd, 0);
     assert_int_equal(c.hold_stream, 0);
     assert_false(c.peer_keys); /* the channel's faults are left alone */
     struct kvf_peer_fault pf;
@@ -105,6 +108,7 @@ static void bad_lines_are_refused_naming_line_and_key(void **state)
         {"hold\n", "line 1: 'hold': want key=value"},
         {"peer_delay_after=4294967296\n", "peer_delay_after: at most 4294967295"},
         {"rdma_hold=2\n", "rdma_hold: at most 1"},
+        {"rdma_hold_odd=2\n", "rdma_hold_odd: at most 1"},
         {"op_error=99999999999999999999999\n", "is not a count"},
     };
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {

@@ -435,6 +435,42 @@ static void test_hold(void **state)
     close_drained(&f->a, 0);
 }
 
+/* One QP held (kvf_verbs_fake_fabric_hold_qp): its WRs stay outstanding
+ * while the other QP of the device sends and completes; released, the held
+ * ones go in order. An unknown QP number is -ENOENT. */
+static void test_hold_one_qp(void **state)
+{
+    struct fx *f = *state;
+    assert_int_equal(kvf_verbs_fake_fabric_hold_qp(f->a.fake, 0xdeadu, true), -ENOENT);
+    assert_int_equal(kvf_verbs_fake_fabric_hold_qp(f->a.fake, f->a.info.qp_num[1], true), 0);
+    for (unsigned i = 0; i < 3; i++) /* QP 1: held */
+        assert_int_equal(kvf_transport_post_write(f->a.t, mk(f, i, ROOM_1, i, POOL_ID, i)), 0);
+    for (unsigned i = 3; i < 5; i++) /* QP 0: runs */
+        assert_int_equal(kvf_transport_post_write(f->a.t, mk(f, i, ROOM_0, i, POOL_ID, i)), 0);
+    assert_int_equal(poll_until(f, 2), 2);
+    for (unsigned k = 0; k < 2; k++) {
+        assert_ptr_equal(f->c[k].xfer, &f->x[3 + k]);
+        assert_int_equal(f->c[k].outcome, KVF_LT_DONE_OK);
+    }
+    assert_memory_equal(f->b.pool + (size_t)3 * PAGE, f->a.pool + (size_t)3 * PAGE,
+                        (size_t)2 * PAGE);
+    /* QP 1's writes did not move while QP 0's went through. */
+    assert_int_equal(kvf_verbs_fake_outstanding(f->a.fake, f->a.info.qp_num[1]), 3);
+    assert_int_equal(kvf_transport_poll(f->a.t, 3, f->c), 0);
+    assert_true(all_zero(f->b.pool, (size_t)3 * PAGE));
+    close_drained(&f->a, 0);
+
+    assert_int_equal(kvf_verbs_fake_fabric_hold_qp(f->a.fake, f->a.info.qp_num[1], false), 0);
+    assert_int_equal(poll_until(f, 3), 3);
+    for (unsigned k = 0; k < 3; k++) {
+        assert_ptr_equal(f->c[k].xfer, &f->x[k]);
+        assert_int_equal(f->c[k].outcome, KVF_LT_DONE_OK);
+    }
+    assert_memory_equal(f->b.pool, f->a.pool, (size_t)3 * PAGE);
+    assert_true(canaries_ok(&f->b));
+    close_drained(&f->a, 1);
+}
+
 /* A's own fence (QP to ERR) while WRs are held: all of them flush, none is
  * sent later. */
 static void test_fence_by_source_flushes_held(void **state)
@@ -801,6 +837,7 @@ int main(void)
         cmocka_unit_test_setup_teardown(test_outside_mr, setup, teardown),
         cmocka_unit_test_setup_teardown(test_fence_by_sink, setup, teardown),
         cmocka_unit_test_setup_teardown(test_hold, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_hold_one_qp, setup, teardown),
         cmocka_unit_test_setup_teardown(test_fence_by_source_flushes_held, setup, teardown),
         cmocka_unit_test_setup_teardown(test_unreachable, setup, teardown),
         cmocka_unit_test_setup_teardown(test_stranger, setup, teardown),
