@@ -1,11 +1,10 @@
 /*
  * admin_svc.c: kvfence.v1.Admin (Ping, GetStats, GetRoom, ListRooms, GetNode,
- * AdminAbortRoom) over the state core's views.
- *
- * Not served in this version (UNIMPLEMENTED): ListNodes (the core has no way
- * to visit its nodes), ListLeases (no lease visitor either) and FenceNode.
+ * ListNodes, ListLeases, FenceNode, AdminAbortRoom) over the state core's
+ * views. The listings page by offset (page_token; 100 per page by default).
  * GetNode fills what struct kvf_cps_node_view has, and the pools' ids and
- * sizes; endpoints, the node's protocol range, state_age_ms, last_seen_ms and
+ * sizes (the core keeps no RDMA addressing: nodes exchange it over their peer
+ * link); endpoints, the node's protocol range, state_age_ms, last_seen_ms and
  * notices_pending are left empty / 0.
  */
 #include <errno.h>

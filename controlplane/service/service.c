@@ -2,9 +2,9 @@
  * service.c: the state thread, the job queue, and the wiring of every method
  * (Control, Admin, grpc.health.v1, grpc.reflection v1/v1alpha) onto kvf_rpc.
  *
- * SCOPE OF THIS VERSION: no store yet (the state lives in memory only and is
- * lost on restart). ListNodes, ListLeases and FenceNode are not registered
- * (UNIMPLEMENTED). Node sessions and WatchLeases are in node_svc.c.
+ * Admin methods are in admin_svc.c, Control in control_svc.c, node sessions
+ * and WatchLeases in node_svc.c, the write-ahead log and snapshots (with
+ * --data-dir) in persist.c, metrics in svc_metrics.c.
  *
  * Threads: CQ threads decode and validate requests and post jobs to a
  * mutex+condvar queue; the state thread alone touches the struct kvf_cps. It
