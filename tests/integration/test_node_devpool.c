@@ -90,33 +90,6 @@ static void pool_create(struct nh_pool *p, bool device, const char *tag, nh_cana
     assert_int_equal(strncmp(p->name, DEV_PREFIX, strlen(DEV_PREFIX)) == 0, device);
 }
 
-/* Lines of the node's log holding `needle`. */
-static unsigned log_count(const struct nh_node *np, const char *needle)
-{
-    FILE *fp = fopen(np->log, "r");
-    if (!fp)
-        return 0;
-    char line[2048];
-    unsigned n = 0;
-    while (fgets(line, sizeof line, fp))
-        if (strstr(line, needle))
-            n++;
-    fclose(fp);
-    return n;
-}
-
-static void wait_log(const struct nh_node *np, const char *needle)
-{
-    int64_t end = nh_now_ms() + WAIT_MS;
-    while (log_count(np, needle) == 0) {
-        if (nh_now_ms() > end) {
-            nh_node_dump_log(np);
-            fail_msg("node %s: no log line '%s' after %d ms", np->id, needle, WAIT_MS);
-        }
-        nh_sleep_ms(10);
-    }
-}
-
 /* UnregisterPool, retried while the node still has the room's lifetime open
  * (FAILED_PRECONDITION until it drained). */
 static void unregister(struct nh_node *np, uint32_t pool_id)
@@ -153,8 +126,8 @@ static void expect_device_io(struct nh_node *np, uint32_t pool_id, uint64_t writ
              (unsigned long long)reads, (unsigned long long)read_bytes);
     char any[64];
     snprintf(any, sizeof any, "device pool %u (", pool_id);
-    wait_log(np, any);
-    if (log_count(np, want) != 1) {
+    nh_wait_log(np, any, NULL, 1, WAIT_MS);
+    if (nh_log_count(np, want, NULL) != 1) {
         nh_node_dump_log(np);
         fail_msg("node %s: want the log line '%s'", np->id, want);
     }
@@ -208,20 +181,29 @@ static void transfer(struct fx *f, kvf_room_key k, uint32_t src_pool, const char
     nh_check_pool(sink, sink_canary, LEASE_PAGES, LEASE_PAGES, src_canary, 0, "sink");
 }
 
+/* A control plane, n1 (source, with `n1_args` and `n1_flags`) and n2 (sink,
+ * with `n2_args`), pool p1 on n1 and p2 on n2, each a fake device pool when
+ * asked, both registered. */
+static void two_nodes(struct fx *f, const char *const *n1_args, unsigned n1_flags,
+                      const char *const *n2_args, bool src_device, bool sink_device)
+{
+    cp_start(f);
+    node_start(f, &f->n1, "n1", n1_args, n1_flags);
+    node_start(f, &f->n2, "n2", n2_args, 0);
+    pool_create(&f->p1, src_device, "src", nh_canary1);
+    pool_create(&f->p2, sink_device, "sink", nh_canary2);
+    f->p1.pool_id = nh_register_pool(&f->n1, &f->p1);
+    f->p2.pool_id = nh_register_pool(&f->n2, &f->p2);
+}
+
 /* ---- tests ---------------------------------------------------------------------------- */
 
 static void test_device_sink_over_tcp(void **state)
 {
     struct fx *f = *state;
-    cp_start(f);
     const char *n2_args[] = {"--test-fake-device-pools", DEV_PREFIX, NULL};
-    node_start(f, &f->n1, "n1", NULL, 0);
-    node_start(f, &f->n2, "n2", n2_args, 0);
-    pool_create(&f->p1, false, "src", nh_canary1);
-    pool_create(&f->p2, true, "sink", nh_canary2);
-    f->p1.pool_id = nh_register_pool(&f->n1, &f->p1);
-    f->p2.pool_id = nh_register_pool(&f->n2, &f->p2);
-    wait_log(&f->n2, "fake device (test)");
+    two_nodes(f, NULL, 0, n2_args, false, true);
+    nh_wait_log(&f->n2, "fake device (test)", NULL, 1, WAIT_MS);
     kvf_room_key k = room(f, 701, f->p1.pool_id, "n2", &f->n2, f->p2.pool_id);
     transfer(f, k, f->p1.pool_id, "n2", &f->p2, nh_canary2, nh_canary1);
     /* Every frame (256 KiB: one bounce buffer) was one device write. */
@@ -232,16 +214,10 @@ static void test_device_sink_over_tcp(void **state)
 static void test_device_source_with_host_staging(void **state)
 {
     struct fx *f = *state;
-    cp_start(f);
     const char *n1_args[] = {
         "--staging", "host", "--staging-buffers", "2", "--test-fake-device-pools",
         DEV_PREFIX,  NULL};
-    node_start(f, &f->n1, "n1", n1_args, 0);
-    node_start(f, &f->n2, "n2", NULL, 0);
-    pool_create(&f->p1, true, "src", nh_canary1);
-    pool_create(&f->p2, false, "sink", nh_canary2);
-    f->p1.pool_id = nh_register_pool(&f->n1, &f->p1);
-    f->p2.pool_id = nh_register_pool(&f->n2, &f->p2);
+    two_nodes(f, n1_args, 0, NULL, true, false);
     kvf_room_key k = room(f, 702, f->p1.pool_id, "n2", &f->n2, f->p2.pool_id);
     transfer(f, k, f->p1.pool_id, "n2", &f->p2, nh_canary2, nh_canary1);
     /* Each staged frame read its pages with one device read. */
@@ -252,14 +228,8 @@ static void test_device_source_with_host_staging(void **state)
 static void test_device_source_without_staging_refused(void **state)
 {
     struct fx *f = *state;
-    cp_start(f);
     const char *n1_args[] = {"--test-fake-device-pools", DEV_PREFIX, NULL};
-    node_start(f, &f->n1, "n1", n1_args, 0);
-    node_start(f, &f->n2, "n2", NULL, 0);
-    pool_create(&f->p1, true, "src", nh_canary1);
-    pool_create(&f->p2, false, "sink", nh_canary2);
-    f->p1.pool_id = nh_register_pool(&f->n1, &f->p1);
-    f->p2.pool_id = nh_register_pool(&f->n2, &f->p2);
+    two_nodes(f, n1_args, 0, NULL, true, false);
     kvf_room_key k = room(f, 703, f->p1.pool_id, "n2", &f->n2, f->p2.pool_id);
     struct kvf_rpc_status st;
     int code = submit(f, &f->n1, k, f->p1.pool_id, "n2", f->p2.pool_id, 1, 0, LEASE_PAGES,
@@ -325,45 +295,20 @@ static void test_same_node_host_staging_into_device(void **state)
     expect_device_io(&f->n1, f->p2.pool_id, FRAMES, LEASE_BYTES, 0, 0);
 }
 
-/* Writes `text` to the node's fault file atomically (rename). */
-static void fault_write(struct nh_node *np, const char *text)
-{
-    unsigned before = log_count(np, "fault: config loaded");
-    char tmp[200];
-    snprintf(tmp, sizeof tmp, "%s.tmp", np->fault_file);
-    FILE *fp = fopen(tmp, "w");
-    assert_non_null(fp);
-    fputs(text, fp);
-    assert_int_equal(fclose(fp), 0);
-    assert_int_equal(rename(tmp, np->fault_file), 0);
-    int64_t end = nh_now_ms() + WAIT_MS;
-    while (log_count(np, "fault: config loaded") <= before) {
-        if (nh_now_ms() > end)
-            fail_msg("node %s did not load its fault file", np->id);
-        nh_sleep_ms(10);
-    }
-}
-
 static void test_abort_with_frame_held_into_device_sink(void **state)
 {
     struct fx *f = *state;
-    cp_start(f);
     const char *n2_args[] = {"--test-fake-device-pools", DEV_PREFIX, NULL};
-    node_start(f, &f->n1, "n1", NULL, NH_FAULT_FILE);
-    node_start(f, &f->n2, "n2", n2_args, 0);
-    pool_create(&f->p1, false, "src", nh_canary1);
-    pool_create(&f->p2, true, "sink", nh_canary2);
-    f->p1.pool_id = nh_register_pool(&f->n1, &f->p1);
-    f->p2.pool_id = nh_register_pool(&f->n2, &f->p2);
+    two_nodes(f, NULL, NH_FAULT_FILE, n2_args, false, true);
     kvf_room_key k = room(f, 707, f->p1.pool_id, "n2", &f->n2, f->p2.pool_id);
 
-    fault_write(&f->n1, "hold=1\n");
+    nh_set_faults(&f->n1, "hold=1\n", WAIT_MS);
     struct kvf_rpc_status st;
     int code =
         submit(f, &f->n1, k, f->p1.pool_id, "n2", f->p2.pool_id, 1, 0, LEASE_PAGES, 4, true, &st);
     if (code != KVF_GRPC_OK)
         fail_msg("SubmitChunk: %d %s", code, st.message);
-    wait_log(&f->n1, "fault: hold frame");
+    nh_wait_log(&f->n1, "fault: hold frame", NULL, 1, WAIT_MS);
     nh_abort_room(f->ch, k, "test abort");
     nh_wait_room_state(f->ch, k, KVFENCE__V1__ROOM_STATE__ROOM_STATE_ABORTING, WAIT_MS);
     /* The source holds an admitted frame: nothing may be released yet. */
@@ -372,8 +317,8 @@ static void test_abort_with_frame_held_into_device_sink(void **state)
     assert_int_equal(released, 0);
     nh_check_pool(&f->p2, nh_canary2, 0, 0, nh_canary1, 0, "sink while held");
 
-    fault_write(&f->n1, "hold=0\n");
-    wait_log(&f->n1, "fault: release frame");
+    nh_set_faults(&f->n1, "hold=0\n", WAIT_MS);
+    nh_wait_log(&f->n1, "fault: release frame", NULL, 1, WAIT_MS);
     /* ABORTED with every participant's lease RELEASED (nh_wait_room_state). */
     nh_wait_room_state(f->ch, k, KVFENCE__V1__ROOM_STATE__ROOM_STATE_ABORTED, WAIT_MS);
     unsigned leases = 0;
