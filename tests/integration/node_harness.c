@@ -330,6 +330,42 @@ void nh_pool_destroy(struct nh_pool *p)
     p->name[0] = '\0';
 }
 
+uint8_t nh_seed_byte(uint32_t seed, uint32_t page, uint32_t i)
+{
+    return (uint8_t)(seed * 157u + page * 31u + i * 7u + (i >> 8) + 1u);
+}
+
+void nh_seed_fill(struct nh_pool *p, uint32_t first, uint32_t count, uint32_t seed)
+{
+    for (uint32_t pg = first; pg < first + count; pg++)
+        for (uint32_t i = 0; i < p->page_size; i++)
+            p->mem[(size_t)pg * p->page_size + i] = nh_seed_byte(seed, pg, i);
+}
+
+bool nh_seed_holds(const struct nh_pool *p, uint32_t first, uint32_t count, uint32_t seed,
+                   uint32_t as_first, char *why, size_t whylen)
+{
+    for (uint32_t k = 0; k < count; k++)
+        for (uint32_t i = 0; i < p->page_size; i++) {
+            uint8_t got = p->mem[(size_t)(first + k) * p->page_size + i];
+            uint8_t want = nh_seed_byte(seed, as_first + k, i);
+            if (got != want) {
+                snprintf(why, whylen, "%s page %u byte %u: 0x%02x, want 0x%02x", p->name, first + k,
+                         i, got, want);
+                return false;
+            }
+        }
+    return true;
+}
+
+void nh_seed_check(const struct nh_pool *p, uint32_t first, uint32_t count, uint32_t seed,
+                   uint32_t as_first)
+{
+    char why[200];
+    if (!nh_seed_holds(p, first, count, seed, as_first, why, sizeof why))
+        fail_msg("canary: %s", why);
+}
+
 void nh_check_pool(const struct nh_pool *sink, nh_canary_fn sink_canary, uint32_t dfirst,
                    uint32_t count, nh_canary_fn src_canary, uint32_t sfirst, const char *label)
 {

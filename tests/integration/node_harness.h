@@ -148,6 +148,21 @@ void nh_pool_destroy(struct nh_pool *p);
 void nh_check_pool(const struct nh_pool *sink, nh_canary_fn sink_canary, uint32_t dfirst,
                    uint32_t count, nh_canary_fn src_canary, uint32_t sfirst, const char *label);
 
+/* Seeded page patterns, for tests that give each room or pool its own bytes:
+ * byte `i` of page `page` under `seed` (157 is odd: two seeds under 256 apart
+ * differ at every byte). */
+uint8_t nh_seed_byte(uint32_t seed, uint32_t page, uint32_t i);
+/* Fills pages [first, +count) of `p` with `seed`'s pattern. */
+void nh_seed_fill(struct nh_pool *p, uint32_t first, uint32_t count, uint32_t seed);
+/* True when pages [first, +count) of `p` hold `seed`'s pattern as if written
+ * at pages starting `as_first` (a copy from elsewhere), byte for byte; else
+ * false with the first difference in `why`. */
+bool nh_seed_holds(const struct nh_pool *p, uint32_t first, uint32_t count, uint32_t seed,
+                   uint32_t as_first, char *why, size_t whylen);
+/* nh_seed_holds, failing the test ("canary: ...") when it does not. */
+void nh_seed_check(const struct nh_pool *p, uint32_t first, uint32_t count, uint32_t seed,
+                   uint32_t as_first);
+
 /* ---- RPCs ------------------------------------------------------------------------- */
 
 /* One unary call; returns the status code (st filled), *resp_p (free it) on

@@ -71,50 +71,11 @@ static int node_start(struct nh_node *np, const char *dir, const char *tag, cons
 
 /* ---- pools and canaries ------------------------------------------------------------ */
 
-static uint8_t pat(uint32_t seed, uint32_t page, uint32_t i)
-{
-    /* 157 is odd: two seeds under 256 apart differ at every byte. */
-    return (uint8_t)(seed * 157u + page * 31u + i * 7u + (i >> 8) + 1u);
-}
-
-static void fill(struct nh_pool *p, uint32_t first, uint32_t count, uint32_t seed)
-{
-    for (uint32_t pg = first; pg < first + count; pg++)
-        for (uint32_t i = 0; i < PAGE_SIZE; i++)
-            p->mem[(size_t)pg * PAGE_SIZE + i] = pat(seed, pg, i);
-}
-
-/* Pages [first, +count) of `p` hold `seed`'s pattern as if written at pages
- * starting `as_first` (a copy from elsewhere), byte for byte. */
-static bool holds(const struct nh_pool *p, uint32_t first, uint32_t count, uint32_t seed,
-                  uint32_t as_first, char *why, size_t whylen)
-{
-    for (uint32_t k = 0; k < count; k++)
-        for (uint32_t i = 0; i < PAGE_SIZE; i++) {
-            uint8_t got = p->mem[(size_t)(first + k) * PAGE_SIZE + i];
-            uint8_t want = pat(seed, as_first + k, i);
-            if (got != want) {
-                snprintf(why, whylen, "%s page %u byte %u: 0x%02x, want 0x%02x", p->name, first + k,
-                         i, got, want);
-                return false;
-            }
-        }
-    return true;
-}
-
-static void check_holds(const struct nh_pool *p, uint32_t first, uint32_t count, uint32_t seed,
-                        uint32_t as_first)
-{
-    char why[200];
-    if (!holds(p, first, count, seed, as_first, why, sizeof why))
-        fail_msg("canary: %s", why);
-}
-
 static int shm_create(struct nh_pool *p, const char *tag, uint32_t seed)
 {
     if (nh_pool_create(p, "races", tag, PAGE_SIZE, PAGE_COUNT, NULL) != 0)
         return -1;
-    fill(p, 0, PAGE_COUNT, seed);
+    nh_seed_fill(p, 0, PAGE_COUNT, seed);
     return 0;
 }
 
@@ -224,11 +185,11 @@ static void fx_start(struct fx *f)
  * byte-exactly: the n1 -> n2 path carried everything sent before it. */
 static void settle_with_room(struct fx *f, uint64_t room_id)
 {
-    fill(f->src == &f->n1b ? &f->p3 : &f->p1, SETTLE_S, SETTLE_PG, 200);
+    nh_seed_fill(f->src == &f->n1b ? &f->p3 : &f->p1, SETTLE_S, SETTLE_PG, 200);
     kvf_room_key k = join_pair(f, room_id, SETTLE_S, SETTLE_D, SETTLE_PG);
     submit_ok(f, k, 1, SETTLE_S, SETTLE_D, SETTLE_PG, true);
     nh_wait_room_state(f->ch, k, KVFENCE__V1__ROOM_STATE__ROOM_STATE_COMPLETED, WAIT_MS);
-    check_holds(&f->p2, SETTLE_D, SETTLE_PG, 200, SETTLE_S);
+    nh_seed_check(&f->p2, SETTLE_D, SETTLE_PG, 200, SETTLE_S);
 }
 
 /* The room aborts (any cause) while n1 holds a frame: once the sink drained,
@@ -254,21 +215,21 @@ static void test_abort_while_transfer_held(void **state)
     nh_wait_log(&f->n1, "fault: hold frame", &k, 1, WAIT_MS);
     nh_abort_room(f->ch, k, "race test abort");
     expect_held_abort(f, k);
-    check_holds(&f->p2, 0, PAGE_COUNT, SEED_N2, 0); /* nothing left n1 */
+    nh_seed_check(&f->p2, 0, PAGE_COUNT, SEED_N2, 0); /* nothing left n1 */
 
     nh_set_faults(&f->n1, "hold=0\n", WAIT_MS);
     nh_wait_log(&f->n1, "fault: release frame", &k, 1, WAIT_MS);
     nh_wait_room_state(f->ch, k, KVFENCE__V1__ROOM_STATE__ROOM_STATE_ABORTED, WAIT_MS);
     nh_watch_released_once(&f->w, f->ch, k, WAIT_MS);
     /* The frame reached n2 after its admission closed: refused, not landed. */
-    check_holds(&f->p2, 0, PAGE_COUNT, SEED_N2, 0);
+    nh_seed_check(&f->p2, 0, PAGE_COUNT, SEED_N2, 0);
     /* The engine owns the pages again: fresh patterns, then run on. */
-    fill(&f->p1, 0, 8, 301);
-    fill(&f->p2, 16, 8, 302);
+    nh_seed_fill(&f->p1, 0, 8, 301);
+    nh_seed_fill(&f->p2, 16, 8, 302);
     settle_with_room(f, 1002);
-    check_holds(&f->p2, 16, 8, 302, 16);
-    check_holds(&f->p1, 0, 8, 301, 0);
-    check_holds(&f->p2, 0, 16, SEED_N2, 0);
+    nh_seed_check(&f->p2, 16, 8, 302, 16);
+    nh_seed_check(&f->p1, 0, 8, 301, 0);
+    nh_seed_check(&f->p2, 0, 16, SEED_N2, 0);
 }
 
 static void test_one_op_fails_while_sibling_held(void **state)
@@ -292,12 +253,12 @@ static void test_one_op_fails_while_sibling_held(void **state)
     nh_wait_log(&f->n1, "fault: release frame", &k, 1, WAIT_MS);
     nh_wait_room_state(f->ch, k, KVFENCE__V1__ROOM_STATE__ROOM_STATE_ABORTED, WAIT_MS);
     nh_watch_released_once(&f->w, f->ch, k, WAIT_MS);
-    check_holds(&f->p2, 0, PAGE_COUNT, SEED_N2, 0); /* neither frame landed */
-    fill(&f->p1, 0, 8, 311);
-    fill(&f->p2, 16, 8, 312);
+    nh_seed_check(&f->p2, 0, PAGE_COUNT, SEED_N2, 0); /* neither frame landed */
+    nh_seed_fill(&f->p1, 0, 8, 311);
+    nh_seed_fill(&f->p2, 16, 8, 312);
     settle_with_room(f, 2002);
-    check_holds(&f->p2, 16, 8, 312, 16);
-    check_holds(&f->p1, 0, 8, 311, 0);
+    nh_seed_check(&f->p2, 16, 8, 312, 16);
+    nh_seed_check(&f->p1, 0, 8, 311, 0);
 }
 
 static void test_submission_fails_part_way(void **state)
@@ -322,10 +283,10 @@ static void test_submission_fails_part_way(void **state)
     nh_wait_log(&f->n1, "fault: release frame", &k, 1, WAIT_MS);
     nh_wait_room_state(f->ch, k, KVFENCE__V1__ROOM_STATE__ROOM_STATE_ABORTED, WAIT_MS);
     nh_watch_released_once(&f->w, f->ch, k, WAIT_MS);
-    check_holds(&f->p2, 0, PAGE_COUNT, SEED_N2, 0); /* the posted frame came too late */
-    fill(&f->p2, 16, 8, 322);
+    nh_seed_check(&f->p2, 0, PAGE_COUNT, SEED_N2, 0); /* the posted frame came too late */
+    nh_seed_fill(&f->p2, 16, 8, 322);
     settle_with_room(f, 3002);
-    check_holds(&f->p2, 16, 8, 322, 16);
+    nh_seed_check(&f->p2, 16, 8, 322, 16);
 }
 
 static void test_abort_between_chunks_keeps_source_pages(void **state)
@@ -337,7 +298,7 @@ static void test_abort_between_chunks_keeps_source_pages(void **state)
     /* Chunk 1 landed. */
     int64_t end = nh_now_ms() + WAIT_MS;
     char why[200];
-    while (!holds(&f->p2, 16, 4, SEED_N1, 0, why, sizeof why)) {
+    while (!nh_seed_holds(&f->p2, 16, 4, SEED_N1, 0, why, sizeof why)) {
         if (nh_now_ms() > end)
             fail_msg("chunk 1 never landed: %s", why);
         nh_sleep_ms(10);
@@ -372,13 +333,13 @@ static void test_abort_between_chunks_keeps_source_pages(void **state)
     nh_set_faults(&f->n1, "hold=0\n", WAIT_MS);
     nh_wait_room_state(f->ch, k, KVFENCE__V1__ROOM_STATE__ROOM_STATE_ABORTED, WAIT_MS);
     nh_watch_released_once(&f->w, f->ch, k, WAIT_MS);
-    check_holds(&f->p2, 16, 4, SEED_N1, 0);  /* chunk 1 */
-    check_holds(&f->p2, 20, 4, SEED_N2, 20); /* chunk 2 was refused */
-    fill(&f->p1, 0, 8, 331);
-    fill(&f->p2, 16, 8, 332);
+    nh_seed_check(&f->p2, 16, 4, SEED_N1, 0);  /* chunk 1 */
+    nh_seed_check(&f->p2, 20, 4, SEED_N2, 20); /* chunk 2 was refused */
+    nh_seed_fill(&f->p1, 0, 8, 331);
+    nh_seed_fill(&f->p2, 16, 8, 332);
     settle_with_room(f, 4002);
-    check_holds(&f->p1, 0, 8, 331, 0);
-    check_holds(&f->p2, 16, 8, 332, 16);
+    nh_seed_check(&f->p1, 0, 8, 331, 0);
+    nh_seed_check(&f->p2, 16, 8, 332, 16);
 }
 
 static void test_killed_source_with_held_transfer(void **state)
@@ -394,10 +355,10 @@ static void test_killed_source_with_held_transfer(void **state)
     nh_wait_room_state(f->ch, k, KVFENCE__V1__ROOM_STATE__ROOM_STATE_ABORTED, WAIT_MS);
     assert_true(nh_log_count(&f->n2, "fenced peer n1", NULL) >= 1);
     nh_watch_released_once(&f->w, f->ch, k, WAIT_MS);
-    fill(&f->p2, 16, 8, 342);
+    nh_seed_fill(&f->p2, 16, 8, 342);
     /* Settled: n2 fenced the dead node, and the dead node cannot send. */
-    check_holds(&f->p2, 16, 8, 342, 16);
-    check_holds(&f->p2, 0, 16, SEED_N2, 0);
+    nh_seed_check(&f->p2, 16, 8, 342, 16);
+    nh_seed_check(&f->p2, 0, 16, SEED_N2, 0);
 }
 
 static void test_killed_sink_with_held_transfer(void **state)
@@ -414,9 +375,9 @@ static void test_killed_sink_with_held_transfer(void **state)
     assert_int_equal(nh_log_count(&f->n1, "fault: flush frame", &k), 1);
     assert_true(nh_log_count(&f->n1, "fenced peer n2", NULL) >= 1);
     nh_watch_released_once(&f->w, f->ch, k, WAIT_MS);
-    fill(&f->p1, 0, 8, 351);
+    nh_seed_fill(&f->p1, 0, 8, 351);
     nh_set_faults(&f->n1, "hold=0\n", WAIT_MS); /* nothing is held any more */
-    check_holds(&f->p1, 0, 8, 351, 0);
+    nh_seed_check(&f->p1, 0, 8, 351, 0);
 }
 
 static void test_stopped_node_cut_off_then_resumed(void **state)
@@ -433,7 +394,7 @@ static void test_stopped_node_cut_off_then_resumed(void **state)
     nh_wait_room_state(f->ch, k, KVFENCE__V1__ROOM_STATE__ROOM_STATE_ABORTED, WAIT_MS);
     assert_true(nh_log_count(&f->n2, "fenced peer n1", NULL) >= 1);
     nh_watch_released_once(&f->w, f->ch, k, WAIT_MS);
-    fill(&f->p2, 16, 8, 362);
+    nh_seed_fill(&f->p2, 16, 8, 362);
 
     /* n1 comes back and sends what it held. */
     nh_fault_file_write(&f->n1, "hold=0\n");
@@ -442,9 +403,9 @@ static void test_stopped_node_cut_off_then_resumed(void **state)
     /* Settled: n1 ends (its drain waits for the released frame's completion). */
     int st = nh_node_stop(&f->n1, 8000);
     assert_int_not_equal(st, -2);
-    check_holds(&f->p2, 16, 8, 362, 16);
-    check_holds(&f->p2, 0, 16, SEED_N2, 0);
-    check_holds(&f->p2, 24, PAGE_COUNT - 24, SEED_N2, 24);
+    nh_seed_check(&f->p2, 16, 8, 362, 16);
+    nh_seed_check(&f->p2, 0, 16, SEED_N2, 0);
+    nh_seed_check(&f->p2, 24, PAGE_COUNT - 24, SEED_N2, 24);
 }
 
 static void test_reused_room_id_new_generation(void **state)
@@ -462,19 +423,19 @@ static void test_reused_room_id_new_generation(void **state)
     nh_watch_released_once(&f->w, f->ch, k1, WAIT_MS);
 
     /* The same id again: new source content, fresh sink pages. */
-    fill(&f->p1, 0, 8, 371);
-    fill(&f->p2, 16, 8, 372);
+    nh_seed_fill(&f->p1, 0, 8, 371);
+    nh_seed_fill(&f->p2, 16, 8, 372);
     kvf_room_key k2 = join_pair(f, 7001, 0, 16, 8);
     assert_true(k2.room_id == k1.room_id);
     assert_true(k2.generation > k1.generation);
     submit_ok(f, k2, 1, 0, 16, 8, true);
     nh_wait_room_state(f->ch, k2, KVFENCE__V1__ROOM_STATE__ROOM_STATE_COMPLETED, WAIT_MS);
     nh_watch_released_once(&f->w, f->ch, k2, WAIT_MS);
-    check_holds(&f->p2, 16, 8, 371, 0); /* exactly the new generation's bytes */
-    fill(&f->p2, 16, 8, 373);
+    nh_seed_check(&f->p2, 16, 8, 371, 0); /* exactly the new generation's bytes */
+    nh_seed_fill(&f->p2, 16, 8, 373);
     settle_with_room(f, 7002);
-    check_holds(&f->p2, 16, 8, 373, 16);
-    check_holds(&f->p2, 0, 16, SEED_N2, 0);
+    nh_seed_check(&f->p2, 16, 8, 373, 16);
+    nh_seed_check(&f->p2, 0, 16, SEED_N2, 0);
 }
 
 static void test_dropped_notice_and_report_are_resent(void **state)
@@ -496,10 +457,10 @@ static void test_dropped_notice_and_report_are_resent(void **state)
     nh_wait_room_state(f->ch, k, KVFENCE__V1__ROOM_STATE__ROOM_STATE_ABORTED, WAIT_MS);
     assert_true(nh_log_count(&f->n1, "drained", &k) >= 2);
     nh_watch_released_once(&f->w, f->ch, k, WAIT_MS);
-    check_holds(&f->p2, 0, PAGE_COUNT, SEED_N2, 0);
-    fill(&f->p2, 16, 8, 382);
+    nh_seed_check(&f->p2, 0, PAGE_COUNT, SEED_N2, 0);
+    nh_seed_fill(&f->p2, 16, 8, 382);
     settle_with_room(f, 8002);
-    check_holds(&f->p2, 16, 8, 382, 16);
+    nh_seed_check(&f->p2, 16, 8, 382, 16);
 }
 
 static void test_old_incarnation_cannot_write_into_new_generation(void **state)
@@ -522,7 +483,7 @@ static void test_old_incarnation_cannot_write_into_new_generation(void **state)
     f->p3.pool_id = nh_register_pool(&f->n1b, &f->p3);
     f->src = &f->n1b;
     f->src_pool = f->p3.pool_id;
-    fill(&f->p2, 16, 8, 392);
+    nh_seed_fill(&f->p2, 16, 8, 392);
     kvf_room_key k2 = join_pair(f, 9001, 0, 16, 8);
     assert_true(k2.room_id == k1.room_id && k2.generation > k1.generation);
 
@@ -532,16 +493,16 @@ static void test_old_incarnation_cannot_write_into_new_generation(void **state)
     assert_int_equal(kill(f->n1.pid, SIGCONT), 0);
     nh_wait_log(&f->n1, "fault: release frame", &k1, 1, WAIT_MS);
     assert_int_not_equal(nh_node_stop(&f->n1, 8000), -2);
-    check_holds(&f->p2, 16, 8, 392, 16);
+    nh_seed_check(&f->p2, 16, 8, 392, 16);
 
     submit_ok(f, k2, 1, 0, 16, 8, true);
     nh_wait_room_state(f->ch, k2, KVFENCE__V1__ROOM_STATE__ROOM_STATE_COMPLETED, WAIT_MS);
     nh_watch_released_once(&f->w, f->ch, k2, WAIT_MS);
-    check_holds(&f->p2, 16, 8, 391, 0); /* exactly generation 2's bytes */
-    fill(&f->p2, 16, 8, 393);
+    nh_seed_check(&f->p2, 16, 8, 391, 0); /* exactly generation 2's bytes */
+    nh_seed_fill(&f->p2, 16, 8, 393);
     settle_with_room(f, 9002);
-    check_holds(&f->p2, 16, 8, 393, 16);
-    check_holds(&f->p2, 0, 16, SEED_N2, 0);
+    nh_seed_check(&f->p2, 16, 8, 393, 16);
+    nh_seed_check(&f->p2, 0, 16, SEED_N2, 0);
 }
 
 static void test_peer_message_dropped_by_fault_file(void **state)
@@ -566,9 +527,9 @@ static void test_peer_message_dropped_by_fault_file(void **state)
     kvfence__v1__room_info__free_unpacked(ri, NULL);
     assert_int_equal(reason, KVFENCE__V1__ABORT_REASON__ABORT_REASON_TRANSFER_FAILED);
     nh_watch_released_once(&f->w, f->ch, k, WAIT_MS);
-    fill(&f->p2, 16, 8, 402);
+    nh_seed_fill(&f->p2, 16, 8, 402);
     settle_with_room(f, 10002);
-    check_holds(&f->p2, 16, 8, 402, 16);
+    nh_seed_check(&f->p2, 16, 8, 402, 16);
 }
 
 int main(void)

@@ -87,34 +87,6 @@ static long long rdma_stat(const struct nh_node *np, const char *key)
     return v;
 }
 
-/* ---- pools and canaries ------------------------------------------------------------ */
-
-static uint8_t pat(uint32_t seed, uint32_t page, uint32_t i)
-{
-    return (uint8_t)(seed * 157u + page * 31u + i * 7u + (i >> 8) + 1u);
-}
-
-static void fill(struct nh_pool *p, uint32_t first, uint32_t count, uint32_t seed)
-{
-    for (uint32_t pg = first; pg < first + count; pg++)
-        for (uint32_t i = 0; i < PAGE_SIZE; i++)
-            p->mem[(size_t)pg * PAGE_SIZE + i] = pat(seed, pg, i);
-}
-
-/* Pages [first, +count) of `p` hold `seed`'s pattern of pages [as_first, ...). */
-static void check_holds(const struct nh_pool *p, uint32_t first, uint32_t count, uint32_t seed,
-                        uint32_t as_first)
-{
-    for (uint32_t k = 0; k < count; k++)
-        for (uint32_t i = 0; i < PAGE_SIZE; i++) {
-            uint8_t got = p->mem[(size_t)(first + k) * PAGE_SIZE + i];
-            uint8_t want = pat(seed, as_first + k, i);
-            if (got != want)
-                fail_msg("canary: %s page %u byte %u: 0x%02x, want 0x%02x", p->name, first + k, i,
-                         got, want);
-        }
-}
-
 /* ---- fixture ------------------------------------------------------------------------- */
 
 static int setup(void **state)
@@ -152,8 +124,8 @@ static void fx_start(struct fx *f, const char *n2_rdma)
     nh_wait_log(&f->n1, "RDMA on: fake:", NULL, 1, WAIT_MS);
     assert_int_equal(nh_pool_create(&f->p1, "rdma", "n1", PAGE_SIZE, PAGE_COUNT, NULL), 0);
     assert_int_equal(nh_pool_create(&f->p2, "rdma", "n2", PAGE_SIZE, PAGE_COUNT, NULL), 0);
-    fill(&f->p1, 0, PAGE_COUNT, SEED_N1);
-    fill(&f->p2, 0, PAGE_COUNT, SEED_N2);
+    nh_seed_fill(&f->p1, 0, PAGE_COUNT, SEED_N1);
+    nh_seed_fill(&f->p2, 0, PAGE_COUNT, SEED_N2);
     f->p1.pool_id = nh_register_pool(&f->n1, &f->p1);
     f->p2.pool_id = nh_register_pool(&f->n2, &f->p2);
     nh_watch_open(&f->w, f->ch, WAIT_MS);
@@ -224,11 +196,11 @@ static void submit_one_ok(struct fx *f, kvf_room_key k, uint32_t src_pool, const
 static void room_lands(struct fx *f, uint64_t room_id, uint32_t s, uint32_t d, uint32_t count,
                        uint32_t seed)
 {
-    fill(&f->p1, s, count, seed);
+    nh_seed_fill(&f->p1, s, count, seed);
     kvf_room_key k = join_pair(f, room_id, s, d, count);
     submit_ok(f, k, 1, s, d, count, true, NULL, 0);
     nh_wait_room_state(f->ch, k, KVFENCE__V1__ROOM_STATE__ROOM_STATE_COMPLETED, WAIT_MS);
-    check_holds(&f->p2, d, count, seed, s);
+    nh_seed_check(&f->p2, d, count, seed, s);
 }
 
 /* The first chunk to n2 goes over TCP and opens the RDMA link: waits for it. */
@@ -403,14 +375,14 @@ static void test_rdma_room_lands_byte_exact(void **state)
     nwatch_close(w1);
     nh_wait_room_state(f->ch, k, KVFENCE__V1__ROOM_STATE__ROOM_STATE_COMPLETED, WAIT_MS);
     nh_watch_released_once(&f->w, f->ch, k, WAIT_MS);
-    check_holds(&f->p2, 8, 40, SEED_N1, 8);
-    check_holds(&f->p2, 0, 8, SEED_N2, 0);
-    check_holds(&f->p2, 48, 12, SEED_N2, 48);
+    nh_seed_check(&f->p2, 8, 40, SEED_N1, 8);
+    nh_seed_check(&f->p2, 0, 8, SEED_N2, 0);
+    nh_seed_check(&f->p2, 48, 12, SEED_N2, 48);
 
     /* The engine owns the pages again: nothing of the room lands later. */
-    fill(&f->p2, 8, 40, 303);
+    nh_seed_fill(&f->p2, 8, 40, 303);
     room_lands(f, 102, 48, 48, 8, 304); /* over RDMA too */
-    check_holds(&f->p2, 8, 40, 303, 8);
+    nh_seed_check(&f->p2, 8, 40, 303, 8);
 
     /* The counters at exit: 4 RDMA chunks (5 slices, 48 pages) went n1 -> n2. */
     struct nh_node *nodes[] = {&f->n1, &f->n2};
@@ -440,17 +412,17 @@ static void test_rdma_off_peer_gets_tcp(void **state)
     nwatch_close(w1);
     nh_wait_room_state(f->ch, k, KVFENCE__V1__ROOM_STATE__ROOM_STATE_COMPLETED, WAIT_MS);
     nh_watch_released_once(&f->w, f->ch, k, WAIT_MS);
-    check_holds(&f->p2, 16, 24, SEED_N1, 0);
-    check_holds(&f->p2, 0, 16, SEED_N2, 0);
-    check_holds(&f->p2, 40, 24, SEED_N2, 40);
+    nh_seed_check(&f->p2, 16, 24, SEED_N1, 0);
+    nh_seed_check(&f->p2, 0, 16, SEED_N2, 0);
+    nh_seed_check(&f->p2, 40, 24, SEED_N2, 40);
     /* A watcher without include_chunks: the chunk's event is not even packed. */
     kvf_room_key k2 = join_pair(f, 202, 48, 48, 8);
     struct kvf_rpc_client_stream *w1b = nwatch_open_ex(&f->n1, k2, false);
     nwatch_sync(w1b);
-    fill(&f->p1, 48, 8, 305);
+    nh_seed_fill(&f->p1, 48, 8, 305);
     submit_ok(f, k2, 1, 48, 48, 8, true, NULL, 0);
     nh_wait_room_state(f->ch, k2, KVFENCE__V1__ROOM_STATE__ROOM_STATE_COMPLETED, WAIT_MS);
-    check_holds(&f->p2, 48, 8, 305, 48);
+    nh_seed_check(&f->p2, 48, 8, 305, 48);
     nwatch_close(w1b);
 
     struct nh_node *nodes[] = {&f->n1, &f->n2};
@@ -476,7 +448,7 @@ static void test_rdma_abort_with_writes_held(void **state)
     nh_wait_log(&f->n1, "abort notice", &k, 1, WAIT_MS);
     assert_int_equal(nh_log_count(&f->n1, "drained", &k), 0);
     nh_watch_none_released(&f->w, f->ch, k, "RDMA writes are held");
-    check_holds(&f->p2, 0, PAGE_COUNT - 4, SEED_N2, 0); /* the writes are held at n1 */
+    nh_seed_check(&f->p2, 0, PAGE_COUNT - 4, SEED_N2, 0); /* the writes are held at n1 */
 
     /* Let go: the writes complete (into the sink lease, still held), then
      * n1 drains and the leases are released once. */
@@ -484,13 +456,13 @@ static void test_rdma_abort_with_writes_held(void **state)
     nh_wait_log(&f->n1, "fault: rdma writes released", NULL, 1, WAIT_MS);
     nh_wait_room_state(f->ch, k, KVFENCE__V1__ROOM_STATE__ROOM_STATE_ABORTED, WAIT_MS);
     nh_watch_released_once(&f->w, f->ch, k, WAIT_MS);
-    check_holds(&f->p2, 0, 16, SEED_N2, 0);
-    check_holds(&f->p2, 40, 20, SEED_N2, 40);
+    nh_seed_check(&f->p2, 0, 16, SEED_N2, 0);
+    nh_seed_check(&f->p2, 40, 20, SEED_N2, 40);
 
     /* The engine owns the pages again: a following room lands, they stay. */
-    fill(&f->p2, 16, 24, 306);
+    nh_seed_fill(&f->p2, 16, 24, 306);
     room_lands(f, 302, 48, 48, 8, 307);
-    check_holds(&f->p2, 16, 24, 306, 16);
+    nh_seed_check(&f->p2, 16, 24, 306, 16);
     struct nh_node *nodes[] = {&f->n1, &f->n2};
     assert_int_equal(nh_nodes_stop(nodes, 2, 20000), 0);
     assert_int_equal(rdma_stat(&f->n1, "wrs_ok="), 3); /* 2 held + 1 of room 302 */
@@ -517,7 +489,7 @@ static void test_rdma_kill9_source_with_writes_outstanding(void **state)
     /* Released, and not one byte of the held writes landed: they died with
      * n1, and n2's QPs towards it are in ERR (logged above), so no write of
      * that incarnation can land from now on. */
-    check_holds(&f->p2, 0, PAGE_COUNT - 4, SEED_N2, 0);
+    nh_seed_check(&f->p2, 0, PAGE_COUNT - 4, SEED_N2, 0);
     struct nh_node *nodes[] = {&f->n2};
     assert_int_equal(nh_nodes_stop(nodes, 1, 20000), 0);
     assert_int_equal(rdma_stat(&f->n2, "notices_in="), 0);
@@ -533,20 +505,20 @@ static void test_rdma_pool_registered_after_link(void **state)
     fx_start(f, "fake");
     warm_up_link(f, 600);
     assert_int_equal(nh_pool_create(&f->p3, "rdma", "n2b", PAGE_SIZE, 16, NULL), 0);
-    fill(&f->p3, 0, 16, SEED_N2);
+    nh_seed_fill(&f->p3, 0, 16, SEED_N2);
     f->p3.pool_id = nh_register_pool(&f->n2, &f->p3);
     nh_wait_log(&f->n1, "rdma link to n2: 1 pools announced, 2 known", NULL, 1, WAIT_MS);
 
-    fill(&f->p1, 0, 8, 311);
+    nh_seed_fill(&f->p1, 0, 8, 311);
     kvf_room_key k =
         nh_join_pair(f->ch, 601, "n1", f->p1.pool_id, 0, "n2", f->p3.pool_id, 4, 8, WAIT_MS);
     nh_wait_log(&f->n2, "room update", &k, 1, WAIT_MS);
     nh_wait_node_knows(&f->n1, k, f->p1.pool_id, "n2", f->p3.pool_id, 4, WAIT_MS);
     submit_one_ok(f, k, f->p1.pool_id, "n2", f->p3.pool_id, 0, 4, 8);
     nh_wait_room_state(f->ch, k, KVFENCE__V1__ROOM_STATE__ROOM_STATE_COMPLETED, WAIT_MS);
-    check_holds(&f->p3, 4, 8, 311, 0);
-    check_holds(&f->p3, 0, 4, SEED_N2, 0);
-    check_holds(&f->p3, 12, 4, SEED_N2, 12);
+    nh_seed_check(&f->p3, 4, 8, 311, 0);
+    nh_seed_check(&f->p3, 0, 4, SEED_N2, 0);
+    nh_seed_check(&f->p3, 12, 4, SEED_N2, 12);
 
     Kvfence__V1__UnregisterPoolRequest req = KVFENCE__V1__UNREGISTER_POOL_REQUEST__INIT;
     req.pool_id = f->p3.pool_id;
@@ -584,9 +556,9 @@ static void test_rdma_self_fence_renews_transport(void **state)
     room_lands(f, 501, 56, 56, 4, 9); /* TCP: it opens the new incarnations' link */
     nh_wait_log(&f->n1, "up (initiator)", NULL, 2, WAIT_MS);
     nh_wait_log(&f->n2, "up (acceptor)", NULL, 2, WAIT_MS);
-    fill(&f->p2, 0, 24, SEED_N2);
+    nh_seed_fill(&f->p2, 0, 24, SEED_N2);
     room_lands(f, 502, 0, 0, 24, 310); /* two slices over the new link */
-    check_holds(&f->p2, 24, 32, SEED_N2, 24);
+    nh_seed_check(&f->p2, 24, 32, SEED_N2, 24);
 
     struct nh_node *nodes[] = {&f->n1, &f->n2};
     assert_int_equal(nh_nodes_stop(nodes, 2, 20000), 0);
@@ -606,7 +578,7 @@ static void test_rdma_bad_notice_fails_room(void **state)
     fx_start(f, "fake");
     warm_up_link(f, 700);
     nh_set_faults(&f->n1, "rdma_bad_notice=1\n", WAIT_MS);
-    fill(&f->p1, 0, 8, 321);
+    nh_seed_fill(&f->p1, 0, 8, 321);
     kvf_room_key k = join_pair(f, 701, 0, 16, 8);
     struct kvf_rpc_client_stream *w2 = nwatch_open(&f->n2, k);
     nwatch_sync(w2);
@@ -627,10 +599,10 @@ static void test_rdma_bad_notice_fails_room(void **state)
             break;
     }
     nwatch_close(w2);
-    check_holds(&f->p2, 0, 16, SEED_N2, 0);
-    check_holds(&f->p2, 24, 36, SEED_N2, 24);
+    nh_seed_check(&f->p2, 0, 16, SEED_N2, 0);
+    nh_seed_check(&f->p2, 24, 36, SEED_N2, 24);
     room_lands(f, 702, 48, 48, 8, 322); /* the link still carries the next room */
-    check_holds(&f->p2, 24, 24, SEED_N2, 24);
+    nh_seed_check(&f->p2, 24, 24, SEED_N2, 24);
 
     struct nh_node *nodes[] = {&f->n1, &f->n2};
     assert_int_equal(nh_nodes_stop(nodes, 2, 20000), 0);
@@ -654,7 +626,7 @@ static void test_rdma_lost_hello_is_sent_again(void **state)
     nh_wait_log(&f->n1, "up (initiator)", NULL, 1, WAIT_MS);
     nh_wait_log(&f->n2, "up (acceptor)", NULL, 1, WAIT_MS);
 
-    fill(&f->p1, 0, 8, 331);
+    nh_seed_fill(&f->p1, 0, 8, 331);
     kvf_room_key k = join_pair(f, 801, 0, 8, 8);
     struct kvf_rpc_client_stream *w1 = nwatch_open(&f->n1, k);
     nwatch_sync(w1);
@@ -662,8 +634,8 @@ static void test_rdma_lost_hello_is_sent_again(void **state)
     nwatch_chunks(w1, 1, KVFENCE__V1__TRANSPORT_KIND__TRANSPORT_KIND_RDMA);
     nwatch_close(w1);
     nh_wait_room_state(f->ch, k, KVFENCE__V1__ROOM_STATE__ROOM_STATE_COMPLETED, WAIT_MS);
-    check_holds(&f->p2, 8, 8, 331, 0);
-    check_holds(&f->p2, 0, 8, SEED_N2, 0);
+    nh_seed_check(&f->p2, 8, 8, 331, 0);
+    nh_seed_check(&f->p2, 0, 8, SEED_N2, 0);
 
     struct nh_node *nodes[] = {&f->n1, &f->n2};
     assert_int_equal(nh_nodes_stop(nodes, 2, 20000), 0);
@@ -683,7 +655,7 @@ static void test_rdma_wr_error_link_rebuilt(void **state)
     fx_start(f, "fake");
     warm_up_link(f, 900);
     nh_set_faults(&f->n1, "rdma_wr_error=1\n", WAIT_MS);
-    fill(&f->p1, 0, 8, 341);
+    nh_seed_fill(&f->p1, 0, 8, 341);
     kvf_room_key k = join_pair(f, 901, 0, 16, 8);
     submit_ok(f, k, 1, 0, 16, 8, true, NULL, 0);
     nh_wait_log(&f->n1, "fault: an RDMA chunk with a wrong rkey", NULL, 1, WAIT_MS);
@@ -694,33 +666,33 @@ static void test_rdma_wr_error_link_rebuilt(void **state)
                 1, WAIT_MS);
     nh_wait_room_state(f->ch, k, KVFENCE__V1__ROOM_STATE__ROOM_STATE_ABORTED, WAIT_MS);
     nh_watch_released_once(&f->w, f->ch, k, WAIT_MS);
-    check_holds(&f->p2, 0, PAGE_COUNT - 4, SEED_N2, 0); /* the refused write landed nowhere */
+    nh_seed_check(&f->p2, 0, PAGE_COUNT - 4, SEED_N2, 0); /* the refused write landed nowhere */
 
     /* TCP while the new link is made, then RDMA over fresh QPs. */
     kvf_room_key k2 = join_pair(f, 902, 48, 48, 8);
     struct kvf_rpc_client_stream *w1 = nwatch_open(&f->n1, k2);
     nwatch_sync(w1);
-    fill(&f->p1, 48, 8, 342);
+    nh_seed_fill(&f->p1, 48, 8, 342);
     submit_ok(f, k2, 1, 48, 48, 8, true, NULL, 0);
     nwatch_chunks(w1, 1, KVFENCE__V1__TRANSPORT_KIND__TRANSPORT_KIND_TCP);
     nwatch_close(w1);
     nh_wait_room_state(f->ch, k2, KVFENCE__V1__ROOM_STATE__ROOM_STATE_COMPLETED, WAIT_MS);
-    check_holds(&f->p2, 48, 8, 342, 48);
+    nh_seed_check(&f->p2, 48, 8, 342, 48);
     nh_wait_log(&f->n1, "up (initiator)", NULL, 2, WAIT_MS);
     nh_wait_log(&f->n2, "up (acceptor)", NULL, 2, WAIT_MS);
 
     kvf_room_key k3 = join_pair(f, 903, 8, 24, 16);
     w1 = nwatch_open(&f->n1, k3);
     nwatch_sync(w1);
-    fill(&f->p1, 8, 16, 343);
+    nh_seed_fill(&f->p1, 8, 16, 343);
     submit_ok(f, k3, 1, 8, 24, 16, true, NULL, 0);
     nwatch_chunks(w1, 1, KVFENCE__V1__TRANSPORT_KIND__TRANSPORT_KIND_RDMA);
     nwatch_close(w1);
     nh_wait_room_state(f->ch, k3, KVFENCE__V1__ROOM_STATE__ROOM_STATE_COMPLETED, WAIT_MS);
     nh_watch_released_once(&f->w, f->ch, k3, WAIT_MS);
-    check_holds(&f->p2, 24, 16, 343, 8);
-    check_holds(&f->p2, 0, 24, SEED_N2, 0);
-    check_holds(&f->p2, 40, 8, SEED_N2, 40);
+    nh_seed_check(&f->p2, 24, 16, 343, 8);
+    nh_seed_check(&f->p2, 0, 24, SEED_N2, 0);
+    nh_seed_check(&f->p2, 40, 8, SEED_N2, 40);
 
     struct nh_node *nodes[] = {&f->n1, &f->n2};
     assert_int_equal(nh_nodes_stop(nodes, 2, 20000), 0);
@@ -763,7 +735,7 @@ static void test_rdma_fence_sends_link_close(void **state)
 {
     struct fx *f = *state;
     start_linked_held(f, 1200);
-    fill(&f->p1, 0, 8, 361);
+    nh_seed_fill(&f->p1, 0, 8, 361);
     kvf_room_key k = join_pair(f, 1201, 0, 16, 8);
     submit_ok(f, k, 1, 0, 16, 8, true, NULL, 0); /* posted over RDMA, held at n1 */
 
@@ -786,20 +758,20 @@ static void test_rdma_fence_sends_link_close(void **state)
     nh_wait_log(&f->n1, "down (fenced): TCP only", NULL, 1, WAIT_MS);
     nh_wait_room_state(f->ch, k, KVFENCE__V1__ROOM_STATE__ROOM_STATE_ABORTED, WAIT_MS);
     nh_watch_released_once(&f->w, f->ch, k, WAIT_MS);
-    check_holds(&f->p2, 0, PAGE_COUNT - 4, SEED_N2, 0); /* the held writes landed nowhere */
+    nh_seed_check(&f->p2, 0, PAGE_COUNT - 4, SEED_N2, 0); /* the held writes landed nowhere */
 
     /* n1 lives on as the same incarnation: its next room to n2 finds the link
      * dead (no hello), and nothing of it lands on n2. */
     nh_set_faults(&f->n1, "rdma_hold=0\n", WAIT_MS);
-    fill(&f->p2, 0, 16, 362);
-    fill(&f->p1, 40, 8, 363);
+    nh_seed_fill(&f->p2, 0, 16, 362);
+    nh_seed_fill(&f->p1, 40, 8, 363);
     kvf_room_key k2 = join_pair(f, 1202, 40, 40, 8);
     /* Refused at once or failed on the way: either way the room fails. */
     (void)submit_one(f, k2, f->p1.pool_id, "n2", f->p2.pool_id, 40, 40, 8, &st);
     nh_wait_room_state(f->ch, k2, KVFENCE__V1__ROOM_STATE__ROOM_STATE_ABORTED, WAIT_MS);
     nh_watch_released_once(&f->w, f->ch, k2, WAIT_MS);
-    check_holds(&f->p2, 0, 16, 362, 0);
-    check_holds(&f->p2, 16, PAGE_COUNT - 20, SEED_N2, 16);
+    nh_seed_check(&f->p2, 0, 16, 362, 0);
+    nh_seed_check(&f->p2, 16, PAGE_COUNT - 20, SEED_N2, 16);
     assert_int_equal(nh_log_count(&f->n1, "rdma link to n2: hello sent", NULL), 1);
     assert_int_equal(nh_log_count(&f->n1, "up (initiator)", NULL), 1);
 
@@ -824,12 +796,12 @@ static void test_rdma_fence_sends_link_close(void **state)
 static void test_rdma_qp_fifos_independent(void **state)
 {
     struct fx *f = *state;
-    const uint32_t big = 65536, npages = 272, units = big / PAGE_SIZE; /* 4 KiB units a page */
+    const uint32_t big = 65536, npages = 272;
     fx_start(f, "fake");
     assert_int_equal(nh_pool_create(&f->p3, "rdma", "n1big", big, npages, NULL), 0);
     assert_int_equal(nh_pool_create(&f->p4, "rdma", "n2big", big, npages, NULL), 0);
-    fill(&f->p3, 0, npages * units, 371);
-    fill(&f->p4, 0, npages * units, SEED_N2);
+    nh_seed_fill(&f->p3, 0, npages, 371);
+    nh_seed_fill(&f->p4, 0, npages, SEED_N2);
     f->p3.pool_id = nh_register_pool(&f->n1, &f->p3);
     warm_up_link(f, 1300);
     f->p4.pool_id = nh_register_pool(&f->n2, &f->p4);
@@ -848,20 +820,20 @@ static void test_rdma_qp_fifos_independent(void **state)
     submit_one_ok(f, kb, f->p3.pool_id, "n2", f->p4.pool_id, 260, 260, 8);
     nh_wait_room_state(f->ch, kb, KVFENCE__V1__ROOM_STATE__ROOM_STATE_COMPLETED, WAIT_MS);
     nh_watch_released_once(&f->w, f->ch, kb, WAIT_MS);
-    check_holds(&f->p4, 260 * units, 8 * units, 371, 260 * units);
+    nh_seed_check(&f->p4, 260, 8, 371, 260);
     /* Room 1301 is still held: ACTIVE, nothing released, nothing landed. */
     unsigned rel;
     assert_int_equal(nh_room_state(f->ch, ka, &rel, NULL),
                      KVFENCE__V1__ROOM_STATE__ROOM_STATE_ACTIVE);
     nh_watch_none_released(&f->w, f->ch, ka, "its QP is held");
-    check_holds(&f->p4, 0, 260 * units, SEED_N2, 0);
+    nh_seed_check(&f->p4, 0, 260, SEED_N2, 0);
 
     nh_set_faults(&f->n1, "rdma_hold_odd=0\n", WAIT_MS);
     nh_wait_log(&f->n1, "fault: rdma writes on QP 1 released (1 links)", NULL, 1, WAIT_MS);
     nh_wait_room_state(f->ch, ka, KVFENCE__V1__ROOM_STATE__ROOM_STATE_COMPLETED, WAIT_MS);
     nh_watch_released_once(&f->w, f->ch, ka, WAIT_MS);
-    check_holds(&f->p4, 0, 268 * units, 371, 0);
-    check_holds(&f->p4, 268 * units, 4 * units, SEED_N2, 268 * units);
+    nh_seed_check(&f->p4, 0, 268, 371, 0);
+    nh_seed_check(&f->p4, 268, 4, SEED_N2, 268);
 
     struct nh_node *nodes[] = {&f->n1, &f->n2};
     assert_int_equal(nh_nodes_stop(nodes, 2, 20000), 0);
@@ -877,9 +849,9 @@ static void test_rdma_local_sink_chunk_says_local(void **state)
     struct fx *f = *state;
     fx_start(f, "fake");
     assert_int_equal(nh_pool_create(&f->p3, "rdma", "n1b", PAGE_SIZE, 16, NULL), 0);
-    fill(&f->p3, 0, 16, SEED_N2);
+    nh_seed_fill(&f->p3, 0, 16, SEED_N2);
     f->p3.pool_id = nh_register_pool(&f->n1, &f->p3);
-    fill(&f->p1, 0, 8, 351);
+    nh_seed_fill(&f->p1, 0, 8, 351);
     kvf_room_key k =
         nh_join_pair(f->ch, 1101, "n1", f->p1.pool_id, 0, "n1", f->p3.pool_id, 4, 8, WAIT_MS);
     nh_wait_node_knows(&f->n1, k, f->p1.pool_id, "n1", f->p3.pool_id, 4, WAIT_MS);
@@ -889,9 +861,9 @@ static void test_rdma_local_sink_chunk_says_local(void **state)
     nwatch_chunks(w1, 1, KVFENCE__V1__TRANSPORT_KIND__TRANSPORT_KIND_LOCAL);
     nwatch_close(w1);
     nh_wait_room_state(f->ch, k, KVFENCE__V1__ROOM_STATE__ROOM_STATE_COMPLETED, WAIT_MS);
-    check_holds(&f->p3, 4, 8, 351, 0);
-    check_holds(&f->p3, 0, 4, SEED_N2, 0);
-    check_holds(&f->p3, 12, 4, SEED_N2, 12);
+    nh_seed_check(&f->p3, 4, 8, 351, 0);
+    nh_seed_check(&f->p3, 0, 4, SEED_N2, 0);
+    nh_seed_check(&f->p3, 12, 4, SEED_N2, 12);
 }
 
 int main(void)
