@@ -710,7 +710,10 @@ static void stream_start_read_locked(struct kvf_rpc_stream *s)
     }
 }
 
-/* Sends `bb` (taking it on success). Called with s->mu held. */
+/* Sends `bb` (taking it on success). Called with s->mu held. With more
+ * messages queued behind it, the write-buffer hint lets gRPC hold it back and
+ * write it with the next ones (the last queued one is sent without the hint,
+ * which flushes them all). */
 static int stream_start_send_locked(struct kvf_rpc_stream *s, grpc_byte_buffer *bb)
 {
     grpc_op ops[2];
@@ -719,6 +722,8 @@ static int stream_start_send_locked(struct kvf_rpc_stream *s, grpc_byte_buffer *
     if (!s->md_sent)
         ops[n++].op = GRPC_OP_SEND_INITIAL_METADATA;
     ops[n].op = GRPC_OP_SEND_MESSAGE;
+    if (s->q_head)
+        ops[n].flags = GRPC_WRITE_BUFFER_HINT;
     ops[n++].data.send_message.send_message = bb;
     grpc_call_error ce = grpc_call_start_batch(s->gcall, ops, n, &s->tag_send, NULL);
     if (ce != GRPC_CALL_OK) {

@@ -178,7 +178,8 @@ int kvf_rpc_call_metadata(struct kvf_rpc_call *call, const char *key, char *buf,
 /* --- server streams ----------------------------------------------------- */
 
 /* Queues a copy of `bytes` to send; sends go out one at a time, in the order
- * queued (the queue is unbounded: callers keep their own window). Any thread.
+ * queued (the queue is unbounded: callers keep their own window); messages
+ * queued behind a send are written together. Any thread.
  * Returns 0, -ECANCELED once the stream has closed (or a send failed), -EPIPE
  * after kvf_rpc_stream_finish(), -EIO if gRPC refused the batch. */
 int kvf_rpc_stream_send(struct kvf_rpc_stream *stream, const uint8_t *bytes, size_t len);
