@@ -747,14 +747,18 @@ static int apply_report(struct kvf_svc_ctx *ctx, const char *node_id, uint64_t i
     case KVFENCE__V1__NODE_MESSAGE__MSG_POOL_UPDATE: {
         what = "pool_update";
         const Kvfence__V1__PoolUpdate *pu = m->pool_update;
-        for (size_t i = 0; i < pu->n_upserted && rc == 0; i++) {
-            struct kvf_cps_pool p = {pu->upserted[i]->pool_id, pu->upserted[i]->page_size,
-                                     pu->upserted[i]->page_count};
-            rc = kvf_cps_node_set_pool(ctx->cps, node_id, incarnation, &p, err);
+        struct kvf_cps_pool *up = calloc(pu->n_upserted ? pu->n_upserted : 1, sizeof(*up));
+        if (up == NULL) {
+            rc = kvf_error_set(err, -ENOMEM, "out of memory");
+            break;
         }
-        for (size_t i = 0; i < pu->n_removed_pool_ids && rc == 0; i++)
-            rc = kvf_cps_node_remove_pool(ctx->cps, node_id, incarnation, pu->removed_pool_ids[i],
-                                          err);
+        for (size_t i = 0; i < pu->n_upserted; i++)
+            up[i] = (struct kvf_cps_pool){pu->upserted[i]->pool_id, pu->upserted[i]->page_size,
+                                          pu->upserted[i]->page_count};
+        /* One change: a refused removal leaves the upserts unapplied too. */
+        rc = kvf_cps_node_update_pools(ctx->cps, node_id, incarnation, up, pu->n_upserted,
+                                       pu->removed_pool_ids, pu->n_removed_pool_ids, err);
+        free(up);
         break;
     }
     default:

@@ -38,28 +38,6 @@ static int attached_node(struct kvf_cps *st, const char *node_id, uint64_t incar
     return rc;
 }
 
-int kvf_cps_node_remove_pool(struct kvf_cps *st, const char *node_id, uint64_t incarnation,
-                             uint32_t pool_id, struct kvf_error *err)
-{
-    struct cp_node *node;
-    int rc = attached_node(st, node_id, incarnation, &node, err);
-    if (rc != 0)
-        return rc;
-    for (uint32_t i = 0; i < node->npools; i++) {
-        struct cp_pool *p = node->pools[i];
-        if (p->pool_id != pool_id)
-            continue;
-        if (p->nleases > 0)
-            return kvf_error_set(err, -EBUSY,
-                                 "pool %" PRIu32 " of node %s has %" PRIu32
-                                 " leases not RELEASED; it cannot be removed",
-                                 pool_id, node_id, p->nleases);
-        pool_remove_at(node, i);
-        return 0;
-    }
-    return kvf_error_set(err, -ENOENT, "pool %" PRIu32 " of node %s: unknown", pool_id, node_id);
-}
-
 static int validate(const struct kvf_cps *st, const struct kvf_cps_resync *rs,
                     struct kvf_error *err)
 {
@@ -95,6 +73,109 @@ static int validate(const struct kvf_cps *st, const struct kvf_cps_resync *rs,
         }
     }
     return 0;
+}
+
+int kvf_cps_node_update_pools(struct kvf_cps *st, const char *node_id, uint64_t incarnation,
+                              const struct kvf_cps_pool *up, size_t nup, const uint32_t *rm,
+                              size_t nrm, struct kvf_error *err)
+{
+    struct cp_node *node;
+    int rc = attached_node(st, node_id, incarnation, &node, err);
+    if (rc != 0)
+        return rc;
+    if ((nup > 0 && up == NULL) || (nrm > 0 && rm == NULL))
+        return kvf_error_set(err, -EINVAL, "pools: missing");
+    /* Checks first: a refused update changes nothing. */
+    size_t nnew = 0;
+    for (size_t i = 0; i < nup; i++) {
+        rc = cp_pool_validate(&up[i], "upserted", i, err);
+        if (rc != 0)
+            return rc;
+        for (size_t j = 0; j < i; j++)
+            if (up[j].pool_id == up[i].pool_id)
+                return kvf_error_set(err, -EINVAL, "upserted[%zu].pool_id: %" PRIu32 " repeated", i,
+                                     up[i].pool_id);
+        for (size_t j = 0; j < nrm; j++)
+            if (rm[j] == up[i].pool_id)
+                return kvf_error_set(err, -EINVAL,
+                                     "upserted[%zu].pool_id: %" PRIu32 " is also removed", i,
+                                     up[i].pool_id);
+        const struct cp_pool *p = cp_node_pool(node, up[i].pool_id);
+        if (p == NULL)
+            nnew++;
+        else if (p->nleases > 0 &&
+                 (p->page_size != up[i].page_size || p->page_count != up[i].page_count))
+            return kvf_error_set(err, -EBUSY,
+                                 "pool %" PRIu32 " of node %s has %" PRIu32
+                                 " leases; its size cannot change",
+                                 p->pool_id, node->id, p->nleases);
+    }
+    for (size_t i = 0; i < nrm; i++) {
+        for (size_t j = 0; j < i; j++)
+            if (rm[j] == rm[i])
+                return kvf_error_set(err, -EINVAL, "removed_pool_ids[%zu]: %" PRIu32 " repeated", i,
+                                     rm[i]);
+        const struct cp_pool *p = cp_node_pool(node, rm[i]);
+        if (p == NULL)
+            return kvf_error_set(err, -ENOENT, "pool %" PRIu32 " of node %s: unknown", rm[i],
+                                 node_id);
+        if (p->nleases > 0)
+            return kvf_error_set(err, -EBUSY,
+                                 "pool %" PRIu32 " of node %s has %" PRIu32
+                                 " leases not RELEASED; it cannot be removed",
+                                 rm[i], node_id, p->nleases);
+    }
+    if (node->npools + nnew - nrm > st->opts.max_pools_per_node)
+        return kvf_error_set(err, -E2BIG, "pools: node %s would have %zu pools, limit %" PRIu32,
+                             node_id, node->npools + nnew - nrm, st->opts.max_pools_per_node);
+    /* Then every allocation. */
+    struct cp_pool **table = realloc(node->pools, (node->npools + nnew + 1) * sizeof(*node->pools));
+    if (table == NULL)
+        return kvf_error_set(err, -ENOMEM, "out of memory");
+    node->pools = table;
+    size_t nfresh = 0;
+    for (size_t i = 0; i < nup; i++) {
+        if (cp_node_pool(node, up[i].pool_id) != NULL)
+            continue;
+        struct cp_pool *p = calloc(1, sizeof(*p));
+        if (p == NULL) {
+            while (nfresh > 0)
+                cp_pool_free(node->pools[node->npools + --nfresh]);
+            return kvf_error_set(err, -ENOMEM, "out of memory");
+        }
+        p->pool_id = up[i].pool_id;
+        p->page_size = up[i].page_size;
+        p->page_count = up[i].page_count;
+        p->refs = 1;
+        node->pools[node->npools + nfresh++] = p;
+    }
+    /* Then the changes, which cannot fail: resize the known ones, take the new
+     * ones in, remove. */
+    for (size_t i = 0; i < nup; i++) {
+        struct cp_pool *p = cp_node_pool(node, up[i].pool_id);
+        if (p == NULL || (p->page_size == up[i].page_size && p->page_count == up[i].page_count))
+            continue;
+        if (p->page_count != up[i].page_count) {
+            free(p->pages);
+            p->pages = NULL;
+        }
+        p->page_size = up[i].page_size;
+        p->page_count = up[i].page_count;
+    }
+    node->npools += (uint32_t)nfresh;
+    for (size_t i = 0; i < nrm; i++)
+        for (uint32_t k = 0; k < node->npools; k++)
+            if (node->pools[k]->pool_id == rm[i]) {
+                pool_remove_at(node, k);
+                break;
+            }
+    return 0;
+}
+
+int kvf_cps_node_remove_pool(struct kvf_cps *st, const char *node_id, uint64_t incarnation,
+                             uint32_t pool_id, struct kvf_error *err)
+{
+    return kvf_cps_node_update_pools(st, node_id, incarnation, NULL, 0, &pool_id, 1, err);
 }
 
 /* One lifetime; the effects it may push were reserved. */

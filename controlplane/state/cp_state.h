@@ -115,6 +115,15 @@ int kvf_cps_node_set_pool(struct kvf_cps *st, const char *node_id, uint64_t inca
 int kvf_cps_node_remove_pool(struct kvf_cps *st, const char *node_id, uint64_t incarnation,
                              uint32_t pool_id, struct kvf_error *err);
 
+/* A node's PoolUpdate as one change: `up` added or resized (the rules of
+ * kvf_cps_node_set_pool), `rm` removed (those of kvf_cps_node_remove_pool).
+ * All or nothing: -EINVAL (a bad pool, an id repeated or both upserted and
+ * removed), -ENOENT, -EBUSY, -E2BIG (max_pools_per_node) or -ENOMEM change
+ * nothing. */
+int kvf_cps_node_update_pools(struct kvf_cps *st, const char *node_id, uint64_t incarnation,
+                              const struct kvf_cps_pool *up, size_t nup, const uint32_t *rm,
+                              size_t nrm, struct kvf_error *err);
+
 /* A node-side lifetime state, as node.proto's LifetimeState numbers it. */
 enum kvf_cps_lifetime_state {
     KVF_CPS_LT_OPEN = 1,

@@ -1,6 +1,7 @@
 /*
  * test_cp_resync.c: a node's Resync reconciled by the control-plane state core
- * (kvf_cps_node_resync), and pool removal (kvf_cps_node_remove_pool).
+ * (kvf_cps_node_resync), pool removal (kvf_cps_node_remove_pool) and whole
+ * PoolUpdates (kvf_cps_node_update_pools: all or nothing).
  *
  * A Resync repeats what lost reports said: a DRAINED lifetime with the room's
  * current token counts as Drained, a fenced peer as PeerFenced, the pool list
@@ -281,6 +282,42 @@ static void remove_pool_refuses_unknown_and_leased_pools(void **state)
     fixture_free(f);
 }
 
+/* A PoolUpdate is one change: a refused removal (a leased pool) or a refused
+ * resize leaves the other upserts and removals of the same update unapplied. */
+static void update_pools_all_or_nothing(void **state)
+{
+    (void)state;
+    struct fixture *f = fixture_new(NULL);
+    join_pair(f, 11); /* a lease in pool 1 of n1 */
+    struct kvf_cps_pool p2 = {.pool_id = 2, .page_size = 4096, .page_count = 16};
+    assert_int_equal(kvf_cps_node_set_pool(f->st, "n1", 1, &p2, &f->err), 0);
+    struct kvf_cps_pool up[2] = {{.pool_id = 3, .page_size = 4096, .page_count = 8},
+                                 {.pool_id = 2, .page_size = 8192, .page_count = 16}};
+    uint32_t rm_leased[1] = {1};
+    assert_int_equal(kvf_cps_node_update_pools(f->st, "n1", 1, up, 2, rm_leased, 1, &f->err),
+                     -EBUSY);
+    assert_non_null(strstr(f->err.msg, "pool 1"));
+    assert_int_equal(pool_count(f, "n1"), 2); /* pool 3 not added */
+    struct kvf_cps_pool got;
+    assert_int_equal(kvf_cps_node_pool_get(f->st, "n1", 1, &got), 0);
+    assert_int_equal(got.page_size, 4096); /* pool 2 not resized */
+    uint32_t rm_unknown[2] = {2, 9};
+    assert_int_equal(kvf_cps_node_update_pools(f->st, "n1", 1, up, 1, rm_unknown, 2, &f->err),
+                     -ENOENT);
+    assert_int_equal(pool_count(f, "n1"), 2); /* pool 2 not removed, 3 not added */
+    uint32_t rm_both[1] = {3};
+    assert_int_equal(kvf_cps_node_update_pools(f->st, "n1", 1, up, 1, rm_both, 1, &f->err),
+                     -EINVAL);
+    assert_non_null(strstr(f->err.msg, "upserted[0].pool_id"));
+    /* Accepted: pool 3 added and pool 2 resized at once; then 2 removed. */
+    assert_int_equal(kvf_cps_node_update_pools(f->st, "n1", 1, up, 2, NULL, 0, &f->err), 0);
+    assert_int_equal(pool_count(f, "n1"), 3);
+    uint32_t rm_two[1] = {2};
+    assert_int_equal(kvf_cps_node_update_pools(f->st, "n1", 1, NULL, 0, rm_two, 1, &f->err), 0);
+    assert_int_equal(pool_count(f, "n1"), 2);
+    fixture_free(f);
+}
+
 /* A node sends at most 4096 lifetimes per Resync message and more messages
  * beyond (node_resync_emit, dataplane/node/control_session.c). The core has
  * no cap of its own: a Resync over 4096 lifetimes is reconciled whole, and the
@@ -351,6 +388,7 @@ int main(void)
         cmocka_unit_test(pools_are_upserted_and_unlisted_ones_removed_unless_leased),
         cmocka_unit_test(malformed_or_unattached_resync_changes_nothing),
         cmocka_unit_test(remove_pool_refuses_unknown_and_leased_pools),
+        cmocka_unit_test(update_pools_all_or_nothing),
         cmocka_unit_test(resync_over_4096_lifetimes_whole_or_split),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
