@@ -638,8 +638,8 @@ static void log_command(struct kvf_svc_ctx *ctx, enum kvf_svc_rec_kind kind, kvf
                 strerror(-rc));
 }
 
-/* The core's part of a report from node `node_id`. Returns 0, or a negative
- * errno with `err` and `what_p` set (the core counted a refused report). */
+/* A Resync from the wire, checked and applied by the core. Returns 0, or a
+ * negative errno with `err` set. */
 static int apply_resync(struct kvf_svc_ctx *ctx, const char *node_id, uint64_t incarnation,
                         const Kvfence__V1__Resync *r, kvf_time_ns now,
                         struct kvf_cps_resync_result *res, struct kvf_error *err)
@@ -683,6 +683,8 @@ static int apply_resync(struct kvf_svc_ctx *ctx, const char *node_id, uint64_t i
     return rc;
 }
 
+/* The core's part of a report from node `node_id`. Returns 0, or a negative
+ * errno with `err` and `what_p` set (the core counted a refused report). */
 static int apply_report(struct kvf_svc_ctx *ctx, const char *node_id, uint64_t incarnation,
                         const Kvfence__V1__NodeMessage *m, kvf_time_ns now, kvf_room_key *key_p,
                         const char **what_p, struct kvf_error *err)

@@ -19,7 +19,7 @@ import threading
 import time
 from dataclasses import dataclass
 from typing import (Any, Callable, Dict, Iterable, Iterator, List, Optional, Sequence, Set,
-                    Tuple, Union)
+                    Tuple, TypeVar, Union)
 
 import grpc
 
@@ -570,28 +570,35 @@ class _Client:
         self.close()
 
 
-class LeaseWatch(Iterator[WatchEvent]):
-    """An open WatchLeases stream: iterate it for events; cancel() (or leaving
-    the `with` block) ends it, and the iteration then just stops. A stream
-    error raises the matching KvfenceError (Unavailable on server shutdown:
-    resubscribe, and deduplicate by lease_id)."""
+_E = TypeVar("_E")
+
+
+class _EventStream(Iterator[_E]):
+    """One server stream of events: next() skips messages that carry no known
+    event; cancel() ends it, and the iteration then just stops. Subclasses
+    name the RPC (for errors) and the message-to-event converter."""
+
+    _rpc = ""
 
     def __init__(self, call: Any) -> None:
         self._call = call
         self._cancelled = False
 
-    def __iter__(self) -> "LeaseWatch":
+    def _convert(self, m: Any) -> Optional[_E]:
+        raise NotImplementedError
+
+    def __iter__(self) -> Any:
         return self
 
-    def __next__(self) -> WatchEvent:
+    def __next__(self) -> _E:
         while True:
             try:
                 m = next(self._call)
             except grpc.RpcError as e:
                 if self._cancelled and e.code() == grpc.StatusCode.CANCELLED:
                     raise StopIteration from None
-                raise errors.from_rpc_error(e, "Control.WatchLeases") from None
-            ev = _event_from(m)
+                raise errors.from_rpc_error(e, self._rpc) from None
+            ev = self._convert(m)
             if ev is not None:
                 return ev
 
@@ -599,48 +606,37 @@ class LeaseWatch(Iterator[WatchEvent]):
         self._cancelled = True
         self._call.cancel()
 
-    def __enter__(self) -> "LeaseWatch":
+    def __enter__(self) -> Any:
         return self
 
     def __exit__(self, *exc: Any) -> None:
         self.cancel()
 
 
-class NodeWatch(Iterator[NodeEvent]):
+class LeaseWatch(_EventStream[WatchEvent]):
+    """An open WatchLeases stream: iterate it for events; cancel() (or leaving
+    the `with` block) ends it, and the iteration then just stops. A stream
+    error raises the matching KvfenceError (Unavailable on server shutdown:
+    resubscribe, and deduplicate by lease_id)."""
+
+    _rpc = "Control.WatchLeases"
+
+    def _convert(self, m: Any) -> Optional[WatchEvent]:
+        return _event_from(m)
+
+
+class NodeWatch(_EventStream[NodeEvent]):
     """An open NodeLocal.Watch stream: iterate it for NodeEvents; close() (or
     cancel(), or leaving the `with` block) ends it, and the iteration then
     just stops. A stream error raises the matching KvfenceError (Unavailable
     when the node shuts down; InvalidArgument naming the filter field)."""
 
-    def __init__(self, call: Any) -> None:
-        self._call = call
-        self._cancelled = False
+    _rpc = "NodeLocal.Watch"
 
-    def __iter__(self) -> "NodeWatch":
-        return self
+    def _convert(self, m: Any) -> Optional[NodeEvent]:
+        return _node_event_from(m)
 
-    def __next__(self) -> NodeEvent:
-        while True:
-            try:
-                m = next(self._call)
-            except grpc.RpcError as e:
-                if self._cancelled and e.code() == grpc.StatusCode.CANCELLED:
-                    raise StopIteration from None
-                raise errors.from_rpc_error(e, "NodeLocal.Watch") from None
-            ev = _node_event_from(m)
-            if ev is not None:
-                return ev
-
-    def cancel(self) -> None:
-        self._cancelled = True
-        self._call.cancel()
-
-    close = cancel
-
-    def __enter__(self) -> "NodeWatch":
-        return self
-
-    def __exit__(self, *exc: Any) -> None:
+    def close(self) -> None:
         self.cancel()
 
 

@@ -242,6 +242,16 @@ static void malformed_or_unattached_resync_changes_nothing(void **state)
     struct kvf_cps_resync rs5 = {.fenced_count = 1};
     assert_int_equal(resync(f, "n1", &rs5, NULL), -EINVAL);
     assert_non_null(strstr(f->err.msg, "a list is missing"));
+    assert_int_equal(resync(f, "n1", NULL, NULL), -EINVAL);
+    assert_non_null(strstr(f->err.msg, "resync: missing"));
+    struct kvf_cps_resync_lifetime stateless = {key, 0, tok, 0};
+    struct kvf_cps_resync rs6 = {.lifetimes = &stateless, .lifetime_count = 1};
+    assert_int_equal(resync(f, "n1", &rs6, NULL), -EINVAL);
+    assert_non_null(strstr(f->err.msg, "lifetimes[0].state"));
+    static struct kvf_cps_pool many[65]; /* default max_pools_per_node: 64 */
+    struct kvf_cps_resync rs7 = {.pools = many, .pool_count = 65};
+    assert_int_equal(resync(f, "n1", &rs7, NULL), -E2BIG);
+    assert_non_null(strstr(f->err.msg, "pools: 65 pools"));
     assert_int_equal(room_state(f, key), KVF_CPS_ROOM_ABORTING);
     assert_int_equal(pool_count(f, "n1"), 1);
     assert_int_equal(f->nfx, 0);
