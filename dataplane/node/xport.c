@@ -56,17 +56,23 @@ struct node_xport {
 
 /* ---- start / stop ------------------------------------------------------------------ */
 
+/* The local transport with the node's limits (at start, and when renewed). */
+static struct kvf_transport *local_create(void)
+{
+    struct kvf_transport_local_opts lo;
+    kvf_transport_local_opts_init(&lo);
+    lo.max_peers = NODE_MAX_PEERS;
+    lo.max_pools = NODE_MAX_POOLS;
+    return kvf_transport_local_create(&lo);
+}
+
 int node_xport_start(struct kvf_node *n)
 {
     struct node_xport *xp = calloc(1, sizeof *xp);
     if (!xp)
         return -ENOMEM;
     n->xp = xp;
-    struct kvf_transport_local_opts lo;
-    kvf_transport_local_opts_init(&lo);
-    lo.max_peers = NODE_MAX_PEERS;
-    lo.max_pools = NODE_MAX_POOLS;
-    xp->local = kvf_transport_local_create(&lo);
+    xp->local = local_create();
     if (!xp->local)
         return -ENOMEM;
 
@@ -259,11 +265,7 @@ int node_xport_renew_local(struct kvf_node *n)
     int rc = node_xport_fence_local(n);
     if (rc != 0)
         return rc;
-    struct kvf_transport_local_opts lo;
-    kvf_transport_local_opts_init(&lo);
-    lo.max_peers = NODE_MAX_PEERS;
-    lo.max_pools = NODE_MAX_POOLS;
-    struct kvf_transport *fresh = kvf_transport_local_create(&lo);
+    struct kvf_transport *fresh = local_create();
     if (!fresh)
         return -ENOMEM;
     for (uint32_t i = 0; i < n->npools && rc == 0; i++)

@@ -198,40 +198,41 @@ static bool io_in_range(const struct kvf_pool *pool, uint64_t offset, size_t len
     return offset <= total && (uint64_t)len <= total - offset;
 }
 
-int kvf_pool_write(struct kvf_pool *pool, uint64_t offset, const void *src, size_t len)
+/* Copies `len` bytes between the pool at `offset` and host memory: into the
+ * pool from `host_src` (to_pool), else out of it into `host_dst`; through the
+ * CUDA runtime for a CUDA pool. Counts the copy. */
+static int pool_io(struct kvf_pool *pool, uint64_t offset, void *host_dst, const void *host_src,
+                   size_t len, bool to_pool)
 {
     if (!io_in_range(pool, offset, len))
         return -ERANGE;
-    int rc = 0;
     if (len == 0)
         return 0;
+    uint8_t *at = pool->base + offset;
+    void *dst = to_pool ? at : host_dst;
+    const void *src = to_pool ? host_src : at;
+    int rc = 0;
     if (pool->kind == KVF_POOL_CUDA_IPC)
-        rc = pool_cuda_copy(pool, pool->base + offset, src, len, true);
+        rc = pool_cuda_copy(pool, dst, src, len, to_pool);
     else
-        memcpy(pool->base + offset, src, len);
+        memcpy(dst, src, len);
     if (rc == 0) {
-        atomic_fetch_add_explicit(&pool->io_writes, 1, memory_order_relaxed);
-        atomic_fetch_add_explicit(&pool->io_write_bytes, len, memory_order_relaxed);
+        atomic_fetch_add_explicit(to_pool ? &pool->io_writes : &pool->io_reads, 1,
+                                  memory_order_relaxed);
+        atomic_fetch_add_explicit(to_pool ? &pool->io_write_bytes : &pool->io_read_bytes, len,
+                                  memory_order_relaxed);
     }
     return rc;
 }
 
+int kvf_pool_write(struct kvf_pool *pool, uint64_t offset, const void *src, size_t len)
+{
+    return pool_io(pool, offset, NULL, src, len, true);
+}
+
 int kvf_pool_read(struct kvf_pool *pool, uint64_t offset, void *dst, size_t len)
 {
-    if (!io_in_range(pool, offset, len))
-        return -ERANGE;
-    int rc = 0;
-    if (len == 0)
-        return 0;
-    if (pool->kind == KVF_POOL_CUDA_IPC)
-        rc = pool_cuda_copy(pool, dst, pool->base + offset, len, false);
-    else
-        memcpy(dst, pool->base + offset, len);
-    if (rc == 0) {
-        atomic_fetch_add_explicit(&pool->io_reads, 1, memory_order_relaxed);
-        atomic_fetch_add_explicit(&pool->io_read_bytes, len, memory_order_relaxed);
-    }
-    return rc;
+    return pool_io(pool, offset, dst, NULL, len, false);
 }
 
 bool kvf_pool_is_device(const struct kvf_pool *pool)

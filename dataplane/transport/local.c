@@ -172,10 +172,11 @@ static void *worker(void *arg)
         x->tnext = l->copying;
         l->copying = x;
         l->st.copying++;
-        uint8_t *dst = dest_of(l, x);
         /* Copies of the pool records: the pools stay registered while a
-         * write into them runs (local.h), the array may change. */
+         * write into them runs (local.h), the array may change. The
+         * destination's bounds were checked at post (dest_of). */
         struct local_pool dpool = *pool_find(l, x->sink_pool);
+        uint8_t *dst = dpool.base + (uint64_t)x->first_page * dpool.page_size + x->offset;
         const struct local_pool *sp = src_device_pool(l, x->src, x->len);
         struct local_pool spool = sp ? *sp : (struct local_pool){0};
         pthread_mutex_unlock(&l->lock);

@@ -143,6 +143,9 @@ struct tcp {
     struct tcp_peer *peers;
     struct tcp_pool *pools;
     uint32_t pool_count;
+    /* Bumped (under lock) by every pool removal: a receiver whose lookup saw
+     * the same value after its admission knows its copy is still current. */
+    atomic_uint_fast64_t pools_removed;
     struct tcp_rx *rx_list;
     bool closing;
 
@@ -612,10 +615,12 @@ static int rx_hello(struct tcp_rx *rx)
     }
 }
 
-static bool rx_find_pool(struct tcp *t, uint32_t id, struct tcp_pool *out)
+/* `*removed_p`: pools_removed as of the lookup. */
+static bool rx_find_pool(struct tcp *t, uint32_t id, struct tcp_pool *out, uint64_t *removed_p)
 {
     bool found = false;
     pthread_mutex_lock(&t->lock);
+    *removed_p = atomic_load_explicit(&t->pools_removed, memory_order_relaxed);
     for (uint32_t i = 0; i < t->pool_count; i++) {
         if (t->pools[i].id == id) {
             *out = t->pools[i];
@@ -724,9 +729,10 @@ static void rx_frames(struct tcp_rx *rx, struct rx_idle *idle)
 
         struct tcp_hdr h;
         struct tcp_pool pool;
+        uint64_t removed;
         hdr_decode(buf, &h);
         if (h.magic != KVF_TCP_MAGIC_DATA || h.version != KVF_TCP_VERSION || h.flags != 0 ||
-            h.reserved != 0 || h.seq != expect_seq || !rx_find_pool(t, h.pool, &pool) ||
+            h.reserved != 0 || h.seq != expect_seq || !rx_find_pool(t, h.pool, &pool, &removed) ||
             !hdr_in_pool(&h, &pool)) {
             CNT_ADD(t, frames_malformed, 1);
             fprintf(stderr,
@@ -760,10 +766,13 @@ static void rx_frames(struct tcp_rx *rx, struct rx_idle *idle)
         }
 
         /* The pool may have been removed between the lookup and the
-         * admission (kvf_transport_tcp_remove_pool): look again now that the
-         * op holds the lifetime open, and never write into a stale mapping. */
+         * admission (kvf_transport_tcp_remove_pool): now that the op holds the
+         * lifetime open, look again if any pool was removed since, and never
+         * write into a stale mapping. Usually none was: no second lookup. */
         struct tcp_pool again;
-        if (!rx_find_pool(t, h.pool, &again) || again.base != pool.base || again.dev != pool.dev) {
+        if (atomic_load_explicit(&t->pools_removed, memory_order_acquire) != removed &&
+            (!rx_find_pool(t, h.pool, &again, &removed) || again.base != pool.base ||
+             again.dev != pool.dev)) {
             bool gone_drained = kvf_lt_op_retire(&op, KVF_LT_DONE_ERROR);
             CNT_ADD(t, frames_rejected, 1);
             if (t->opts.on_frame)
@@ -1067,6 +1076,7 @@ struct kvf_transport *kvf_transport_tcp_create(const struct kvf_transport_tcp_op
     if (!t->opts.bind_host)
         t->opts.bind_host = "127.0.0.1";
     t->listen_fd = -1;
+    atomic_init(&t->pools_removed, 0);
     t->wake_fd[0] = t->wake_fd[1] = -1;
     pthread_mutex_init(&t->lock, NULL);
     pthread_mutex_init(&t->cq_lock, NULL);
@@ -1148,6 +1158,7 @@ int kvf_transport_tcp_remove_pool(struct kvf_transport *base, uint32_t pool_id)
     for (uint32_t i = 0; i < t->pool_count; i++) {
         if (t->pools[i].id == pool_id) {
             t->pools[i] = t->pools[--t->pool_count];
+            atomic_fetch_add_explicit(&t->pools_removed, 1, memory_order_release);
             rc = 0;
             break;
         }

@@ -183,8 +183,9 @@ int kvf_transport_tcp_add_device_pool(struct kvf_transport *t, uint32_t pool_id,
 
 /*
  * Unregisters a pool: frames for it are malformed from now on. A receiver
- * that looked the pool up before the removal looks again after its `check`
- * admitted the frame, and refuses it then (on_frame gets -ENOENT), so no byte
+ * that looked the pool up before a removal (of any pool) looks again after
+ * its `check` admitted the frame, and refuses it then if the pool is gone or
+ * its id now names other memory (on_frame gets -ENOENT), so no byte
  * lands in the old mapping once this returns, provided `check` admits nothing
  * into the pool from now on (the node removes a pool only when every lifetime
  * that could use it is drained). -ENOENT (unknown pool). Any thread.

@@ -1030,6 +1030,48 @@ static void test_removed_pool_lands_nowhere(void **state)
     free(src);
 }
 
+/* The pool is removed, and its id given to other memory, while a frame for
+ * it waits in the check (after the receiver looked the pool up): the
+ * receiver looks again after the admission and refuses the frame (on_frame
+ * -ENOENT, the op retired), so neither the old nor the new memory takes a
+ * byte, and the connection carries on. */
+static void test_pool_removed_during_check_lands_nowhere(void **state)
+{
+    struct pair *p = *state;
+    uint8_t *other = malloc(POOL_BYTES);
+    uint8_t *src = malloc(PAGE);
+    assert_non_null(other);
+    assert_non_null(src);
+    fill_canary(other, POOL_BYTES);
+    fill_pattern(src, PAGE, 11);
+
+    gate_hold(p);
+    struct kvf_xfer x[2];
+    assert_int_equal(post(&p->a, &x[0], ROOM, src, PAGE, 3, 1, 0), 0);
+    gate_wait_held(p);
+    assert_int_equal(kvf_transport_tcp_remove_pool(p->b.t, POOL_ID), 0);
+    assert_int_equal(kvf_transport_tcp_add_pool(p->b.t, POOL_ID, other, PAGE, POOL_PAGES), 0);
+    gate_open(p);
+    wait_count(&p->b.frames_cut, 1);
+    WAIT_STAT(p->b.t, frames_rejected, 1);
+    assert_int_equal(atomic_load(&p->b.frames_ok), 0);
+    assert_int_equal(kvf_lt_inflight(p->b.lt), 0);
+    assert_true(canary_intact(p->b.pool, POOL_BYTES));
+    assert_true(canary_intact(other, POOL_BYTES));
+
+    /* The same connection still delivers, into the memory now registered. */
+    assert_int_equal(post(&p->a, &x[1], ROOM, src, PAGE, 3, 1, 0), 0);
+    wait_count(&p->b.frames_ok, 1);
+    assert_memory_equal(other + 3 * (size_t)PAGE, src, PAGE);
+    struct reaped r = {0};
+    reap(p->a.t, 2, &r);
+
+    assert_int_equal(kvf_transport_tcp_remove_pool(p->b.t, POOL_ID), 0);
+    assert_int_equal(kvf_transport_tcp_add_pool(p->b.t, POOL_ID, p->b.pool, PAGE, POOL_PAGES), 0);
+    free(other);
+    free(src);
+}
+
 /* B's pool replaced by a fake device pool (pool.h): frames land through the
  * receiver's bounce buffer and kvf_pool_write (one write per 256 KiB of
  * payload), byte-exact; a refused frame writes nothing. */
@@ -1151,6 +1193,8 @@ int main(void)
                                         pair_teardown),
         cmocka_unit_test_setup_teardown(test_post_checks_arguments, pair_setup, pair_teardown),
         cmocka_unit_test_setup_teardown(test_removed_pool_lands_nowhere, pair_setup, pair_teardown),
+        cmocka_unit_test_setup_teardown(test_pool_removed_during_check_lands_nowhere, pair_setup,
+                                        pair_teardown),
         cmocka_unit_test_setup_teardown(test_device_pool_lands_through_the_pool, pair_setup,
                                         pair_teardown),
     };
