@@ -362,6 +362,14 @@ static int link_send(struct kvf_node *n, uint32_t peer, Kvfence__V1__LinkMessage
     return kvf_peer_send_link(n->peerch, pe->peer_ep, m);
 }
 
+/* Pool `p` as a write target: its wire form with base address and rkey. */
+static void pool_wire(const struct node_pool *p, uint32_t rkey, Kvfence__V1__Pool *pv)
+{
+    node_pool_to_wire(p, pv);
+    pv->base_addr = (uint64_t)(uintptr_t)p->base;
+    pv->rkey = rkey;
+}
+
 /* Our pools as write targets (base address and rkey). */
 static size_t pools_wire(struct kvf_node *n, Kvfence__V1__Pool *pv, Kvfence__V1__Pool **pp)
 {
@@ -371,9 +379,7 @@ static size_t pools_wire(struct kvf_node *n, Kvfence__V1__Pool *pv, Kvfence__V1_
         const struct node_pool *p = node_pool_find(n, rd->lpools[i].id);
         if (!p)
             continue;
-        node_pool_to_wire(p, &pv[k]);
-        pv[k].base_addr = (uint64_t)(uintptr_t)p->base;
-        pv[k].rkey = rd->lpools[i].rkey;
+        pool_wire(p, rd->lpools[i].rkey, &pv[k]);
         pp[k] = &pv[k];
         k++;
     }
@@ -510,9 +516,7 @@ static void announce_pool(struct kvf_node *n, const struct node_pool *p, uint32_
     Kvfence__V1__Pool *pp = &pv;
     Kvfence__V1__LinkPools lp = KVFENCE__V1__LINK_POOLS__INIT;
     if (p) {
-        node_pool_to_wire(p, &pv);
-        pv.base_addr = (uint64_t)(uintptr_t)p->base;
-        pv.rkey = rkey;
+        pool_wire(p, rkey, &pv);
         lp.n_upserted = 1;
         lp.upserted = &pp;
     } else {
@@ -1011,7 +1015,7 @@ int node_rdma_fence_peer(struct kvf_node *n, uint32_t peer)
     if (!rd)
         return 0;
     struct rlink *L = &rd->links[peer];
-    if (L->st != RL_NONE && L->st != RL_DEAD)
+    if (link_live(L))
         send_close(n, peer, "fenced", false);
     L->st = RL_DEAD;
     L->accept_due = L->ready_due = false;
@@ -1037,7 +1041,7 @@ void node_rdma_close_all(struct kvf_node *n, const char *why)
     uint64_t want = st.sent;
     for (uint32_t i = 0; i < n->npeers; i++) {
         struct rlink *L = &rd->links[i];
-        if (L->st == RL_NONE || L->st == RL_DEAD || n->peers[i].fenced)
+        if (!link_live(L) || n->peers[i].fenced)
             continue;
         uint64_t before = rd->closes_sent;
         send_close(n, i, why, false);
@@ -1174,12 +1178,9 @@ void node_rdma_notice_in(struct kvf_node *n, struct node_room *r, struct node_me
         notice_refused(n, r, m, pm, "transport is not RDMA");
         return;
     }
-    uint32_t peer = UINT32_MAX;
-    for (uint32_t i = 0; i < n->npeers; i++)
-        if (n->peers[i].incarnation == pm->sender_incarnation &&
-            strcmp(n->peers[i].node_id, pm->sender) == 0)
-            peer = i;
-    if (peer == UINT32_MAX || (rd->links[peer].st != RL_UP && rd->links[peer].st != RL_ACCEPTED)) {
+    uint32_t peer;
+    if (!node_find_peer(n, pm->sender, pm->sender_incarnation, &peer) ||
+        (rd->links[peer].st != RL_UP && rd->links[peer].st != RL_ACCEPTED)) {
         notice_refused(n, r, m, pm, "no RDMA link with the sender here");
         return;
     }
