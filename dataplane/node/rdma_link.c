@@ -895,6 +895,15 @@ static void fault_bad_rkey(struct kvf_node *n, uint32_t peer, uint32_t pool_id)
                                              rp->page_count, rp->rkey ^ 0x5a5a5au);
 }
 
+static struct node_frame *sq_pop(struct squeue *sq)
+{
+    struct node_frame *f = sq->head;
+    sq->head = f->pnext;
+    if (!sq->head)
+        sq->tail = NULL;
+    return f;
+}
+
 /* Posts the slices of one queue while its QP takes them. */
 static void pump_queue(struct kvf_node *n, struct squeue *sq)
 {
@@ -932,10 +941,7 @@ static void pump_queue(struct kvf_node *n, struct squeue *sq)
             node_log("warn", &r->key, "rdma post to %s: %u of %u slices posted: %s",
                      n->peers[peer].node_id, posted, k, strerror(-rc));
         for (unsigned i = 0; i < k; i++) {
-            struct node_frame *f = sq->head;
-            sq->head = f->pnext;
-            if (!sq->head)
-                sq->tail = NULL;
+            struct node_frame *f = sq_pop(sq);
             if (i < posted)
                 continue; /* it completes through poll */
             if (kvf_lt_op_cancel(&f->x.op))
@@ -944,11 +950,7 @@ static void pump_queue(struct kvf_node *n, struct squeue *sq)
         }
         if (arc != 0 && (rc == 0 || k == 0)) {
             /* Admission closed: the slice is dropped before any native call. */
-            struct node_frame *f = sq->head;
-            sq->head = f->pnext;
-            if (!sq->head)
-                sq->tail = NULL;
-            node_frame_end(n, f, false);
+            node_frame_end(n, sq_pop(sq), false);
         }
     }
 }
