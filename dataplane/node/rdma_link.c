@@ -708,7 +708,7 @@ static int link_connect(struct kvf_node *n, uint32_t peer, Kvfence__V1__RdmaQpIn
     struct node_rdma *rd = n->rdma;
     struct kvf_rdma_conn_info remote, mine;
     int rc = conn_of(qv, nq, &remote);
-    if (rc == 0)
+    if (rc == 0) /* creates our QPs when an acceptor has none yet (connect needs them) */
         rc = kvf_transport_rdma_local_info(rd->t, peer, &mine);
     if (rc == 0)
         rc = kvf_transport_rdma_connect(rd->t, peer, &remote);
