@@ -524,14 +524,22 @@ static uint64_t tcp_id_of(const char *node_id, uint64_t incarnation)
     return h ? h : 1;
 }
 
-int node_ensure_peer(struct kvf_node *n, const char *node_id, uint64_t incarnation, uint32_t *idx_p)
+bool node_find_peer(const struct kvf_node *n, const char *node_id, uint64_t incarnation,
+                    uint32_t *idx_p)
 {
     for (uint32_t i = 0; i < n->npeers; i++) {
         if (n->peers[i].incarnation == incarnation && strcmp(n->peers[i].node_id, node_id) == 0) {
             *idx_p = i;
-            return 0;
+            return true;
         }
     }
+    return false;
+}
+
+int node_ensure_peer(struct kvf_node *n, const char *node_id, uint64_t incarnation, uint32_t *idx_p)
+{
+    if (node_find_peer(n, node_id, incarnation, idx_p))
+        return 0;
     if (n->npeers >= NODE_MAX_PEERS)
         return -E2BIG;
     uint32_t i = n->npeers;

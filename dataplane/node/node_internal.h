@@ -330,6 +330,9 @@ struct node_member *node_local_sink(struct node_room *r, uint32_t rank);
  * `rank`'s lease (local transport); may complete it. */
 void node_sink_landed(struct kvf_node *n, struct node_room *r, uint32_t rank, uint32_t first_page,
                       uint32_t page_count, uint64_t bytes);
+/* The peer slot of (node_id, incarnation): true and *idx_p, or false (none). */
+bool node_find_peer(const struct kvf_node *n, const char *node_id, uint64_t incarnation,
+                    uint32_t *idx_p);
 int node_ensure_peer(struct kvf_node *n, const char *node_id, uint64_t incarnation,
                      uint32_t *idx_p);
 void node_pool_to_wire(const struct node_pool *p, Kvfence__V1__Pool *pv);

@@ -362,6 +362,14 @@ static int link_send(struct kvf_node *n, uint32_t peer, Kvfence__V1__LinkMessage
     return kvf_peer_send_link(n->peerch, pe->peer_ep, m);
 }
 
+/* Pool `p` as a write target: its wire form with base address and rkey. */
+static void pool_wire(const struct node_pool *p, uint32_t rkey, Kvfence__V1__Pool *pv)
+{
+    node_pool_to_wire(p, pv);
+    pv->base_addr = (uint64_t)(uintptr_t)p->base;
+    pv->rkey = rkey;
+}
+
 /* Our pools as write targets (base address and rkey). */
 static size_t pools_wire(struct kvf_node *n, Kvfence__V1__Pool *pv, Kvfence__V1__Pool **pp)
 {
@@ -371,9 +379,7 @@ static size_t pools_wire(struct kvf_node *n, Kvfence__V1__Pool *pv, Kvfence__V1_
         const struct node_pool *p = node_pool_find(n, rd->lpools[i].id);
         if (!p)
             continue;
-        node_pool_to_wire(p, &pv[k]);
-        pv[k].base_addr = (uint64_t)(uintptr_t)p->base;
-        pv[k].rkey = rd->lpools[i].rkey;
+        pool_wire(p, rd->lpools[i].rkey, &pv[k]);
         pp[k] = &pv[k];
         k++;
     }
@@ -510,9 +516,7 @@ static void announce_pool(struct kvf_node *n, const struct node_pool *p, uint32_
     Kvfence__V1__Pool *pp = &pv;
     Kvfence__V1__LinkPools lp = KVFENCE__V1__LINK_POOLS__INIT;
     if (p) {
-        node_pool_to_wire(p, &pv);
-        pv.base_addr = (uint64_t)(uintptr_t)p->base;
-        pv.rkey = rkey;
+        pool_wire(p, rkey, &pv);
         lp.n_upserted = 1;
         lp.upserted = &pp;
     } else {
@@ -704,7 +708,7 @@ static int link_connect(struct kvf_node *n, uint32_t peer, Kvfence__V1__RdmaQpIn
     struct node_rdma *rd = n->rdma;
     struct kvf_rdma_conn_info remote, mine;
     int rc = conn_of(qv, nq, &remote);
-    if (rc == 0)
+    if (rc == 0) /* creates our QPs when an acceptor has none yet (connect needs them) */
         rc = kvf_transport_rdma_local_info(rd->t, peer, &mine);
     if (rc == 0)
         rc = kvf_transport_rdma_connect(rd->t, peer, &remote);
@@ -891,6 +895,15 @@ static void fault_bad_rkey(struct kvf_node *n, uint32_t peer, uint32_t pool_id)
                                              rp->page_count, rp->rkey ^ 0x5a5a5au);
 }
 
+static struct node_frame *sq_pop(struct squeue *sq)
+{
+    struct node_frame *f = sq->head;
+    sq->head = f->pnext;
+    if (!sq->head)
+        sq->tail = NULL;
+    return f;
+}
+
 /* Posts the slices of one queue while its QP takes them. */
 static void pump_queue(struct kvf_node *n, struct squeue *sq)
 {
@@ -928,10 +941,7 @@ static void pump_queue(struct kvf_node *n, struct squeue *sq)
             node_log("warn", &r->key, "rdma post to %s: %u of %u slices posted: %s",
                      n->peers[peer].node_id, posted, k, strerror(-rc));
         for (unsigned i = 0; i < k; i++) {
-            struct node_frame *f = sq->head;
-            sq->head = f->pnext;
-            if (!sq->head)
-                sq->tail = NULL;
+            struct node_frame *f = sq_pop(sq);
             if (i < posted)
                 continue; /* it completes through poll */
             if (kvf_lt_op_cancel(&f->x.op))
@@ -940,11 +950,7 @@ static void pump_queue(struct kvf_node *n, struct squeue *sq)
         }
         if (arc != 0 && (rc == 0 || k == 0)) {
             /* Admission closed: the slice is dropped before any native call. */
-            struct node_frame *f = sq->head;
-            sq->head = f->pnext;
-            if (!sq->head)
-                sq->tail = NULL;
-            node_frame_end(n, f, false);
+            node_frame_end(n, sq_pop(sq), false);
         }
     }
 }
@@ -1011,7 +1017,7 @@ int node_rdma_fence_peer(struct kvf_node *n, uint32_t peer)
     if (!rd)
         return 0;
     struct rlink *L = &rd->links[peer];
-    if (L->st != RL_NONE && L->st != RL_DEAD)
+    if (link_live(L))
         send_close(n, peer, "fenced", false);
     L->st = RL_DEAD;
     L->accept_due = L->ready_due = false;
@@ -1037,7 +1043,7 @@ void node_rdma_close_all(struct kvf_node *n, const char *why)
     uint64_t want = st.sent;
     for (uint32_t i = 0; i < n->npeers; i++) {
         struct rlink *L = &rd->links[i];
-        if (L->st == RL_NONE || L->st == RL_DEAD || n->peers[i].fenced)
+        if (!link_live(L) || n->peers[i].fenced)
             continue;
         uint64_t before = rd->closes_sent;
         send_close(n, i, why, false);
@@ -1174,12 +1180,9 @@ void node_rdma_notice_in(struct kvf_node *n, struct node_room *r, struct node_me
         notice_refused(n, r, m, pm, "transport is not RDMA");
         return;
     }
-    uint32_t peer = UINT32_MAX;
-    for (uint32_t i = 0; i < n->npeers; i++)
-        if (n->peers[i].incarnation == pm->sender_incarnation &&
-            strcmp(n->peers[i].node_id, pm->sender) == 0)
-            peer = i;
-    if (peer == UINT32_MAX || (rd->links[peer].st != RL_UP && rd->links[peer].st != RL_ACCEPTED)) {
+    uint32_t peer;
+    if (!node_find_peer(n, pm->sender, pm->sender_incarnation, &peer) ||
+        (rd->links[peer].st != RL_UP && rd->links[peer].st != RL_ACCEPTED)) {
         notice_refused(n, r, m, pm, "no RDMA link with the sender here");
         return;
     }

@@ -979,7 +979,7 @@ int kvf_transport_rdma_remove_pool(struct kvf_transport *base, uint32_t pool_id)
 {
     struct rdma *t = rdma_of(base);
     uint32_t k = t->lpool_count;
-    for (uint32_t i = 0; i < t->lpool_count; i++) {
+    for (uint32_t i = 0; i < t->lpool_count && k == t->lpool_count; i++) {
         if (t->lpools[i].id == pool_id)
             k = i;
     }
