@@ -9,8 +9,10 @@ set -euo pipefail
 packages=(
     # build
     build-essential cmake pkg-config git
-    # RPC and messages (DESIGN.md §7)
+    # RPC and messages; libprotobuf-dev brings google/protobuf/descriptor.proto,
+    # which server reflection indexes
     libgrpc-dev protobuf-compiler protobuf-c-compiler libprotobuf-c-dev grpc-proto
+    libprotobuf-dev
     # peers, RDMA (verbs code is compiled even without a device), metrics HTTP
     libzmq3-dev libibverbs-dev rdma-core libmicrohttpd-dev
     # tests and interop clients

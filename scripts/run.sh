@@ -10,6 +10,8 @@
 # run.sh options:
 #   --build-dir DIR   build tree (default: build)
 #   --no-build        skip install-deps.sh and the build (use DIR as it is)
+#   --build-only      install what is missing, configure and build the daemons,
+#                     the CLI and the Python client, then stop (no cluster)
 #   --keep            keep the cluster running after the demo, until Ctrl-C
 #   --existing ADDR   no local cluster: run the demo against kvfence-control at
 #                     ADDR; also pass --node1-socket/--node2-socket (and
@@ -28,6 +30,7 @@ root=$PWD
 
 build_dir=build
 do_build=1
+build_only=0
 keep=0
 existing=""
 demo_args=()
@@ -36,6 +39,7 @@ while [ $# -gt 0 ]; do
         --build-dir) build_dir=$2; shift 2 ;;
         --build-dir=*) build_dir=${1#*=}; shift ;;
         --no-build) do_build=0; shift ;;
+        --build-only) build_only=1; shift ;;
         --keep) keep=1; shift ;;
         --existing) existing=$2; shift 2 ;;
         --existing=*) existing=${1#*=}; shift ;;
@@ -46,11 +50,12 @@ case "$build_dir" in /*) ;; *) build_dir=$root/$build_dir ;; esac
 
 if [ "$do_build" = 1 ]; then
     bash scripts/install-deps.sh
+    # Configure errors (a missing package, named) go to stderr.
     cmake -S . -B "$build_dir" >/dev/null
     cmake --build "$build_dir" -j "$(nproc)" --target kvfence-control kvfence-node kvfence-cli \
-        python_client >/dev/null 2>&1 ||
-        cmake --build "$build_dir" -j "$(nproc)" --target kvfence-control kvfence-node python_client >/dev/null
+        python_client >/dev/null
 fi
+[ "$build_only" = 1 ] && { echo "run.sh: built in $build_dir"; exit 0; }
 control_bin=$build_dir/controlplane/kvfence-control
 node_bin=$build_dir/dataplane/kvfence-node
 cli_bin=$build_dir/clients/cli/kvfence

@@ -5,6 +5,8 @@
 #
 #   scripts/test.sh              both builds
 #   KVF_TEST_BUILDS=normal scripts/test.sh   only the normal build
+#   KVF_TEST_BUILDS="debug release minsize clang" scripts/test.sh
+#                                            build only, warnings as errors
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -21,11 +23,19 @@ for b in $builds; do
     case "$b" in
     normal) dir=build; flags=(-DKVF_SANITIZE=OFF -DKVF_EXPLORER_STEPS=5000000) ;;
     asan) dir=build-asan; flags=(-DKVF_SANITIZE=ON -DKVF_EXPLORER_STEPS=1000000) ;;
+    # Every CMake build type and clang must build without a warning; these
+    # only build (KVF_TEST_BUILDS="release minsize clang ..." to run them).
+    debug) dir=build-debug; flags=(-DCMAKE_BUILD_TYPE=Debug) ;;
+    release) dir=build-release; flags=(-DCMAKE_BUILD_TYPE=Release) ;;
+    minsize) dir=build-minsize; flags=(-DCMAKE_BUILD_TYPE=MinSizeRel) ;;
+    clang) dir=build-clang; flags=(-DCMAKE_C_COMPILER=clang) ;;
     *) echo "unknown build '$b'" >&2; exit 2 ;;
     esac
     echo "== $b build ($dir)"
-    cmake -S . -B "$dir" "${flags[@]}" >/dev/null
+    # Warnings are errors here (KVF_WERROR), not in a user's build.
+    cmake -S . -B "$dir" -DKVF_WERROR=ON "${flags[@]}" >/dev/null
     cmake --build "$dir" -j "$jobs" >/dev/null
+    case "$b" in debug | release | minsize | clang) continue ;; esac
     echo "== $b tests"
     # Sanitizer reports fail the test; leaks at exit too.
     export ASAN_OPTIONS=detect_leaks=1:abort_on_error=1
