@@ -14,6 +14,8 @@
 #   scripts/fresh-check.sh --drop-package P removes P from install-deps.sh in the
 #                                           clone first: the check must then
 #                                           fail, naming P (proves the guard)
+#   --rev REV                               check REV instead of HEAD (e.g. an
+#                                           old commit, to see a failure again)
 #   --keep                                  leave the root for inspection
 #
 # Needs root (debootstrap, chroot, mounts) and Debian's mirror (the one this
@@ -30,13 +32,15 @@ mode=full
 cmd=""
 drop=""
 keep=0
+rev=HEAD
 while [ $# -gt 0 ]; do
     case "$1" in
         --build) mode=build; shift ;;
         --cmd) mode=cmd; cmd=$2; shift 2 ;;
         --drop-package) drop=$2; shift 2 ;;
+        --rev) rev=$2; shift 2 ;;
         --keep) keep=1; shift ;;
-        -h | --help) sed -n '2,25p' "$0"; exit 0 ;;
+        -h | --help) sed -n '2,27p' "$0"; exit 0 ;;
         *) echo "fresh-check: unknown option '$1'" >&2; exit 2 ;;
     esac
 done
@@ -121,8 +125,8 @@ for crt in /usr/local/share/ca-certificates/*.crt; do
 done
 
 # The current commit, as CI sees it: committed work only.
-head=$(git rev-parse HEAD)
-[ -z "$(git status --porcelain --untracked-files=no)" ] ||
+head=$(git rev-parse --verify "$rev^{commit}")
+[ "$rev" != HEAD ] || [ -z "$(git status --porcelain --untracked-files=no)" ] ||
     log "uncommitted changes are not part of the check (commit $head is)"
 git clone -q --no-local "$src" "$root/src"
 git -C "$root/src" checkout -q "$head"

@@ -11,26 +11,16 @@ from google.protobuf import descriptor_pb2
 
 from kvfence.v1 import control_pb2, control_pb2_grpc, types_pb2
 
-try:
-    from kvfstubs.grpc_health.v1 import health_pb2, health_pb2_grpc
-except ImportError:  # grpc-proto was not installed when the stubs were made
-    health_pb2 = health_pb2_grpc = None
-try:
-    from kvfstubs.grpc_reflection.v1alpha import reflection_pb2 as refl_pb2
-    from kvfstubs.grpc_reflection.v1alpha import reflection_pb2_grpc as refl_pb2_grpc
-except ImportError:
-    refl_pb2 = refl_pb2_grpc = None
-try:
-    from kvfstubs.grpc_reflection.v1 import reflection_pb2 as refl_v1_pb2
-    from kvfstubs.grpc_reflection.v1 import reflection_pb2_grpc as refl_v1_pb2_grpc
-except ImportError:
-    refl_v1_pb2 = refl_v1_pb2_grpc = None
+# grpc-proto is required at configure time, so these stubs always exist.
+from kvfstubs.grpc_health.v1 import health_pb2, health_pb2_grpc
+from kvfstubs.grpc_reflection.v1alpha import reflection_pb2 as refl_pb2
+from kvfstubs.grpc_reflection.v1alpha import reflection_pb2_grpc as refl_pb2_grpc
+from kvfstubs.grpc_reflection.v1 import reflection_pb2 as refl_v1_pb2
+from kvfstubs.grpc_reflection.v1 import reflection_pb2_grpc as refl_v1_pb2_grpc
 
 TIMEOUT_S = 5
 ERROR_DETAIL_KEY = "kvfence-error-bin"
 
-needs_health = pytest.mark.skipif(health_pb2 is None, reason="no health stubs (grpc-proto missing)")
-needs_reflection = pytest.mark.skipif(refl_pb2 is None, reason="no reflection stubs (grpc-proto missing)")
 
 
 def _admin(channel):
@@ -147,7 +137,6 @@ def test_abort_unknown_room_is_not_found(channel):
 # ---- Health -----------------------------------------------------------------
 
 
-@needs_health
 def test_health_check_serving(channel):
     stub = health_pb2_grpc.HealthStub(channel)
     reply = stub.Check(health_pb2.HealthCheckRequest(service=""), timeout=TIMEOUT_S)
@@ -157,7 +146,6 @@ def test_health_check_serving(channel):
 # ---- Reflection -------------------------------------------------------------
 
 
-@needs_reflection
 def test_reflection_v1alpha_lists_services(channel):
     stub = refl_pb2_grpc.ServerReflectionStub(channel)
     (reply,) = _reflect(stub, [refl_pb2.ServerReflectionRequest(list_services="*")])
@@ -167,7 +155,6 @@ def test_reflection_v1alpha_lists_services(channel):
     assert "grpc.health.v1.Health" in names, names
 
 
-@pytest.mark.skipif(refl_v1_pb2 is None, reason="no v1 reflection stubs (grpc-proto missing)")
 def test_reflection_v1_lists_services(channel):
     stub = refl_v1_pb2_grpc.ServerReflectionStub(channel)
     (reply,) = _reflect(stub, [refl_v1_pb2.ServerReflectionRequest(list_services="*")])
@@ -177,7 +164,6 @@ def test_reflection_v1_lists_services(channel):
     assert "grpc.health.v1.Health" in names, names
 
 
-@needs_reflection
 def test_reflection_v1alpha_file_containing_control(channel):
     stub = refl_pb2_grpc.ServerReflectionStub(channel)
     (reply,) = _reflect(
