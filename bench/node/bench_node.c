@@ -1037,7 +1037,7 @@ int main(int argc, char **argv)
     int reps = 5, abort_reps = 50, max_threads = 4, tput_rooms = 1;
     uint32_t ops = 20000;
     const char *only = NULL;
-    for (int i = 1; i < argc; i++) {
+    for (int i = 1; i < argc; i += 2) { /* "--name value" pairs */
         const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
         if (!v)
             goto usage;
@@ -1066,7 +1066,6 @@ int main(int argc, char **argv)
             g_node_bin = v;
         else
             goto usage;
-        i++;
     }
     if (mib == 0 || reps <= 0 || reps > 64 || abort_reps <= 0 || ops == 0 || max_threads <= 0 ||
         max_threads > MAX_THREADS || tput_rooms <= 0 || tput_rooms > MAX_THREADS || g_window <= 0 ||

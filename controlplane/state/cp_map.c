@@ -63,7 +63,9 @@ static bool slot_matches(const struct cp_map *m, const struct cp_map_slot *s, ui
 {
     if (s->hash != hash)
         return false;
-    return !m->str || strcmp(s->skey, skey) == 0;
+    if (!m->str)
+        return true;
+    return skey != NULL && strcmp(s->skey, skey) == 0;
 }
 
 static int find_slot(const struct cp_map *m, uint64_t hash, const char *skey, size_t *pos_p)
@@ -119,19 +121,19 @@ int cp_map_reserve(struct cp_map *m, size_t extra)
 
 void *cp_map_get(const struct cp_map *m, uint64_t key)
 {
-    size_t pos;
+    size_t pos = 0; /* written by find_slot on success; gcc cannot tell */
     return find_slot(m, key, NULL, &pos) == 0 ? m->slots[pos].val : NULL;
 }
 
 void *cp_map_get_str(const struct cp_map *m, const char *key)
 {
-    size_t pos;
+    size_t pos = 0;
     return find_slot(m, hash_str(key), key, &pos) == 0 ? m->slots[pos].val : NULL;
 }
 
 static int put(struct cp_map *m, uint64_t hash, const char *skey, void *val)
 {
-    size_t pos;
+    size_t pos = 0;
     if (find_slot(m, hash, skey, &pos) == 0) {
         m->slots[pos].val = val;
         m->slots[pos].skey = skey;
@@ -158,7 +160,7 @@ int cp_map_put_str(struct cp_map *m, const char *key, void *val)
 
 static void *del(struct cp_map *m, uint64_t hash, const char *skey)
 {
-    size_t pos;
+    size_t pos = 0;
     if (find_slot(m, hash, skey, &pos) != 0)
         return NULL;
     void *val = m->slots[pos].val;

@@ -572,7 +572,7 @@ int cp_node_for_call(struct kvf_cps *st, const char *node_id, uint64_t incarnati
 int kvf_cps_node_detach(struct kvf_cps *st, const char *node_id, uint64_t incarnation,
                         kvf_time_ns now, struct kvf_error *err)
 {
-    struct cp_node *node;
+    struct cp_node *node = NULL;
     int rc = cp_node_for_call(st, node_id, incarnation, &node, err);
     if (rc != 0)
         return rc;
@@ -588,7 +588,7 @@ int kvf_cps_node_detach(struct kvf_cps *st, const char *node_id, uint64_t incarn
 int kvf_cps_node_set_pool(struct kvf_cps *st, const char *node_id, uint64_t incarnation,
                           const struct kvf_cps_pool *pool, struct kvf_error *err)
 {
-    struct cp_node *node;
+    struct cp_node *node = NULL;
     int rc = cp_node_for_call(st, node_id, incarnation, &node, err);
     if (rc != 0)
         return rc;

@@ -704,7 +704,7 @@ int kvf_cps_lease_extend(struct kvf_cps *st, kvf_room_key key, uint64_t lease_id
     int rc = validate_ranges(st, ranges, range_count, err);
     if (rc != 0)
         return rc;
-    struct cp_room *room;
+    struct cp_room *room = NULL;
     rc = room_for_call(st, key, false, &room, err);
     if (rc != 0)
         return rc;
@@ -758,7 +758,7 @@ int kvf_cps_room_abort(struct kvf_cps *st, kvf_room_key key, enum kvf_cps_abort_
 {
     if (reason < KVF_CPS_ABORT_ENGINE || reason > KVF_CPS_ABORT_CAPABILITY)
         return kvf_error_set(err, -EINVAL, "reason: %d is not a known reason", (int)reason);
-    struct cp_room *room;
+    struct cp_room *room = NULL;
     int rc = room_for_call(st, key, true, &room, err);
     if (rc != 0)
         return rc;
@@ -825,7 +825,7 @@ int kvf_cps_report_completed(struct kvf_cps *st, const char *node_id, uint64_t i
     if (role != KVF_CPS_ROLE_SOURCE && role != KVF_CPS_ROLE_SINK)
         return kvf_error_set(err, -EINVAL, "role: %d is not SOURCE or SINK", (int)role);
     struct cp_node *node;
-    struct cp_room *room;
+    struct cp_room *room = NULL;
     struct cp_rnode *rn;
     int rc = report_target(st, node_id, incarnation, key, &node, &room, &rn, err);
     if (rc != 0)
@@ -867,7 +867,7 @@ int kvf_cps_report_failed(struct kvf_cps *st, const char *node_id, uint64_t inca
                           struct kvf_error *err)
 {
     struct cp_node *node;
-    struct cp_room *room;
+    struct cp_room *room = NULL;
     struct cp_rnode *rn;
     int rc = report_target(st, node_id, incarnation, key, &node, &room, &rn, err);
     if (rc != 0)
@@ -898,7 +898,7 @@ int kvf_cps_report_drained(struct kvf_cps *st, const char *node_id, uint64_t inc
     rc = cp_node_for_report(st, node_id, incarnation, &node, err);
     if (rc != 0)
         return rc;
-    struct cp_room *room;
+    struct cp_room *room = NULL;
     struct cp_rnode *rn;
     rc = room_for_report(st, node, key, &room, &rn, err);
     if (rc != 0)

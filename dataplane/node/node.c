@@ -962,7 +962,7 @@ static void on_frame(struct kvf_node *n, const struct node_job *j)
             node_member_landed(n, r, m, j->first_page, j->page_count, j->bytes);
         } else {
             m->failed = true;
-            char why[128];
+            char why[NODE_ID_MAX + 96];
             snprintf(why, sizeof why, "tcp receive from %s cut: %s",
                      j->peer < n->npeers ? n->peers[j->peer].node_id : "?", strerror(-j->status));
             node_send_transfer_failed(n, r, m->rank, m->role, why);
