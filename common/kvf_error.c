@@ -49,6 +49,10 @@ enum kvf_grpc_code kvf_errno_to_grpc_code(int neg_errno)
         return KVF_GRPC_FAILED_PRECONDITION;
     case -ECANCELED:
         return KVF_GRPC_ABORTED;
+    case -EACCES:
+        return KVF_GRPC_PERMISSION_DENIED;
+    case -ENOKEY:
+        return KVF_GRPC_UNAUTHENTICATED;
     case -ETIMEDOUT:
         return KVF_GRPC_DEADLINE_EXCEEDED;
     case -EAGAIN:

@@ -40,6 +40,7 @@ static int write_port_file(const char *path, int port)
 struct settings {
     const char *listen, *tls_cert, *tls_key, *tls_client_ca, *port_file, *data_dir;
     const char *metrics_listen, *metrics_port_file;
+    const char *node_identity_prefix, *engine_identity_prefix, *admin_identities;
     uint64_t threads, snapshot_every;
     uint64_t node_ttl_ms, heartbeat_timeout_ms, join_timeout_ms, drain_deadline_ms, resend_ms,
         tombstone_ttl_ms;
@@ -69,6 +70,15 @@ int main(int argc, char **argv)
         {"tls-key", KVF_CONFIG_STRING, &cfg.tls_key, 0, "server private key (PEM)"},
         {"tls-client-ca", KVF_CONFIG_STRING, &cfg.tls_client_ca, 0,
          "require client certificates signed by this CA (mutual TLS)"},
+        {"node-identity-prefix", KVF_CONFIG_STRING, &cfg.node_identity_prefix, 0,
+         "with mutual TLS: a certificate name <prefix><node id> is that node (default "
+         "spiffe://kvfence/node/)"},
+        {"engine-identity-prefix", KVF_CONFIG_STRING, &cfg.engine_identity_prefix, 0,
+         "with mutual TLS: a certificate name starting with this may call Control (default "
+         "spiffe://kvfence/engine/)"},
+        {"admin-identities", KVF_CONFIG_STRING, &cfg.admin_identities, 0,
+         "with mutual TLS: comma-separated certificate names that may call Admin (default "
+         "spiffe://kvfence/admin)"},
         {"data-dir", KVF_CONFIG_STRING, &cfg.data_dir, 0,
          "write-ahead log and snapshots; empty or absent: a new cluster; unset: memory only"},
         {"snapshot-every", KVF_CONFIG_UINT, &cfg.snapshot_every, 100000000,
@@ -138,6 +148,10 @@ int main(int argc, char **argv)
         .tombstone_ttl = cfg.tombstone_ttl_ms * KVF_NS_PER_MS,
         .data_dir = cfg.data_dir,
         .snapshot_every = cfg.snapshot_every,
+        .authz = {.enforce = tls_ca != NULL,
+                  .node_prefix = cfg.node_identity_prefix,
+                  .engine_prefix = cfg.engine_identity_prefix,
+                  .admin_names = cfg.admin_identities},
     };
 
     /* Before grpc_init() starts threads (kvf_rpc_server_create): every thread
@@ -181,6 +195,12 @@ int main(int argc, char **argv)
     }
     kvf_log("info", "kvfence-control %s serving on %s (port %d, %s)", KVF_VERSION_STRING,
             listen_addr, port, tls_cert ? (tls_ca ? "mutual TLS" : "TLS") : "plaintext");
+    if (!tls_ca)
+        kvf_log("warn",
+                "INSECURE: no --tls-client-ca, so callers are not authenticated: anyone who "
+                "reaches %s can attach as any node, report its drains and call Admin. Use mutual "
+                "TLS outside a test bed (docs/security.md)",
+                listen_addr);
     int rc = 0;
     /* Metrics next, so that port-file (the readiness signal) comes last. A
      * metrics endpoint that cannot start is logged, not fatal: the control

@@ -26,10 +26,17 @@
 #include "kvf_version.h"
 #include "node.h"
 
+/* An unset or empty string setting: NULL. */
+static const char *nonempty(const char *s)
+{
+    return s != NULL && s[0] != '\0' ? s : NULL;
+}
+
 struct settings {
     const char *config, *control, *node_id, *local_socket, *data_host, *port_file, *peer_fault,
         *fault_file, *test_fake_device_pools;
     const char *staging, *test_local_hold_file, *rdma, *rdma_fabric, *rdma_gid_index;
+    const char *control_tls_ca, *control_tls_cert, *control_tls_key, *control_tls_server_name;
     uint64_t data_port, peer_port, drain_timeout_ms, staging_buffers;
     bool version;
 };
@@ -57,6 +64,14 @@ int main(int argc, char **argv)
     const struct kvf_config_item items[] = {
         {"control", KVF_CONFIG_STRING, &cfg.control, 0,
          "kvfence-control address (host:port); required"},
+        {"control-tls-ca", KVF_CONFIG_STRING, &cfg.control_tls_ca, 0,
+         "TLS to kvfence-control: the CA of its certificate (PEM); unset: plaintext"},
+        {"control-tls-cert", KVF_CONFIG_STRING, &cfg.control_tls_cert, 0,
+         "mutual TLS: this node's certificate (PEM; names spiffe://kvfence/node/<node id>)"},
+        {"control-tls-key", KVF_CONFIG_STRING, &cfg.control_tls_key, 0,
+         "mutual TLS: this node's private key (PEM)"},
+        {"control-tls-server-name", KVF_CONFIG_STRING, &cfg.control_tls_server_name, 0,
+         "TLS: the name checked in kvfence-control's certificate (default: the address's host)"},
         {"node-id", KVF_CONFIG_STRING, &cfg.node_id, 0, "this node's id (default: hostname)"},
         {"local-socket", KVF_CONFIG_STRING, &cfg.local_socket, 0,
          "unix socket of the NodeLocal service (engines)"},
@@ -173,6 +188,10 @@ int main(int argc, char **argv)
     struct kvf_node_opts opts;
     kvf_node_opts_init(&opts);
     opts.control_addr = cfg.control;
+    opts.control_tls_ca = nonempty(cfg.control_tls_ca);
+    opts.control_tls_cert = nonempty(cfg.control_tls_cert);
+    opts.control_tls_key = nonempty(cfg.control_tls_key);
+    opts.control_tls_server_name = nonempty(cfg.control_tls_server_name);
     opts.node_id = cfg.node_id;
     opts.local_socket = cfg.local_socket;
     opts.data_host = cfg.data_host;

@@ -579,6 +579,64 @@ int kvf_rpc_call_peer(struct kvf_rpc_call *call, char *buf, size_t cap)
     return 0;
 }
 
+static void identity_add(struct kvf_rpc_identity *id, const grpc_auth_property *p)
+{
+    if (id->n_names >= KVF_RPC_NAMES || p->value == NULL || p->value_length == 0)
+        return;
+    size_t n = p->value_length < KVF_RPC_NAME_MAX - 1 ? p->value_length : KVF_RPC_NAME_MAX - 1;
+    memcpy(id->names[id->n_names], p->value, n);
+    id->names[id->n_names][n] = '\0';
+    id->n_names++;
+}
+
+/* Caller holds the lock that keeps `gcall` alive. */
+static void identity_of(grpc_call *gcall, struct kvf_rpc_identity *id)
+{
+    memset(id, 0, sizeof *id);
+    grpc_auth_context *ctx = grpc_call_auth_context(gcall);
+    if (ctx == NULL)
+        return;
+    /* A peer is verified only when it presented a certificate that the
+     * server checked: server-only TLS has an auth context too, with no
+     * x509 names in it. */
+    if (grpc_auth_context_peer_is_authenticated(ctx)) {
+        const char *kinds[] = {GRPC_X509_SAN_PROPERTY_NAME, GRPC_X509_CN_PROPERTY_NAME};
+        for (size_t k = 0; k < sizeof kinds / sizeof kinds[0]; k++) {
+            grpc_auth_property_iterator it =
+                grpc_auth_context_find_properties_by_name(ctx, kinds[k]);
+            const grpc_auth_property *p;
+            while ((p = grpc_auth_property_iterator_next(&it)) != NULL)
+                identity_add(id, p);
+        }
+        id->verified = id->n_names > 0;
+    }
+    grpc_auth_context_release(ctx);
+}
+
+int kvf_rpc_call_identity(struct kvf_rpc_call *call, struct kvf_rpc_identity *id_p)
+{
+    pthread_mutex_lock(&call->mu);
+    if (!call->gcall) {
+        pthread_mutex_unlock(&call->mu);
+        return -ECANCELED;
+    }
+    identity_of(call->gcall, id_p);
+    pthread_mutex_unlock(&call->mu);
+    return 0;
+}
+
+int kvf_rpc_stream_identity(struct kvf_rpc_stream *stream, struct kvf_rpc_identity *id_p)
+{
+    pthread_mutex_lock(&stream->mu);
+    if (!stream->gcall) {
+        pthread_mutex_unlock(&stream->mu);
+        return -ECANCELED;
+    }
+    identity_of(stream->gcall, id_p);
+    pthread_mutex_unlock(&stream->mu);
+    return 0;
+}
+
 int kvf_rpc_call_metadata(struct kvf_rpc_call *call, const char *key, char *buf, size_t cap,
                           size_t *len_p)
 {

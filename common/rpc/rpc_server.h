@@ -20,6 +20,7 @@
 #ifndef KVF_RPC_SERVER_H
 #define KVF_RPC_SERVER_H
 
+#include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
 
@@ -168,6 +169,27 @@ int64_t kvf_rpc_call_deadline_ns(const struct kvf_rpc_call *call);
 /* Copies the client's address ("ipv4:127.0.0.1:5555") into `buf` (truncated,
  * NUL-terminated). Returns 0, -ECANCELED if the call has ended, -EINVAL. */
 int kvf_rpc_call_peer(struct kvf_rpc_call *call, char *buf, size_t cap);
+
+/* The peer's identity, as the client certificate it presented over mutual TLS
+ * names it: every subject alternative name (URI, DNS, e-mail, IP; in the
+ * certificate's order) and then the subject's common name, each truncated to
+ * KVF_RPC_NAME_MAX - 1 bytes, at most KVF_RPC_NAMES of them. `verified` is
+ * true only when gRPC verified that certificate against the server's client
+ * CA; on a plaintext port, or TLS without client certificates, it is false
+ * and there are no names: nobody is who they say. */
+#define KVF_RPC_NAMES    8
+#define KVF_RPC_NAME_MAX 256
+struct kvf_rpc_identity {
+    bool verified;
+    unsigned n_names;
+    char names[KVF_RPC_NAMES][KVF_RPC_NAME_MAX];
+};
+
+/* Fills *id_p with the identity of the call's (or stream's) peer. Returns 0,
+ * or -ECANCELED if the call has ended (then *id_p is not written). Any thread
+ * while the caller owns the call or holds a stream reference. */
+int kvf_rpc_call_identity(struct kvf_rpc_call *call, struct kvf_rpc_identity *id_p);
+int kvf_rpc_stream_identity(struct kvf_rpc_stream *stream, struct kvf_rpc_identity *id_p);
 
 /* Copies the value of request metadata `key` (lower-case) into `buf`
  * (truncated, NUL-terminated) and its full length into *len_p. Returns 0,

@@ -54,6 +54,9 @@ struct node_sess {
     bool closed;   /* the stream ended */
     char node_id[129];
     uint64_t incarnation;
+    /* With mutual TLS: the node the client certificate names; a Hello for
+     * any other node id is refused. Empty without mutual TLS. Set at open. */
+    char cert_node_id[KVF_AUTHZ_NODE_ID_MAX + 1];
     Kvfence__V1__Hello *hello; /* endpoints and capabilities, for peers' room updates */
     struct node_sess *next;    /* in the registry */
 };
@@ -555,6 +558,17 @@ static void handle_hello(struct kvf_svc_ctx *ctx, struct node_sess *s, Kvfence__
         sess_finish(s, -EINVAL, &err);
         return;
     }
+    /* Everything this session reports is taken as the word of the node its
+     * Hello names: with mutual TLS that must be the certificate's node. */
+    if (s->cert_node_id[0] != '\0' && strcmp(h->node_id, s->cert_node_id) != 0) {
+        kvf_error_set(&err, -EACCES,
+                      "hello.node_id: '%.128s' is not the node the client certificate names "
+                      "('%s')",
+                      h->node_id, s->cert_node_id);
+        kvf_log("warn", "refused: %s", err.msg);
+        sess_finish(s, -EACCES, &err);
+        return;
+    }
     /* The registry entry cannot fail after the core accepted the node. */
     if (cp_map_reserve(&ctx->sessions->by_id, 1) != 0) {
         kvf_error_set(&err, -ENOMEM, "out of memory registering the node");
@@ -884,10 +898,36 @@ static void sess_job_drop(void *arg)
 
 /* ---- Attach stream callbacks (CQ threads) --------------------------------- */
 
+/* With mutual TLS: refuses a stream whose certificate lacks `method`'s role
+ * (the stream is finished, nothing else happens). Returns false then. */
+static bool authorize_stream(struct kvf_svc *svc, struct kvf_rpc_stream *stream, const char *method,
+                             struct kvf_authz_peer *peer_p)
+{
+    memset(peer_p, 0, sizeof *peer_p);
+    if (!kvf_svc_authz(svc)->enforce)
+        return true;
+    struct kvf_rpc_identity id;
+    char why[KVF_RPC_NAME_MAX + 160];
+    int rc = kvf_rpc_stream_identity(stream, &id);
+    if (rc != 0) {
+        kvf_rpc_stream_finish(stream, KVF_GRPC_UNAUTHENTICATED, "the stream ended");
+        return false;
+    }
+    rc = kvf_svc_authorize(svc, &id, method, peer_p, why, sizeof why);
+    if (rc != 0) {
+        kvf_rpc_stream_finish(stream, kvf_errno_to_grpc_code(rc), why);
+        return false;
+    }
+    return true;
+}
+
 static void attach_open(void *vctx, struct kvf_rpc_stream *stream, const uint8_t *req, size_t len)
 {
     (void)req;
     (void)len;
+    struct kvf_authz_peer peer;
+    if (!authorize_stream(vctx, stream, "/kvfence.v1.NodeSession/Attach", &peer))
+        return;
     struct node_sess *s = calloc(1, sizeof(*s));
     if (s == NULL) {
         kvf_rpc_stream_finish(stream, KVF_GRPC_RESOURCE_EXHAUSTED, "out of memory");
@@ -898,6 +938,7 @@ static void attach_open(void *vctx, struct kvf_rpc_stream *stream, const uint8_t
     clock_gettime(CLOCK_MONOTONIC, &ts);
     atomic_init(&s->last_seen_ns, (uint64_t)ts.tv_sec * KVF_NS_PER_S + (uint64_t)ts.tv_nsec);
     s->svc = vctx;
+    snprintf(s->cert_node_id, sizeof s->cert_node_id, "%s", peer.node_id);
     kvf_rpc_stream_ref(stream);
     s->stream = stream;
     kvf_rpc_stream_set_user(stream, s);
@@ -1083,6 +1124,9 @@ static void watch_post(struct kvf_svc *svc, struct lease_watch *w, bool closing)
 static void watch_open(void *vctx, struct kvf_rpc_stream *stream, const uint8_t *req, size_t len)
 {
     static const uint8_t empty[1];
+    struct kvf_authz_peer peer;
+    if (!authorize_stream(vctx, stream, "/kvfence.v1.Control/WatchLeases", &peer))
+        return;
     Kvfence__V1__WatchLeasesRequest *rq =
         kvfence__v1__watch_leases_request__unpack(NULL, len, req != NULL ? req : empty);
     if (rq == NULL) {

@@ -172,6 +172,10 @@ struct kvf_svc {
     struct fx_batch *held_head, *held_tail;
     kvf_time_ns heartbeat_timeout; /* 0: sessions are never swept */
     kvf_time_ns next_sweep;        /* mono time of the next session sweep */
+
+    /* Who may call what; fixed at create, read by CQ threads. */
+    struct kvf_authz_opts authz;
+    char *authz_strs[3];
 };
 
 /* The effects of one command, released once record `seq` is durable. */
@@ -596,9 +600,56 @@ void kvf_svc_post(struct kvf_svc *svc, kvf_svc_job_fn run, void (*drop)(void *ar
 
 static const uint8_t empty_msg[1];
 
+int kvf_svc_authorize(struct kvf_svc *svc, const struct kvf_rpc_identity *id, const char *method,
+                      struct kvf_authz_peer *peer_p, char *why, size_t cap)
+{
+    struct kvf_authz_peer peer;
+    kvf_authz_classify(&svc->authz, id, &peer);
+    unsigned need = kvf_authz_method_roles(method);
+    if (need == 0 || (peer.roles & need) != 0) {
+        *peer_p = peer;
+        return 0;
+    }
+    const char *who = id->n_names > 0 ? id->names[0] : "(no name)";
+    int rc = id->verified ? -EACCES : -ENOKEY;
+    snprintf(why, cap, "%s: the client certificate %s is not a%s %s identity", method, who,
+             need == KVF_AUTHZ_ADMIN || need == (KVF_AUTHZ_ENGINE | KVF_AUTHZ_ADMIN) ? "n" : "",
+             kvf_authz_roles_name(need));
+    kvf_log("warn", "refused: %s", why);
+    return rc;
+}
+
+/* With mutual TLS, a call whose certificate lacks the method's role is
+ * refused before its request is even decoded: it leaves no trace but a log
+ * line. Returns false when the call was answered. */
+static bool authorize_call(struct kvf_svc *svc, struct kvf_rpc_call *call, const char *method)
+{
+    if (!svc->authz.enforce)
+        return true;
+    struct kvf_rpc_identity id;
+    struct kvf_authz_peer peer;
+    char why[KVF_RPC_NAME_MAX + 160];
+    int rc = kvf_rpc_call_identity(call, &id);
+    if (rc == 0)
+        rc = kvf_svc_authorize(svc, &id, method, &peer, why, sizeof why);
+    else
+        snprintf(why, sizeof why, "%s: the call ended before it was authorized", method);
+    if (rc == 0)
+        return true;
+    kvf_rpc_call_fail(call, kvf_errno_to_grpc_code(rc == -ECANCELED ? -ENOKEY : rc), why);
+    return false;
+}
+
+const struct kvf_authz_opts *kvf_svc_authz(const struct kvf_svc *svc)
+{
+    return &svc->authz;
+}
+
 static void unary_handler(void *vctx, struct kvf_rpc_call *call, const uint8_t *req, size_t len)
 {
     struct kvf_svc_binding *b = vctx;
+    if (!authorize_call(b->svc, call, b->m->name))
+        return;
     ProtobufCMessage *msg =
         protobuf_c_message_unpack(b->m->req_desc, NULL, len, req ? req : empty_msg);
     if (!msg) {
@@ -766,6 +817,24 @@ struct kvf_svc *kvf_svc_create(const struct kvf_svc_opts *sopts)
     svc->ctx.started_at = mono_now();
     svc->ctx.node_ttl = opts.node_ttl;
     svc->heartbeat_timeout = sopts != NULL ? sopts->heartbeat_timeout : 0;
+    if (sopts != NULL) {
+        const char *strs[3] = {sopts->authz.node_prefix, sopts->authz.engine_prefix,
+                               sopts->authz.admin_names};
+        const char **dst[3] = {&svc->authz.node_prefix, &svc->authz.engine_prefix,
+                               &svc->authz.admin_names};
+        svc->authz.enforce = sopts->authz.enforce;
+        for (int i = 0; i < 3; i++) {
+            if (strs[i] == NULL)
+                continue;
+            svc->authz_strs[i] = strdup(strs[i]);
+            if (svc->authz_strs[i] == NULL) {
+                kvf_log("error", "cannot create the service: out of memory");
+                kvf_svc_destroy(svc);
+                return NULL;
+            }
+            *dst[i] = svc->authz_strs[i];
+        }
+    }
     if (svc->ctx.cps && sopts != NULL && sopts->data_dir != NULL && sopts->data_dir[0] != '\0') {
         struct kvf_error err;
         kvf_error_clear(&err);
@@ -921,6 +990,8 @@ void kvf_svc_destroy(struct kvf_svc *svc)
     kvf_svc_sessions_destroy(svc->ctx.sessions);
     kvf_cps_destroy(svc->ctx.cps);
     free(svc->bindings);
+    for (int i = 0; i < 3; i++)
+        free(svc->authz_strs[i]);
     pthread_cond_destroy(&svc->cv);
     pthread_mutex_destroy(&svc->mu);
     free(svc);

@@ -27,6 +27,7 @@ struct kvf_rpc_server;
 struct kvf_rpc_server_opts;
 struct kvf_metrics;
 
+#include "authz.h"
 #include "kvf_types.h"
 
 /* The core's timers (cp_state.h); 0 keeps the core's default. */
@@ -39,6 +40,7 @@ struct kvf_svc_opts {
     const char *data_dir;          /* NULL or "": no durability (state in memory only) */
     uint64_t snapshot_every;       /* records between snapshots; 0: 4096 */
     kvf_time_ns heartbeat_timeout; /* end a silent node session after this; 0: never */
+    struct kvf_authz_opts authz;   /* who may call what (authz.h); strings are copied */
 };
 
 /* Creates the state core, health registry and reflection index, and starts

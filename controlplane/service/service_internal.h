@@ -139,6 +139,14 @@ struct kvf_svc_method {
     bool mutates; /* may change the core: logged, answered once durable */
 };
 
+/* With mutual TLS: may the peer that `id` describes call `method`? Returns
+ * 0 and the peer's roles (and node id) in *peer_p; or -ENOKEY (no verified
+ * certificate: UNAUTHENTICATED) or -EACCES (PERMISSION_DENIED), with the
+ * reason in `why`, logged. Any thread. */
+int kvf_svc_authorize(struct kvf_svc *svc, const struct kvf_rpc_identity *id, const char *method,
+                      struct kvf_authz_peer *peer_p, char *why, size_t cap);
+const struct kvf_authz_opts *kvf_svc_authz(const struct kvf_svc *svc);
+
 extern const struct kvf_svc_method kvf_svc_control_methods[];
 extern const size_t kvf_svc_control_method_count;
 extern const struct kvf_svc_method kvf_svc_admin_methods[];

@@ -405,11 +405,47 @@ static bool post_session_job(struct kvf_node *n, enum node_job_kind kind,
     return node_post(n, &j) == 0;
 }
 
+/* The channel to kvfence-control, with the TLS files as they are now. */
+static struct kvf_rpc_channel *session_channel(const struct kvf_node *n)
+{
+    struct kvf_rpc_channel_opts co;
+    kvf_rpc_channel_opts_init(&co);
+    co.tls_root_ca_path = n->opts.control_tls_ca;
+    co.tls_cert_path = n->opts.control_tls_cert;
+    co.tls_key_path = n->opts.control_tls_key;
+    co.tls_target_name = n->opts.control_tls_server_name;
+    return kvf_rpc_channel_create(n->opts.control_addr, &co);
+}
+
+/* Before a reconnect: a channel made from the TLS files as they are now, so
+ * that a rotated certificate is used. Keeps the old channel when the new
+ * files do not load (a rotation half done), and says so. Session thread. */
+static void session_reload_tls(struct kvf_node *n)
+{
+    if (n->opts.control_tls_ca == NULL)
+        return;
+    struct kvf_rpc_channel *fresh = session_channel(n);
+    if (fresh == NULL) {
+        node_log("error", NULL,
+                 "control TLS files (%s, %s, %s) do not load: reconnecting with the ones loaded "
+                 "before",
+                 n->opts.control_tls_ca, n->opts.control_tls_cert ? n->opts.control_tls_cert : "-",
+                 n->opts.control_tls_key ? n->opts.control_tls_key : "-");
+        return;
+    }
+    kvf_rpc_channel_destroy(n->channel);
+    n->channel = fresh;
+}
+
 static void *session_main(void *arg)
 {
     struct kvf_node *n = arg;
     int backoff = BACKOFF_MIN_MS;
+    bool first = true;
     while (!atomic_load(&n->stopping)) {
+        if (!first)
+            session_reload_tls(n);
+        first = false;
         struct kvf_rpc_client_stream *cs = kvf_rpc_client_stream_open(
             n->channel, "/kvfence.v1.NodeSession/Attach", KVF_RPC_NO_TIMEOUT);
         if (!cs) {
@@ -502,11 +538,15 @@ static void *session_main(void *arg)
 
 int node_session_start(struct kvf_node *n)
 {
-    struct kvf_rpc_channel_opts co;
-    kvf_rpc_channel_opts_init(&co);
-    n->channel = kvf_rpc_channel_create(n->opts.control_addr, &co);
+    n->channel = session_channel(n);
     if (!n->channel)
         return -EIO;
+    if (n->opts.control_tls_ca == NULL)
+        node_log("warn", NULL,
+                 "INSECURE: plaintext session to kvfence-control at %s: anything on the path can "
+                 "read and change it; set --control-tls-ca, --control-tls-cert and "
+                 "--control-tls-key outside a test bed",
+                 n->opts.control_addr);
     if (pthread_create(&n->session_thread, NULL, session_main, n) != 0) {
         kvf_rpc_channel_destroy(n->channel);
         n->channel = NULL;

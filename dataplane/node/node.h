@@ -21,7 +21,16 @@
 struct kvf_node;
 
 struct kvf_node_opts {
-    const char *control_addr;  /* "host:port" of kvfence-control; required */
+    const char *control_addr; /* "host:port" of kvfence-control; required */
+    /* TLS to kvfence-control (PEM paths): the CA that signed its certificate
+     * (NULL: plaintext), this node's certificate and key for mutual TLS (the
+     * control plane takes the node id from it), and the name to check
+     * instead of the address's host. Read again at every reconnect, so a
+     * rotated certificate is used from the next session on. */
+    const char *control_tls_ca;
+    const char *control_tls_cert;
+    const char *control_tls_key;
+    const char *control_tls_server_name;
     const char *node_id;       /* required, at most 128 bytes */
     const char *local_socket;  /* NodeLocal unix socket path; required */
     const char *data_host;     /* numeric IPv4 the TCP transport binds; "127.0.0.1" */

@@ -2,21 +2,26 @@
 (--tls-client-ca), seen from an independent client (python3-grpcio).
 
 A throwaway PKI is made with /usr/bin/openssl once per module: a CA, a
-server certificate for 127.0.0.1 (SAN IP:127.0.0.1 and DNS:localhost), a
-client certificate, and a second, unrelated CA with its own client
-certificate. Each test starts its own server (kvf_harness.ControlProcess,
+server certificate for 127.0.0.1 (SAN IP:127.0.0.1 and DNS:localhost), client
+certificates for each role (admin, an engine, nodes n1 and n2, one naming no
+role), and a second, unrelated CA with its own client certificate. With
+mutual TLS a caller is who its certificate says (docs/security.md): the
+identity tests below are the forged-party cases of the release proof. Each test starts its own server (kvf_harness.ControlProcess,
 metrics on an ephemeral port) and stops it with SIGTERM, expecting exit 0.
 """
 
 import os
 import subprocess
+import time
 
 import grpc
 import pytest
 
 from kvfence.v1 import control_pb2
 
-from kvf_harness import RPC_TIMEOUT_S, ControlProcess, FakeNode, admin
+from kvfence.v1 import node_pb2, types_pb2
+
+from kvf_harness import RPC_TIMEOUT_S, ControlProcess, FakeNode, admin, control, join_request
 
 from kvfstubs.grpc_health.v1 import health_pb2, health_pb2_grpc
 
@@ -84,7 +89,10 @@ def pki(tmp_path_factory):
     )
     client_ext = "basicConstraints=CA:FALSE\nkeyUsage=critical,digitalSignature\nextendedKeyUsage=clientAuth\n"
     _make_leaf(d, "client", "ca", client_ext)
-    _make_leaf(d, "other-client", "other-ca", client_ext)
+    _make_leaf(d, "other-client", "other-ca", client_ext + "subjectAltName=URI:spiffe://kvfence/admin\n")
+    for name, uri in [("admin", "spiffe://kvfence/admin"), ("engine-7", "spiffe://kvfence/engine/engine-7"),
+                      ("node-n1", "spiffe://kvfence/node/n1"), ("node-n2", "spiffe://kvfence/node/n2")]:
+        _make_leaf(d, name, "ca", client_ext + "subjectAltName=URI:%s\n" % uri)
     return Pki(d)
 
 
@@ -220,16 +228,135 @@ def test_mtls_client_without_cert_fails(tls_server, channels, pki):
 
 def test_mtls_client_with_cert_works(tls_server, channels, pki):
     address = tls_server(mutual=True)
-    _assert_works(channels(address, pki, client="client"))
+    _assert_works(channels(address, pki, client="admin"))
 
 
 def test_mtls_client_cert_of_other_ca_fails(tls_server, channels, pki):
+    """Even when it names the admin identity."""
     address = tls_server(mutual=True)
     _assert_refused(channels(address, pki, client="other-client"))
-    _assert_works(channels(address, pki, client="client"))
+    _assert_works(channels(address, pki, client="admin"))
 
 
 def test_mtls_insecure_channel_fails(tls_server, pki):
     address = tls_server(mutual=True)
     with grpc.insecure_channel(address) as ch:
         _assert_refused(ch)
+
+
+# ---- mutual TLS: who may call what ----------------------------------------------
+
+
+def _code_of(fn):
+    with pytest.raises(grpc.RpcError) as info:
+        fn()
+    return info.value.code(), info.value.details() or ""
+
+
+def _attach_refused(ch, node_id):
+    """A Hello as node_id on `ch`: the stream must end PERMISSION_DENIED."""
+    node = FakeNode(ch, node_id)
+    try:
+        with pytest.raises(AssertionError) as info:
+            node.recv("welcome")
+        err = node.call
+        assert err.code() == grpc.StatusCode.PERMISSION_DENIED, "%s: %s" % (err.code(), err.details())
+        return err.details()
+    finally:
+        node.close()
+
+
+def test_mtls_admin_needs_admin_identity(tls_server, channels, pki):
+    """Admin calls with an engine's, a node's or a nameless certificate are
+    PERMISSION_DENIED, naming the method and the certificate; the admin's work."""
+    address = tls_server(mutual=True)
+    for client in ["engine-7", "node-n1", "client"]:
+        ch = channels(address, pki, client=client)
+        code, details = _code_of(
+            lambda: admin(ch).FenceNode(control_pb2.FenceNodeRequest(node_id="n1"), timeout=RPC_TIMEOUT_S)
+        )
+        assert code == grpc.StatusCode.PERMISSION_DENIED, (client, code, details)
+        assert "/kvfence.v1.Admin/FenceNode" in details and "admin" in details, details
+        code, details = _code_of(lambda: _ping(ch))
+        assert code == grpc.StatusCode.PERMISSION_DENIED, (client, code, details)
+    _assert_works(channels(address, pki, client="admin"))
+
+
+def test_mtls_control_needs_engine_identity(tls_server, channels, pki):
+    """A node's certificate cannot join or abort rooms; an engine's can."""
+    address = tls_server(mutual=True)
+    n1 = FakeNode(channels(address, pki, client="node-n1"), "n1")
+    try:
+        n1.recv("welcome")
+        node_ch = channels(address, pki, client="node-n1")
+        code, details = _code_of(
+            lambda: control(node_ch).JoinRoom(join_request(1, "n1", types_pb2.ROLE_SINK, 0), timeout=RPC_TIMEOUT_S)
+        )
+        assert code == grpc.StatusCode.PERMISSION_DENIED, (code, details)
+        assert "engine or admin" in details, details
+        engine = channels(address, pki, client="engine-7")
+        reply = control(engine).JoinRoom(
+            join_request(1, "n1", types_pb2.ROLE_SINK, 0), timeout=RPC_TIMEOUT_S
+        )
+        assert reply.lease_id != 0
+    finally:
+        n1.close()
+
+
+def test_mtls_forged_node_session_refused(tls_server, channels, pki):
+    """Attach as n1 with n2's certificate or an engine's: refused before the
+    Hello reaches the state (n1 stays unknown); n1's own certificate works."""
+    address = tls_server(mutual=True)
+    admin_ch = channels(address, pki, client="admin")
+    for client in ["node-n2", "engine-7", "client"]:
+        details = _attach_refused(channels(address, pki, client=client), "n1")
+        assert "n1" in details or "node" in details, details
+        code, _ = _code_of(
+            lambda: admin(admin_ch).GetNode(control_pb2.GetNodeRequest(node_id="n1"), timeout=RPC_TIMEOUT_S)
+        )
+        assert code == grpc.StatusCode.NOT_FOUND, (client, code)
+    n1 = FakeNode(channels(address, pki, client="node-n1"), "n1")
+    try:
+        assert n1.recv("welcome").negotiated_version == 1
+    finally:
+        n1.close()
+
+
+def test_mtls_forged_drained_releases_nothing(tls_server, channels, pki):
+    """The attack seen on the old code: n1 is attached and holds an aborted
+    room's lease; a second party that knows n1's id and incarnation (Admin
+    shows both) attaches as n1 to receive the AbortNotice and report Drained.
+    With n2's certificate it cannot attach as n1, so the lease stays RELEASING
+    until the real n1 drains."""
+    address = tls_server(mutual=True)
+    admin_ch = channels(address, pki, client="admin")
+    engine = channels(address, pki, client="engine-7")
+    n1 = FakeNode(channels(address, pki, client="node-n1"), "n1", incarnation=7)
+    try:
+        n1.recv("welcome")
+        j = control(engine).JoinRoom(
+            join_request(5, "n1", types_pb2.ROLE_SOURCE, 0, count=4), timeout=RPC_TIMEOUT_S
+        )
+        abort = control(engine).AbortRoom(control_pb2.AbortRoomRequest(room=j.room), timeout=RPC_TIMEOUT_S)
+        notice = n1.recv("abort_notice")
+        forger = FakeNode(channels(address, pki, client="node-n2"), "n1", incarnation=7)
+        try:
+            with pytest.raises(AssertionError):
+                forger.recv("abort_notice", timeout=1.0)
+            forger.send(drained=node_pb2.Drained(room=j.room, token=abort.token, notice_id=notice.notice_id))
+        finally:
+            forger.close()
+        info = admin(admin_ch).GetRoom(control_pb2.GetRoomRequest(room=types_pb2.RoomKey(room_id=5)), timeout=RPC_TIMEOUT_S)
+        assert info.state == types_pb2.ROOM_STATE_ABORTING, str(info)
+        assert [p.lease.state for p in info.participants] == [types_pb2.LEASE_STATE_RELEASING], str(info)
+        # The real node's Drained releases it.
+        n1.send(drained=node_pb2.Drained(room=j.room, token=notice.token, notice_id=notice.notice_id))
+        deadline = time.monotonic() + RPC_TIMEOUT_S
+        while True:
+            info = admin(admin_ch).GetRoom(control_pb2.GetRoomRequest(room=types_pb2.RoomKey(room_id=5)), timeout=RPC_TIMEOUT_S)
+            if info.state == types_pb2.ROOM_STATE_ABORTED:
+                break
+            assert time.monotonic() < deadline, str(info)
+            time.sleep(0.02)
+    finally:
+        n1.close()
