@@ -46,11 +46,20 @@ def _log_tail(path, limit=4000):
 
 @pytest.fixture
 def control_bin():
-    path = os.environ.get("KVF_CONTROL_BIN")
+    return _binary("KVF_CONTROL_BIN")
+
+
+@pytest.fixture(scope="session")
+def node_bin():
+    return _binary("KVF_NODE_BIN")
+
+
+def _binary(var):
+    path = os.environ.get(var)
     if not path:
-        pytest.skip("KVF_CONTROL_BIN is not set")
+        pytest.skip("%s is not set" % var)
     if not os.access(path, os.X_OK):
-        pytest.fail("KVF_CONTROL_BIN=%s is not an executable file" % path)
+        pytest.fail("%s=%s is not an executable file" % (var, path))
     return path
 
 

@@ -360,3 +360,53 @@ def test_mtls_forged_drained_releases_nothing(tls_server, channels, pki):
             time.sleep(0.02)
     finally:
         n1.close()
+
+
+def _node_attached(admin_ch, node_id):
+    try:
+        info = admin(admin_ch).GetNode(control_pb2.GetNodeRequest(node_id=node_id), timeout=RPC_TIMEOUT_S)
+    except grpc.RpcError as e:
+        assert e.code() == grpc.StatusCode.NOT_FOUND, e
+        return False
+    return info.state == types_pb2.NODE_STATE_ATTACHED
+
+
+def test_mtls_real_node_attaches_as_its_certificate(tls_server, channels, pki, node_bin, tmp_path):
+    """kvfence-node over mutual TLS (--control-tls-*): attaches as n1 with
+    n1's certificate; with n2's certificate it is refused and never attaches."""
+    address = tls_server(mutual=True)
+    admin_ch = channels(address, pki, client="admin")
+    procs = []
+
+    def start(node_id, cert):
+        log = open(str(tmp_path / ("%s-%s.log" % (node_id, cert))), "wb")
+        p = subprocess.Popen(
+            [node_bin, "--control", address, "--node-id", node_id,
+             "--local-socket", str(tmp_path / ("%s-%s.sock" % (node_id, cert))), "--rdma", "off",
+             "--control-tls-ca", pki.path("ca.pem"), "--control-tls-cert", pki.path(cert + ".pem"),
+             "--control-tls-key", pki.path(cert + ".key")],
+            stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
+        )
+        procs.append((p, log))
+        return p
+
+    try:
+        start("n1", "node-n2")
+        time.sleep(1.5)  # several reconnect attempts
+        assert not _node_attached(admin_ch, "n1")
+        start("n1", "node-n1")
+        deadline = time.monotonic() + 10
+        while not _node_attached(admin_ch, "n1"):
+            assert time.monotonic() < deadline, "n1 did not attach over mutual TLS"
+            time.sleep(0.05)
+        with open(str(tmp_path / "n1-node-n2.log"), "rb") as f:
+            assert b"is not the node the client certificate names" in f.read()
+    finally:
+        for p, log in procs:
+            p.terminate()
+            try:
+                p.wait(timeout=15)
+            except subprocess.TimeoutExpired:
+                p.kill()
+                p.wait()
+            log.close()
