@@ -14,12 +14,9 @@
  * re-sent notices carry the same tokens (DESIGN.md §2.9).
  *
  * An RPC that changed state answers only once its record is durable: the
- * reply is held and sent from the store's completion callback. Effects for
- * nodes (notices) go out at once; if the process dies before the record is
- * durable, a node may have seen a notice for a change that did not survive.
- * That is safe: nothing is released without proof, a Drained report with a
- * token the restarted control plane never minted is refused as stale, and the
- * node's closed lifetime makes the room fail and abort again.
+ * reply is held and sent from the store's completion callback. The effects of
+ * a command (notices, releases) are held by the state thread until then too
+ * (service.c, drain_effects), and so are the replies of reads.
  *
  * Only accepted changes are logged: a command the core refused (an error
  * reply, no effect emitted, no random byte drawn) changed nothing, and its
