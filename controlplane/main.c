@@ -4,12 +4,16 @@
  * Serves kvfence.v1.Control, kvfence.v1.Admin, grpc.health.v1.Health and
  * server reflection (controlplane/service/) on one gRPC port until SIGINT or
  * SIGTERM, then: health NOT_SERVING, server shutdown with a 2 s grace, state
- * thread stopped, everything freed, exit 0. Logs are JSON lines on stderr.
+ * thread stopped, everything freed, exit 0. If the write-ahead log cannot be
+ * written (--data-dir on a full or failing disk), the service turns
+ * NOT_SERVING and refuses every call at once, and the process shuts down the
+ * same way and exits with status 3 (KVF_SVC_EXIT_STORE_FAILED): fail-stop,
+ * for a supervisor (Kubernetes) to restart it once the disk is fixed.
+ * --repair-wal checks and repairs the log of --data-dir and exits. Logs are JSON lines on stderr.
  * Prometheus metrics (docs/metrics.md) are served over HTTP on
  * --metrics-listen (GET /metrics), 127.0.0.1:9464 by default.
  * Settings come from flags, KVF_CONTROL_* environment variables and an
- * optional config file (kvf_config.h; --help lists them). This version keeps
- * its state in memory only (see controlplane/service/service.c).
+ * optional config file (kvf_config.h; --help lists them).
  */
 #include <errno.h>
 #include <signal.h>
@@ -44,8 +48,15 @@ struct settings {
     uint64_t threads, snapshot_every;
     uint64_t node_ttl_ms, heartbeat_timeout_ms, join_timeout_ms, drain_deadline_ms, resend_ms,
         tombstone_ttl_ms;
-    bool version;
+    bool version, repair_wal;
 };
+
+/* The service's fail-stop hook (any thread): wake sigwait() in main. */
+static void store_failed(void *arg)
+{
+    (void)arg;
+    kill(getpid(), SIGUSR1);
+}
 
 int main(int argc, char **argv)
 {
@@ -106,6 +117,9 @@ int main(int argc, char **argv)
         {"tombstone-ttl-ms", KVF_CONFIG_UINT, &cfg.tombstone_ttl_ms, 86400000,
          "terminal rooms are kept this long to recognise late messages"},
         {"version", KVF_CONFIG_BOOL, &cfg.version, 0, "print the version and exit"},
+        {"repair-wal", KVF_CONFIG_BOOL, &cfg.repair_wal, 0,
+         "check the log in data-dir; cut it at a damaged or missing record after a backup "
+         "(repair-<time>/ in data-dir), say how many records were dropped, and exit"},
     };
     struct kvf_error err;
     kvf_error_clear(&err);
@@ -121,6 +135,15 @@ int main(int argc, char **argv)
         printf("kvfence-control %s (cuda %s)\n", KVF_VERSION_STRING,
                KVF_HAVE_CUDA_BUILD ? "yes" : "no");
         return 0;
+    }
+    if (cfg.repair_wal) {
+        if (!cfg.data_dir || !cfg.data_dir[0]) {
+            fprintf(stderr, "kvfence-control: --repair-wal needs --data-dir\n");
+            return 2;
+        }
+        int rrc = kvf_svc_repair_wal(cfg.data_dir);
+        kvf_config_free();
+        return rrc == 0 ? 0 : 1;
     }
     const char *tls_cert = cfg.tls_cert && cfg.tls_cert[0] ? cfg.tls_cert : NULL;
     const char *tls_key = cfg.tls_key && cfg.tls_key[0] ? cfg.tls_key : NULL;
@@ -152,6 +175,7 @@ int main(int argc, char **argv)
                   .node_prefix = cfg.node_identity_prefix,
                   .engine_prefix = cfg.engine_identity_prefix,
                   .admin_names = cfg.admin_identities},
+        .on_store_failed = store_failed,
     };
 
     /* Before grpc_init() starts threads (kvf_rpc_server_create): every thread
@@ -160,6 +184,7 @@ int main(int argc, char **argv)
     sigemptyset(&sigs);
     sigaddset(&sigs, SIGINT);
     sigaddset(&sigs, SIGTERM);
+    sigaddset(&sigs, SIGUSR1); /* store_failed() */
     pthread_sigmask(SIG_BLOCK, &sigs, NULL);
     signal(SIGPIPE, SIG_IGN);
 
@@ -250,7 +275,11 @@ int main(int argc, char **argv)
             rc = 1;
         }
     }
-    if (sig) {
+    if (sig == SIGUSR1) {
+        kvf_log("error", "the write-ahead log failed: shutting down, exit status %d",
+                KVF_SVC_EXIT_STORE_FAILED);
+        rc = KVF_SVC_EXIT_STORE_FAILED;
+    } else if (sig) {
         kvf_log("info", "got %s: shutting down", sig == SIGINT ? "SIGINT" : "SIGTERM");
     }
     kvf_svc_not_serving(svc);

@@ -200,6 +200,10 @@ static int page_validate(uint32_t page_size, const char *page_token, struct kvf_
         return kvf_error_set(err, -EINVAL, "page_size: at most %u, got %" PRIu32,
                              KVF_SVC_PAGE_SIZE_MAX, page_size);
     }
+    int rc = kvf_svc_check_len("page_token", page_token, KVF_SVC_PAGE_TOKEN_MAX, err);
+    if (rc < 0) {
+        return rc;
+    }
     if (page_token && page_token[0]) {
         char *end = NULL;
         errno = 0;
@@ -212,9 +216,22 @@ static int page_validate(uint32_t page_size, const char *page_token, struct kvf_
     return 0;
 }
 
+/* The filters of a listing: a node id and a list of states, bounded. */
+static int list_filter_validate(const char *node_id, size_t n_states, struct kvf_error *err)
+{
+    if (n_states > KVF_SVC_FILTER_MAX) {
+        return kvf_error_set(err, -EINVAL, "states: more than %u filters", KVF_SVC_FILTER_MAX);
+    }
+    return kvf_svc_check_len("node_id", node_id, KVF_SVC_ID_MAX, err);
+}
+
 static int list_rooms_validate(const ProtobufCMessage *m, struct kvf_error *err)
 {
     const Kvfence__V1__ListRoomsRequest *rq = (const Kvfence__V1__ListRoomsRequest *)m;
+    int rc = list_filter_validate(rq->node_id, rq->n_states, err);
+    if (rc < 0) {
+        return rc;
+    }
     for (size_t i = 0; i < rq->n_states; i++) {
         if (rq->states[i] < KVFENCE__V1__ROOM_STATE__ROOM_STATE_OPENING ||
             rq->states[i] > KVFENCE__V1__ROOM_STATE__ROOM_STATE_ABORTED) {
@@ -352,7 +369,7 @@ static int require_node_id(const char *node_id, struct kvf_error *err)
     if (!node_id || !node_id[0]) {
         return kvf_error_set(err, -EINVAL, "node_id: required");
     }
-    return 0;
+    return kvf_svc_check_len("node_id", node_id, KVF_SVC_ID_MAX, err);
 }
 
 static int get_node_validate(const ProtobufCMessage *m, struct kvf_error *err)
@@ -438,6 +455,10 @@ static int collect_node(void *vctx, const struct kvf_cps_node_view *view)
 static int list_nodes_validate(const ProtobufCMessage *m, struct kvf_error *err)
 {
     const Kvfence__V1__ListNodesRequest *rq = (const Kvfence__V1__ListNodesRequest *)m;
+    int rc = list_filter_validate(NULL, rq->n_states, err);
+    if (rc < 0) {
+        return rc;
+    }
     return page_validate(rq->page_size, rq->page_token, err);
 }
 
@@ -521,6 +542,10 @@ static void list_nodes_run(struct kvf_svc_ctx *ctx, struct kvf_rpc_call *call,
 static int list_leases_validate(const ProtobufCMessage *m, struct kvf_error *err)
 {
     const Kvfence__V1__ListLeasesRequest *rq = (const Kvfence__V1__ListLeasesRequest *)m;
+    int rc = list_filter_validate(rq->node_id, rq->n_states, err);
+    if (rc < 0) {
+        return rc;
+    }
     return page_validate(rq->page_size, rq->page_token, err);
 }
 

@@ -66,8 +66,9 @@ static int join_validate(const ProtobufCMessage *m, struct kvf_error *err)
     if (!rq->participant->node_id || !rq->participant->node_id[0]) {
         return kvf_error_set(err, -EINVAL, "participant.node_id: required");
     }
-    if (strlen(rq->participant->node_id) > 128) {
-        return kvf_error_set(err, -EINVAL, "participant.node_id: longer than 128 bytes");
+    rc = kvf_svc_check_len("participant.node_id", rq->participant->node_id, KVF_SVC_ID_MAX, err);
+    if (rc < 0) {
+        return rc;
     }
     if (rq->participant->role != KVFENCE__V1__ROLE__ROLE_SOURCE &&
         rq->participant->role != KVFENCE__V1__ROLE__ROLE_SINK) {
@@ -75,6 +76,18 @@ static int join_validate(const ProtobufCMessage *m, struct kvf_error *err)
     }
     if (!rq->engine_capabilities) {
         return kvf_error_set(err, -EINVAL, "engine_capabilities: required");
+    }
+    const Kvfence__V1__CapabilitySet *caps = rq->engine_capabilities;
+    if (caps->n_features > KVF_SVC_FEATURES_MAX) {
+        return kvf_error_set(err, -EINVAL, "engine_capabilities.features: more than %u names",
+                             KVF_SVC_FEATURES_MAX);
+    }
+    for (size_t i = 0; i < caps->n_features; i++) {
+        if (strnlen(caps->features[i], KVF_SVC_FEATURE_NAME_MAX + 1) > KVF_SVC_FEATURE_NAME_MAX) {
+            return kvf_error_set(err, -EINVAL,
+                                 "engine_capabilities.features[%zu]: longer than %u bytes", i,
+                                 KVF_SVC_FEATURE_NAME_MAX);
+        }
     }
     return check_ranges("ranges", rq->ranges, rq->n_ranges, err);
 }

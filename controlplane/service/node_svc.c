@@ -869,7 +869,13 @@ static void sess_job_run(struct kvf_svc_ctx *ctx, void *arg, kvf_time_ns now)
         free(j);
         return;
     }
-    if (!s->closed && !s->replaced) {
+    if (!s->closed && !s->replaced && j->raw_len > KVF_SVC_CHANGE_MAX) {
+        /* Refused before it is applied or logged: a log record stays bounded. */
+        struct kvf_error err;
+        kvf_error_set(&err, -EINVAL, "message: %zu bytes, more than the %u a node message may take",
+                      j->raw_len, KVF_SVC_CHANGE_MAX);
+        sess_finish(s, -EINVAL, &err);
+    } else if (!s->closed && !s->replaced) {
         if (j->msg->msg_case == KVFENCE__V1__NODE_MESSAGE__MSG_HELLO) {
             handle_hello(ctx, s, j->msg, j->raw, j->raw_len, now);
         } else if (!s->attached) {

@@ -14,12 +14,22 @@
  * re-sent notices carry the same tokens (DESIGN.md §2.9).
  *
  * An RPC that changed state answers only once its record is durable: the
- * reply is held and sent from the store's completion callback. Effects for
- * nodes (notices) go out at once; if the process dies before the record is
- * durable, a node may have seen a notice for a change that did not survive.
- * That is safe: nothing is released without proof, a Drained report with a
- * token the restarted control plane never minted is refused as stale, and the
- * node's closed lifetime makes the room fail and abort again.
+ * reply is held and sent from the store's completion callback. The effects of
+ * a command (notices, releases) are held by the state thread until then too
+ * (service.c, drain_effects), and so are the replies of reads.
+ *
+ * Only accepted changes are logged: a command the core refused (an error
+ * reply, no effect emitted, no random byte drawn) changed nothing, and its
+ * request never reaches the log (service.c, run_unary).
+ *
+ * Fail-stop: once an append is refused or a record fails to become durable
+ * (disk full, I/O error), the state in memory is ahead of the log and no
+ * later change may be acknowledged. persist_fail() records the first
+ * failure, logs what the operator must do, and calls the service's fail
+ * hook (health NOT_SERVING, every later job refused, the process exits with
+ * status 3 so that its supervisor restarts it on the intact log). The
+ * failed change itself is answered UNAVAILABLE; after the restart it is
+ * there only if its record reached the disk.
  *
  * Time: the service's clock is CLOCK_MONOTONIC plus an offset chosen at start
  * so that it continues from the last recorded `now` (downtime counts as
@@ -65,7 +75,44 @@ struct kvf_svc_persist {
     _Atomic uint64_t durable_seq; /* every record up to it is durable (committer writes) */
     void (*wake)(void *arg);      /* tells the state thread that durable_seq moved */
     void *wake_arg;
+    _Atomic int failed;                 /* 0, or the first append's failure (negative errno) */
+    void (*on_fail)(void *arg, int rc); /* the service's fail-stop hook (any thread) */
+    void *fail_arg;
+    char *data_dir;
 };
+
+/* The first failure stops everything: log it once and call the hook. Any
+ * thread (state thread or the store's committer). */
+static void persist_fail(struct kvf_svc_persist *p, int rc)
+{
+    int none = 0;
+    if (rc >= 0)
+        rc = -EIO;
+    if (!atomic_compare_exchange_strong(&p->failed, &none, rc))
+        return;
+    kvf_log("error",
+            "the log in %s cannot be written (%s): no further change is acknowledged; "
+            "kvfence-control stops with exit status %d: free space in (or repair) the file "
+            "system of the data dir, then restart it",
+            p->data_dir, strerror(-rc), KVF_SVC_EXIT_STORE_FAILED);
+    if (p->on_fail != NULL)
+        p->on_fail(p->fail_arg, rc);
+}
+
+int kvf_svc_persist_failure(const struct kvf_svc_ctx *ctx)
+{
+    return ctx->persist != NULL ? atomic_load(&ctx->persist->failed) : 0;
+}
+
+void kvf_svc_persist_failure_msg(const struct kvf_svc_ctx *ctx, char *buf, size_t size)
+{
+    int rc = kvf_svc_persist_failure(ctx);
+    snprintf(buf, size,
+             "the control plane's log cannot be written (%s): this change is not acknowledged "
+             "and kvfence-control stops; free space in its data dir (or repair its disk) and "
+             "restart it",
+             strerror(rc < 0 ? -rc : EIO));
+}
 
 /* ---- the random source ------------------------------------------------------ */
 
@@ -178,12 +225,17 @@ struct held_reply {
 static void reply_when_durable(void *vctx, uint64_t seq, int status)
 {
     struct held_reply *h = vctx;
+    if (status != 0)
+        persist_fail(h->p, status); /* health NOT_SERVING before the refusal goes out */
     if (h->call != NULL) {
-        if (status != 0)
-            kvf_rpc_call_fail(h->call, KVF_GRPC_UNAVAILABLE,
-                              "the store failed before this change was durable; retry");
-        else
+        if (status != 0) {
+            char msg[256];
+            struct kvf_svc_ctx view = {.persist = h->p};
+            kvf_svc_persist_failure_msg(&view, msg, sizeof(msg));
+            kvf_rpc_call_fail(h->call, KVF_GRPC_UNAVAILABLE, msg);
+        } else {
             kvf_svc_capture_send(h->call, &h->cap);
+        }
     }
     kvf_svc_capture_free(&h->cap);
     /* Completions come in seq order. A failed store stops every later
@@ -202,6 +254,11 @@ void kvf_svc_persist_set_wake(struct kvf_svc_ctx *ctx, void (*wake)(void *arg), 
         ctx->persist->wake = wake;
         ctx->persist->wake_arg = arg;
     }
+}
+
+bool kvf_svc_persist_drew_random(const struct kvf_svc_ctx *ctx)
+{
+    return ctx->persist != NULL && ctx->persist->random_len > 0;
 }
 
 bool kvf_svc_persist_is_durable(const struct kvf_svc_ctx *ctx, uint64_t seq)
@@ -274,8 +331,12 @@ int kvf_svc_persist_commit(struct kvf_svc_ctx *ctx, enum kvf_svc_rec_kind kind, 
 {
     struct kvf_svc_persist *p = ctx->persist;
     size_t name_len = name != NULL ? strlen(name) : 0;
+    int failed = atomic_load(&p->failed);
+    if (failed != 0)
+        return failed;
     if (p->overflow) {
         kvf_log("error", "out of memory recording a command's random bytes; it cannot be logged");
+        persist_fail(p, -ENOMEM);
         return -ENOMEM;
     }
     size_t len = 1 + 8 + 4 + p->random_len + 2 + name_len + 8 + 4 + payload_len;
@@ -284,6 +345,7 @@ int kvf_svc_persist_commit(struct kvf_svc_ctx *ctx, enum kvf_svc_rec_kind kind, 
     if (b == NULL || h == NULL) {
         free(b);
         free(h);
+        persist_fail(p, -ENOMEM);
         return -ENOMEM;
     }
     uint8_t *q = b;
@@ -314,6 +376,9 @@ int kvf_svc_persist_commit(struct kvf_svc_ctx *ctx, enum kvf_svc_rec_kind kind, 
         if (call != NULL)
             *cap = h->cap;
         free(h);
+        kvf_log("error", "a change of %zu bytes cannot be appended to the log: %s", len,
+                strerror(-rc));
+        persist_fail(p, rc);
         return rc;
     }
     p->last_seq = seq;
@@ -402,12 +467,20 @@ void kvf_svc_detach_all(struct kvf_svc_ctx *ctx, kvf_time_ns now)
 }
 
 int kvf_svc_persist_open(struct kvf_svc_ctx *ctx, const char *data_dir, uint64_t snapshot_every,
-                         const struct kvf_cps_opts *opts, struct kvf_error *err)
+                         const struct kvf_cps_opts *opts, void (*on_fail)(void *arg, int rc),
+                         void *fail_arg, struct kvf_error *err)
 {
     struct kvf_svc_persist *p = calloc(1, sizeof(*p));
     if (p == NULL)
         return kvf_error_set(err, -ENOMEM, "out of memory");
     p->opts = *opts;
+    p->on_fail = on_fail;
+    p->fail_arg = fail_arg;
+    p->data_dir = strdup(data_dir);
+    if (p->data_dir == NULL) {
+        free(p);
+        return kvf_error_set(err, -ENOMEM, "out of memory");
+    }
     p->snapshot_every = snapshot_every > 0 ? snapshot_every : 4096;
     struct kvf_store_wal_opts wo;
     kvf_store_wal_opts_init(&wo);
@@ -415,6 +488,7 @@ int kvf_svc_persist_open(struct kvf_svc_ctx *ctx, const char *data_dir, uint64_t
     wo.log_fn = store_log;
     p->store = kvf_store_wal_create(&wo);
     if (p->store == NULL) {
+        free(p->data_dir);
         free(p);
         return kvf_error_set(err, -EINVAL, "data-dir %s: cannot create the store", data_dir);
     }
@@ -464,6 +538,47 @@ void kvf_svc_persist_close(struct kvf_svc_ctx *ctx)
         return;
     kvf_store_destroy(p->store); /* makes every queued record durable first */
     free(p->random);
+    free(p->data_dir);
     free(p);
     ctx->persist = NULL;
+}
+
+/* ---- --repair-wal --------------------------------------------------------------- */
+
+int kvf_svc_repair_wal(const char *data_dir)
+{
+    struct kvf_store_wal_opts wo;
+    kvf_store_wal_opts_init(&wo);
+    wo.data_dir = data_dir;
+    wo.log_fn = store_log;
+    wo.repair = true;
+    struct kvf_store *store = kvf_store_wal_create(&wo);
+    if (store == NULL)
+        return -EINVAL;
+    struct kvf_error err;
+    kvf_error_clear(&err);
+    struct kvf_store_recovery info;
+    /* No consumer: the log is checked record by record (CRC, seq chain,
+     * files), not replayed; the next start replays it. */
+    int rc = kvf_store_recover(store, NULL, NULL, NULL, &info, &err);
+    if (rc != 0) {
+        kvf_log("error", "repair of %s failed: %s", data_dir, err.msg[0] ? err.msg : strerror(-rc));
+        fprintf(stdout, "kvfence-control: repair of %s failed: %s\n", data_dir,
+                err.msg[0] ? err.msg : strerror(-rc));
+    } else if (info.repaired) {
+        fprintf(stdout,
+                "kvfence-control: repaired %s: %s; dropped %" PRIu64
+                " records (the log now ends before seq %" PRIu64 ")\n",
+                data_dir, info.repair_what, info.repair_dropped, info.next_seq);
+        if (info.repair_backup[0])
+            fprintf(stdout, "kvfence-control: the files as they were are in %s/%s\n", data_dir,
+                    info.repair_backup);
+    } else {
+        fprintf(stdout,
+                "kvfence-control: the log in %s is intact%s; dropped 0 records; nothing "
+                "repaired\n",
+                data_dir, info.tail_cut ? " (a torn tail of unacknowledged records was cut)" : "");
+    }
+    kvf_store_destroy(store);
+    return rc;
 }

@@ -10,6 +10,15 @@
  * mutex+condvar queue; the state thread alone touches the struct kvf_cps. It
  * runs each job, drains the effects, and fires the core's timers when
  * kvf_cps_next_deadline() passes (CLOCK_MONOTONIC, the clock of `now`).
+ *
+ * With --data-dir the state never shows more than the log holds: a mutating
+ * call is answered once its record is durable (persist.c), the effects of a
+ * command are routed once its record is durable (drain_effects), and a read
+ * (a non-mutating call) is answered once every record appended before it is
+ * durable, so no reply reveals a change that a crash could still take back.
+ * If the log fails (persist.c: fail-stop) the service turns NOT_SERVING at
+ * once, refuses every call, drops what it held back, and tells its owner to
+ * exit (kvf_svc_opts.on_store_failed).
  */
 #include "service.h"
 
@@ -170,6 +179,8 @@ struct kvf_svc {
     /* State thread: effects held back until the record of the command that
      * caused them is durable (with --data-dir), in the order they came. */
     struct fx_batch *held_head, *held_tail;
+    void (*on_store_failed)(void *arg);
+    void *on_store_failed_arg;
     kvf_time_ns heartbeat_timeout; /* 0: sessions are never swept */
     kvf_time_ns next_sweep;        /* mono time of the next session sweep */
 
@@ -178,10 +189,13 @@ struct kvf_svc {
     char *authz_strs[3];
 };
 
-/* The effects of one command, released once record `seq` is durable. */
+/* The effects of one command, or the held reply of one read, released once
+ * record `seq` is durable. */
 struct fx_batch {
     struct fx_batch *next;
     uint64_t seq;
+    struct kvf_rpc_call *call; /* a read's call (its reply in `cap`), or NULL */
+    struct kvf_svc_reply_capture cap;
     size_t n;
     struct kvf_cps_effect fx[];
 };
@@ -308,9 +322,43 @@ static void route_effects(struct kvf_svc *svc, const struct kvf_cps_effect *fx, 
     }
 }
 
-/* Routes every held batch whose record is durable now, in order. */
+static void hold_batch(struct kvf_svc *svc, struct fx_batch *b)
+{
+    b->next = NULL;
+    if (svc->held_tail) {
+        svc->held_tail->next = b;
+    } else {
+        svc->held_head = b;
+    }
+    svc->held_tail = b;
+}
+
+/* Frees a held batch, failing its read (if any) with `code` and `msg`. */
+static void drop_batch(struct fx_batch *b, int code, const char *msg)
+{
+    if (b->call) {
+        kvf_rpc_call_fail(b->call, code, msg);
+    }
+    kvf_svc_capture_free(&b->cap);
+    free(b);
+}
+
+/* Routes every held batch whose record is durable now, in order. After a
+ * failure of the log nothing held is released: reads are refused, effects
+ * dropped (their records may never reach the disk). */
 static void release_held_effects(struct kvf_svc *svc)
 {
+    if (kvf_svc_persist_failure(&svc->ctx) != 0) {
+        char msg[256];
+        kvf_svc_persist_failure_msg(&svc->ctx, msg, sizeof msg);
+        while (svc->held_head) {
+            struct fx_batch *b = svc->held_head;
+            svc->held_head = b->next;
+            drop_batch(b, KVF_GRPC_UNAVAILABLE, msg);
+        }
+        svc->held_tail = NULL;
+        return;
+    }
     while (svc->held_head && kvf_svc_persist_is_durable(&svc->ctx, svc->held_head->seq)) {
         struct fx_batch *b = svc->held_head;
         svc->held_head = b->next;
@@ -318,7 +366,27 @@ static void release_held_effects(struct kvf_svc *svc)
             svc->held_tail = NULL;
         }
         route_effects(svc, b->fx, b->n);
+        if (b->call) {
+            kvf_svc_capture_send(b->call, &b->cap);
+            kvf_svc_capture_free(&b->cap);
+        }
         free(b);
+    }
+}
+
+/* The log failed (persist.c; any thread): NOT_SERVING at once, wake the state
+ * thread to refuse what it holds, and tell the owner to stop. */
+static void store_failed(void *arg, int rc)
+{
+    struct kvf_svc *svc = arg;
+    (void)rc;
+    kvf_health_shutdown(svc->health);
+    pthread_mutex_lock(&svc->mu);
+    svc->durable_moved = true;
+    pthread_cond_signal(&svc->cv);
+    pthread_mutex_unlock(&svc->mu);
+    if (svc->on_store_failed) {
+        svc->on_store_failed(svc->on_store_failed_arg);
     }
 }
 
@@ -344,18 +412,12 @@ static void drain_effects(struct kvf_svc *svc)
     size_t n = 0;
     const struct kvf_cps_effect *fx = kvf_cps_effects_take(svc->ctx.cps, &n);
     if (n > 0 && kvf_svc_persist_enabled(&svc->ctx)) {
-        struct fx_batch *b = malloc(sizeof(*b) + n * sizeof(b->fx[0]));
+        struct fx_batch *b = calloc(1, sizeof(*b) + n * sizeof(b->fx[0]));
         if (b) {
-            b->next = NULL;
             b->seq = kvf_svc_persist_last_seq(&svc->ctx);
             b->n = n;
             memcpy(b->fx, fx, n * sizeof(fx[0]));
-            if (svc->held_tail) {
-                svc->held_tail->next = b;
-            } else {
-                svc->held_head = b;
-            }
-            svc->held_tail = b;
+            hold_batch(svc, b);
         } else {
             /* Out of memory: the core re-sends notices; releases and room
              * states for watchers are lost (logged). */
@@ -413,29 +475,77 @@ static kvf_time_ns svc_now(const struct kvf_svc *svc)
     return mono_now() + svc->ctx.clock_offset;
 }
 
-/* A unary call on the state thread. A mutating one is logged and answered
- * only once its record is durable (persist.c). */
+/* A read with --data-dir: answered at once if every record appended so far
+ * is durable, else held (in order with the effects) until it is. */
+static void run_read(struct kvf_svc *svc, struct kvf_svc_job *job, kvf_time_ns now)
+{
+    uint64_t seq = kvf_svc_persist_last_seq(&svc->ctx);
+    if (kvf_svc_persist_is_durable(&svc->ctx, seq)) {
+        job->m->run(&svc->ctx, job->call, job->req, now);
+        return;
+    }
+    struct fx_batch *b = calloc(1, sizeof(*b));
+    if (!b) {
+        kvf_rpc_call_fail(job->call, KVF_GRPC_RESOURCE_EXHAUSTED, "out of memory");
+        return;
+    }
+    kvf_svc_capture_start(&b->cap);
+    job->m->run(&svc->ctx, job->call, job->req, now);
+    kvf_svc_capture_stop();
+    b->seq = seq;
+    b->call = job->call;
+    hold_batch(svc, b);
+}
+
+/* A change: checked for size, run with its reply captured, and logged only if
+ * the core accepted it (an OK reply) or changed anything (effects emitted,
+ * random bytes drawn; a capability refusal aborts the room). Its reply is
+ * sent once its record is durable (persist.c); a refusal that changed
+ * nothing is answered at once and never reaches the log. */
+static void run_change(struct kvf_svc *svc, struct kvf_svc_job *job, kvf_time_ns now)
+{
+    if (job->raw_len > KVF_SVC_CHANGE_MAX) {
+        char msg[160];
+        snprintf(msg, sizeof msg, "request: %zu bytes, more than the %u bytes one change may take",
+                 job->raw_len, KVF_SVC_CHANGE_MAX);
+        kvf_rpc_call_fail(job->call, KVF_GRPC_INVALID_ARGUMENT, msg);
+        return;
+    }
+    struct kvf_svc_reply_capture cap;
+    kvf_svc_persist_begin(&svc->ctx);
+    kvf_svc_capture_start(&cap);
+    job->m->run(&svc->ctx, job->call, job->req, now);
+    kvf_svc_capture_stop();
+    bool changed = (cap.set && cap.code == KVF_GRPC_OK) ||
+                   kvf_cps_effects_pending(svc->ctx.cps) > 0 ||
+                   kvf_svc_persist_drew_random(&svc->ctx);
+    if (!changed) {
+        kvf_svc_capture_send(job->call, &cap);
+        kvf_svc_capture_free(&cap);
+        return;
+    }
+    int rc = kvf_svc_persist_commit(&svc->ctx, KVF_SVC_REC_UNARY, now, job->m->name, 0, job->raw,
+                                    job->raw_len, job->call, &cap);
+    if (rc < 0) {
+        /* Applied but not logged: the service has failed (fail-stop) and
+         * nothing of this change is shown to anyone. */
+        char msg[256];
+        kvf_svc_persist_failure_msg(&svc->ctx, msg, sizeof msg);
+        kvf_rpc_call_fail(job->call, KVF_GRPC_UNAVAILABLE, msg);
+    }
+    kvf_svc_capture_free(&cap);
+}
+
+/* A unary call on the state thread. */
 static void run_unary(struct kvf_svc *svc, struct kvf_svc_job *job)
 {
     kvf_time_ns now = svc_now(svc);
-    if (!job->m->mutates || !kvf_svc_persist_enabled(&svc->ctx)) {
+    if (!kvf_svc_persist_enabled(&svc->ctx)) {
         job->m->run(&svc->ctx, job->call, job->req, now);
+    } else if (job->m->mutates) {
+        run_change(svc, job, now);
     } else {
-        struct kvf_svc_reply_capture cap;
-        kvf_svc_persist_begin(&svc->ctx);
-        kvf_svc_capture_start(&cap);
-        job->m->run(&svc->ctx, job->call, job->req, now);
-        kvf_svc_capture_stop();
-        int rc = kvf_svc_persist_commit(&svc->ctx, KVF_SVC_REC_UNARY, now, job->m->name, 0,
-                                        job->raw, job->raw_len, job->call, &cap);
-        if (rc < 0) {
-            /* Applied but not logged: say so rather than pretend. */
-            kvf_log("error", "%s: cannot log the change: %s", job->m->name, strerror(-rc));
-            kvf_rpc_call_fail(job->call, KVF_GRPC_UNAVAILABLE,
-                              "the change could not be made durable; the control plane must "
-                              "restart");
-        }
-        kvf_svc_capture_free(&cap);
+        run_read(svc, job, now);
     }
     protobuf_c_message_free_unpacked(job->req, NULL);
     free(job->raw);
@@ -504,7 +614,14 @@ static void *state_thread(void *arg)
         }
         pthread_mutex_unlock(&svc->mu);
 
-        if (job) {
+        if (job && kvf_svc_persist_failure(&svc->ctx) != 0) {
+            /* Fail-stop: the state may be ahead of the log; show nothing. */
+            char msg[256];
+            kvf_svc_persist_failure_msg(&svc->ctx, msg, sizeof msg);
+            fail_job(job, KVF_GRPC_UNAVAILABLE, msg);
+            job = NULL;
+            release_held_effects(svc);
+        } else if (job) {
             if (job->run != NULL) {
                 job->run(&svc->ctx, job->arg, svc_now(svc));
             } else {
@@ -515,7 +632,9 @@ static void *state_thread(void *arg)
         }
         kvf_time_ns now = svc_now(svc);
         kvf_time_ns dl = kvf_cps_next_deadline(svc->ctx.cps);
-        if (dl <= now) {
+        if (dl <= now && kvf_svc_persist_failure(&svc->ctx) != 0) {
+            dl = UINT64_MAX; /* failed: no timer runs any more */
+        } else if (dl <= now) {
             kvf_svc_persist_begin(&svc->ctx);
             kvf_cps_tick(svc->ctx.cps, now);
             if (kvf_svc_persist_enabled(&svc->ctx)) {
@@ -834,12 +953,22 @@ struct kvf_svc *kvf_svc_create(const struct kvf_svc_opts *sopts)
             }
             *dst[i] = svc->authz_strs[i];
         }
+        svc->on_store_failed = sopts->on_store_failed;
+        svc->on_store_failed_arg = sopts->on_store_failed_arg;
     }
-    if (svc->ctx.cps && sopts != NULL && sopts->data_dir != NULL && sopts->data_dir[0] != '\0') {
+    /* Health before the store: a failure of the log right after recovery
+     * (store_failed, on the store's thread) turns it NOT_SERVING. */
+    svc->health = kvf_health_create();
+    for (size_t i = 0;
+         svc->health && i < sizeof kvf_svc_service_names / sizeof *kvf_svc_service_names; i++) {
+        kvf_health_set(svc->health, kvf_svc_service_names[i], KVF_HEALTH_SERVING);
+    }
+    if (svc->ctx.cps && svc->health && sopts != NULL && sopts->data_dir != NULL &&
+        sopts->data_dir[0] != '\0') {
         struct kvf_error err;
         kvf_error_clear(&err);
-        int prc =
-            kvf_svc_persist_open(&svc->ctx, sopts->data_dir, sopts->snapshot_every, &opts, &err);
+        int prc = kvf_svc_persist_open(&svc->ctx, sopts->data_dir, sopts->snapshot_every, &opts,
+                                       store_failed, svc, &err);
         if (prc < 0) {
             kvf_log("error", "cannot recover from data-dir %s: %s", sopts->data_dir,
                     err.msg[0] ? err.msg : strerror(-prc));
@@ -853,7 +982,6 @@ struct kvf_svc *kvf_svc_create(const struct kvf_svc_opts *sopts)
     } else if (svc->ctx.cps) {
         kvf_log("warn", "no data-dir: the state lives in memory only and is lost on restart");
     }
-    svc->health = kvf_health_create();
     svc->refl = kvf_reflection_create(kvf_api_descriptor_set, kvf_api_descriptor_set_len,
                                       kvf_svc_service_names,
                                       sizeof kvf_svc_service_names / sizeof *kvf_svc_service_names);
@@ -863,9 +991,6 @@ struct kvf_svc *kvf_svc_create(const struct kvf_svc_opts *sopts)
         kvf_log("error", "cannot create the service (state core, health, reflection or memory)");
         kvf_svc_destroy(svc);
         return NULL;
-    }
-    for (size_t i = 0; i < sizeof kvf_svc_service_names / sizeof *kvf_svc_service_names; i++) {
-        kvf_health_set(svc->health, kvf_svc_service_names[i], KVF_HEALTH_SERVING);
     }
     svc->ctx.metrics = kvf_svc_metrics_create(&svc->ctx, kvf_svc_persist_store(&svc->ctx));
     if (!svc->ctx.metrics) {
@@ -981,10 +1106,10 @@ void kvf_svc_destroy(struct kvf_svc *svc)
     svc->ctx.metrics = NULL;
     kvf_reflection_destroy(svc->refl);
     kvf_svc_persist_close(&svc->ctx);
-    while (svc->held_head) { /* effects whose records never became durable */
+    while (svc->held_head) { /* effects and reads whose records never became durable */
         struct fx_batch *b = svc->held_head;
         svc->held_head = b->next;
-        free(b);
+        drop_batch(b, KVF_GRPC_UNAVAILABLE, "the control plane is shutting down");
     }
     kvf_health_destroy(svc->health);
     kvf_svc_sessions_destroy(svc->ctx.sessions);

@@ -41,7 +41,21 @@ struct kvf_svc_opts {
     uint64_t snapshot_every;       /* records between snapshots; 0: 4096 */
     kvf_time_ns heartbeat_timeout; /* end a silent node session after this; 0: never */
     struct kvf_authz_opts authz;   /* who may call what (authz.h); strings are copied */
+    /* Fail-stop: called once (from any thread) when the log cannot be written;
+     * the service is NOT_SERVING and refuses every call from then on, and the
+     * caller should shut down and exit with KVF_SVC_EXIT_STORE_FAILED. */
+    void (*on_store_failed)(void *arg);
+    void *on_store_failed_arg;
 };
+
+/* Exit status of kvfence-control when its log cannot be written. */
+#define KVF_SVC_EXIT_STORE_FAILED 3
+
+/* kvfence-control --repair-wal: checks the log in `data_dir` and, where a
+ * record is damaged or missing, copies the affected files to a backup folder
+ * in it and cuts the log at the damage. Prints what it did (and how many
+ * records were dropped) on stdout. 0, or a negative errno (logged). */
+int kvf_svc_repair_wal(const char *data_dir);
 
 /* Creates the state core, health registry and reflection index, and starts
  * the state thread. `opts` may be NULL. Returns NULL (and logs why). */

@@ -84,9 +84,11 @@ enum kvf_svc_rec_kind {
 
 /* Opens the store in `data_dir`, restores the snapshot and replays the log
  * into ctx->cps (replacing it). A snapshot is written every `snapshot_every`
- * records (0: 4096). */
+ * records (0: 4096). `on_fail` (may be NULL) is the fail-stop hook: called
+ * once, from any thread, when the log cannot be written. */
 int kvf_svc_persist_open(struct kvf_svc_ctx *ctx, const char *data_dir, uint64_t snapshot_every,
-                         const struct kvf_cps_opts *opts, struct kvf_error *err);
+                         const struct kvf_cps_opts *opts, void (*on_fail)(void *arg, int rc),
+                         void *fail_arg, struct kvf_error *err);
 /* Makes every record durable (their held replies are sent) and closes. */
 void kvf_svc_persist_close(struct kvf_svc_ctx *ctx);
 /* True when commands must be logged (a store is open and not replaying). */
@@ -109,6 +111,15 @@ kvf_time_ns kvf_svc_persist_last_now(const struct kvf_svc_ctx *ctx);
 uint64_t kvf_svc_persist_last_seq(const struct kvf_svc_ctx *ctx);
 bool kvf_svc_persist_is_durable(const struct kvf_svc_ctx *ctx, uint64_t seq);
 void kvf_svc_persist_set_wake(struct kvf_svc_ctx *ctx, void (*wake)(void *arg), void *arg);
+/* Fail-stop (persist.c): once an append fails or a record does not become
+ * durable, the open's `on_fail` is called once (state thread or the store's
+ * thread) and kvf_svc_persist_failure() returns that negative errno (0
+ * before, and with no store). The message tells a client what happened and
+ * what to do. */
+int kvf_svc_persist_failure(const struct kvf_svc_ctx *ctx);
+void kvf_svc_persist_failure_msg(const struct kvf_svc_ctx *ctx, char *buf, size_t size);
+/* Whether the command being run drew random bytes (it changed the core). */
+bool kvf_svc_persist_drew_random(const struct kvf_svc_ctx *ctx);
 /* The open store (its stats are readable from any thread), NULL if none. */
 struct kvf_store *kvf_svc_persist_store(const struct kvf_svc_ctx *ctx);
 /* The core's random source (ctx = the struct kvf_svc_ctx): records what it
@@ -221,6 +232,20 @@ int kvf_svc_find_lease(const struct kvf_cps *cps, kvf_room_key key, uint64_t lea
                        struct kvf_cps_participant_view *pv_p);
 
 /* Conversions shared by both services. */
+/* Size limits of one request, checked before anything runs: a field over them
+ * is INVALID_ARGUMENT naming the field; KVF_SVC_CHANGE_MAX bounds the bytes of
+ * any request or node message that may be logged (far below the log's record
+ * limit, 16 MiB). */
+#define KVF_SVC_ID_MAX           128u /* node ids */
+#define KVF_SVC_FEATURES_MAX     32u  /* capability feature names */
+#define KVF_SVC_FEATURE_NAME_MAX 64u
+#define KVF_SVC_PAGE_TOKEN_MAX   32u
+#define KVF_SVC_FILTER_MAX       16u /* state filters of the listings */
+#define KVF_SVC_CHANGE_MAX       (2u << 20)
+
+/* "<field>: longer than <max> bytes" (-EINVAL) if `s` is; 0 otherwise. */
+int kvf_svc_check_len(const char *field, const char *s, size_t max, struct kvf_error *err);
+
 #define KVF_SVC_PAGE_SIZE_DEFAULT 100u
 #define KVF_SVC_PAGE_SIZE_MAX     1000u
 

@@ -6,6 +6,7 @@
 #include <errno.h>
 #include <inttypes.h>
 #include <stdlib.h>
+#include <string.h>
 
 #include "service_internal.h"
 
@@ -100,4 +101,12 @@ int kvf_svc_check_room_key(const Kvfence__V1__RoomKey *room, bool need_generatio
     if (rc == 0 && need_generation && room->generation == 0)
         rc = kvf_error_set(err, -EINVAL, "room.generation: required (> 0)");
     return rc;
+}
+
+int kvf_svc_check_len(const char *field, const char *s, size_t max, struct kvf_error *err)
+{
+    if (s != NULL && strnlen(s, max + 1) > max) {
+        return kvf_error_set(err, -EINVAL, "%s: longer than %zu bytes", field, max);
+    }
+    return 0;
 }

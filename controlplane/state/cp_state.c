@@ -169,6 +169,11 @@ const struct kvf_cps_effect *kvf_cps_effects_take(struct kvf_cps *st, size_t *co
     return st->fx;
 }
 
+size_t kvf_cps_effects_pending(const struct kvf_cps *st)
+{
+    return st->fx_taken ? 0 : st->nfx;
+}
+
 /* ---- randomness ---------------------------------------------------------- */
 
 uint64_t cp_rand_u64(struct kvf_cps *st)

@@ -364,6 +364,10 @@ struct kvf_cps_effect {
  * valid until the next call into `st`. */
 const struct kvf_cps_effect *kvf_cps_effects_take(struct kvf_cps *st, size_t *count_p);
 
+/* How many effects the next take would hand over (0 if none), without taking
+ * them: a command that emitted none and failed changed nothing. */
+size_t kvf_cps_effects_pending(const struct kvf_cps *st);
+
 /* ---- views (admin, room updates, tests) ----------------------------------- */
 
 struct kvf_cps_participant_view {

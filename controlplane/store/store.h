@@ -85,7 +85,8 @@ typedef int (*kvf_store_record_fn)(void *ctx, uint64_t seq, const void *bytes, s
 
 /*
  * Completion of one append: `status` is 0 once the record is durable, or a
- * negative errno (-EIO) if the store failed before it was; then it is not
+ * negative errno (-ENOSPC, -EIO, ...: why the store failed) if the store
+ * failed before it was; then it is not
  * known whether the record survives a restart, and the store refuses every
  * later append (the service should stop and restart to recover). Runs on the
  * store's thread (see DESIGN above).
@@ -124,6 +125,11 @@ struct kvf_store_recovery {
     char tail_file[KVF_STORE_NAME_MAX]; /* file name of that segment */
     char tail_reason[96];               /* what was wrong there ("CRC mismatch", ...) */
     uint64_t elapsed_ns;                /* time recover() took */
+    /* Only with the WAL's repair option (wal.h): */
+    bool repaired;                          /* damage was found and the log cut there */
+    uint64_t repair_dropped;                /* records in what was cut or deleted */
+    char repair_backup[KVF_STORE_NAME_MAX]; /* sub-directory of the data dir with the copies */
+    char repair_what[320];                  /* what was wrong and what was done */
 };
 
 /* Counters, readable at any time from any thread. */
@@ -170,10 +176,12 @@ struct kvf_store {
  * Opens the store and replays it: `on_snapshot` with the newest snapshot, then
  * `on_record` for each later record, in order (either callback may be NULL to
  * skip). An empty or missing store is a new cluster (info says so and the
- * store is created). A torn or corrupt tail of the log is cut at the last good
- * record and reported in `info_p` (and in the store's log). A corrupt snapshot,
- * or corruption anywhere but the tail, fails with -EBADMSG or -EIO and a
- * message naming the file: state is never dropped silently. -EBUSY if another
+ * store is created). A torn tail of the log (damage at the end of the last
+ * segment that no valid record follows) is cut at the last good record and
+ * reported in `info_p` (and in the store's log). A corrupt snapshot, damage
+ * that valid records follow, a seq gap or a missing segment fails with
+ * -EBADMSG or -EIO and a message naming the file, offset and seq: state is
+ * never dropped silently. -EBUSY if another
  * process holds the store, -EALREADY if called twice. Once only, before any
  * append; on failure the handle can only be destroyed. `info_p` may be NULL.
  */

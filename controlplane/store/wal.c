@@ -3,12 +3,19 @@
  * group commit, snapshots and truncation, in one data directory (wal.h).
  *
  * Formats (all integers little-endian):
- *   segment  wal-<first seq>.log: a 24-byte header, then records back to back.
- *            header  = "KVFW", u32 version (1), u64 first seq, u32 0,
- *                      u32 CRC-32C of the 20 bytes before it.
+ *   segment  wal-<first seq>.log: a 24-byte header, then records back to back,
+ *            then (once the next segment exists) a seal.
+ *            header  = "KVFW", u32 version (2; 1 is read too, it has no
+ *                      seals), u64 first seq, u32 0, u32 CRC-32C of the 20
+ *                      bytes before it.
  *            record  = u32 payload length, u32 CRC-32C over (u64 seq, payload),
  *                      u64 seq, payload. Seqs go up by exactly 1, also from
  *                      one segment to the next.
+ *            seal    = a record header with length 0x80000000, no payload,
+ *                      and the next segment's first seq: "the log goes on in
+ *                      wal-<seq>.log". Written (and synced) only after that
+ *                      segment is durable, so a last segment that ends in a
+ *                      seal has lost its successor.
  *   snapshot snapshot-<seq>.snap: a 32-byte header, then the body.
  *            header  = "KVFS", u32 version (1), u64 seq covered, u64 body
  *                      length, u32 CRC-32C of the body, u32 CRC-32C of the 28
@@ -21,12 +28,19 @@
  *
  * Recovery trusts nothing it cannot verify: the newest snapshot must verify,
  * every segment but the last must verify completely and chain to the next one,
- * and only the last segment may end in a torn or corrupt tail, which is cut
- * at the last good record (ftruncate + fsync) and reported. A torn tail
- * holds only records whose append was never acknowledged: an acknowledgement
- * follows the sync that made the record and everything before it durable.
- * (Bit rot inside the acknowledged part of the last segment cannot be told
- * from a torn tail by the bytes alone; it is cut too, loudly: info and log.)
+ * the log must reach back to the snapshot, and only the last segment may end
+ * in a torn tail, which is cut at the last good record (ftruncate + fsync) and
+ * reported. A torn tail holds only records whose append was never
+ * acknowledged: an acknowledgement follows the sync that made the record and
+ * everything before it durable. Damage is a torn tail only if no record that
+ * verifies follows it (wal_check.c); a bad record followed by good ones, a
+ * record with the wrong seq, a gap between segments, a sealed last segment or
+ * a snapshot with no segment after it is corruption or a lost file: recovery
+ * fails with -EIO naming the file, offset and seq, and nothing is changed.
+ * With opts.repair (kvfence-control --repair-wal) it instead copies the files
+ * it would change to repair-<UTC time>/ in the data dir, cuts the log at the
+ * damage (later segments deleted), reports how many records that dropped,
+ * and goes on.
  *
  * DESIGN: one committer thread per store owns the open segment (its fd, size
  * and rolling). Appenders, from any thread, copy their record into an entry,
@@ -65,18 +79,17 @@
 #include <unistd.h>
 
 #include "crc32c.h"
+#include "wal_internal.h"
 
-#define WAL_SEG_MAGIC       "KVFW"
-#define WAL_SNAP_MAGIC      "KVFS"
-#define WAL_VERSION         1u
-#define WAL_SEG_HDR         24u
-#define WAL_REC_HDR         16u
-#define WAL_SNAP_HDR        32u
-#define WAL_SEG_NAME_LEN    24u /* "wal-" + 16 hex + ".log" */
-#define WAL_SNAP_NAME_LEN   30u /* "snapshot-" + 16 hex + ".snap" */
-#define WAL_RECORD_HARD_MAX (1u << 30)
-#define WAL_SNAP_BUF        (256u * 1024u)
-#define WAL_IOV_BATCH       512
+#define WAL_SEG_MAGIC     "KVFW"
+#define WAL_SNAP_MAGIC    "KVFS"
+#define WAL_VERSION       2u /* segments with seals; 1 is still read */
+#define WAL_SNAP_VERSION  1u
+#define WAL_SNAP_HDR      32u
+#define WAL_SEG_NAME_LEN  24u /* "wal-" + 16 hex + ".log" */
+#define WAL_SNAP_NAME_LEN 30u /* "snapshot-" + 16 hex + ".snap" */
+#define WAL_SNAP_BUF      (256u * 1024u)
+#define WAL_IOV_BATCH     512
 
 struct wal_entry {
     struct wal_entry *next;
@@ -145,21 +158,8 @@ static void put_u64(unsigned char *p, uint64_t v)
         p[i] = (unsigned char)(v >> (8 * i));
 }
 
-static uint32_t get_u32(const unsigned char *p)
-{
-    uint32_t v = 0;
-    for (int i = 3; i >= 0; i--)
-        v = (v << 8) | p[i];
-    return v;
-}
-
-static uint64_t get_u64(const unsigned char *p)
-{
-    uint64_t v = 0;
-    for (int i = 7; i >= 0; i--)
-        v = (v << 8) | p[i];
-    return v;
-}
+#define get_u32 wal_get_u32
+#define get_u64 wal_get_u64
 
 static uint64_t now_ns(void)
 {
@@ -168,12 +168,7 @@ static uint64_t now_ns(void)
     return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
 }
 
-static uint32_t record_crc(uint64_t seq, const void *payload, size_t len)
-{
-    unsigned char s[8];
-    put_u64(s, seq);
-    return kvf_crc32c(kvf_crc32c(0, s, sizeof(s)), payload, len);
-}
+#define record_crc wal_record_crc
 
 static void seg_name(char *buf, size_t size, uint64_t first)
 {
@@ -423,6 +418,24 @@ static int wal_segment_create(struct wal *w, uint64_t first)
                 strerror(-rc));
         goto err_unlink;
     }
+    if (w->seg_fd >= 0) {
+        /* The successor is durable: seal the segment it follows. */
+        unsigned char seal[WAL_REC_HDR];
+        put_u32(seal, WAL_SEAL_LEN);
+        put_u32(seal + 4, record_crc(first, NULL, 0));
+        put_u64(seal + 8, first);
+        rc = write_all(w->seg_fd, seal, sizeof(seal));
+        if (rc == 0)
+            rc = wal_sync_fd(w, w->seg_fd);
+        if (rc != 0) {
+            /* Keep the new (empty, durable) segment: a seal that did reach
+             * the disk must not point at a file that is gone. */
+            wal_log(w, KVF_STORE_LOG_ERROR, "%s: cannot seal the segment before %s: %s", w->dir,
+                    name, strerror(-rc));
+            close(fd);
+            return rc;
+        }
+    }
     pthread_mutex_lock(&w->mu);
     rc = seg_list_push(w, first);
     pthread_mutex_unlock(&w->mu);
@@ -593,12 +606,12 @@ static void *wal_committer(void *arg)
                 w->st.fsync_lat_us[lat_bucket(sync_ns)]++;
             }
         } else if (w->failed == 0) {
-            w->failed = rc < 0 ? -EIO : rc;
+            w->failed = rc < 0 ? rc : -EIO; /* keep the cause (-ENOSPC, -EIO, ...) */
         }
         pthread_cond_broadcast(&w->durable_cv);
         pthread_mutex_unlock(&w->mu);
 
-        wal_batch_finish(batch, rc == 0 ? 0 : -EIO);
+        wal_batch_finish(batch, rc == 0 ? 0 : rc < 0 ? rc : -EIO);
         pthread_mutex_lock(&w->mu);
     }
     pthread_mutex_unlock(&w->mu);
@@ -724,7 +737,7 @@ static int wal_snapshot_file(struct wal *w, uint64_t seq, kvf_store_produce_fn p
     rc = snap_sink_flush(&k);
     if (rc == 0) {
         memcpy(hdr, WAL_SNAP_MAGIC, 4);
-        put_u32(hdr + 4, WAL_VERSION);
+        put_u32(hdr + 4, WAL_SNAP_VERSION);
         put_u64(hdr + 8, seq);
         put_u64(hdr + 16, k.length);
         put_u32(hdr + 24, k.crc);
@@ -936,7 +949,7 @@ static int wal_load_snapshot(struct wal *w, uint64_t seq, kvf_store_snapshot_fn 
         what = "bad magic";
     } else if (get_u32(m.p + 28) != kvf_crc32c(0, m.p, 28)) {
         what = "header CRC mismatch";
-    } else if (get_u32(m.p + 4) != WAL_VERSION) {
+    } else if (get_u32(m.p + 4) != WAL_SNAP_VERSION) {
         what = "unsupported version";
         snprintf(detail, sizeof(detail), " %u", get_u32(m.p + 4));
     } else if (get_u64(m.p + 8) != seq) {
@@ -980,9 +993,62 @@ struct wal_replay {
     kvf_store_record_fn on_record;
     void *ctx;
     uint64_t snap_seq;
-    uint64_t expect; /* seq the next record must carry; 0 = take the first one */
-    uint64_t last;   /* last record seq read from the log (delivered or not) */
+    uint64_t expect;      /* seq the next record must carry; 0 = take the first one */
+    uint64_t last;        /* last record seq read from the log (delivered or not) */
+    const uint64_t *segs; /* every segment (first seqs, ascending) and this one's index */
+    size_t nsegs;
+    size_t idx;
+    bool stop; /* repaired: this segment is the last one now */
 };
+
+/* --repair-wal: backs up the segments from index `from` on (all of them
+ * when `cut` is false, plus the one being cut), so that the cut below can
+ * be undone by hand. Sets info's backup name. */
+static int wal_repair_backup(struct wal *w, const struct wal_replay *r, size_t from,
+                             struct kvf_store_recovery *info, struct kvf_error *err)
+{
+    char backup[KVF_STORE_NAME_MAX];
+    time_t t = time(NULL);
+    struct tm tm;
+    gmtime_r(&t, &tm);
+    strftime(backup, sizeof(backup), "repair-%Y%m%dT%H%M%SZ", &tm);
+    size_t n = r->nsegs - from;
+    char(*names)[WAL_SEG_NAME_LEN + 1] = calloc(n ? n : 1, sizeof(*names));
+    const char **list = calloc(n ? n : 1, sizeof(*list));
+    int rc = -ENOMEM;
+    if (names != NULL && list != NULL) {
+        for (size_t i = 0; i < n; i++) {
+            seg_name(names[i], sizeof(names[i]), r->segs[from + i]);
+            list[i] = names[i];
+        }
+        rc = wal_backup_files(w->dir_fd, backup, list, n);
+    }
+    free(list);
+    free(names);
+    if (rc != 0)
+        return kvf_error_set(err, rc, "%s/%s: cannot write the backup: %s; nothing repaired",
+                             w->dir, backup, strerror(-rc));
+    snprintf(info->repair_backup, sizeof(info->repair_backup), "%s", backup);
+    return 0;
+}
+
+/* --repair-wal: deletes the segments after index `idx` and counts their
+ * records into info->repair_dropped. */
+static int wal_repair_drop_after(struct wal *w, const struct wal_replay *r, size_t idx,
+                                 struct kvf_store_recovery *info, struct kvf_error *err)
+{
+    for (size_t i = idx + 1; i < r->nsegs; i++) {
+        char name[WAL_SEG_NAME_LEN + 1];
+        seg_name(name, sizeof(name), r->segs[i]);
+        info->repair_dropped += wal_file_records(w->dir_fd, name);
+        if (unlinkat(w->dir_fd, name, 0) != 0)
+            return kvf_error_set(err, -errno, "%s/%s: unlink: %s", w->dir, name, strerror(errno));
+    }
+    int rc = wal_sync_dir(w);
+    if (rc != 0)
+        return kvf_error_set(err, rc, "%s: fsync: %s", w->dir, strerror(-rc));
+    return 0;
+}
 
 /*
  * Reads one segment. For the last segment, a bad tail is cut and reported;
@@ -1009,7 +1075,7 @@ static int wal_replay_segment(struct wal *w, uint64_t first, bool is_last, struc
         hdr_bad = "bad magic";
     else if (get_u32(m.p + 20) != kvf_crc32c(0, m.p, 20))
         hdr_bad = "header CRC mismatch";
-    else if (get_u32(m.p + 4) != WAL_VERSION)
+    else if (get_u32(m.p + 4) != 1 && get_u32(m.p + 4) != WAL_VERSION)
         hdr_bad = "unsupported version";
     else if (get_u64(m.p + 8) != first)
         hdr_bad = "first seq in header differs from its name";
@@ -1034,10 +1100,38 @@ static int wal_replay_segment(struct wal *w, uint64_t first, bool is_last, struc
         goto out;
     }
     if (r->expect != 0 && first != r->expect) {
+        if (w->opts.repair) {
+            /* The records from r->expect to first - 1 are gone: drop this
+             * segment and every later one, start anew after the gap. */
+            rc = wal_repair_backup(w, r, r->idx, info, err);
+            if (rc == 0) {
+                info->repair_dropped += wal_file_records(w->dir_fd, name);
+                if (unlinkat(w->dir_fd, name, 0) != 0)
+                    rc = kvf_error_set(err, -errno, "%s/%s: unlink: %s", w->dir, name,
+                                       strerror(errno));
+            }
+            if (rc == 0)
+                rc = wal_repair_drop_after(w, r, r->idx, info, err);
+            if (rc == 0) {
+                info->repaired = true;
+                snprintf(info->repair_what, sizeof(info->repair_what),
+                         "%s starts at seq %" PRIu64 " but seq %" PRIu64
+                         " was expected: removed it and every later segment",
+                         name, first, r->expect);
+                *keep_p = false;
+                r->stop = true;
+            }
+            goto out;
+        }
+        wal_log(w, KVF_STORE_LOG_ERROR,
+                "%s/%s starts at seq %" PRIu64 " but seq %" PRIu64
+                " was expected: records are missing (a segment deleted?); refusing to start "
+                "(restore the file, or run kvfence-control --repair-wal to go on without them)",
+                w->dir, name, first, r->expect);
         rc = kvf_error_set(err, -EIO,
-                           "%s/%s starts at seq %" PRIu64 " but seq %" PRIu64
-                           " was expected: records are missing; refusing to start",
-                           w->dir, name, first, r->expect);
+                           "%s: seq %" PRIu64 " expected, the segment starts at %" PRIu64
+                           ": a segment is missing; refusing to start",
+                           name, r->expect, first);
         goto out;
     }
     r->expect = first;
@@ -1045,6 +1139,7 @@ static int wal_replay_segment(struct wal *w, uint64_t first, bool is_last, struc
     size_t off = WAL_SEG_HDR;
     const char *bad = NULL;
     char detail[64] = "";
+    bool sealed = false;
     while (off < m.size) {
         size_t left = m.size - off;
         if (left < WAL_REC_HDR) {
@@ -1054,6 +1149,20 @@ static int wal_replay_segment(struct wal *w, uint64_t first, bool is_last, struc
         const unsigned char *h = m.p + off;
         uint32_t len = get_u32(h);
         uint64_t seq = get_u64(h + 8);
+        if (len == WAL_SEAL_LEN) {
+            if (get_u32(h + 4) != record_crc(seq, NULL, 0)) {
+                bad = "CRC mismatch";
+            } else if (seq != r->expect) {
+                bad = "seal with a seq gap";
+                snprintf(detail, sizeof(detail), " (expected %" PRIu64 ", found %" PRIu64 ")",
+                         r->expect, seq);
+            } else if (left != WAL_REC_HDR) {
+                bad = "bytes after the seal";
+            } else {
+                sealed = true;
+            }
+            break;
+        }
         if (len > WAL_RECORD_HARD_MAX) {
             bad = "record length out of range";
             break;
@@ -1091,18 +1200,73 @@ static int wal_replay_segment(struct wal *w, uint64_t first, bool is_last, struc
         off += WAL_REC_HDR + len;
     }
     *size_p = off;
-    if (bad == NULL)
+    if (bad == NULL && !(sealed && is_last))
         goto out;
-    if (!is_last) {
-        rc = kvf_error_set(err, -EIO,
-                           "%s/%s: %s%s at offset %zu (after seq %" PRIu64
-                           ") in a segment that is not the last: records after it would be "
-                           "lost; refusing to start",
-                           w->dir, name, bad, detail, off, r->last);
-        wal_log(w, KVF_STORE_LOG_ERROR, "%s", err != NULL ? err->msg : name);
+
+    /* What is wrong here: a torn tail (cut), or corruption or a lost file? */
+    size_t later_off = 0;
+    uint64_t later_seq = 0;
+    bool later = bad != NULL && wal_find_later(m.p, m.size, off, r->expect, &later_off, &later_seq);
+    bool torn = bad != NULL && is_last && !later && strncmp(bad, "seq gap", 7) != 0 &&
+                strncmp(bad, "seal", 4) != 0;
+    if (!torn) {
+        char what[200];
+        if (sealed)
+            snprintf(what, sizeof(what),
+                     "ends with a seal: the log goes on in wal-%016" PRIx64
+                     ".log, which is missing (records from seq %" PRIu64 " on are lost)",
+                     r->expect, r->expect);
+        else if (later)
+            snprintf(what, sizeof(what),
+                     "%s%s at offset %zu (seq %" PRIu64 " expected there; last good seq %" PRIu64
+                     "), yet a valid record (seq %" PRIu64 ") follows at offset %zu",
+                     bad, detail, off, r->expect, r->last, later_seq, later_off);
+        else
+            snprintf(what, sizeof(what),
+                     "%s%s at offset %zu (seq %" PRIu64 " expected there; last good seq %" PRIu64
+                     ") in a segment that is not the last",
+                     bad, detail, off, r->expect, r->last);
+        if (!w->opts.repair) {
+            /* The full story in the store's log (the error message is short). */
+            wal_log(w, KVF_STORE_LOG_ERROR,
+                    "%s/%s %s: corruption, not a torn tail; refusing to start. Restore the "
+                    "data dir from a backup, or run kvfence-control --data-dir %s --repair-wal "
+                    "to cut the log at offset %zu (it backs up the files first)",
+                    w->dir, name, what, w->dir, off);
+            if (sealed)
+                rc = kvf_error_set(err, -EIO,
+                                   "%s: sealed at offset %zu but wal-%016" PRIx64
+                                   ".log is missing (seq %" PRIu64
+                                   " on); refusing to start (see the log)",
+                                   name, off, r->expect, r->expect);
+            else
+                rc = kvf_error_set(err, -EIO,
+                                   "%s: corrupt at offset %zu (seq %" PRIu64
+                                   "); refusing to start (see the log; --repair-wal cuts it there)",
+                                   name, off, r->expect);
+            goto out;
+        }
+        /* --repair-wal: back up, cut here, drop every later segment. */
+        rc = wal_repair_backup(w, r, r->idx, info, err);
+        if (rc != 0)
+            goto out;
+        if (!sealed)
+            info->repair_dropped += 1 + (later ? wal_chain_count(m.p, m.size, later_off) : 0);
+        rc = wal_repair_drop_after(w, r, r->idx, info, err);
+        if (rc != 0)
+            goto out;
+        if (ftruncate(fd, (off_t)off) != 0 || fsync(fd) != 0) {
+            rc = kvf_error_set(err, -errno, "%s/%s: cannot cut the log: %s", w->dir, name,
+                               strerror(errno));
+            goto out;
+        }
+        info->repaired = true;
+        snprintf(info->repair_what, sizeof(info->repair_what), "%s %s: cut at offset %zu", name,
+                 what, off);
+        r->stop = true;
         goto out;
     }
-    /* The torn or corrupt tail of the last segment: cut at the last good record. */
+    /* The torn tail of the last segment: cut at the last good record. */
     info->tail_cut = true;
     info->tail_cut_bytes = m.size - off;
     info->tail_cut_offset = off;
@@ -1285,28 +1449,74 @@ static int wal_recover(struct kvf_store *s, kvf_store_snapshot_fn on_snapshot,
             info.stale_removed++;
         start++;
     }
-    if (start < l.nsegs) {
-        uint64_t want_max = r.snap_seq + 1; /* the log must reach back to here */
-        if (l.segs[start] > want_max) {
+    /* The log must reach back to the first seq not in the snapshot; a
+     * snapshot is always followed by a segment (its roll), so none at all
+     * means a deleted one. */
+    uint64_t want_max = r.snap_seq + 1;
+    if ((start < l.nsegs && l.segs[start] > want_max) || (start == l.nsegs && l.have_snap)) {
+        char what[200];
+        if (start < l.nsegs)
+            snprintf(what, sizeof(what),
+                     "the log starts at seq %" PRIu64 " but seq %" PRIu64
+                     " is the first one not in a snapshot: records are missing",
+                     l.segs[start], want_max);
+        else
+            snprintf(what, sizeof(what),
+                     "snapshot at seq %" PRIu64 " but no log segment (wal-%016" PRIx64
+                     ".log) after it: a segment is missing and records from seq %" PRIu64
+                     " on may be lost",
+                     r.snap_seq, want_max, want_max);
+        if (!w->opts.repair) {
+            wal_log(w, KVF_STORE_LOG_ERROR,
+                    "%s: %s; refusing to start (restore the file, or run kvfence-control "
+                    "--repair-wal to go on without them)",
+                    w->dir, what);
             rc = kvf_error_set(err, -EIO,
-                               "%s: the log starts at seq %" PRIu64 " but seq %" PRIu64
-                               " is the first one not in a snapshot: records are missing; "
-                               "refusing to start",
-                               w->dir, l.segs[start], want_max);
+                               "a log segment is missing (seq %" PRIu64
+                               " on); refusing to start (see the log; --repair-wal goes on "
+                               "without it)",
+                               want_max);
             goto out_free_listing;
         }
+        struct wal_replay all = {.segs = l.segs, .nsegs = l.nsegs};
+        if (start < l.nsegs) {
+            rc = wal_repair_backup(w, &all, start, &info, err);
+            if (rc == 0 && start > 0)
+                rc = wal_repair_drop_after(w, &all, start - 1, &info, err);
+            else if (rc == 0)
+                for (size_t i = 0; i < l.nsegs && rc == 0; i++) {
+                    char name[WAL_SEG_NAME_LEN + 1];
+                    seg_name(name, sizeof(name), l.segs[i]);
+                    info.repair_dropped += wal_file_records(w->dir_fd, name);
+                    if (unlinkat(w->dir_fd, name, 0) != 0)
+                        rc = kvf_error_set(err, -errno, "%s/%s: unlink: %s", w->dir, name,
+                                           strerror(errno));
+                }
+            if (rc != 0)
+                goto out_free_listing;
+            l.nsegs = start;
+        }
+        info.repaired = true;
+        snprintf(info.repair_what, sizeof(info.repair_what), "%s: going on without them", what);
     }
 
     bool last_kept = false;
     uint64_t last_size = 0;
+    r.segs = l.segs;
+    r.nsegs = l.nsegs;
     for (size_t i = start; i < l.nsegs; i++) {
         bool is_last = i + 1 == l.nsegs;
         bool keep = true;
         uint64_t size = 0;
+        r.idx = i;
         rc = wal_replay_segment(w, l.segs[i], is_last, &r, &info, &keep, &size, err);
         if (rc != 0)
             goto out_free_listing;
         info.segments++;
+        if (r.stop) { /* repaired: this one (if kept) is the last segment now */
+            l.nsegs = keep ? i + 1 : i;
+            is_last = true;
+        }
         if (is_last) {
             last_kept = keep;
             last_size = size;
@@ -1318,7 +1528,13 @@ static int wal_recover(struct kvf_store *s, kvf_store_snapshot_fn on_snapshot,
                 goto out_free_listing;
             }
         }
+        if (r.stop)
+            break;
     }
+    if (info.repaired)
+        wal_log(w, KVF_STORE_LOG_WARN, "%s: repaired: %s; dropped %" PRIu64 " records%s%s", w->dir,
+                info.repair_what, info.repair_dropped, info.repair_backup[0] ? "; backup in " : "",
+                info.repair_backup);
     if (info.stale_removed > 0)
         (void)wal_sync_dir(w);
 

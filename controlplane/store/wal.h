@@ -43,6 +43,12 @@ struct kvf_store_wal_opts {
      * that caused the message (recover()'s caller or the committer). */
     kvf_store_log_fn log_fn;
     void *log_ctx;
+    /* Operator repair (kvfence-control --repair-wal): where recovery would
+     * refuse to start (damage that valid records follow, a seq gap, a missing
+     * segment), copy the files it changes to repair-<UTC time>/ in data_dir,
+     * cut the log at the damage, delete later segments, and report it in
+     * struct kvf_store_recovery (repaired, repair_dropped, ...). */
+    bool repair;
 };
 
 /* Fills `opts` with the defaults above (data_dir NULL). */

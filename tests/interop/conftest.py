@@ -12,6 +12,8 @@ import time
 import grpc
 import pytest
 
+from kvf_harness import ControlProcess
+
 START_TIMEOUT_S = 10.0
 STOP_TIMEOUT_S = 10.0
 
@@ -134,3 +136,23 @@ def channel(control_server):
         yield ch
     finally:
         ch.close()
+
+
+@pytest.fixture
+def servers(control_bin, tmp_path):
+    """A factory of ControlProcess runs: servers(data_dir, *args) starts one
+    (not yet waited for). Every run still alive at teardown is killed."""
+    started = []
+    counter = [0]
+
+    def start(data_dir, *extra_args):
+        counter[0] += 1
+        p = ControlProcess(
+            control_bin, tmp_path, data_dir, "run%d" % counter[0], list(extra_args)
+        )
+        started.append(p)
+        return p.start()
+
+    yield start
+    for p in started:
+        p.cleanup()

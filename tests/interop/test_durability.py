@@ -23,7 +23,6 @@ from kvfence.v1 import control_pb2, node_pb2, types_pb2
 
 from kvf_harness import (
     RPC_TIMEOUT_S,
-    ControlProcess,
     FakeNode,
     admin,
     control,
@@ -43,26 +42,6 @@ QUIET_TIMERS = [
     "--resend-ms", 5000,  # the largest first re-send the server takes (its cap is 5 s)
 ]
 CUT_MESSAGE = "of torn or corrupt tail"
-
-
-@pytest.fixture
-def servers(control_bin, tmp_path):
-    """A factory of ControlProcess runs: servers(data_dir, *args) starts one
-    (not yet waited for). Every run still alive at teardown is killed."""
-    started = []
-    counter = [0]
-
-    def start(data_dir, *extra_args):
-        counter[0] += 1
-        p = ControlProcess(
-            control_bin, tmp_path, data_dir, "run%d" % counter[0], list(extra_args)
-        )
-        started.append(p)
-        return p.start()
-
-    yield start
-    for p in started:
-        p.cleanup()
 
 
 def _serve(servers, data_dir, *extra_args):

@@ -664,13 +664,156 @@ static void test_corrupt_middle_segment(void **state)
     assert_int_equal(err.code, -EIO);
     print_message("refused: %s\n", err.msg);
     assert_non_null(strstr(err.msg, "wal-0000000000000001.log"));
-    assert_non_null(strstr(err.msg, "not the last"));
+    assert_non_null(strstr(err.msg, "corrupt at offset"));
     assert_int_equal(info.next_seq, 0x5a5a5a5a5a5a5a5aull); /* info untouched on failure */
     assert_int_equal(kvf_store_append(s, "x", 1, NULL, NULL, NULL), -EAGAIN);
     kvf_store_destroy(s);
     /* Nothing was cut or deleted. */
     assert_int_equal(wal_test_file_size(dir, "wal-0000000000000001.log"), size);
     assert_int_equal(wal_test_count_files(dir, "wal-"), nseg);
+    collect_free(&c);
+    wal_test_rmtree(dir);
+}
+
+/* Recovers `dir` with the repair option; asserts success and returns the report. */
+static struct kvf_store_recovery recover_repair(const char *dir, struct collect *c)
+{
+    struct kvf_store_wal_opts o;
+    kvf_store_wal_opts_init(&o);
+    o.data_dir = dir;
+    o.segment_bytes = 4096;
+    o.log_fn = capture_log;
+    o.log_ctx = &g_quiet;
+    o.repair = true;
+    struct kvf_store *s = kvf_store_wal_create(&o);
+    assert_non_null(s);
+    struct kvf_store_recovery info;
+    struct kvf_error err = {0};
+    int rc = kvf_store_recover(s, collect_snapshot, collect_record, c, &info, &err);
+    if (rc != 0)
+        fail_msg("repair of %s failed: %d %s", dir, rc, err.msg);
+    kvf_store_destroy(s);
+    return info;
+}
+
+/* Issue 14: a flipped byte in a record of the LAST segment that good records
+ * follow is corruption, not a torn tail: refused, nothing cut; the repair
+ * backs the segment up, cuts there and counts what it dropped. */
+static void test_corrupt_mid_last_segment(void **state)
+{
+    (void)state;
+    const uint64_t n = 40;
+    char *dir = make_log(n, 0);
+    const char *seg = "wal-0000000000000001.log";
+    off_t offs[48];
+    assert_int_equal(wal_test_record_offsets(dir, seg, offs, 48), n);
+    wal_test_flip_byte(dir, seg, offs[20] + 20); /* payload of seq 21 */
+    off_t size = wal_test_file_size(dir, seg);
+
+    struct collect c = {0};
+    struct kvf_store *s = create_store(dir, 0, NULL);
+    struct kvf_error err = {0};
+    assert_int_equal(kvf_store_recover(s, NULL, collect_record, &c, NULL, &err), -EIO);
+    print_message("refused: %s\n", err.msg);
+    char want[96];
+    snprintf(want, sizeof(want), "%s: corrupt at offset %lld (seq 21)", seg, (long long)offs[20]);
+    assert_non_null(strstr(err.msg, want));
+    kvf_store_destroy(s);
+    collect_free(&c);
+    assert_int_equal(wal_test_file_size(dir, seg), size); /* nothing cut */
+
+    struct kvf_store_recovery info = recover_repair(dir, &c);
+    assert_true(info.repaired);
+    assert_int_equal(info.repair_dropped, n - 20);
+    assert_int_equal(info.next_seq, 21);
+    assert_int_equal(c.n, 20);
+    char backup[160];
+    snprintf(backup, sizeof(backup), "%s/%s", info.repair_backup, seg);
+    assert_true(wal_test_file_exists(dir, backup));
+    assert_int_equal(wal_test_file_size(dir, backup), size);
+    assert_int_equal(wal_test_file_size(dir, seg), offs[20]);
+    collect_free(&c);
+
+    /* Clean afterwards, and appends go on at 21. */
+    s = open_store(dir, 0, &c, &info);
+    assert_false(info.tail_cut);
+    assert_int_equal(info.next_seq, 21);
+    kvf_store_destroy(s);
+    collect_free(&c);
+    wal_test_rmtree(dir);
+}
+
+/* A tail of zeros (a file extended but never written) is still a torn tail. */
+static void test_zero_tail_is_torn(void **state)
+{
+    (void)state;
+    char *dir = make_log(10, 0);
+    wal_test_append_zeros(dir, "wal-0000000000000001.log", 300);
+    recover_cut(dir, 10, 300, "CRC mismatch");
+    wal_test_rmtree(dir);
+}
+
+/* Issue 14: the last segment deleted: its predecessor ends in a seal that
+ * names it, so recovery refuses; the repair removes the seal and goes on. */
+static void test_missing_last_segment(void **state)
+{
+    (void)state;
+    char *dir = make_log(200, 4096);
+    char names[16][64];
+    int nseg = wal_test_list_files(dir, "wal-", names, 16);
+    assert_true(nseg >= 3);
+    wal_test_unlink(dir, names[nseg - 1]);
+    struct collect c = {0};
+    struct kvf_store *s = create_store(dir, 4096, NULL);
+    struct kvf_error err = {0};
+    assert_int_equal(kvf_store_recover(s, NULL, collect_record, &c, NULL, &err), -EIO);
+    print_message("refused: %s\n", err.msg);
+    assert_non_null(strstr(err.msg, names[nseg - 2]));
+    kvf_store_destroy(s);
+    collect_free(&c);
+
+    struct kvf_store_recovery info = recover_repair(dir, &c);
+    assert_true(info.repaired);
+    assert_int_equal(info.repair_dropped, 0); /* their number is not known */
+    uint64_t next = info.next_seq;
+    collect_free(&c);
+    s = open_store(dir, 4096, &c, &info);
+    assert_int_equal(info.next_seq, next);
+    append_range(s, next, next + 5);
+    kvf_store_destroy(s);
+    collect_free(&c);
+    s = open_store(dir, 4096, &c, &info);
+    assert_int_equal(info.next_seq, next + 6);
+    kvf_store_destroy(s);
+    collect_free(&c);
+    wal_test_rmtree(dir);
+}
+
+/* Issue 14: a snapshot with every segment after it deleted is refused. */
+static void test_snapshot_without_segment(void **state)
+{
+    (void)state;
+    char *dir = wal_test_mkdtemp();
+    struct collect c = {0};
+    struct kvf_store *s = open_store(dir, 4096, &c, NULL);
+    append_range(s, 1, 30);
+    struct kvf_error serr = {0};
+    assert_int_equal(
+        kvf_store_write_snapshot(s, KVF_STORE_SEQ_LAST, produce_test_snapshot, NULL, NULL, &serr),
+        0);
+    append_range(s, 31, 40);
+    kvf_store_destroy(s);
+    collect_free(&c);
+    char names[16][64];
+    int nseg = wal_test_list_files(dir, "wal-", names, 16);
+    for (int i = 0; i < nseg; i++)
+        wal_test_unlink(dir, names[i]);
+    s = create_store(dir, 4096, NULL);
+    struct kvf_error err = {0};
+    assert_int_equal(kvf_store_recover(s, NULL, collect_record, &c, NULL, &err), -EIO);
+    print_message("refused: %s\n", err.msg);
+    assert_non_null(strstr(err.msg, "missing (seq 31 on)"));
+    kvf_store_destroy(s);
     collect_free(&c);
     wal_test_rmtree(dir);
 }
@@ -928,6 +1071,10 @@ int main(void)
         cmocka_unit_test(test_corrupt_tail_crc),
         cmocka_unit_test(test_corrupt_middle_segment),
         cmocka_unit_test(test_missing_segment),
+        cmocka_unit_test(test_corrupt_mid_last_segment),
+        cmocka_unit_test(test_zero_tail_is_torn),
+        cmocka_unit_test(test_missing_last_segment),
+        cmocka_unit_test(test_snapshot_without_segment),
         cmocka_unit_test(test_corrupt_snapshot),
         cmocka_unit_test(test_new_cluster),
         cmocka_unit_test(test_lock_and_misuse),

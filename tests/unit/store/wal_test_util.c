@@ -151,6 +151,8 @@ size_t wal_test_record_offsets(const char *dir, const char *name, off_t *offs, s
         assert_int_equal(pread(fd, h, 4, off), 4);
         uint32_t len =
             (uint32_t)h[0] | (uint32_t)h[1] << 8 | (uint32_t)h[2] << 16 | (uint32_t)h[3] << 24;
+        if (len == 0x80000000u)
+            break; /* the seal: the segment ends here */
         offs[n++] = off;
         off += 16 + (off_t)len;
     }

@@ -35,6 +35,7 @@ int wal_test_list_files(const char *dir, const char *prefix, char names[][64], i
 bool wal_test_file_exists(const char *dir, const char *name);
 off_t wal_test_file_size(const char *dir, const char *name);
 /* Offsets of the records of a segment (walking the length fields). */
+/* Offsets of the data records of a segment (a seal ends the list). */
 size_t wal_test_record_offsets(const char *dir, const char *name, off_t *offs, size_t max);
 void wal_test_truncate(const char *dir, const char *name, off_t size);
 void wal_test_flip_byte(const char *dir, const char *name, off_t off);

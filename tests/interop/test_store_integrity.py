@@ -1,0 +1,373 @@
+"""The log never falls behind the state (issue 14), on a real kvfence-control
+with --data-dir:
+
+1. A change too big for the log is refused before it is applied, and every
+   change acknowledged after it survives kill -9 exactly (lease ids too).
+2. Recovery tells a torn tail from corruption: a bad record followed by good
+   ones, or a log segment deleted after the snapshot, stops the start with a
+   message naming the file, offset and seq; `--repair-wal` cuts the log there
+   after a backup and says how many records it dropped.
+3. Refused requests (too big, or refused by the state core) are not logged.
+4. A full disk: the change is refused, health turns NOT_SERVING at once,
+   nothing of the refused change is visible, and the process exits with a
+   non-zero status (fail-stop; an orchestrator restarts it). Once space is
+   freed, a restart serves again. The full disk is a small tmpfs that the
+   test mounts (it needs root; skipped otherwise).
+
+Each test has its own data directory under pytest's tmp_path; every server
+it starts is killed at teardown (the `servers` fixture of conftest.py).
+"""
+
+import os
+import struct
+import subprocess
+
+import grpc
+import pytest
+
+from kvfence.v1 import control_pb2, types_pb2
+
+from kvf_harness import RPC_TIMEOUT_S, FakeNode, admin, control, join_request
+
+try:
+    from kvfstubs.grpc_health.v1 import health_pb2, health_pb2_grpc
+except ImportError:  # grpc-proto was not installed when the stubs were made
+    health_pb2 = health_pb2_grpc = None
+
+QUIET_TIMERS = [
+    "--node-ttl-ms", 600000,
+    "--join-timeout-ms", 600000,
+    "--drain-deadline-ms", 600000,
+    "--resend-ms", 5000,
+]
+SEG_HDR = 24
+REC_HDR = 16
+# The exit status of kvfence-control when its log cannot be written.
+EXIT_STORE_FAILED = 3
+
+
+def _serve(servers, data_dir, *extra_args):
+    p = servers(data_dir, *extra_args)
+    p.wait_serving()
+    return p
+
+
+def _files(data_dir, prefix, suffix):
+    return sorted(f for f in os.listdir(data_dir) if f.startswith(prefix) and f.endswith(suffix))
+
+
+def _wal_bytes(data_dir):
+    return sum(os.path.getsize(os.path.join(data_dir, f)) for f in _files(data_dir, "wal-", ".log"))
+
+
+def _join(ch, room_id, node_id="n1", first=None, features=None):
+    rq = join_request(room_id, node_id, types_pb2.ROLE_SOURCE,
+                      first=room_id if first is None else first)
+    if features is not None:
+        rq.engine_capabilities.features[:] = features
+    return control(ch).JoinRoom(rq, timeout=4 * RPC_TIMEOUT_S)
+
+
+def _get_room(ch, room_id):
+    return admin(ch).GetRoom(
+        control_pb2.GetRoomRequest(room=types_pb2.RoomKey(room_id=room_id)),
+        timeout=RPC_TIMEOUT_S,
+    )
+
+
+def _assert_acked(ch, acked):
+    """Every acknowledged join is there with the lease id it was given."""
+    for room_id, (generation, lease_id) in sorted(acked.items()):
+        info = _get_room(ch, room_id)
+        got = (info.room.generation, [p.lease.lease_id for p in info.participants])
+        assert got == (generation, [lease_id]), "room %d: acknowledged %r, found %r" % (
+            room_id, (generation, [lease_id]), got)
+
+
+def _refusal(fn):
+    try:
+        fn()
+    except grpc.RpcError as e:
+        return e.code(), e.details() or ""
+    return grpc.StatusCode.OK, ""
+
+
+def _records(path):
+    """[(offset, seq, payload length)] of every record of a segment."""
+    raw = open(path, "rb").read()
+    out = []
+    off = SEG_HDR
+    while off + REC_HDR <= len(raw):
+        length, _crc, seq = struct.unpack_from("<IIQ", raw, off)
+        if length & 0x80000000:  # a seal: the segment ends here
+            break
+        out.append((off, seq, length))
+        off += REC_HDR + length
+    return out
+
+
+def _wait_refused_start(srv, timeout=10.0):
+    rc = srv.wait_exit(timeout)
+    assert rc is not None, "kvfence-control still runs %.0f s after start" % timeout
+    assert rc != 0, srv.stderr_tail()
+    assert not os.path.exists(srv.port_file), "port file written by a server that did not start"
+    return rc
+
+
+def _repair(control_bin, data_dir):
+    return subprocess.run(
+        [control_bin, "--data-dir", str(data_dir), "--repair-wal"],
+        stdin=subprocess.DEVNULL, capture_output=True, text=True, timeout=30,
+    )
+
+
+# ---- 1: a change bigger than a log record ------------------------------------
+
+
+def test_oversized_join_is_refused_and_later_acks_survive(servers, tmp_path):
+    data = tmp_path / "data"
+    srv = _serve(servers, data, *QUIET_TIMERS)
+    ch = srv.channel()
+    node = FakeNode(ch, "n1")
+    node.recv("welcome")
+    j = _join(ch, 1)
+    acked = {1: (j.room.generation, j.lease_id)}
+
+    # 16 MiB - 8 bytes on the wire: under the gRPC limit, over a log record.
+    rq = join_request(2, "n1", types_pb2.ROLE_SOURCE, first=2)
+    rq.engine_capabilities.features.append("")
+    base = rq.ByteSize()
+    rq.engine_capabilities.features[-1] = "x" * (16 * 1024 * 1024 - 8 - base - 4)
+    while rq.ByteSize() > 16 * 1024 * 1024 - 8:
+        rq.engine_capabilities.features[-1] = rq.engine_capabilities.features[-1][:-1]
+    assert rq.ByteSize() == 16 * 1024 * 1024 - 8, rq.ByteSize()
+    big = _refusal(lambda: control(ch).JoinRoom(rq, timeout=4 * RPC_TIMEOUT_S))
+
+    for room_id in (3, 4, 5):
+        j = _join(ch, room_id)
+        acked[room_id] = (j.room.generation, j.lease_id)
+    srv.kill9()
+    node.close()
+
+    srv = _serve(servers, data, *QUIET_TIMERS)
+    _assert_acked(srv.channel(), acked)
+    code, details = big
+    assert code == grpc.StatusCode.INVALID_ARGUMENT, big
+    assert "engine_capabilities.features" in details, big
+    assert srv.terminate() == 0, srv.stderr_tail()
+
+
+# ---- 2: corruption is not a torn tail ------------------------------------------
+
+
+def test_corrupt_record_mid_log_refuses_start_and_repair_cuts_it(servers, tmp_path, control_bin):
+    data = tmp_path / "data"
+    srv = _serve(servers, data, *QUIET_TIMERS)
+    ch = srv.channel()
+    node = FakeNode(ch, "n1")
+    node.recv("welcome")
+    acked = {}
+    for room_id in range(1, 41):
+        j = _join(ch, room_id)
+        acked[room_id] = (j.room.generation, j.lease_id)
+    node.close()
+    assert srv.terminate() == 0, srv.stderr_tail()
+
+    segments = _files(data, "wal-", ".log")
+    seg = data / segments[-1]
+    records = _records(seg)
+    assert len(records) > 30, records
+    off, seq, length = records[len(records) // 2]
+    raw = bytearray(seg.read_bytes())
+    raw[off + REC_HDR + length // 2] ^= 0x01
+    seg.write_bytes(bytes(raw))
+
+    srv = servers(data, *QUIET_TIMERS)
+    _wait_refused_start(srv)
+    text = srv.stderr_text()
+    assert segments[-1] in text, srv.stderr_tail()
+    assert "offset %d" % off in text, srv.stderr_tail()
+    assert "seq %d" % seq in text, srv.stderr_tail()
+    assert "--repair-wal" in text, srv.stderr_tail()
+
+    dropped = len(records) - len(records) // 2
+    r = _repair(control_bin, data)
+    assert r.returncode == 0, r.stdout + r.stderr
+    out = r.stdout + r.stderr
+    assert "dropped %d records" % dropped in out, out
+    backups = [d for d in os.listdir(data) if d.startswith("repair-")]
+    assert len(backups) == 1, os.listdir(data)
+    assert segments[-1] in os.listdir(data / backups[0])
+    assert (data / backups[0] / segments[-1]).read_bytes() == bytes(raw)
+
+    srv = _serve(servers, data, *QUIET_TIMERS)
+    # Rooms whose joins came before the damaged record are all there.
+    ch = srv.channel()
+    survivors = {k: v for k, v in acked.items() if k <= 5}
+    _assert_acked(ch, survivors)
+    assert srv.terminate() == 0, srv.stderr_tail()
+
+
+def test_missing_segment_after_snapshot_refuses_start(servers, tmp_path, control_bin):
+    data = tmp_path / "data"
+    args = QUIET_TIMERS + ["--snapshot-every", 20]
+    srv = _serve(servers, data, *args)
+    ch = srv.channel()
+    node = FakeNode(ch, "n1")
+    node.recv("welcome")
+    for room_id in range(1, 31):
+        _join(ch, room_id)
+    node.close()
+    assert srv.terminate() == 0, srv.stderr_tail()
+
+    snapshots = _files(data, "snapshot-", ".snap")
+    segments = _files(data, "wal-", ".log")
+    assert snapshots and segments, sorted(os.listdir(data))
+    snap_seq = int(snapshots[-1][len("snapshot-"):-len(".snap")], 16)
+    after = [s for s in segments if int(s[4:20], 16) > snap_seq]
+    assert after, (snapshots, segments)
+    os.unlink(data / after[-1])
+
+    srv = servers(data, *args)
+    _wait_refused_start(srv)
+    text = srv.stderr_text()
+    assert "missing" in text and "refusing to start" in text, srv.stderr_tail()
+    assert "seq %d" % (snap_seq + 1) in text or after[-1] in text, srv.stderr_tail()
+
+    r = _repair(control_bin, data)
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert "dropped" in r.stdout + r.stderr, r.stdout + r.stderr
+    srv = _serve(servers, data, *args)
+    assert srv.terminate() == 0, srv.stderr_tail()
+
+
+# ---- 3: refusals are not logged ---------------------------------------------------
+
+
+def test_refused_requests_are_not_logged(servers, tmp_path):
+    data = tmp_path / "data"
+    srv = _serve(servers, data, *QUIET_TIMERS)
+    ch = srv.channel()
+    node = FakeNode(ch, "n1")
+    node.recv("welcome")
+    j = _join(ch, 1)
+    acked = {1: (j.room.generation, j.lease_id)}
+    before = _wal_bytes(data)
+
+    huge = "n" * 15_000_000
+    fence_big = _refusal(lambda: admin(ch).FenceNode(
+        control_pb2.FenceNodeRequest(node_id=huge), timeout=4 * RPC_TIMEOUT_S))
+    join_big = _refusal(lambda: _join(ch, 2, node_id="ghost", features=["f" * 15_000_000]))
+    # Refused by the state core: nothing changed, so nothing is logged either.
+    join_ghost = _refusal(lambda: _join(ch, 3, node_id="ghost"))
+    fence_ghost = _refusal(lambda: admin(ch).FenceNode(
+        control_pb2.FenceNodeRequest(node_id="ghost"), timeout=RPC_TIMEOUT_S))
+    grown = _wal_bytes(data) - before
+    assert grown < 4096, "refused requests added %d bytes to the log" % grown
+    assert fence_big[0] == grpc.StatusCode.INVALID_ARGUMENT, fence_big
+    assert "node_id" in fence_big[1], fence_big
+    assert join_big[0] == grpc.StatusCode.INVALID_ARGUMENT, join_big
+    assert "engine_capabilities.features" in join_big[1], join_big
+    assert join_ghost[0] == grpc.StatusCode.NOT_FOUND, join_ghost
+    assert fence_ghost[0] == grpc.StatusCode.NOT_FOUND, fence_ghost
+
+    j = _join(ch, 4)
+    acked[4] = (j.room.generation, j.lease_id)
+    srv.kill9()
+    node.close()
+    srv = _serve(servers, data, *QUIET_TIMERS)
+    _assert_acked(srv.channel(), acked)
+    assert srv.terminate() == 0, srv.stderr_tail()
+
+
+# ---- 4: a full disk ------------------------------------------------------------------
+
+
+@pytest.fixture
+def small_fs(tmp_path):
+    """A 4 MiB tmpfs at tmp_path/fs (root only), unmounted at teardown."""
+    if os.geteuid() != 0:
+        pytest.skip("mounting a tmpfs needs root")
+    mnt = tmp_path / "fs"
+    mnt.mkdir()
+    r = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=4m,mode=0700", "tmpfs", str(mnt)],
+                       capture_output=True, text=True)
+    if r.returncode != 0:
+        pytest.skip("cannot mount a tmpfs: %s" % r.stderr.strip())
+    yield mnt
+    subprocess.run(["umount", "-l", str(mnt)], capture_output=True)
+
+
+def _fill(path):
+    """Writes `path` until the file system is full."""
+    with open(path, "wb", buffering=0) as f:
+        chunk = b"\0" * 65536
+        try:
+            while True:
+                f.write(chunk)
+        except OSError:
+            pass
+        try:
+            while True:
+                f.write(b"\0")
+        except OSError:
+            pass
+
+
+def test_disk_full_is_fail_stop(servers, small_fs):
+    data = small_fs / "data"
+    srv = _serve(servers, data, *QUIET_TIMERS)
+    ch = srv.channel()
+    node = FakeNode(ch, "n1")
+    node.recv("welcome")
+    acked = {}
+    for room_id in (1, 2):
+        j = _join(ch, room_id)
+        acked[room_id] = (j.room.generation, j.lease_id)
+
+    _fill(small_fs / "filler")
+    # A join of ~16 KiB (2000 page ranges): more than the slack of a page.
+    refused = None
+    for room_id in range(3, 13):
+        rq = join_request(room_id, "n1", types_pb2.ROLE_SOURCE, first=0)
+        del rq.ranges[:]
+        for i in range(2000):
+            rq.ranges.add(first=room_id * 10000 + 2 * i, count=1)
+        code, details = _refusal(lambda: control(ch).JoinRoom(rq, timeout=4 * RPC_TIMEOUT_S))
+        if code != grpc.StatusCode.OK:
+            refused = (room_id, code, details)
+            break
+        acked[room_id] = (_get_room(ch, room_id).room.generation, None)
+    assert refused is not None, "10 joins of 16 KiB fit on a full file system"
+    room_id, code, details = refused
+    assert code == grpc.StatusCode.UNAVAILABLE, refused
+    assert "retry" not in details, details
+    assert "space" in details and "restart" in details, details
+
+    # At once: not serving, and the refused join is not visible.
+    if health_pb2 is not None:
+        code, status = None, None
+        try:
+            status = health_pb2_grpc.HealthStub(ch).Check(
+                health_pb2.HealthCheckRequest(service=""), timeout=RPC_TIMEOUT_S).status
+        except grpc.RpcError as e:  # already exiting
+            code = e.code()
+        assert status != health_pb2.HealthCheckResponse.SERVING, (status, code)
+    code, _ = _refusal(lambda: _get_room(ch, room_id))
+    assert code != grpc.StatusCode.OK, "the refused join is visible"
+
+    # Fail-stop: it exits with a non-zero status for its supervisor.
+    rc = srv.wait_exit(15.0)
+    node.close()
+    srv.close_channels()
+    assert rc == EXIT_STORE_FAILED, (rc, srv.stderr_tail())
+    assert any("free space" in m for m in srv.log_errors()), srv.stderr_tail()
+
+    os.unlink(small_fs / "filler")
+    srv = _serve(servers, data, *QUIET_TIMERS)
+    ch = srv.channel()
+    for k, (generation, _lease) in acked.items():
+        assert _get_room(ch, k).room.generation == generation, k
+    code, _ = _refusal(lambda: _get_room(ch, room_id))
+    assert code == grpc.StatusCode.NOT_FOUND, code
+    assert srv.terminate() == 0, srv.stderr_tail()
