@@ -769,13 +769,14 @@ static void test_tls(void **state)
              "openssl x509 -req -in server.csr -CA ca.pem -CAkey ca.key -CAcreateserial "
              "  -out server.pem -days 2 -extfile server.ext; "
              "openssl req $K -keyout client.key -out client.csr -subj /CN=kvf-admin; "
+             "printf 'subjectAltName=URI:spiffe://kvfence/admin\\n' > client.ext; "
              "openssl x509 -req -in client.csr -CA ca.pem -CAkey ca.key -CAcreateserial "
-             "  -out client.pem -days 2) >/dev/null 2>&1",
+             "  -out client.pem -days 2 -extfile client.ext) >/dev/null 2>&1",
              dir);
-    if (system(cmd) != 0) {
+    if (system(cmd) != 0) { /* openssl is required at configure time */
         snprintf(cmd, sizeof cmd, "rm -rf %s", dir);
         (void)system(cmd);
-        skip();
+        fail_msg("openssl could not make the test certificates");
     }
     char cert[128], key[128], ca[128];
     snprintf(cert, sizeof cert, "%s/server.pem", dir);
@@ -798,6 +799,11 @@ static void test_tls(void **state)
                         "--tls-key %s/client.key nodes",
                         tp.target, dir, dir, dir);
     int rc_nocert = run_raw(out, "--server %s --tls-ca %s/ca.pem stats", tp.target, dir);
+    /* The server's certificate names no admin: refused (PERMISSION_DENIED). */
+    int rc_notadmin = run_raw(out,
+                              "--server %s --tls-ca %s/ca.pem --tls-cert %s/server.pem "
+                              "--tls-key %s/server.key stats",
+                              tp.target, dir, dir, dir);
     int rc_plain = run_raw(out, "--server %s stats", tp.target);
 
     kvf_proc_stop(&tp, 10000);
@@ -811,7 +817,8 @@ static void test_tls(void **state)
     assert_has(saved, "{\"rooms\":{");
     assert_int_equal(rc_ip, 0);     /* the certificate names 127.0.0.1 too */
     assert_int_equal(rc_nocert, 3); /* the server wants a client certificate */
-    assert_int_equal(rc_plain, 3);  /* plaintext to a TLS server */
+    assert_int_not_equal(rc_notadmin, 0);
+    assert_int_equal(rc_plain, 3); /* plaintext to a TLS server */
 }
 
 /* Counts the lines of `s` that hold `needle`. */
