@@ -9,6 +9,9 @@
  * waits for them to drain (bounded by --drain-timeout-ms), reports, ends its
  * session and exits 0. It exits 1 when the control plane refuses the node
  * (FAILED_PRECONDITION) or the node cannot start, 2 on a bad setting.
+ *
+ * With --probe it starts nothing: it asks the node already serving
+ * --local-socket for its health (probe.c) and exits 0 when SERVING, else 1.
  */
 #include <errno.h>
 #include <pthread.h>
@@ -25,6 +28,7 @@
 #include "kvf_file.h"
 #include "kvf_version.h"
 #include "node.h"
+#include "probe.h"
 
 /* An unset or empty string setting: NULL. */
 static const char *nonempty(const char *s)
@@ -37,8 +41,8 @@ struct settings {
         *fault_file, *test_fake_device_pools;
     const char *staging, *test_local_hold_file, *rdma, *rdma_fabric, *rdma_gid_index;
     const char *control_tls_ca, *control_tls_cert, *control_tls_key, *control_tls_server_name;
-    uint64_t data_port, peer_port, drain_timeout_ms, staging_buffers;
-    bool version;
+    uint64_t data_port, peer_port, drain_timeout_ms, staging_buffers, probe_timeout_ms;
+    bool version, probe;
 };
 
 /* Writes "DATA_PORT\nLOCAL_SOCKET\n" atomically (rename). */
@@ -60,6 +64,7 @@ int main(int argc, char **argv)
         .staging_buffers = 16,
         .rdma = "auto",
         .rdma_fabric = "kvf",
+        .probe_timeout_ms = 1000,
     };
     const struct kvf_config_item items[] = {
         {"control", KVF_CONFIG_STRING, &cfg.control, 0,
@@ -108,6 +113,11 @@ int main(int argc, char **argv)
          "RDMA GID index, or -1 for LID routing (default: 0 on Ethernet/RoCE and the fake "
          "fabric, -1 on InfiniBand)"},
         {"version", KVF_CONFIG_BOOL, &cfg.version, 0, "print the version and exit"},
+        {"probe", KVF_CONFIG_BOOL, &cfg.probe, 0,
+         "do not start: ask the node serving --local-socket for its grpc.health.v1 status, "
+         "exit 0 when SERVING, 1 otherwise (an exec probe)"},
+        {"probe-timeout-ms", KVF_CONFIG_UINT, &cfg.probe_timeout_ms, 60000,
+         "with --probe: how long to wait for the answer"},
     };
     size_t nitems = sizeof items / sizeof items[0];
     struct kvf_error err;
@@ -128,6 +138,11 @@ int main(int argc, char **argv)
                KVF_HAVE_CUDA_BUILD ? "yes" : "no");
         kvf_config_free();
         return 0;
+    }
+    if (cfg.probe) {
+        int probe_rc = kvf_node_probe(cfg.local_socket, (int64_t)cfg.probe_timeout_ms);
+        kvf_config_free();
+        return probe_rc;
     }
     if (!cfg.control || !cfg.control[0]) {
         fprintf(stderr, "kvfence-node: --control is required\n");

@@ -35,6 +35,7 @@
 #include <unistd.h>
 
 #include "health.h"
+#include "health_rpc.h"
 #include "kvf_api_descriptors.h"
 #include "reflection.h"
 #include "rpc_server.h"
@@ -810,62 +811,6 @@ static void unary_handler(void *vctx, struct kvf_rpc_call *call, const uint8_t *
     post_job(b->svc, job);
 }
 
-/* ---- health ------------------------------------------------------------------ */
-
-static void health_check(void *vctx, struct kvf_rpc_call *call, const uint8_t *req, size_t len)
-{
-    struct kvf_svc *svc = vctx;
-    uint8_t *resp = NULL;
-    size_t resp_len = 0;
-    int code = 0;
-    int rc = kvf_health_check(svc->health, req ? req : empty_msg, len, &resp, &resp_len, &code);
-    if (rc < 0) {
-        kvf_rpc_call_fail(
-            call, rc == -ENOMEM ? KVF_GRPC_RESOURCE_EXHAUSTED : KVF_GRPC_INVALID_ARGUMENT,
-            rc == -ENOMEM ? "out of memory" : "request: does not decode as HealthCheckRequest");
-        return;
-    }
-    if (code == KVF_GRPC_OK) {
-        kvf_rpc_call_reply(call, resp, resp_len);
-    } else {
-        kvf_rpc_call_fail(call, code, "service: not registered with the health service");
-    }
-    free(resp);
-}
-
-/* Runs with the health registry's mutex held: only queue the bytes. */
-static void health_watch_cb(void *ctx, const uint8_t *resp, size_t len)
-{
-    struct kvf_rpc_stream *stream = ctx;
-    kvf_rpc_stream_send(stream, len ? resp : empty_msg, len);
-}
-
-static void health_watch_open(void *vctx, struct kvf_rpc_stream *stream, const uint8_t *req,
-                              size_t len)
-{
-    struct kvf_svc *svc = vctx;
-    int rc = kvf_health_watch_add_request(svc->health, req ? req : empty_msg, len, health_watch_cb,
-                                          stream);
-    if (rc < 0) {
-        kvf_rpc_stream_finish(
-            stream, rc == -ENOMEM ? KVF_GRPC_RESOURCE_EXHAUSTED : KVF_GRPC_INVALID_ARGUMENT,
-            rc == -ENOMEM ? "out of memory" : "request: does not decode as HealthCheckRequest");
-        return;
-    }
-    kvf_rpc_stream_set_user(stream, svc);
-}
-
-static void health_watch_closed(void *vctx, struct kvf_rpc_stream *stream,
-                                enum kvf_rpc_close_reason reason)
-{
-    struct kvf_svc *svc = vctx;
-    (void)reason;
-    if (kvf_rpc_stream_user(stream)) {
-        kvf_health_watch_remove(svc->health, health_watch_cb, stream);
-        kvf_rpc_stream_set_user(stream, NULL);
-    }
-}
-
 /* ---- reflection ---------------------------------------------------------------- */
 
 static void refl_open(void *vctx, struct kvf_rpc_stream *stream, const uint8_t *req, size_t len)
@@ -1032,14 +977,7 @@ int kvf_svc_register(struct kvf_svc *svc, struct kvf_rpc_server *srv)
     if (rc < 0) {
         return rc;
     }
-    rc = kvf_rpc_server_add_unary(srv, "/grpc.health.v1.Health/Check", health_check, svc);
-    if (rc < 0) {
-        return rc;
-    }
-    const struct kvf_rpc_stream_callbacks watch = {.on_open = health_watch_open,
-                                                   .on_closed = health_watch_closed};
-    rc = kvf_rpc_server_add_stream(srv, "/grpc.health.v1.Health/Watch", KVF_RPC_SERVER_STREAMING,
-                                   &watch, svc);
+    rc = kvf_health_rpc_register(srv, svc->health);
     if (rc < 0) {
         return rc;
     }

@@ -685,6 +685,8 @@ int node_local_start(struct kvf_node *n)
         rc = node_watch_register(n);
     if (rc == 0)
         rc = node_pool_admin_register(n); /* UnregisterPool */
+    if (rc == 0)
+        rc = node_health_register(n); /* grpc.health.v1.Health */
     if (rc == 0) {
         rc = kvf_rpc_server_start(n->local_srv);
         if (rc > 0)
@@ -704,5 +706,6 @@ void node_local_stop(struct kvf_node *n)
     kvf_rpc_server_shutdown(n->local_srv, 1000);
     kvf_rpc_server_destroy(n->local_srv);
     n->local_srv = NULL;
+    node_health_free(n);
     (void)unlink(n->local_socket);
 }

@@ -1113,6 +1113,7 @@ static void *owner_main(void *arg)
             send_heartbeat(n);
             n->next_hb_ms = now + (int64_t)n->hb_interval_ms;
         }
+        node_health_update(n);
         if (n->stop_requested) {
             bool done = kvf_lt_table_can_teardown(n->lts);
             if (done || now >= n->stop_deadline_ms) {
@@ -1265,6 +1266,7 @@ int kvf_node_wait_ready(struct kvf_node *n, int64_t timeout_ms)
 int kvf_node_stop(struct kvf_node *n)
 {
     int rc = 0;
+    node_health_shutdown(n); /* probes see NOT_SERVING before the drain */
     if (n->owner_started) {
         /* Synchronous, on the stack: a stop needs no allocation. */
         struct node_job j;

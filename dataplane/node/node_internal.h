@@ -297,6 +297,10 @@ struct kvf_node {
 
     /* NodeLocal server. */
     struct kvf_rpc_server *local_srv;
+    /* grpc.health.v1 on the same socket (node_health.c): the registry (its
+     * own mutex), and what the owner last set in it (owner thread). */
+    struct kvf_health *health;
+    bool health_serving;
 
     /* Local transport, staging, transport choice (xport.c; owner thread). */
     struct node_xport *xp;
@@ -450,5 +454,11 @@ void node_substream_end_all(struct kvf_node *n);   /* after the owner exited */
 /* pool_admin.c */
 int node_pool_admin_register(struct kvf_node *n);                        /* adds UnregisterPool */
 void node_local_unregister_pool(struct kvf_node *n, struct node_job *j); /* owner */
+
+/* node_health.c */
+int node_health_register(struct kvf_node *n);  /* before the NodeLocal server starts */
+void node_health_update(struct kvf_node *n);   /* owner: after each turn of its loop */
+void node_health_shutdown(struct kvf_node *n); /* at stop: NOT_SERVING for good */
+void node_health_free(struct kvf_node *n);     /* after the server stopped */
 
 #endif /* KVF_NODE_INTERNAL_H */

@@ -3,7 +3,8 @@
 import { test } from "node:test";
 import assert from "node:assert/strict";
 import {
-  renders, ofKind, one, byName, control, node, portOf, hostOf, resolvePort, matches, quantity, controlSettingNames,
+  renders, ofKind, one, byName, control, node, parseArgs, portOf, hostOf, resolvePort, matches, quantity,
+  controlSettingNames,
 } from "./lib.mjs";
 
 const all = renders();
@@ -153,11 +154,19 @@ for (const r of all) {
     assert.ok(s.control, "no --control");
     assert.equal(hostOf(s.control).split(".")[0], client.metadata.name, `--control ${s.control}`);
     assert.equal(portOf(s.control), portOf(ctl.s.listen), `--control ${s.control}: port`);
-    // Probes: the local socket (grpc.health.v1 is served there, out of the kubelet's reach) and the data port.
+    // Probes: grpc.health.v1 on the local socket (out of the kubelet's reach, so an exec of
+    // `kvfence-node --probe` on the node's own socket) and the data port.
     const dataPort = Number(s["data-port"]);
     assert.ok(dataPort > 0, "--data-port must be fixed (peers dial it)");
     assert.equal(c.ports.find((p) => p.name === "data")?.containerPort, dataPort, "containerPort data");
-    assert.deepEqual(c.readinessProbe?.exec?.command, ["test", "-S", s["local-socket"]], "readiness: the local socket");
+    const probe = c.readinessProbe?.exec?.command ?? [];
+    const probeArgs = parseArgs(probe.slice(1));
+    assert.equal(probe[0], "kvfence-node", "readiness: kvfence-node --probe (grpc.health.v1)");
+    assert.equal(probeArgs.probe, "true", "readiness: kvfence-node --probe");
+    assert.equal(probeArgs["local-socket"], s["local-socket"], "readiness: the node's local socket");
+    const probeMs = Number(probeArgs["probe-timeout-ms"] ?? 1000);
+    assert.ok((c.readinessProbe.timeoutSeconds ?? 1) * 1000 > probeMs,
+      `readiness: timeoutSeconds ${c.readinessProbe.timeoutSeconds} must exceed --probe-timeout-ms ${probeMs}`);
     assert.equal(resolvePort(c, c.livenessProbe?.tcpSocket?.port), dataPort, "liveness: the data port");
     // The peer channel: fixed too (peers connect to the endpoint the Hello announces), not the data port.
     const peerPort = Number(s["peer-port"]);
