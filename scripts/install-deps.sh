@@ -18,8 +18,9 @@ packages=(
     # tests and interop clients
     libcmocka-dev python3 python3-grpcio python3-grpc-tools python3-protobuf
     protobuf-compiler-grpc python3-pytest
-    # formatting check
-    clang-format
+    # formatting check; clang with its libFuzzer runtime for tests/fuzz (and
+    # the clang build that every change must pass)
+    clang-format clang libclang-rt-14-dev
     # deployment checks (tests/deploy: unzips helm and kubectl from an npm package)
     unzip
     # TLS tests make throwaway certificates with the openssl command
