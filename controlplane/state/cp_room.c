@@ -583,13 +583,6 @@ int kvf_cps_join(struct kvf_cps *st, const struct kvf_cps_join *join, kvf_time_n
                              node->id);
 
     struct cp_room *room = cp_map_get(&st->rooms, join->room_id);
-    if (room != NULL && room->nawaiting > 0)
-        return kvf_error_set(err, -EBUSY,
-                             "room_id: room %" PRIu64 ":%" PRIu64 " is %s but %" PRIu32
-                             " of its leases still wait for a proof from their node's host; its "
-                             "id cannot be reused until they are released",
-                             room->key.room_id, room->key.generation,
-                             kvf_cps_room_state_name(room->state), room->nawaiting);
     struct cp_room *live = room != NULL && !cp_room_terminal(room) ? room : NULL;
     if (live != NULL) {
         struct cp_part *same = NULL;
@@ -620,6 +613,13 @@ int kvf_cps_join(struct kvf_cps *st, const struct kvf_cps_join *join, kvf_time_n
     if (rc != 0)
         return rc;
 
+    if (live == NULL && room != NULL && room->nawaiting > 0)
+        return kvf_error_set(err, -EBUSY,
+                             "room_id: room %" PRIu64 ":%" PRIu64 " is %s but %" PRIu32
+                             " of its leases still wait for a proof from their node's host; its "
+                             "id cannot be reused until they are released",
+                             room->key.room_id, room->key.generation,
+                             kvf_cps_room_state_name(room->state), room->nawaiting);
     /* Reserve and allocate everything; nothing is visible yet. */
     struct cp_room *target = live;
     struct cp_room *fresh = NULL;
