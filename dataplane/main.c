@@ -41,6 +41,7 @@ struct settings {
         *fault_file, *test_fake_device_pools;
     const char *staging, *test_local_hold_file, *rdma, *rdma_fabric, *rdma_gid_index;
     const char *control_tls_ca, *control_tls_cert, *control_tls_key, *control_tls_server_name;
+    const char *run_dir;
     uint64_t data_port, peer_port, drain_timeout_ms, staging_buffers, probe_timeout_ms;
     bool version, probe;
 };
@@ -80,6 +81,10 @@ int main(int argc, char **argv)
         {"node-id", KVF_CONFIG_STRING, &cfg.node_id, 0, "this node's id (default: hostname)"},
         {"local-socket", KVF_CONFIG_STRING, &cfg.local_socket, 0,
          "unix socket of the NodeLocal service (engines)"},
+        {"run-dir", KVF_CONFIG_STRING, &cfg.run_dir, 0,
+         "directory of the host lock kvfence-node-<id>.lock, held for the process's life: a "
+         "restarted node that takes it witnesses its predecessor's death (default: the lock is "
+         "<local socket>.lock)"},
         {"data-host", KVF_CONFIG_STRING, &cfg.data_host, 0,
          "numeric IPv4 the TCP data transport binds and announces"},
         {"data-port", KVF_CONFIG_UINT, &cfg.data_port, 65535, "TCP data port (0: any)"},
@@ -209,6 +214,7 @@ int main(int argc, char **argv)
     opts.control_tls_server_name = nonempty(cfg.control_tls_server_name);
     opts.node_id = cfg.node_id;
     opts.local_socket = cfg.local_socket;
+    opts.run_dir = cfg.run_dir;
     opts.data_host = cfg.data_host;
     opts.data_port = (uint16_t)cfg.data_port;
     opts.peer_port = (uint16_t)cfg.peer_port;

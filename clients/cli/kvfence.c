@@ -399,7 +399,19 @@ static void json_lease(struct cli_json *j, const char *key, const Kvfence__V1__L
     cli_json_arr_end(j);
     cli_json_str(j, "mode", LEASE_MODE_NAME(l->mode, b));
     cli_json_str(j, "state", LEASE_STATE_NAME(l->state, b));
+    if (l->awaiting_host_proof) /* only then: its node was lost, no timer ends the wait */
+        cli_json_bool(j, "awaiting_host_proof", true);
     cli_json_obj_end(j);
+}
+
+/* A lease's state for a table: a RELEASING lease that waits for a proof from its
+ * lost node's host says so (deploy/README.md, runbook 4). */
+static const char *lease_state_cell(const Kvfence__V1__Lease *l, char *b, size_t size)
+{
+    char nb[64];
+    const char *name = LEASE_STATE_NAME(l ? l->state : 0, nb);
+    snprintf(b, size, "%s%s", name, l && l->awaiting_host_proof ? " (waits for host proof)" : "");
+    return b;
 }
 
 /* "0+16,64+8": the ranges as first+count. */
@@ -690,7 +702,8 @@ static int cmd_room(struct cli *c)
                 cli_table_cell(&t, "%u", pp ? pp->rank : 0);
                 cli_table_cell(&t, "%s", ROLE_NAME(pp ? pp->role : 0, b));
                 cli_table_cell(&t, "%" PRIu64, p->lease ? p->lease->lease_id : 0);
-                cli_table_cell(&t, "%s", LEASE_STATE_NAME(p->lease ? p->lease->state : 0, b));
+                char sb[96];
+                cli_table_cell(&t, "%s", lease_state_cell(p->lease, sb, sizeof sb));
                 cli_table_cell(&t, "%u", p->lease ? p->lease->pool_id : 0);
                 cli_table_cell(&t, "%" PRIu64, lease_pages(p->lease));
                 cli_table_cell(&t, "%s", p->completed ? "yes" : "no");
@@ -754,7 +767,8 @@ static int cmd_leases(struct cli *c)
                 cli_table_cell(&t, "%s", ROLE_NAME(l->participant ? l->participant->role : 0, b));
                 cli_table_cell(&t, "%u", l->pool_id);
                 cli_table_cell(&t, "%s", LEASE_MODE_NAME(l->mode, b));
-                cli_table_cell(&t, "%s", LEASE_STATE_NAME(l->state, b));
+                char sb[96];
+                cli_table_cell(&t, "%s", lease_state_cell(l, sb, sizeof sb));
                 cli_table_cell(&t, "%" PRIu64, lease_pages(l));
                 fmt_ranges(l, rb, sizeof rb);
                 cli_table_cell(&t, "%s", rb);

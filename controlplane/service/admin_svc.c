@@ -69,6 +69,7 @@ static void stats_run(struct kvf_svc_ctx *ctx, struct kvf_rpc_call *call, const 
     rs.rooms_past_deadline = s.rooms_past_deadline;
     rs.fences_requested = s.fences_requested;
     rs.generation = s.generation;
+    rs.leases_awaiting_host_proof = s.leases_awaiting_host_proof;
     rs.uptime_ms = age_ms(now, ctx->started_at);
     kvf_svc_reply(call, &rs.base);
 }

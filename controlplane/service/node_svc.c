@@ -452,6 +452,7 @@ static int pools_from_wire(Kvfence__V1__Pool *const *in, size_t n, struct kvf_cp
         out[i].pool_id = in[i]->pool_id;
         out[i].page_size = in[i]->page_size;
         out[i].page_count = in[i]->page_count;
+        out[i].key = in[i]->pool_key; /* "" when absent */
     }
     *out_p = out;
     return 0;
@@ -533,6 +534,7 @@ static int apply_hello(struct kvf_svc_ctx *ctx, const Kvfence__V1__Hello *h, kvf
             kvf_svc_features_from_names(h->capabilities->features, h->capabilities->n_features),
         .pools = pools,
         .pool_count = h->n_pools,
+        .witnessed_gone = h->witnessed_gone,
     };
     uint32_t features_missing = kvf_features_first_missing(ch.features, KVF_FEATURES_REQUIRED);
     int rc;
@@ -734,9 +736,20 @@ static int apply_report(struct kvf_svc_ctx *ctx, const char *node_id, uint64_t i
         if (!key_from_wire(m->drained->room, &key))
             rc = kvf_error_set(err, -EINVAL, "drained.room: missing");
         else
-            rc = kvf_cps_report_drained(ctx->cps, node_id, incarnation, key, tok, now, err);
+            rc = kvf_cps_report_drained_of(ctx->cps, node_id, incarnation, m->drained->incarnation,
+                                           key, tok, now, err);
         break;
     }
+    case KVFENCE__V1__NODE_MESSAGE__MSG_WITNESS:
+        what = "witness";
+        rc = kvf_cps_node_witness(ctx->cps, node_id, incarnation, m->witness->gone_incarnation, now,
+                                  err);
+        if (rc == 0)
+            kvf_log_node("info", node_id, incarnation,
+                         "node %s witnesses that its incarnations up to %" PRIu64
+                         " are gone: their leases waiting for this host are released",
+                         node_id, m->witness->gone_incarnation);
+        break;
     case KVFENCE__V1__NODE_MESSAGE__MSG_COMPLETED:
         what = "completed";
         if (!key_from_wire(m->completed->room, &key))
@@ -770,7 +783,7 @@ static int apply_report(struct kvf_svc_ctx *ctx, const char *node_id, uint64_t i
         }
         for (size_t i = 0; i < pu->n_upserted; i++)
             up[i] = (struct kvf_cps_pool){pu->upserted[i]->pool_id, pu->upserted[i]->page_size,
-                                          pu->upserted[i]->page_count};
+                                          pu->upserted[i]->page_count, pu->upserted[i]->pool_key};
         /* One change: a refused removal leaves the upserts unapplied too. */
         rc = kvf_cps_node_update_pools(ctx->cps, node_id, incarnation, up, pu->n_upserted,
                                        pu->removed_pool_ids, pu->n_removed_pool_ids, err);

@@ -61,6 +61,7 @@ int kvf_svc_lease_fill(struct kvf_svc_lease_buf *b, kvf_room_key key,
     b->lease.mode = pv->role == KVF_CPS_ROLE_SOURCE ? KVFENCE__V1__LEASE_MODE__LEASE_MODE_READ
                                                     : KVFENCE__V1__LEASE_MODE__LEASE_MODE_WRITE;
     b->lease.state = (Kvfence__V1__LeaseState)pv->lease_state;
+    b->lease.awaiting_host_proof = pv->awaiting_host_proof;
     return 0;
 }
 

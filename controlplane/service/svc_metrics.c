@@ -173,6 +173,11 @@ static void collect(void *ctx, struct kvf_metrics_writer *w)
     kvf_metrics_write_gauge(w, "kvfence_notices_pending",
                             "Abort notices and fence requests not yet acknowledged.", NULL,
                             (double)s.notices_pending);
+    kvf_metrics_write_gauge(w, "kvfence_leases_awaiting_host_proof",
+                            "RELEASING leases of ended rooms that wait for a proof from their "
+                            "lost node's host (its Drained, or its death witnessed there). No "
+                            "timer ends the wait: kill the frozen kvfence-node (deploy/README.md).",
+                            NULL, (double)s.leases_awaiting_host_proof);
     kvf_metrics_write_gauge(w, "kvfence_rooms_past_drain_deadline",
                             "ABORTING rooms past their drain deadline.", NULL,
                             (double)s.rooms_past_deadline);

@@ -20,10 +20,16 @@
  */
 #include <errno.h>
 #include <inttypes.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "cp_state_internal.h"
+
+static bool key_set(const char *key)
+{
+    return key != NULL && key[0] != '\0';
+}
 
 bool cp_node_id_valid(const char *id)
 {
@@ -330,6 +336,21 @@ static int validate_hello(const struct kvf_cps *st, const struct kvf_cps_node_he
                                      h->pools[i].pool_id);
         }
     }
+    for (size_t i = 0; i < h->pool_count; i++) {
+        if (h->pools[i].key != NULL &&
+            strnlen(h->pools[i].key, KVF_CPS_POOL_KEY_MAX + 1) > KVF_CPS_POOL_KEY_MAX)
+            return kvf_error_set(err, -EINVAL, "pools[%zu].key: longer than %d bytes", i,
+                                 KVF_CPS_POOL_KEY_MAX);
+        for (size_t j = 0; j < i && key_set(h->pools[i].key); j++) {
+            if (key_set(h->pools[j].key) && strcmp(h->pools[j].key, h->pools[i].key) == 0)
+                return kvf_error_set(err, -EINVAL, "pools[%zu].key: '%s' repeated", i,
+                                     h->pools[i].key);
+        }
+    }
+    if (h->witnessed_gone >= h->incarnation)
+        return kvf_error_set(err, -EINVAL,
+                             "witnessed_gone: %" PRIu64 " is not below incarnation %" PRIu64,
+                             h->witnessed_gone, h->incarnation);
     uint32_t lo = h->protocol_min > st->opts.protocol_min ? h->protocol_min : st->opts.protocol_min;
     uint32_t hi = h->protocol_max < st->opts.protocol_max ? h->protocol_max : st->opts.protocol_max;
     if (lo > hi)
@@ -350,19 +371,86 @@ static void set_caps(const struct kvf_cps *st, struct cp_node *n,
     n->features = h->features;
 }
 
-static struct cp_pool *pool_new(const struct kvf_cps_pool *p)
+/* The pool with memory `key` in which an incarnation of the chain from
+ * `older` down still holds leases, or NULL. */
+static struct cp_pool *held_pool(const struct cp_node *older, const char *key)
 {
-    struct cp_pool *pool = calloc(1, sizeof(*pool));
+    if (!key_set(key))
+        return NULL;
+    for (const struct cp_node *n = older; n != NULL; n = n->older) {
+        for (uint32_t i = 0; i < n->npools; i++) {
+            struct cp_pool *p = n->pools[i];
+            if (p->nleases > 0 && strcmp(p->key, key) == 0)
+                return p;
+        }
+    }
+    return NULL;
+}
+
+int cp_pool_check_key(const struct cp_node *older, const struct kvf_cps_pool *p, const char *field,
+                      size_t i, struct kvf_error *err)
+{
+    if (p->key != NULL && strnlen(p->key, KVF_CPS_POOL_KEY_MAX + 1) > KVF_CPS_POOL_KEY_MAX)
+        return kvf_error_set(err, -EINVAL, "%s[%zu].key: longer than %d bytes", field, i,
+                             KVF_CPS_POOL_KEY_MAX);
+    const struct cp_pool *held = held_pool(older, p->key);
+    if (held != NULL && (held->page_size != p->page_size || held->page_count != p->page_count))
+        return kvf_error_set(err, -EBUSY,
+                             "%s[%zu]: memory '%s' still has %" PRIu32 " leases of an older "
+                             "incarnation with %" PRIu32 " pages of %" PRIu32
+                             " bytes; its size cannot change until they are released",
+                             field, i, p->key, held->nleases, held->page_count, held->page_size);
+    return 0;
+}
+
+int cp_pool_check_unique(const struct cp_node *node, const struct kvf_cps_pool *p,
+                         const char *field, size_t i, struct kvf_error *err)
+{
+    if (!key_set(p->key))
+        return 0;
+    for (uint32_t k = 0; k < node->npools; k++) {
+        const struct cp_pool *q = node->pools[k];
+        if (q->pool_id != p->pool_id && strcmp(q->key, p->key) == 0)
+            return kvf_error_set(err, -EEXIST,
+                                 "%s[%zu].key: memory '%s' is already pool %" PRIu32 " of node %s",
+                                 field, i, p->key, q->pool_id, node->id);
+    }
+    return 0;
+}
+
+bool cp_pool_key_fits(const struct cp_pool *pool, const struct kvf_cps_pool *p)
+{
+    return pool->nleases == 0 || strcmp(pool->key, key_set(p->key) ? p->key : "") == 0;
+}
+
+void cp_pool_set_key(struct cp_pool *pool, const struct kvf_cps_pool *p)
+{
+    snprintf(pool->key, sizeof(pool->key), "%s", key_set(p->key) ? p->key : "");
+}
+
+struct cp_pool *cp_pool_new(const struct cp_node *older, const struct kvf_cps_pool *p)
+{
+    /* The same memory as a pool whose leases an older incarnation holds:
+     * those pages stay out of every new lease until they are released. */
+    struct cp_pool *pool = held_pool(older, p->key);
+    if (pool != NULL) {
+        cp_pool_ref(pool);
+        pool->pool_id = p->pool_id; /* pool ids are per incarnation */
+        return pool;
+    }
+    pool = calloc(1, sizeof(*pool));
     if (pool != NULL) {
         pool->pool_id = p->pool_id;
         pool->page_size = p->page_size;
         pool->page_count = p->page_count;
         pool->refs = 1;
+        cp_pool_set_key(pool, p);
     }
     return pool;
 }
 
-static struct cp_node *node_new(struct kvf_cps *st, const struct kvf_cps_node_hello *h)
+static struct cp_node *node_new(struct kvf_cps *st, const struct kvf_cps_node_hello *h,
+                                const struct cp_node *older)
 {
     struct cp_node *n = calloc(1, sizeof(*n));
     if (n == NULL)
@@ -371,7 +459,7 @@ static struct cp_node *node_new(struct kvf_cps *st, const struct kvf_cps_node_he
     if (n->pools == NULL)
         goto err_free_node;
     for (size_t i = 0; i < h->pool_count; i++) {
-        n->pools[i] = pool_new(&h->pools[i]);
+        n->pools[i] = cp_pool_new(older, &h->pools[i]);
         if (n->pools[i] == NULL)
             goto err_free_pools;
         n->npools++;
@@ -400,6 +488,16 @@ static int reattach(struct kvf_cps *st, struct cp_node *node, const struct kvf_c
     size_t added = 0;
     for (size_t i = 0; i < h->pool_count; i++) {
         const struct cp_pool *old = cp_node_pool(node, h->pools[i].pool_id);
+        int rc = cp_pool_check_key(old == NULL ? node->older : NULL, &h->pools[i], "pools", i, err);
+        if (rc == 0)
+            rc = cp_pool_check_unique(node, &h->pools[i], "pools", i, err);
+        if (rc != 0)
+            return rc;
+        if (old != NULL && !cp_pool_key_fits(old, &h->pools[i]))
+            return kvf_error_set(err, -EBUSY,
+                                 "pools[%zu]: pool %" PRIu32 " has leases in memory '%s'; it "
+                                 "cannot name other memory",
+                                 i, old->pool_id, old->key);
         if (old == NULL) {
             added++;
         } else if (old->nleases > 0 && (old->page_size != h->pools[i].page_size ||
@@ -428,7 +526,7 @@ static int reattach(struct kvf_cps *st, struct cp_node *node, const struct kvf_c
     for (size_t i = 0; i < h->pool_count; i++) {
         if (cp_node_pool(node, h->pools[i].pool_id) != NULL)
             continue;
-        struct cp_pool *p = pool_new(&h->pools[i]);
+        struct cp_pool *p = cp_pool_new(node->older, &h->pools[i]);
         if (p == NULL) {
             while (nfresh > 0)
                 cp_pool_free(node->pools[node->npools + --nfresh]);
@@ -446,6 +544,7 @@ static int reattach(struct kvf_cps *st, struct cp_node *node, const struct kvf_c
         if (p != NULL) {
             p->page_size = h->pools[i].page_size;
             p->page_count = h->pools[i].page_count;
+            cp_pool_set_key(p, &h->pools[i]);
         }
     }
     node->npools += (uint32_t)nfresh;
@@ -473,6 +572,12 @@ static int check_adoptable_pools(const struct cp_node *old, const struct kvf_cps
                                  struct kvf_error *err)
 {
     for (size_t i = 0; i < h->pool_count; i++) {
+        if (key_set(h->pools[i].key)) {
+            int rc = cp_pool_check_key(old, &h->pools[i], "pools", i, err);
+            if (rc != 0)
+                return rc;
+            continue;
+        }
         const struct cp_pool *p = cp_node_pool(old, h->pools[i].pool_id);
         if (p != NULL && p->nleases > 0 &&
             (p->page_size != h->pools[i].page_size || p->page_count != h->pools[i].page_count))
@@ -485,9 +590,14 @@ static int check_adoptable_pools(const struct cp_node *old, const struct kvf_cps
     return 0;
 }
 
+/* A pool without a key is known by its id only (an older node): the pool of
+ * the same id that the old incarnation's leases hold. Keyed pools were
+ * matched by key in node_new. */
 static void adopt_pools(struct cp_node *node, struct cp_node *old)
 {
     for (uint32_t i = 0; i < node->npools; i++) {
+        if (node->pools[i]->key[0] != '\0')
+            continue;
         for (uint32_t j = 0; j < old->npools; j++) {
             struct cp_pool *p = old->pools[j];
             if (p->pool_id != node->pools[i]->pool_id || p->nleases == 0)
@@ -518,6 +628,8 @@ int kvf_cps_node_attach(struct kvf_cps *st, const struct kvf_cps_node_hello *hel
                                  " is LOST; restart with a new incarnation",
                                  old->id, old->incarnation);
         rc = reattach(st, old, hello, now, err);
+        if (rc == 0 && hello->witnessed_gone != 0)
+            cp_node_mark_gone(st, old, hello->witnessed_gone, now);
         if (rc == 0 && version_p != NULL)
             *version_p = old->version;
         return rc;
@@ -529,7 +641,7 @@ int kvf_cps_node_attach(struct kvf_cps *st, const struct kvf_cps_node_hello *hel
     }
     if (cp_map_reserve(&st->nodes, 1) != 0 || cp_fx_reserve(st, 2) != 0)
         return kvf_error_set(err, -ENOMEM, "out of memory");
-    struct cp_node *node = node_new(st, hello);
+    struct cp_node *node = node_new(st, hello, old);
     if (node == NULL)
         return kvf_error_set(err, -ENOMEM, "out of memory");
     if (old != NULL)
@@ -545,10 +657,44 @@ int kvf_cps_node_attach(struct kvf_cps *st, const struct kvf_cps_node_hello *hel
          * complete barriers that waited for it. */
         for (struct cp_rnode *rn = old->rnodes; rn != NULL; rn = rn->node_next)
             cp_room_try_finish(st, rn->room, now);
+        if (hello->witnessed_gone != 0)
+            cp_node_mark_gone(st, node, hello->witnessed_gone, now);
         cp_node_maybe_free(st, old);
     }
     if (version_p != NULL)
         *version_p = node->version;
+    return 0;
+}
+
+/* ---- witnesses ------------------------------------------------------------ */
+
+void cp_node_mark_gone(struct kvf_cps *st, struct cp_node *node, uint64_t gone_inc, kvf_time_ns now)
+{
+    for (struct cp_node *n = node->older; n != NULL; n = n->older) {
+        if (n->incarnation > gone_inc || n->gone)
+            continue;
+        n->gone = true;
+        size_t need = 0;
+        for (struct cp_rnode *rn = n->rnodes; rn != NULL; rn = rn->node_next)
+            need += (size_t)rn->room->nparts + 2;
+        (void)cp_fx_reserve(st, need); /* a failure is counted by cp_fx_push */
+        for (struct cp_rnode *rn = n->rnodes; rn != NULL; rn = rn->node_next)
+            cp_rnode_host_proof(st, rn, now);
+    }
+}
+
+int kvf_cps_node_witness(struct kvf_cps *st, const char *node_id, uint64_t incarnation,
+                         uint64_t gone_incarnation, kvf_time_ns now, struct kvf_error *err)
+{
+    struct cp_node *node;
+    int rc = cp_node_for_report(st, node_id, incarnation, &node, err);
+    if (rc != 0)
+        return rc;
+    if (gone_incarnation == 0 || gone_incarnation >= incarnation)
+        return kvf_error_set(
+            err, -EINVAL, "gone_incarnation: %" PRIu64 " is not an older incarnation than %" PRIu64,
+            gone_incarnation, incarnation);
+    cp_node_mark_gone(st, node, gone_incarnation, now);
     return 0;
 }
 
@@ -601,7 +747,18 @@ int kvf_cps_node_set_pool(struct kvf_cps *st, const char *node_id, uint64_t inca
     if (rc != 0)
         return rc;
     struct cp_pool *p = cp_node_pool(node, pool->pool_id);
+    rc = cp_pool_check_key(p == NULL ? node->older : NULL, pool, "pool", 0, err);
+    if (rc == 0)
+        rc = cp_pool_check_unique(node, pool, "pool", 0, err);
+    if (rc != 0)
+        return rc;
     if (p != NULL) {
+        if (!cp_pool_key_fits(p, pool))
+            return kvf_error_set(err, -EBUSY,
+                                 "pool %" PRIu32 " of node %s has leases in memory '%s'; it "
+                                 "cannot name other memory",
+                                 p->pool_id, node->id, p->key);
+        cp_pool_set_key(p, pool);
         bool same = p->page_size == pool->page_size && p->page_count == pool->page_count;
         if (same)
             return 0;
@@ -625,7 +782,7 @@ int kvf_cps_node_set_pool(struct kvf_cps *st, const char *node_id, uint64_t inca
     if (pools == NULL)
         return kvf_error_set(err, -ENOMEM, "out of memory");
     node->pools = pools;
-    p = pool_new(pool);
+    p = cp_pool_new(node->older, pool);
     if (p == NULL)
         return kvf_error_set(err, -ENOMEM, "out of memory");
     node->pools[node->npools++] = p;

@@ -101,6 +101,21 @@ int kvf_cps_node_update_pools(struct kvf_cps *st, const char *node_id, uint64_t 
                                      "upserted[%zu].pool_id: %" PRIu32 " is also removed", i,
                                      up[i].pool_id);
         const struct cp_pool *p = cp_node_pool(node, up[i].pool_id);
+        rc = cp_pool_check_key(p == NULL ? node->older : NULL, &up[i], "upserted", i, err);
+        if (rc == 0)
+            rc = cp_pool_check_unique(node, &up[i], "upserted", i, err);
+        if (rc != 0)
+            return rc;
+        for (size_t j = 0; j < i; j++)
+            if (up[i].key != NULL && up[i].key[0] != '\0' && up[j].key != NULL &&
+                strcmp(up[j].key, up[i].key) == 0)
+                return kvf_error_set(err, -EINVAL, "upserted[%zu].key: '%s' repeated", i,
+                                     up[i].key);
+        if (p != NULL && !cp_pool_key_fits(p, &up[i]))
+            return kvf_error_set(err, -EBUSY,
+                                 "pool %" PRIu32 " of node %s has leases in memory '%s'; it "
+                                 "cannot name other memory",
+                                 p->pool_id, node->id, p->key);
         if (p == NULL)
             nnew++;
         else if (p->nleases > 0 &&
@@ -137,22 +152,20 @@ int kvf_cps_node_update_pools(struct kvf_cps *st, const char *node_id, uint64_t 
     for (size_t i = 0; i < nup; i++) {
         if (cp_node_pool(node, up[i].pool_id) != NULL)
             continue;
-        struct cp_pool *p = calloc(1, sizeof(*p));
+        struct cp_pool *p = cp_pool_new(node->older, &up[i]);
         if (p == NULL) {
             while (nfresh > 0)
                 cp_pool_free(node->pools[node->npools + --nfresh]);
             return kvf_error_set(err, -ENOMEM, "out of memory");
         }
-        p->pool_id = up[i].pool_id;
-        p->page_size = up[i].page_size;
-        p->page_count = up[i].page_count;
-        p->refs = 1;
         node->pools[node->npools + nfresh++] = p;
     }
     /* Then the changes, which cannot fail: resize the known ones, take the new
      * ones in, remove. */
     for (size_t i = 0; i < nup; i++) {
         struct cp_pool *p = cp_node_pool(node, up[i].pool_id);
+        if (p != NULL)
+            cp_pool_set_key(p, &up[i]);
         if (p == NULL || (p->page_size == up[i].page_size && p->page_count == up[i].page_count))
             continue;
         if (p->page_count != up[i].page_count) {
@@ -195,7 +208,7 @@ static void resync_lifetime(struct kvf_cps *st, struct cp_node *node,
             kvf_token_eq(l->token, room->token) && !rn->drained) {
             rn->drained = true;
             cp_notice_cancel(st, rn);
-            cp_room_try_finish(st, room, now);
+            cp_rnode_host_proof(st, rn, now);
             res->drained++;
         } else {
             res->ignored++; /* the pending notice is re-sent by its own rules */
@@ -229,6 +242,12 @@ int kvf_cps_node_resync(struct kvf_cps *st, const char *node_id, uint64_t incarn
     int rc = attached_node(st, node_id, incarnation, &node, err);
     if (rc == 0)
         rc = validate(st, rs, err);
+    for (size_t i = 0; rc == 0 && i < rs->pool_count; i++) {
+        const struct cp_pool *p = cp_node_pool(node, rs->pools[i].pool_id);
+        rc = cp_pool_check_key(p == NULL ? node->older : NULL, &rs->pools[i], "pools", i, err);
+        if (rc == 0)
+            rc = cp_pool_check_unique(node, &rs->pools[i], "pools", i, err);
+    }
     if (rc != 0)
         return rc;
 
@@ -254,16 +273,12 @@ int kvf_cps_node_resync(struct kvf_cps *st, const char *node_id, uint64_t incarn
     for (size_t i = 0; i < rs->pool_count; i++) {
         if (cp_node_pool(node, rs->pools[i].pool_id) != NULL)
             continue;
-        struct cp_pool *p = calloc(1, sizeof(*p));
+        struct cp_pool *p = cp_pool_new(node->older, &rs->pools[i]);
         if (p == NULL) {
             while (nfresh > 0)
                 cp_pool_free(node->pools[node->npools + --nfresh]);
             return kvf_error_set(err, -ENOMEM, "out of memory");
         }
-        p->pool_id = rs->pools[i].pool_id;
-        p->page_size = rs->pools[i].page_size;
-        p->page_count = rs->pools[i].page_count;
-        p->refs = 1;
         node->pools[node->npools + nfresh++] = p;
     }
 
@@ -288,6 +303,11 @@ int kvf_cps_node_resync(struct kvf_cps *st, const char *node_id, uint64_t incarn
             res.pools_removed++;
             continue;
         }
+        if (!cp_pool_key_fits(p, want)) {
+            res.pools_refused++; /* leases in other memory: it cannot be renamed */
+            continue;
+        }
+        cp_pool_set_key(p, want);
         if (p->page_size == want->page_size && p->page_count == want->page_count)
             continue;
         if (p->nleases > 0) {

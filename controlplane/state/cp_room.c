@@ -99,7 +99,26 @@ static void room_updates(struct kvf_cps *st, struct cp_room *room)
     }
 }
 
-/* Terminal: the room stays as a tombstone for tombstone_ttl. */
+bool cp_rnode_host_proven(const struct cp_rnode *rn)
+{
+    return rn->drained || rn->node->gone;
+}
+
+bool cp_part_awaiting(const struct cp_part *p)
+{
+    return p->lease_state == KVF_CPS_LEASE_RELEASING && cp_room_terminal(p->room);
+}
+
+/*
+ * Terminal: every lease whose pages are proven safe on their own host is
+ * RELEASED. A COMPLETED room's every node attested its ops finished; in an
+ * ABORTED room a node that drained proved it, and so did an incarnation
+ * witnessed gone. What is left is the lease of a LOST node that its peers
+ * fenced (their pages are safe) but that may only be paused: it stays
+ * RELEASING until its host proves it stopped (cp_rnode_host_proof), and the
+ * room stays as it is, tombstone timer unarmed, until then. A lease with no
+ * pages holds nothing.
+ */
 static void room_enter_terminal(struct kvf_cps *st, struct cp_room *room, enum kvf_cps_room_state s,
                                 kvf_time_ns now)
 {
@@ -108,9 +127,40 @@ static void room_enter_terminal(struct kvf_cps *st, struct cp_room *room, enum k
     cp_room_set_state(st, room, s, now);
     for (uint32_t i = 0; i < room->nrnodes; i++)
         room->rnodes[i]->node->room_count--;
-    for (uint32_t i = 0; i < room->nparts; i++)
-        lease_release(st, room->parts[i]);
-    cp_heap_arm(&st->timers, &room->timer, now + st->opts.tombstone_ttl);
+    for (uint32_t i = 0; i < room->nparts; i++) {
+        struct cp_part *p = room->parts[i];
+        if (s == KVF_CPS_ROOM_COMPLETED || p->nranges == 0 || cp_rnode_host_proven(p->rn)) {
+            lease_release(st, p);
+        } else {
+            room->nawaiting++;
+            st->stats.leases_awaiting_host_proof++;
+        }
+    }
+    if (room->nawaiting == 0)
+        cp_heap_arm(&st->timers, &room->timer, now + st->opts.tombstone_ttl);
+    else
+        cp_heap_cancel(&st->timers, &room->timer); /* the drain deadline is moot now */
+}
+
+void cp_rnode_host_proof(struct kvf_cps *st, struct cp_rnode *rn, kvf_time_ns now)
+{
+    struct cp_room *room = rn->room;
+    if (room->state == KVF_CPS_ROOM_ABORTING) {
+        cp_room_try_finish(st, room, now);
+        return;
+    }
+    if (!cp_room_terminal(room) || room->nawaiting == 0 || !cp_rnode_host_proven(rn))
+        return;
+    for (uint32_t i = 0; i < room->nparts; i++) {
+        struct cp_part *p = room->parts[i];
+        if (p->rn != rn || p->lease_state != KVF_CPS_LEASE_RELEASING)
+            continue;
+        lease_release(st, p);
+        room->nawaiting--;
+        st->stats.leases_awaiting_host_proof--;
+    }
+    if (room->nawaiting == 0)
+        cp_heap_arm(&st->timers, &room->timer, now + st->opts.tombstone_ttl);
 }
 
 /* ---- the barrier ---------------------------------------------------------- */
@@ -282,7 +332,8 @@ void cp_room_timer_fire(struct kvf_cps *st, struct cp_room *room, kvf_time_ns no
         break;
     case KVF_CPS_ROOM_COMPLETED:
     case KVF_CPS_ROOM_ABORTED:
-        cp_room_free(st, room);
+        if (room->nawaiting == 0) /* never armed while a lease waits: no timer releases */
+            cp_room_free(st, room);
         break;
     default:
         break;
@@ -295,6 +346,7 @@ void cp_room_free(struct kvf_cps *st, struct cp_room *room)
         cp_map_del(&st->rooms, room->key.room_id);
     cp_heap_cancel(&st->timers, &room->timer);
     bool live = !cp_room_terminal(room);
+    st->stats.leases_awaiting_host_proof -= room->nawaiting;
     for (uint32_t i = 0; i < room->nparts; i++) {
         struct cp_part *p = room->parts[i];
         if (p->lease_state != KVF_CPS_LEASE_RELEASED)
@@ -561,6 +613,13 @@ int kvf_cps_join(struct kvf_cps *st, const struct kvf_cps_join *join, kvf_time_n
     if (rc != 0)
         return rc;
 
+    if (live == NULL && room != NULL && room->nawaiting > 0)
+        return kvf_error_set(err, -EBUSY,
+                             "room_id: room %" PRIu64 ":%" PRIu64 " is %s but %" PRIu32
+                             " of its leases still wait for a proof from their node's host; its "
+                             "id cannot be reused until they are released",
+                             room->key.room_id, room->key.generation,
+                             kvf_cps_room_state_name(room->state), room->nawaiting);
     /* Reserve and allocate everything; nothing is visible yet. */
     struct cp_room *target = live;
     struct cp_room *fresh = NULL;
@@ -882,9 +941,11 @@ int kvf_cps_report_failed(struct kvf_cps *st, const char *node_id, uint64_t inca
     return 0;
 }
 
-int kvf_cps_report_drained(struct kvf_cps *st, const char *node_id, uint64_t incarnation,
-                           kvf_room_key key, kvf_token token, kvf_time_ns now,
-                           struct kvf_error *err)
+/* The drained report of lifetime incarnation `of` of node `node_id`, sent by
+ * its current incarnation `incarnation` (equal for a report of its own). */
+int kvf_cps_report_drained_of(struct kvf_cps *st, const char *node_id, uint64_t incarnation,
+                              uint64_t of, kvf_room_key key, kvf_token token, kvf_time_ns now,
+                              struct kvf_error *err)
 {
     int rc = validate_room_id(key.room_id, err);
     if (rc != 0)
@@ -898,6 +959,26 @@ int kvf_cps_report_drained(struct kvf_cps *st, const char *node_id, uint64_t inc
     rc = cp_node_for_report(st, node_id, incarnation, &node, err);
     if (rc != 0)
         return rc;
+    if (of > incarnation) {
+        st->stats.reports_unknown++;
+        return kvf_error_set(err, -EINVAL,
+                             "incarnation: lifetime incarnation %" PRIu64
+                             " is newer than the reporter's %" PRIu64,
+                             of, incarnation);
+    }
+    if (of != incarnation && of != 0) {
+        /* A process that self-fenced reports its old incarnation's lifetimes:
+         * the token, sent to that incarnation only, proves whose they are. */
+        struct cp_node *old = node->older;
+        while (old != NULL && old->incarnation != of)
+            old = old->older;
+        if (old == NULL) {
+            st->stats.reports_unknown++;
+            return kvf_error_set(err, -ENOENT, "node %s incarnation %" PRIu64 " is unknown",
+                                 node_id, of);
+        }
+        node = old;
+    }
     struct cp_room *room = NULL;
     struct cp_rnode *rn;
     rc = room_for_report(st, node, key, &room, &rn, err);
@@ -911,8 +992,17 @@ int kvf_cps_report_drained(struct kvf_cps *st, const char *node_id, uint64_t inc
     }
     if (rn->drained)
         return 0;
+    if (cp_fx_reserve(st, (size_t)room->nparts + 2) != 0 || cp_heap_reserve(&st->timers, 1) != 0)
+        return kvf_error_set(err, -ENOMEM, "out of memory");
     rn->drained = true;
     cp_notice_cancel(st, rn);
-    cp_room_try_finish(st, room, now);
+    cp_rnode_host_proof(st, rn, now);
     return 0;
+}
+
+int kvf_cps_report_drained(struct kvf_cps *st, const char *node_id, uint64_t incarnation,
+                           kvf_room_key key, kvf_token token, kvf_time_ns now,
+                           struct kvf_error *err)
+{
+    return kvf_cps_report_drained_of(st, node_id, incarnation, incarnation, key, token, now, err);
 }

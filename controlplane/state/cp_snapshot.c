@@ -2,7 +2,8 @@
  * cp_snapshot.c: the image of the control-plane state core (kvf_cps_snapshot)
  * and the way back from it (kvf_cps_restore).
  *
- * Format, version 1. Every integer is little-endian and fixed-width; a string
+ * Format, version 2 (version 1 images, without pool keys and witnesses, are
+ * still read: no key, nothing witnessed). Every integer is little-endian and fixed-width; a string
  * is u16 length + bytes (no NUL); a list is u32 count + items. A timer is
  * u8 armed and, when armed, i64 remaining (deadline - now) + u64 arming seq.
  *
@@ -12,10 +13,10 @@
  *            notices_pending notices_sent notices_resent reports_stale
  *            reports_tokenless reports_unknown rooms_past_deadline
  *            fences_requested generation
- *   pools    list of {u32 pool_id, page_size, page_count}
+ *   pools    list of {u32 pool_id, page_size, page_count; str key (v2)}
  *   nodes    list of chains {str id, list of incarnations, current first:
  *              u64 incarnation, serial; u8 state; u32 pmin, pmax, version,
- *              features; timer ttl; list of u32 pool index;
+ *              features; u8 gone (v2); timer ttl; list of u32 pool index;
  *              list of fence records {u64 fencer_serial, u8 acked,
  *              u32 attempt, timer}}
  *            (node index = position in this walk)
@@ -38,7 +39,9 @@
  * restored state emits exactly what the original would, in the same order.
  * Everything that can be derived is derived on restore (page index, pool refs
  * and lease counts, room and room-node counts, pending fence counts) and the
- * stats that count objects are checked against the objects.
+ * stats that count objects are checked against the objects. A room's leases
+ * waiting for a host proof (RELEASING in a terminal room) are derived too,
+ * with the gauge that counts them.
  *
  * DESIGN: rooms are written in room id order and node chains in id order, so
  * that one state at one `now` has one image (restore then snapshot gives the
@@ -56,7 +59,7 @@
 #define SNAP_MAGIC     "KVFCPS"
 #define SNAP_TRAILER   "KVFEND"
 #define SNAP_MAGIC_LEN 6
-#define SNAP_VERSION   1
+#define SNAP_VERSION   2
 #define SNAP_CHUNK     4096
 
 /* Smallest encodings, to bound every count by the bytes that remain. */
@@ -332,6 +335,7 @@ static int wr_node(struct wr *w, const struct snap_ix *ix, const struct cp_node 
     wr_u32(w, node->pmax);
     wr_u32(w, node->version);
     wr_u32(w, node->features);
+    wr_u8(w, node->gone);
     wr_timer(w, &node->ttl, now);
     wr_u32(w, node->npools);
     for (uint32_t i = 0; i < node->npools; i++) {
@@ -465,6 +469,9 @@ int kvf_cps_snapshot(const struct kvf_cps *st, kvf_time_ns now,
         wr_u32(w, ix.pools[i]->pool_id);
         wr_u32(w, ix.pools[i]->page_size);
         wr_u32(w, ix.pools[i]->page_count);
+        size_t klen = strlen(ix.pools[i]->key);
+        wr_u16(w, klen);
+        wr_bytes(w, ix.pools[i]->key, klen);
     }
     wr_u32(w, ix.nheads);
     for (size_t i = 0; i < ix.nheads && rc == 0; i++) {
@@ -588,6 +595,7 @@ struct rs {
     uint32_t nrooms;
     struct cp_map serials;
     bool nomem;
+    uint16_t version; /* of the image */
 };
 
 static void rs_free_all(struct rs *s)
@@ -665,6 +673,7 @@ static bool rd_timer(struct rs *s, struct cp_timer *t)
 
 static bool rd_stats(struct rd *r, struct kvf_cps_stats *x)
 {
+    memset(x, 0, sizeof(*x)); /* the derived gauges are counted on restore */
     for (size_t i = 0; i < 6; i++)
         x->rooms_by_state[i] = rd_u64(r);
     for (size_t i = 0; i < 4; i++)
@@ -705,6 +714,18 @@ static bool rd_pools(struct rs *s)
             return false;
         if (pool->page_size == 0 || pool->page_count == 0)
             return rd_fail(r, "pool: zero page size or count");
+        if (s->version >= 2) {
+            size_t klen = (size_t)rd_le(r, 2);
+            if (r->bad != NULL)
+                return false;
+            if (klen > KVF_CPS_POOL_KEY_MAX || klen > r->len - r->off)
+                return rd_fail(r, "pool: key too long");
+            memcpy(pool->key, r->p + r->off, klen);
+            pool->key[klen] = '\0';
+            if (memchr(pool->key, '\0', klen) != NULL)
+                return rd_fail(r, "pool: NUL in key");
+            r->off += klen;
+        }
     }
     return true;
 }
@@ -719,6 +740,8 @@ static bool rd_node(struct rs *s, struct cp_node *node)
     node->pmax = rd_u32(r);
     node->version = rd_u32(r);
     node->features = rd_u32(r);
+    if (s->version >= 2 && !rd_bool(r, &node->gone, "node: gone is not 0 or 1"))
+        return false;
     if (r->bad != NULL)
         return false;
     if (node->incarnation == 0)
@@ -845,6 +868,8 @@ static bool lease_state_fits(int room_state, int lease_state)
         return lease_state == KVF_CPS_LEASE_ACTIVE;
     case KVF_CPS_ROOM_ABORTING:
         return lease_state == KVF_CPS_LEASE_RELEASING;
+    case KVF_CPS_ROOM_ABORTED: /* RELEASING: waiting for a proof from its host */
+        return lease_state == KVF_CPS_LEASE_RELEASED || lease_state == KVF_CPS_LEASE_RELEASING;
     default:
         return lease_state == KVF_CPS_LEASE_RELEASED;
     }
@@ -1020,6 +1045,10 @@ static bool rd_room(struct rs *s, uint32_t ordinal, struct cp_room *room)
     if ((room->state == KVF_CPS_ROOM_OPENING && full) ||
         (room->state == KVF_CPS_ROOM_ACTIVE && !full))
         return rd_fail(r, "room: participants do not fit the state");
+    for (uint32_t i = 0; i < room->nparts; i++)
+        room->nawaiting += cp_part_awaiting(room->parts[i]);
+    if (room->nawaiting > 0 && cp_timer_armed(&room->timer))
+        return rd_fail(r, "room: tombstone timer armed while a lease waits for a host proof");
     if (room->state == KVF_CPS_ROOM_COMPLETED && room->ncompleted != room->nparts)
         return rd_fail(r, "room: COMPLETED with a participant not completed");
     return true;
@@ -1201,6 +1230,8 @@ static bool check_stats(struct rs *s, const struct kvf_cps_stats *img)
         c.notices_pending != img->notices_pending ||
         c.rooms_past_deadline != img->rooms_past_deadline)
         return rd_fail(&s->r, "stats: object counts do not fit the objects");
+    for (uint32_t i = 0; i < s->nrooms; i++)
+        s->st->stats.leases_awaiting_host_proof += s->rooms[i]->nawaiting;
     return true;
 }
 
@@ -1212,8 +1243,9 @@ static bool rd_image(struct rs *s)
         return rd_fail(r, "not a KVFCPS image");
     r->off = SNAP_MAGIC_LEN;
     uint64_t version = rd_le(r, 2);
-    if (r->bad == NULL && version != SNAP_VERSION)
+    if (r->bad == NULL && (version == 0 || version > SNAP_VERSION))
         return rd_fail(r, "unsupported format version");
+    s->version = (uint16_t)version;
     if (rd_u32(r) != 0 && r->bad == NULL)
         return rd_fail(r, "unknown flags");
     st->next_lease_id = rd_u64(r);

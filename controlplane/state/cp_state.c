@@ -279,6 +279,7 @@ int kvf_cps_room_participant(const struct kvf_cps *st, kvf_room_key key, size_t 
     v->completed = p->completed;
     v->node_drained = p->rn->drained;
     v->node_fenced = cp_rnode_fenced(p->rn);
+    v->awaiting_host_proof = cp_part_awaiting(p);
     v->ranges = p->ranges;
     v->range_count = p->nranges;
     return 0;
@@ -294,6 +295,7 @@ static void node_view(const struct cp_node *node, struct kvf_cps_node_view *view
     view_p->features = node->features;
     view_p->pool_count = node->npools;
     view_p->room_count = node->room_count;
+    view_p->gone = node->gone;
 }
 
 int kvf_cps_node_get(const struct kvf_cps *st, const char *node_id,
@@ -317,6 +319,7 @@ int kvf_cps_node_pool_get(const struct kvf_cps *st, const char *node_id, size_t 
     pool_p->pool_id = node->pools[index]->pool_id;
     pool_p->page_size = node->pools[index]->page_size;
     pool_p->page_count = node->pools[index]->page_count;
+    pool_p->key = node->pools[index]->key;
     return 0;
 }
 

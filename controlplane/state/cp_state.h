@@ -70,11 +70,22 @@ enum kvf_cps_node_state {
     KVF_CPS_NODE_LOST = 3,    /* ttl passed or replaced by a new incarnation */
 };
 
+/* The longest pool key (bytes, without the terminating NUL). */
+#define KVF_CPS_POOL_KEY_MAX 256
+
 /* A KV pool a node serves (registered by an engine on that host). */
 struct kvf_cps_pool {
-    uint32_t pool_id;    /* unique per node */
+    uint32_t pool_id;    /* unique per node incarnation */
     uint32_t page_size;  /* bytes, > 0 */
     uint32_t page_count; /* > 0 */
+    /* The memory's identity on its host, stable across node restarts (the
+     * node derives it from the shm name, offset and size, or the engine names
+     * it): NULL or "" for none, else at most KVF_CPS_POOL_KEY_MAX bytes. A pool
+     * registered by a new incarnation with the key of a pool whose leases an
+     * older incarnation still holds is that pool: its page index, and the
+     * pages those leases hold, carry over (docs/state-cores.md, "Pools
+     * outlive node processes"). */
+    const char *key;
 };
 
 struct kvf_cps_node_hello {
@@ -85,6 +96,11 @@ struct kvf_cps_node_hello {
     uint32_t features; /* enum kvf_feature bits */
     const struct kvf_cps_pool *pools;
     size_t pool_count;
+    /* The node's witness from its own host: every incarnation of this node id
+     * up to and including this one is gone (this process took the node's
+     * exclusive host lock, which the kernel frees only when its holder dies).
+     * 0: none. Must be below `incarnation`. See kvf_cps_node_witness(). */
+    uint64_t witnessed_gone;
 };
 
 /*
@@ -100,6 +116,21 @@ struct kvf_cps_node_hello {
  */
 int kvf_cps_node_attach(struct kvf_cps *st, const struct kvf_cps_node_hello *hello, kvf_time_ns now,
                         uint32_t *version_p, struct kvf_error *err);
+
+/*
+ * Node `node_id` at its current `incarnation` (ATTACHED) reports, from its own
+ * host, that every older incarnation up to and including `gone_incarnation`
+ * can touch nothing any more: its process is dead (a new process took the
+ * node's host lock), or this same process gave it up and every lifetime it
+ * had is drained with admission shut for good. That is the proof for the
+ * pages on the node's own host that peers' fences cannot give: a RELEASING
+ * lease of such an incarnation in a terminal room is RELEASED now. Idempotent;
+ * incarnations the control plane no longer knows are ignored.
+ * Errors: -EINVAL (gone_incarnation 0 or not below `incarnation`), and those
+ * of a report from an unknown or stale node (-ENOENT, -ESTALE).
+ */
+int kvf_cps_node_witness(struct kvf_cps *st, const char *node_id, uint64_t incarnation,
+                         uint64_t gone_incarnation, kvf_time_ns now, struct kvf_error *err);
 
 /* The node's session ended: ATTACHED -> SUSPECT; the ttl starts. */
 int kvf_cps_node_detach(struct kvf_cps *st, const char *node_id, uint64_t incarnation,
@@ -307,6 +338,17 @@ int kvf_cps_report_drained(struct kvf_cps *st, const char *node_id, uint64_t inc
                            kvf_room_key key, kvf_token token, kvf_time_ns now,
                            struct kvf_error *err);
 
+/*
+ * The same, for a lifetime of an older incarnation `lifetime_incarnation` of
+ * the reporting node (a process that self-fenced keeps its old lifetimes and
+ * reports them under its new incarnation). The token proves it: only that
+ * incarnation was sent it. `lifetime_incarnation` equal to `incarnation` is
+ * kvf_cps_report_drained(). An unknown older incarnation: -ENOENT, counted.
+ */
+int kvf_cps_report_drained_of(struct kvf_cps *st, const char *node_id, uint64_t incarnation,
+                              uint64_t lifetime_incarnation, kvf_room_key key, kvf_token token,
+                              kvf_time_ns now, struct kvf_error *err);
+
 /* Node `node_id` reports that it fenced `fenced_node` at `fenced_incarnation`. */
 int kvf_cps_report_fenced(struct kvf_cps *st, const char *node_id, uint64_t incarnation,
                           const char *fenced_node, uint64_t fenced_incarnation, kvf_time_ns now,
@@ -383,6 +425,10 @@ struct kvf_cps_participant_view {
     bool completed;
     bool node_drained; /* its node reported drained with the token */
     bool node_fenced;  /* every other node of the room fenced its node (or is lost) */
+    /* RELEASING in a terminal room: its node is LOST and its host has not
+     * proven yet that the lost incarnation stopped (its Drained, or its death
+     * witnessed there). Peers' fences prove nothing here; no timer ends it. */
+    bool awaiting_host_proof;
     const struct kvf_cps_page_range *ranges; /* valid until the next mutating call */
     size_t range_count;
 };
@@ -417,6 +463,7 @@ struct kvf_cps_node_view {
     uint32_t features;
     size_t pool_count;
     size_t room_count; /* non-terminal rooms with a participant on it */
+    bool gone;         /* witnessed gone on its host (kvf_cps_node_witness) */
 };
 
 /* Current incarnation of a node id; -ENOENT if unknown. */
@@ -436,6 +483,9 @@ struct kvf_cps_stats {
     uint64_t rooms_past_deadline; /* ABORTING rooms past their drain deadline now */
     uint64_t fences_requested;
     uint64_t generation; /* the last generation minted */
+    /* RELEASING leases of terminal rooms, waiting for a proof from their
+     * node's host (participant view awaiting_host_proof). */
+    uint64_t leases_awaiting_host_proof;
 };
 
 void kvf_cps_stats_get(const struct kvf_cps *st, struct kvf_cps_stats *stats_p);

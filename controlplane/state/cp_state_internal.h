@@ -86,6 +86,7 @@ struct cp_pool {
     uint32_t refs;          /* the nodes that list it, and every lease (any state) in it */
     struct cp_page *pages;  /* allocated at the first lease */
     struct cp_part *leases; /* list of those leases (error messages only) */
+    char key[KVF_CPS_POOL_KEY_MAX + 1]; /* the memory's identity on its host; "" none */
 };
 
 /* "`fencer` fenced (or must fence) `fenced`": one per (fencer, fenced
@@ -110,6 +111,7 @@ struct cp_node {
     uint64_t serial;     /* unique per node object, never reused */
     uint8_t state;       /* enum kvf_cps_node_state */
     bool current;        /* the node map points at this incarnation */
+    bool gone;           /* witnessed gone on its host: its own pages are safe */
     uint32_t pmin, pmax; /* protocol range shared with the control plane */
     uint32_t version;
     uint32_t features;
@@ -161,6 +163,7 @@ struct cp_room {
     uint8_t state;  /* enum kvf_cps_room_state */
     uint8_t reason; /* enum kvf_cps_abort_reason */
     bool escalated;
+    uint32_t nawaiting; /* terminal, leases still RELEASING: waiting for a host proof */
     uint32_t expected_sources, expected_sinks;
     uint32_t nsources, nsinks, ncompleted;
     uint32_t pmin, pmax; /* common protocol range of the participants so far */
@@ -218,6 +221,24 @@ int cp_pool_validate(const struct kvf_cps_pool *p, const char *field, size_t i,
 int cp_node_for_report(struct kvf_cps *st, const char *id, uint64_t incarnation,
                        struct cp_node **node_p, struct kvf_error *err);
 struct cp_pool *cp_node_pool(const struct cp_node *node, uint32_t pool_id);
+/* -EINVAL (key too long) or -EBUSY (the key names memory whose leases an
+ * older incarnation of `older`'s chain still holds, with another geometry). */
+int cp_pool_check_key(const struct cp_node *older, const struct kvf_cps_pool *p, const char *field,
+                      size_t i, struct kvf_error *err);
+/* A pool object for `p`: the one an older incarnation (from `older` down the
+ * chain, NULL: none) still holds leases in under the same key, renamed to
+ * p->pool_id with a new reference, or a new one. NULL when out of memory. */
+struct cp_pool *cp_pool_new(const struct cp_node *older, const struct kvf_cps_pool *p);
+/* -EEXIST when another pool of `node` (another id) has `p`'s key. */
+int cp_pool_check_unique(const struct cp_node *node, const struct kvf_cps_pool *p,
+                         const char *field, size_t i, struct kvf_error *err);
+/* Whether `p`'s key may replace the key of `pool` (same key, or no leases). */
+bool cp_pool_key_fits(const struct cp_pool *pool, const struct kvf_cps_pool *p);
+void cp_pool_set_key(struct cp_pool *pool, const struct kvf_cps_pool *p);
+/* Marks every incarnation of `node`'s chain older than it, up to `gone_inc`,
+ * as witnessed gone, and releases what that proves. */
+void cp_node_mark_gone(struct kvf_cps *st, struct cp_node *node, uint64_t gone_inc,
+                       kvf_time_ns now);
 void cp_node_lose(struct kvf_cps *st, struct cp_node *node, kvf_time_ns now);
 /* Asks `fencer` to fence `fenced` unless it was asked already. */
 void cp_fence_request(struct kvf_cps *st, struct cp_node *fencer, struct cp_node *fenced,
@@ -240,6 +261,14 @@ int cp_room_abort(struct kvf_cps *st, struct cp_room *room, enum kvf_cps_abort_r
 void cp_room_try_finish(struct kvf_cps *st, struct cp_room *room, kvf_time_ns now);
 bool cp_rnode_quiescent(const struct cp_rnode *rn);
 bool cp_rnode_fenced(const struct cp_rnode *rn);
+/* Whether the pages of `rn`'s node's leases in its room are proven safe on
+ * their own host: drained with the token, or the incarnation witnessed gone. */
+bool cp_rnode_host_proven(const struct cp_rnode *rn);
+/* A proof from `rn`'s host came in: release its waiting leases (terminal room)
+ * or try to finish the barrier (ABORTING). */
+void cp_rnode_host_proof(struct kvf_cps *st, struct cp_rnode *rn, kvf_time_ns now);
+/* A lease RELEASING in a terminal room: waiting for its host's proof. */
+bool cp_part_awaiting(const struct cp_part *p);
 void cp_room_timer_fire(struct kvf_cps *st, struct cp_room *room, kvf_time_ns now);
 void cp_notice_fire(struct kvf_cps *st, struct cp_rnode *rn, kvf_time_ns now);
 /* Sends the notice of `rn` now as the next attempt (re-attach). */

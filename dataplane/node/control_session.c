@@ -33,6 +33,7 @@
 #include "kvf_types.h"
 #include "devpool.h"
 #include "faults.h"
+#include "host_lock.h"
 #include "kvf_version.h"
 #include "node_internal.h"
 #include "rdma_link.h"
@@ -92,6 +93,7 @@ int node_session_send_hello(struct kvf_node *n, struct kvf_rpc_client_stream *cs
     h.n_pools = n->npools;
     h.pools = pp;
     h.software_version = (char *)KVF_VERSION_STRING;
+    h.witnessed_gone = n->witnessed_gone < n->incarnation ? n->witnessed_gone : 0;
     Kvfence__V1__NodeMessage m = KVFENCE__V1__NODE_MESSAGE__INIT;
     m.msg_case = KVFENCE__V1__NODE_MESSAGE__MSG_HELLO;
     m.hello = &h;
@@ -235,6 +237,37 @@ void node_session_on_welcome(struct kvf_node *n, const Kvfence__V1__Welcome *w)
     if (n->welcomed_before)
         node_session_send_resync(n, "re-attached with the same incarnation");
     n->welcomed_before = true;
+    /* The lifetimes of incarnations this process gave up: their Drained went
+     * out on a session the control plane had closed. Say it again, under
+     * their incarnation, then witness them once all are drained. */
+    for (struct node_room *r = n->rooms; r; r = r->next)
+        if (r->incarnation != n->incarnation && r->aborting && r->drained_sent)
+            node_send_drained(n, r);
+    node_session_maybe_witness(n);
+}
+
+void node_session_maybe_witness(struct kvf_node *n)
+{
+    if (n->retired_incarnation == 0 || n->retired_witness_sent || !n->session ||
+        !n->session_welcomed)
+        return;
+    for (struct node_room *r = n->rooms; r; r = r->next)
+        if (r->incarnation != n->incarnation && kvf_lt_state(r->lt) != KVF_LT_DRAINED)
+            return; /* an op of a given-up incarnation may still touch a page */
+    Kvfence__V1__Witness w = KVFENCE__V1__WITNESS__INIT;
+    w.gone_incarnation = n->retired_incarnation;
+    Kvfence__V1__NodeMessage m = KVFENCE__V1__NODE_MESSAGE__INIT;
+    m.msg_case = KVFENCE__V1__NODE_MESSAGE__MSG_WITNESS;
+    m.witness = &w;
+    if (node_ctl_send(n, &m) != 0)
+        return; /* the next welcome tries again */
+    n->retired_witness_sent = true;
+    if (n->retired_incarnation > n->witnessed_gone)
+        n->witnessed_gone = n->retired_incarnation;
+    node_log("info", NULL,
+             "witness: incarnation %" PRIu64 " of this process is gone (self-fenced, every "
+             "lifetime drained); its leases waiting for this host can be released",
+             n->retired_incarnation);
 }
 
 void node_session_tick(struct kvf_node *n, int64_t now_ms)
@@ -376,6 +409,13 @@ void node_self_fence(struct kvf_node *n, const char *why)
     n->last_contact_ms = 0;
     n->cp_acks_heartbeats = false;
     n->self_fences++;
+    /* The host lock names the live incarnation; the old one is witnessed once
+     * its lifetimes are all drained (node_session_maybe_witness). */
+    n->retired_incarnation = old;
+    n->retired_witness_sent = false;
+    if (n->host_lock_fd >= 0 && node_host_lock_record(n->host_lock_fd, n->incarnation) != 0)
+        node_log("warn", NULL, "self-fence: host lock %s: cannot record incarnation %" PRIu64,
+                 n->host_lock_path, n->incarnation);
     node_log("warn", NULL,
              "self-fence: %s: fenced %u peers, closed admission on %zu open lifetimes (%zu not "
              "drained); incarnation %" PRIu64 " is given up, re-attaching as incarnation %" PRIu64

@@ -84,6 +84,22 @@ void node_local_register_pool(struct kvf_node *n, struct node_job *j)
         return;
     }
     p->base = kvf_pool_page(p->pool, 0);
+    /* The memory's identity, stable across restarts of this node: the
+     * control plane maps the memory registered again to the pages that
+     * leases of an older incarnation still hold. */
+    if (req->pool_key && req->pool_key[0])
+        snprintf(p->key, sizeof p->key, "%s", req->pool_key);
+    else if (req->host_shm && req->host_shm->shm_name)
+        snprintf(p->key, sizeof p->key, "shm:%s:%" PRIu64 ":%" PRIu64, req->host_shm->shm_name,
+                 req->host_shm->offset, req->host_shm->size);
+    for (uint32_t i = 0; i < n->npools && p->key[0]; i++) {
+        if (strcmp(n->pools[i].key, p->key) == 0) {
+            kvf_pool_close(p->pool);
+            fail(j, KVF_GRPC_ALREADY_EXISTS, "pool_key: memory '%s' is already pool %u", p->key,
+                 n->pools[i].id);
+            return;
+        }
+    }
     p->id = n->next_pool_id;
     p->page_size = req->page_size;
     p->page_count = req->page_count;

@@ -46,6 +46,7 @@
  * plane is sent from this thread, so reports for one room leave in the order
  * the node decided them.
  */
+#include "host_lock.h"
 #include "node_internal.h"
 
 #include <errno.h>
@@ -187,7 +188,7 @@ int node_ctl_send(struct kvf_node *n, const Kvfence__V1__NodeMessage *m)
     return rc;
 }
 
-static void send_drained(struct kvf_node *n, struct node_room *r)
+void node_send_drained(struct kvf_node *n, struct node_room *r)
 {
     Kvfence__V1__RoomKey k = KVFENCE__V1__ROOM_KEY__INIT;
     k.room_id = r->key.room_id;
@@ -199,6 +200,9 @@ static void send_drained(struct kvf_node *n, struct node_room *r)
     d.room = &k;
     d.token = &t;
     d.notice_id = r->abort_notice_id;
+    /* A lifetime of an incarnation this process gave up (self-fence): its
+     * token, sent to that incarnation only, proves it. */
+    d.incarnation = r->incarnation != n->incarnation ? r->incarnation : 0;
     Kvfence__V1__NodeMessage m = KVFENCE__V1__NODE_MESSAGE__INIT;
     m.msg_case = KVFENCE__V1__NODE_MESSAGE__MSG_DRAINED;
     m.drained = &d;
@@ -285,6 +289,7 @@ void node_pool_to_wire(const struct node_pool *p, Kvfence__V1__Pool *pv)
 {
     kvfence__v1__pool__init(pv);
     pv->pool_id = p->id;
+    pv->pool_key = (char *)p->key;
     bool cuda = p->pool && kvf_pool_kind(p->pool) == KVF_POOL_CUDA_IPC;
     pv->kind = cuda ? KVFENCE__V1__POOL_KIND__POOL_KIND_CUDA_IPC
                     : KVFENCE__V1__POOL_KIND__POOL_KIND_HOST_SHM;
@@ -391,8 +396,10 @@ void node_check_drained(struct kvf_node *n, struct node_room *r)
     node_room_drained(n, r);
     if (r->aborting && !r->drained_sent) {
         r->drained_sent = true;
-        send_drained(n, r);
+        node_send_drained(n, r);
     }
+    if (r->incarnation != n->incarnation)
+        node_session_maybe_witness(n);
 }
 
 struct node_pool *node_pool_find(struct kvf_node *n, uint32_t id)
@@ -703,10 +710,11 @@ static void on_abort_notice(struct kvf_node *n, const Kvfence__V1__AbortNotice *
         /* Never ran anything here for it: drained by construction. */
         struct node_room tmp;
         memset(&tmp, 0, sizeof tmp);
+        tmp.incarnation = n->incarnation;
         tmp.key = key;
         tmp.token = tok;
         tmp.abort_notice_id = an->notice_id;
-        send_drained(n, &tmp);
+        node_send_drained(n, &tmp);
         return;
     }
     bool first = !r->aborting;
@@ -726,7 +734,7 @@ static void on_abort_notice(struct kvf_node *n, const Kvfence__V1__AbortNotice *
         (void)kvf_lt_take_drained(r->lt);
         node_room_drained(n, r);
         r->drained_sent = true;
-        send_drained(n, r); /* again for a repeated notice */
+        node_send_drained(n, r); /* again for a repeated notice */
     }
 }
 
@@ -1158,6 +1166,48 @@ void kvf_node_opts_init(struct kvf_node_opts *opts)
     opts->drain_timeout_ms = 10000;
 }
 
+/* The node's exclusive host lock (host_lock.h): a live holder means another
+ * kvfence-node of this host runs with this run directory, and this one must
+ * not start; a recorded predecessor is witnessed gone in every Hello. */
+static int take_host_lock(struct kvf_node *n)
+{
+    if (n->opts.run_dir && n->opts.run_dir[0])
+        snprintf(n->host_lock_path, sizeof n->host_lock_path, "%s/kvfence-node-%s.lock",
+                 n->opts.run_dir, n->node_id);
+    else
+        snprintf(n->host_lock_path, sizeof n->host_lock_path, "%s.lock", n->local_socket);
+    uint64_t prev = 0;
+    int rc = node_host_lock_take(n->host_lock_path, &n->host_lock_fd, &prev);
+    if (rc == -EWOULDBLOCK) {
+        node_log("error", NULL,
+                 "host lock %s is held by a live process (another kvfence-node with this run "
+                 "directory): not starting",
+                 n->host_lock_path);
+        return rc;
+    }
+    if (rc != 0) {
+        node_log("error", NULL, "host lock %s: %s", n->host_lock_path, strerror(-rc));
+        return rc;
+    }
+    if (prev >= n->incarnation) /* incarnations only grow on a host, whatever the clock does */
+        n->incarnation = prev + 1;
+    n->witnessed_gone = prev;
+    rc = node_host_lock_record(n->host_lock_fd, n->incarnation);
+    if (rc != 0) {
+        node_log("error", NULL, "host lock %s: cannot record incarnation: %s", n->host_lock_path,
+                 strerror(-rc));
+        close(n->host_lock_fd);
+        n->host_lock_fd = -1;
+        return rc;
+    }
+    if (prev != 0)
+        node_log("info", NULL,
+                 "host lock %s taken: incarnation %" PRIu64
+                 " (and every earlier one) is gone, witnessed to the control plane",
+                 n->host_lock_path, prev);
+    return 0;
+}
+
 struct kvf_node *kvf_node_start(const struct kvf_node_opts *opts)
 {
     if (!opts->control_addr || !opts->node_id || !opts->node_id[0] ||
@@ -1177,11 +1227,16 @@ struct kvf_node *kvf_node_start(const struct kvf_node_opts *opts)
     n->opts.node_id = n->node_id;
     n->opts.local_socket = n->local_socket;
     n->opts.data_host = n->data_host;
+    n->host_lock_fd = -1;
     n->incarnation = opts->incarnation;
     if (!n->incarnation) {
         struct timespec ts;
         clock_gettime(CLOCK_REALTIME, &ts);
         n->incarnation = (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
+    }
+    if (take_host_lock(n) != 0) {
+        free(n);
+        return NULL;
     }
     n->next_pool_id = 1;
     n->hb_interval_ms = 1000;
@@ -1323,5 +1378,7 @@ void kvf_node_destroy(struct kvf_node *n)
     pthread_cond_destroy(&n->qdone);
     pthread_cond_destroy(&n->qcond);
     pthread_mutex_destroy(&n->qlock);
+    if (n->host_lock_fd >= 0)
+        close(n->host_lock_fd); /* the process is ending: the next one may take it */
     free(n);
 }

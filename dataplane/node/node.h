@@ -31,11 +31,14 @@ struct kvf_node_opts {
     const char *control_tls_cert;
     const char *control_tls_key;
     const char *control_tls_server_name;
-    const char *node_id;       /* required, at most 128 bytes */
-    const char *local_socket;  /* NodeLocal unix socket path; required */
-    const char *data_host;     /* numeric IPv4 the TCP transport binds; "127.0.0.1" */
-    uint16_t data_port;        /* 0: any */
-    uint64_t incarnation;      /* 0: chosen from the realtime clock (ns) */
+    const char *node_id;      /* required, at most 128 bytes */
+    const char *local_socket; /* NodeLocal unix socket path; required */
+    const char *data_host;    /* numeric IPv4 the TCP transport binds; "127.0.0.1" */
+    uint16_t data_port;       /* 0: any */
+    uint64_t incarnation;     /* 0: chosen from the realtime clock (ns) */
+    /* Where the host lock lives (host_lock.h): <run_dir>/kvfence-node-<id>.lock;
+     * NULL or "": next to the local socket, <local_socket>.lock. */
+    const char *run_dir;
     uint64_t drain_timeout_ms; /* bound of the drain wait at shutdown */
 
     /* Data path (xport.c). */

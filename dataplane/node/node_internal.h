@@ -67,6 +67,7 @@ struct node_pool {
     uint32_t rank;
     struct kvf_pool *pool; /* the mapping (dataplane/pool) */
     uint8_t *base;         /* its first page */
+    char key[257];         /* the memory's identity on this host (Pool.pool_key); "" none */
 };
 
 /* ---- rooms ------------------------------------------------------------------- */
@@ -281,6 +282,13 @@ struct kvf_node {
     struct kvf_rpc_client_stream *_Atomic reset_stream;
     uint64_t self_fences; /* how many times (logs, tests) */
 
+    /* The host lock (host_lock.h) and the witnesses it gives (owner thread). */
+    int host_lock_fd;
+    char host_lock_path[320];
+    uint64_t witnessed_gone;      /* Hello.witnessed_gone: incarnations up to it are gone */
+    uint64_t retired_incarnation; /* the last one this process gave up (self-fence), 0: none */
+    bool retired_witness_sent;    /* its Witness went out on a welcomed session */
+
     /* Rooms: list published under rooms_lock, with a hash index by key (the
      * TCP check and SubmitChunk find a room per frame; rooms are never
      * forgotten while the node runs, so the list only grows). */
@@ -325,6 +333,9 @@ int64_t node_now_ms(void);
 int node_ctl_send(struct kvf_node *n, const Kvfence__V1__NodeMessage *m);
 struct node_room *node_room_find(struct kvf_node *n, kvf_room_key key);
 void node_check_drained(struct kvf_node *n, struct node_room *r);
+/* Reports r's Drained with its token (under r's incarnation when this process
+ * gave that one up). Owner thread. */
+void node_send_drained(struct kvf_node *n, struct node_room *r);
 void node_send_transfer_failed(struct kvf_node *n, struct node_room *r, uint32_t rank, int role,
                                const char *reason);
 void node_send_completed(struct kvf_node *n, struct node_room *r, struct node_member *m);
@@ -352,6 +363,9 @@ void node_poll_completions(struct kvf_node *n);
 int node_session_start(struct kvf_node *n);
 /* Owner: a Welcome arrived (liveness, Resync after a re-attach). */
 void node_session_on_welcome(struct kvf_node *n, const Kvfence__V1__Welcome *w);
+/* Once every lifetime of the incarnations this process gave up is drained,
+ * sends Witness{gone_incarnation} on a welcomed session, once. Owner thread. */
+void node_session_maybe_witness(struct kvf_node *n);
 /* Owner: sends Resync (every lifetime of this incarnation, fenced peers, pools). */
 void node_session_send_resync(struct kvf_node *n, const char *why);
 

@@ -12,7 +12,11 @@
  * a sink-local op (a CUDA scatter, a TCP receive) writes the sink's own pages.
  * An op stops touching a peer's pages once that peer fenced the op's node
  * incarnation, and stops touching anything when its process dies. A LOST
- * node's own pages do not matter (DESIGN.md §4, "Lost node").
+ * node's own pages stay touched while its process lives (a paused process
+ * resumes): only its own drain or its witnessed death frees them (DESIGN.md
+ * §4, "Lost node"). A restarted node witnesses its predecessor's death in its
+ * Hello (the host lock of kvfence-node). A node whose incarnation is LOST
+ * admits nothing more (kvfence-node self-fences before node_ttl runs out).
  *
  * The invariants checked after every action:
  *   I1 no lease is RELEASED (in the core, or by an effect) while a live,
@@ -341,7 +345,7 @@ static bool op_harms(const struct world *w, const struct sop *o, int room, int p
         return false;
     int page_node = w->rooms[room].parts[part].node;
     if (page_node == o->node)
-        return !cp_node_lost(w, o->node, w->nodes[o->node].inc);
+        return true; /* a live op on its own host: only its end or its process's death stops it */
     return !o->neutral[page_node];
 }
 
@@ -853,6 +857,8 @@ static void act_submit(struct world *w, const struct action *act)
     struct snode *n = &w->nodes[sp->node];
     if (!sp->joined || sp->completed_sent || !n->alive)
         return; /* a participant that reported completion submits nothing more */
+    if (cp_node_lost(w, sp->node, n->inc))
+        return; /* it self-fenced before it was declared LOST: admission is shut */
     struct nlife *l = life_find(n, r->key);
     if (l == NULL)
         return; /* no room update yet: the node knows no sink lease */
@@ -1214,10 +1220,11 @@ static void act_bad_join(struct world *w, const struct action *act)
 
 /* ---- nodes come and go ---------------------------------------------------- */
 
-static int node_attach(struct world *w, int node)
+static int node_attach(struct world *w, int node, uint64_t witnessed_gone)
 {
     struct snode *n = &w->nodes[node];
-    struct kvf_cps_pool pool = {.pool_id = 1, .page_size = 4096, .page_count = POOL_PAGES};
+    struct kvf_cps_pool pool = {
+        .pool_id = 1, .page_size = 4096, .page_count = POOL_PAGES, .key = n->name};
     struct kvf_cps_node_hello h = {
         .node_id = n->name,
         .incarnation = n->inc,
@@ -1228,6 +1235,7 @@ static int node_attach(struct world *w, int node)
                               KVF_FEATURE_RDMA),
         .pools = &pool,
         .pool_count = 1,
+        .witnessed_gone = witnessed_gone,
     };
     uint32_t version;
     int rc = kvf_cps_node_attach(w->cps, &h, w->now, &version, NULL);
@@ -1273,7 +1281,8 @@ static void node_start(struct world *w, int node)
     n->inc++;
     n->alive = true;
     memset(n->fenced_inc, 0, sizeof(n->fenced_inc));
-    if (node_attach(w, node) != 0)
+    /* It took the host lock its dead predecessor held: it witnesses it. */
+    if (node_attach(w, node, n->inc - 1) != 0)
         fail(w, "%s could not attach with a new incarnation", n->name);
 }
 
@@ -1303,7 +1312,8 @@ static void node_resync(struct world *w, int node)
             np++;
         }
     }
-    struct kvf_cps_pool pool = {.pool_id = 1, .page_size = 4096, .page_count = POOL_PAGES};
+    struct kvf_cps_pool pool = {
+        .pool_id = 1, .page_size = 4096, .page_count = POOL_PAGES, .key = n->name};
     struct kvf_cps_resync rs = {.lifetimes = lts,
                                 .lifetime_count = nl,
                                 .fenced = peers,
@@ -1321,7 +1331,7 @@ static void act_reconnect(struct world *w, int node)
     struct snode *n = &w->nodes[node];
     if (!n->alive || n->connected)
         return;
-    int rc = node_attach(w, node);
+    int rc = node_attach(w, node, 0);
     if (rc == 0)
         node_resync(w, node);
     if (rc != 0) {

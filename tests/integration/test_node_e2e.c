@@ -166,7 +166,24 @@ static void test_killed_sink_node_is_fenced_then_aborted(void **state)
     kvf_room_key k = join_pair(f, 303);
     wait_node_knows(f, &f->n2, k);
     nh_node_kill9(&f->n2);
-    /* node ttl 1.5 s -> LOST -> abort, n1 drains and fences n2 -> ABORTED. */
+    /* node ttl 1.5 s -> LOST -> abort, n1 drains and fences n2 -> ABORTED;
+     * n1's lease is released, n2's own waits for a proof from n2's host. */
+    int64_t end = nh_now_ms() + WAIT_MS;
+    unsigned released = 0, leases = 0;
+    while (nh_room_state(f->ch, k, &released, &leases) !=
+               KVFENCE__V1__ROOM_STATE__ROOM_STATE_ABORTED ||
+           released != 1) {
+        if (nh_now_ms() > end)
+            fail_msg("room 303: not ABORTED with n1's lease released (%u of %u)", released, leases);
+        nh_sleep_ms(20);
+    }
+    nh_sleep_ms(500);
+    assert_int_equal(nh_room_state(f->ch, k, &released, &leases),
+                     KVFENCE__V1__ROOM_STATE__ROOM_STATE_ABORTED);
+    assert_int_equal(released, 1); /* no timer releases n2's */
+    /* n2 restarts: it takes the host lock the dead process held and
+     * witnesses it in its Hello; n2's lease is released. */
+    assert_int_equal(nh_node_start(&f->n2, f->dir, "n2", "n2", f->cp.target, NULL, 0), 0);
     nh_wait_room_state(f->ch, k, KVFENCE__V1__ROOM_STATE__ROOM_STATE_ABORTED, WAIT_MS);
     struct kvf_rpc_status st;
     int code = submit(f, &f->n1, k, 1, 0, 16, 8, true, &st);
@@ -257,8 +274,15 @@ static void test_register_pool_bad_input(void **state)
     /* An empty handle (test_node_devpool covers a well-formed one). */
     expect_register(&f->n1, &req, KVF_GRPC_INVALID_ARGUMENT, "cuda_ipc.ipc_handle");
 
-    /* Nothing was half-registered: the next good pool is the fixture's + 1. */
-    assert_int_equal(nh_register_pool(&f->n1, &f->p1), f->p1.pool_id + 1);
+    /* The same memory twice on one node: two pools could lease one page twice. */
+    shm.shm_name = f->p1.name;
+    req.memory_case = KVFENCE__V1__REGISTER_POOL_REQUEST__MEMORY_HOST_SHM;
+    req.host_shm = &shm;
+    expect_register(&f->n1, &req, KVF_GRPC_ALREADY_EXISTS, "already pool");
+    /* Nothing was half-registered: the same memory under another key is the
+     * fixture's + 1. */
+    req.pool_key = (char *)"e2e-second-view";
+    expect_register(&f->n1, &req, KVF_GRPC_OK, "");
 }
 
 int main(void)

@@ -342,6 +342,26 @@ static void test_abort_between_chunks_keeps_source_pages(void **state)
     nh_seed_check(&f->p2, 16, 8, 332, 16);
 }
 
+/* Room `k` ended ABORTED with the live peer's lease released, while the lost
+ * node's own lease stays RELEASING: its pages wait for a proof from its host
+ * (its Drained or its witnessed death; DESIGN.md §4), whatever the clock does. */
+static void wait_aborted_lost_lease_waits(struct fx *f, kvf_room_key k)
+{
+    int64_t end = nh_now_ms() + WAIT_MS;
+    unsigned rel = 0, n = 0;
+    while (nh_room_state(f->ch, k, &rel, &n) != KVFENCE__V1__ROOM_STATE__ROOM_STATE_ABORTED ||
+           rel != 1) {
+        if (nh_now_ms() > end)
+            fail_msg("room %llu: not ABORTED with one lease released (%u of %u)",
+                     (unsigned long long)k.room_id, rel, n);
+        nh_sleep_ms(20);
+    }
+    nh_sleep_ms(300);
+    assert_int_equal(nh_room_state(f->ch, k, &rel, &n),
+                     KVFENCE__V1__ROOM_STATE__ROOM_STATE_ABORTED);
+    assert_int_equal(rel, 1);
+}
+
 static void test_killed_source_with_held_transfer(void **state)
 {
     struct fx *f = *state;
@@ -351,9 +371,12 @@ static void test_killed_source_with_held_transfer(void **state)
     submit_ok(f, k, 1, 0, 16, 8, true);
     nh_wait_log(&f->n1, "fault: hold frame", &k, 1, WAIT_MS);
     nh_node_kill9(&f->n1);
-    /* LOST after the ttl; n2 fences n1 and drains; the room ends. */
-    nh_wait_room_state(f->ch, k, KVFENCE__V1__ROOM_STATE__ROOM_STATE_ABORTED, WAIT_MS);
+    /* LOST after the ttl; n2 fences n1 and drains; the room ends, n1's own
+     * lease waits until n1 restarts and witnesses the dead process. */
+    wait_aborted_lost_lease_waits(f, k);
     assert_true(nh_log_count(&f->n2, "fenced peer n1", NULL) >= 1);
+    assert_int_equal(node_start(&f->n1, f->dir, "n1", "n1", f->cp.target), 0);
+    nh_wait_room_state(f->ch, k, KVFENCE__V1__ROOM_STATE__ROOM_STATE_ABORTED, WAIT_MS);
     nh_watch_released_once(&f->w, f->ch, k, WAIT_MS);
     nh_seed_fill(&f->p2, 16, 8, 342);
     /* Settled: n2 fenced the dead node, and the dead node cannot send. */
@@ -370,10 +393,13 @@ static void test_killed_sink_with_held_transfer(void **state)
     submit_ok(f, k, 1, 0, 16, 8, true);
     nh_wait_log(&f->n1, "fault: hold frame", &k, 1, WAIT_MS);
     nh_node_kill9(&f->n2);
-    /* n1 fences n2: the held frame completes FLUSHED, n1 drains. */
-    nh_wait_room_state(f->ch, k, KVFENCE__V1__ROOM_STATE__ROOM_STATE_ABORTED, WAIT_MS);
+    /* n1 fences n2: the held frame completes FLUSHED, n1 drains; n2's own
+     * lease waits until n2 restarts and witnesses the dead process. */
+    wait_aborted_lost_lease_waits(f, k);
     assert_int_equal(nh_log_count(&f->n1, "fault: flush frame", &k), 1);
     assert_true(nh_log_count(&f->n1, "fenced peer n2", NULL) >= 1);
+    assert_int_equal(node_start(&f->n2, f->dir, "n2", "n2", f->cp.target), 0);
+    nh_wait_room_state(f->ch, k, KVFENCE__V1__ROOM_STATE__ROOM_STATE_ABORTED, WAIT_MS);
     nh_watch_released_once(&f->w, f->ch, k, WAIT_MS);
     nh_seed_fill(&f->p1, 0, 8, 351);
     nh_set_faults(&f->n1, "hold=0\n", WAIT_MS); /* nothing is held any more */
@@ -390,16 +416,19 @@ static void test_stopped_node_cut_off_then_resumed(void **state)
     nh_wait_log(&f->n1, "fault: hold frame", &k, 1, WAIT_MS);
     f->n1.any_exit = true;
     assert_int_equal(kill(f->n1.pid, SIGSTOP), 0);
-    /* Heartbeats stop: the session ends, n1 is LOST, n2 fences it. */
-    nh_wait_room_state(f->ch, k, KVFENCE__V1__ROOM_STATE__ROOM_STATE_ABORTED, WAIT_MS);
+    /* Heartbeats stop: the session ends, n1 is LOST, n2 fences it. n2's
+     * lease is released; n1's own waits for a proof from n1's host. */
+    wait_aborted_lost_lease_waits(f, k);
     assert_true(nh_log_count(&f->n2, "fenced peer n1", NULL) >= 1);
-    nh_watch_released_once(&f->w, f->ch, k, WAIT_MS);
     nh_seed_fill(&f->p2, 16, 8, 362);
 
-    /* n1 comes back and sends what it held. */
+    /* n1 comes back and sends what it held; it self-fences, its old
+     * lifetime drains, and its Witness releases its lease. */
     nh_fault_file_write(&f->n1, "hold=0\n");
     assert_int_equal(kill(f->n1.pid, SIGCONT), 0);
     nh_wait_log(&f->n1, "fault: release frame", &k, 1, WAIT_MS);
+    nh_wait_room_state(f->ch, k, KVFENCE__V1__ROOM_STATE__ROOM_STATE_ABORTED, WAIT_MS);
+    nh_watch_released_once(&f->w, f->ch, k, WAIT_MS);
     /* Settled: n1 ends (its drain waits for the released frame's completion). */
     int st = nh_node_stop(&f->n1, 8000);
     assert_int_not_equal(st, -2);
@@ -474,8 +503,7 @@ static void test_old_incarnation_cannot_write_into_new_generation(void **state)
     nh_wait_log(&f->n1, "fault: hold frame", &k1, 1, WAIT_MS);
     f->n1.any_exit = true;
     assert_int_equal(kill(f->n1.pid, SIGSTOP), 0);
-    nh_wait_room_state(f->ch, k1, KVFENCE__V1__ROOM_STATE__ROOM_STATE_ABORTED, WAIT_MS);
-    nh_watch_released_once(&f->w, f->ch, k1, WAIT_MS);
+    wait_aborted_lost_lease_waits(f, k1); /* n1's own lease waits for its host */
 
     /* n1 restarts as a new incarnation with a new pool; the zombie lives on. */
     assert_int_equal(node_start(&f->n1b, f->dir, "n1b", "n1", f->cp.target), 0);
@@ -484,8 +512,10 @@ static void test_old_incarnation_cannot_write_into_new_generation(void **state)
     f->src = &f->n1b;
     f->src_pool = f->p3.pool_id;
     nh_seed_fill(&f->p2, 16, 8, 392);
-    kvf_room_key k2 = join_pair(f, 9001, 0, 16, 8);
-    assert_true(k2.room_id == k1.room_id && k2.generation > k1.generation);
+    /* Room 9001 cannot be reused while the zombie's lease waits: the next
+     * room writes the same sink pages under another id. */
+    kvf_room_key k2 = join_pair(f, 9003, 0, 16, 8);
+    assert_true(k2.generation > k1.generation);
 
     /* While generation 2 is ACTIVE on the same sink pages, the zombie sends
      * the frame it held, then ends. */

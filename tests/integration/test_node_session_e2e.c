@@ -621,11 +621,22 @@ static void test_lost_node_comes_back_as_new_incarnation(void **state)
     wait_node_knows(f, &f->n1, k);
     uint64_t inc1 = node_incarnation(f, "n1");
     assert_int_equal(kill(f->n1.pid, SIGSTOP), 0);
-    /* LOST: the room aborts and ends once n2 fenced n1. */
-    nh_wait_room_state(f->ch, k, KVFENCE__V1__ROOM_STATE__ROOM_STATE_ABORTED, WAIT_MS);
+    /* LOST: the room aborts and ends once n2 fenced n1; n2's lease is
+     * released, n1's own waits for a proof from n1's host. */
+    unsigned rel = 0;
+    int64_t end = nh_now_ms() + WAIT_MS;
+    while (nh_room_state(f->ch, k, &rel, NULL) != KVFENCE__V1__ROOM_STATE__ROOM_STATE_ABORTED ||
+           rel != 1) {
+        if (nh_now_ms() > end)
+            fail_msg("room 303: not ABORTED with n2's lease released (%u)", rel);
+        nh_sleep_ms(20);
+    }
     assert_int_equal(kill(f->n1.pid, SIGCONT), 0);
     uint64_t new1 = wait_node_attached(f, "n1", inc1);
     assert_true(new1 > inc1);
+    /* The same process, self-fenced: its old lifetime drained, its Witness
+     * releases n1's lease. */
+    nh_wait_room_state(f->ch, k, KVFENCE__V1__ROOM_STATE__ROOM_STATE_ABORTED, WAIT_MS);
     int st_child;
     assert_int_equal(waitpid(f->n1.pid, &st_child, WNOHANG), 0); /* still running */
     struct kvf_rpc_status st;

@@ -157,6 +157,7 @@ static void check_state(const struct kvf_cps *st)
     memset(&c, 0, sizeof(c));
     struct ptrset nodes = {0}, pools = {0};
     size_t armed = 0, nparts_total = 0;
+    uint64_t awaiting = 0;
     const struct cp_heap *h = &st->timers;
 
     size_t pos = 0;
@@ -230,7 +231,7 @@ static void check_state(const struct kvf_cps *st)
             c.rooms_past_deadline++;
         assert_true(room->key.generation <= st->stats.generation);
         armed += count_armed(&room->timer, h);
-        uint32_t src = 0, snk = 0, done = 0;
+        uint32_t src = 0, snk = 0, done = 0, room_awaiting = 0;
         for (uint32_t i = 0; i < room->nrnodes; i++) {
             const struct cp_rnode *rn = room->rnodes[i];
             assert_ptr_equal(rn->room, room);
@@ -255,11 +256,17 @@ static void check_state(const struct kvf_cps *st)
             assert_true(p->lease_id < st->next_lease_id);
             assert_true(p->lease_state >= 1 && p->lease_state <= 3);
             c.leases_by_state[p->lease_state]++;
-            bool fits = room->state <= KVF_CPS_ROOM_ACTIVE ? p->lease_state == KVF_CPS_LEASE_ACTIVE
-                        : room->state == KVF_CPS_ROOM_ABORTING
-                            ? p->lease_state == KVF_CPS_LEASE_RELEASING
-                            : p->lease_state == KVF_CPS_LEASE_RELEASED;
+            bool fits =
+                room->state <= KVF_CPS_ROOM_ACTIVE     ? p->lease_state == KVF_CPS_LEASE_ACTIVE
+                : room->state == KVF_CPS_ROOM_ABORTING ? p->lease_state == KVF_CPS_LEASE_RELEASING
+                : room->state == KVF_CPS_ROOM_ABORTED  ? p->lease_state != KVF_CPS_LEASE_ACTIVE
+                                                       : p->lease_state == KVF_CPS_LEASE_RELEASED;
             assert_true(fits);
+            if (cp_part_awaiting(p)) { /* waiting for its host: not proven there */
+                assert_false(cp_rnode_host_proven(p->rn));
+                awaiting++;
+                room_awaiting++;
+            }
             ps_add(&pools, p->pool);
             if (p->role == KVF_CPS_ROLE_SOURCE)
                 src++;
@@ -270,8 +277,12 @@ static void check_state(const struct kvf_cps *st)
         assert_int_equal(src, room->nsources);
         assert_int_equal(snk, room->nsinks);
         assert_int_equal(done, room->ncompleted);
+        assert_int_equal(room_awaiting, room->nawaiting);
+        if (room->nawaiting > 0) /* no tombstone timer while a lease waits */
+            assert_false(cp_timer_armed(&room->timer));
     }
     assert_int_equal(nparts_total, st->leases.count);
+    assert_int_equal(awaiting, st->stats.leases_awaiting_host_proof);
 
     for (size_t k = 0; k < pools.n; k++) {
         const struct cp_pool *pool = pools.v[k];
@@ -1104,9 +1115,11 @@ static void every_truncation_is_refused(void **state)
     assert_non_null(image.p);
     image.p[image.len] = 0;
     restore_refuses(&image, image.len + 1);
-    image.p[6] = 2;
+    image.p[6] = 3;
     restore_refuses(&image, image.len);
-    image.p[6] = 1;
+    image.p[6] = 1; /* a version 1 image has no pool keys: this one does not parse as one */
+    restore_refuses(&image, image.len);
+    image.p[6] = 2;
     image.p[0] = 'X';
     restore_refuses(&image, image.len);
     image.p[0] = 'K';
