@@ -1156,6 +1156,7 @@ void kvf_node_opts_init(struct kvf_node_opts *opts)
     memset(opts, 0, sizeof *opts);
     opts->data_host = "127.0.0.1";
     opts->drain_timeout_ms = 10000;
+    opts->local_socket_gid = -1;
 }
 
 struct kvf_node *kvf_node_start(const struct kvf_node_opts *opts)

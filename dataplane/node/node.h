@@ -31,8 +31,12 @@ struct kvf_node_opts {
     const char *control_tls_cert;
     const char *control_tls_key;
     const char *control_tls_server_name;
-    const char *node_id;       /* required, at most 128 bytes */
-    const char *local_socket;  /* NodeLocal unix socket path; required */
+    const char *node_id;      /* required, at most 128 bytes */
+    const char *local_socket; /* NodeLocal unix socket path; required */
+    /* The NodeLocal socket's (and its fd socket's) permission bits, 0: 0660,
+     * and group, -1: the node's effective group (local_access.h). */
+    uint32_t local_socket_mode;
+    int64_t local_socket_gid;
     const char *data_host;     /* numeric IPv4 the TCP transport binds; "127.0.0.1" */
     uint16_t data_port;        /* 0: any */
     uint64_t incarnation;      /* 0: chosen from the realtime clock (ns) */
