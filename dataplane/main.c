@@ -14,6 +14,7 @@
  * --local-socket for its health (probe.c) and exits 0 when SERVING, else 1.
  */
 #include <errno.h>
+#include <grp.h>
 #include <pthread.h>
 #include <signal.h>
 #include <stdbool.h>
@@ -38,13 +39,51 @@ static const char *nonempty(const char *s)
 
 struct settings {
     const char *config, *control, *node_id, *local_socket, *data_host, *port_file, *peer_fault,
-        *fault_file, *test_fake_device_pools;
+        *fault_file, *test_fake_device_pools, *local_socket_mode, *local_socket_group;
     const char *staging, *test_local_hold_file, *rdma, *rdma_fabric, *rdma_gid_index;
     const char *control_tls_ca, *control_tls_cert, *control_tls_key, *control_tls_server_name;
     const char *run_dir;
     uint64_t data_port, peer_port, drain_timeout_ms, staging_buffers, probe_timeout_ms;
     bool version, probe;
 };
+
+/* --local-socket-mode (octal, at most 0777) and --local-socket-group (a name
+ * or a number) into `opts`: 0, or -1 after saying why. */
+static int parse_socket_access(const struct settings *cfg, struct kvf_node_opts *opts)
+{
+    const char *m = nonempty(cfg->local_socket_mode);
+    if (m) {
+        char *end;
+        errno = 0;
+        unsigned long v = strtoul(m, &end, 8);
+        if (errno || *end || end == m || v > 0777) {
+            fprintf(stderr, "kvfence-node: --local-socket-mode %s: not octal permission bits\n", m);
+            return -1;
+        }
+        if ((v & 0600) != 0600) {
+            fprintf(stderr, "kvfence-node: --local-socket-mode %s: the owner needs rw\n", m);
+            return -1;
+        }
+        opts->local_socket_mode = (uint32_t)v;
+    }
+    const char *g = nonempty(cfg->local_socket_group);
+    if (g) {
+        char *end;
+        errno = 0;
+        unsigned long v = strtoul(g, &end, 10);
+        if (!errno && !*end && end != g && v < (unsigned long)UINT32_MAX) {
+            opts->local_socket_gid = (int64_t)v;
+        } else {
+            struct group *gr = getgrnam(g);
+            if (!gr) {
+                fprintf(stderr, "kvfence-node: --local-socket-group %s: no such group\n", g);
+                return -1;
+            }
+            opts->local_socket_gid = (int64_t)gr->gr_gid;
+        }
+    }
+    return 0;
+}
 
 /* Writes "DATA_PORT\nLOCAL_SOCKET\n" atomically (rename). */
 static int write_port_file(const char *path, unsigned port, const char *sock)
@@ -80,7 +119,13 @@ int main(int argc, char **argv)
          "TLS: the name checked in kvfence-control's certificate (default: the address's host)"},
         {"node-id", KVF_CONFIG_STRING, &cfg.node_id, 0, "this node's id (default: hostname)"},
         {"local-socket", KVF_CONFIG_STRING, &cfg.local_socket, 0,
-         "unix socket of the NodeLocal service (engines)"},
+         "unix socket of the NodeLocal service (engines); its fd socket is PATH.fds"},
+        {"local-socket-mode", KVF_CONFIG_STRING, &cfg.local_socket_mode, 0,
+         "permission bits (octal) of the NodeLocal socket and its fd socket (default 0660): who "
+         "may connect (docs/security.md, NodeLocal)"},
+        {"local-socket-group", KVF_CONFIG_STRING, &cfg.local_socket_group, 0,
+         "group (name or number) of the NodeLocal socket and its fd socket (default: the node's "
+         "group)"},
         {"run-dir", KVF_CONFIG_STRING, &cfg.run_dir, 0,
          "directory of the host lock kvfence-node-<id>.lock, held for the process's life: a "
          "restarted node that takes it witnesses its predecessor's death (default: the lock is "
@@ -215,6 +260,10 @@ int main(int argc, char **argv)
     opts.node_id = cfg.node_id;
     opts.local_socket = cfg.local_socket;
     opts.run_dir = cfg.run_dir;
+    if (parse_socket_access(&cfg, &opts) != 0) {
+        kvf_config_free();
+        return 2;
+    }
     opts.data_host = cfg.data_host;
     opts.data_port = (uint16_t)cfg.data_port;
     opts.peer_port = (uint16_t)cfg.peer_port;

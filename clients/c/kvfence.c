@@ -5,15 +5,19 @@
 #include "kvfence/kvfence.h"
 
 #include <errno.h>
+#include <fcntl.h>
 #include <pthread.h>
 #include <stdarg.h>
 #include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
 #include <time.h>
+#include <unistd.h>
 
 #include "kvf_error.h"
+#include "kvf_fdpass.h"
 #include "kvfence/v1/control.pb-c.h"
 #include "kvfence/v1/node.pb-c.h"
 #include "rpc_client.h"
@@ -29,6 +33,7 @@ struct kvf_client {
 struct kvf_node_client {
     struct kvf_rpc_channel *ch;
     int64_t call_timeout_ms;
+    char fd_socket[256]; /* "<socket_path>.fds" (kvf_fdpass.h) */
 };
 
 /* ---- status ------------------------------------------------------------------ */
@@ -714,6 +719,10 @@ int kvf_node_client_create(const char *socket_path, const struct kvf_client_opts
         return set_status(st, KVF_STATUS_RESOURCE_EXHAUSTED,
                           "kvf_node_client_create: out of memory");
     nc->call_timeout_ms = opts ? opts->call_timeout_ms : DEFAULT_CALL_TIMEOUT_MS;
+    if (kvf_fdpass_path(target + 5, nc->fd_socket, sizeof nc->fd_socket) != 0) {
+        free(nc);
+        return bad_arg(st, "kvf_node_client_create", "socket_path too long");
+    }
     nc->ch = channel_create(target, opts, false, st);
     if (!nc->ch) {
         free(nc);
@@ -731,23 +740,12 @@ void kvf_node_client_destroy(kvf_node_client *n)
     free(n);
 }
 
-int kvf_register_pool_shm(kvf_node_client *n, const struct kvf_shm_pool *pool,
-                          uint32_t *pool_id_out, struct kvf_status *st)
+/* RegisterPool of `req` (its memory set by the caller): the pool id. */
+static int register_pool(kvf_node_client *n, Kvfence__V1__RegisterPoolRequest *req,
+                         uint32_t *pool_id_out, struct kvf_status *st)
 {
-    if (!n || !pool || !pool->shm_name || !pool->shm_name[0])
-        return bad_arg(st, "kvf_register_pool_shm", "node client and pool.shm_name are required");
-    Kvfence__V1__HostShmMemory shm = KVFENCE__V1__HOST_SHM_MEMORY__INIT;
-    shm.shm_name = (char *)pool->shm_name;
-    shm.offset = pool->offset;
-    shm.size = pool->size;
-    Kvfence__V1__RegisterPoolRequest req = KVFENCE__V1__REGISTER_POOL_REQUEST__INIT;
-    req.memory_case = KVFENCE__V1__REGISTER_POOL_REQUEST__MEMORY_HOST_SHM;
-    req.host_shm = &shm;
-    req.page_size = pool->page_size;
-    req.page_count = pool->page_count;
-    req.rank = pool->rank;
     ProtobufCMessage *m = NULL;
-    int rc = unary(n->ch, n->call_timeout_ms, "/kvfence.v1.NodeLocal/RegisterPool", &req.base,
+    int rc = unary(n->ch, n->call_timeout_ms, "/kvfence.v1.NodeLocal/RegisterPool", &req->base,
                    &kvfence__v1__register_pool_response__descriptor, &m, st);
     if (rc)
         return rc;
@@ -760,6 +758,86 @@ int kvf_register_pool_shm(kvf_node_client *n, const struct kvf_shm_pool *pool,
         *pool_id_out = resp->pool->pool_id;
     protobuf_c_message_free_unpacked(m, NULL);
     return 0;
+}
+
+/* The fd socket's refusal as a status. */
+static int fdpass_status(struct kvf_status *st, int rc, const struct kvf_error *err)
+{
+    int code = rc == -EACCES || rc == -EPERM   ? KVF_STATUS_PERMISSION_DENIED
+               : rc == -ENOSPC                 ? KVF_STATUS_RESOURCE_EXHAUSTED
+               : rc == -EINVAL || rc == -EBADF ? KVF_STATUS_INVALID_ARGUMENT
+                                               : KVF_STATUS_UNAVAILABLE;
+    return set_status(st, code, "RegisterPool: %s", err->msg);
+}
+
+/* Hands `fd` over on the fd socket and registers it (host_fd). -ENOENT /
+ * -ECONNREFUSED (no status set) when the node has no fd socket. */
+static int register_pool_fd(kvf_node_client *n, int fd, const struct kvf_shm_pool *pool,
+                            uint32_t *pool_id_out, struct kvf_status *st)
+{
+    uint8_t handle[KVF_FDPASS_HANDLE_SIZE];
+    struct kvf_error err;
+    kvf_error_clear(&err);
+    int rc = kvf_fdpass_send(n->fd_socket, fd, handle, &err);
+    if (rc == -ENOENT || rc == -ECONNREFUSED)
+        return rc;
+    if (rc != 0)
+        return fdpass_status(st, rc, &err);
+    Kvfence__V1__HostFdMemory hf = KVFENCE__V1__HOST_FD_MEMORY__INIT;
+    hf.handle.data = handle;
+    hf.handle.len = sizeof handle;
+    hf.offset = pool->offset;
+    hf.size = pool->size;
+    Kvfence__V1__RegisterPoolRequest req = KVFENCE__V1__REGISTER_POOL_REQUEST__INIT;
+    req.memory_case = KVFENCE__V1__REGISTER_POOL_REQUEST__MEMORY_HOST_FD;
+    req.host_fd = &hf;
+    req.page_size = pool->page_size;
+    req.page_count = pool->page_count;
+    req.rank = pool->rank;
+    return register_pool(n, &req, pool_id_out, st);
+}
+
+int kvf_register_pool_shm(kvf_node_client *n, const struct kvf_shm_pool *pool,
+                          uint32_t *pool_id_out, struct kvf_status *st)
+{
+    if (!n || !pool || !pool->shm_name || !pool->shm_name[0])
+        return bad_arg(st, "kvf_register_pool_shm", "node client and pool.shm_name are required");
+    /* The engine opens its own object and hands the descriptor over: the
+     * node maps only what its caller could open (docs/security.md). */
+    int fd = shm_open(pool->shm_name, O_RDWR | O_CLOEXEC, 0);
+    if (fd >= 0) {
+        int rc = register_pool_fd(n, fd, pool, pool_id_out, st);
+        close(fd);
+        if (rc != -ENOENT && rc != -ECONNREFUSED)
+            return rc;
+    }
+    /* By name: a node older than the fd socket, or an object this process
+     * cannot open, which the node then refuses (NOT_FOUND, or
+     * PERMISSION_DENIED unless every caller of its socket could open it). */
+    Kvfence__V1__HostShmMemory shm = KVFENCE__V1__HOST_SHM_MEMORY__INIT;
+    shm.shm_name = (char *)pool->shm_name;
+    shm.offset = pool->offset;
+    shm.size = pool->size;
+    Kvfence__V1__RegisterPoolRequest req = KVFENCE__V1__REGISTER_POOL_REQUEST__INIT;
+    req.memory_case = KVFENCE__V1__REGISTER_POOL_REQUEST__MEMORY_HOST_SHM;
+    req.host_shm = &shm;
+    req.page_size = pool->page_size;
+    req.page_count = pool->page_count;
+    req.rank = pool->rank;
+    return register_pool(n, &req, pool_id_out, st);
+}
+
+int kvf_register_pool_fd(kvf_node_client *n, int fd, const struct kvf_shm_pool *pool,
+                         uint32_t *pool_id_out, struct kvf_status *st)
+{
+    if (!n || !pool || fd < 0)
+        return bad_arg(st, "kvf_register_pool_fd", "node client, fd and pool are required");
+    int rc = register_pool_fd(n, fd, pool, pool_id_out, st);
+    if (rc == -ENOENT || rc == -ECONNREFUSED)
+        return set_status(st, KVF_STATUS_UNAVAILABLE,
+                          "kvf_register_pool_fd: no fd socket at %s (a node older than it?)",
+                          n->fd_socket);
+    return rc;
 }
 
 int kvf_unregister_pool(kvf_node_client *n, uint32_t pool_id, struct kvf_status *st)

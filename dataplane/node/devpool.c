@@ -16,6 +16,7 @@
 #include <inttypes.h>
 #include <stdio.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "local.h"
 #include "tcp.h"
@@ -60,15 +61,48 @@ int node_devpool_open(struct kvf_node *n, const Kvfence__V1__RegisterPoolRequest
             return KVF_GRPC_RESOURCE_EXHAUSTED;
         return KVF_GRPC_INVALID_ARGUMENT; /* -EINVAL geometry, -EIO a refused handle */
     }
+    if (req->memory_case == KVFENCE__V1__REGISTER_POOL_REQUEST__MEMORY_HOST_FD) {
+        const Kvfence__V1__HostFdMemory *hf = req->host_fd;
+        int fd;
+        struct node_gate_peer peer;
+        if (node_gate_take(n->gate, hf->handle.data, hf->handle.len, &fd, &peer) != 0) {
+            snprintf(msg, msg_len,
+                     "host_fd.handle: no descriptor waits under it (never issued, used, or "
+                     "expired)");
+            return KVF_GRPC_NOT_FOUND;
+        }
+        int rc = kvf_pool_open_fd(fd, KVF_POOL_HOST_SHM, "host_fd", hf->offset, hf->size,
+                                  req->page_size, req->page_count, pool_p, &err);
+        close(fd);
+        if (rc == 0) {
+            node_log("info", NULL, "host_fd pool: the descriptor came from pid %d uid %u gid %u",
+                     (int)peer.pid, (unsigned)peer.uid, (unsigned)peer.gid);
+            return 0;
+        }
+        snprintf(msg, msg_len, "%s", err.msg);
+        return (int)kvf_errno_to_grpc_code(rc);
+    }
+    /* By name: the node opens it, so it must be no more than every caller of
+     * the socket could open itself (local_access.h). */
     const Kvfence__V1__HostShmMemory *shm = req->host_shm;
     bool fake = fake_device_name(n, shm->shm_name);
-    int rc = fake ? kvf_pool_open_fake_device(shm->shm_name, shm->offset, shm->size, req->page_size,
-                                              req->page_count, pool_p, &err)
-                  : kvf_pool_open_shm(shm->shm_name, shm->offset, shm->size, req->page_size,
-                                      req->page_count, pool_p, &err);
+    int fd;
+    int rc = kvf_pool_shm_open(shm->shm_name, &fd, &err);
+    if (rc != 0) {
+        snprintf(msg, msg_len, "%s", err.msg);
+        return (int)kvf_errno_to_grpc_code(rc);
+    }
+    int code = node_access_check_shm(&n->access, fd, shm->shm_name, msg, msg_len);
+    if (code != 0) {
+        close(fd);
+        return code;
+    }
+    rc = kvf_pool_open_fd(fd, fake ? KVF_POOL_FAKE_DEVICE : KVF_POOL_HOST_SHM, "host_shm",
+                          shm->offset, shm->size, req->page_size, req->page_count, pool_p, &err);
+    close(fd);
     if (rc == 0)
         return 0;
-    snprintf(msg, msg_len, "host_shm: %s", err.msg);
+    snprintf(msg, msg_len, "%s", err.msg);
     return (int)kvf_errno_to_grpc_code(rc);
 }
 

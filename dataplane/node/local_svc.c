@@ -43,6 +43,7 @@
 
 #include "devpool.h"
 #include "kvf_error.h"
+#include "kvf_fdpass.h"
 #include "node_internal.h"
 #include "rdma.h"
 #include "rdma_link.h"
@@ -118,7 +119,12 @@ void node_local_register_pool(struct kvf_node *n, struct node_job *j)
     n->next_pool_id++;
     n->npools++;
     node_log("info", NULL, "pool %u registered: %s %s, %u pages of %u bytes, rank %u", p->id,
-             node_devpool_kind_name(p), req->host_shm ? req->host_shm->shm_name : "(device memory)",
+             node_devpool_kind_name(p),
+             req->memory_case == KVFENCE__V1__REGISTER_POOL_REQUEST__MEMORY_HOST_SHM
+                 ? req->host_shm->shm_name
+             : req->memory_case == KVFENCE__V1__REGISTER_POOL_REQUEST__MEMORY_HOST_FD
+                 ? "(a descriptor handed over)"
+                 : "(device memory)",
              p->page_count, p->page_size, p->rank);
 
     Kvfence__V1__Pool pool;
@@ -601,6 +607,13 @@ static void h_register_pool(void *ctx, struct kvf_rpc_call *call, const uint8_t 
     int code = KVF_GRPC_INVALID_ARGUMENT;
     if (r->memory_case == KVFENCE__V1__REGISTER_POOL_REQUEST__MEMORY_CUDA_IPC) {
         why = node_devpool_check_cuda_request(r); /* opened on the owner thread (devpool.c) */
+    } else if (r->memory_case == KVFENCE__V1__REGISTER_POOL_REQUEST__MEMORY_HOST_FD) {
+        if (r->page_size == 0 || r->page_count == 0)
+            why = "page_size and page_count must be >= 1";
+        else if (r->host_fd->handle.len != KVF_FDPASS_HANDLE_SIZE)
+            why = "host_fd.handle: must be the 16 bytes the fd socket answered";
+        else if (r->host_fd->size < (uint64_t)r->page_size * r->page_count)
+            why = "host_fd.size: smaller than page_size x page_count";
     } else if (r->memory_case != KVFENCE__V1__REGISTER_POOL_REQUEST__MEMORY_HOST_SHM) {
         why = "memory: none given";
     } else if (r->page_size == 0 || r->page_count == 0) {
@@ -672,8 +685,6 @@ static void h_submit_chunk(void *ctx, struct kvf_rpc_call *call, const uint8_t *
 
 int node_local_start(struct kvf_node *n)
 {
-    char addr[300];
-    /* A socket file left by a previous process would refuse the bind. */
     char dir[256];
     snprintf(dir, sizeof dir, "%s", n->local_socket);
     char *slash = strrchr(dir, '/');
@@ -681,17 +692,27 @@ int node_local_start(struct kvf_node *n)
         *slash = '\0';
         (void)mkdir(dir, 0755);
     }
-    (void)unlink(n->local_socket);
-    snprintf(addr, sizeof addr, "unix:%s", n->local_socket);
+    node_access_init(&n->access, n->opts.local_socket_mode, n->opts.local_socket_gid);
+    /* gRPC binds in a private 0700 directory; the socket gets its mode and
+     * group there and is renamed into place (replacing a stale one): no
+     * window where it is more open than configured, whatever the umask. */
+    char priv[300], tmp[320], addr[330];
+    int rc = node_access_private_dir(n->local_socket, priv, sizeof priv);
+    if (rc != 0)
+        return rc;
+    snprintf(tmp, sizeof tmp, "%s/s", priv);
+    snprintf(addr, sizeof addr, "unix:%s", tmp);
     struct kvf_rpc_server_opts so;
     kvf_rpc_server_opts_init(&so);
     so.listen_addr = addr;
     so.cq_threads = LOCAL_CQ_THREADS;
     n->local_srv = kvf_rpc_server_create(&so);
-    if (!n->local_srv)
+    if (!n->local_srv) {
+        (void)rmdir(priv);
         return -EIO;
-    int rc = kvf_rpc_server_add_unary(n->local_srv, "/kvfence.v1.NodeLocal/RegisterPool",
-                                      h_register_pool, n);
+    }
+    rc = kvf_rpc_server_add_unary(n->local_srv, "/kvfence.v1.NodeLocal/RegisterPool",
+                                  h_register_pool, n);
     if (rc == 0)
         rc = kvf_rpc_server_add_unary(n->local_srv, "/kvfence.v1.NodeLocal/SubmitChunk",
                                       h_submit_chunk, n);
@@ -708,15 +729,35 @@ int node_local_start(struct kvf_node *n)
         if (rc > 0)
             rc = 0;
     }
+    if (rc == 0)
+        rc = node_access_place(&n->access, tmp, n->local_socket);
+    (void)unlink(tmp); /* only when something failed: else renamed already */
+    (void)rmdir(priv);
     if (rc != 0) {
-        node_log("error", NULL, "NodeLocal on %s: cannot start: %s", addr, strerror(-rc));
+        node_log("error", NULL, "NodeLocal on %s: cannot start: %s", n->local_socket,
+                 strerror(-rc));
         return rc;
     }
+    char fds[300];
+    rc = kvf_fdpass_path(n->local_socket, fds, sizeof fds);
+    if (rc == 0) {
+        n->gate = node_gate_start(fds, &n->access);
+        if (!n->gate)
+            rc = -EIO;
+    }
+    if (rc != 0) {
+        node_log("error", NULL, "NodeLocal: the fd socket %s.fds cannot start", n->local_socket);
+        return rc;
+    }
+    node_log("info", NULL, "NodeLocal on %s and %s: mode %04o group %u", n->local_socket, fds,
+             (unsigned)n->access.mode, (unsigned)n->access.gid);
     return 0;
 }
 
 void node_local_stop(struct kvf_node *n)
 {
+    node_gate_stop(n->gate);
+    n->gate = NULL;
     if (!n->local_srv)
         return;
     kvf_rpc_server_shutdown(n->local_srv, 1000);

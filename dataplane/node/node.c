@@ -1164,6 +1164,7 @@ void kvf_node_opts_init(struct kvf_node_opts *opts)
     memset(opts, 0, sizeof *opts);
     opts->data_host = "127.0.0.1";
     opts->drain_timeout_ms = 10000;
+    opts->local_socket_gid = -1;
 }
 
 /* The node's exclusive host lock (host_lock.h): a live holder means another

@@ -33,9 +33,13 @@ struct kvf_node_opts {
     const char *control_tls_server_name;
     const char *node_id;      /* required, at most 128 bytes */
     const char *local_socket; /* NodeLocal unix socket path; required */
-    const char *data_host;    /* numeric IPv4 the TCP transport binds; "127.0.0.1" */
-    uint16_t data_port;       /* 0: any */
-    uint64_t incarnation;     /* 0: chosen from the realtime clock (ns) */
+    /* The NodeLocal socket's (and its fd socket's) permission bits, 0: 0660,
+     * and group, -1: the node's effective group (local_access.h). */
+    uint32_t local_socket_mode;
+    int64_t local_socket_gid;
+    const char *data_host; /* numeric IPv4 the TCP transport binds; "127.0.0.1" */
+    uint16_t data_port;    /* 0: any */
+    uint64_t incarnation;  /* 0: chosen from the realtime clock (ns) */
     /* Where the host lock lives (host_lock.h): <run_dir>/kvfence-node-<id>.lock;
      * NULL or "": next to the local socket, <local_socket>.lock. */
     const char *run_dir;

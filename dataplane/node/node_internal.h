@@ -39,6 +39,7 @@
 #include "kvf_types.h"
 #include "kvfence/v1/node.pb-c.h"
 #include "lifetime.h"
+#include "local_access.h"
 #include "node.h"
 #include "peer_channel.h"
 #include "pool.h"
@@ -305,6 +306,11 @@ struct kvf_node {
 
     /* NodeLocal server. */
     struct kvf_rpc_server *local_srv;
+    /* Who may call it (set at start, then read-only), and the fd socket
+     * beside it whose handle table is shared with the owner thread
+     * (local_access.h). */
+    struct node_access access;
+    struct node_gate *gate;
     /* grpc.health.v1 on the same socket (node_health.c): the registry (its
      * own mutex), and what the owner last set in it (owner thread). */
     struct kvf_health *health;

@@ -7,6 +7,9 @@
  * the object; mmap needs a page-aligned file offset, so the mapping starts at
  * the system page below `offset` and `base` points `offset` bytes in. The file
  * descriptor is closed right after mmap (the mapping keeps the object alive).
+ * kvf_pool_open_fd maps a descriptor the caller already holds (one an engine
+ * handed to the node, or one the node opened and checked): kvf_pool_open_shm
+ * is shm_open + kvf_pool_open_fd.
  *
  * A FAKE_DEVICE pool (tests) is a HOST_SHM mapping with another kind: the
  * node reaches its bytes only through kvf_pool_read/kvf_pool_write, as it
@@ -87,16 +90,11 @@ int kvf_pool_open_fake_device(const char *name, uint64_t offset, uint64_t size, 
     return rc;
 }
 
-int kvf_pool_open_shm(const char *name, uint64_t offset, uint64_t size, uint32_t page_size,
-                      uint32_t page_count, struct kvf_pool **pool_p, struct kvf_error *err)
+int kvf_pool_shm_open(const char *name, int *fd_p, struct kvf_error *err)
 {
     int rc = pool_check_shm_name(name, err);
     if (rc != 0)
         return rc;
-    rc = pool_check_geometry("host_shm", offset, size, page_size, page_count, UINT64_MAX, err);
-    if (rc != 0)
-        return rc;
-
     int fd = shm_open(name, O_RDWR, 0);
     if (fd < 0) {
         int e = errno;
@@ -107,49 +105,74 @@ int kvf_pool_open_shm(const char *name, uint64_t offset, uint64_t size, uint32_t
                                  name);
         return kvf_error_set(err, -e, "host_shm: shm_open(\"%s\"): %s", name, strerror(e));
     }
+    *fd_p = fd;
+    return 0;
+}
+
+int kvf_pool_open_shm(const char *name, uint64_t offset, uint64_t size, uint32_t page_size,
+                      uint32_t page_count, struct kvf_pool **pool_p, struct kvf_error *err)
+{
+    int rc = pool_check_shm_name(name, err);
+    if (rc != 0)
+        return rc;
+    rc = pool_check_geometry("host_shm", offset, size, page_size, page_count, UINT64_MAX, err);
+    if (rc != 0)
+        return rc;
+    int fd;
+    rc = kvf_pool_shm_open(name, &fd, err);
+    if (rc != 0)
+        return rc;
+    rc = kvf_pool_open_fd(fd, KVF_POOL_HOST_SHM, "host_shm", offset, size, page_size, page_count,
+                          pool_p, err);
+    close(fd);
+    return rc;
+}
+
+int kvf_pool_open_fd(int fd, enum kvf_pool_kind kind, const char *what, uint64_t offset,
+                     uint64_t size, uint32_t page_size, uint32_t page_count,
+                     struct kvf_pool **pool_p, struct kvf_error *err)
+{
+    if (kind != KVF_POOL_HOST_SHM && kind != KVF_POOL_FAKE_DEVICE)
+        return kvf_error_set(err, -EINVAL, "%s: only host memory maps from a descriptor", what);
+    int rc = pool_check_geometry(what, offset, size, page_size, page_count, UINT64_MAX, err);
+    if (rc != 0)
+        return rc;
     struct stat st;
     if (fstat(fd, &st) != 0) {
         int e = errno;
-        rc = kvf_error_set(err, -e, "host_shm: fstat(\"%s\"): %s", name, strerror(e));
-        goto err_close_fd;
+        return kvf_error_set(err, -e, "%s: fstat: %s", what, strerror(e));
     }
-    rc = pool_check_geometry("host_shm", offset, size, page_size, page_count, (uint64_t)st.st_size,
-                             err);
+    if (!S_ISREG(st.st_mode))
+        return kvf_error_set(err, -EBADF, "%s: not a shared memory object or memfd", what);
+    rc = pool_check_geometry(what, offset, size, page_size, page_count, (uint64_t)st.st_size, err);
     if (rc != 0)
-        goto err_close_fd;
+        return rc;
 
     long sys_page = sysconf(_SC_PAGESIZE);
     uint64_t map_off = offset / (uint64_t)sys_page * (uint64_t)sys_page;
     uint64_t map_len = offset - map_off + size;
-    if (map_len > SIZE_MAX) {
-        rc = kvf_error_set(err, -EINVAL, "host_shm: %llu bytes do not fit the address space",
-                           (unsigned long long)map_len);
-        goto err_close_fd;
-    }
+    if (map_len > SIZE_MAX)
+        return kvf_error_set(err, -EINVAL, "%s: %llu bytes do not fit the address space", what,
+                             (unsigned long long)map_len);
     void *map = mmap(NULL, (size_t)map_len, PROT_READ | PROT_WRITE, MAP_SHARED, fd, (off_t)map_off);
     if (map == MAP_FAILED) {
         int e = errno;
-        rc =
-            kvf_error_set(err, e == EACCES ? -EACCES : -e, "host_shm: mmap(\"%s\", %llu bytes): %s",
-                          name, (unsigned long long)map_len, strerror(e));
-        goto err_close_fd;
+        return kvf_error_set(err, -e, "%s: mmap(%llu bytes): %s", what, (unsigned long long)map_len,
+                             strerror(e));
     }
-    struct kvf_pool *pool = pool_alloc(KVF_POOL_HOST_SHM, size, page_size, page_count);
+    struct kvf_pool *pool = pool_alloc(kind, size, page_size, page_count);
     if (pool == NULL) {
-        rc = kvf_error_set(err, -ENOMEM, "host_shm: out of memory");
+        rc = kvf_error_set(err, -ENOMEM, "%s: out of memory", what);
         goto err_unmap;
     }
     pool->map_base = map;
     pool->map_len = (size_t)map_len;
     pool->base = (uint8_t *)map + (offset - map_off);
-    close(fd);
     *pool_p = pool;
     return 0;
 
 err_unmap:
     munmap(map, (size_t)map_len);
-err_close_fd:
-    close(fd);
     return rc;
 }
 

@@ -63,6 +63,24 @@ enum kvf_pool_kind {
 int kvf_pool_open_shm(const char *name, uint64_t offset, uint64_t size, uint32_t page_size,
                       uint32_t page_count, struct kvf_pool **pool_p, struct kvf_error *err);
 
+/* Validates `name` as kvf_pool_open_shm does and opens the object read-write
+ * (close-on-exec, no symlink followed): 0 and *fd_p, or the errors of
+ * kvf_pool_open_shm. The node checks the descriptor (fstat) before it maps
+ * it with kvf_pool_open_fd. Any thread. */
+int kvf_pool_shm_open(const char *name, int *fd_p, struct kvf_error *err);
+
+/*
+ * Maps `size` bytes from byte `offset` of the open descriptor `fd` (a POSIX
+ * shm object or a memfd, opened read-write) read-write and shared, as a pool
+ * of `kind` KVF_POOL_HOST_SHM or KVF_POOL_FAKE_DEVICE; `what` ("host_fd")
+ * prefixes the messages. The caller keeps `fd` (the mapping does not need
+ * it). Errors as kvf_pool_open_shm, and -EBADF when `fd` is not a regular
+ * file, -EACCES when it was not opened read-write. Control thread.
+ */
+int kvf_pool_open_fd(int fd, enum kvf_pool_kind kind, const char *what, uint64_t offset,
+                     uint64_t size, uint32_t page_size, uint32_t page_count,
+                     struct kvf_pool **pool_p, struct kvf_error *err);
+
 /*
  * Opens the CUDA allocation exported by an engine (`handle`, `handle_len`
  * bytes, a cudaIpcMemHandle_t) on device `device` with cudaIpcOpenMemHandle,

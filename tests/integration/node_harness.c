@@ -21,6 +21,7 @@
 #include <cmocka.h>
 
 #include "kvf_error.h"
+#include "kvf_fdpass.h"
 #include "kvf_file.h"
 
 #define NH_MAX_ARGS 48
@@ -419,6 +420,25 @@ int nh_register_pool_sized(struct nh_node *np, const struct nh_pool *p, uint32_t
     req.host_shm = &shm;
     req.page_size = page_size;
     req.page_count = (uint32_t)(shm.size / page_size);
+    Kvfence__V1__HostFdMemory hfd = KVFENCE__V1__HOST_FD_MEMORY__INIT;
+    uint8_t handle[KVF_FDPASS_HANDLE_SIZE];
+    if (!p->by_name) {
+        char fds[200];
+        int fd = shm_open(p->name, O_RDWR, 0);
+        assert_true(fd >= 0);
+        assert_int_equal(kvf_fdpass_path(np->sock, fds, sizeof fds), 0);
+        struct kvf_error err;
+        kvf_error_clear(&err);
+        int rc = kvf_fdpass_send(fds, fd, handle, &err);
+        close(fd);
+        if (rc != 0)
+            fail_msg("%s", err.msg);
+        hfd.handle.data = handle;
+        hfd.handle.len = sizeof handle;
+        hfd.size = shm.size;
+        req.memory_case = KVFENCE__V1__REGISTER_POOL_REQUEST__MEMORY_HOST_FD;
+        req.host_fd = &hfd;
+    }
     uint8_t *resp;
     size_t len;
     int code = nh_call(np->local, "/kvfence.v1.NodeLocal/RegisterPool", &req.base, &resp, &len, st);

@@ -126,6 +126,7 @@ struct nh_pool {
     uint32_t pool_id;
     uint32_t page_size;
     uint32_t page_count;
+    bool by_name; /* RegisterPool names it (host_shm) instead of handing its fd over */
 };
 
 typedef uint8_t (*nh_canary_fn)(uint32_t page, uint32_t i);
@@ -171,7 +172,10 @@ int nh_call(struct kvf_rpc_channel *ch, const char *method, const ProtobufCMessa
             uint8_t **resp_p, size_t *len_p, struct kvf_rpc_status *st);
 
 /* NodeLocal.RegisterPool of `p` (host shm) with `page_size` (page count:
- * the pool's bytes / page_size). The status code; the pool id in *id_p. */
+ * the pool's bytes / page_size), as engines do it: the object's descriptor
+ * handed over on the node's fd socket, then host_fd naming its handle
+ * (host_shm naming the object when p->by_name). The status code; the pool id
+ * in *id_p. */
 int nh_register_pool_sized(struct nh_node *np, const struct nh_pool *p, uint32_t page_size,
                            uint32_t *id_p, struct kvf_rpc_status *st);
 

@@ -14,7 +14,11 @@ callback); never on a CompleteRoom or AbortRoom reply, never on a timer.
 from __future__ import annotations
 
 import enum
+import errno
 import logging
+import os
+import socket
+import struct
 import threading
 import time
 from dataclasses import dataclass
@@ -25,6 +29,10 @@ import grpc
 
 from . import errors
 from ._proto.v1 import control_pb2, control_pb2_grpc, node_pb2, node_pb2_grpc, types_pb2
+
+# The node's fd socket (common/kvf_fdpass.h).
+_FDPASS_MAGIC = b"KVFD"
+_FDPASS_TIMEOUT_S = 2.0
 
 __all__ = [
     "Role", "RoomState", "LeaseState", "LeaseMode", "AbortReason", "NodeState", "PoolKind",
@@ -946,6 +954,10 @@ class NodeClient(_Client):
             target = "unix:" + target
         super().__init__(target, **kw)
         self._stub = node_pb2_grpc.NodeLocalStub(self.channel)
+        # The fd socket beside the NodeLocal socket (register_pool_fd).
+        self._fd_socket: Optional[str] = None
+        if target is not None and target.startswith("unix:"):
+            self._fd_socket = target[len("unix:"):] + ".fds"
 
     def register_pool_shm(self, shm_name: str, page_size: int, page_count: int, *,
                           rank: int = 0, offset: int = 0, size: Optional[int] = None,
@@ -953,16 +965,102 @@ class NodeClient(_Client):
         """Registers a POSIX shared memory object (the shm_open name; a missing
         leading "/" is added, as multiprocessing.shared_memory names lack it)
         as a pool of page_count pages of page_size bytes; returns the pool with
-        its node-assigned id."""
+        its node-assigned id.
+
+        This process opens the object read-write itself and hands the
+        descriptor to the node on its fd socket (register_pool_fd), so the
+        node maps only memory this process may use (docs/security.md,
+        "NodeLocal"). A node without the fd socket, or an object this process
+        cannot open, is asked by name: the node then answers NotFound, or
+        PermissionDenied naming host_shm.shm_name unless every caller of its
+        socket could open the object."""
         if not shm_name.startswith("/"):
             shm_name = "/" + shm_name
         if size is None:
             size = page_size * page_count
+        try:
+            fd: Optional[int] = os.open("/dev/shm" + shm_name,
+                                        os.O_RDWR | os.O_CLOEXEC | os.O_NOFOLLOW)
+        except OSError:
+            fd = None
+        if fd is not None:
+            try:
+                handle = self._hand_over(fd)
+            finally:
+                os.close(fd)
+            if handle is not None:
+                return self._register_handle(handle, page_size, page_count, rank, offset, size,
+                                             timeout)
         req = node_pb2.RegisterPoolRequest(
             host_shm=node_pb2.HostShmMemory(shm_name=shm_name, offset=offset, size=size),
             page_size=page_size, page_count=page_count, rank=rank)
         r = self._unary("NodeLocal.RegisterPool", self._stub.RegisterPool, req, timeout)
         return Pool._from(r.pool)
+
+    def register_pool_fd(self, fd: int, page_size: int, page_count: int, *, rank: int = 0,
+                         offset: int = 0, size: Optional[int] = None,
+                         timeout: Optional[float] = None) -> Pool:
+        """Registers the memory of `fd` (a POSIX shm object or an os.memfd_create
+        descriptor, open read-write; the caller keeps it) as a pool: the
+        descriptor goes to the node on its fd socket (socket.send_fds), and
+        RegisterPool names the one-time handle the node answered (host_fd).
+        Unavailable when the node has no fd socket."""
+        if size is None:
+            size = page_size * page_count
+        handle = self._hand_over(fd)
+        if handle is None:
+            raise errors.make_error(grpc.StatusCode.UNAVAILABLE,
+                                    "no fd socket at %s (a node older than it?)" % self._fd_socket,
+                                    "NodeLocal.RegisterPool")
+        return self._register_handle(handle, page_size, page_count, rank, offset, size, timeout)
+
+    def _register_handle(self, handle: bytes, page_size: int, page_count: int, rank: int,
+                         offset: int, size: int, timeout: Optional[float]) -> Pool:
+        req = node_pb2.RegisterPoolRequest(
+            host_fd=node_pb2.HostFdMemory(handle=handle, offset=offset, size=size),
+            page_size=page_size, page_count=page_count, rank=rank)
+        r = self._unary("NodeLocal.RegisterPool", self._stub.RegisterPool, req, timeout)
+        return Pool._from(r.pool)
+
+    def _hand_over(self, fd: int) -> Optional[bytes]:
+        """Sends `fd` on the fd socket (common/kvf_fdpass.h: "KVFD" + version 1
+        with the descriptor; the answer "KVFD" + errno + a 16-byte handle).
+        The handle, or None when no node serves the fd socket."""
+        method = "NodeLocal.RegisterPool"
+        if self._fd_socket is None:
+            return None
+        with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as s:
+            s.settimeout(_FDPASS_TIMEOUT_S)
+            try:
+                s.connect(self._fd_socket)
+            except (FileNotFoundError, ConnectionRefusedError):
+                return None
+            except OSError as e:
+                raise errors.make_error(grpc.StatusCode.UNAVAILABLE,
+                                        "fd socket %s: %s" % (self._fd_socket, e), method) from None
+            try:
+                socket.send_fds(s, [_FDPASS_MAGIC + struct.pack("<I", 1)], [fd])
+                rep = b""
+                while len(rep) < 24:
+                    part = s.recv(24 - len(rep))
+                    if not part:
+                        break
+                    rep += part
+            except OSError as e:
+                raise errors.make_error(grpc.StatusCode.UNAVAILABLE,
+                                        "fd socket %s: %s" % (self._fd_socket, e), method) from None
+        if len(rep) != 24 or rep[:4] != _FDPASS_MAGIC:
+            raise errors.make_error(grpc.StatusCode.UNAVAILABLE,
+                                    "fd socket %s: not a kvfence fd socket" % self._fd_socket,
+                                    method)
+        err = struct.unpack("<I", rep[4:8])[0]
+        if err:
+            code = {errno.EACCES: grpc.StatusCode.PERMISSION_DENIED,
+                    errno.ENOSPC: grpc.StatusCode.RESOURCE_EXHAUSTED}.get(
+                        err, grpc.StatusCode.INVALID_ARGUMENT)
+            raise errors.make_error(code, "fd socket %s: the node refused the descriptor: %s"
+                                    % (self._fd_socket, os.strerror(err)), method)
+        return rep[8:24]
 
     def unregister_pool(self, pool_id: int, *, timeout: Optional[float] = None) -> None:
         """Unregisters a pool. NotFound for an unknown pool_id; FailedPrecondition

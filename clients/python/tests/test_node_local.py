@@ -2,6 +2,8 @@
 real nodes (conftest.py): watch (aux bytes and transfer_done at the sink,
 chunk_done at the source, filter errors), submit_chunks (pipelined, in order,
 a refused chunk does not end the stream) and unregister_pool."""
+import os
+
 import grpc
 import pytest
 
@@ -123,3 +125,34 @@ def test_submit_chunks_pipelines_in_order_and_the_room_completes(cluster):
 def test_submit_chunks_window_is_checked(cluster):
     with pytest.raises(ValueError):
         cluster.node("n1").submit_chunks([], window=65)
+
+
+def test_register_pool_fd_hands_a_memfd_to_the_node(cluster):
+    """Memory the engine owns goes to the node as a descriptor (socket.send_fds on
+    the fd socket), never as a name the node opens with its own privileges."""
+    n1 = cluster.node("n1")
+    fd = os.memfd_create("kvf-py-memfd")
+    try:
+        os.ftruncate(fd, PAGE_SIZE * 4)
+        pool = n1.register_pool_fd(fd, PAGE_SIZE, 4)
+        assert pool.pool_id > cluster.pools["n1"].pool_id
+        n1.unregister_pool(pool.pool_id, timeout=WAIT_S)
+    finally:
+        os.close(fd)
+
+
+def test_register_pool_fd_refuses_a_read_only_descriptor(cluster):
+    """The node maps pools read-write: a descriptor open read-only is refused."""
+    n1 = cluster.node("n1")
+    fd = os.memfd_create("kvf-py-memfd-ro")
+    try:
+        os.ftruncate(fd, PAGE_SIZE * 4)
+        ro = os.open("/proc/self/fd/%d" % fd, os.O_RDONLY)
+        try:
+            with pytest.raises(kvfence.KvfenceError) as e:
+                n1.register_pool_fd(ro, PAGE_SIZE, 4)
+            assert e.value.code == grpc.StatusCode.PERMISSION_DENIED
+        finally:
+            os.close(ro)
+    finally:
+        os.close(fd)

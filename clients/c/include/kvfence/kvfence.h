@@ -358,7 +358,9 @@ KVF_PUBLIC int kvf_node_client_create(const char *socket_path, const struct kvf_
 /* Accepts NULL; no call may be in progress. */
 KVF_PUBLIC void kvf_node_client_destroy(kvf_node_client *n);
 
-/* A pool of pages in POSIX shared memory that the node maps. */
+/* A pool of pages in POSIX shared memory that the node maps (for
+ * kvf_register_pool_fd the memory is the descriptor's and shm_name is not
+ * used). */
 struct kvf_shm_pool {
     const char *shm_name; /* "/engine-kv-0" */
     uint64_t offset;      /* of the pool in the object, bytes */
@@ -368,9 +370,21 @@ struct kvf_shm_pool {
     uint32_t rank; /* the registering engine rank */
 };
 
-/* Registers the pool with the node; *pool_id_out gets its id. */
+/* Registers the pool with the node; *pool_id_out gets its id. The library
+ * opens the object read-write itself and hands the descriptor to the node on
+ * its fd socket ("<socket_path>.fds"), so the node maps only memory this
+ * process may use (docs/security.md, "NodeLocal"); a node without the fd
+ * socket, or an object this process cannot open, is asked by name (the node
+ * answers NOT_FOUND, or PERMISSION_DENIED naming host_shm.shm_name). */
 KVF_PUBLIC int kvf_register_pool_shm(kvf_node_client *n, const struct kvf_shm_pool *pool,
                                      uint32_t *pool_id_out, struct kvf_status *st);
+
+/* Registers the memory of `fd` (a POSIX shm object or a memfd, open
+ * read-write; the caller keeps it) with pool->offset, size, page_size,
+ * page_count and rank: handed over on the fd socket. UNAVAILABLE when the
+ * node has no fd socket. */
+KVF_PUBLIC int kvf_register_pool_fd(kvf_node_client *n, int fd, const struct kvf_shm_pool *pool,
+                                    uint32_t *pool_id_out, struct kvf_status *st);
 
 /* Unregisters a pool (unmapped once no room can touch it any more). */
 KVF_PUBLIC int kvf_unregister_pool(kvf_node_client *n, uint32_t pool_id, struct kvf_status *st);
