@@ -81,11 +81,30 @@ function configMapFile(r, podSpec, container, path) {
 
 const envName = (prefix, name) => prefix + name.toUpperCase().replace(/-/g, "_");
 
+// A container's environment as the kubelet gives it: downward-API values come
+// back as {fieldRef: ...}; "$(NAME)" in a value is replaced by NAME's value
+// when NAME is defined earlier, a downward-API value as "{status.podIP}".
+export function envOf(container) {
+  const env = {};
+  for (const e of container.env ?? []) {
+    if (e.value === undefined) {
+      env[e.name] = e.valueFrom;
+      continue;
+    }
+    env[e.name] = String(e.value).replace(/\$\(([A-Za-z_][A-Za-z0-9_]*)\)/g, (m, name) => {
+      const v = env[name];
+      if (v === undefined) return m;
+      return typeof v === "string" ? v : `{${v.fieldRef?.fieldPath ?? JSON.stringify(v)}}`;
+    });
+  }
+  return env;
+}
+
 // Effective settings of a daemon container. Env values from the downward API
 // come back as {fieldRef: ...}.
 export function settings(r, podSpec, container, prefix, defaults = {}) {
   const args = parseArgs([...(container.command ?? []).slice(1), ...(container.args ?? [])]);
-  const env = Object.fromEntries((container.env ?? []).map((e) => [e.name, e.value ?? e.valueFrom]));
+  const env = envOf(container);
   let file = {};
   const cfgPath = args.config ?? env[prefix + "CONFIG"];
   if (cfgPath) {
@@ -147,3 +166,12 @@ export function controlSettingNames() {
   const help = execFileSync(bin, ["--help"], { encoding: "utf8" });
   return new Set([...help.matchAll(/^\s+--([a-z0-9-]+)/gm)].map((m) => m[1]));
 }
+
+// The pod's volume mounted at (or above) `path` in `container`, or undefined.
+export function volumeAt(podSpec, container, path) {
+  const m = (container.volumeMounts ?? []).find((x) => path === x.mountPath || path.startsWith(x.mountPath + "/"));
+  return m && (podSpec.volumes ?? []).find((v) => v.name === m.name);
+}
+
+// Render sets that are meant to run without mutual TLS (the insecure flag).
+export const isInsecureSet = (r) => /(^|-)insecure/.test(r.name);

@@ -75,12 +75,24 @@ for s in "${sets[@]}"; do
         sed -n '/^NOTES:/,$p' >"$rendered/helm-$s.notes.txt" || fail "helm install --dry-run ($s)"
 done
 # The schema must refuse what the chart cannot run.
-for bad in controlPlane.replicas=2 image.tag=latest store.type=etcd node.transports.rdma.mode=sriov; do
+for bad in controlPlane.replicas=2 image.tag=latest store.type=etcd node.transports.rdma.mode=sriov \
+        node.dataHost=0.0.0.0 controlPlane.metricsHost=localhost node.identity=hostname; do
     if "$helm" template kvfence "$chart" --set "$bad" >/dev/null 2>&1; then
         fail "values.schema.json accepted --set $bad"
     fi
     echo "== schema refuses --set $bad"
 done
+# Plaintext only with the insecure flag, refused with a message that names it.
+for bad in tls.enabled=false tls.mutual=false; do
+    if out=$("$helm" template kvfence "$chart" --set "$bad" 2>&1); then
+        fail "the chart rendered --set $bad without tls.insecure=true"
+    fi
+    grep -q 'set tls.insecure=true' <<<"$out" || fail "--set $bad: no message naming tls.insecure: $out"
+    echo "== chart refuses --set $bad without tls.insecure=true"
+done
+if "$helm" template kvfence "$chart" --set node.identity=podName --set tls.certManager.enabled=false >/dev/null 2>&1; then
+    fail "the chart rendered node.identity=podName without cert-manager (csi-driver)"
+fi
 for o in "$root"/deploy/k8s/overlays/*/; do
     o=$(basename "$o")
     echo "== kubectl kustomize: $o"

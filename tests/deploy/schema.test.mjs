@@ -1,16 +1,17 @@
 // Every rendered object against the Kubernetes API schema (kubernetes-models'
 // validators, generated from the OpenAPI spec; ServiceMonitor from the
-// Prometheus operator's CRD), with the apiVersion/kind it claims.
+// Prometheus operator's CRD, Issuer and Certificate from cert-manager's), with
+// the apiVersion/kind it claims.
 import { test } from "node:test";
 import assert from "node:assert/strict";
 import { renders } from "./lib.mjs";
 
 async function modelOf(apiVersion, kind) {
   const [group, version] = apiVersion.includes("/") ? apiVersion.split("/") : [null, apiVersion];
-  const spec =
-    group === "monitoring.coreos.com"
-      ? `@kubernetes-models/prometheus-operator/${group}/${version}/${kind}`
-      : `kubernetes-models/${group ? group + "/" : ""}${version}/${kind}`;
+  const crds = { "monitoring.coreos.com": "prometheus-operator", "cert-manager.io": "cert-manager" };
+  const spec = crds[group]
+    ? `@kubernetes-models/${crds[group]}/${group}/${version}/${kind}`
+    : `kubernetes-models/${group ? group + "/" : ""}${version}/${kind}`;
   try {
     return (await import(spec))[kind];
   } catch (e) {
@@ -21,7 +22,7 @@ async function modelOf(apiVersion, kind) {
 const all = renders();
 test("every render set is there", () => {
   const names = all.map((r) => r.name);
-  for (const want of ["helm-default", "kustomize-dev", "kustomize-production"]) assert.ok(names.includes(want), `${want} missing from ${names}`);
+  for (const want of ["helm-default", "helm-insecure", "kustomize-dev", "kustomize-insecure-dev", "kustomize-production"]) assert.ok(names.includes(want), `${want} missing from ${names}`);
   assert.ok(names.filter((n) => n.startsWith("helm-")).length >= 4, "helm default plus the option sets in ci/");
 });
 
