@@ -19,8 +19,6 @@ it starts is killed at teardown (the `servers` fixture of conftest.py).
 """
 
 import os
-import struct
-import subprocess
 
 import grpc
 import pytest
@@ -28,97 +26,28 @@ import pytest
 from kvfence.v1 import control_pb2, types_pb2
 
 from kvf_harness import RPC_TIMEOUT_S, FakeNode, admin, control, join_request
+from kvf_store import (
+    EXIT_STORE_FAILED,
+    QUIET_TIMERS,
+    REC_HDR,
+    assert_acked as _assert_acked,
+    files as _files,
+    fill as _fill,
+    get_room as _get_room,
+    join as _join,
+    records as _records,
+    refusal as _refusal,
+    repair as _repair,
+    serve as _serve,
+    small_tmpfs,
+    wait_refused_start as _wait_refused_start,
+    wal_bytes as _wal_bytes,
+)
 
 try:
     from kvfstubs.grpc_health.v1 import health_pb2, health_pb2_grpc
 except ImportError:  # grpc-proto was not installed when the stubs were made
     health_pb2 = health_pb2_grpc = None
-
-QUIET_TIMERS = [
-    "--node-ttl-ms", 600000,
-    "--join-timeout-ms", 600000,
-    "--drain-deadline-ms", 600000,
-    "--resend-ms", 5000,
-]
-SEG_HDR = 24
-REC_HDR = 16
-# The exit status of kvfence-control when its log cannot be written.
-EXIT_STORE_FAILED = 3
-
-
-def _serve(servers, data_dir, *extra_args):
-    p = servers(data_dir, *extra_args)
-    p.wait_serving()
-    return p
-
-
-def _files(data_dir, prefix, suffix):
-    return sorted(f for f in os.listdir(data_dir) if f.startswith(prefix) and f.endswith(suffix))
-
-
-def _wal_bytes(data_dir):
-    return sum(os.path.getsize(os.path.join(data_dir, f)) for f in _files(data_dir, "wal-", ".log"))
-
-
-def _join(ch, room_id, node_id="n1", first=None, features=None):
-    rq = join_request(room_id, node_id, types_pb2.ROLE_SOURCE,
-                      first=room_id if first is None else first)
-    if features is not None:
-        rq.engine_capabilities.features[:] = features
-    return control(ch).JoinRoom(rq, timeout=4 * RPC_TIMEOUT_S)
-
-
-def _get_room(ch, room_id):
-    return admin(ch).GetRoom(
-        control_pb2.GetRoomRequest(room=types_pb2.RoomKey(room_id=room_id)),
-        timeout=RPC_TIMEOUT_S,
-    )
-
-
-def _assert_acked(ch, acked):
-    """Every acknowledged join is there with the lease id it was given."""
-    for room_id, (generation, lease_id) in sorted(acked.items()):
-        info = _get_room(ch, room_id)
-        got = (info.room.generation, [p.lease.lease_id for p in info.participants])
-        assert got == (generation, [lease_id]), "room %d: acknowledged %r, found %r" % (
-            room_id, (generation, [lease_id]), got)
-
-
-def _refusal(fn):
-    try:
-        fn()
-    except grpc.RpcError as e:
-        return e.code(), e.details() or ""
-    return grpc.StatusCode.OK, ""
-
-
-def _records(path):
-    """[(offset, seq, payload length)] of every record of a segment."""
-    raw = open(path, "rb").read()
-    out = []
-    off = SEG_HDR
-    while off + REC_HDR <= len(raw):
-        length, _crc, seq = struct.unpack_from("<IIQ", raw, off)
-        if length & 0x80000000:  # a seal: the segment ends here
-            break
-        out.append((off, seq, length))
-        off += REC_HDR + length
-    return out
-
-
-def _wait_refused_start(srv, timeout=10.0):
-    rc = srv.wait_exit(timeout)
-    assert rc is not None, "kvfence-control still runs %.0f s after start" % timeout
-    assert rc != 0, srv.stderr_tail()
-    assert not os.path.exists(srv.port_file), "port file written by a server that did not start"
-    return rc
-
-
-def _repair(control_bin, data_dir):
-    return subprocess.run(
-        [control_bin, "--data-dir", str(data_dir), "--repair-wal"],
-        stdin=subprocess.DEVNULL, capture_output=True, text=True, timeout=30,
-    )
 
 
 # ---- 1: a change bigger than a log record ------------------------------------
@@ -286,32 +215,10 @@ def test_refused_requests_are_not_logged(servers, tmp_path):
 @pytest.fixture
 def small_fs(tmp_path):
     """A 4 MiB tmpfs at tmp_path/fs (root only), unmounted at teardown."""
-    if os.geteuid() != 0:
-        pytest.skip("mounting a tmpfs needs root")
-    mnt = tmp_path / "fs"
-    mnt.mkdir()
-    r = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=4m,mode=0700", "tmpfs", str(mnt)],
-                       capture_output=True, text=True)
-    if r.returncode != 0:
-        pytest.skip("cannot mount a tmpfs: %s" % r.stderr.strip())
-    yield mnt
-    subprocess.run(["umount", "-l", str(mnt)], capture_output=True)
-
-
-def _fill(path):
-    """Writes `path` until the file system is full."""
-    with open(path, "wb", buffering=0) as f:
-        chunk = b"\0" * 65536
-        try:
-            while True:
-                f.write(chunk)
-        except OSError:
-            pass
-        try:
-            while True:
-                f.write(b"\0")
-        except OSError:
-            pass
+    with small_tmpfs(tmp_path / "fs") as mnt:
+        if isinstance(mnt, str):
+            pytest.skip(mnt)
+        yield mnt
 
 
 def test_disk_full_is_fail_stop(servers, small_fs):
