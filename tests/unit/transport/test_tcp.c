@@ -26,7 +26,10 @@
 
 #include <arpa/inet.h>
 #include <netinet/in.h>
+#include <dirent.h>
+#include <poll.h>
 #include <sys/mman.h>
+#include <sys/resource.h>
 #include <sys/socket.h>
 
 #include <cmocka.h>
@@ -625,6 +628,92 @@ static void test_unknown_node_refused(void **state)
     }
 }
 
+/* The threads of this process (/proc/self/task). */
+static unsigned thread_count(void)
+{
+    DIR *d = opendir("/proc/self/task");
+    assert_non_null(d);
+    unsigned n = 0;
+    struct dirent *e;
+    while ((e = readdir(d)) != NULL)
+        n += e->d_name[0] != '.';
+    closedir(d);
+    return n;
+}
+
+/* Issue 13: thousands of connections that never finish a hello start no
+ * thread each, and the data port drops every one of them at the hello
+ * deadline. As many as the descriptor limit allows, up to 6,000 (each takes
+ * two descriptors in this process). */
+static void test_idle_connections_make_no_threads(void **state)
+{
+    struct pair *p = *state;
+    struct rlimit rl;
+    assert_int_equal(getrlimit(RLIMIT_NOFILE, &rl), 0);
+    if (rl.rlim_cur < rl.rlim_max) {
+        rl.rlim_cur = rl.rlim_max < 20000 ? rl.rlim_max : 20000;
+        (void)setrlimit(RLIMIT_NOFILE, &rl);
+        assert_int_equal(getrlimit(RLIMIT_NOFILE, &rl), 0);
+    }
+    unsigned n = 6000;
+    if ((rl.rlim_cur - 256) / 2 < n)
+        n = (unsigned)((rl.rlim_cur - 256) / 2);
+    int *fds = calloc(n, sizeof(*fds));
+    assert_non_null(fds);
+    unsigned before = thread_count();
+    unsigned peak = before;
+    struct sockaddr_in sa = {.sin_family = AF_INET,
+                             .sin_port = htons(kvf_transport_tcp_port(p->b.t))};
+    sa.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    uint64_t t0 = now_ms();
+    for (unsigned i = 0; i < n; i++) {
+        fds[i] = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+        assert_true(fds[i] >= 0);
+        assert_int_equal(connect(fds[i], (struct sockaddr *)&sa, sizeof(sa)), 0);
+        if (i % 500 == 0) {
+            unsigned c = thread_count();
+            peak = c > peak ? c : peak;
+        }
+    }
+    sleep_ms(200);
+    unsigned c = thread_count();
+    peak = c > peak ? c : peak;
+    print_message("%u idle connections in %llu ms: %u threads before, %u at the peak\n", n,
+                  (unsigned long long)(now_ms() - t0), before, peak);
+    if (peak > before + 4)
+        fail_msg("%u idle connections made %u threads", n, peak - before);
+
+    /* Every one is closed by the data port within the deadline (plus slack). */
+    unsigned closed = 0;
+    uint64_t end = now_ms() + 10000;
+    while (closed < n && now_ms() < end) {
+        for (unsigned i = 0; i < n; i++) {
+            if (fds[i] < 0)
+                continue;
+            struct pollfd pf = {.fd = fds[i], .events = POLLIN};
+            if (poll(&pf, 1, 0) == 1) {
+                char b;
+                if (recv(fds[i], &b, 1, MSG_DONTWAIT) <= 0) {
+                    close(fds[i]);
+                    fds[i] = -1;
+                    closed++;
+                }
+            }
+        }
+        sleep_ms(20);
+    }
+    for (unsigned i = 0; i < n; i++)
+        if (fds[i] >= 0)
+            close(fds[i]);
+    free(fds);
+    if (closed < n)
+        fail_msg("%u of %u idle connections still open 10 s after connecting", n - closed, n);
+    struct kvf_transport_tcp_stats s;
+    kvf_transport_tcp_stats(p->b.t, &s);
+    assert_true(s.conns_refused >= n);
+    assert_int_equal(s.conns_accepted, 1); /* A's own */
+}
+
 /* R1/R12: the sink fences the source in the middle of a stream. Once
  * fence_peer returns no byte of the pool changes any more, the receive ops are
  * all retired, and the source's ops all complete and drain its lifetime. */
@@ -1181,6 +1270,8 @@ int main(void)
         cmocka_unit_test_setup_teardown(test_malformed_length_mismatch, pair_setup, pair_teardown),
         cmocka_unit_test_setup_teardown(test_malformed_offset_past_page, pair_setup, pair_teardown),
         cmocka_unit_test_setup_teardown(test_unknown_node_refused, pair_setup, pair_teardown),
+        cmocka_unit_test_setup_teardown(test_idle_connections_make_no_threads, pair_setup,
+                                        pair_teardown),
         cmocka_unit_test_setup_teardown(test_unknown_room_is_waited_for_then_refused, pair_setup,
                                         pair_teardown),
         cmocka_unit_test_setup_teardown(test_fence_sink_side_mid_stream, pair_setup, pair_teardown),
