@@ -9,24 +9,31 @@
  * list.
  *
  * DESIGN (threads and ordering):
- * - Acceptor thread: accepts inbound connections and starts one receiver
- *   thread for each. It also joins receivers that ended on their own (EOF,
- *   malformed frame, bad hello). It stops when destroy writes to its wake
- *   pipe.
- * - Receiver thread (one per inbound connection): owns its socket and is the
- *   only writer of pool memory for frames from its peer. It reads the hello,
- *   names its peer under the transport lock (a fenced or unknown node is
- *   refused there, so a fence and an identification are ordered by that
- *   lock), then loops: header, bounds, check (admits the receive op), payload
+ * - Acceptor thread: accepts inbound connections (non-blocking) into a fixed
+ *   table of max_pending handshakes and runs them all with one poll: read the
+ *   hello, find the peer and its secret (waiting up to check_wait_ms for a
+ *   peer not added yet), write the challenge, read and check the proof, each
+ *   step as far as the socket allows, every connection with its deadline. A
+ *   connection that fails, times out or is evicted for a newer one is closed
+ *   abortively, counted and logged (at most TCP_LOG_PER_S lines a second).
+ *   An authenticated one gets its receiver thread, named after its peer under
+ *   the transport lock (a fenced peer is refused there, so a fence and an
+ *   identification are ordered by that lock). So no thread exists for a
+ *   connection that has not proven the pair's secret. The acceptor also joins
+ *   receivers that ended on their own (EOF, malformed frame). It stops when
+ *   destroy writes to its wake pipe.
+ * - Receiver thread (one per authenticated inbound connection): owns its
+ *   socket and is the only writer of pool memory for frames from its peer.
+ *   It loops: header, bounds, check (admits the receive op), payload
  *   straight into the pool, retire, on_frame; on_idle when it would wait for
  *   the next header, or after a bounded batch (tcp.h).
  * - Sender thread (one per outbound connection): owns its socket and its
- *   frame sequence; pops xfers from the connection's queue and writes each as
- *   one header + payload with sendmsg, so frames never interleave. A frame
- *   completes OK when its last byte is in the socket, ERROR on a write failure
- *   (then every queued xfer completes ERROR and later posts fail -EIO). A
- *   frame whose lifetime is no longer open when the sender takes it off the
- *   queue is not written at all and completes FLUSHED: an abort drains after
+ *   frame sequence; first reads the acceptor's challenge (deadline
+ *   hello_timeout_ms) and answers with its proof, then pops xfers from the connection's queue and
+ * writes each as one header + payload with sendmsg, so frames never interleave. A frame completes
+ * OK when its last byte is in the socket, ERROR on a write failure (then every queued xfer
+ * completes ERROR and later posts fail -EIO). A frame whose lifetime is no longer open when the
+ * sender takes it off the queue is not written at all and completes FLUSHED: an abort drains after
  *   at most the frame already on the wire, not the whole queue. A frame once
  *   started is always written whole (or the connection dies), so the stream
  *   never carries half a frame and the sequence numbers stay consecutive.
@@ -46,6 +53,11 @@
 
 #include "pool.h"
 
+#include <openssl/crypto.h>
+#include <openssl/evp.h>
+#include <openssl/hmac.h>
+#include <openssl/rand.h>
+
 #include <arpa/inet.h>
 #include <errno.h>
 #include <fcntl.h>
@@ -54,21 +66,28 @@
 #include <netinet/tcp.h>
 #include <poll.h>
 #include <pthread.h>
+#include <stdarg.h>
 #include <stdatomic.h>
-#include <time.h>
 #include <stddef.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/socket.h>
 #include <sys/uio.h>
+#include <time.h>
 #include <unistd.h>
 
 #define TCP_SCRATCH_SIZE (64u * 1024u)
 /* Device pools: the payload lands here first, then kvf_pool_write copies it
  * in. One frame of the node (256 KiB) is one copy; longer ones take several. */
-#define TCP_BOUNCE_SIZE (256u * 1024u)
-#define TCP_NO_PEER     UINT32_MAX
+#define TCP_BOUNCE_SIZE     (256u * 1024u)
+#define TCP_NO_PEER         UINT32_MAX
+#define TCP_NONCE_SIZE      32u
+#define TCP_MAC_SIZE        32u
+#define TCP_ACCEPT_BATCH    64  /* accept(2) calls per acceptor turn */
+#define TCP_LOG_PER_S       10u /* refusal lines a second; the rest are counted */
+#define TCP_LABEL_ACCEPTOR  "kvfence tcp v2 acceptor"
+#define TCP_LABEL_CONNECTOR "kvfence tcp v2 connector"
 
 struct tcp;
 
@@ -95,6 +114,9 @@ struct tcp_tx {
     int broken; /* -errno once a write failed */
     bool joined;
     uint64_t seq;
+    /* The handshake, sender thread only after connect wrote the hello. */
+    uint8_t secret[KVF_TCP_SECRET_SIZE];
+    uint8_t hello[KVF_TCP_HELLO_SIZE];
 };
 
 /* One inbound connection. `fd` belongs to the receiver thread; `peer` and
@@ -114,7 +136,38 @@ struct tcp_rx {
 struct tcp_peer {
     uint64_t node_id; /* 0: unused slot */
     bool fenced;
-    struct tcp_tx *tx; /* kept until destroy */
+    bool have_secret;
+    uint8_t secret[KVF_TCP_SECRET_SIZE]; /* the pair's (kvf_transport_tcp_set_peer_key) */
+    uint32_t nrx;                        /* its receivers still running */
+    struct tcp_tx *tx;                   /* kept until destroy */
+};
+
+/* One inbound connection in its handshake. Acceptor thread only. */
+enum tcp_pend_state {
+    PEND_HELLO = 1,     /* reading the hello */
+    PEND_PEER = 2,      /* the hello names a peer not added (or without a secret) yet */
+    PEND_CHALLENGE = 3, /* writing the challenge */
+    PEND_PROOF = 4,     /* reading the proof */
+};
+
+struct tcp_pending {
+    int fd; /* -1: a free slot */
+    uint8_t state;
+    uint32_t peer;
+    uint64_t deadline_ms;  /* hello_timeout_ms after the accept */
+    uint64_t peer_wait_ms; /* PEND_PEER: until then */
+    size_t done;           /* bytes of the current message read or written */
+    uint8_t secret[KVF_TCP_SECRET_SIZE];
+    uint8_t hello[KVF_TCP_HELLO_SIZE];
+    uint8_t challenge[KVF_TCP_CHALLENGE_SIZE];
+    uint8_t proof[KVF_TCP_PROOF_SIZE];
+};
+
+enum tcp_refusal {
+    REFUSE_BAD_HELLO,
+    REFUSE_UNKNOWN,
+    REFUSE_TIMED_OUT,
+    REFUSE_OVER_CAP,
 };
 
 struct tcp_counters {
@@ -128,6 +181,11 @@ struct tcp_counters {
     atomic_uint_fast64_t frames_skipped;
     atomic_uint_fast64_t conns_accepted;
     atomic_uint_fast64_t conns_refused;
+    atomic_uint_fast64_t conns_bad_hello;
+    atomic_uint_fast64_t conns_unknown;
+    atomic_uint_fast64_t conns_timed_out;
+    atomic_uint_fast64_t conns_over_cap;
+    atomic_uint_fast64_t handshakes_failed;
 };
 
 struct tcp {
@@ -138,6 +196,13 @@ struct tcp {
     int wake_fd[2];
     pthread_t acceptor;
     bool acceptor_running;
+    /* Acceptor thread only: the handshakes, and the refusal log's budget. */
+    struct tcp_pending *pending;
+    struct pollfd *pfds;
+    uint32_t *pfd_slot;
+    uint64_t log_second_ms;
+    uint32_t log_lines;
+    uint64_t log_dropped;
 
     pthread_mutex_t lock; /* peers, pools, rx list, closing */
     struct tcp_peer *peers;
@@ -350,6 +415,36 @@ static void close_abortive(int fd)
     close(fd);
 }
 
+static uint64_t mono_ms(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (uint64_t)ts.tv_sec * 1000u + (uint64_t)ts.tv_nsec / 1000000u;
+}
+
+/* ---- handshake (tcp.h) ------------------------------------------------------------ */
+
+/* HMAC(secret, label || hello || nonce_a). False when libcrypto failed. */
+static bool hs_mac(const uint8_t secret[KVF_TCP_SECRET_SIZE], const char *label,
+                   const uint8_t hello[KVF_TCP_HELLO_SIZE], const uint8_t nonce_a[TCP_NONCE_SIZE],
+                   uint8_t out[TCP_MAC_SIZE])
+{
+    uint8_t msg[sizeof(TCP_LABEL_CONNECTOR) + KVF_TCP_HELLO_SIZE + TCP_NONCE_SIZE];
+    size_t n = strlen(label);
+    memcpy(msg, label, n);
+    memcpy(msg + n, hello, KVF_TCP_HELLO_SIZE);
+    memcpy(msg + n + KVF_TCP_HELLO_SIZE, nonce_a, TCP_NONCE_SIZE);
+    uint8_t mac[EVP_MAX_MD_SIZE];
+    unsigned int len = 0;
+    bool ok = HMAC(EVP_sha256(), secret, KVF_TCP_SECRET_SIZE, msg,
+                   n + KVF_TCP_HELLO_SIZE + TCP_NONCE_SIZE, mac, &len) != NULL &&
+              len == TCP_MAC_SIZE;
+    if (ok)
+        memcpy(out, mac, TCP_MAC_SIZE);
+    OPENSSL_cleanse(mac, sizeof(mac));
+    return ok;
+}
+
 /* ---- completions -------------------------------------------------------------- */
 
 static void cq_push(struct tcp *t, struct kvf_xfer *x, enum kvf_lt_outcome outcome, int status)
@@ -447,10 +542,101 @@ static int tx_send_frame(struct tcp_tx *tx, const struct kvf_xfer *x)
     return 0;
 }
 
+/*
+ * The connector's half of the handshake, before the first frame: reads the
+ * challenge (deadline hello_timeout_ms; a fence's shutdown ends the wait),
+ * checks the acceptor's MAC and writes the proof. 0 or -errno: -ETIMEDOUT,
+ * -EACCES (a wrong challenge: the other end does not hold the pair's secret),
+ * -ECONNRESET (closed: refused), -EIO (libcrypto).
+ */
+static int tx_handshake(struct tcp_tx *tx)
+{
+    struct tcp *t = tx->t;
+    uint8_t ch[KVF_TCP_CHALLENGE_SIZE];
+    size_t got = 0;
+    uint64_t deadline = mono_ms() + t->opts.hello_timeout_ms;
+    while (got < sizeof(ch)) {
+        uint64_t now = mono_ms();
+        if (now >= deadline)
+            return -ETIMEDOUT;
+        struct pollfd pf = {.fd = tx->fd, .events = POLLIN};
+        int pr = poll(&pf, 1, (int)(deadline - now));
+        if (pr < 0 && errno != EINTR)
+            return -errno;
+        if (pr <= 0)
+            continue;
+        ssize_t n = recv(tx->fd, ch + got, sizeof(ch) - got, 0);
+        if (n < 0 && errno == EINTR)
+            continue;
+        if (n < 0)
+            return -errno;
+        if (n == 0)
+            return -ECONNRESET;
+        got += (size_t)n;
+    }
+    uint8_t mac[TCP_MAC_SIZE];
+    if (get_u32(ch) != KVF_TCP_MAGIC_CHALLENGE)
+        return -EACCES;
+    if (!hs_mac(tx->secret, TCP_LABEL_ACCEPTOR, tx->hello, ch + 4, mac))
+        return -EIO;
+    if (CRYPTO_memcmp(mac, ch + 4 + TCP_NONCE_SIZE, TCP_MAC_SIZE) != 0)
+        return -EACCES;
+    uint8_t proof[KVF_TCP_PROOF_SIZE];
+    put_u32(proof, KVF_TCP_MAGIC_PROOF);
+    if (!hs_mac(tx->secret, TCP_LABEL_CONNECTOR, tx->hello, ch + 4, proof + 4))
+        return -EIO;
+    OPENSSL_cleanse(tx->secret, sizeof(tx->secret));
+    return send_full(tx->fd, proof, sizeof(proof));
+}
+
+/* The connection is dead (`x`, the frame being written, may be NULL): unless
+ * a fence stopped it, everything queued completes ERROR and later posts fail
+ * -EIO; after a fence, `x` completes FLUSHED (the fencer takes the queue). */
+static void tx_fail(struct tcp_tx *tx, struct kvf_xfer *x, int rc)
+{
+    struct tcp *t = tx->t;
+    pthread_mutex_lock(&tx->lock);
+    bool fenced = tx->stop;
+    struct kvf_xfer *rest = NULL;
+    if (!fenced) {
+        tx->broken = rc;
+        rest = tx->head;
+        tx->head = tx->tail = NULL;
+    }
+    pthread_mutex_unlock(&tx->lock);
+    if (fenced) {
+        if (x)
+            cq_push(t, x, KVF_LT_DONE_FLUSHED, -ECANCELED);
+        return;
+    }
+    if (x) {
+        fprintf(stderr, "kvf_tcp: write to peer %u failed: %s\n", tx->peer, strerror(-rc));
+        cq_push(t, x, KVF_LT_DONE_ERROR, rc);
+    }
+    cq_push_list(t, rest, KVF_LT_DONE_ERROR, rc);
+}
+
 static void *tx_main(void *arg)
 {
     struct tcp_tx *tx = arg;
     struct tcp *t = tx->t;
+    int hs = tx_handshake(tx);
+    if (hs != 0) {
+        pthread_mutex_lock(&tx->lock);
+        bool fenced = tx->stop;
+        pthread_mutex_unlock(&tx->lock);
+        if (!fenced) {
+            CNT_ADD(t, handshakes_failed, 1);
+            fprintf(
+                stderr, "kvf_tcp: data port: handshake with peer %u failed: %s; its frames fail\n",
+                tx->peer,
+                hs == -EACCES ? "the challenge does not prove the pair's secret" : strerror(-hs));
+        }
+        /* Tell the acceptor at once; the descriptor is closed after the join. */
+        (void)shutdown(tx->fd, SHUT_RDWR);
+        tx_fail(tx, NULL, hs == -EACCES ? -EACCES : -EIO);
+        return NULL;
+    }
     for (;;) {
         pthread_mutex_lock(&tx->lock);
         while (!tx->head && !tx->stop)
@@ -482,23 +668,7 @@ static void *tx_main(void *arg)
             continue;
         }
 
-        pthread_mutex_lock(&tx->lock);
-        bool fenced = tx->stop;
-        struct kvf_xfer *rest = NULL;
-        if (!fenced) {
-            /* The connection is dead: nothing more is written on it. */
-            tx->broken = rc;
-            rest = tx->head;
-            tx->head = tx->tail = NULL;
-        }
-        pthread_mutex_unlock(&tx->lock);
-        if (fenced) {
-            cq_push(t, x, KVF_LT_DONE_FLUSHED, -ECANCELED);
-        } else {
-            fprintf(stderr, "kvf_tcp: write to peer %u failed: %s\n", tx->peer, strerror(-rc));
-            cq_push(t, x, KVF_LT_DONE_ERROR, rc);
-            cq_push_list(t, rest, KVF_LT_DONE_ERROR, rc);
-        }
+        tx_fail(tx, x, rc); /* nothing more is written on this connection */
         return NULL;
     }
 }
@@ -530,6 +700,7 @@ static void tx_free(struct tcp_tx *tx)
 {
     if (!tx)
         return;
+    OPENSSL_cleanse(tx->secret, sizeof(tx->secret));
     pthread_cond_destroy(&tx->cond);
     pthread_mutex_destroy(&tx->lock);
     free(tx);
@@ -575,45 +746,6 @@ static int tcp_post_write(struct kvf_transport *base, struct kvf_xfer *x)
 }
 
 /* ---- receiver ------------------------------------------------------------------ */
-
-/* Reads the hello and names the connection's peer. 0, or -errno (refused). */
-static int rx_hello(struct tcp_rx *rx)
-{
-    struct tcp *t = rx->t;
-    uint8_t buf[KVF_TCP_HELLO_SIZE];
-    int rc = recv_full(rx->fd, buf, sizeof(buf), &rx->stop, false);
-    if (rc != 0)
-        return rc;
-    uint64_t from = get_u64(buf + 8);
-    if (get_u32(buf) != KVF_TCP_MAGIC_HELLO || get_u16(buf + 4) != KVF_TCP_VERSION ||
-        get_u16(buf + 6) != 0 || get_u64(buf + 16) != t->opts.node_id || from == 0)
-        return -EINVAL;
-
-    /* A peer this node has not been told about yet (the source learned the
-     * room first) is waited for, bounded by check_wait_ms, like a frame of a
-     * room not known yet. */
-    rc = -ENOENT;
-    for (uint32_t waited = 0;; waited++) {
-        pthread_mutex_lock(&t->lock);
-        for (uint32_t i = 0; i < t->opts.max_peers; i++) {
-            if (t->peers[i].node_id != from)
-                continue;
-            /* Ordered with fence_peer by the lock: a fenced peer is never named. */
-            if (t->peers[i].fenced || atomic_load(&rx->stop)) {
-                rc = -ESTALE;
-            } else {
-                rx->peer = i;
-                rc = 0;
-            }
-            break;
-        }
-        pthread_mutex_unlock(&t->lock);
-        if (rc != -ENOENT || waited >= t->opts.check_wait_ms || atomic_load(&rx->stop))
-            return rc;
-        struct timespec ms = {0, 1000000L};
-        nanosleep(&ms, NULL);
-    }
-}
 
 /* `*removed_p`: pools_removed as of the lookup. */
 static bool rx_find_pool(struct tcp *t, uint32_t id, struct tcp_pool *out, uint64_t *removed_p)
@@ -808,25 +940,21 @@ static void rx_frames(struct tcp_rx *rx, struct rx_idle *idle)
     }
 }
 
+/* An authenticated connection (the acceptor named its peer). */
 static void *rx_main(void *arg)
 {
     struct tcp_rx *rx = arg;
     struct tcp *t = rx->t;
-    int rc = rx_hello(rx);
-    if (rc == 0) {
-        CNT_ADD(t, conns_accepted, 1);
-        struct rx_idle idle = {0, 0};
-        rx_frames(rx, &idle);
-        rx_idle_flush(t, &idle); /* the events of the last batch */
-    } else if (rc != -ECANCELED) {
-        CNT_ADD(t, conns_refused, 1);
-    }
+    struct rx_idle idle = {0, 0};
+    rx_frames(rx, &idle);
+    rx_idle_flush(t, &idle); /* the events of the last batch */
     /* Close here, abortively, so that a peer still writing gets an error at
      * once instead of filling a window nobody reads. Under the lock: fencers
      * shut the descriptor down under it and must never see a reused number. */
     pthread_mutex_lock(&t->lock);
     close_abortive(rx->fd);
     rx->fd = -1;
+    t->peers[rx->peer].nrx--;
     atomic_store_explicit(&rx->done, true, memory_order_release);
     pthread_mutex_unlock(&t->lock);
     return NULL;
@@ -878,65 +1006,322 @@ static void rx_join_list(struct tcp_rx *list)
     }
 }
 
+/* ---- acceptor: handshakes ------------------------------------------------------- */
+
+/* A refusal line, at most TCP_LOG_PER_S a second; the rest are counted and
+ * summed up in the next second's first line. Acceptor thread. */
+static void refuse_log(struct tcp *t, int fd, const char *why, uint32_t peer)
+{
+    uint64_t now = mono_ms();
+    if (now - t->log_second_ms >= 1000) {
+        if (t->log_dropped > 0)
+            fprintf(stderr, "kvf_tcp: data port: %llu more refusals not logged\n",
+                    (unsigned long long)t->log_dropped);
+        t->log_second_ms = now;
+        t->log_lines = 0;
+        t->log_dropped = 0;
+    }
+    if (t->log_lines >= TCP_LOG_PER_S) {
+        t->log_dropped++;
+        return;
+    }
+    t->log_lines++;
+    struct sockaddr_in sa;
+    socklen_t len = sizeof(sa);
+    char addr[INET_ADDRSTRLEN] = "?";
+    if (getpeername(fd, (struct sockaddr *)&sa, &len) == 0 && sa.sin_family == AF_INET)
+        (void)inet_ntop(AF_INET, &sa.sin_addr, addr, sizeof(addr));
+    unsigned port = len == sizeof(sa) ? ntohs(sa.sin_port) : 0;
+    if (peer != TCP_NO_PEER)
+        fprintf(stderr, "kvf_tcp: data port: refused %s:%u (peer %u): %s\n", addr, port, peer, why);
+    else
+        fprintf(stderr, "kvf_tcp: data port: refused %s:%u: %s\n", addr, port, why);
+}
+
+/* Closes a connection in its handshake: counted, logged, its slot freed. */
+static void pend_refuse(struct tcp *t, struct tcp_pending *pd, enum tcp_refusal why,
+                        const char *text)
+{
+    CNT_ADD(t, conns_refused, 1);
+    switch (why) {
+    case REFUSE_BAD_HELLO:
+        CNT_ADD(t, conns_bad_hello, 1);
+        break;
+    case REFUSE_UNKNOWN:
+        CNT_ADD(t, conns_unknown, 1);
+        break;
+    case REFUSE_TIMED_OUT:
+        CNT_ADD(t, conns_timed_out, 1);
+        break;
+    case REFUSE_OVER_CAP:
+        CNT_ADD(t, conns_over_cap, 1);
+        break;
+    }
+    refuse_log(t, pd->fd, text, pd->state >= PEND_CHALLENGE ? pd->peer : TCP_NO_PEER);
+    close_abortive(pd->fd);
+    OPENSSL_cleanse(pd->secret, sizeof(pd->secret));
+    pd->fd = -1;
+}
+
+/* PEND_HELLO done or PEND_PEER: finds the hello's peer and its secret and
+ * writes the challenge; keeps waiting (PEND_PEER) for a peer not added yet
+ * until peer_wait_ms. */
+static void pend_find_peer(struct tcp *t, struct tcp_pending *pd, uint64_t now)
+{
+    uint64_t from = get_u64(pd->hello + 8);
+    int found = 0; /* 1: named, -1: fenced */
+    pthread_mutex_lock(&t->lock);
+    for (uint32_t i = 0; i < t->opts.max_peers; i++) {
+        struct tcp_peer *p = &t->peers[i];
+        if (p->node_id != from)
+            continue;
+        if (p->fenced) {
+            found = -1;
+        } else if (p->have_secret) {
+            memcpy(pd->secret, p->secret, sizeof(pd->secret));
+            pd->peer = i;
+            found = 1;
+        }
+        break;
+    }
+    pthread_mutex_unlock(&t->lock);
+    if (found < 0) {
+        pend_refuse(t, pd, REFUSE_UNKNOWN, "the hello names a fenced peer");
+        return;
+    }
+    if (found == 0) {
+        if (now >= pd->peer_wait_ms)
+            pend_refuse(t, pd, REFUSE_UNKNOWN,
+                        "the hello names no introduced peer (or one without a secret)");
+        else
+            pd->state = PEND_PEER;
+        return;
+    }
+    uint8_t *c = pd->challenge;
+    put_u32(c, KVF_TCP_MAGIC_CHALLENGE);
+    if (RAND_bytes(c + 4, TCP_NONCE_SIZE) != 1 ||
+        !hs_mac(pd->secret, TCP_LABEL_ACCEPTOR, pd->hello, c + 4, c + 4 + TCP_NONCE_SIZE)) {
+        pend_refuse(t, pd, REFUSE_BAD_HELLO, "libcrypto failed (RAND_bytes or HMAC)");
+        return;
+    }
+    pd->state = PEND_CHALLENGE;
+    pd->done = 0;
+}
+
+/* The proof is right: the connection gets its receiver thread, unless the
+ * peer was fenced meanwhile or has KVF_TCP_MAX_RX_PER_PEER already. */
+static void pend_admit(struct tcp *t, struct tcp_pending *pd)
+{
+    struct tcp_rx *rx = calloc(1, sizeof(*rx));
+    uint8_t *scratch = malloc(TCP_SCRATCH_SIZE);
+    int fl = fcntl(pd->fd, F_GETFL);
+    if (!rx || !scratch || fl < 0 || fcntl(pd->fd, F_SETFL, fl & ~O_NONBLOCK) != 0) {
+        free(rx);
+        free(scratch);
+        pend_refuse(t, pd, REFUSE_OVER_CAP, "out of memory (or fcntl failed)");
+        return;
+    }
+    set_nodelay(pd->fd);
+    rx->t = t;
+    rx->fd = pd->fd;
+    rx->peer = pd->peer;
+    rx->scratch = scratch;
+    atomic_init(&rx->stop, false);
+    atomic_init(&rx->done, false);
+
+    const char *why = NULL;
+    enum tcp_refusal kind = REFUSE_UNKNOWN;
+    pthread_mutex_lock(&t->lock);
+    struct tcp_peer *p = &t->peers[pd->peer];
+    /* Ordered with fence_peer by the lock: a fenced peer is never named. */
+    if (t->closing || p->fenced) {
+        why = "the peer was fenced during the handshake";
+    } else if (p->nrx >= KVF_TCP_MAX_RX_PER_PEER) {
+        why = "the peer has its most connections already";
+        kind = REFUSE_OVER_CAP;
+    } else if (pthread_create(&rx->thread, NULL, rx_main, rx) != 0) {
+        why = "cannot start a receiver thread";
+        kind = REFUSE_OVER_CAP;
+    } else {
+        p->nrx++;
+        rx->next = t->rx_list;
+        t->rx_list = rx;
+    }
+    pthread_mutex_unlock(&t->lock);
+    if (why) {
+        free(scratch);
+        free(rx);
+        pend_refuse(t, pd, kind, why);
+        return;
+    }
+    CNT_ADD(t, conns_accepted, 1);
+    OPENSSL_cleanse(pd->secret, sizeof(pd->secret));
+    pd->fd = -1; /* the receiver's now */
+}
+
+/* Moves one handshake on as far as its socket allows. */
+static void pend_step(struct tcp *t, struct tcp_pending *pd, uint64_t now)
+{
+    for (;;) {
+        if (pd->state == PEND_CHALLENGE) {
+            ssize_t n = send(pd->fd, pd->challenge + pd->done, sizeof(pd->challenge) - pd->done,
+                             MSG_NOSIGNAL | MSG_DONTWAIT);
+            if (n < 0 && (errno == EINTR))
+                continue;
+            if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK))
+                return;
+            if (n <= 0) {
+                pend_refuse(t, pd, REFUSE_BAD_HELLO, "closed during the challenge");
+                return;
+            }
+            pd->done += (size_t)n;
+            if (pd->done == sizeof(pd->challenge)) {
+                pd->state = PEND_PROOF;
+                pd->done = 0;
+            }
+            continue;
+        }
+        if (pd->state != PEND_HELLO && pd->state != PEND_PROOF)
+            return;
+        /* Exactly the message's bytes: what follows it stays for the receiver. */
+        uint8_t *buf = pd->state == PEND_HELLO ? pd->hello : pd->proof;
+        size_t want = pd->state == PEND_HELLO ? sizeof(pd->hello) : sizeof(pd->proof);
+        ssize_t n = recv(pd->fd, buf + pd->done, want - pd->done, MSG_DONTWAIT);
+        if (n < 0 && errno == EINTR)
+            continue;
+        if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK))
+            return;
+        if (n <= 0) {
+            pend_refuse(t, pd, REFUSE_BAD_HELLO,
+                        pd->state == PEND_HELLO ? "closed before a whole hello"
+                                                : "closed before a whole proof");
+            return;
+        }
+        pd->done += (size_t)n;
+        if (pd->done < want)
+            continue;
+        if (pd->state == PEND_HELLO) {
+            if (get_u32(buf) != KVF_TCP_MAGIC_HELLO || get_u16(buf + 4) != KVF_TCP_VERSION ||
+                get_u16(buf + 6) != 0 || get_u64(buf + 16) != t->opts.node_id ||
+                get_u64(buf + 8) == 0) {
+                pend_refuse(t, pd, REFUSE_BAD_HELLO,
+                            "not a version-2 hello addressed to this node");
+                return;
+            }
+            pd->peer_wait_ms = now + t->opts.check_wait_ms;
+            pend_find_peer(t, pd, now);
+            if (pd->fd < 0 || pd->state != PEND_CHALLENGE)
+                return;
+            continue;
+        }
+        uint8_t mac[TCP_MAC_SIZE];
+        if (get_u32(buf) != KVF_TCP_MAGIC_PROOF ||
+            !hs_mac(pd->secret, TCP_LABEL_CONNECTOR, pd->hello, pd->challenge + 4, mac) ||
+            CRYPTO_memcmp(mac, buf + 4, TCP_MAC_SIZE) != 0) {
+            pend_refuse(t, pd, REFUSE_BAD_HELLO, "the proof does not prove the pair's secret");
+            return;
+        }
+        pend_admit(t, pd);
+        return;
+    }
+}
+
+/* Accepts what the listener has, into free handshake slots; when none is
+ * free the oldest handshake is refused to make room (a flood of idle
+ * connections cannot keep a real peer out for longer than its own turnover). */
+static void accept_batch(struct tcp *t, uint64_t now)
+{
+    for (int k = 0; k < TCP_ACCEPT_BATCH; k++) {
+        int fd = accept4(t->listen_fd, NULL, NULL, SOCK_CLOEXEC | SOCK_NONBLOCK);
+        if (fd < 0) {
+            /* Out of descriptors or memory: back off instead of spinning on a
+             * listener that stays readable. EINTR, ECONNABORTED: retry. */
+            if (errno == EMFILE || errno == ENFILE || errno == ENOBUFS || errno == ENOMEM) {
+                struct pollfd w = {.fd = t->wake_fd[0], .events = POLLIN};
+                (void)poll(&w, 1, 10);
+            }
+            if (errno == EINTR || errno == ECONNABORTED)
+                continue;
+            return;
+        }
+        struct tcp_pending *slot = NULL, *oldest = NULL;
+        for (uint32_t i = 0; i < t->opts.max_pending && !slot; i++) {
+            struct tcp_pending *pd = &t->pending[i];
+            if (pd->fd < 0)
+                slot = pd;
+            else if (!oldest || pd->deadline_ms < oldest->deadline_ms)
+                oldest = pd;
+        }
+        if (!slot) {
+            pend_refuse(t, oldest, REFUSE_OVER_CAP,
+                        "evicted: max_pending connections in their handshake");
+            slot = oldest;
+        }
+        memset(slot, 0, sizeof(*slot));
+        slot->fd = fd;
+        slot->state = PEND_HELLO;
+        slot->peer = TCP_NO_PEER;
+        slot->deadline_ms = now + t->opts.hello_timeout_ms;
+    }
+}
+
 /* ---- acceptor ------------------------------------------------------------------ */
 
 static void *acceptor_main(void *arg)
 {
     struct tcp *t = arg;
     for (;;) {
-        struct pollfd fds[2] = {{.fd = t->listen_fd, .events = POLLIN},
-                                {.fd = t->wake_fd[0], .events = POLLIN}};
-        if (poll(fds, 2, -1) < 0) {
-            if (errno == EINTR)
-                continue;
-            fprintf(stderr, "kvf_tcp: poll: %s\n", strerror(errno));
-            return NULL;
-        }
-        if (fds[1].revents)
-            return NULL;
-        int fd = accept4(t->listen_fd, NULL, NULL, SOCK_CLOEXEC);
-        if (fd < 0) {
-            /* Out of descriptors or memory: back off instead of spinning on a
-             * listener that stays readable. EINTR, ECONNABORTED: retry. */
-            if (errno == EMFILE || errno == ENFILE || errno == ENOBUFS || errno == ENOMEM)
-                (void)poll(&fds[1], 1, 10);
-            continue;
-        }
-        set_nodelay(fd);
-
+        /* Receivers that ended on their own. */
         pthread_mutex_lock(&t->lock);
         struct tcp_rx *ended = rx_detach_locked(t, TCP_NO_PEER, false, true);
         pthread_mutex_unlock(&t->lock);
         rx_join_list(ended);
 
-        struct tcp_rx *rx = calloc(1, sizeof(*rx));
-        uint8_t *scratch = malloc(TCP_SCRATCH_SIZE);
-        if (!rx || !scratch) {
-            fprintf(stderr, "kvf_tcp: out of memory for a connection\n");
-            free(rx);
-            free(scratch);
-            close_abortive(fd);
-            continue;
+        uint64_t now = mono_ms();
+        nfds_t n = 0;
+        t->pfds[n++] = (struct pollfd){.fd = t->listen_fd, .events = POLLIN};
+        t->pfds[n++] = (struct pollfd){.fd = t->wake_fd[0], .events = POLLIN};
+        int timeout = -1;
+        for (uint32_t i = 0; i < t->opts.max_pending; i++) {
+            struct tcp_pending *pd = &t->pending[i];
+            if (pd->fd < 0)
+                continue;
+            uint64_t until = pd->deadline_ms;
+            if (pd->state == PEND_PEER)
+                until = now + 1; /* look for the peer again in a millisecond */
+            int left = until > now ? (int)(until - now) : 0;
+            if (timeout < 0 || left < timeout)
+                timeout = left;
+            t->pfd_slot[n] = i;
+            t->pfds[n++] = (struct pollfd){.fd = pd->fd,
+                                           .events = pd->state == PEND_CHALLENGE ? POLLOUT
+                                                     : pd->state == PEND_PEER    ? 0
+                                                                                 : POLLIN};
         }
-        rx->t = t;
-        rx->fd = fd;
-        rx->peer = TCP_NO_PEER;
-        rx->scratch = scratch;
-        atomic_init(&rx->stop, false);
-        atomic_init(&rx->done, false);
-
-        pthread_mutex_lock(&t->lock);
-        int rc = t->closing ? -ECANCELED : pthread_create(&rx->thread, NULL, rx_main, rx);
-        if (rc == 0) {
-            rx->next = t->rx_list;
-            t->rx_list = rx;
+        int pr = poll(t->pfds, n, timeout);
+        if (pr < 0 && errno != EINTR) {
+            fprintf(stderr, "kvf_tcp: poll: %s\n", strerror(errno));
+            return NULL;
         }
-        pthread_mutex_unlock(&t->lock);
-        if (rc != 0) {
-            close_abortive(fd);
-            free(scratch);
-            free(rx);
+        if (pr > 0 && t->pfds[1].revents)
+            return NULL;
+        now = mono_ms();
+        for (nfds_t k = 2; pr > 0 && k < n; k++) {
+            struct tcp_pending *pd = &t->pending[t->pfd_slot[k]];
+            if (t->pfds[k].revents && pd->fd >= 0)
+                pend_step(t, pd, now);
         }
+        for (uint32_t i = 0; i < t->opts.max_pending; i++) {
+            struct tcp_pending *pd = &t->pending[i];
+            if (pd->fd >= 0 && pd->state == PEND_PEER)
+                pend_find_peer(t, pd, now);
+            if (pd->fd >= 0 && pd->state == PEND_CHALLENGE)
+                pend_step(t, pd, now);
+            if (pd->fd >= 0 && now >= pd->deadline_ms)
+                pend_refuse(t, pd, REFUSE_TIMED_OUT, "no complete handshake by the deadline");
+        }
+        if (pr > 0 && t->pfds[0].revents)
+            accept_batch(t, now);
     }
 }
 
@@ -980,6 +1365,11 @@ static void tcp_destroy(struct kvf_transport *base)
     pthread_mutex_lock(&t->lock);
     t->closing = true;
     pthread_mutex_unlock(&t->lock);
+    /* Handshakes still running: the acceptor is gone, close them. */
+    for (uint32_t i = 0; t->pending && i < t->opts.max_pending; i++) {
+        if (t->pending[i].fd >= 0)
+            close_abortive(t->pending[i].fd);
+    }
 
     for (uint32_t i = 0; t->peers && i < t->opts.max_peers; i++) {
         if (t->peers[i].node_id != 0)
@@ -1009,8 +1399,13 @@ static void tcp_destroy(struct kvf_transport *base)
         close(t->wake_fd[1]);
     pthread_mutex_destroy(&t->cq_lock);
     pthread_mutex_destroy(&t->lock);
+    if (t->peers)
+        OPENSSL_cleanse(t->peers, (size_t)t->opts.max_peers * sizeof(*t->peers));
     free(t->pools);
     free(t->peers);
+    free(t->pending);
+    free(t->pfds);
+    free(t->pfd_slot);
     free(t);
 }
 
@@ -1031,6 +1426,8 @@ void kvf_transport_tcp_opts_init(struct kvf_transport_tcp_opts *opts)
     opts->max_peers = 64;
     opts->max_pools = 64;
     opts->check_wait_ms = 2000;
+    opts->hello_timeout_ms = 5000;
+    opts->max_pending = 64;
 }
 
 static int tcp_listen(struct tcp *t)
@@ -1040,13 +1437,14 @@ static int tcp_listen(struct tcp *t)
         fprintf(stderr, "kvf_tcp: bad bind host '%s'\n", t->opts.bind_host);
         return -EINVAL;
     }
-    t->listen_fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    /* Non-blocking: the acceptor takes connections until accept says EAGAIN. */
+    t->listen_fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
     if (t->listen_fd < 0)
         goto err;
     int one = 1;
     (void)setsockopt(t->listen_fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof(one));
     if (bind(t->listen_fd, (struct sockaddr *)&sa, sizeof(sa)) != 0 ||
-        listen(t->listen_fd, 64) != 0)
+        listen(t->listen_fd, 256) != 0)
         goto err;
     socklen_t len = sizeof(sa);
     if (getsockname(t->listen_fd, (struct sockaddr *)&sa, &len) != 0)
@@ -1062,8 +1460,10 @@ err:
 struct kvf_transport *kvf_transport_tcp_create(const struct kvf_transport_tcp_opts *opts)
 {
     if (!opts || !opts->check || opts->node_id == 0 || opts->max_peers == 0 ||
-        opts->max_peers == TCP_NO_PEER || opts->max_pools == 0) {
-        fprintf(stderr, "kvf_tcp: bad options (check, node_id, max_peers, max_pools)\n");
+        opts->max_peers == TCP_NO_PEER || opts->max_pools == 0 || opts->hello_timeout_ms == 0 ||
+        opts->hello_timeout_ms > INT_MAX || opts->max_pending == 0 || opts->max_pending > 65536) {
+        fprintf(stderr, "kvf_tcp: bad options (check, node_id, max_peers, max_pools, "
+                        "hello_timeout_ms, max_pending)\n");
         return NULL;
     }
     struct tcp *t = calloc(1, sizeof(*t));
@@ -1082,7 +1482,14 @@ struct kvf_transport *kvf_transport_tcp_create(const struct kvf_transport_tcp_op
     pthread_mutex_init(&t->cq_lock, NULL);
     t->peers = calloc(opts->max_peers, sizeof(*t->peers));
     t->pools = calloc(opts->max_pools, sizeof(*t->pools));
-    if (!t->peers || !t->pools) {
+    t->pending = calloc(opts->max_pending, sizeof(*t->pending));
+    t->pfds = calloc((size_t)opts->max_pending + 2, sizeof(*t->pfds));
+    t->pfd_slot = calloc((size_t)opts->max_pending + 2, sizeof(*t->pfd_slot));
+    if (t->pending) {
+        for (uint32_t i = 0; i < opts->max_pending; i++)
+            t->pending[i].fd = -1;
+    }
+    if (!t->peers || !t->pools || !t->pending || !t->pfds || !t->pfd_slot) {
         fprintf(stderr, "kvf_tcp: out of memory\n");
         goto err_destroy;
     }
@@ -1186,6 +1593,27 @@ int kvf_transport_tcp_add_peer(struct kvf_transport *base, uint32_t peer, uint64
     return rc;
 }
 
+int kvf_transport_tcp_set_peer_key(struct kvf_transport *base, uint32_t peer,
+                                   const uint8_t secret[KVF_TCP_SECRET_SIZE])
+{
+    struct tcp *t = tcp_of(base);
+    if (peer >= t->opts.max_peers || !secret)
+        return -EINVAL;
+    int rc = 0;
+    pthread_mutex_lock(&t->lock);
+    struct tcp_peer *p = &t->peers[peer];
+    if (p->node_id == 0) {
+        rc = -ENOENT;
+    } else if (p->have_secret) {
+        rc = CRYPTO_memcmp(p->secret, secret, sizeof(p->secret)) == 0 ? 0 : -EEXIST;
+    } else {
+        memcpy(p->secret, secret, sizeof(p->secret));
+        p->have_secret = true;
+    }
+    pthread_mutex_unlock(&t->lock);
+    return rc;
+}
+
 int kvf_transport_tcp_connect(struct kvf_transport *base, uint32_t peer, const char *host,
                               uint16_t port)
 {
@@ -1196,13 +1624,36 @@ int kvf_transport_tcp_connect(struct kvf_transport *base, uint32_t peer, const c
     if (inet_pton(AF_INET, host, &sa.sin_addr) != 1)
         return -EINVAL;
 
+    struct tcp_tx *tx = calloc(1, sizeof(*tx));
+    if (!tx)
+        return -ENOMEM;
     pthread_mutex_lock(&t->lock);
     struct tcp_peer *p = &t->peers[peer];
-    int rc = p->node_id == 0 ? -ENOENT : p->fenced ? -ESTALE : p->tx ? -EEXIST : 0;
+    int rc = p->node_id == 0   ? -ENOENT
+             : p->fenced       ? -ESTALE
+             : p->tx           ? -EEXIST
+             : !p->have_secret ? -ENOKEY
+                               : 0;
     uint64_t to_node = p->node_id;
+    if (rc == 0)
+        memcpy(tx->secret, p->secret, sizeof(tx->secret));
     pthread_mutex_unlock(&t->lock);
-    if (rc != 0)
+    if (rc != 0) {
+        free(tx);
         return rc;
+    }
+    uint8_t *hello = tx->hello;
+    put_u32(hello, KVF_TCP_MAGIC_HELLO);
+    put_u16(hello + 4, KVF_TCP_VERSION);
+    put_u16(hello + 6, 0);
+    put_u64(hello + 8, t->opts.node_id);
+    put_u64(hello + 16, to_node);
+    if (RAND_bytes(hello + 24, TCP_NONCE_SIZE) != 1) {
+        fprintf(stderr, "kvf_tcp: RAND_bytes failed\n");
+        OPENSSL_cleanse(tx->secret, sizeof(tx->secret));
+        free(tx);
+        return -EIO;
+    }
 
     int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
     if (fd < 0 || connect(fd, (struct sockaddr *)&sa, sizeof(sa)) != 0) {
@@ -1210,27 +1661,20 @@ int kvf_transport_tcp_connect(struct kvf_transport *base, uint32_t peer, const c
                 strerror(errno));
         if (fd >= 0)
             close(fd);
+        OPENSSL_cleanse(tx->secret, sizeof(tx->secret));
+        free(tx);
         return -EIO;
     }
     set_nodelay(fd);
-    uint8_t hello[KVF_TCP_HELLO_SIZE];
-    put_u32(hello, KVF_TCP_MAGIC_HELLO);
-    put_u16(hello + 4, KVF_TCP_VERSION);
-    put_u16(hello + 6, 0);
-    put_u64(hello + 8, t->opts.node_id);
-    put_u64(hello + 16, to_node);
-    rc = send_full(fd, hello, sizeof(hello));
+    rc = send_full(fd, hello, KVF_TCP_HELLO_SIZE);
     if (rc != 0) {
         fprintf(stderr, "kvf_tcp: hello to peer %u: %s\n", peer, strerror(-rc));
         close_abortive(fd);
+        OPENSSL_cleanse(tx->secret, sizeof(tx->secret));
+        free(tx);
         return -EIO;
     }
 
-    struct tcp_tx *tx = calloc(1, sizeof(*tx));
-    if (!tx) {
-        close_abortive(fd);
-        return -ENOMEM;
-    }
     tx->t = t;
     tx->peer = peer;
     tx->fd = fd;
@@ -1268,5 +1712,10 @@ void kvf_transport_tcp_stats(const struct kvf_transport *base, struct kvf_transp
     LOAD(frames_skipped);
     LOAD(conns_accepted);
     LOAD(conns_refused);
+    LOAD(conns_bad_hello);
+    LOAD(conns_unknown);
+    LOAD(conns_timed_out);
+    LOAD(conns_over_cap);
+    LOAD(handshakes_failed);
 #undef LOAD
 }
