@@ -754,6 +754,9 @@ static void on_fence_peer(struct kvf_node *n, const Kvfence__V1__FencePeer *fp)
             rc = node_rdma_fence_peer(n, idx); /* QPs to ERR, every WR back */
         if (rc == 0) {
             n->peers[idx].fenced = true;
+            /* Its messages still on the way are dropped from now on. */
+            if (n->peerch)
+                (void)kvf_peer_channel_forget_peer(n->peerch, id, fp->incarnation);
             size_t drained = kvf_lt_table_peer_fenced(n->lts, idx);
             node_log("info", NULL, "fenced peer %s incarnation %" PRIu64 " (%zu lifetimes drained)",
                      id, fp->incarnation, drained);
@@ -1193,6 +1196,9 @@ struct kvf_node *kvf_node_start(const struct kvf_node_opts *opts)
     n->lts = kvf_lt_table_create();
     if (!n->lts)
         goto err_destroy;
+    /* This incarnation's peer keys: the secret half never leaves the process. */
+    if (kvf_peer_keypair_generate(&n->keys) != 0)
+        goto err_destroy;
     n->tcp = node_tcp_create(n, n->incarnation, opts->data_port);
     if (!n->tcp)
         goto err_destroy;
@@ -1212,11 +1218,13 @@ struct kvf_node *kvf_node_start(const struct kvf_node_opts *opts)
         goto err_destroy;
     if (node_session_start(n) != 0)
         goto err_destroy;
+    char z85[KVF_PEER_Z85_SIZE];
+    kvf_peer_key_z85(n->keys.pub, z85);
     node_log("info", NULL,
              "kvfence-node %s incarnation %" PRIu64
-             ": data tcp %s:%u, peer %s, local socket %s, control %s",
-             n->node_id, n->incarnation, n->data_host, n->data_port, n->peer_ep, n->local_socket,
-             opts->control_addr);
+             ": data tcp %s:%u, peer %s, peer key %s, local socket %s, control %s",
+             n->node_id, n->incarnation, n->data_host, n->data_port, n->peer_ep, z85,
+             n->local_socket, opts->control_addr);
     return n;
 
 err_destroy:
@@ -1321,5 +1329,6 @@ void kvf_node_destroy(struct kvf_node *n)
     pthread_cond_destroy(&n->qdone);
     pthread_cond_destroy(&n->qcond);
     pthread_mutex_destroy(&n->qlock);
+    kvf_peer_keypair_wipe(&n->keys);
     free(n);
 }

@@ -114,9 +114,10 @@ static void seen_node_read(const struct nh_node *np, const char *id, struct seen
             continue;
         out->data_port = (uint16_t)port;
         snprintf(out->peer_ep, sizeof out->peer_ep, "%s", ep);
+        /* Z85: the scanset names all 85 characters (']' must come first). */
         const char *k = strstr(p, "peer key ");
         if (k)
-            (void)sscanf(k + 9, "%40[0-9a-zA-Z.:+=^!/*?&<>()@%{}$#[-]", out->peer_key);
+            (void)sscanf(k + 9, "%40[]0-9a-zA-Z.:+=^!/*?&<>()@%{}$#[-]", out->peer_key);
         found = true;
     }
     free(line);
