@@ -291,6 +291,15 @@ int node_peer_start(struct kvf_node *n)
         return -EIO;
     }
     snprintf(n->peer_ep, sizeof n->peer_ep, "%s", kvf_peer_channel_endpoint(n->peerch));
+    /* Same-node rooms: the node sends its aux and status to itself. */
+    int rc = kvf_peer_channel_introduce(n->peerch, n->node_id, n->incarnation, n->keys.pub);
+    if (rc != 0) {
+        node_log("error", NULL, "peer channel: cannot introduce this node to itself: %s",
+                 strerror(-rc));
+        kvf_peer_channel_destroy(n->peerch);
+        n->peerch = NULL;
+        return rc;
+    }
     if (n->opts.peer_fault && n->opts.peer_fault[0])
         node_log("warn", NULL, "peer channel fault injection on: %s", n->opts.peer_fault);
     return 0;
