@@ -1305,6 +1305,16 @@ void kvf_node_destroy(struct kvf_node *n)
     bool can_free = !n->lts || kvf_lt_table_can_teardown(n->lts);
     /* destroy fences every peer and retires the completions nobody polled. */
     node_faults_stop(n);
+    if (n->tcp) {
+        struct kvf_transport_tcp_stats ts;
+        kvf_transport_tcp_stats(n->tcp, &ts);
+        node_log("info", NULL,
+                 "data port: %" PRIu64 " connections accepted, %" PRIu64 " refused (%" PRIu64
+                 " bad hello or proof, %" PRIu64 " not introduced or fenced, %" PRIu64
+                 " timed out, %" PRIu64 " over the caps), %" PRIu64 " outbound handshakes failed",
+                 ts.conns_accepted, ts.conns_refused, ts.conns_bad_hello, ts.conns_unknown,
+                 ts.conns_timed_out, ts.conns_over_cap, ts.handshakes_failed);
+    }
     kvf_transport_destroy(n->tcp);
     n->tcp = NULL;
     node_xport_stop(n); /* local transport, staging engine and ring */

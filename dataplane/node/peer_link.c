@@ -314,8 +314,10 @@ void node_peer_stop(struct kvf_node *n)
     kvf_peer_channel_stats(n->peerch, &st);
     node_log("info", NULL,
              "peer channel: %" PRIu64 " sent, %" PRIu64 " delivered, %" PRIu64 " late, %" PRIu64
-             " unknown, %" PRIu64 " out of order, %" PRIu64 " discarded",
-             st.sent, st.delivered, st.late, st.unknown, st.out_of_order, st.discarded);
+             " unknown, %" PRIu64 " out of order, %" PRIu64 " discarded, %" PRIu64
+             " unauthenticated, %" PRIu64 " connections refused (not an introduced key)",
+             st.sent, st.delivered, st.late, st.unknown, st.out_of_order, st.discarded,
+             st.unauthenticated, st.zap_refused);
     kvf_peer_channel_destroy(n->peerch);
     n->peerch = NULL;
 }
