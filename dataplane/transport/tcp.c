@@ -5,11 +5,13 @@
  *
  * The wire format and the rules a receiver applies are in tcp.h. This file
  * owns the listening socket, one outbound connection per peer (with its send
- * queue), the inbound connections, the registered pools and the completion
- * list.
+ * queue, and the connector's half of the handshake), the authenticated
+ * inbound connections, the registered pools and the completion list; the
+ * acceptor and the handshakes it runs are in tcp_accept.c, the shared
+ * definitions in tcp_internal.h.
  *
  * DESIGN (threads and ordering):
- * - Acceptor thread: accepts inbound connections (non-blocking) into a fixed
+ * - Acceptor thread (tcp_accept.c): accepts inbound connections (non-blocking) into a fixed
  *   table of max_pending handshakes and runs them all with one poll: read the
  *   hello, find the peer and its secret (waiting up to check_wait_ms for a
  *   peer not added yet), write the challenge, read and check the proof, each
@@ -49,7 +51,7 @@
  * Lock order: transport lock, then a connection's queue lock; the completion
  * lock is taken alone.
  */
-#include "tcp.h"
+#include "tcp_internal.h"
 
 #include "pool.h"
 
@@ -66,7 +68,6 @@
 #include <netinet/tcp.h>
 #include <poll.h>
 #include <pthread.h>
-#include <stdarg.h>
 #include <stdatomic.h>
 #include <stddef.h>
 #include <stdio.h>
@@ -77,167 +78,6 @@
 #include <time.h>
 #include <unistd.h>
 
-#define TCP_SCRATCH_SIZE (64u * 1024u)
-/* Device pools: the payload lands here first, then kvf_pool_write copies it
- * in. One frame of the node (256 KiB) is one copy; longer ones take several. */
-#define TCP_BOUNCE_SIZE     (256u * 1024u)
-#define TCP_NO_PEER         UINT32_MAX
-#define TCP_NONCE_SIZE      32u
-#define TCP_MAC_SIZE        32u
-#define TCP_ACCEPT_BATCH    64  /* accept(2) calls per acceptor turn */
-#define TCP_LOG_PER_S       10u /* refusal lines a second; the rest are counted */
-#define TCP_LABEL_ACCEPTOR  "kvfence tcp v2 acceptor"
-#define TCP_LABEL_CONNECTOR "kvfence tcp v2 connector"
-
-struct tcp;
-
-struct tcp_pool {
-    uint32_t id;
-    struct kvf_pool *dev; /* a device pool: written through kvf_pool_write only */
-    uint8_t *base;
-    uint64_t page_size;
-    uint64_t page_count;
-};
-
-/* One outbound connection. `fd` and `seq` belong to the sender thread; the
- * queue, `stop` and `broken` are under `lock`. */
-struct tcp_tx {
-    struct tcp *t;
-    uint32_t peer;
-    int fd;
-    pthread_t thread;
-    pthread_mutex_t lock;
-    pthread_cond_t cond;
-    struct kvf_xfer *head;
-    struct kvf_xfer *tail;
-    bool stop;
-    int broken; /* -errno once a write failed */
-    bool joined;
-    uint64_t seq;
-    /* The handshake, sender thread only after connect wrote the hello. */
-    uint8_t secret[KVF_TCP_SECRET_SIZE];
-    uint8_t hello[KVF_TCP_HELLO_SIZE];
-};
-
-/* One inbound connection. `fd` belongs to the receiver thread; `peer` and
- * `next` are under the transport lock. */
-struct tcp_rx {
-    struct tcp *t;
-    int fd;
-    pthread_t thread;
-    uint32_t peer;
-    atomic_bool stop;
-    atomic_bool done;
-    struct tcp_rx *next;
-    uint8_t *scratch;
-    uint8_t *bounce; /* TCP_BOUNCE_SIZE, allocated at the first device-pool frame */
-};
-
-struct tcp_peer {
-    uint64_t node_id; /* 0: unused slot */
-    bool fenced;
-    bool have_secret;
-    uint8_t secret[KVF_TCP_SECRET_SIZE]; /* the pair's (kvf_transport_tcp_set_peer_key) */
-    uint32_t nrx;                        /* its receivers still running */
-    struct tcp_tx *tx;                   /* kept until destroy */
-};
-
-/* One inbound connection in its handshake. Acceptor thread only. */
-enum tcp_pend_state {
-    PEND_HELLO = 1,     /* reading the hello */
-    PEND_PEER = 2,      /* the hello names a peer not added (or without a secret) yet */
-    PEND_CHALLENGE = 3, /* writing the challenge */
-    PEND_PROOF = 4,     /* reading the proof */
-};
-
-struct tcp_pending {
-    int fd; /* -1: a free slot */
-    uint8_t state;
-    uint32_t peer;
-    uint64_t deadline_ms;  /* hello_timeout_ms after the accept */
-    uint64_t peer_wait_ms; /* PEND_PEER: until then */
-    size_t done;           /* bytes of the current message read or written */
-    uint8_t secret[KVF_TCP_SECRET_SIZE];
-    uint8_t hello[KVF_TCP_HELLO_SIZE];
-    uint8_t challenge[KVF_TCP_CHALLENGE_SIZE];
-    uint8_t proof[KVF_TCP_PROOF_SIZE];
-};
-
-enum tcp_refusal {
-    REFUSE_BAD_HELLO,
-    REFUSE_UNKNOWN,
-    REFUSE_TIMED_OUT,
-    REFUSE_OVER_CAP,
-};
-
-struct tcp_counters {
-    atomic_uint_fast64_t frames_sent;
-    atomic_uint_fast64_t bytes_sent;
-    atomic_uint_fast64_t frames_received;
-    atomic_uint_fast64_t bytes_received;
-    atomic_uint_fast64_t frames_rejected;
-    atomic_uint_fast64_t frames_malformed;
-    atomic_uint_fast64_t frames_cut;
-    atomic_uint_fast64_t frames_skipped;
-    atomic_uint_fast64_t conns_accepted;
-    atomic_uint_fast64_t conns_refused;
-    atomic_uint_fast64_t conns_bad_hello;
-    atomic_uint_fast64_t conns_unknown;
-    atomic_uint_fast64_t conns_timed_out;
-    atomic_uint_fast64_t conns_over_cap;
-    atomic_uint_fast64_t handshakes_failed;
-};
-
-struct tcp {
-    struct kvf_transport base;
-    struct kvf_transport_tcp_opts opts;
-    int listen_fd;
-    uint16_t port;
-    int wake_fd[2];
-    pthread_t acceptor;
-    bool acceptor_running;
-    /* Acceptor thread only: the handshakes, and the refusal log's budget. */
-    struct tcp_pending *pending;
-    struct pollfd *pfds;
-    uint32_t *pfd_slot;
-    uint64_t log_second_ms;
-    uint32_t log_lines;
-    uint64_t log_dropped;
-
-    pthread_mutex_t lock; /* peers, pools, rx list, closing */
-    struct tcp_peer *peers;
-    struct tcp_pool *pools;
-    uint32_t pool_count;
-    /* Bumped (under lock) by every pool removal: a receiver whose lookup saw
-     * the same value after its admission knows its copy is still current. */
-    atomic_uint_fast64_t pools_removed;
-    struct tcp_rx *rx_list;
-    bool closing;
-
-    pthread_mutex_t cq_lock;
-    struct kvf_xfer *cq_head;
-    struct kvf_xfer *cq_tail;
-
-    struct tcp_counters c;
-};
-
-/* The header of one data frame, decoded. */
-struct tcp_hdr {
-    uint32_t magic;
-    uint16_t version;
-    uint16_t flags;
-    kvf_room_key room;
-    uint64_t seq;
-    uint32_t pool;
-    uint32_t first_page;
-    uint32_t page_count;
-    uint32_t reserved;
-    uint64_t offset;
-    uint64_t length;
-};
-
-#define CNT_ADD(t, field, v) atomic_fetch_add_explicit(&(t)->c.field, (v), memory_order_relaxed)
-
 static struct tcp *tcp_of(struct kvf_transport *base)
 {
     return (struct tcp *)((char *)base - offsetof(struct tcp, base));
@@ -246,47 +86,6 @@ static struct tcp *tcp_of(struct kvf_transport *base)
 static const struct tcp *tcp_of_const(const struct kvf_transport *base)
 {
     return (const struct tcp *)((const char *)base - offsetof(struct tcp, base));
-}
-
-/* ---- encoding ------------------------------------------------------------ */
-
-static void put_u16(uint8_t *p, uint16_t v)
-{
-    p[0] = (uint8_t)v;
-    p[1] = (uint8_t)(v >> 8);
-}
-
-static void put_u32(uint8_t *p, uint32_t v)
-{
-    for (int i = 0; i < 4; i++)
-        p[i] = (uint8_t)(v >> (8 * i));
-}
-
-static void put_u64(uint8_t *p, uint64_t v)
-{
-    for (int i = 0; i < 8; i++)
-        p[i] = (uint8_t)(v >> (8 * i));
-}
-
-static uint16_t get_u16(const uint8_t *p)
-{
-    return (uint16_t)(p[0] | (p[1] << 8));
-}
-
-static uint32_t get_u32(const uint8_t *p)
-{
-    uint32_t v = 0;
-    for (int i = 3; i >= 0; i--)
-        v = (v << 8) | p[i];
-    return v;
-}
-
-static uint64_t get_u64(const uint8_t *p)
-{
-    uint64_t v = 0;
-    for (int i = 7; i >= 0; i--)
-        v = (v << 8) | p[i];
-    return v;
 }
 
 static void hdr_encode(uint8_t out[KVF_TCP_HEADER_SIZE], const struct kvf_xfer *x, uint64_t seq)
@@ -399,14 +198,14 @@ static int recv_drop(int fd, uint8_t *scratch, uint64_t len, atomic_bool *stop)
     return 0;
 }
 
-static void set_nodelay(int fd)
+void tcp_set_nodelay(int fd)
 {
     int one = 1;
     (void)setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
 }
 
 /* Closes with an RST: nothing still queued on the socket is sent. */
-static void close_abortive(int fd)
+void tcp_close_abortive(int fd)
 {
     if (fd < 0)
         return;
@@ -415,7 +214,7 @@ static void close_abortive(int fd)
     close(fd);
 }
 
-static uint64_t mono_ms(void)
+uint64_t tcp_mono_ms(void)
 {
     struct timespec ts;
     clock_gettime(CLOCK_MONOTONIC, &ts);
@@ -425,9 +224,9 @@ static uint64_t mono_ms(void)
 /* ---- handshake (tcp.h) ------------------------------------------------------------ */
 
 /* HMAC(secret, label || hello || nonce_a). False when libcrypto failed. */
-static bool hs_mac(const uint8_t secret[KVF_TCP_SECRET_SIZE], const char *label,
-                   const uint8_t hello[KVF_TCP_HELLO_SIZE], const uint8_t nonce_a[TCP_NONCE_SIZE],
-                   uint8_t out[TCP_MAC_SIZE])
+bool tcp_hs_mac(const uint8_t secret[KVF_TCP_SECRET_SIZE], const char *label,
+                const uint8_t hello[KVF_TCP_HELLO_SIZE], const uint8_t nonce_a[TCP_NONCE_SIZE],
+                uint8_t out[TCP_MAC_SIZE])
 {
     uint8_t msg[sizeof(TCP_LABEL_CONNECTOR) + KVF_TCP_HELLO_SIZE + TCP_NONCE_SIZE];
     size_t n = strlen(label);
@@ -554,9 +353,9 @@ static int tx_handshake(struct tcp_tx *tx)
     struct tcp *t = tx->t;
     uint8_t ch[KVF_TCP_CHALLENGE_SIZE];
     size_t got = 0;
-    uint64_t deadline = mono_ms() + t->opts.hello_timeout_ms;
+    uint64_t deadline = tcp_mono_ms() + t->opts.hello_timeout_ms;
     while (got < sizeof(ch)) {
-        uint64_t now = mono_ms();
+        uint64_t now = tcp_mono_ms();
         if (now >= deadline)
             return -ETIMEDOUT;
         struct pollfd pf = {.fd = tx->fd, .events = POLLIN};
@@ -577,13 +376,13 @@ static int tx_handshake(struct tcp_tx *tx)
     uint8_t mac[TCP_MAC_SIZE];
     if (get_u32(ch) != KVF_TCP_MAGIC_CHALLENGE)
         return -EACCES;
-    if (!hs_mac(tx->secret, TCP_LABEL_ACCEPTOR, tx->hello, ch + 4, mac))
+    if (!tcp_hs_mac(tx->secret, TCP_LABEL_ACCEPTOR, tx->hello, ch + 4, mac))
         return -EIO;
     if (CRYPTO_memcmp(mac, ch + 4 + TCP_NONCE_SIZE, TCP_MAC_SIZE) != 0)
         return -EACCES;
     uint8_t proof[KVF_TCP_PROOF_SIZE];
     put_u32(proof, KVF_TCP_MAGIC_PROOF);
-    if (!hs_mac(tx->secret, TCP_LABEL_CONNECTOR, tx->hello, ch + 4, proof + 4))
+    if (!tcp_hs_mac(tx->secret, TCP_LABEL_CONNECTOR, tx->hello, ch + 4, proof + 4))
         return -EIO;
     OPENSSL_cleanse(tx->secret, sizeof(tx->secret));
     return send_full(tx->fd, proof, sizeof(proof));
@@ -692,7 +491,7 @@ static void tx_fence(struct tcp *t, struct tcp_tx *tx)
     tx->head = tx->tail = NULL;
     pthread_mutex_unlock(&tx->lock);
     cq_push_list(t, rest, KVF_LT_DONE_FLUSHED, -ECANCELED);
-    close_abortive(tx->fd);
+    tcp_close_abortive(tx->fd);
     tx->fd = -1;
 }
 
@@ -941,7 +740,7 @@ static void rx_frames(struct tcp_rx *rx, struct rx_idle *idle)
 }
 
 /* An authenticated connection (the acceptor named its peer). */
-static void *rx_main(void *arg)
+void *tcp_rx_main(void *arg)
 {
     struct tcp_rx *rx = arg;
     struct tcp *t = rx->t;
@@ -952,7 +751,7 @@ static void *rx_main(void *arg)
      * once instead of filling a window nobody reads. Under the lock: fencers
      * shut the descriptor down under it and must never see a reused number. */
     pthread_mutex_lock(&t->lock);
-    close_abortive(rx->fd);
+    tcp_close_abortive(rx->fd);
     rx->fd = -1;
     t->peers[rx->peer].nrx--;
     atomic_store_explicit(&rx->done, true, memory_order_release);
@@ -974,7 +773,7 @@ static void rx_join_free(struct tcp_rx *rx)
  * those whose thread ended. Stops the ones still running (flag, then
  * shutdown(2) to wake a blocked recv); the caller joins them after unlocking.
  * Under the transport lock. */
-static struct tcp_rx *rx_detach_locked(struct tcp *t, uint32_t peer, bool all, bool done_only)
+struct tcp_rx *tcp_rx_detach_locked(struct tcp *t, uint32_t peer, bool all, bool done_only)
 {
     struct tcp_rx *taken = NULL;
     struct tcp_rx **pp = &t->rx_list;
@@ -997,331 +796,12 @@ static struct tcp_rx *rx_detach_locked(struct tcp *t, uint32_t peer, bool all, b
     return taken;
 }
 
-static void rx_join_list(struct tcp_rx *list)
+void tcp_rx_join_list(struct tcp_rx *list)
 {
     while (list) {
         struct tcp_rx *next = list->next;
         rx_join_free(list);
         list = next;
-    }
-}
-
-/* ---- acceptor: handshakes ------------------------------------------------------- */
-
-/* A refusal line, at most TCP_LOG_PER_S a second; the rest are counted and
- * summed up in the next second's first line. Acceptor thread. */
-static void refuse_log(struct tcp *t, int fd, const char *why, uint32_t peer)
-{
-    uint64_t now = mono_ms();
-    if (now - t->log_second_ms >= 1000) {
-        if (t->log_dropped > 0)
-            fprintf(stderr, "kvf_tcp: data port: %llu more refusals not logged\n",
-                    (unsigned long long)t->log_dropped);
-        t->log_second_ms = now;
-        t->log_lines = 0;
-        t->log_dropped = 0;
-    }
-    if (t->log_lines >= TCP_LOG_PER_S) {
-        t->log_dropped++;
-        return;
-    }
-    t->log_lines++;
-    struct sockaddr_in sa;
-    socklen_t len = sizeof(sa);
-    char addr[INET_ADDRSTRLEN] = "?";
-    if (getpeername(fd, (struct sockaddr *)&sa, &len) == 0 && sa.sin_family == AF_INET)
-        (void)inet_ntop(AF_INET, &sa.sin_addr, addr, sizeof(addr));
-    unsigned port = len == sizeof(sa) ? ntohs(sa.sin_port) : 0;
-    if (peer != TCP_NO_PEER)
-        fprintf(stderr, "kvf_tcp: data port: refused %s:%u (peer %u): %s\n", addr, port, peer, why);
-    else
-        fprintf(stderr, "kvf_tcp: data port: refused %s:%u: %s\n", addr, port, why);
-}
-
-/* Closes a connection in its handshake: counted, logged, its slot freed. */
-static void pend_refuse(struct tcp *t, struct tcp_pending *pd, enum tcp_refusal why,
-                        const char *text)
-{
-    CNT_ADD(t, conns_refused, 1);
-    switch (why) {
-    case REFUSE_BAD_HELLO:
-        CNT_ADD(t, conns_bad_hello, 1);
-        break;
-    case REFUSE_UNKNOWN:
-        CNT_ADD(t, conns_unknown, 1);
-        break;
-    case REFUSE_TIMED_OUT:
-        CNT_ADD(t, conns_timed_out, 1);
-        break;
-    case REFUSE_OVER_CAP:
-        CNT_ADD(t, conns_over_cap, 1);
-        break;
-    }
-    refuse_log(t, pd->fd, text, pd->state >= PEND_CHALLENGE ? pd->peer : TCP_NO_PEER);
-    close_abortive(pd->fd);
-    OPENSSL_cleanse(pd->secret, sizeof(pd->secret));
-    pd->fd = -1;
-}
-
-/* PEND_HELLO done or PEND_PEER: finds the hello's peer and its secret and
- * writes the challenge; keeps waiting (PEND_PEER) for a peer not added yet
- * until peer_wait_ms. */
-static void pend_find_peer(struct tcp *t, struct tcp_pending *pd, uint64_t now)
-{
-    uint64_t from = get_u64(pd->hello + 8);
-    int found = 0; /* 1: named, -1: fenced */
-    pthread_mutex_lock(&t->lock);
-    for (uint32_t i = 0; i < t->opts.max_peers; i++) {
-        struct tcp_peer *p = &t->peers[i];
-        if (p->node_id != from)
-            continue;
-        if (p->fenced) {
-            found = -1;
-        } else if (p->have_secret) {
-            memcpy(pd->secret, p->secret, sizeof(pd->secret));
-            pd->peer = i;
-            found = 1;
-        }
-        break;
-    }
-    pthread_mutex_unlock(&t->lock);
-    if (found < 0) {
-        pend_refuse(t, pd, REFUSE_UNKNOWN, "the hello names a fenced peer");
-        return;
-    }
-    if (found == 0) {
-        if (now >= pd->peer_wait_ms)
-            pend_refuse(t, pd, REFUSE_UNKNOWN,
-                        "the hello names no introduced peer (or one without a secret)");
-        else
-            pd->state = PEND_PEER;
-        return;
-    }
-    uint8_t *c = pd->challenge;
-    put_u32(c, KVF_TCP_MAGIC_CHALLENGE);
-    if (RAND_bytes(c + 4, TCP_NONCE_SIZE) != 1 ||
-        !hs_mac(pd->secret, TCP_LABEL_ACCEPTOR, pd->hello, c + 4, c + 4 + TCP_NONCE_SIZE)) {
-        pend_refuse(t, pd, REFUSE_BAD_HELLO, "libcrypto failed (RAND_bytes or HMAC)");
-        return;
-    }
-    pd->state = PEND_CHALLENGE;
-    pd->done = 0;
-}
-
-/* The proof is right: the connection gets its receiver thread, unless the
- * peer was fenced meanwhile or has KVF_TCP_MAX_RX_PER_PEER already. */
-static void pend_admit(struct tcp *t, struct tcp_pending *pd)
-{
-    struct tcp_rx *rx = calloc(1, sizeof(*rx));
-    uint8_t *scratch = malloc(TCP_SCRATCH_SIZE);
-    int fl = fcntl(pd->fd, F_GETFL);
-    if (!rx || !scratch || fl < 0 || fcntl(pd->fd, F_SETFL, fl & ~O_NONBLOCK) != 0) {
-        free(rx);
-        free(scratch);
-        pend_refuse(t, pd, REFUSE_OVER_CAP, "out of memory (or fcntl failed)");
-        return;
-    }
-    set_nodelay(pd->fd);
-    rx->t = t;
-    rx->fd = pd->fd;
-    rx->peer = pd->peer;
-    rx->scratch = scratch;
-    atomic_init(&rx->stop, false);
-    atomic_init(&rx->done, false);
-
-    const char *why = NULL;
-    enum tcp_refusal kind = REFUSE_UNKNOWN;
-    pthread_mutex_lock(&t->lock);
-    struct tcp_peer *p = &t->peers[pd->peer];
-    /* Ordered with fence_peer by the lock: a fenced peer is never named. */
-    if (t->closing || p->fenced) {
-        why = "the peer was fenced during the handshake";
-    } else if (p->nrx >= KVF_TCP_MAX_RX_PER_PEER) {
-        why = "the peer has its most connections already";
-        kind = REFUSE_OVER_CAP;
-    } else if (pthread_create(&rx->thread, NULL, rx_main, rx) != 0) {
-        why = "cannot start a receiver thread";
-        kind = REFUSE_OVER_CAP;
-    } else {
-        p->nrx++;
-        rx->next = t->rx_list;
-        t->rx_list = rx;
-    }
-    pthread_mutex_unlock(&t->lock);
-    if (why) {
-        free(scratch);
-        free(rx);
-        pend_refuse(t, pd, kind, why);
-        return;
-    }
-    CNT_ADD(t, conns_accepted, 1);
-    OPENSSL_cleanse(pd->secret, sizeof(pd->secret));
-    pd->fd = -1; /* the receiver's now */
-}
-
-/* Moves one handshake on as far as its socket allows. */
-static void pend_step(struct tcp *t, struct tcp_pending *pd, uint64_t now)
-{
-    for (;;) {
-        if (pd->state == PEND_CHALLENGE) {
-            ssize_t n = send(pd->fd, pd->challenge + pd->done, sizeof(pd->challenge) - pd->done,
-                             MSG_NOSIGNAL | MSG_DONTWAIT);
-            if (n < 0 && (errno == EINTR))
-                continue;
-            if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK))
-                return;
-            if (n <= 0) {
-                pend_refuse(t, pd, REFUSE_BAD_HELLO, "closed during the challenge");
-                return;
-            }
-            pd->done += (size_t)n;
-            if (pd->done == sizeof(pd->challenge)) {
-                pd->state = PEND_PROOF;
-                pd->done = 0;
-            }
-            continue;
-        }
-        if (pd->state != PEND_HELLO && pd->state != PEND_PROOF)
-            return;
-        /* Exactly the message's bytes: what follows it stays for the receiver. */
-        uint8_t *buf = pd->state == PEND_HELLO ? pd->hello : pd->proof;
-        size_t want = pd->state == PEND_HELLO ? sizeof(pd->hello) : sizeof(pd->proof);
-        ssize_t n = recv(pd->fd, buf + pd->done, want - pd->done, MSG_DONTWAIT);
-        if (n < 0 && errno == EINTR)
-            continue;
-        if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK))
-            return;
-        if (n <= 0) {
-            pend_refuse(t, pd, REFUSE_BAD_HELLO,
-                        pd->state == PEND_HELLO ? "closed before a whole hello"
-                                                : "closed before a whole proof");
-            return;
-        }
-        pd->done += (size_t)n;
-        if (pd->done < want)
-            continue;
-        if (pd->state == PEND_HELLO) {
-            if (get_u32(buf) != KVF_TCP_MAGIC_HELLO || get_u16(buf + 4) != KVF_TCP_VERSION ||
-                get_u16(buf + 6) != 0 || get_u64(buf + 16) != t->opts.node_id ||
-                get_u64(buf + 8) == 0) {
-                pend_refuse(t, pd, REFUSE_BAD_HELLO,
-                            "not a version-2 hello addressed to this node");
-                return;
-            }
-            pd->peer_wait_ms = now + t->opts.check_wait_ms;
-            pend_find_peer(t, pd, now);
-            if (pd->fd < 0 || pd->state != PEND_CHALLENGE)
-                return;
-            continue;
-        }
-        uint8_t mac[TCP_MAC_SIZE];
-        if (get_u32(buf) != KVF_TCP_MAGIC_PROOF ||
-            !hs_mac(pd->secret, TCP_LABEL_CONNECTOR, pd->hello, pd->challenge + 4, mac) ||
-            CRYPTO_memcmp(mac, buf + 4, TCP_MAC_SIZE) != 0) {
-            pend_refuse(t, pd, REFUSE_BAD_HELLO, "the proof does not prove the pair's secret");
-            return;
-        }
-        pend_admit(t, pd);
-        return;
-    }
-}
-
-/* Accepts what the listener has, into free handshake slots; when none is
- * free the oldest handshake is refused to make room (a flood of idle
- * connections cannot keep a real peer out for longer than its own turnover). */
-static void accept_batch(struct tcp *t, uint64_t now)
-{
-    for (int k = 0; k < TCP_ACCEPT_BATCH; k++) {
-        int fd = accept4(t->listen_fd, NULL, NULL, SOCK_CLOEXEC | SOCK_NONBLOCK);
-        if (fd < 0) {
-            /* Out of descriptors or memory: back off instead of spinning on a
-             * listener that stays readable. EINTR, ECONNABORTED: retry. */
-            if (errno == EMFILE || errno == ENFILE || errno == ENOBUFS || errno == ENOMEM) {
-                struct pollfd w = {.fd = t->wake_fd[0], .events = POLLIN};
-                (void)poll(&w, 1, 10);
-            }
-            if (errno == EINTR || errno == ECONNABORTED)
-                continue;
-            return;
-        }
-        struct tcp_pending *slot = NULL, *oldest = NULL;
-        for (uint32_t i = 0; i < t->opts.max_pending && !slot; i++) {
-            struct tcp_pending *pd = &t->pending[i];
-            if (pd->fd < 0)
-                slot = pd;
-            else if (!oldest || pd->deadline_ms < oldest->deadline_ms)
-                oldest = pd;
-        }
-        if (!slot) {
-            pend_refuse(t, oldest, REFUSE_OVER_CAP,
-                        "evicted: max_pending connections in their handshake");
-            slot = oldest;
-        }
-        memset(slot, 0, sizeof(*slot));
-        slot->fd = fd;
-        slot->state = PEND_HELLO;
-        slot->peer = TCP_NO_PEER;
-        slot->deadline_ms = now + t->opts.hello_timeout_ms;
-    }
-}
-
-/* ---- acceptor ------------------------------------------------------------------ */
-
-static void *acceptor_main(void *arg)
-{
-    struct tcp *t = arg;
-    for (;;) {
-        /* Receivers that ended on their own. */
-        pthread_mutex_lock(&t->lock);
-        struct tcp_rx *ended = rx_detach_locked(t, TCP_NO_PEER, false, true);
-        pthread_mutex_unlock(&t->lock);
-        rx_join_list(ended);
-
-        uint64_t now = mono_ms();
-        nfds_t n = 0;
-        t->pfds[n++] = (struct pollfd){.fd = t->listen_fd, .events = POLLIN};
-        t->pfds[n++] = (struct pollfd){.fd = t->wake_fd[0], .events = POLLIN};
-        int timeout = -1;
-        for (uint32_t i = 0; i < t->opts.max_pending; i++) {
-            struct tcp_pending *pd = &t->pending[i];
-            if (pd->fd < 0)
-                continue;
-            uint64_t until = pd->deadline_ms;
-            if (pd->state == PEND_PEER)
-                until = now + 1; /* look for the peer again in a millisecond */
-            int left = until > now ? (int)(until - now) : 0;
-            if (timeout < 0 || left < timeout)
-                timeout = left;
-            t->pfd_slot[n] = i;
-            t->pfds[n++] = (struct pollfd){.fd = pd->fd,
-                                           .events = pd->state == PEND_CHALLENGE ? POLLOUT
-                                                     : pd->state == PEND_PEER    ? 0
-                                                                                 : POLLIN};
-        }
-        int pr = poll(t->pfds, n, timeout);
-        if (pr < 0 && errno != EINTR) {
-            fprintf(stderr, "kvf_tcp: poll: %s\n", strerror(errno));
-            return NULL;
-        }
-        if (pr > 0 && t->pfds[1].revents)
-            return NULL;
-        now = mono_ms();
-        for (nfds_t k = 2; pr > 0 && k < n; k++) {
-            struct tcp_pending *pd = &t->pending[t->pfd_slot[k]];
-            if (t->pfds[k].revents && pd->fd >= 0)
-                pend_step(t, pd, now);
-        }
-        for (uint32_t i = 0; i < t->opts.max_pending; i++) {
-            struct tcp_pending *pd = &t->pending[i];
-            if (pd->fd >= 0 && pd->state == PEND_PEER)
-                pend_find_peer(t, pd, now);
-            if (pd->fd >= 0 && pd->state == PEND_CHALLENGE)
-                pend_step(t, pd, now);
-            if (pd->fd >= 0 && now >= pd->deadline_ms)
-                pend_refuse(t, pd, REFUSE_TIMED_OUT, "no complete handshake by the deadline");
-        }
-        if (pr > 0 && t->pfds[0].revents)
-            accept_batch(t, now);
     }
 }
 
@@ -1340,12 +820,12 @@ static int tcp_fence_peer(struct kvf_transport *base, uint32_t peer)
     }
     p->fenced = true;
     struct tcp_tx *tx = p->tx;
-    struct tcp_rx *rxs = rx_detach_locked(t, peer, false, false);
+    struct tcp_rx *rxs = tcp_rx_detach_locked(t, peer, false, false);
     pthread_mutex_unlock(&t->lock);
 
     if (tx)
         tx_fence(t, tx);
-    rx_join_list(rxs);
+    tcp_rx_join_list(rxs);
     return 0;
 }
 
@@ -1368,7 +848,7 @@ static void tcp_destroy(struct kvf_transport *base)
     /* Handshakes still running: the acceptor is gone, close them. */
     for (uint32_t i = 0; t->pending && i < t->opts.max_pending; i++) {
         if (t->pending[i].fd >= 0)
-            close_abortive(t->pending[i].fd);
+            tcp_close_abortive(t->pending[i].fd);
     }
 
     for (uint32_t i = 0; t->peers && i < t->opts.max_peers; i++) {
@@ -1377,9 +857,9 @@ static void tcp_destroy(struct kvf_transport *base)
     }
     /* Connections that never named a peer. */
     pthread_mutex_lock(&t->lock);
-    struct tcp_rx *rest = rx_detach_locked(t, TCP_NO_PEER, true, false);
+    struct tcp_rx *rest = tcp_rx_detach_locked(t, TCP_NO_PEER, true, false);
     pthread_mutex_unlock(&t->lock);
-    rx_join_list(rest);
+    tcp_rx_join_list(rest);
 
     /* Nobody will poll any more: retire what is left so no op stays counted. */
     for (struct kvf_xfer *x = t->cq_head; x;) {
@@ -1499,7 +979,7 @@ struct kvf_transport *kvf_transport_tcp_create(const struct kvf_transport_tcp_op
     }
     if (tcp_listen(t) != 0)
         goto err_destroy;
-    if (pthread_create(&t->acceptor, NULL, acceptor_main, t) != 0) {
+    if (pthread_create(&t->acceptor, NULL, tcp_acceptor_main, t) != 0) {
         fprintf(stderr, "kvf_tcp: cannot start the acceptor thread\n");
         goto err_destroy;
     }
@@ -1665,11 +1145,11 @@ int kvf_transport_tcp_connect(struct kvf_transport *base, uint32_t peer, const c
         free(tx);
         return -EIO;
     }
-    set_nodelay(fd);
+    tcp_set_nodelay(fd);
     rc = send_full(fd, hello, KVF_TCP_HELLO_SIZE);
     if (rc != 0) {
         fprintf(stderr, "kvf_tcp: hello to peer %u: %s\n", peer, strerror(-rc));
-        close_abortive(fd);
+        tcp_close_abortive(fd);
         OPENSSL_cleanse(tx->secret, sizeof(tx->secret));
         free(tx);
         return -EIO;
@@ -1681,7 +1161,7 @@ int kvf_transport_tcp_connect(struct kvf_transport *base, uint32_t peer, const c
     pthread_mutex_init(&tx->lock, NULL);
     pthread_cond_init(&tx->cond, NULL);
     if (pthread_create(&tx->thread, NULL, tx_main, tx) != 0) {
-        close_abortive(fd);
+        tcp_close_abortive(fd);
         tx_free(tx);
         return -ENOMEM;
     }
