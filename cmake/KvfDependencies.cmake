@@ -15,6 +15,9 @@ find_package(Threads REQUIRED)
 kvf_require_pkg(GRPC grpc libgrpc-dev)
 kvf_require_pkg(PROTOBUFC libprotobuf-c libprotobuf-c-dev)
 kvf_require_pkg(ZMQ libzmq libzmq3-dev)
+# libcrypto: the data port's handshake (HMAC-SHA256, RAND_bytes, CRYPTO_memcmp) and the
+# per-incarnation X25519 peer keys (dataplane/peer/peer_keys.c).
+kvf_require_pkg(CRYPTO libcrypto libssl-dev)
 kvf_require_pkg(IBVERBS libibverbs libibverbs-dev)
 kvf_require_pkg(MHD libmicrohttpd libmicrohttpd-dev)
 kvf_require_pkg(CMOCKA cmocka libcmocka-dev)

@@ -15,6 +15,8 @@ packages=(
     libprotobuf-dev
     # peers, RDMA (verbs code is compiled even without a device), metrics HTTP
     libzmq3-dev libibverbs-dev rdma-core libmicrohttpd-dev
+    # data-channel handshakes and peer keys (libcrypto: HMAC-SHA256, X25519)
+    libssl-dev
     # tests and interop clients
     libcmocka-dev python3 python3-grpcio python3-grpc-tools python3-protobuf
     protobuf-compiler-grpc python3-pytest

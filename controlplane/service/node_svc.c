@@ -226,6 +226,11 @@ static int room_update_build(struct room_update_buf *b, struct kvf_svc_ctx *ctx,
             p->n_endpoints = s->hello->n_endpoints;
             p->endpoints = s->hello->endpoints;
             p->capabilities = s->hello->capabilities;
+            /* The introduction (docs/security.md, "Data channels"): the
+             * addressee admits this incarnation on its data channels by this
+             * public key alone. Kept with the session only, never logged to
+             * disk: every incarnation says it again in its Hello. */
+            p->peer_key = s->hello->peer_key;
         }
         b->peerp[b->npeers++] = p;
     }

@@ -94,6 +94,8 @@ int node_session_send_hello(struct kvf_node *n, struct kvf_rpc_client_stream *cs
     h.pools = pp;
     h.software_version = (char *)KVF_VERSION_STRING;
     h.witnessed_gone = n->witnessed_gone < n->incarnation ? n->witnessed_gone : 0;
+    h.peer_key.data = n->keys.pub;
+    h.peer_key.len = KVF_PEER_KEY_SIZE;
     Kvfence__V1__NodeMessage m = KVFENCE__V1__NODE_MESSAGE__INIT;
     m.msg_case = KVFENCE__V1__NODE_MESSAGE__MSG_HELLO;
     m.hello = &h;
@@ -395,6 +397,20 @@ void node_self_fence(struct kvf_node *n, const char *why)
     }
     memset(n->peers, 0, sizeof n->peers);
     n->npeers = 0;
+    /* New keys for the new incarnation: the old pair secrets and the old
+     * CURVE key die with it. */
+    struct kvf_peer_keypair fresh_keys;
+    if (kvf_peer_keypair_generate(&fresh_keys) != 0) {
+        node_log("error", NULL, "self-fence: no peer keys for the new incarnation: stopping");
+        atomic_store(&n->fatal, -EIO);
+        pthread_mutex_lock(&n->qlock);
+        pthread_cond_broadcast(&n->qdone);
+        pthread_mutex_unlock(&n->qlock);
+        return;
+    }
+    kvf_peer_keypair_wipe(&n->keys);
+    n->keys = fresh_keys;
+    kvf_peer_keypair_wipe(&fresh_keys);
     n->incarnation = old == inc ? inc + 1 : inc;
     int prc = node_peer_renew(n); /* stamped with the new incarnation */
     if (prc != 0) {

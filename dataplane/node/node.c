@@ -762,6 +762,9 @@ static void on_fence_peer(struct kvf_node *n, const Kvfence__V1__FencePeer *fp)
             rc = node_rdma_fence_peer(n, idx); /* QPs to ERR, every WR back */
         if (rc == 0) {
             n->peers[idx].fenced = true;
+            /* Its messages still on the way are dropped from now on. */
+            if (n->peerch)
+                (void)kvf_peer_channel_forget_peer(n->peerch, id, fp->incarnation);
             size_t drained = kvf_lt_table_peer_fenced(n->lts, idx);
             node_log("info", NULL, "fenced peer %s incarnation %" PRIu64 " (%zu lifetimes drained)",
                      id, fp->incarnation, drained);
@@ -1250,6 +1253,9 @@ struct kvf_node *kvf_node_start(const struct kvf_node_opts *opts)
     n->lts = kvf_lt_table_create();
     if (!n->lts)
         goto err_destroy;
+    /* This incarnation's peer keys: the secret half never leaves the process. */
+    if (kvf_peer_keypair_generate(&n->keys) != 0)
+        goto err_destroy;
     n->tcp = node_tcp_create(n, n->incarnation, opts->data_port);
     if (!n->tcp)
         goto err_destroy;
@@ -1269,11 +1275,13 @@ struct kvf_node *kvf_node_start(const struct kvf_node_opts *opts)
         goto err_destroy;
     if (node_session_start(n) != 0)
         goto err_destroy;
+    char z85[KVF_PEER_Z85_SIZE];
+    kvf_peer_key_z85(n->keys.pub, z85);
     node_log("info", NULL,
              "kvfence-node %s incarnation %" PRIu64
-             ": data tcp %s:%u, peer %s, local socket %s, control %s",
-             n->node_id, n->incarnation, n->data_host, n->data_port, n->peer_ep, n->local_socket,
-             opts->control_addr);
+             ": data tcp %s:%u, peer %s, peer key %s, local socket %s, control %s",
+             n->node_id, n->incarnation, n->data_host, n->data_port, n->peer_ep, z85,
+             n->local_socket, opts->control_addr);
     return n;
 
 err_destroy:
@@ -1355,6 +1363,16 @@ void kvf_node_destroy(struct kvf_node *n)
     bool can_free = !n->lts || kvf_lt_table_can_teardown(n->lts);
     /* destroy fences every peer and retires the completions nobody polled. */
     node_faults_stop(n);
+    if (n->tcp) {
+        struct kvf_transport_tcp_stats ts;
+        kvf_transport_tcp_stats(n->tcp, &ts);
+        node_log("info", NULL,
+                 "data port: %" PRIu64 " connections accepted, %" PRIu64 " refused (%" PRIu64
+                 " bad hello or proof, %" PRIu64 " not introduced or fenced, %" PRIu64
+                 " timed out, %" PRIu64 " over the caps), %" PRIu64 " outbound handshakes failed",
+                 ts.conns_accepted, ts.conns_refused, ts.conns_bad_hello, ts.conns_unknown,
+                 ts.conns_timed_out, ts.conns_over_cap, ts.handshakes_failed);
+    }
     kvf_transport_destroy(n->tcp);
     n->tcp = NULL;
     node_xport_stop(n); /* local transport, staging engine and ring */
@@ -1381,5 +1399,6 @@ void kvf_node_destroy(struct kvf_node *n)
     pthread_mutex_destroy(&n->qlock);
     if (n->host_lock_fd >= 0)
         close(n->host_lock_fd); /* the process is ending: the next one may take it */
+    kvf_peer_keypair_wipe(&n->keys);
     free(n);
 }

@@ -162,6 +162,8 @@ struct node_peer {
     bool fenced;
     bool rdma;        /* it advertises the RDMA feature (xport.c) */
     char peer_ep[96]; /* its PEER_ZMQ endpoint, "" if not announced */
+    bool have_key;    /* introduced: its peer key (RoomUpdate), pair secret set */
+    uint8_t key[KVF_PEER_KEY_SIZE];
 };
 
 /* A delivered peer envelope, copied for the owner (PEER_MSG). */
@@ -321,8 +323,9 @@ struct kvf_node {
     struct node_rdma *rdma; /* rdma_link.c; NULL when RDMA is off */
     /* Peer channel (peer_link.c). */
     struct kvf_peer_channel *peerch;
-    char peer_ep[96];          /* ours, announced in Hello */
-    atomic_bool peer_stopping; /* admission stops waiting for room updates */
+    struct kvf_peer_keypair keys; /* this incarnation's peer keys (peer_keys.h); owner thread */
+    char peer_ep[96];             /* ours, announced in Hello */
+    atomic_bool peer_stopping;    /* admission stops waiting for room updates */
 
     /* NodeLocal.Watch streams (watch.c). */
     pthread_mutex_t watch_lock;

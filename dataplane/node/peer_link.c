@@ -36,9 +36,12 @@
 #include <string.h>
 #include <time.h>
 
+#include <openssl/crypto.h>
+
 #include "kvf_error.h"
 #include "node_internal.h"
 #include "rdma_link.h"
+#include "tcp.h"
 
 static void done_pending_free(struct node_room *r);
 
@@ -274,6 +277,8 @@ int node_peer_start(struct kvf_node *n)
     snprintf(bind, sizeof bind, "tcp://%s:%u", n->data_host, n->opts.peer_port);
     o.node_id = n->node_id;
     o.incarnation = n->incarnation;
+    o.public_key = n->keys.pub;
+    o.secret_key = n->keys.sec;
     o.bind_endpoint = bind;
     o.on_message = peer_on_message;
     o.accept = peer_accept;
@@ -286,6 +291,15 @@ int node_peer_start(struct kvf_node *n)
         return -EIO;
     }
     snprintf(n->peer_ep, sizeof n->peer_ep, "%s", kvf_peer_channel_endpoint(n->peerch));
+    /* Same-node rooms: the node sends its aux and status to itself. */
+    int rc = kvf_peer_channel_introduce(n->peerch, n->node_id, n->incarnation, n->keys.pub);
+    if (rc != 0) {
+        node_log("error", NULL, "peer channel: cannot introduce this node to itself: %s",
+                 strerror(-rc));
+        kvf_peer_channel_destroy(n->peerch);
+        n->peerch = NULL;
+        return rc;
+    }
     if (n->opts.peer_fault && n->opts.peer_fault[0])
         node_log("warn", NULL, "peer channel fault injection on: %s", n->opts.peer_fault);
     return 0;
@@ -300,8 +314,10 @@ void node_peer_stop(struct kvf_node *n)
     kvf_peer_channel_stats(n->peerch, &st);
     node_log("info", NULL,
              "peer channel: %" PRIu64 " sent, %" PRIu64 " delivered, %" PRIu64 " late, %" PRIu64
-             " unknown, %" PRIu64 " out of order, %" PRIu64 " discarded",
-             st.sent, st.delivered, st.late, st.unknown, st.out_of_order, st.discarded);
+             " unknown, %" PRIu64 " out of order, %" PRIu64 " discarded, %" PRIu64
+             " unauthenticated, %" PRIu64 " connections refused (not an introduced key)",
+             st.sent, st.delivered, st.late, st.unknown, st.out_of_order, st.discarded,
+             st.unauthenticated, st.zap_refused);
     kvf_peer_channel_destroy(n->peerch);
     n->peerch = NULL;
 }
@@ -321,15 +337,54 @@ int node_peer_renew(struct kvf_node *n)
     return node_peer_start(n);
 }
 
+/*
+ * The peer's key, as the control plane introduced it (PeerNode.peer_key, from
+ * the peer's Hello): its pair secret goes to the TCP transport and its public
+ * key to the peer channel, so both admit this incarnation and nobody else.
+ * One key per incarnation: a different one later is refused and logged (the
+ * first stays). Without a key the peer cannot be reached, nor reach us.
+ */
+static void peer_introduce(struct kvf_node *n, struct node_peer *p, const Kvfence__V1__PeerNode *pn)
+{
+    if (pn->peer_key.len != KVF_PEER_KEY_SIZE) {
+        if (!p->have_key)
+            node_log("warn", NULL,
+                     "peer %s incarnation %" PRIu64 " has no peer key (%zu bytes): not reachable",
+                     p->node_id, p->incarnation, pn->peer_key.len);
+        return;
+    }
+    if (p->have_key) {
+        if (memcmp(p->key, pn->peer_key.data, KVF_PEER_KEY_SIZE) != 0)
+            node_log("error", NULL,
+                     "peer %s incarnation %" PRIu64 ": another peer key than before: ignored",
+                     p->node_id, p->incarnation);
+        return;
+    }
+    uint8_t secret[KVF_TCP_SECRET_SIZE];
+    int rc = kvf_peer_pair_secret(&n->keys, pn->peer_key.data, secret);
+    if (rc == 0)
+        rc = kvf_transport_tcp_set_peer_key(n->tcp, (uint32_t)(p - n->peers), secret);
+    OPENSSL_cleanse(secret, sizeof secret);
+    if (rc == 0 && n->peerch)
+        rc = kvf_peer_channel_introduce(n->peerch, p->node_id, p->incarnation, pn->peer_key.data);
+    if (rc != 0) {
+        node_log("error", NULL, "peer %s incarnation %" PRIu64 ": cannot introduce it: %s",
+                 p->node_id, p->incarnation, strerror(-rc));
+        return;
+    }
+    memcpy(p->key, pn->peer_key.data, KVF_PEER_KEY_SIZE);
+    p->have_key = true;
+}
+
 void node_peer_learn(struct kvf_node *n, struct node_peer *p, const Kvfence__V1__PeerNode *pn)
 {
-    (void)n;
     for (size_t e = 0; e < pn->n_endpoints; e++) {
         const Kvfence__V1__Endpoint *ep = pn->endpoints[e];
         if (ep->kind == KVFENCE__V1__ENDPOINT_KIND__ENDPOINT_KIND_PEER_ZMQ && ep->address &&
             strlen(ep->address) < sizeof p->peer_ep)
             snprintf(p->peer_ep, sizeof p->peer_ep, "%s", ep->address);
     }
+    peer_introduce(n, p, pn);
 }
 
 void node_peer_close_room(struct kvf_node *n, struct node_room *r)

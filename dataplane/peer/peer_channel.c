@@ -27,6 +27,16 @@
  * dropped and counted (invariant 8: in order, or rejected). The counters live on
  * the owner thread and are published under the mutex once per loop turn.
  *
+ * Authentication (peer_channel.h): the PULL socket is a CURVE server and the
+ * PUSH sockets CURVE clients, all with this incarnation's key pair. The ZAP
+ * handler is a REP socket of the channel's own context
+ * (inproc://zeromq.zap.01), bound before the PULL socket and closed after it,
+ * and polled by the owner thread like the other sockets: libzmq's I/O thread
+ * asks it about every CURVE client and waits for the answer, which the owner
+ * gives from the introductions (under the mutex: any thread introduces and
+ * forgets). A PUSH socket is made for an (endpoint, server key) pair: when the
+ * incarnation behind an endpoint changes, the old socket and its backlog go.
+ *
  * Shutdown: destroy sets `stopping` and wakes the owner, which discards what is
  * still queued or held, closes its sockets (linger 0) and exits; destroy joins
  * it and terminates the context, which cannot block because no socket is left.
@@ -43,6 +53,7 @@
 #include <string.h>
 #include <sys/eventfd.h>
 #include <unistd.h>
+#include <openssl/crypto.h>
 #include <zmq.h>
 
 #include "peer_internal.h"
@@ -51,6 +62,11 @@
 #define PEER_MAX_MESSAGE_DEFAULT (4u << 20)
 #define PEER_ENDPOINT_MAX        256u
 #define PEER_RECV_BATCH          256 /* frames received per loop turn before sends get a turn */
+#define PEER_INTRO_MAX           4096u
+#define PEER_NODE_ID_MAX         255u
+#define PEER_USER_ID_MAX         (PEER_NODE_ID_MAX + 24u) /* "<incarnation>:<node id>" */
+#define PEER_ZAP_ENDPOINT        "inproc://zeromq.zap.01"
+#define PEER_ZAP_DOMAIN          "kvfence-peer"
 
 enum peer_msg_kind {
     PEER_MSG_FRAME = 0,  /* a sealed frame for a peer */
@@ -72,8 +88,9 @@ struct peer_msg {
     uint8_t fault;  /* enum peer_msg_fault */
     uint8_t copies; /* sends still to make (2 for an injected duplicate) */
     kvf_room_key key;
-    const char *endpoint; /* into buf */
-    const uint8_t *data;  /* into buf */
+    uint8_t server_key[KVF_PEER_KEY_SIZE]; /* the receiver incarnation's introduced key */
+    const char *endpoint;                  /* into buf */
+    const uint8_t *data;                   /* into buf */
     size_t len;
     uint8_t buf[];
 };
@@ -81,17 +98,27 @@ struct peer_msg {
 /* One peer endpoint we send to. Owner thread only. */
 struct peer_out {
     struct peer_out *next;
-    void *sock; /* ZMQ_PUSH, connected to `endpoint` */
+    void *sock; /* ZMQ_PUSH, CURVE client of `server_key`, connected to `endpoint` */
+    uint8_t server_key[KVF_PEER_KEY_SIZE];
     struct peer_msg *head, *tail;
     struct peer_msg *held;   /* a message held back by the delay fault */
     uint32_t held_countdown; /* frames still to route past it */
     char endpoint[];
 };
 
+/* An introduced peer incarnation (kvf_peer_channel_introduce). */
+struct peer_intro {
+    uint64_t incarnation;
+    uint8_t key[KVF_PEER_KEY_SIZE];
+    char node[PEER_NODE_ID_MAX + 1];
+};
+
 struct kvf_peer_channel {
     /* Set by create, read-only afterwards. */
     char *node_id;
     uint64_t incarnation;
+    uint8_t public_key[KVF_PEER_KEY_SIZE];
+    uint8_t secret_key[KVF_PEER_KEY_SIZE];
     char endpoint[PEER_ENDPOINT_MAX];
     kvf_peer_message_fn on_message;
     kvf_peer_accept_fn accept;
@@ -112,9 +139,13 @@ struct kvf_peer_channel {
     struct kvf_peer_fault fault;
     struct peer_seq_map send_seq;
     struct kvf_peer_stats published;
+    struct peer_intro *intros;
+    size_t n_intros, intros_cap;
 
     /* Owner thread only (and create/destroy before/after it runs). */
-    void *pull; /* ZMQ_PULL, bound to `endpoint` */
+    void *pull; /* ZMQ_PULL, CURVE server, bound to `endpoint` */
+    void *zap;  /* ZMQ_REP, the ZAP handler of zctx */
+    uint64_t zap_logged;
     struct peer_seq_map recv_seq;
     struct peer_out *peers;
     size_t n_peers;
@@ -319,8 +350,85 @@ const char *kvf_peer_drop_reason_name(enum kvf_peer_drop_reason r)
         return "duplicate";
     case KVF_PEER_DROP_OUT_OF_ORDER:
         return "out_of_order";
+    case KVF_PEER_DROP_UNAUTHENTICATED:
+        return "unauthenticated";
     }
     return "?";
+}
+
+/* ---- introductions (any thread, under mu) ------------------------------------------ */
+
+static struct peer_intro *intro_find_locked(struct kvf_peer_channel *ch, const char *node,
+                                            uint64_t incarnation)
+{
+    for (size_t i = 0; i < ch->n_intros; i++) {
+        if (ch->intros[i].incarnation == incarnation && strcmp(ch->intros[i].node, node) == 0)
+            return &ch->intros[i];
+    }
+    return NULL;
+}
+
+int kvf_peer_channel_introduce(struct kvf_peer_channel *ch, const char *node_id,
+                               uint64_t incarnation, const uint8_t *public_key)
+{
+    if (ch == NULL || node_id == NULL || node_id[0] == '\0' || strlen(node_id) > PEER_NODE_ID_MAX ||
+        incarnation == 0 || public_key == NULL)
+        return -EINVAL;
+    int rc = 0;
+    pthread_mutex_lock(&ch->mu);
+    struct peer_intro *in = intro_find_locked(ch, node_id, incarnation);
+    if (in != NULL) {
+        rc = memcmp(in->key, public_key, KVF_PEER_KEY_SIZE) == 0 ? 0 : -EEXIST;
+    } else if (ch->n_intros >= PEER_INTRO_MAX) {
+        rc = -E2BIG;
+    } else {
+        if (ch->n_intros == ch->intros_cap) {
+            size_t cap = ch->intros_cap ? ch->intros_cap * 2 : 16;
+            struct peer_intro *v = realloc(ch->intros, cap * sizeof(*v));
+            if (v == NULL)
+                rc = -ENOMEM;
+            else {
+                ch->intros = v;
+                ch->intros_cap = cap;
+            }
+        }
+        if (rc == 0) {
+            in = &ch->intros[ch->n_intros++];
+            memset(in, 0, sizeof(*in));
+            in->incarnation = incarnation;
+            memcpy(in->key, public_key, KVF_PEER_KEY_SIZE);
+            memcpy(in->node, node_id, strlen(node_id) + 1);
+        }
+    }
+    pthread_mutex_unlock(&ch->mu);
+    return rc;
+}
+
+int kvf_peer_channel_forget_peer(struct kvf_peer_channel *ch, const char *node_id,
+                                 uint64_t incarnation)
+{
+    if (ch == NULL || node_id == NULL)
+        return -EINVAL;
+    int rc = -ENOENT;
+    pthread_mutex_lock(&ch->mu);
+    struct peer_intro *in = intro_find_locked(ch, node_id, incarnation);
+    if (in != NULL) {
+        *in = ch->intros[--ch->n_intros];
+        rc = 0;
+    }
+    pthread_mutex_unlock(&ch->mu);
+    return rc;
+}
+
+/* Copies the key introduced for the receiver into `m`. -ENOKEY when none. */
+static int intro_key_locked(struct kvf_peer_channel *ch, const char *node, uint64_t incarnation,
+                            struct peer_msg *m)
+{
+    const struct peer_intro *in = intro_find_locked(ch, node, incarnation);
+    if (in == NULL)
+        return -ENOKEY;
+    memcpy(m->server_key, in->key, KVF_PEER_KEY_SIZE);
+    return 0;
 }
 
 /* ---- the handoff queue (any thread) ---------------------------------------------- */
@@ -435,6 +543,8 @@ int kvf_peer_send(struct kvf_peer_channel *ch, const char *peer_endpoint,
     pthread_mutex_lock(&ch->mu);
     int rc = queue_admit_locked(ch);
     struct peer_seq_entry *e = NULL;
+    if (rc == 0)
+        rc = intro_key_locked(ch, env->receiver_node_id, env->receiver_incarnation, m);
     if (rc == 0) {
         e = peer_seq_map_get(&ch->send_seq, key, env->receiver_node_id, env->receiver_incarnation);
         if (e == NULL)
@@ -478,6 +588,8 @@ int kvf_peer_send_link(struct kvf_peer_channel *ch, const char *peer_endpoint,
 
     pthread_mutex_lock(&ch->mu);
     int rc = queue_admit_locked(ch);
+    if (rc == 0)
+        rc = intro_key_locked(ch, msg->receiver_node_id, msg->receiver_incarnation, m);
     if (rc == 0) {
         queue_account_locked(ch, m);
         queue_push_locked(ch, m);
@@ -534,13 +646,42 @@ const char *kvf_peer_channel_endpoint(const struct kvf_peer_channel *ch)
 
 /* ---- owner thread: sending --------------------------------------------------------- */
 
-/* The peer of `ep`, with its PUSH socket connected on first use; NULL (logged)
- * when ZeroMQ refuses the endpoint or is out of resources. */
-static struct peer_out *peer_get(struct kvf_peer_channel *ch, const char *ep)
+static void frame_release(struct kvf_peer_channel *ch, struct peer_msg *m);
+static struct peer_msg *peer_fifo_pop(struct peer_out *p);
+
+/* Closes a peer's socket and discards what it still held. */
+static void peer_out_free(struct kvf_peer_channel *ch, struct peer_out *p)
 {
-    for (struct peer_out *p = ch->peers; p != NULL; p = p->next) {
-        if (strcmp(p->endpoint, ep) == 0)
+    while (p->head != NULL) {
+        ch->st.discarded++;
+        frame_release(ch, peer_fifo_pop(p));
+    }
+    if (p->held != NULL) {
+        ch->st.discarded++;
+        frame_release(ch, p->held);
+    }
+    zmq_close(p->sock);
+    free(p);
+}
+
+/* The peer of (`ep`, `key`), with its PUSH socket (a CURVE client that
+ * requires `key` of the server) connected on first use. A socket to the same
+ * endpoint with another server key (another incarnation answers there now)
+ * is closed first, with its backlog. NULL (logged) when ZeroMQ refuses the
+ * endpoint or is out of resources. */
+static struct peer_out *peer_get(struct kvf_peer_channel *ch, const char *ep,
+                                 const uint8_t key[KVF_PEER_KEY_SIZE])
+{
+    for (struct peer_out **pp = &ch->peers; *pp != NULL; pp = &(*pp)->next) {
+        struct peer_out *p = *pp;
+        if (strcmp(p->endpoint, ep) != 0)
+            continue;
+        if (memcmp(p->server_key, key, KVF_PEER_KEY_SIZE) == 0)
             return p;
+        *pp = p->next;
+        ch->n_peers--;
+        peer_out_free(ch, p);
+        break;
     }
     size_t ep_len = strlen(ep);
     struct peer_out *p = calloc(1, sizeof(*p) + ep_len + 1);
@@ -549,6 +690,7 @@ static struct peer_out *peer_get(struct kvf_peer_channel *ch, const char *ep)
         return NULL;
     }
     memcpy(p->endpoint, ep, ep_len + 1);
+    memcpy(p->server_key, key, KVF_PEER_KEY_SIZE);
     p->sock = zmq_socket(ch->zctx, ZMQ_PUSH);
     if (p->sock == NULL) {
         peer_log("%s: zmq_socket: %s", ep, zmq_strerror(zmq_errno()));
@@ -556,6 +698,12 @@ static struct peer_out *peer_get(struct kvf_peer_channel *ch, const char *ep)
     }
     int linger = 0;
     zmq_setsockopt(p->sock, ZMQ_LINGER, &linger, sizeof(linger));
+    if (zmq_setsockopt(p->sock, ZMQ_CURVE_SERVERKEY, key, KVF_PEER_KEY_SIZE) != 0 ||
+        zmq_setsockopt(p->sock, ZMQ_CURVE_PUBLICKEY, ch->public_key, KVF_PEER_KEY_SIZE) != 0 ||
+        zmq_setsockopt(p->sock, ZMQ_CURVE_SECRETKEY, ch->secret_key, KVF_PEER_KEY_SIZE) != 0) {
+        peer_log("%s: CURVE client options: %s", ep, zmq_strerror(zmq_errno()));
+        goto err_close_sock;
+    }
     if (zmq_connect(p->sock, ep) != 0) {
         peer_log("%s: zmq_connect: %s", ep, zmq_strerror(zmq_errno()));
         goto err_close_sock;
@@ -616,7 +764,7 @@ static void route_msg(struct kvf_peer_channel *ch, struct peer_msg *m)
         frame_release(ch, m);
         return;
     }
-    struct peer_out *p = peer_get(ch, m->endpoint);
+    struct peer_out *p = peer_get(ch, m->endpoint, m->server_key);
     if (p == NULL) {
         ch->st.send_failed++;
         frame_release(ch, m);
@@ -688,6 +836,9 @@ static void drop(struct kvf_peer_channel *ch, enum kvf_peer_drop_reason reason,
     case KVF_PEER_DROP_OUT_OF_ORDER:
         ch->st.out_of_order++;
         break;
+    case KVF_PEER_DROP_UNAUTHENTICATED:
+        ch->st.unauthenticated++;
+        break;
     }
     if (ch->on_drop != NULL)
         ch->on_drop(ch->ctx, reason, env);
@@ -698,12 +849,37 @@ static bool addressed_to_us(const struct kvf_peer_channel *ch, const char *node,
     return node != NULL && strcmp(node, ch->node_id) == 0 && inc == ch->incarnation;
 }
 
-static void handle_envelope(struct kvf_peer_channel *ch, const Kvfence__V1__PeerEnvelope *env)
+/*
+ * Whether a message that says it comes from (`node`, `incarnation`) came on a
+ * connection that authenticated as that incarnation (`user_id`, from the ZAP
+ * handler) and the incarnation is still introduced (not fenced since).
+ */
+static bool sender_authenticated(struct kvf_peer_channel *ch, const char *user_id, const char *node,
+                                 uint64_t incarnation)
+{
+    if (user_id == NULL || node == NULL)
+        return false;
+    char want[PEER_USER_ID_MAX + 1];
+    int n = snprintf(want, sizeof(want), "%" PRIu64 ":%s", incarnation, node);
+    if (n < 0 || (size_t)n >= sizeof(want) || strcmp(want, user_id) != 0)
+        return false;
+    pthread_mutex_lock(&ch->mu);
+    bool known = intro_find_locked(ch, node, incarnation) != NULL;
+    pthread_mutex_unlock(&ch->mu);
+    return known;
+}
+
+static void handle_envelope(struct kvf_peer_channel *ch, const Kvfence__V1__PeerEnvelope *env,
+                            const char *user_id)
 {
     if (!room_key_valid(env->room) || env->sender_node_id == NULL ||
         env->sender_node_id[0] == '\0' ||
         env->body_case == KVFENCE__V1__PEER_ENVELOPE__BODY__NOT_SET) {
         drop(ch, KVF_PEER_DROP_MALFORMED, NULL);
+        return;
+    }
+    if (!sender_authenticated(ch, user_id, env->sender_node_id, env->sender_incarnation)) {
+        drop(ch, KVF_PEER_DROP_UNAUTHENTICATED, env);
         return;
     }
     if (!addressed_to_us(ch, env->receiver_node_id, env->receiver_incarnation)) {
@@ -737,7 +913,8 @@ static void handle_envelope(struct kvf_peer_channel *ch, const Kvfence__V1__Peer
     ch->on_message(ch->ctx, env);
 }
 
-static void handle_frame(struct kvf_peer_channel *ch, const uint8_t *data, size_t len)
+static void handle_frame(struct kvf_peer_channel *ch, const uint8_t *data, size_t len,
+                         const char *user_id)
 {
     Kvfence__V1__PeerFrame *f = kvfence__v1__peer_frame__unpack(NULL, len, data);
     if (f == NULL) {
@@ -746,10 +923,15 @@ static void handle_frame(struct kvf_peer_channel *ch, const uint8_t *data, size_
     }
     switch (f->frame_case) {
     case KVFENCE__V1__PEER_FRAME__FRAME_ENVELOPE:
-        handle_envelope(ch, f->envelope);
+        handle_envelope(ch, f->envelope, user_id);
         break;
     case KVFENCE__V1__PEER_FRAME__FRAME_LINK:
-        if (!addressed_to_us(ch, f->link->receiver_node_id, f->link->receiver_incarnation)) {
+        /* Link messages carry RDMA addresses and rkeys: only from the
+         * incarnation the connection authenticated as. */
+        if (!sender_authenticated(ch, user_id, f->link->sender_node_id,
+                                  f->link->sender_incarnation)) {
+            ch->st.unauthenticated++;
+        } else if (!addressed_to_us(ch, f->link->receiver_node_id, f->link->receiver_incarnation)) {
             ch->st.wrong_receiver++;
         } else {
             ch->st.links++;
@@ -792,18 +974,104 @@ static void recv_batch(struct kvf_peer_channel *ch)
             drop(ch, KVF_PEER_DROP_MALFORMED, NULL);
             continue;
         }
-        handle_frame(ch, zmq_msg_data(&msg), zmq_msg_size(&msg));
+        /* The incarnation the ZAP handler authenticated the connection as. */
+        handle_frame(ch, zmq_msg_data(&msg), zmq_msg_size(&msg), zmq_msg_gets(&msg, "User-Id"));
         zmq_msg_close(&msg);
     }
 }
 
+/* ---- owner thread: the ZAP handler -------------------------------------------------- */
+
+#define ZAP_FRAMES_MAX 8
+
+/* Answers one ZAP request (RFC 27): "200" with the incarnation's name as
+ * User-Id when the CURVE client key is an introduced one, else "400". */
+static void zap_answer(struct kvf_peer_channel *ch)
+{
+    zmq_msg_t f[ZAP_FRAMES_MAX];
+    int n = 0;     /* frames kept */
+    int extra = 0; /* frames beyond ZAP_FRAMES_MAX, read and dropped */
+    for (bool more = true; more;) {
+        zmq_msg_t scratch;
+        zmq_msg_t *m = n < ZAP_FRAMES_MAX ? &f[n] : &scratch;
+        zmq_msg_init(m);
+        if (zmq_msg_recv(m, ch->zap, n + extra == 0 ? ZMQ_DONTWAIT : 0) < 0) {
+            int err = zmq_errno();
+            zmq_msg_close(m);
+            if (err == EINTR)
+                continue;
+            if (err != EAGAIN)
+                peer_log("zap: zmq_msg_recv: %s", zmq_strerror(err));
+            for (int i = 0; i < n; i++)
+                zmq_msg_close(&f[i]);
+            return;
+        }
+        more = zmq_msg_more(m);
+        if (m == &scratch) {
+            zmq_msg_close(m);
+            extra++;
+        } else {
+            n++;
+        }
+    }
+    int nf = n;
+    /* version, request id, domain, address, routing id, mechanism, client key */
+    char user[PEER_USER_ID_MAX + 1] = "";
+    bool ok = n == 7 && extra == 0 && zmq_msg_size(&f[5]) == 5 &&
+              memcmp(zmq_msg_data(&f[5]), "CURVE", 5) == 0 &&
+              zmq_msg_size(&f[6]) == KVF_PEER_KEY_SIZE;
+    if (ok) {
+        ok = false;
+        pthread_mutex_lock(&ch->mu);
+        for (size_t i = 0; i < ch->n_intros && !ok; i++) {
+            if (memcmp(ch->intros[i].key, zmq_msg_data(&f[6]), KVF_PEER_KEY_SIZE) == 0) {
+                snprintf(user, sizeof(user), "%" PRIu64 ":%s", ch->intros[i].incarnation,
+                         ch->intros[i].node);
+                ok = true;
+            }
+        }
+        pthread_mutex_unlock(&ch->mu);
+    }
+    if (!ok) {
+        ch->st.zap_refused++;
+        /* Logged: the first ten, then every 1000th. */
+        if (ch->st.zap_refused <= 10 || ch->st.zap_refused % 1000 == 0) {
+            char addr[64] = "?";
+            if (nf > 3 && zmq_msg_size(&f[3]) < sizeof(addr)) {
+                memcpy(addr, zmq_msg_data(&f[3]), zmq_msg_size(&f[3]));
+                addr[zmq_msg_size(&f[3])] = '\0';
+            }
+            peer_log("peer channel: refused a connection from %s: %s (%" PRIu64 " refused so far)",
+                     addr,
+                     n == 7 && zmq_msg_size(&f[6]) == KVF_PEER_KEY_SIZE
+                         ? "its CURVE key belongs to no introduced peer incarnation"
+                         : "not a CURVE client",
+                     ch->st.zap_refused);
+        }
+    }
+    const char *status = ok ? "200" : "400";
+    const char *text = ok ? "OK" : "not an introduced peer";
+    zmq_send(ch->zap, "1.0", 3, ZMQ_SNDMORE);
+    if (nf > 1)
+        zmq_send(ch->zap, zmq_msg_data(&f[1]), zmq_msg_size(&f[1]), ZMQ_SNDMORE);
+    else
+        zmq_send(ch->zap, "", 0, ZMQ_SNDMORE);
+    zmq_send(ch->zap, status, 3, ZMQ_SNDMORE);
+    zmq_send(ch->zap, text, strlen(text), ZMQ_SNDMORE);
+    zmq_send(ch->zap, user, strlen(user), ZMQ_SNDMORE);
+    zmq_send(ch->zap, "", 0, 0);
+    for (int i = 0; i < nf; i++)
+        zmq_msg_close(&f[i]);
+}
+
 /* ---- owner thread: the loop -------------------------------------------------------- */
 
-/* Fills the poll set: [0] the PULL socket, [1] the eventfd, then every peer
- * with a backlog, for ZMQ_POLLOUT. Returns the count, or -ENOMEM. */
+/* Fills the poll set: [0] the PULL socket, [1] the eventfd, [2] the ZAP
+ * handler, then every peer with a backlog, for ZMQ_POLLOUT. Returns the
+ * count, or -ENOMEM. */
 static int poll_build(struct kvf_peer_channel *ch)
 {
-    size_t need = ch->n_peers + 2;
+    size_t need = ch->n_peers + 3;
     if (need > ch->items_cap) {
         size_t cap = need * 2;
         zmq_pollitem_t *items = realloc(ch->items, cap * sizeof(*items));
@@ -819,6 +1087,7 @@ static int poll_build(struct kvf_peer_channel *ch)
     size_t n = 0;
     ch->items[n++] = (zmq_pollitem_t){.socket = ch->pull, .events = ZMQ_POLLIN};
     ch->items[n++] = (zmq_pollitem_t){.socket = NULL, .fd = ch->efd, .events = ZMQ_POLLIN};
+    ch->items[n++] = (zmq_pollitem_t){.socket = ch->zap, .events = ZMQ_POLLIN};
     for (struct peer_out *p = ch->peers; p != NULL; p = p->next) {
         if (p->head == NULL)
             continue;
@@ -863,22 +1132,15 @@ static void owner_teardown(struct kvf_peer_channel *ch)
     struct peer_out *p = ch->peers;
     while (p != NULL) {
         struct peer_out *next = p->next;
-        while (p->head != NULL) {
-            ch->st.discarded++;
-            frame_release(ch, peer_fifo_pop(p));
-        }
-        if (p->held != NULL) {
-            ch->st.discarded++;
-            frame_release(ch, p->held);
-        }
-        zmq_close(p->sock);
-        free(p);
+        peer_out_free(ch, p);
         p = next;
     }
     ch->peers = NULL;
     ch->n_peers = 0;
     zmq_close(ch->pull);
     ch->pull = NULL;
+    zmq_close(ch->zap); /* after the PULL socket: no CURVE handshake asks any more */
+    ch->zap = NULL;
     publish(ch);
 }
 
@@ -896,6 +1158,16 @@ static void *owner_main(void *arg)
                 continue;
             peer_log("zmq_poll: %s; the channel stops", zmq_strerror(zmq_errno()));
             break;
+        }
+        if (ch->items[2].revents & ZMQ_POLLIN) {
+            /* Every request waiting: libzmq's I/O thread waits for each. */
+            int zev = 0;
+            size_t zlen = sizeof(zev);
+            do {
+                zap_answer(ch);
+                zev = 0;
+                zlen = sizeof(zev);
+            } while (zmq_getsockopt(ch->zap, ZMQ_EVENTS, &zev, &zlen) == 0 && (zev & ZMQ_POLLIN));
         }
         if (ch->items[1].revents & ZMQ_POLLIN) {
             uint64_t v;
@@ -945,9 +1217,14 @@ struct kvf_peer_channel *kvf_peer_channel_create(const struct kvf_peer_channel_o
 {
     if (o == NULL || o->node_id == NULL || o->node_id[0] == '\0' || o->incarnation == 0 ||
         !endpoint_ok(o->bind_endpoint) || o->on_message == NULL || o->accept == NULL ||
-        o->queue_max == 0) {
-        peer_log("create: bad options (node id, incarnation, bind endpoint, on_message, accept "
-                 "and queue_max are required)");
+        o->queue_max == 0 || o->public_key == NULL || o->secret_key == NULL) {
+        peer_log("create: bad options (node id, incarnation, key pair, bind endpoint, "
+                 "on_message, accept and queue_max are required)");
+        return NULL;
+    }
+    if (!zmq_has("curve")) {
+        /* Without CURVE there is no authenticated channel: refuse to run one. */
+        peer_log("create: this libzmq has no CURVE security (zmq_has(\"curve\") is false)");
         return NULL;
     }
     struct kvf_peer_channel *ch = calloc(1, sizeof(*ch));
@@ -957,6 +1234,8 @@ struct kvf_peer_channel *kvf_peer_channel_create(const struct kvf_peer_channel_o
     if (ch->node_id == NULL)
         goto err_free_ch;
     ch->incarnation = o->incarnation;
+    memcpy(ch->public_key, o->public_key, KVF_PEER_KEY_SIZE);
+    memcpy(ch->secret_key, o->secret_key, KVF_PEER_KEY_SIZE);
     ch->on_message = o->on_message;
     ch->accept = o->accept;
     ch->on_link = o->on_link;
@@ -982,16 +1261,34 @@ struct kvf_peer_channel *kvf_peer_channel_create(const struct kvf_peer_channel_o
         peer_log("create: zmq_ctx_new: %s", zmq_strerror(zmq_errno()));
         goto err_close_efd;
     }
+    int linger = 0;
+    /* The ZAP handler first: a CURVE server asks it about every client. */
+    ch->zap = zmq_socket(ch->zctx, ZMQ_REP);
+    if (ch->zap == NULL) {
+        peer_log("create: zmq_socket (zap): %s", zmq_strerror(zmq_errno()));
+        goto err_term_ctx;
+    }
+    zmq_setsockopt(ch->zap, ZMQ_LINGER, &linger, sizeof(linger));
+    if (zmq_bind(ch->zap, PEER_ZAP_ENDPOINT) != 0) {
+        peer_log("create: bind %s: %s", PEER_ZAP_ENDPOINT, zmq_strerror(zmq_errno()));
+        goto err_close_zap;
+    }
     ch->pull = zmq_socket(ch->zctx, ZMQ_PULL);
     if (ch->pull == NULL) {
         peer_log("create: zmq_socket: %s", zmq_strerror(zmq_errno()));
-        goto err_term_ctx;
+        goto err_close_zap;
     }
-    int linger = 0;
     int64_t max_msg =
         o->max_message_bytes ? (int64_t)o->max_message_bytes : (int64_t)PEER_MAX_MESSAGE_DEFAULT;
+    int one = 1;
     zmq_setsockopt(ch->pull, ZMQ_LINGER, &linger, sizeof(linger));
     zmq_setsockopt(ch->pull, ZMQ_MAXMSGSIZE, &max_msg, sizeof(max_msg));
+    if (zmq_setsockopt(ch->pull, ZMQ_CURVE_SERVER, &one, sizeof(one)) != 0 ||
+        zmq_setsockopt(ch->pull, ZMQ_CURVE_SECRETKEY, ch->secret_key, KVF_PEER_KEY_SIZE) != 0 ||
+        zmq_setsockopt(ch->pull, ZMQ_ZAP_DOMAIN, PEER_ZAP_DOMAIN, strlen(PEER_ZAP_DOMAIN)) != 0) {
+        peer_log("create: CURVE server options: %s", zmq_strerror(zmq_errno()));
+        goto err_close_pull;
+    }
     if (zmq_bind(ch->pull, o->bind_endpoint) != 0) {
         peer_log("create: bind %s: %s", o->bind_endpoint, zmq_strerror(zmq_errno()));
         goto err_close_pull;
@@ -1012,6 +1309,8 @@ struct kvf_peer_channel *kvf_peer_channel_create(const struct kvf_peer_channel_o
 
 err_close_pull:
     zmq_close(ch->pull);
+err_close_zap:
+    zmq_close(ch->zap);
 err_term_ctx:
     while (zmq_ctx_term(ch->zctx) != 0 && zmq_errno() == EINTR) {
     }
@@ -1024,6 +1323,7 @@ err_free_recv_seq:
 err_free_send_seq:
     peer_seq_map_free(&ch->send_seq);
 err_free_node_id:
+    OPENSSL_cleanse(ch->secret_key, sizeof(ch->secret_key));
     free(ch->node_id);
 err_free_ch:
     free(ch);
@@ -1059,6 +1359,8 @@ void kvf_peer_channel_destroy(struct kvf_peer_channel *ch)
     peer_seq_map_free(&ch->send_seq);
     free(ch->items);
     free(ch->item_peer);
+    free(ch->intros);
+    OPENSSL_cleanse(ch->secret_key, sizeof(ch->secret_key));
     free(ch->node_id);
     free(ch);
 }

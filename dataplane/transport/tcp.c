@@ -5,28 +5,37 @@
  *
  * The wire format and the rules a receiver applies are in tcp.h. This file
  * owns the listening socket, one outbound connection per peer (with its send
- * queue), the inbound connections, the registered pools and the completion
- * list.
+ * queue, and the connector's half of the handshake), the authenticated
+ * inbound connections, the registered pools and the completion list; the
+ * acceptor and the handshakes it runs are in tcp_accept.c, the shared
+ * definitions in tcp_internal.h.
  *
  * DESIGN (threads and ordering):
- * - Acceptor thread: accepts inbound connections and starts one receiver
- *   thread for each. It also joins receivers that ended on their own (EOF,
- *   malformed frame, bad hello). It stops when destroy writes to its wake
- *   pipe.
- * - Receiver thread (one per inbound connection): owns its socket and is the
- *   only writer of pool memory for frames from its peer. It reads the hello,
- *   names its peer under the transport lock (a fenced or unknown node is
- *   refused there, so a fence and an identification are ordered by that
- *   lock), then loops: header, bounds, check (admits the receive op), payload
+ * - Acceptor thread (tcp_accept.c): accepts inbound connections (non-blocking) into a fixed
+ *   table of max_pending handshakes and runs them all with one poll: read the
+ *   hello, find the peer and its secret (waiting up to check_wait_ms for a
+ *   peer not added yet), write the challenge, read and check the proof, each
+ *   step as far as the socket allows, every connection with its deadline. A
+ *   connection that fails, times out or is evicted for a newer one is closed
+ *   abortively, counted and logged (at most TCP_LOG_PER_S lines a second).
+ *   An authenticated one gets its receiver thread, named after its peer under
+ *   the transport lock (a fenced peer is refused there, so a fence and an
+ *   identification are ordered by that lock). So no thread exists for a
+ *   connection that has not proven the pair's secret. The acceptor also joins
+ *   receivers that ended on their own (EOF, malformed frame). It stops when
+ *   destroy writes to its wake pipe.
+ * - Receiver thread (one per authenticated inbound connection): owns its
+ *   socket and is the only writer of pool memory for frames from its peer.
+ *   It loops: header, bounds, check (admits the receive op), payload
  *   straight into the pool, retire, on_frame; on_idle when it would wait for
  *   the next header, or after a bounded batch (tcp.h).
  * - Sender thread (one per outbound connection): owns its socket and its
- *   frame sequence; pops xfers from the connection's queue and writes each as
- *   one header + payload with sendmsg, so frames never interleave. A frame
- *   completes OK when its last byte is in the socket, ERROR on a write failure
- *   (then every queued xfer completes ERROR and later posts fail -EIO). A
- *   frame whose lifetime is no longer open when the sender takes it off the
- *   queue is not written at all and completes FLUSHED: an abort drains after
+ *   frame sequence; first reads the acceptor's challenge (deadline
+ *   hello_timeout_ms) and answers with its proof, then pops xfers from the connection's queue and
+ * writes each as one header + payload with sendmsg, so frames never interleave. A frame completes
+ * OK when its last byte is in the socket, ERROR on a write failure (then every queued xfer
+ * completes ERROR and later posts fail -EIO). A frame whose lifetime is no longer open when the
+ * sender takes it off the queue is not written at all and completes FLUSHED: an abort drains after
  *   at most the frame already on the wire, not the whole queue. A frame once
  *   started is always written whole (or the connection dies), so the stream
  *   never carries half a frame and the sequence numbers stay consecutive.
@@ -42,9 +51,14 @@
  * Lock order: transport lock, then a connection's queue lock; the completion
  * lock is taken alone.
  */
-#include "tcp.h"
+#include "tcp_internal.h"
 
 #include "pool.h"
+
+#include <openssl/crypto.h>
+#include <openssl/evp.h>
+#include <openssl/hmac.h>
+#include <openssl/rand.h>
 
 #include <arpa/inet.h>
 #include <errno.h>
@@ -55,123 +69,14 @@
 #include <poll.h>
 #include <pthread.h>
 #include <stdatomic.h>
-#include <time.h>
 #include <stddef.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/socket.h>
 #include <sys/uio.h>
+#include <time.h>
 #include <unistd.h>
-
-#define TCP_SCRATCH_SIZE (64u * 1024u)
-/* Device pools: the payload lands here first, then kvf_pool_write copies it
- * in. One frame of the node (256 KiB) is one copy; longer ones take several. */
-#define TCP_BOUNCE_SIZE (256u * 1024u)
-#define TCP_NO_PEER     UINT32_MAX
-
-struct tcp;
-
-struct tcp_pool {
-    uint32_t id;
-    struct kvf_pool *dev; /* a device pool: written through kvf_pool_write only */
-    uint8_t *base;
-    uint64_t page_size;
-    uint64_t page_count;
-};
-
-/* One outbound connection. `fd` and `seq` belong to the sender thread; the
- * queue, `stop` and `broken` are under `lock`. */
-struct tcp_tx {
-    struct tcp *t;
-    uint32_t peer;
-    int fd;
-    pthread_t thread;
-    pthread_mutex_t lock;
-    pthread_cond_t cond;
-    struct kvf_xfer *head;
-    struct kvf_xfer *tail;
-    bool stop;
-    int broken; /* -errno once a write failed */
-    bool joined;
-    uint64_t seq;
-};
-
-/* One inbound connection. `fd` belongs to the receiver thread; `peer` and
- * `next` are under the transport lock. */
-struct tcp_rx {
-    struct tcp *t;
-    int fd;
-    pthread_t thread;
-    uint32_t peer;
-    atomic_bool stop;
-    atomic_bool done;
-    struct tcp_rx *next;
-    uint8_t *scratch;
-    uint8_t *bounce; /* TCP_BOUNCE_SIZE, allocated at the first device-pool frame */
-};
-
-struct tcp_peer {
-    uint64_t node_id; /* 0: unused slot */
-    bool fenced;
-    struct tcp_tx *tx; /* kept until destroy */
-};
-
-struct tcp_counters {
-    atomic_uint_fast64_t frames_sent;
-    atomic_uint_fast64_t bytes_sent;
-    atomic_uint_fast64_t frames_received;
-    atomic_uint_fast64_t bytes_received;
-    atomic_uint_fast64_t frames_rejected;
-    atomic_uint_fast64_t frames_malformed;
-    atomic_uint_fast64_t frames_cut;
-    atomic_uint_fast64_t frames_skipped;
-    atomic_uint_fast64_t conns_accepted;
-    atomic_uint_fast64_t conns_refused;
-};
-
-struct tcp {
-    struct kvf_transport base;
-    struct kvf_transport_tcp_opts opts;
-    int listen_fd;
-    uint16_t port;
-    int wake_fd[2];
-    pthread_t acceptor;
-    bool acceptor_running;
-
-    pthread_mutex_t lock; /* peers, pools, rx list, closing */
-    struct tcp_peer *peers;
-    struct tcp_pool *pools;
-    uint32_t pool_count;
-    /* Bumped (under lock) by every pool removal: a receiver whose lookup saw
-     * the same value after its admission knows its copy is still current. */
-    atomic_uint_fast64_t pools_removed;
-    struct tcp_rx *rx_list;
-    bool closing;
-
-    pthread_mutex_t cq_lock;
-    struct kvf_xfer *cq_head;
-    struct kvf_xfer *cq_tail;
-
-    struct tcp_counters c;
-};
-
-/* The header of one data frame, decoded. */
-struct tcp_hdr {
-    uint32_t magic;
-    uint16_t version;
-    uint16_t flags;
-    kvf_room_key room;
-    uint64_t seq;
-    uint32_t pool;
-    uint32_t first_page;
-    uint32_t page_count;
-    uint32_t reserved;
-    uint64_t offset;
-    uint64_t length;
-};
-
-#define CNT_ADD(t, field, v) atomic_fetch_add_explicit(&(t)->c.field, (v), memory_order_relaxed)
 
 static struct tcp *tcp_of(struct kvf_transport *base)
 {
@@ -181,47 +86,6 @@ static struct tcp *tcp_of(struct kvf_transport *base)
 static const struct tcp *tcp_of_const(const struct kvf_transport *base)
 {
     return (const struct tcp *)((const char *)base - offsetof(struct tcp, base));
-}
-
-/* ---- encoding ------------------------------------------------------------ */
-
-static void put_u16(uint8_t *p, uint16_t v)
-{
-    p[0] = (uint8_t)v;
-    p[1] = (uint8_t)(v >> 8);
-}
-
-static void put_u32(uint8_t *p, uint32_t v)
-{
-    for (int i = 0; i < 4; i++)
-        p[i] = (uint8_t)(v >> (8 * i));
-}
-
-static void put_u64(uint8_t *p, uint64_t v)
-{
-    for (int i = 0; i < 8; i++)
-        p[i] = (uint8_t)(v >> (8 * i));
-}
-
-static uint16_t get_u16(const uint8_t *p)
-{
-    return (uint16_t)(p[0] | (p[1] << 8));
-}
-
-static uint32_t get_u32(const uint8_t *p)
-{
-    uint32_t v = 0;
-    for (int i = 3; i >= 0; i--)
-        v = (v << 8) | p[i];
-    return v;
-}
-
-static uint64_t get_u64(const uint8_t *p)
-{
-    uint64_t v = 0;
-    for (int i = 7; i >= 0; i--)
-        v = (v << 8) | p[i];
-    return v;
 }
 
 static void hdr_encode(uint8_t out[KVF_TCP_HEADER_SIZE], const struct kvf_xfer *x, uint64_t seq)
@@ -334,20 +198,50 @@ static int recv_drop(int fd, uint8_t *scratch, uint64_t len, atomic_bool *stop)
     return 0;
 }
 
-static void set_nodelay(int fd)
+void tcp_set_nodelay(int fd)
 {
     int one = 1;
     (void)setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
 }
 
 /* Closes with an RST: nothing still queued on the socket is sent. */
-static void close_abortive(int fd)
+void tcp_close_abortive(int fd)
 {
     if (fd < 0)
         return;
     struct linger lg = {.l_onoff = 1, .l_linger = 0};
     (void)setsockopt(fd, SOL_SOCKET, SO_LINGER, &lg, sizeof(lg));
     close(fd);
+}
+
+uint64_t tcp_mono_ms(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (uint64_t)ts.tv_sec * 1000u + (uint64_t)ts.tv_nsec / 1000000u;
+}
+
+/* ---- handshake (tcp.h) ------------------------------------------------------------ */
+
+/* HMAC(secret, label || hello || nonce_a). False when libcrypto failed. */
+bool tcp_hs_mac(const uint8_t secret[KVF_TCP_SECRET_SIZE], const char *label,
+                const uint8_t hello[KVF_TCP_HELLO_SIZE], const uint8_t nonce_a[TCP_NONCE_SIZE],
+                uint8_t out[TCP_MAC_SIZE])
+{
+    uint8_t msg[sizeof(TCP_LABEL_CONNECTOR) + KVF_TCP_HELLO_SIZE + TCP_NONCE_SIZE];
+    size_t n = strlen(label);
+    memcpy(msg, label, n);
+    memcpy(msg + n, hello, KVF_TCP_HELLO_SIZE);
+    memcpy(msg + n + KVF_TCP_HELLO_SIZE, nonce_a, TCP_NONCE_SIZE);
+    uint8_t mac[EVP_MAX_MD_SIZE];
+    unsigned int len = 0;
+    bool ok = HMAC(EVP_sha256(), secret, KVF_TCP_SECRET_SIZE, msg,
+                   n + KVF_TCP_HELLO_SIZE + TCP_NONCE_SIZE, mac, &len) != NULL &&
+              len == TCP_MAC_SIZE;
+    if (ok)
+        memcpy(out, mac, TCP_MAC_SIZE);
+    OPENSSL_cleanse(mac, sizeof(mac));
+    return ok;
 }
 
 /* ---- completions -------------------------------------------------------------- */
@@ -447,10 +341,101 @@ static int tx_send_frame(struct tcp_tx *tx, const struct kvf_xfer *x)
     return 0;
 }
 
+/*
+ * The connector's half of the handshake, before the first frame: reads the
+ * challenge (deadline hello_timeout_ms; a fence's shutdown ends the wait),
+ * checks the acceptor's MAC and writes the proof. 0 or -errno: -ETIMEDOUT,
+ * -EACCES (a wrong challenge: the other end does not hold the pair's secret),
+ * -ECONNRESET (closed: refused), -EIO (libcrypto).
+ */
+static int tx_handshake(struct tcp_tx *tx)
+{
+    struct tcp *t = tx->t;
+    uint8_t ch[KVF_TCP_CHALLENGE_SIZE];
+    size_t got = 0;
+    uint64_t deadline = tcp_mono_ms() + t->opts.hello_timeout_ms;
+    while (got < sizeof(ch)) {
+        uint64_t now = tcp_mono_ms();
+        if (now >= deadline)
+            return -ETIMEDOUT;
+        struct pollfd pf = {.fd = tx->fd, .events = POLLIN};
+        int pr = poll(&pf, 1, (int)(deadline - now));
+        if (pr < 0 && errno != EINTR)
+            return -errno;
+        if (pr <= 0)
+            continue;
+        ssize_t n = recv(tx->fd, ch + got, sizeof(ch) - got, 0);
+        if (n < 0 && errno == EINTR)
+            continue;
+        if (n < 0)
+            return -errno;
+        if (n == 0)
+            return -ECONNRESET;
+        got += (size_t)n;
+    }
+    uint8_t mac[TCP_MAC_SIZE];
+    if (get_u32(ch) != KVF_TCP_MAGIC_CHALLENGE)
+        return -EACCES;
+    if (!tcp_hs_mac(tx->secret, TCP_LABEL_ACCEPTOR, tx->hello, ch + 4, mac))
+        return -EIO;
+    if (CRYPTO_memcmp(mac, ch + 4 + TCP_NONCE_SIZE, TCP_MAC_SIZE) != 0)
+        return -EACCES;
+    uint8_t proof[KVF_TCP_PROOF_SIZE];
+    put_u32(proof, KVF_TCP_MAGIC_PROOF);
+    if (!tcp_hs_mac(tx->secret, TCP_LABEL_CONNECTOR, tx->hello, ch + 4, proof + 4))
+        return -EIO;
+    OPENSSL_cleanse(tx->secret, sizeof(tx->secret));
+    return send_full(tx->fd, proof, sizeof(proof));
+}
+
+/* The connection is dead (`x`, the frame being written, may be NULL): unless
+ * a fence stopped it, everything queued completes ERROR and later posts fail
+ * -EIO; after a fence, `x` completes FLUSHED (the fencer takes the queue). */
+static void tx_fail(struct tcp_tx *tx, struct kvf_xfer *x, int rc)
+{
+    struct tcp *t = tx->t;
+    pthread_mutex_lock(&tx->lock);
+    bool fenced = tx->stop;
+    struct kvf_xfer *rest = NULL;
+    if (!fenced) {
+        tx->broken = rc;
+        rest = tx->head;
+        tx->head = tx->tail = NULL;
+    }
+    pthread_mutex_unlock(&tx->lock);
+    if (fenced) {
+        if (x)
+            cq_push(t, x, KVF_LT_DONE_FLUSHED, -ECANCELED);
+        return;
+    }
+    if (x) {
+        fprintf(stderr, "kvf_tcp: write to peer %u failed: %s\n", tx->peer, strerror(-rc));
+        cq_push(t, x, KVF_LT_DONE_ERROR, rc);
+    }
+    cq_push_list(t, rest, KVF_LT_DONE_ERROR, rc);
+}
+
 static void *tx_main(void *arg)
 {
     struct tcp_tx *tx = arg;
     struct tcp *t = tx->t;
+    int hs = tx_handshake(tx);
+    if (hs != 0) {
+        pthread_mutex_lock(&tx->lock);
+        bool fenced = tx->stop;
+        pthread_mutex_unlock(&tx->lock);
+        if (!fenced) {
+            CNT_ADD(t, handshakes_failed, 1);
+            fprintf(
+                stderr, "kvf_tcp: data port: handshake with peer %u failed: %s; its frames fail\n",
+                tx->peer,
+                hs == -EACCES ? "the challenge does not prove the pair's secret" : strerror(-hs));
+        }
+        /* Tell the acceptor at once; the descriptor is closed after the join. */
+        (void)shutdown(tx->fd, SHUT_RDWR);
+        tx_fail(tx, NULL, hs == -EACCES ? -EACCES : -EIO);
+        return NULL;
+    }
     for (;;) {
         pthread_mutex_lock(&tx->lock);
         while (!tx->head && !tx->stop)
@@ -482,23 +467,7 @@ static void *tx_main(void *arg)
             continue;
         }
 
-        pthread_mutex_lock(&tx->lock);
-        bool fenced = tx->stop;
-        struct kvf_xfer *rest = NULL;
-        if (!fenced) {
-            /* The connection is dead: nothing more is written on it. */
-            tx->broken = rc;
-            rest = tx->head;
-            tx->head = tx->tail = NULL;
-        }
-        pthread_mutex_unlock(&tx->lock);
-        if (fenced) {
-            cq_push(t, x, KVF_LT_DONE_FLUSHED, -ECANCELED);
-        } else {
-            fprintf(stderr, "kvf_tcp: write to peer %u failed: %s\n", tx->peer, strerror(-rc));
-            cq_push(t, x, KVF_LT_DONE_ERROR, rc);
-            cq_push_list(t, rest, KVF_LT_DONE_ERROR, rc);
-        }
+        tx_fail(tx, x, rc); /* nothing more is written on this connection */
         return NULL;
     }
 }
@@ -522,7 +491,7 @@ static void tx_fence(struct tcp *t, struct tcp_tx *tx)
     tx->head = tx->tail = NULL;
     pthread_mutex_unlock(&tx->lock);
     cq_push_list(t, rest, KVF_LT_DONE_FLUSHED, -ECANCELED);
-    close_abortive(tx->fd);
+    tcp_close_abortive(tx->fd);
     tx->fd = -1;
 }
 
@@ -530,6 +499,7 @@ static void tx_free(struct tcp_tx *tx)
 {
     if (!tx)
         return;
+    OPENSSL_cleanse(tx->secret, sizeof(tx->secret));
     pthread_cond_destroy(&tx->cond);
     pthread_mutex_destroy(&tx->lock);
     free(tx);
@@ -575,45 +545,6 @@ static int tcp_post_write(struct kvf_transport *base, struct kvf_xfer *x)
 }
 
 /* ---- receiver ------------------------------------------------------------------ */
-
-/* Reads the hello and names the connection's peer. 0, or -errno (refused). */
-static int rx_hello(struct tcp_rx *rx)
-{
-    struct tcp *t = rx->t;
-    uint8_t buf[KVF_TCP_HELLO_SIZE];
-    int rc = recv_full(rx->fd, buf, sizeof(buf), &rx->stop, false);
-    if (rc != 0)
-        return rc;
-    uint64_t from = get_u64(buf + 8);
-    if (get_u32(buf) != KVF_TCP_MAGIC_HELLO || get_u16(buf + 4) != KVF_TCP_VERSION ||
-        get_u16(buf + 6) != 0 || get_u64(buf + 16) != t->opts.node_id || from == 0)
-        return -EINVAL;
-
-    /* A peer this node has not been told about yet (the source learned the
-     * room first) is waited for, bounded by check_wait_ms, like a frame of a
-     * room not known yet. */
-    rc = -ENOENT;
-    for (uint32_t waited = 0;; waited++) {
-        pthread_mutex_lock(&t->lock);
-        for (uint32_t i = 0; i < t->opts.max_peers; i++) {
-            if (t->peers[i].node_id != from)
-                continue;
-            /* Ordered with fence_peer by the lock: a fenced peer is never named. */
-            if (t->peers[i].fenced || atomic_load(&rx->stop)) {
-                rc = -ESTALE;
-            } else {
-                rx->peer = i;
-                rc = 0;
-            }
-            break;
-        }
-        pthread_mutex_unlock(&t->lock);
-        if (rc != -ENOENT || waited >= t->opts.check_wait_ms || atomic_load(&rx->stop))
-            return rc;
-        struct timespec ms = {0, 1000000L};
-        nanosleep(&ms, NULL);
-    }
-}
 
 /* `*removed_p`: pools_removed as of the lookup. */
 static bool rx_find_pool(struct tcp *t, uint32_t id, struct tcp_pool *out, uint64_t *removed_p)
@@ -808,25 +739,21 @@ static void rx_frames(struct tcp_rx *rx, struct rx_idle *idle)
     }
 }
 
-static void *rx_main(void *arg)
+/* An authenticated connection (the acceptor named its peer). */
+void *tcp_rx_main(void *arg)
 {
     struct tcp_rx *rx = arg;
     struct tcp *t = rx->t;
-    int rc = rx_hello(rx);
-    if (rc == 0) {
-        CNT_ADD(t, conns_accepted, 1);
-        struct rx_idle idle = {0, 0};
-        rx_frames(rx, &idle);
-        rx_idle_flush(t, &idle); /* the events of the last batch */
-    } else if (rc != -ECANCELED) {
-        CNT_ADD(t, conns_refused, 1);
-    }
+    struct rx_idle idle = {0, 0};
+    rx_frames(rx, &idle);
+    rx_idle_flush(t, &idle); /* the events of the last batch */
     /* Close here, abortively, so that a peer still writing gets an error at
      * once instead of filling a window nobody reads. Under the lock: fencers
      * shut the descriptor down under it and must never see a reused number. */
     pthread_mutex_lock(&t->lock);
-    close_abortive(rx->fd);
+    tcp_close_abortive(rx->fd);
     rx->fd = -1;
+    t->peers[rx->peer].nrx--;
     atomic_store_explicit(&rx->done, true, memory_order_release);
     pthread_mutex_unlock(&t->lock);
     return NULL;
@@ -846,7 +773,7 @@ static void rx_join_free(struct tcp_rx *rx)
  * those whose thread ended. Stops the ones still running (flag, then
  * shutdown(2) to wake a blocked recv); the caller joins them after unlocking.
  * Under the transport lock. */
-static struct tcp_rx *rx_detach_locked(struct tcp *t, uint32_t peer, bool all, bool done_only)
+struct tcp_rx *tcp_rx_detach_locked(struct tcp *t, uint32_t peer, bool all, bool done_only)
 {
     struct tcp_rx *taken = NULL;
     struct tcp_rx **pp = &t->rx_list;
@@ -869,74 +796,12 @@ static struct tcp_rx *rx_detach_locked(struct tcp *t, uint32_t peer, bool all, b
     return taken;
 }
 
-static void rx_join_list(struct tcp_rx *list)
+void tcp_rx_join_list(struct tcp_rx *list)
 {
     while (list) {
         struct tcp_rx *next = list->next;
         rx_join_free(list);
         list = next;
-    }
-}
-
-/* ---- acceptor ------------------------------------------------------------------ */
-
-static void *acceptor_main(void *arg)
-{
-    struct tcp *t = arg;
-    for (;;) {
-        struct pollfd fds[2] = {{.fd = t->listen_fd, .events = POLLIN},
-                                {.fd = t->wake_fd[0], .events = POLLIN}};
-        if (poll(fds, 2, -1) < 0) {
-            if (errno == EINTR)
-                continue;
-            fprintf(stderr, "kvf_tcp: poll: %s\n", strerror(errno));
-            return NULL;
-        }
-        if (fds[1].revents)
-            return NULL;
-        int fd = accept4(t->listen_fd, NULL, NULL, SOCK_CLOEXEC);
-        if (fd < 0) {
-            /* Out of descriptors or memory: back off instead of spinning on a
-             * listener that stays readable. EINTR, ECONNABORTED: retry. */
-            if (errno == EMFILE || errno == ENFILE || errno == ENOBUFS || errno == ENOMEM)
-                (void)poll(&fds[1], 1, 10);
-            continue;
-        }
-        set_nodelay(fd);
-
-        pthread_mutex_lock(&t->lock);
-        struct tcp_rx *ended = rx_detach_locked(t, TCP_NO_PEER, false, true);
-        pthread_mutex_unlock(&t->lock);
-        rx_join_list(ended);
-
-        struct tcp_rx *rx = calloc(1, sizeof(*rx));
-        uint8_t *scratch = malloc(TCP_SCRATCH_SIZE);
-        if (!rx || !scratch) {
-            fprintf(stderr, "kvf_tcp: out of memory for a connection\n");
-            free(rx);
-            free(scratch);
-            close_abortive(fd);
-            continue;
-        }
-        rx->t = t;
-        rx->fd = fd;
-        rx->peer = TCP_NO_PEER;
-        rx->scratch = scratch;
-        atomic_init(&rx->stop, false);
-        atomic_init(&rx->done, false);
-
-        pthread_mutex_lock(&t->lock);
-        int rc = t->closing ? -ECANCELED : pthread_create(&rx->thread, NULL, rx_main, rx);
-        if (rc == 0) {
-            rx->next = t->rx_list;
-            t->rx_list = rx;
-        }
-        pthread_mutex_unlock(&t->lock);
-        if (rc != 0) {
-            close_abortive(fd);
-            free(scratch);
-            free(rx);
-        }
     }
 }
 
@@ -955,12 +820,12 @@ static int tcp_fence_peer(struct kvf_transport *base, uint32_t peer)
     }
     p->fenced = true;
     struct tcp_tx *tx = p->tx;
-    struct tcp_rx *rxs = rx_detach_locked(t, peer, false, false);
+    struct tcp_rx *rxs = tcp_rx_detach_locked(t, peer, false, false);
     pthread_mutex_unlock(&t->lock);
 
     if (tx)
         tx_fence(t, tx);
-    rx_join_list(rxs);
+    tcp_rx_join_list(rxs);
     return 0;
 }
 
@@ -980,6 +845,11 @@ static void tcp_destroy(struct kvf_transport *base)
     pthread_mutex_lock(&t->lock);
     t->closing = true;
     pthread_mutex_unlock(&t->lock);
+    /* Handshakes still running: the acceptor is gone, close them. */
+    for (uint32_t i = 0; t->pending && i < t->opts.max_pending; i++) {
+        if (t->pending[i].fd >= 0)
+            tcp_close_abortive(t->pending[i].fd);
+    }
 
     for (uint32_t i = 0; t->peers && i < t->opts.max_peers; i++) {
         if (t->peers[i].node_id != 0)
@@ -987,9 +857,9 @@ static void tcp_destroy(struct kvf_transport *base)
     }
     /* Connections that never named a peer. */
     pthread_mutex_lock(&t->lock);
-    struct tcp_rx *rest = rx_detach_locked(t, TCP_NO_PEER, true, false);
+    struct tcp_rx *rest = tcp_rx_detach_locked(t, TCP_NO_PEER, true, false);
     pthread_mutex_unlock(&t->lock);
-    rx_join_list(rest);
+    tcp_rx_join_list(rest);
 
     /* Nobody will poll any more: retire what is left so no op stays counted. */
     for (struct kvf_xfer *x = t->cq_head; x;) {
@@ -1009,8 +879,13 @@ static void tcp_destroy(struct kvf_transport *base)
         close(t->wake_fd[1]);
     pthread_mutex_destroy(&t->cq_lock);
     pthread_mutex_destroy(&t->lock);
+    if (t->peers)
+        OPENSSL_cleanse(t->peers, (size_t)t->opts.max_peers * sizeof(*t->peers));
     free(t->pools);
     free(t->peers);
+    free(t->pending);
+    free(t->pfds);
+    free(t->pfd_slot);
     free(t);
 }
 
@@ -1031,6 +906,8 @@ void kvf_transport_tcp_opts_init(struct kvf_transport_tcp_opts *opts)
     opts->max_peers = 64;
     opts->max_pools = 64;
     opts->check_wait_ms = 2000;
+    opts->hello_timeout_ms = 5000;
+    opts->max_pending = 64;
 }
 
 static int tcp_listen(struct tcp *t)
@@ -1040,13 +917,14 @@ static int tcp_listen(struct tcp *t)
         fprintf(stderr, "kvf_tcp: bad bind host '%s'\n", t->opts.bind_host);
         return -EINVAL;
     }
-    t->listen_fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    /* Non-blocking: the acceptor takes connections until accept says EAGAIN. */
+    t->listen_fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
     if (t->listen_fd < 0)
         goto err;
     int one = 1;
     (void)setsockopt(t->listen_fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof(one));
     if (bind(t->listen_fd, (struct sockaddr *)&sa, sizeof(sa)) != 0 ||
-        listen(t->listen_fd, 64) != 0)
+        listen(t->listen_fd, 256) != 0)
         goto err;
     socklen_t len = sizeof(sa);
     if (getsockname(t->listen_fd, (struct sockaddr *)&sa, &len) != 0)
@@ -1062,8 +940,10 @@ err:
 struct kvf_transport *kvf_transport_tcp_create(const struct kvf_transport_tcp_opts *opts)
 {
     if (!opts || !opts->check || opts->node_id == 0 || opts->max_peers == 0 ||
-        opts->max_peers == TCP_NO_PEER || opts->max_pools == 0) {
-        fprintf(stderr, "kvf_tcp: bad options (check, node_id, max_peers, max_pools)\n");
+        opts->max_peers == TCP_NO_PEER || opts->max_pools == 0 || opts->hello_timeout_ms == 0 ||
+        opts->hello_timeout_ms > INT_MAX || opts->max_pending == 0 || opts->max_pending > 65536) {
+        fprintf(stderr, "kvf_tcp: bad options (check, node_id, max_peers, max_pools, "
+                        "hello_timeout_ms, max_pending)\n");
         return NULL;
     }
     struct tcp *t = calloc(1, sizeof(*t));
@@ -1082,7 +962,14 @@ struct kvf_transport *kvf_transport_tcp_create(const struct kvf_transport_tcp_op
     pthread_mutex_init(&t->cq_lock, NULL);
     t->peers = calloc(opts->max_peers, sizeof(*t->peers));
     t->pools = calloc(opts->max_pools, sizeof(*t->pools));
-    if (!t->peers || !t->pools) {
+    t->pending = calloc(opts->max_pending, sizeof(*t->pending));
+    t->pfds = calloc((size_t)opts->max_pending + 2, sizeof(*t->pfds));
+    t->pfd_slot = calloc((size_t)opts->max_pending + 2, sizeof(*t->pfd_slot));
+    if (t->pending) {
+        for (uint32_t i = 0; i < opts->max_pending; i++)
+            t->pending[i].fd = -1;
+    }
+    if (!t->peers || !t->pools || !t->pending || !t->pfds || !t->pfd_slot) {
         fprintf(stderr, "kvf_tcp: out of memory\n");
         goto err_destroy;
     }
@@ -1092,7 +979,7 @@ struct kvf_transport *kvf_transport_tcp_create(const struct kvf_transport_tcp_op
     }
     if (tcp_listen(t) != 0)
         goto err_destroy;
-    if (pthread_create(&t->acceptor, NULL, acceptor_main, t) != 0) {
+    if (pthread_create(&t->acceptor, NULL, tcp_acceptor_main, t) != 0) {
         fprintf(stderr, "kvf_tcp: cannot start the acceptor thread\n");
         goto err_destroy;
     }
@@ -1186,6 +1073,27 @@ int kvf_transport_tcp_add_peer(struct kvf_transport *base, uint32_t peer, uint64
     return rc;
 }
 
+int kvf_transport_tcp_set_peer_key(struct kvf_transport *base, uint32_t peer,
+                                   const uint8_t secret[KVF_TCP_SECRET_SIZE])
+{
+    struct tcp *t = tcp_of(base);
+    if (peer >= t->opts.max_peers || !secret)
+        return -EINVAL;
+    int rc = 0;
+    pthread_mutex_lock(&t->lock);
+    struct tcp_peer *p = &t->peers[peer];
+    if (p->node_id == 0) {
+        rc = -ENOENT;
+    } else if (p->have_secret) {
+        rc = CRYPTO_memcmp(p->secret, secret, sizeof(p->secret)) == 0 ? 0 : -EEXIST;
+    } else {
+        memcpy(p->secret, secret, sizeof(p->secret));
+        p->have_secret = true;
+    }
+    pthread_mutex_unlock(&t->lock);
+    return rc;
+}
+
 int kvf_transport_tcp_connect(struct kvf_transport *base, uint32_t peer, const char *host,
                               uint16_t port)
 {
@@ -1196,13 +1104,36 @@ int kvf_transport_tcp_connect(struct kvf_transport *base, uint32_t peer, const c
     if (inet_pton(AF_INET, host, &sa.sin_addr) != 1)
         return -EINVAL;
 
+    struct tcp_tx *tx = calloc(1, sizeof(*tx));
+    if (!tx)
+        return -ENOMEM;
     pthread_mutex_lock(&t->lock);
     struct tcp_peer *p = &t->peers[peer];
-    int rc = p->node_id == 0 ? -ENOENT : p->fenced ? -ESTALE : p->tx ? -EEXIST : 0;
+    int rc = p->node_id == 0   ? -ENOENT
+             : p->fenced       ? -ESTALE
+             : p->tx           ? -EEXIST
+             : !p->have_secret ? -ENOKEY
+                               : 0;
     uint64_t to_node = p->node_id;
+    if (rc == 0)
+        memcpy(tx->secret, p->secret, sizeof(tx->secret));
     pthread_mutex_unlock(&t->lock);
-    if (rc != 0)
+    if (rc != 0) {
+        free(tx);
         return rc;
+    }
+    uint8_t *hello = tx->hello;
+    put_u32(hello, KVF_TCP_MAGIC_HELLO);
+    put_u16(hello + 4, KVF_TCP_VERSION);
+    put_u16(hello + 6, 0);
+    put_u64(hello + 8, t->opts.node_id);
+    put_u64(hello + 16, to_node);
+    if (RAND_bytes(hello + 24, TCP_NONCE_SIZE) != 1) {
+        fprintf(stderr, "kvf_tcp: RAND_bytes failed\n");
+        OPENSSL_cleanse(tx->secret, sizeof(tx->secret));
+        free(tx);
+        return -EIO;
+    }
 
     int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
     if (fd < 0 || connect(fd, (struct sockaddr *)&sa, sizeof(sa)) != 0) {
@@ -1210,34 +1141,27 @@ int kvf_transport_tcp_connect(struct kvf_transport *base, uint32_t peer, const c
                 strerror(errno));
         if (fd >= 0)
             close(fd);
+        OPENSSL_cleanse(tx->secret, sizeof(tx->secret));
+        free(tx);
         return -EIO;
     }
-    set_nodelay(fd);
-    uint8_t hello[KVF_TCP_HELLO_SIZE];
-    put_u32(hello, KVF_TCP_MAGIC_HELLO);
-    put_u16(hello + 4, KVF_TCP_VERSION);
-    put_u16(hello + 6, 0);
-    put_u64(hello + 8, t->opts.node_id);
-    put_u64(hello + 16, to_node);
-    rc = send_full(fd, hello, sizeof(hello));
+    tcp_set_nodelay(fd);
+    rc = send_full(fd, hello, KVF_TCP_HELLO_SIZE);
     if (rc != 0) {
         fprintf(stderr, "kvf_tcp: hello to peer %u: %s\n", peer, strerror(-rc));
-        close_abortive(fd);
+        tcp_close_abortive(fd);
+        OPENSSL_cleanse(tx->secret, sizeof(tx->secret));
+        free(tx);
         return -EIO;
     }
 
-    struct tcp_tx *tx = calloc(1, sizeof(*tx));
-    if (!tx) {
-        close_abortive(fd);
-        return -ENOMEM;
-    }
     tx->t = t;
     tx->peer = peer;
     tx->fd = fd;
     pthread_mutex_init(&tx->lock, NULL);
     pthread_cond_init(&tx->cond, NULL);
     if (pthread_create(&tx->thread, NULL, tx_main, tx) != 0) {
-        close_abortive(fd);
+        tcp_close_abortive(fd);
         tx_free(tx);
         return -ENOMEM;
     }
@@ -1268,5 +1192,10 @@ void kvf_transport_tcp_stats(const struct kvf_transport *base, struct kvf_transp
     LOAD(frames_skipped);
     LOAD(conns_accepted);
     LOAD(conns_refused);
+    LOAD(conns_bad_hello);
+    LOAD(conns_unknown);
+    LOAD(conns_timed_out);
+    LOAD(conns_over_cap);
+    LOAD(handshakes_failed);
 #undef LOAD
 }

@@ -9,16 +9,40 @@
  * the node (the `check` callback) whether the room-generation's sink lease
  * covers the pages and its admission is open (DESIGN.md §2.3).
  *
- * Wire format (all integers little-endian; version 1). This is a fixed binary
+ * Wire format (all integers little-endian; version 2). This is a fixed binary
  * header, not protobuf (peer.proto points here): a fixed size is read with one
  * recv, needs no allocation and no length prefix, and every field has a fixed
  * range to check before anything variable is read.
  *
- *   hello, once, connector -> acceptor (24 bytes):
- *     u32 magic 'KVFH' (0x4846564b)   u16 version (1)   u16 flags (0)
- *     u64 from_node                    u64 to_node
+ * Handshake: a mutual HMAC-SHA256 challenge-response with the secret of the
+ * pair (kvf_transport_tcp_set_peer_key: the node derives it from the two
+ * incarnations' peer keys, peer_keys.h), before any frame is read:
+ *   hello, connector -> acceptor (56 bytes):
+ *     u32 magic 'KVFH' (0x4846564b)   u16 version (2)   u16 flags (0)
+ *     u64 from_node   u64 to_node     u8 nonce_c[32]
+ *   challenge, acceptor -> connector (68 bytes):
+ *     u32 magic 'KVFC' (0x4346564b)   u8 nonce_a[32]
+ *     u8 mac_a[32] = HMAC(K, "kvfence tcp v2 acceptor" || hello || nonce_a)
+ *   proof, connector -> acceptor (36 bytes):
+ *     u32 magic 'KVFP' (0x5046564b)
+ *     u8 mac_c[32] = HMAC(K, "kvfence tcp v2 connector" || hello || nonce_a)
+ * Each side checks the other's MAC (CRYPTO_memcmp) with the secret of the peer
+ * the hello names; the ids are only a lookup key. Fresh nonces on both sides
+ * make a recorded handshake useless; the two labels keep one side's MAC from
+ * serving as the other's. The acceptor runs every handshake itself, without a
+ * thread per connection: at most opts.max_pending connections are in it at
+ * once (a new one beyond that evicts the oldest), each is dropped at
+ * opts.hello_timeout_ms, and only an authenticated connection gets its
+ * receiver thread (at most KVF_TCP_MAX_RX_PER_PEER per peer). Every refusal is
+ * counted (conns_refused and its reason's counter) and logged (rate-limited).
+ * The connector's sender thread checks the challenge before its first frame:
+ * a connector never sends page bytes to a port that cannot prove the secret.
+ * What the handshake does not give: frames are not encrypted nor MACed, so an
+ * attacker on the path (who can inject into an established TCP stream) is
+ * out of scope here (docs/security.md, "Data channels").
+ *
  *   data frame header (64 bytes), then `length` payload bytes:
- *     u32 magic 'KVFD' (0x4446564b)   u16 version (1)   u16 flags (0)
+ *     u32 magic 'KVFD' (0x4446564b)   u16 version (2)   u16 flags (0)
  *     u64 room_id   u64 generation     u64 seq (1, 2, ... per connection)
  *     u32 sink_pool u32 first_page     u32 page_count   u32 reserved (0)
  *     u64 offset    u64 length
@@ -39,8 +63,10 @@
  * aborted room cannot drain while bytes of one of its frames are still being
  * written into its pages, and fence_peer returns only after that retirement.
  *
- * DESIGN (threads): one acceptor thread; one receiver thread per inbound
- * connection, which alone reads its socket and writes into the pools; one
+ * DESIGN (threads): one acceptor thread, which also runs the handshakes of
+ * the connections it accepted (poll, non-blocking sockets, deadlines); one
+ * receiver thread per authenticated inbound connection, which alone reads its
+ * socket and writes into the pools; one
  * sender thread per outbound connection, which alone writes its socket and
  * takes xfers from that connection's queue (a mutex and condition variable;
  * post_write from any thread appends). A frame is written by one thread with
@@ -72,11 +98,17 @@
 
 struct kvf_pool;
 
-#define KVF_TCP_HELLO_SIZE  24u
-#define KVF_TCP_HEADER_SIZE 64u
-#define KVF_TCP_MAGIC_HELLO 0x4846564bu
-#define KVF_TCP_MAGIC_DATA  0x4446564bu
-#define KVF_TCP_VERSION     1u
+#define KVF_TCP_HELLO_SIZE      56u
+#define KVF_TCP_CHALLENGE_SIZE  68u
+#define KVF_TCP_PROOF_SIZE      36u
+#define KVF_TCP_HEADER_SIZE     64u
+#define KVF_TCP_MAGIC_HELLO     0x4846564bu
+#define KVF_TCP_MAGIC_CHALLENGE 0x4346564bu
+#define KVF_TCP_MAGIC_PROOF     0x5046564bu
+#define KVF_TCP_MAGIC_DATA      0x4446564bu
+#define KVF_TCP_VERSION         2u
+#define KVF_TCP_SECRET_SIZE     32u
+#define KVF_TCP_MAX_RX_PER_PEER 4u /* authenticated inbound connections per peer at once */
 
 /*
  * Sink-lease check, on a receiver thread, once per well-formed frame and
@@ -133,24 +165,34 @@ struct kvf_transport_tcp_opts {
     kvf_tcp_check_fn check;    /* required */
     uint32_t check_wait_ms;    /* how long an -EAGAIN from check, or a hello from a peer not
                                   added yet, is waited for; default 2000 */
+    uint32_t hello_timeout_ms; /* a connection must finish its handshake within this, both
+                                  sides; default 5000 (> check_wait_ms: the acceptor may wait
+                                  that long for the peer to be added) */
+    uint32_t max_pending;      /* connections in the handshake at once; default 64 */
     kvf_tcp_frame_fn on_frame; /* may be NULL */
     kvf_tcp_idle_fn on_idle;   /* may be NULL */
     void *ctx;
 };
 
 struct kvf_transport_tcp_stats {
-    uint64_t frames_sent;      /* written whole to a socket (completed OK) */
-    uint64_t bytes_sent;       /* payload bytes of those */
-    uint64_t frames_received;  /* landed whole in a pool */
-    uint64_t bytes_received;   /* payload bytes of those */
-    uint64_t frames_rejected;  /* refused by `check`, drained to scratch */
-    uint64_t frames_malformed; /* bad header: connection closed */
-    uint64_t frames_cut;       /* admitted, then the connection ended mid-payload */
-    uint64_t frames_skipped;   /* queued, their lifetime closed before they started on the
-                                  wire: completed FLUSHED, not written */
-    uint64_t conns_accepted;   /* inbound connections that passed the hello */
-    uint64_t
-        conns_refused; /* bad hello, fenced peer, or a peer still unknown after check_wait_ms */
+    uint64_t frames_sent;       /* written whole to a socket (completed OK) */
+    uint64_t bytes_sent;        /* payload bytes of those */
+    uint64_t frames_received;   /* landed whole in a pool */
+    uint64_t bytes_received;    /* payload bytes of those */
+    uint64_t frames_rejected;   /* refused by `check`, drained to scratch */
+    uint64_t frames_malformed;  /* bad header: connection closed */
+    uint64_t frames_cut;        /* admitted, then the connection ended mid-payload */
+    uint64_t frames_skipped;    /* queued, their lifetime closed before they started on the
+                                   wire: completed FLUSHED, not written */
+    uint64_t conns_accepted;    /* inbound connections that passed the handshake */
+    uint64_t conns_refused;     /* inbound connections refused, all reasons: */
+    uint64_t conns_bad_hello;   /*   not a version-2 hello to this node, or no valid proof */
+    uint64_t conns_unknown;     /*   a peer still unknown (or without a secret) after
+                                     check_wait_ms, or fenced */
+    uint64_t conns_timed_out;   /*   no complete handshake within hello_timeout_ms */
+    uint64_t conns_over_cap;    /*   evicted for a newer one (max_pending), or the peer had
+                                     KVF_TCP_MAX_RX_PER_PEER receivers already */
+    uint64_t handshakes_failed; /* outbound: the acceptor's challenge missing or wrong */
 };
 
 void kvf_transport_tcp_opts_init(struct kvf_transport_tcp_opts *opts);
@@ -201,10 +243,23 @@ int kvf_transport_tcp_remove_pool(struct kvf_transport *t, uint32_t pool_id);
 int kvf_transport_tcp_add_peer(struct kvf_transport *t, uint32_t peer, uint64_t node_id);
 
 /*
+ * Sets the secret of the pair with peer `peer` (KVF_TCP_SECRET_SIZE bytes,
+ * peer_keys.h): connections in either direction must prove it. Without one,
+ * connect refuses and inbound hellos naming the peer are refused (after
+ * check_wait_ms). Set once: -EEXIST when a different secret is already set
+ * (the same one again: 0). -ENOENT (index not added), -EINVAL. Control thread.
+ */
+int kvf_transport_tcp_set_peer_key(struct kvf_transport *t, uint32_t peer,
+                                   const uint8_t secret[KVF_TCP_SECRET_SIZE]);
+
+/*
  * Opens the outbound connection to a registered peer at `host:port` (numeric
- * IPv4), sends the hello and starts its sender thread. Blocks for the connect.
+ * IPv4), sends the hello and starts its sender thread, which runs the rest of
+ * the handshake before its first frame (a failure there completes every
+ * queued frame ERROR, like a write error). Blocks for the connect only.
  * -ENOENT (unknown peer), -EEXIST (already connected), -ESTALE (fenced),
- * -EIO (connect failed; errno logged), -ENOMEM. Control thread.
+ * -ENOKEY (no secret set for the peer), -EIO (connect failed; errno logged),
+ * -ENOMEM. Control thread.
  */
 int kvf_transport_tcp_connect(struct kvf_transport *t, uint32_t peer, const char *host,
                               uint16_t port);

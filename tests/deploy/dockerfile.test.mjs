@@ -55,6 +55,7 @@ function installDepsPackages() {
 const FALLBACK_DEPENDS = {
   "libgrpc-dev": ["libgrpc29"], "libprotobuf-c-dev": ["libprotobuf-c1"], "libzmq3-dev": ["libzmq5"],
   "libibverbs-dev": ["libibverbs1", "ibverbs-providers"], "libmicrohttpd-dev": ["libmicrohttpd12"],
+  "libssl-dev": ["libssl3"],
 };
 let aptDepends = null; // package -> its direct Depends, from one apt-cache call
 function loadDepends(pkgs) {
@@ -115,7 +116,8 @@ test("the runtime stage installs only runtime libraries of packages the build ne
   assert.ok(pkgs.length > 0, "the runtime stage installs the shared libraries");
   for (const p of pkgs) assert.ok(allowed.has(p), `runtime package ${p} is not a dependency of any package in install-deps.sh`);
   // Every library package the daemons link has its runtime side.
-  for (const dev of ["libgrpc-dev", "libprotobuf-c-dev", "libzmq3-dev", "libibverbs-dev", "libmicrohttpd-dev"])
+  for (const dev of ["libgrpc-dev", "libprotobuf-c-dev", "libzmq3-dev", "libibverbs-dev", "libmicrohttpd-dev",
+                     "libssl-dev"])
     assert.ok(depends(dev).some((d) => pkgs.includes(d)), `no runtime library of ${dev} in the runtime stage`);
 });
 

@@ -538,10 +538,17 @@ static void test_status_after_abort_is_dropped(void **state)
 }
 
 /* A room that n1 knows and n2 does not yet: n2 holds its RoomUpdates (fault
- * hold_room_update) until the test lets them through. */
+ * hold_room_update) until the test lets them through. The nodes were
+ * introduced before (docs/security.md, "Data channels"): an earlier room of
+ * the two (aborted at once) carried their peer keys; without it n2 would
+ * refuse n1's connections outright until the update came, and no message
+ * could reach it early. */
 static kvf_room_key room_unknown_to_n2(struct fx *f, uint64_t room_id, uint32_t first,
                                        uint32_t count)
 {
+    kvf_room_key intro = room_pair(f, room_id + 1000, PAGE_COUNT - 1, 1);
+    nh_abort_room(f->ch, intro, "an introduction only");
+    nh_wait_room_state(f->ch, intro, KVFENCE__V1__ROOM_STATE__ROOM_STATE_ABORTED, WAIT_MS);
     nh_set_faults(&f->n2, "hold_room_update=1\n", WAIT_MS);
     kvf_room_key k = nh_join_pair(f->ch, room_id, "n1", f->p1.pool_id, first, "n2", f->p2.pool_id,
                                   first, count, WAIT_MS);

@@ -1,9 +1,12 @@
 /*
  * test_peer_channel.c: the peer channel over real ZeroMQ sockets on 127.0.0.1.
  *
- * Two channels ("node-a" and "node-b") live in one process; every test sends
- * from A to B and checks what B delivered and what it dropped (DESIGN.md §2.8,
- * notes/domain.md R10, R11, R13). Nothing sleeps for correctness: each wait
+ * Two channels ("node-a" and "node-b") live in one process, introduced to
+ * each other with their peer keys; every test sends from A to B and checks
+ * what B delivered and what it dropped (DESIGN.md §2.8, notes/domain.md R10,
+ * R11, R13). Issue 13: sockets that are not an introduced incarnation's (no
+ * CURVE, a key of their own, or an introduced key that claims another sender)
+ * get nothing delivered. Nothing sleeps for correctness: each wait
  * polls the counters until a condition holds or a deadline passes, and every
  * test arms an alarm so a hang fails the test instead of the whole run.
  */
@@ -50,6 +53,7 @@ struct delivered_rec {
  * test thread: all under `mu`. */
 struct node {
     struct kvf_peer_channel *ch;
+    struct kvf_peer_keypair keys;
     pthread_mutex_t mu;
     struct verdict_rule rules[8];
     int n_rules;
@@ -167,10 +171,13 @@ static void node_start(struct node *n, const char *id, uint64_t inc, const struc
 {
     memset(n, 0, sizeof(*n));
     pthread_mutex_init(&n->mu, NULL);
+    assert_int_equal(kvf_peer_keypair_generate(&n->keys), 0);
     struct kvf_peer_channel_opts o;
     kvf_peer_channel_opts_init(&o);
     o.node_id = id;
     o.incarnation = inc;
+    o.public_key = n->keys.pub;
+    o.secret_key = n->keys.sec;
     o.bind_endpoint = "tcp://127.0.0.1:0";
     o.on_message = node_on_message;
     o.accept = node_accept;
@@ -243,7 +250,7 @@ static uint64_t received_total(struct node *n)
     struct kvf_peer_stats s;
     kvf_peer_channel_stats(n->ch, &s);
     return s.delivered + s.malformed + s.wrong_receiver + s.late + s.unknown + s.duplicate +
-           s.out_of_order;
+           s.out_of_order + s.unauthenticated;
 }
 
 static void wait_received(struct node *n, uint64_t want)
@@ -309,12 +316,20 @@ static size_t log_of(struct node *n, uint64_t room, uint64_t gen, uint64_t *seqs
     return k;
 }
 
+/* Tells `to` that (`id`, `inc`) holds `peer`'s public key. */
+static void introduce(struct node *to, const struct node *peer, const char *id, uint64_t inc)
+{
+    assert_int_equal(kvf_peer_channel_introduce(to->ch, id, inc, peer->keys.pub), 0);
+}
+
 static int setup_pair(void **state)
 {
     (void)state;
     alarm(TEST_ALARM_S);
     node_start(&g_a, "node-a", A_INC, NULL);
     node_start(&g_b, "node-b", B_INC, NULL);
+    introduce(&g_a, &g_b, "node-b", B_INC);
+    introduce(&g_b, &g_a, "node-a", A_INC);
     return 0;
 }
 
@@ -399,6 +414,11 @@ static void test_bad_opts(void **state)
     o.incarnation = 0;
     assert_null(kvf_peer_channel_create(&o));
     o.incarnation = 1;
+    assert_null(kvf_peer_channel_create(&o)); /* no key pair */
+    struct kvf_peer_keypair kp;
+    assert_int_equal(kvf_peer_keypair_generate(&kp), 0);
+    o.public_key = kp.pub;
+    o.secret_key = kp.sec;
     o.bind_endpoint = "bogus://nowhere";
     assert_null(kvf_peer_channel_create(&o));
     kvf_peer_channel_destroy(NULL);
@@ -641,12 +661,77 @@ static void test_late_and_reuse(void **state)
     pthread_mutex_unlock(&g_b.mu);
 }
 
+/* A raw PUSH socket to `ep`: a CURVE client with `keys` and `server` when
+ * `keys` is not NULL. */
+static void *raw_push(void *zctx, const char *ep, const struct kvf_peer_keypair *keys,
+                      const uint8_t *server)
+{
+    void *s = zmq_socket(zctx, ZMQ_PUSH);
+    assert_non_null(s);
+    int linger = 0;
+    zmq_setsockopt(s, ZMQ_LINGER, &linger, sizeof(linger));
+    if (keys != NULL) {
+        assert_int_equal(zmq_setsockopt(s, ZMQ_CURVE_SERVERKEY, server, KVF_PEER_KEY_SIZE), 0);
+        assert_int_equal(zmq_setsockopt(s, ZMQ_CURVE_PUBLICKEY, keys->pub, KVF_PEER_KEY_SIZE), 0);
+        assert_int_equal(zmq_setsockopt(s, ZMQ_CURVE_SECRETKEY, keys->sec, KVF_PEER_KEY_SIZE), 0);
+    }
+    assert_int_equal(zmq_connect(s, ep), 0);
+    return s;
+}
+
+/* One PeerFrame{envelope}: AuxData (seq 1) or TransferStatus ok=false (seq
+ * 2), "from" (`sender`, `inc`) to node-b, room 41. */
+static size_t forged(uint8_t *buf, size_t cap, const char *sender, uint64_t inc, bool aux)
+{
+    Kvfence__V1__RoomKey rk = KVFENCE__V1__ROOM_KEY__INIT;
+    rk.room_id = 41;
+    rk.generation = 1;
+    Kvfence__V1__PeerEnvelope env = KVFENCE__V1__PEER_ENVELOPE__INIT;
+    env.room = &rk;
+    env.sender_node_id = (char *)sender;
+    env.sender_incarnation = inc;
+    env.receiver_node_id = (char *)"node-b";
+    env.receiver_incarnation = B_INC;
+    env.seq = aux ? 1 : 2;
+    Kvfence__V1__AuxData ad = KVFENCE__V1__AUX_DATA__INIT;
+    Kvfence__V1__TransferStatus ts = KVFENCE__V1__TRANSFER_STATUS__INIT;
+    if (aux) {
+        ad.data.data = (uint8_t *)"forged";
+        ad.data.len = 6;
+        env.body_case = KVFENCE__V1__PEER_ENVELOPE__BODY_AUX_DATA;
+        env.aux_data = &ad;
+    } else {
+        ts.ok = false;
+        env.body_case = KVFENCE__V1__PEER_ENVELOPE__BODY_TRANSFER_STATUS;
+        env.transfer_status = &ts;
+    }
+    Kvfence__V1__PeerFrame fr = KVFENCE__V1__PEER_FRAME__INIT;
+    fr.frame_case = KVFENCE__V1__PEER_FRAME__FRAME_ENVELOPE;
+    fr.envelope = &env;
+    size_t len = kvfence__v1__peer_frame__get_packed_size(&fr);
+    assert_true(len <= cap);
+    kvfence__v1__peer_frame__pack(&fr, buf);
+    return len;
+}
+
+static void send_forged_pair(void *s, const char *sender, uint64_t inc)
+{
+    uint8_t buf[256];
+    for (int i = 0; i < 2; i++) {
+        size_t len = forged(buf, sizeof(buf), sender, inc, i == 0);
+        assert_int_equal(zmq_send(s, buf, len, ZMQ_DONTWAIT), (int)len);
+    }
+}
+
 /* Wrong receiver incarnation or id: dropped and counted. The right one gets
  * its own sequence. Frames that are not one PeerFrame are counted malformed. */
 static void test_wrong_receiver_and_malformed(void **state)
 {
     (void)state;
     const char *ep = kvf_peer_channel_endpoint(g_b.ch);
+    assert_int_equal(send_chunk(&g_a, ep, "node-d", B_INC, 21, 1, 1), -ENOKEY); /* a stranger */
+    introduce(&g_a, &g_b, "node-b", B_INC - 1); /* B's key, under ids that are not B's */
+    introduce(&g_a, &g_b, "node-c", B_INC);
     assert_int_equal(send_chunk(&g_a, ep, "node-b", B_INC - 1, 21, 1, 1), 0);
     assert_int_equal(send_chunk(&g_a, ep, "node-c", B_INC, 21, 1, 1), 0);
     assert_int_equal(send_chunk(&g_a, ep, "node-b", B_INC, 21, 1, 1), 0);
@@ -660,12 +745,9 @@ static void test_wrong_receiver_and_malformed(void **state)
     pthread_mutex_unlock(&g_b.mu);
     assert_int_equal(drops_of(&g_b, KVF_PEER_DROP_WRONG_RECEIVER), 2);
 
-    /* A raw socket sends garbage and a two-frame message. */
+    /* A raw socket with A's keys sends garbage and a two-frame message. */
     void *zctx = zmq_ctx_new();
-    void *s = zmq_socket(zctx, ZMQ_PUSH);
-    int linger = 0;
-    zmq_setsockopt(s, ZMQ_LINGER, &linger, sizeof(linger));
-    assert_int_equal(zmq_connect(s, ep), 0);
+    void *s = raw_push(zctx, ep, &g_a.keys, g_b.keys.pub);
     const uint8_t junk[] = {0xff, 0xff, 0xff, 0x01};
     assert_int_equal(zmq_send(s, junk, sizeof(junk), 0), (int)sizeof(junk));
     assert_int_equal(zmq_send(s, "a", 1, ZMQ_SNDMORE), 1);
@@ -677,6 +759,69 @@ static void test_wrong_receiver_and_malformed(void **state)
     kvf_peer_channel_stats(g_b.ch, &sb);
     assert_int_equal(sb.malformed, 3);
     assert_int_equal(sb.delivered, 1);
+}
+
+/* Issue 13: AuxData and TransferStatus(ok=false) stamped as node-a's: from a
+ * socket without CURVE and from a CURVE client with a key of its own, nothing
+ * is delivered (the handshake is refused: ZAP); from node-a's own key but
+ * naming another sender, or after node-a was forgotten (fenced), they are
+ * dropped as UNAUTHENTICATED. node-a's own messages still get through. */
+static void test_forged_senders_refused(void **state)
+{
+    (void)state;
+    const char *ep = kvf_peer_channel_endpoint(g_b.ch);
+    node_rule(&g_b, 41, 1, KVF_PEER_ACCEPT);
+    void *zctx = zmq_ctx_new();
+    int64_t deadline;
+
+    /* No CURVE: the server never completes a handshake with it; a send may
+     * queue in the socket but is never delivered. */
+    void *plain = raw_push(zctx, ep, NULL, NULL);
+    uint8_t buf[256];
+    size_t len = forged(buf, sizeof(buf), "node-a", A_INC, true);
+    (void)zmq_send(plain, buf, len, ZMQ_DONTWAIT);
+    /* A key of its own: ZAP refuses it. */
+    struct kvf_peer_keypair stranger;
+    assert_int_equal(kvf_peer_keypair_generate(&stranger), 0);
+    void *curve = raw_push(zctx, ep, &stranger, g_b.keys.pub);
+    (void)zmq_send(curve, buf, len, ZMQ_DONTWAIT);
+    wait_stat(&g_b, STAT(zap_refused), 1);
+
+    /* node-a's key, claiming to be node-c (introduced too), then node-a at
+     * another incarnation: UNAUTHENTICATED. */
+    struct node c;
+    node_start(&c, "node-c", 5, NULL);
+    introduce(&g_b, &c, "node-c", 5);
+    void *as_a = raw_push(zctx, ep, &g_a.keys, g_b.keys.pub);
+    send_forged_pair(as_a, "node-c", 5);
+    send_forged_pair(as_a, "node-a", A_INC + 1);
+    wait_stat(&g_b, STAT(unauthenticated), 4);
+    assert_int_equal(drops_of(&g_b, KVF_PEER_DROP_UNAUTHENTICATED), 4);
+
+    /* node-a's own channel: delivered. */
+    assert_int_equal(a_to_b(41, 1, 1), 0);
+    wait_stat(&g_b, STAT(delivered), 1);
+    /* Forgotten (fenced): its connection still open, its messages dropped. */
+    assert_int_equal(kvf_peer_channel_forget_peer(g_b.ch, "node-a", A_INC), 0);
+    assert_int_equal(kvf_peer_channel_forget_peer(g_b.ch, "node-a", A_INC), -ENOENT);
+    assert_int_equal(a_to_b(41, 1, 2), 0);
+    wait_stat(&g_b, STAT(unauthenticated), 5);
+
+    deadline = (int64_t)now_ms() + 300; /* a late delivery of the refused ones would show */
+    while ((int64_t)now_ms() < deadline)
+        pause_1ms();
+    struct kvf_peer_stats sb;
+    kvf_peer_channel_stats(g_b.ch, &sb);
+    assert_int_equal(sb.delivered, 1);
+    pthread_mutex_lock(&g_b.mu);
+    assert_int_equal(g_b.last_body, KVFENCE__V1__PEER_ENVELOPE__BODY_CHUNK_NOTICE);
+    assert_string_equal(g_b.last_sender, "node-a");
+    pthread_mutex_unlock(&g_b.mu);
+    zmq_close(plain);
+    zmq_close(curve);
+    zmq_close(as_a);
+    zmq_ctx_term(zctx);
+    node_stop(&c);
 }
 
 /* Destroy with thousands of messages queued, to a live peer and to an
@@ -691,6 +836,9 @@ static void test_destroy_with_queue(void **state)
     /* An endpoint that was bound once and is now closed. */
     struct node dead;
     node_start(&dead, "node-dead", 3, NULL);
+    introduce(&g_a, &g_b, "node-b", B_INC);
+    introduce(&g_b, &g_a, "node-a", A_INC);
+    introduce(&g_a, &dead, "node-dead", 3);
     char dead_ep[256];
     snprintf(dead_ep, sizeof(dead_ep), "%s", kvf_peer_channel_endpoint(dead.ch));
     node_stop(&dead);
@@ -714,8 +862,11 @@ static void test_queue_limit(void **state)
     struct node n;
     memset(&n, 0, sizeof(n));
     pthread_mutex_init(&n.mu, NULL);
+    assert_int_equal(kvf_peer_keypair_generate(&n.keys), 0);
     struct kvf_peer_channel_opts o;
     kvf_peer_channel_opts_init(&o);
+    o.public_key = n.keys.pub;
+    o.secret_key = n.keys.sec;
     o.node_id = "node-q";
     o.incarnation = 1;
     o.bind_endpoint = "tcp://127.0.0.1:0";
@@ -725,6 +876,10 @@ static void test_queue_limit(void **state)
     o.queue_max = 4;
     n.ch = kvf_peer_channel_create(&o);
     assert_non_null(n.ch);
+    struct kvf_peer_keypair x;
+    assert_int_equal(kvf_peer_keypair_generate(&x), 0);
+    assert_int_equal(kvf_peer_channel_introduce(n.ch, "node-x", 1, x.pub), 0);
+    assert_int_equal(kvf_peer_channel_introduce(n.ch, "node-x", 1, n.keys.pub), -EEXIST);
     /* Nobody listens on port 1: once ZeroMQ's pipe is at its high-water mark
      * (or sooner, if this thread outruns the owner) 4 frames wait in the
      * channel and the next send is refused. */
@@ -753,6 +908,7 @@ int main(void)
         cmocka_unit_test_setup_teardown(test_late_and_reuse, setup_pair, teardown_pair),
         cmocka_unit_test_setup_teardown(test_wrong_receiver_and_malformed, setup_pair,
                                         teardown_pair),
+        cmocka_unit_test_setup_teardown(test_forged_senders_refused, setup_pair, teardown_pair),
         cmocka_unit_test(test_destroy_with_queue),
         cmocka_unit_test(test_queue_limit),
     };

@@ -26,7 +26,10 @@
 
 #include <arpa/inet.h>
 #include <netinet/in.h>
+#include <dirent.h>
+#include <poll.h>
 #include <sys/mman.h>
+#include <sys/resource.h>
 #include <sys/socket.h>
 
 #include <cmocka.h>
@@ -244,14 +247,24 @@ static void node_fini(struct node *n)
     pthread_mutex_destroy(&n->lock);
 }
 
+/* The pair's secret (the node derives it from the two peer keys). */
+static const uint8_t SECRET[KVF_TCP_SECRET_SIZE] = "the secret of the pair A and B..";
+
+static void pair_introduce(struct pair *p, const uint8_t *a_secret, const uint8_t *b_secret)
+{
+    assert_int_equal(kvf_transport_tcp_add_peer(p->a.t, A_PEER_B, NODE_B), 0);
+    assert_int_equal(kvf_transport_tcp_add_peer(p->b.t, B_PEER_A, NODE_A), 0);
+    assert_int_equal(kvf_transport_tcp_set_peer_key(p->a.t, A_PEER_B, a_secret), 0);
+    assert_int_equal(kvf_transport_tcp_set_peer_key(p->b.t, B_PEER_A, b_secret), 0);
+}
+
 static int pair_setup(void **state)
 {
     struct pair *p = calloc(1, sizeof(*p));
     assert_non_null(p);
     node_init(&p->a, NODE_A);
     node_init(&p->b, NODE_B);
-    assert_int_equal(kvf_transport_tcp_add_peer(p->a.t, A_PEER_B, NODE_B), 0);
-    assert_int_equal(kvf_transport_tcp_add_peer(p->b.t, B_PEER_A, NODE_A), 0);
+    pair_introduce(p, SECRET, SECRET);
     assert_int_equal(
         kvf_transport_tcp_connect(p->a.t, A_PEER_B, "127.0.0.1", kvf_transport_tcp_port(p->b.t)),
         0);
@@ -609,8 +622,8 @@ static void test_unknown_node_refused(void **state)
                                  .sin_port = htons(kvf_transport_tcp_port(p->b.t))};
         sa.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
         assert_int_equal(connect(fd, (struct sockaddr *)&sa, sizeof(sa)), 0);
-        uint8_t hello[KVF_TCP_HELLO_SIZE] = {0};
-        uint32_t magic = KVF_TCP_MAGIC_HELLO; /* the test runs little-endian */
+        uint8_t hello[KVF_TCP_HELLO_SIZE] = {0}; /* a zero nonce */
+        uint32_t magic = KVF_TCP_MAGIC_HELLO;    /* the test runs little-endian */
         uint16_t version = KVF_TCP_VERSION;
         uint64_t from = i == 0 ? 999 : NODE_A, to = i == 0 ? NODE_B : 998;
         memcpy(hello, &magic, 4);
@@ -619,10 +632,180 @@ static void test_unknown_node_refused(void **state)
         memcpy(hello + 16, &to, 8);
         assert_int_equal(send(fd, hello, sizeof(hello), MSG_NOSIGNAL), (ssize_t)sizeof(hello));
         WAIT_STAT(p->b.t, conns_refused, (uint64_t)i + 1);
+        WAIT_STAT(p->b.t, conns_unknown, 1);
         char c;
         assert_true(recv(fd, &c, 1, 0) <= 0); /* closed by B */
         close(fd);
     }
+}
+
+/* The threads of this process (/proc/self/task). */
+static unsigned thread_count(void)
+{
+    DIR *d = opendir("/proc/self/task");
+    assert_non_null(d);
+    unsigned n = 0;
+    struct dirent *e;
+    while ((e = readdir(d)) != NULL)
+        n += e->d_name[0] != '.';
+    closedir(d);
+    return n;
+}
+
+/* Issue 13: thousands of connections that never finish a hello start no
+ * thread each, and the data port drops every one of them at the hello
+ * deadline. As many as the descriptor limit allows, up to 6,000 (each takes
+ * two descriptors in this process). */
+static void test_idle_connections_make_no_threads(void **state)
+{
+    struct pair *p = *state;
+    struct rlimit rl;
+    assert_int_equal(getrlimit(RLIMIT_NOFILE, &rl), 0);
+    if (rl.rlim_cur < rl.rlim_max) {
+        rl.rlim_cur = rl.rlim_max < 20000 ? rl.rlim_max : 20000;
+        (void)setrlimit(RLIMIT_NOFILE, &rl);
+        assert_int_equal(getrlimit(RLIMIT_NOFILE, &rl), 0);
+    }
+    unsigned n = 6000;
+    if ((rl.rlim_cur - 256) / 2 < n)
+        n = (unsigned)((rl.rlim_cur - 256) / 2);
+    int *fds = calloc(n, sizeof(*fds));
+    assert_non_null(fds);
+    unsigned before = thread_count();
+    unsigned peak = before;
+    struct sockaddr_in sa = {.sin_family = AF_INET,
+                             .sin_port = htons(kvf_transport_tcp_port(p->b.t))};
+    sa.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    uint64_t t0 = now_ms();
+    for (unsigned i = 0; i < n; i++) {
+        fds[i] = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+        assert_true(fds[i] >= 0);
+        assert_int_equal(connect(fds[i], (struct sockaddr *)&sa, sizeof(sa)), 0);
+        if (i % 500 == 0) {
+            unsigned c = thread_count();
+            peak = c > peak ? c : peak;
+        }
+    }
+    sleep_ms(200);
+    unsigned c = thread_count();
+    peak = c > peak ? c : peak;
+    print_message("%u idle connections in %llu ms: %u threads before, %u at the peak\n", n,
+                  (unsigned long long)(now_ms() - t0), before, peak);
+    if (peak > before + 4)
+        fail_msg("%u idle connections made %u threads", n, peak - before);
+
+    /* Every one is closed by the data port within the deadline (plus slack). */
+    unsigned closed = 0;
+    uint64_t end = now_ms() + 10000;
+    while (closed < n && now_ms() < end) {
+        for (unsigned i = 0; i < n; i++) {
+            if (fds[i] < 0)
+                continue;
+            struct pollfd pf = {.fd = fds[i], .events = POLLIN};
+            if (poll(&pf, 1, 0) == 1) {
+                char b;
+                if (recv(fds[i], &b, 1, MSG_DONTWAIT) <= 0) {
+                    close(fds[i]);
+                    fds[i] = -1;
+                    closed++;
+                }
+            }
+        }
+        sleep_ms(20);
+    }
+    for (unsigned i = 0; i < n; i++)
+        if (fds[i] >= 0)
+            close(fds[i]);
+    free(fds);
+    if (closed < n)
+        fail_msg("%u of %u idle connections still open 10 s after connecting", n - closed, n);
+    struct kvf_transport_tcp_stats s;
+    kvf_transport_tcp_stats(p->b.t, &s);
+    assert_true(s.conns_refused >= n);
+    assert_true(s.conns_over_cap >= n - 64); /* evicted for newer ones (max_pending 64) */
+    assert_true(s.conns_timed_out >= 1);     /* the last ones, at the hello deadline */
+    assert_int_equal(s.conns_accepted, 1);   /* A's own */
+}
+
+/* A connection that knows both ids but not the pair's secret: A and B hold
+ * different secrets. B's challenge does not prove A's, so A's sender never
+ * writes a frame (its frames complete ERROR); a third party that sends a
+ * proof it made up, then a frame, is refused at the proof; nothing lands. */
+static void test_wrong_secret_refused_nothing_lands(void **state)
+{
+    (void)state;
+    struct pair *p = calloc(1, sizeof(*p));
+    assert_non_null(p);
+    node_init(&p->a, NODE_A);
+    node_init(&p->b, NODE_B);
+    uint8_t other[KVF_TCP_SECRET_SIZE];
+    memcpy(other, SECRET, sizeof(other));
+    other[0] ^= 1;
+    pair_introduce(p, other, SECRET);
+    assert_int_equal(kvf_transport_tcp_set_peer_key(p->b.t, B_PEER_A, other), -EEXIST);
+    assert_int_equal(kvf_transport_tcp_set_peer_key(p->b.t, B_PEER_A, SECRET), 0);
+    assert_int_equal(kvf_transport_tcp_set_peer_key(p->b.t, 9, SECRET), -ENOENT);
+    assert_int_equal(
+        kvf_transport_tcp_connect(p->a.t, A_PEER_B, "127.0.0.1", kvf_transport_tcp_port(p->b.t)),
+        0);
+    uint8_t *src = malloc(PAGE);
+    assert_non_null(src);
+    fill_pattern(src, PAGE, 7);
+    struct kvf_xfer x;
+    assert_int_equal(post(&p->a, &x, ROOM, src, PAGE, 3, 1, 0), 0);
+    struct reaped r = {0};
+    reap(p->a.t, 1, &r);
+    assert_int_equal(r.by_outcome[KVF_LT_DONE_ERROR], 1);
+    WAIT_STAT(p->a.t, handshakes_failed, 1);
+    WAIT_STAT(p->b.t, conns_bad_hello, 1);
+
+    /* A third party: a right hello, a made-up proof, a frame. */
+    int fd = socket(AF_INET, SOCK_STREAM, 0);
+    assert_true(fd >= 0);
+    struct sockaddr_in sa = {.sin_family = AF_INET,
+                             .sin_port = htons(kvf_transport_tcp_port(p->b.t))};
+    sa.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    assert_int_equal(connect(fd, (struct sockaddr *)&sa, sizeof(sa)), 0);
+    uint8_t hello[KVF_TCP_HELLO_SIZE] = {0};
+    uint32_t magic = KVF_TCP_MAGIC_HELLO, pmagic = KVF_TCP_MAGIC_PROOF;
+    uint16_t version = KVF_TCP_VERSION;
+    uint64_t from = NODE_A, to = NODE_B;
+    memcpy(hello, &magic, 4);
+    memcpy(hello + 4, &version, 2);
+    memcpy(hello + 8, &from, 8);
+    memcpy(hello + 16, &to, 8);
+    uint8_t proof[KVF_TCP_PROOF_SIZE];
+    memset(proof, 0x42, sizeof(proof));
+    memcpy(proof, &pmagic, 4);
+    uint8_t hdr[KVF_TCP_HEADER_SIZE] = {0};
+    uint32_t dmagic = KVF_TCP_MAGIC_DATA, pool = POOL_ID, page = 5, count = 1;
+    uint64_t seq = 1, len = PAGE;
+    memcpy(hdr, &dmagic, 4);
+    memcpy(hdr + 4, &version, 2);
+    memcpy(hdr + 8, &ROOM.room_id, 8);
+    memcpy(hdr + 16, &ROOM.generation, 8);
+    memcpy(hdr + 24, &seq, 8);
+    memcpy(hdr + 32, &pool, 4);
+    memcpy(hdr + 36, &page, 4);
+    memcpy(hdr + 40, &count, 4);
+    memcpy(hdr + 56, &len, 8);
+    assert_int_equal(send(fd, hello, sizeof(hello), MSG_NOSIGNAL), (ssize_t)sizeof(hello));
+    assert_int_equal(send(fd, proof, sizeof(proof), MSG_NOSIGNAL), (ssize_t)sizeof(proof));
+    (void)send(fd, hdr, sizeof(hdr), MSG_NOSIGNAL);
+    (void)send(fd, src, PAGE, MSG_NOSIGNAL);
+    WAIT_STAT(p->b.t, conns_bad_hello, 2);
+    close(fd);
+
+    struct kvf_transport_tcp_stats s;
+    kvf_transport_tcp_stats(p->b.t, &s);
+    assert_int_equal(s.conns_accepted, 0);
+    assert_int_equal(s.frames_received, 0);
+    assert_int_equal(atomic_load(&p->b.checks), 0); /* not even a lease check */
+    assert_true(canary_intact(p->b.pool, POOL_BYTES));
+    free(src);
+    node_fini(&p->a);
+    node_fini(&p->b);
+    free(p);
 }
 
 /* R1/R12: the sink fences the source in the middle of a stream. Once
@@ -1181,6 +1364,9 @@ int main(void)
         cmocka_unit_test_setup_teardown(test_malformed_length_mismatch, pair_setup, pair_teardown),
         cmocka_unit_test_setup_teardown(test_malformed_offset_past_page, pair_setup, pair_teardown),
         cmocka_unit_test_setup_teardown(test_unknown_node_refused, pair_setup, pair_teardown),
+        cmocka_unit_test_setup_teardown(test_idle_connections_make_no_threads, pair_setup,
+                                        pair_teardown),
+        cmocka_unit_test(test_wrong_secret_refused_nothing_lands),
         cmocka_unit_test_setup_teardown(test_unknown_room_is_waited_for_then_refused, pair_setup,
                                         pair_teardown),
         cmocka_unit_test_setup_teardown(test_fence_sink_side_mid_stream, pair_setup, pair_teardown),
