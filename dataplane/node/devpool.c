@@ -16,6 +16,7 @@
 #include <inttypes.h>
 #include <stdio.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include "local.h"
@@ -39,9 +40,23 @@ static bool fake_device_name(const struct kvf_node *n, const char *name)
     return pre && pre[0] && name && strncmp(name, pre, strlen(pre)) == 0;
 }
 
-int node_devpool_open(struct kvf_node *n, const Kvfence__V1__RegisterPoolRequest *req,
-                      struct kvf_pool **pool_p, char *msg, size_t msg_len)
+/* The memory behind `fd` at `offset`, `size`, as the kernel names it. */
+static void memory_key(int fd, uint64_t offset, uint64_t size, char *key, size_t key_len)
 {
+    struct stat st;
+    if (fstat(fd, &st) != 0) {
+        key[0] = '\0';
+        return;
+    }
+    snprintf(key, key_len, "inode:%" PRIu64 ":%" PRIu64 ":%" PRIu64 ":%" PRIu64,
+             (uint64_t)st.st_dev, (uint64_t)st.st_ino, offset, size);
+}
+
+int node_devpool_open(struct kvf_node *n, const Kvfence__V1__RegisterPoolRequest *req,
+                      struct kvf_pool **pool_p, char *key, size_t key_len, char *msg,
+                      size_t msg_len)
+{
+    key[0] = '\0';
     struct kvf_error err;
     kvf_error_clear(&err);
     if (req->memory_case == KVFENCE__V1__REGISTER_POOL_REQUEST__MEMORY_CUDA_IPC) {
@@ -73,6 +88,8 @@ int node_devpool_open(struct kvf_node *n, const Kvfence__V1__RegisterPoolRequest
         }
         int rc = kvf_pool_open_fd(fd, KVF_POOL_HOST_SHM, "host_fd", hf->offset, hf->size,
                                   req->page_size, req->page_count, pool_p, &err);
+        if (rc == 0)
+            memory_key(fd, hf->offset, hf->size, key, key_len);
         close(fd);
         if (rc == 0) {
             node_log("info", NULL, "host_fd pool: the descriptor came from pid %d uid %u gid %u",
@@ -99,6 +116,8 @@ int node_devpool_open(struct kvf_node *n, const Kvfence__V1__RegisterPoolRequest
     }
     rc = kvf_pool_open_fd(fd, fake ? KVF_POOL_FAKE_DEVICE : KVF_POOL_HOST_SHM, "host_shm",
                           shm->offset, shm->size, req->page_size, req->page_count, pool_p, &err);
+    if (rc == 0)
+        memory_key(fd, shm->offset, shm->size, key, key_len);
     close(fd);
     if (rc == 0)
         return 0;

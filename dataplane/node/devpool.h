@@ -23,9 +23,14 @@
 /* Opens the memory of `req` into *pool_p. 0, or a gRPC code with `msg`
  * naming the field (cuda_ipc.ipc_handle, cuda_ipc.device, host_shm...). With
  * opts.test_fake_device_pools set, a host_shm pool whose shm_name starts with
- * it is opened as a fake device pool (tests). */
+ * it is opened as a fake device pool (tests). On success `key` (key_len
+ * bytes) holds the memory's identity on this host as the kernel names it:
+ * the device and inode of the object or descriptor opened, with offset and
+ * size, so the same memory registered again after a node restart gets the
+ * same key whatever name or descriptor it comes by; "" for device memory. */
 int node_devpool_open(struct kvf_node *n, const Kvfence__V1__RegisterPoolRequest *req,
-                      struct kvf_pool **pool_p, char *msg, size_t msg_len);
+                      struct kvf_pool **pool_p, char *key, size_t key_len, char *msg,
+                      size_t msg_len);
 
 /* Shape checks of a cuda_ipc request on the CQ thread: NULL or the
  * INVALID_ARGUMENT message. */

@@ -79,7 +79,7 @@ void node_local_register_pool(struct kvf_node *n, struct node_job *j)
     struct node_pool *p = &n->pools[n->npools];
     memset(p, 0, sizeof *p);
     char why[300];
-    int rc = node_devpool_open(n, req, &p->pool, why, sizeof why);
+    int rc = node_devpool_open(n, req, &p->pool, p->key, sizeof p->key, why, sizeof why);
     if (rc != 0) {
         fail(j, rc, "%s", why);
         return;
@@ -87,12 +87,12 @@ void node_local_register_pool(struct kvf_node *n, struct node_job *j)
     p->base = kvf_pool_page(p->pool, 0);
     /* The memory's identity, stable across restarts of this node: the
      * control plane maps the memory registered again to the pages that
-     * leases of an older incarnation still hold. */
-    if (req->pool_key && req->pool_key[0])
+     * leases of an older incarnation still hold. Host memory is named by the
+     * kernel (devpool.h), whatever the engine says: an engine cannot give
+     * one memory two names and lease a page twice. Device memory has no such
+     * name: there the engine's key is what there is. */
+    if (p->key[0] == '\0' && req->pool_key && req->pool_key[0])
         snprintf(p->key, sizeof p->key, "%s", req->pool_key);
-    else if (req->host_shm && req->host_shm->shm_name)
-        snprintf(p->key, sizeof p->key, "shm:%s:%" PRIu64 ":%" PRIu64, req->host_shm->shm_name,
-                 req->host_shm->offset, req->host_shm->size);
     for (uint32_t i = 0; i < n->npools && p->key[0]; i++) {
         if (strcmp(n->pools[i].key, p->key) == 0) {
             kvf_pool_close(p->pool);
@@ -141,10 +141,17 @@ void node_local_register_pool(struct kvf_node *n, struct node_job *j)
 
     Kvfence__V1__RegisterPoolResponse resp = KVFENCE__V1__REGISTER_POOL_RESPONSE__INIT;
     resp.pool = &pool;
+    /* The pool's key makes the answer as long as the key is: pack it in a
+     * buffer of its size. */
     size_t len = kvfence__v1__register_pool_response__get_packed_size(&resp);
-    uint8_t buf[128];
+    uint8_t *buf = malloc(len ? len : 1);
+    if (buf == NULL) {
+        fail(j, KVF_GRPC_RESOURCE_EXHAUSTED, "out of memory answering RegisterPool");
+        return;
+    }
     kvfence__v1__register_pool_response__pack(&resp, buf);
     kvf_rpc_call_reply(j->call, buf, len);
+    free(buf);
     j->call = NULL;
 }
 
