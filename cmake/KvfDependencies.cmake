@@ -49,6 +49,8 @@ kvf_require_python_module(${KVF_PYTHON} pytest python3-pytest)
 # (helm and kubectl come from an npm package and are unzipped; normal build
 # only: a sanitizer build's binaries load libasan, which no image ships).
 kvf_require_program(KVF_OPENSSL openssl openssl)
+# The Promela model of the release proof (tests/model).
+kvf_require_program(KVF_SPIN spin spin)
 if(NOT KVF_SANITIZE)
   kvf_require_program(KVF_NODE_EXE node nodejs)
   kvf_require_program(KVF_NPM_EXE npm npm)

@@ -17,6 +17,8 @@ packages=(
     libzmq3-dev libibverbs-dev rdma-core libmicrohttpd-dev
     # data-channel handshakes and peer keys (libcrypto: HMAC-SHA256, X25519)
     libssl-dev
+    # tests and interop clients; spin checks the model of the release proof
+    spin
     # tests and interop clients
     libcmocka-dev python3 python3-grpcio python3-grpc-tools python3-protobuf
     protobuf-compiler-grpc python3-pytest
