@@ -39,6 +39,7 @@
 #include "kvf_api_descriptors.h"
 #include "reflection.h"
 #include "rpc_server.h"
+#include "metrics.h"
 #include "service_internal.h"
 
 /* ---- logging -------------------------------------------------------------- */
@@ -943,6 +944,14 @@ struct kvf_svc *kvf_svc_create(const struct kvf_svc_opts *sopts)
         kvf_svc_destroy(svc);
         return NULL;
     }
+    /* Plaintext (or TLS without client certificates) is a test bed's mode:
+     * a metric says so, for an alert, besides the INSECURE line at start. */
+    struct kvf_metric *insecure = NULL;
+    if (kvf_metrics_gauge(kvf_svc_metrics_registry(svc->ctx.metrics), "kvfence_insecure",
+                          "1 when callers are not authenticated (no mutual TLS): anyone who "
+                          "reaches the port can attach as any node and call Admin.",
+                          &insecure) >= 0)
+        kvf_gauge_set(insecure, svc->authz.enforce ? 0 : 1);
     int rc = pthread_create(&svc->thread, NULL, state_thread, svc);
     if (rc != 0) {
         kvf_log("error", "cannot start the state thread: %s", strerror(rc));

@@ -478,6 +478,7 @@ static void metrics_abort_to_released_and_rejected_reports(void **state)
     assert_true(sample(m, "kvfence_generation") >= 1);
     assert_has(
         m, "kvfence_rpc_requests_total{method=\"/kvfence.v1.Control/AbortRoom\",code=\"OK\"} 1\n");
+    assert_has(m, "kvfence_insecure 1\n"); /* plaintext: nobody is authenticated */
     free(m);
     fake_node_close(n);
 }

@@ -410,3 +410,27 @@ def test_mtls_real_node_attaches_as_its_certificate(tls_server, channels, pki, n
                 p.kill()
                 p.wait()
             log.close()
+
+
+def test_kvfence_insecure_metric(control_bin, tmp_path, pki):
+    """kvfence_insecure is 1 without mutual TLS and 0 with it."""
+    import urllib.request
+
+    values = {}
+    for name, args in [("plain", []),
+                       ("mtls", ["--tls-cert", pki.path("server.pem"), "--tls-key", pki.path("server.key"),
+                                 "--tls-client-ca", pki.path("ca.pem")])]:
+        mport = tmp_path / (name + ".mport")
+        p = ControlProcess(control_bin, tmp_path, tmp_path / (name + "-data"), name,
+                           args + ["--metrics-port-file", str(mport)])
+        p.start()
+        try:
+            p.wait_serving()
+            port = int(mport.read_text().split()[0])
+            with urllib.request.urlopen("http://127.0.0.1:%d/metrics" % port, timeout=RPC_TIMEOUT_S) as r:
+                text = r.read().decode()
+            values[name] = [l for l in text.splitlines() if l.startswith("kvfence_insecure ")]
+        finally:
+            assert p.terminate() == 0, p.stderr_tail()
+            p.cleanup()
+    assert values == {"plain": ["kvfence_insecure 1"], "mtls": ["kvfence_insecure 0"]}, values
