@@ -566,10 +566,19 @@ int kvf_svc_repair_wal(const char *data_dir)
         fprintf(stdout, "kvfence-control: repair of %s failed: %s\n", data_dir,
                 err.msg[0] ? err.msg : strerror(-rc));
     } else if (info.repaired) {
-        fprintf(stdout,
-                "kvfence-control: repaired %s: %s; dropped %" PRIu64
-                " records (the log now ends before seq %" PRIu64 ")\n",
-                data_dir, info.repair_what, info.repair_dropped, info.next_seq);
+        if (info.repair_dropped_unknown)
+            fprintf(stdout,
+                    "kvfence-control: repaired %s: %s; dropped at least %" PRIu64
+                    " records: a deleted file held every record from seq %" PRIu64
+                    " on, how many nothing on disk says (the log now ends before seq %" PRIu64
+                    ")\n",
+                    data_dir, info.repair_what, info.repair_dropped, info.repair_lost_from,
+                    info.next_seq);
+        else
+            fprintf(stdout,
+                    "kvfence-control: repaired %s: %s; dropped %" PRIu64
+                    " records (the log now ends before seq %" PRIu64 ")\n",
+                    data_dir, info.repair_what, info.repair_dropped, info.next_seq);
         if (info.repair_backup[0])
             fprintf(stdout, "kvfence-control: the files as they were are in %s/%s\n", data_dir,
                     info.repair_backup);

@@ -126,8 +126,13 @@ struct kvf_store_recovery {
     char tail_reason[96];               /* what was wrong there ("CRC mismatch", ...) */
     uint64_t elapsed_ns;                /* time recover() took */
     /* Only with the WAL's repair option (wal.h): */
-    bool repaired;                          /* damage was found and the log cut there */
-    uint64_t repair_dropped;                /* records in what was cut or deleted */
+    bool repaired;           /* damage was found and the log cut there */
+    uint64_t repair_dropped; /* records in what was cut or deleted */
+    /* A file that held records was already gone (a deleted last segment):
+     * repair_dropped counts what was seen, and more were lost (from seq
+     * repair_lost_from on; how many, nothing on disk says). */
+    bool repair_dropped_unknown;
+    uint64_t repair_lost_from;
     char repair_backup[KVF_STORE_NAME_MAX]; /* sub-directory of the data dir with the copies */
     char repair_what[320];                  /* what was wrong and what was done */
 };

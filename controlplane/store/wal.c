@@ -1105,6 +1105,8 @@ static int wal_replay_segment(struct wal *w, uint64_t first, bool is_last, struc
              * segment and every later one, start anew after the gap. */
             rc = wal_repair_backup(w, r, r->idx, info, err);
             if (rc == 0) {
+                /* The gap's own records (a deleted segment), then this one's. */
+                info->repair_dropped += first - r->expect;
                 info->repair_dropped += wal_file_records(w->dir_fd, name);
                 if (unlinkat(w->dir_fd, name, 0) != 0)
                     rc = kvf_error_set(err, -errno, "%s/%s: unlink: %s", w->dir, name,
@@ -1250,8 +1252,12 @@ static int wal_replay_segment(struct wal *w, uint64_t first, bool is_last, struc
         rc = wal_repair_backup(w, r, r->idx, info, err);
         if (rc != 0)
             goto out;
-        if (!sealed)
+        if (!sealed) {
             info->repair_dropped += 1 + (later ? wal_chain_count(m.p, m.size, later_off) : 0);
+        } else {
+            info->repair_dropped_unknown = true;
+            info->repair_lost_from = r->expect;
+        }
         rc = wal_repair_drop_after(w, r, r->idx, info, err);
         if (rc != 0)
             goto out;
@@ -1532,9 +1538,11 @@ static int wal_recover(struct kvf_store *s, kvf_store_snapshot_fn on_snapshot,
             break;
     }
     if (info.repaired)
-        wal_log(w, KVF_STORE_LOG_WARN, "%s: repaired: %s; dropped %" PRIu64 " records%s%s", w->dir,
-                info.repair_what, info.repair_dropped, info.repair_backup[0] ? "; backup in " : "",
-                info.repair_backup);
+        wal_log(
+            w, KVF_STORE_LOG_WARN, "%s: repaired: %s; dropped %s%" PRIu64 " records%s%s%s", w->dir,
+            info.repair_what, info.repair_dropped_unknown ? "at least " : "", info.repair_dropped,
+            info.repair_dropped_unknown ? " (a deleted file held more, how many is unknown)" : "",
+            info.repair_backup[0] ? "; backup in " : "", info.repair_backup);
     if (info.stale_removed > 0)
         (void)wal_sync_dir(w);
 
