@@ -106,6 +106,8 @@ int nh_node_start(struct nh_node *np, const char *dir, const char *tag, const ch
         if (access(np->port_file, R_OK) == 0) {
             char target[200];
             snprintf(target, sizeof target, "unix:%s", np->sock);
+            /* A restarted node: the channel to its previous process goes. */
+            kvf_rpc_channel_destroy(np->local);
             np->local = kvf_rpc_channel_create(target, NULL);
             return np->local ? 0 : -1;
         }
