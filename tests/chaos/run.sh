@@ -15,8 +15,8 @@ src=$(cd "$here/../.." && pwd)
 build=$(cd "${2:-$src/build}" && pwd)
 [ $# -ge 2 ] && shift 2 || shift $#
 case $mode in
-  short) : "${KVF_CHAOS_CYCLES:=3}" "${KVF_CHAOS_NODE_ROUNDS:=1}"; limit=140 ;;
-  long) : "${KVF_CHAOS_CYCLES:=20}" "${KVF_CHAOS_NODE_ROUNDS:=5}"; limit=900 ;;
+  short) : "${KVF_CHAOS_CYCLES:=3}" "${KVF_CHAOS_NODE_ROUNDS:=1}" "${KVF_CHAOS_PAUSED_ATTEMPTS:=2}"; limit=140 ;;
+  long) : "${KVF_CHAOS_CYCLES:=20}" "${KVF_CHAOS_NODE_ROUNDS:=5}" "${KVF_CHAOS_PAUSED_ATTEMPTS:=4}"; limit=900 ;;
   *) echo "usage: $0 short|long [BUILD_DIR] [pytest args]" >&2; exit 2 ;;
 esac
 : "${KVF_CONTROL_BIN:=$build/controlplane/kvfence-control}"
@@ -25,7 +25,7 @@ esac
 : "${KVF_PYTHON:=/usr/bin/python3}"
 PYTHONPATH=$build/tests/interop/stubs:$src/tests/interop:$src/clients/python:$build/clients/python:$src/clients/python/examples
 PYTHONDONTWRITEBYTECODE=1
-export KVF_CHAOS_CYCLES KVF_CHAOS_NODE_ROUNDS KVF_CONTROL_BIN KVF_NODE_BIN KVF_CHAOS_REPORT PYTHONPATH \
+export KVF_CHAOS_CYCLES KVF_CHAOS_NODE_ROUNDS KVF_CHAOS_PAUSED_ATTEMPTS KVF_CONTROL_BIN KVF_NODE_BIN KVF_CHAOS_REPORT PYTHONPATH \
   PYTHONDONTWRITEBYTECODE
 # pytest's own temp dirs are removed on the way out, also after a failure; a test's mounts and
 # processes are undone by its fixtures.
