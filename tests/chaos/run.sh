@@ -1,9 +1,11 @@
 #!/bin/sh
 # tests/chaos/run.sh: runs the chaos tests (README.md).
 #
-#   run.sh short [BUILD_DIR]   what ctest's chaos_short runs: 3 kill -9 cycles, one round per node case
-#   run.sh long  [BUILD_DIR]   20 kill -9 cycles (KVF_CHAOS_CYCLES), 5 rounds per node case
-#                              (KVF_CHAOS_NODE_ROUNDS); the figures go to BUILD_DIR/chaos-report.json
+#   run.sh short [BUILD_DIR]   what ctest's chaos_short runs: 3 kill -9 cycles, one round per node kill
+#                              case, 2 attempts per node pause case
+#   run.sh long  [BUILD_DIR]   20 kill -9 cycles (KVF_CHAOS_CYCLES), 5 rounds per node kill case
+#                              (KVF_CHAOS_NODE_ROUNDS), 4 attempts per pause case (KVF_CHAOS_PAUSED_ATTEMPTS);
+#                              the figures go to BUILD_DIR/chaos-report-<mode>.json
 #
 # BUILD_DIR defaults to ./build. KVF_CONTROL_BIN and KVF_NODE_BIN default to the build's binaries.
 # Extra arguments after BUILD_DIR go to pytest (e.g. -k damage). Every test bounds its own waits;

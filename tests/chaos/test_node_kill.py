@@ -349,7 +349,7 @@ def _run_round(cl, room_id, victim, sig, rng):
     stable = snk.read(SINK_FIRST) if victim == "n2" else None
     while True:
         if released[victim_lease].is_set():
-            violations.append("%s RELEASED %.3f s after the survivor's, %s still %s "
+            violations.append("%s RELEASED at %+.3f s from the survivor's, %s still %s "
                               "(no proof from its host)" % (
                                   what, proof[victim_lease]["t"] - t_lost, victim,
                                   "paused" if sig == signal.SIGSTOP else "dead, not restarted"))
@@ -371,6 +371,8 @@ def _run_round(cl, room_id, victim, sig, rng):
     rearm_sink_if_released("while the victim waited")  # only after an early release
 
     # 3. The proof from the victim's host.
+    landed_before_proof = sum(1 for j in range(PAGES)
+                              if snk.read(SINK_FIRST + j) == _pattern(room_id, j))
     t_proof = time.monotonic()
     if sig == signal.SIGKILL:
         cl.restart(victim)
@@ -398,6 +400,9 @@ def _run_round(cl, room_id, victim, sig, rng):
     vlog = cl.procs[victim].log()
     proof_kind = ("witness" if "witness: incarnation" in vlog else "drained") \
         if sig == signal.SIGSTOP else "hello"
+    # A paused source posts its held frames when it resumes (after the sink's
+    # fence): they must not land.
+    posted_on_resume = vlog.count("fault: release frame") if victim == "n1" else None
     if sig == signal.SIGKILL and proof_log not in vlog:
         violations.append("the restarted %s did not log %r" % (victim, proof_log))
 
@@ -419,11 +424,15 @@ def _run_round(cl, room_id, victim, sig, rng):
     violations.extend(cl.stats.problems)
     t_victim = proof[victim_lease]["t"] if victim_lease in proof else None
     return {"admitted_before_hit": hit_after, "pages_landed": rearmed.get("landed"),
+            "pages_landed_before_proof": landed_before_proof,
+            "frames_posted_on_resume": posted_on_resume,
             "late_pages": late, "violations": violations, "hold_polls": polls,
             "proof": proof_kind,
             "survivor_released_s_after_hit": round(t_lost - t_hit, 3),
+            # None when it was released without (before) the proof
             "victim_released_s_after_proof": (round(t_victim - t_proof, 3)
-                                              if t_victim is not None else None),
+                                              if t_victim is not None and t_victim >= t_proof
+                                              else None),
             "victim_waited_s": (round(t_victim - t_lost, 3) if t_victim is not None else None)}
 
 
@@ -440,6 +449,7 @@ def _figures(key, runs, n_key):
         "rounds_with_violations": sum(1 for r in runs if r["violations"]),
         "late_pages": [r["late_pages"] for r in runs],
         "pages_landed": [r["pages_landed"] for r in runs],
+        "pages_landed_before_proof": [r["pages_landed_before_proof"] for r in runs],
         "proof": sorted(set(r["proof"] for r in runs)),
         "survivor_released_s_after_hit": _stats([r["survivor_released_s_after_hit"]
                                                  for r in runs]),
@@ -491,4 +501,7 @@ def test_paused_node_lands_nothing_after_release(cluster_factory, victim):
                                    random.Random(12 + i + 100 * (victim == "n1"))))
         cl.close()
     _figures("sigstop_%s" % ("source" if victim == "n1" else "sink"), attempts, "attempts")
+    if victim == "n1":
+        RESULTS["sigstop_source"]["frames_posted_on_resume"] = [r["frames_posted_on_resume"]
+                                                                for r in attempts]
     _check(attempts)
