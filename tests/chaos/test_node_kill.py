@@ -346,7 +346,8 @@ def _run_round(cl, room_id, victim, sig, rng):
     # counted in the stats, for HOLD_S; no timer releases it.
     what = "%s (victim) lease %d" % (role[victim_lease], victim_lease)
     polls = 0
-    stable = snk.read(SINK_FIRST) if victim == "n2" else None
+    lease_pages = range(SINK_FIRST, SINK_FIRST + PAGES)
+    stable = [snk.read(pg) for pg in lease_pages] if victim == "n2" else None
     while True:
         if released[victim_lease].is_set():
             violations.append("%s RELEASED at %+.3f s from the survivor's, %s still %s "
@@ -366,13 +367,17 @@ def _run_round(cl, room_id, victim, sig, rng):
         if time.monotonic() - t_lost >= HOLD_S:
             break
         time.sleep(0.1)
-    if victim == "n2" and sig == signal.SIGKILL and snk.read(SINK_FIRST) != stable:
-        violations.append("sink page %d changed while its node was dead" % SINK_FIRST)
+    if victim == "n2":  # dead or paused: nothing may move its pages
+        moved = [pg for pg, old in zip(lease_pages, stable) if snk.read(pg) != old]
+        if moved:
+            violations.append("sink pages %s changed while their node was %s" % (
+                moved[:8], "paused" if sig == signal.SIGSTOP else "dead"))
     rearm_sink_if_released("while the victim waited")  # only after an early release
 
     # 3. The proof from the victim's host.
-    landed_before_proof = sum(1 for j in range(PAGES)
-                              if snk.read(SINK_FIRST + j) == _pattern(room_id, j))
+    landed_before_proof = (sum(1 for j in range(PAGES)
+                               if snk.read(SINK_FIRST + j) == _pattern(room_id, j))
+                           if victim == "n2" else None)  # a source victim's sink is re-armed
     t_proof = time.monotonic()
     if sig == signal.SIGKILL:
         cl.restart(victim)
