@@ -253,6 +253,9 @@ class Lease:
     ranges: Tuple[PageRange, ...]
     mode: LeaseMode
     state: LeaseState
+    # RELEASING in an ended room, waiting for a proof from its lost node's own
+    # host (that incarnation's Drained, or its death witnessed there).
+    awaiting_host_proof: bool = False
 
     def pages(self) -> List[int]:
         """Every page index of the lease, in lease order."""
@@ -261,7 +264,8 @@ class Lease:
     @classmethod
     def _from(cls, m: types_pb2.Lease) -> "Lease":
         return cls(m.lease_id, RoomKey._from(m.room), Participant._from(m.participant), m.pool_id,
-                   _ranges_from(m.ranges), _enum(LeaseMode, m.mode), _enum(LeaseState, m.state))
+                   _ranges_from(m.ranges), _enum(LeaseMode, m.mode), _enum(LeaseState, m.state),
+                   m.awaiting_host_proof)
 
 
 @dataclass(frozen=True)
