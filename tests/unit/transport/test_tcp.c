@@ -666,6 +666,9 @@ static void test_idle_connections_make_no_threads(void **state)
         (void)setrlimit(RLIMIT_NOFILE, &rl);
         assert_int_equal(getrlimit(RLIMIT_NOFILE, &rl), 0);
     }
+    /* A's own connection finishes its handshake first: a flood evicts the
+     * oldest pending handshake, and a peer's would be one (it reconnects). */
+    WAIT_STAT(p->b.t, conns_accepted, 1);
     unsigned n = 6000;
     if ((rl.rlim_cur - 256) / 2 < n)
         n = (unsigned)((rl.rlim_cur - 256) / 2);
@@ -722,9 +725,16 @@ static void test_idle_connections_make_no_threads(void **state)
     struct kvf_transport_tcp_stats s;
     kvf_transport_tcp_stats(p->b.t, &s);
     assert_true(s.conns_refused >= n);
-    assert_true(s.conns_over_cap >= n - 64); /* evicted for newer ones (max_pending 64) */
-    assert_true(s.conns_timed_out >= 1);     /* the last ones, at the hello deadline */
-    assert_int_equal(s.conns_accepted, 1);   /* A's own */
+    /* Each one was dropped, evicted for a newer one (max_pending 64) or at
+     * the hello deadline; which of the two for the last ones depends on how
+     * the accepts were batched. */
+    if (s.conns_over_cap < n - 64 || s.conns_over_cap + s.conns_timed_out < n)
+        fail_msg("%u idle connections: refused %llu, over cap %llu, timed out %llu, bad hello "
+                 "%llu, unknown %llu",
+                 n, (unsigned long long)s.conns_refused, (unsigned long long)s.conns_over_cap,
+                 (unsigned long long)s.conns_timed_out, (unsigned long long)s.conns_bad_hello,
+                 (unsigned long long)s.conns_unknown);
+    assert_int_equal(s.conns_accepted, 1); /* A's own */
 }
 
 /* A connection that knows both ids but not the pair's secret: A and B hold
