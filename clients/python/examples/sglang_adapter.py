@@ -21,7 +21,7 @@ changes:
                                             WatchLeases "released" callback, after every
                                             node drained or was fenced
 
-The races it closes (../shared/notes/domain.md): R1 (D frees pages that a late
+The races it closes: R1 (D frees pages that a late
 write still lands in), R8 (P frees source pages while they are still read,
 chunked prefill included), R10 (late chunk/aux for an aborted room written
 into reused rows), R13 (a reused room id: late messages of the old room
