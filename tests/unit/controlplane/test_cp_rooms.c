@@ -1,7 +1,7 @@
 /*
  * test_cp_rooms.c: rooms of the control-plane state core, end to end.
  *
- * Each test is one scenario of ../shared/notes/domain.md or one rule of
+ * Each test is one race scenario (R1..R13, tests/README.md) or one rule of
  * docs/state-cores.md, driven by hand with an explicit clock and a
  * deterministic random source: join, ACTIVE, completion, abort, tokens and
  * generations, the drain barrier, re-sends, join timeout, capabilities and
