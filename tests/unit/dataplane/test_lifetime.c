@@ -1,7 +1,7 @@
 /*
  * test_lifetime.c: the node lifetime core, stepped by hand on one thread.
  *
- * Each test is one scenario of ../shared/notes/domain.md (the race it closes is
+ * Each test is one race scenario of tests/README.md (the race it closes is
  * named in its comment). A test holds ops "in flight" for as long as it likes
  * and fires completions in the order it wants; after every step it checks what
  * the node would do: whether it may report drained, release pages or staging
