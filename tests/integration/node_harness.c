@@ -106,8 +106,6 @@ int nh_node_start(struct nh_node *np, const char *dir, const char *tag, const ch
         if (access(np->port_file, R_OK) == 0) {
             char target[200];
             snprintf(target, sizeof target, "unix:%s", np->sock);
-            /* A restarted node: the channel to its previous process goes. */
-            kvf_rpc_channel_destroy(np->local);
             np->local = kvf_rpc_channel_create(target, NULL);
             return np->local ? 0 : -1;
         }
@@ -148,6 +146,10 @@ int nh_node_stop(struct nh_node *np, long ms)
 
 void nh_node_kill9(struct nh_node *np)
 {
+    /* Its process is gone, and so is what its channel reaches; a restart
+     * (nh_node_start) makes a new one. */
+    kvf_rpc_channel_destroy(np->local);
+    np->local = NULL;
     if (np->pid > 0) {
         int st;
         kill(np->pid, SIGKILL);

@@ -74,7 +74,7 @@ int nh_node_start(struct nh_node *np, const char *dir, const char *tag, const ch
  * Closes the NodeLocal channel. */
 int nh_node_stop(struct nh_node *np, long ms);
 
-/* SIGKILL and reap; marks it any_exit. */
+/* SIGKILL and reap; marks it any_exit; its NodeLocal channel is closed. */
 void nh_node_kill9(struct nh_node *np);
 
 /* Stops every node (nh_node_stop, `ms`): each not any_exit must exit 0 on
