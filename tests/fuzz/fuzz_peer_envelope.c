@@ -7,8 +7,11 @@
  * PeerFrame decoding, the envelope checks, addressing, the admission verdict
  * and the per-sender sequence all run as between nodes.
  *
- * The channel is node "fz" incarnation 1. Admission: odd room ids ACCEPT,
- * ids divisible by 4 LATE, the rest UNKNOWN.
+ * The channel is node "fz" incarnation 1. The PUSH socket is a CURVE client
+ * with a key the channel was introduced to as node "n2" incarnation 1 (the
+ * seeds' sender), so inputs get past the channel's authentication and reach
+ * the envelope checks, as an introduced but hostile peer's would. Admission:
+ * odd room ids ACCEPT, ids divisible by 4 LATE, the rest UNKNOWN.
  */
 #include <sched.h>
 #include <stdint.h>
@@ -54,15 +57,20 @@ static uint64_t accounted(void)
     struct kvf_peer_stats s;
     kvf_peer_channel_stats(ch, &s);
     return s.delivered + s.links + s.wrong_receiver + s.malformed + s.late + s.unknown +
-           s.duplicate + s.out_of_order;
+           s.duplicate + s.out_of_order + s.unauthenticated;
 }
 
 static void start(void)
 {
     static char ep[300];
     snprintf(ep, sizeof ep, "ipc://%s/peer.sock", fz_scratch_dir());
+    static struct kvf_peer_keypair own, peer;
+    if (kvf_peer_keypair_generate(&own) != 0 || kvf_peer_keypair_generate(&peer) != 0)
+        abort();
     struct kvf_peer_channel_opts o;
     kvf_peer_channel_opts_init(&o);
+    o.public_key = own.pub;
+    o.secret_key = own.sec;
     o.node_id = "fz";
     o.incarnation = 1;
     o.bind_endpoint = ep;
@@ -71,9 +79,14 @@ static void start(void)
     o.on_link = on_link;
     o.max_message_bytes = 1u << 16;
     ch = kvf_peer_channel_create(&o);
+    if (!ch || kvf_peer_channel_introduce(ch, "n2", 1, peer.pub) != 0)
+        abort();
     zctx = zmq_ctx_new();
     push = zctx ? zmq_socket(zctx, ZMQ_PUSH) : NULL;
-    if (!ch || !push || zmq_connect(push, kvf_peer_channel_endpoint(ch)) != 0)
+    if (!push || zmq_setsockopt(push, ZMQ_CURVE_SERVERKEY, own.pub, KVF_PEER_KEY_SIZE) != 0 ||
+        zmq_setsockopt(push, ZMQ_CURVE_PUBLICKEY, peer.pub, KVF_PEER_KEY_SIZE) != 0 ||
+        zmq_setsockopt(push, ZMQ_CURVE_SECRETKEY, peer.sec, KVF_PEER_KEY_SIZE) != 0 ||
+        zmq_connect(push, kvf_peer_channel_endpoint(ch)) != 0)
         abort();
 }
 
