@@ -72,6 +72,7 @@ def test_abort_mid_way_frees_pages_only_when_released(cluster):
             mgr.allocator.free = checked_free
 
         # The decode node is frozen: it cannot drain, so nothing may be released.
+        n2_before = admin.node("n2").incarnation
         os.kill(cluster.node_pid("n2"), signal.SIGSTOP)
         stopped = True
         recv.abort("client went away")
@@ -118,13 +119,21 @@ def test_abort_mid_way_frees_pages_only_when_released(cluster):
             assert states[d_lease] == LeaseState.RELEASED and states[p_lease] == LeaseState.RELEASED
         p_mgr.allocator.free(p_pages[4:])  # never granted: the engine frees it itself
 
-        # n2 may have been declared LOST while it was frozen and come back as a
-        # new incarnation (new endpoints and keys). The control plane does not
-        # yet hold a room's updates until every member node is attached again
-        # (issue 12, item 4), so the next room waits for that here.
-        deadline = time.monotonic() + 10
-        while admin.node("n2").state != NodeState.ATTACHED:
-            assert time.monotonic() < deadline, "n2 did not attach again"
+        # Frozen past its self-fence margin, n2 fences itself when it runs
+        # again and comes back as a new incarnation (new endpoints and keys),
+        # at a moment of its own; a room made before that would name the old
+        # one. The control plane does not yet hold a room's updates until every
+        # member node has settled (issue 12, item 4), so the next room waits
+        # here: n2 attached as a new incarnation, or still the old one well
+        # past the node ttl (3 s) plus the self-fence margin.
+        deadline = time.monotonic() + 15
+        settled = time.monotonic() + 5
+        while True:
+            info = admin.node("n2")
+            if info.state == NodeState.ATTACHED and (info.incarnation != n2_before or
+                                                     time.monotonic() > settled):
+                break
+            assert time.monotonic() < deadline, "n2 did not attach again: %s" % (info,)
             time.sleep(0.02)
 
         # R13: the same bootstrap_room again is a new generation; a late abort
