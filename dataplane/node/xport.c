@@ -235,10 +235,11 @@ int node_xport_route(struct kvf_node *n, const struct node_member *sink, struct 
     }
     if (node_rdma_route(n, peer, sink, rt))
         return 0;
-    if (!pe->connected && !pe->fenced && pe->port) {
+    /* Every chunk asks: -EEXIST for a live connection, a new one in place of
+     * a connection that died (tcp.h), so a peer is never given up for good. */
+    if (!pe->fenced && pe->port) {
         rc = kvf_transport_tcp_connect(n->tcp, peer, pe->host, pe->port);
-        if (rc == 0 || rc == -EEXIST)
-            pe->connected = true;
+        pe->connected = rc == 0 || rc == -EEXIST;
     }
     if (!pe->connected || pe->fenced) {
         snprintf(why, why_len, "%s", pe->fenced ? "fenced" : "not connected");

@@ -1109,6 +1109,19 @@ int kvf_transport_tcp_connect(struct kvf_transport *base, uint32_t peer, const c
         return -ENOMEM;
     pthread_mutex_lock(&t->lock);
     struct tcp_peer *p = &t->peers[peer];
+    /* A connection that died (a failed handshake, a failed write) is not
+     * kept: this connect replaces it, so a peer that was away (paused, its
+     * data port busy) is reached again instead of failing for good. */
+    struct tcp_tx *dead = NULL;
+    if (p->tx && !p->fenced) {
+        pthread_mutex_lock(&p->tx->lock);
+        bool broken = p->tx->broken != 0;
+        pthread_mutex_unlock(&p->tx->lock);
+        if (broken) {
+            dead = p->tx;
+            p->tx = NULL;
+        }
+    }
     int rc = p->node_id == 0   ? -ENOENT
              : p->fenced       ? -ESTALE
              : p->tx           ? -EEXIST
@@ -1118,6 +1131,10 @@ int kvf_transport_tcp_connect(struct kvf_transport *base, uint32_t peer, const c
     if (rc == 0)
         memcpy(tx->secret, p->secret, sizeof(tx->secret));
     pthread_mutex_unlock(&t->lock);
+    if (dead) { /* its thread has ended; join it, close its socket */
+        tx_fence(t, dead);
+        tx_free(dead);
+    }
     if (rc != 0) {
         free(tx);
         return rc;

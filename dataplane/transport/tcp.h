@@ -256,8 +256,11 @@ int kvf_transport_tcp_set_peer_key(struct kvf_transport *t, uint32_t peer,
  * Opens the outbound connection to a registered peer at `host:port` (numeric
  * IPv4), sends the hello and starts its sender thread, which runs the rest of
  * the handshake before its first frame (a failure there completes every
- * queued frame ERROR, like a write error). Blocks for the connect only.
- * -ENOENT (unknown peer), -EEXIST (already connected), -ESTALE (fenced),
+ * queued frame ERROR, like a write error). Blocks for the connect only. A
+ * connection that died (failed handshake or write) is replaced: its thread is
+ * joined and a new connection made, so calling this before each use reaches
+ * a peer again after it was away.
+ * -ENOENT (unknown peer), -EEXIST (connected and alive), -ESTALE (fenced),
  * -ENOKEY (no secret set for the peer), -EIO (connect failed; errno logged),
  * -ENOMEM. Control thread.
  */

@@ -825,6 +825,46 @@ static void test_wrong_secret_refused_nothing_lands(void **state)
     free(p);
 }
 
+/* A connection whose handshake failed is not kept: B did not know A yet (its
+ * introduction came late), so B refused A's hello after its wait and A's
+ * posts failed -EIO; once B knows A, the next connect replaces the dead
+ * connection and the frame lands. (Before, the dead one was kept and every
+ * later post to B failed -EIO for good.) */
+static void test_dead_connection_replaced(void **state)
+{
+    (void)state;
+    struct pair *p = calloc(1, sizeof(*p));
+    assert_non_null(p);
+    node_init(&p->a, NODE_A);
+    node_init(&p->b, NODE_B);
+    assert_int_equal(kvf_transport_tcp_add_peer(p->a.t, A_PEER_B, NODE_B), 0);
+    assert_int_equal(kvf_transport_tcp_set_peer_key(p->a.t, A_PEER_B, SECRET), 0);
+    uint16_t port = kvf_transport_tcp_port(p->b.t);
+    assert_int_equal(kvf_transport_tcp_connect(p->a.t, A_PEER_B, "127.0.0.1", port), 0);
+    WAIT_STAT(p->a.t, handshakes_failed, 1); /* B's wait for the peer ran out */
+    uint8_t *src = malloc(PAGE);
+    assert_non_null(src);
+    fill_pattern(src, PAGE, 9);
+    struct kvf_xfer x;
+    assert_int_equal(post(&p->a, &x, ROOM, src, PAGE, 2, 1, 0), -EIO);
+
+    assert_int_equal(kvf_transport_tcp_add_peer(p->b.t, B_PEER_A, NODE_A), 0);
+    assert_int_equal(kvf_transport_tcp_set_peer_key(p->b.t, B_PEER_A, SECRET), 0);
+    assert_int_equal(kvf_transport_tcp_connect(p->a.t, A_PEER_B, "127.0.0.1", port), 0);
+    assert_int_equal(post(&p->a, &x, ROOM, src, PAGE, 2, 1, 0), 0);
+    struct reaped r = {0};
+    reap(p->a.t, 1, &r);
+    assert_int_equal(r.by_outcome[KVF_LT_DONE_OK], 1);
+    WAIT_STAT(p->b.t, frames_received, 1);
+    assert_memory_equal(p->b.pool + 2 * (size_t)PAGE, src, PAGE);
+    /* A live connection is kept. */
+    assert_int_equal(kvf_transport_tcp_connect(p->a.t, A_PEER_B, "127.0.0.1", port), -EEXIST);
+    free(src);
+    node_fini(&p->a);
+    node_fini(&p->b);
+    free(p);
+}
+
 /* R1/R12: the sink fences the source in the middle of a stream. Once
  * fence_peer returns no byte of the pool changes any more, the receive ops are
  * all retired, and the source's ops all complete and drain its lifetime. */
@@ -1384,6 +1424,7 @@ int main(void)
         cmocka_unit_test_setup_teardown(test_idle_connections_make_no_threads, pair_setup,
                                         pair_teardown),
         cmocka_unit_test(test_wrong_secret_refused_nothing_lands),
+        cmocka_unit_test(test_dead_connection_replaced),
         cmocka_unit_test_setup_teardown(test_unknown_room_is_waited_for_then_refused, pair_setup,
                                         pair_teardown),
         cmocka_unit_test_setup_teardown(test_fence_sink_side_mid_stream, pair_setup, pair_teardown),
