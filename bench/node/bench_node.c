@@ -187,7 +187,10 @@ static int start_node(void *arg)
             _exit(127);
         execl(g_node_bin, g_node_bin, "--control", g_cp.target, "--node-id", np->id,
               "--local-socket", np->sock, "--port-file", port_file, "--data-host", "127.0.0.1",
-              "--data-port", "0", "--drain-timeout-ms", "3000", (char *)NULL);
+              "--data-port", "0", "--drain-timeout-ms", "3000",
+              /* The pools are this user's 0600 shm objects, named by
+               * host_shm: the socket must admit this user only. */
+              "--local-socket-mode", "0600", (char *)NULL);
         _exit(127);
     }
     for (int i = 0; i < 1000; i++) {
