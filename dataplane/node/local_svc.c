@@ -308,9 +308,9 @@ int node_submit_chunk(struct kvf_node *n, const Kvfence__V1__SubmitChunkRequest 
                    key.room_id, key.generation);
         return o->code;
     }
-    if (r->aborting || kvf_lt_state(r->lt) != KVF_LT_OPEN) {
+    if (r->core.aborting || kvf_lt_state(r->core.lt) != KVF_LT_OPEN) {
         refuse(o, KVF_GRPC_ABORTED, "room %" PRIu64 ":%" PRIu64 " is %s on this node", key.room_id,
-               key.generation, r->aborting ? "aborting" : "closed");
+               key.generation, r->core.aborting ? "aborting" : "closed");
         return o->code;
     }
     if (!r->have_update) {
@@ -426,6 +426,9 @@ int node_submit_chunk(struct kvf_node *n, const Kvfence__V1__SubmitChunkRequest 
         return o->code;
     }
     ch->pair = pair;
+    /* The chunk points at the room until it ends: the room is not freed
+     * meanwhile (a staged frame may wait with nothing admitted yet). */
+    kvf_ncore_room_hold(&r->core);
     uint32_t nframes = ch->nframes;
     int err = 0;
     if (node_xport_staging(n)) {
@@ -439,7 +442,7 @@ int node_submit_chunk(struct kvf_node *n, const Kvfence__V1__SubmitChunkRequest 
         ch->nframes = 0; /* counts the frames posted */
         for (uint32_t i = 0; i < nframes; i++) {
             struct kvf_xfer *x = &ch->frames[i].x;
-            err = kvf_lt_admit(r->lt, &x->op, rt.kind, rt.peer);
+            err = kvf_lt_admit(r->core.lt, &x->op, rt.kind, rt.peer);
             if (err != 0)
                 break;
             err = kvf_transport_post_write(rt.t, x);
@@ -451,6 +454,7 @@ int node_submit_chunk(struct kvf_node *n, const Kvfence__V1__SubmitChunkRequest 
             ch->nframes++;
         }
         if (ch->nframes == 0) {
+            kvf_ncore_room_release(&r->core);
             free(ch);
             free(aux);
             if (err == -ECANCELED)
@@ -515,7 +519,7 @@ static void chunk_end(struct kvf_node *n, struct node_chunk *ch)
 {
     struct node_room *r = ch->room;
     char why[96] = "";
-    if (ch->rdma && ch->nfail == 0 && !r->aborting) {
+    if (ch->rdma && ch->nfail == 0 && !r->core.aborting) {
         /* One-sided writes: the sink learns its pages landed from this, in
          * the pair's order on the channel, before its AuxData/TransferStatus. */
         int rc = node_rdma_send_notice(n, ch);
@@ -543,10 +547,11 @@ static void chunk_end(struct kvf_node *n, struct node_chunk *ch)
         } else if (ch->pair->failed) {
             src->failed = true; /* the status could not be sent: reported there */
         } else if (src->chunks_open == 0 && node_pairs_done(r, src->rank) && !src->failed &&
-                   !src->completed && !r->aborting) {
-            node_send_completed(n, r, src);
+                   !src->completed && !r->core.aborting) {
+            node_part_completed(n, r, src);
         }
     }
+    kvf_ncore_room_release(&r->core);
     free(ch);
 }
 

@@ -313,11 +313,25 @@ void kvf_ncore_room_unlink(struct kvf_ncore *c, struct kvf_ncore_room *r)
     c->retained--;
 }
 
+void kvf_ncore_room_hold(struct kvf_ncore_room *r)
+{
+    r->holds++;
+}
+
+void kvf_ncore_room_release(struct kvf_ncore_room *r)
+{
+    if (r->holds > 0)
+        r->holds--;
+}
+
 size_t kvf_ncore_collect(struct kvf_ncore *c)
 {
     size_t forgotten = 0;
-    while (c->retained > c->opts.retain_max) {
-        struct kvf_ncore_room *r = c->rhead;
+    struct kvf_ncore_room *next;
+    for (struct kvf_ncore_room *r = c->rhead; r && c->retained > c->opts.retain_max; r = next) {
+        next = r->rnext;
+        if (r->holds > 0)
+            continue;
         kvf_ncore_room_unlink(c, r);
         /* Terminal means drained, so the table takes it back; queued chunks
          * were dropped by the close. */
@@ -402,6 +416,11 @@ void kvf_ncore_peer_unref(struct kvf_ncore *c, uint32_t idx)
 {
     if (idx < c->opts.max_peers && c->peers[idx].refs > 0)
         c->peers[idx].refs--;
+}
+
+void kvf_ncore_peers_reset(struct kvf_ncore *c)
+{
+    memset(c->peers, 0, (size_t)c->opts.max_peers * sizeof *c->peers);
 }
 
 /* ---- counters ----------------------------------------------------------------- */

@@ -105,6 +105,7 @@ struct kvf_ncore_room {
     uint64_t notice_id;   /* the abort notice's id */
     uint32_t local_parts; /* local participants (kvf_ncore_room_members) */
     uint32_t local_done;  /* of them complete */
+    uint32_t holds;       /* caller records that point at the room (kvf_ncore_room_hold) */
     bool aborting;        /* an abort notice with a token arrived */
     bool drained_seen;    /* ROOM_DRAINED was emitted */
     bool drained_sent;    /* SEND_DRAINED was emitted at least once */
@@ -170,12 +171,18 @@ int kvf_ncore_part_completed(struct kvf_ncore *c, struct kvf_ncore_room *r, uint
 
 /* ---- retention ---------------------------------------------------------------- */
 
-/* Forgets the oldest terminal rooms beyond retain_max: each one's lifetime
+/* Forgets the oldest terminal rooms beyond retain_max (a held one is
+ * skipped and stays until a later call): each one's lifetime
  * is forgotten (later messages for it are late) and ROOM_FREE is emitted
  * for it; after this call the record is unlinked and the caller may free
  * its room. Call at a point where no room pointer is held (the end of a
  * turn of the owner loop). Returns how many were forgotten. */
 size_t kvf_ncore_collect(struct kvf_ncore *c);
+
+/* A caller record (a chunk in a staging queue, say) points at the room:
+ * the room is not forgotten while held. */
+void kvf_ncore_room_hold(struct kvf_ncore_room *r);
+void kvf_ncore_room_release(struct kvf_ncore_room *r);
 
 /* Unlinks `r` from the retention queue (the caller frees a room on its own,
  * e.g. at shutdown). */
@@ -204,6 +211,10 @@ bool kvf_ncore_peer_is_fenced(const struct kvf_ncore *c, uint32_t idx);
  * a referenced slot is never recycled. */
 void kvf_ncore_peer_ref(struct kvf_ncore *c, uint32_t idx);
 void kvf_ncore_peer_unref(struct kvf_ncore *c, uint32_t idx);
+
+/* Every slot is free again (a self-fence: the new incarnation starts with no
+ * peers; the caller dropped every room's references first). No effect. */
+void kvf_ncore_peers_reset(struct kvf_ncore *c);
 
 /* ---- counters ----------------------------------------------------------------- */
 
