@@ -250,6 +250,7 @@ static struct node_member *local_part(struct node_room *r, uint32_t rank, bool s
 }
 
 static void room_free(struct kvf_node *n, struct node_room *r);
+static void peer_refs_drop(struct kvf_node *n, struct node_room *r);
 static void node_peer_recycle(struct kvf_node *n, uint32_t idx);
 
 /* What each effect of the rules core means for the daemon (node_core.h). */
@@ -260,6 +261,9 @@ void node_core_apply(struct kvf_node *n)
         struct node_room *r = fx.user;
         switch (fx.kind) {
         case KVF_NCORE_FX_ROOM_DRAINED:
+            /* Admission is shut for good and nothing is in flight: the room
+             * sends to no peer again, so it holds no peer slot. */
+            peer_refs_drop(n, r);
             node_room_drained(n, r);
             if (r->incarnation != n->incarnation)
                 node_session_maybe_witness(n);
@@ -790,7 +794,7 @@ static void on_room_update(struct kvf_node *n, const Kvfence__V1__RoomUpdate *ru
         }
         peer_set_endpoint(&n->peers[idx], pn);
         node_peer_learn(n, &n->peers[idx], pn);
-        if (refs) {
+        if (refs && !r->core.drained_seen) {
             kvf_ncore_peer_ref(n->core, idx);
             refs[nrefs++] = idx;
         }
