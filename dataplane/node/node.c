@@ -997,11 +997,16 @@ static struct node_member *sink_member_of(struct node_room *r, uint32_t pool_id,
     return NULL;
 }
 
+static void tcp_on_frame(void *ctx, uint32_t peer, kvf_room_key room, uint32_t pool_id,
+                         uint32_t first_page, uint32_t page_count, uint64_t bytes, int status,
+                         bool drained);
+
 static int tcp_check(void *ctx, uint32_t peer, kvf_room_key room, uint32_t pool_id,
                      uint32_t first_page, uint32_t page_count, struct kvf_lt_op *op)
 {
     struct kvf_node *n = ctx;
     int rc = -ENOENT;
+    bool outside = false; /* the room's source sent pages this node's sink lease lacks */
     pthread_rwlock_rdlock(&n->rooms_lock);
     struct node_room *r = node_room_find(n, room);
     if ((!r || (!r->have_update && !r->core.aborting)) && peer < NODE_MAX_PEERS)
@@ -1016,8 +1021,16 @@ static int tcp_check(void *ctx, uint32_t peer, kvf_room_key room, uint32_t pool_
         rc = from_source ? -EPERM : -ENOENT;
         if (from_source && sink_member_of(r, pool_id, first_page, page_count))
             rc = kvf_lt_admit(r->core.lt, op, KVF_LT_OP_TCP_FRAME, peer);
+        else if (from_source)
+            outside = !r->core.aborting;
     }
     pthread_rwlock_unlock(&n->rooms_lock);
+    /* The frame is dropped (docs/node.md, "a refused frame"): its pages can
+     * never land, so the sink can never complete. The owner fails the room
+     * (TransferFailed: the control plane aborts it, the abort token drains
+     * it) instead of leaving it ACTIVE. */
+    if (outside)
+        tcp_on_frame(n, peer, room, pool_id, first_page, page_count, 0, -ENOENT, false);
     return rc;
 }
 
@@ -1093,7 +1106,28 @@ static void on_frame(struct kvf_node *n, const struct node_job *j)
     if (!r)
         return;
     struct node_member *m = sink_member_of(r, j->pool_id, j->first_page, j->page_count);
-    if (!m) {
+    if (!m && j->status == -ENOENT) {
+        /* Refused by the check: this node's copy of the sink lease lacks the
+         * pages (an ExtendLease whose RoomUpdate is not here, or a source
+         * that is wrong). The room fails through the token path. */
+        struct node_member *sink = NULL;
+        for (size_t i = 0; i < r->nmembers && !sink; i++)
+            if (r->members[i].local && r->members[i].role == KVFENCE__V1__ROLE__ROLE_SINK &&
+                r->members[i].pool_id == j->pool_id)
+                sink = &r->members[i];
+        char why[NODE_ID_MAX + 128];
+        snprintf(
+            why, sizeof why,
+            "tcp frame from %s for pool %u pages %u+%u refused: outside this node's sink lease",
+            j->peer < n->npeers ? n->peers[j->peer].node_id : "?", j->pool_id, j->first_page,
+            j->page_count);
+        if (sink && !sink->failed) {
+            sink->failed = true;
+            node_send_transfer_failed(n, r, sink->rank, sink->role, why);
+        } else if (!sink) {
+            node_log("error", &r->key, "%s (no local sink in that pool to report it)", why);
+        }
+    } else if (!m) {
         /* Not expected: the check found a sink lease covering these pages, and
          * a RoomUpdate keeps each participant with its lease grown. Its pages
          * go uncounted, so the sink cannot complete: say why here. */

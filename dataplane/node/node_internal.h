@@ -429,12 +429,21 @@ void node_local_register_pool(struct kvf_node *n, struct node_job *j); /* owner 
 void node_local_submit_chunk(struct kvf_node *n, struct node_job *j);  /* owner */
 /* Posts a unary call's job; on shutdown fails the call UNAVAILABLE and frees the job. */
 void node_post_or_fail(struct kvf_node *n, struct node_job *j);
-/* A SubmitChunk(s) request's outcome: KVF_GRPC_OK, or the code and the
- * message naming the field. */
+/* A SubmitChunk(s) request's outcome: 0 or a negative errno with the
+ * message naming the field, and the status code node_local_status() maps
+ * it to. */
 struct node_submit_out {
     int code;
     char msg[256];
+    int err;
 };
+/* The one place a rule's -errno becomes a gRPC status (docs/node.md):
+ * EINVAL INVALID_ARGUMENT, ENOENT NOT_FOUND, EPERM PERMISSION_DENIED, EEXIST
+ * ALREADY_EXISTS, EAGAIN UNAVAILABLE (retry), ECANCELED and ESTALE ABORTED
+ * (the room is aborting, closed or late), EPROTO FAILED_PRECONDITION (the
+ * room's state does not allow it), ENOMEM RESOURCE_EXHAUSTED, anything else
+ * INTERNAL. Any thread. */
+int node_local_status(int err);
 /* Any thread: the request's shape (INVALID_ARGUMENT): NULL or why. */
 const char *node_submit_shape(const Kvfence__V1__SubmitChunkRequest *r);
 /* Owner: checks and admits one chunk of a request whose shape was checked;
