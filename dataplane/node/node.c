@@ -508,17 +508,37 @@ void node_check_sink_complete(struct kvf_node *n, struct node_room *r, struct no
 {
     if (!m->local || m->role != KVFENCE__V1__ROLE__ROLE_SINK || m->completed || r->core.aborting)
         return;
+    if (m->rx_closed)
+        return; /* decided already */
+    /* Sink completion is a drain proof: no TCP receive of the room may be in
+     * flight (one could still be writing into these pages), and none may
+     * start after the decision. Receives are admitted under rooms_lock
+     * (read), so under the write lock the count cannot grow, and rx_closed
+     * makes the check refuse later frames for this sink. The count is the
+     * room's (its TCP sends too): conservative, and a completion re-checks
+     * (node_local_completion, on_frame). */
+    pthread_rwlock_wrlock(&n->rooms_lock);
     struct kvf_ncore_sink s = {
         .pages = m->pages,
         .pages_landed = m->pages_landed,
         .bytes_landed = m->bytes_landed,
         .status_bytes = m->status_bytes,
-        .rx_inflight = 0,
+        .rx_inflight = (uint32_t)kvf_lt_inflight_kind(r->core.lt, KVF_LT_OP_TCP_FRAME),
     };
-    if (kvf_ncore_sink_ready(&s)) {
+    bool ready = kvf_ncore_sink_ready(&s);
+    if (ready)
+        m->rx_closed = true;
+    pthread_rwlock_unlock(&n->rooms_lock);
+    if (ready) {
         node_peer_sink_done(n, r, m);
         node_part_completed(n, r, m);
     }
+}
+
+void node_check_sinks(struct kvf_node *n, struct node_room *r)
+{
+    for (size_t i = 0; i < r->nmembers; i++)
+        node_check_sink_complete(n, r, &r->members[i]);
 }
 
 /* The span [first, end) of `m`'s ranges. */
@@ -778,6 +798,7 @@ static void on_room_update(struct kvf_node *n, const Kvfence__V1__RoomUpdate *ru
                 carry_landed(m, &r->members[o]);
                 m->status_bytes = old->status_bytes;
                 m->completed = old->completed;
+                m->rx_closed = old->rx_closed;
             }
         }
     }
@@ -1019,7 +1040,11 @@ static int tcp_check(void *ctx, uint32_t peer, kvf_room_key room, uint32_t pool_
                           r->members[i].incarnation == from->incarnation &&
                           strcmp(r->members[i].node_id, from->node_id) == 0;
         rc = from_source ? -EPERM : -ENOENT;
-        if (from_source && sink_member_of(r, pool_id, first_page, page_count))
+        const struct node_member *m =
+            from_source ? sink_member_of(r, pool_id, first_page, page_count) : NULL;
+        if (m && m->rx_closed)
+            rc = -ECANCELED; /* the sink completed: nothing more lands in its pages */
+        else if (m)
             rc = kvf_lt_admit(r->core.lt, op, KVF_LT_OP_TCP_FRAME, peer);
         else if (from_source)
             outside = !r->core.aborting;
@@ -1145,6 +1170,8 @@ static void on_frame(struct kvf_node *n, const struct node_job *j)
             node_send_transfer_failed(n, r, m->rank, m->role, why);
         }
     }
+    /* A receive retired: a sink that waited for it may complete now. */
+    node_check_sinks(n, r);
     if (j->drained)
         node_check_drained(n, r);
 }

@@ -110,6 +110,9 @@ struct node_member {
     uint64_t pages_landed;
     uint64_t status_bytes; /* sink: bytes named by ok TransferStatus messages */
     bool completed;        /* Completed was sent */
+    /* Sink: receives into its pages are refused from now on (set under
+     * rooms_lock, write, when it completes: read by the TCP check). */
+    bool rx_closed;
 };
 
 /* Owner thread: one source rank's transfer to one sink rank (peer_link.c). */
@@ -482,8 +485,11 @@ void node_pairs_free(struct node_room *r);
 /* Owner: sink `m` is about to report Completed: the transfer_done events held
  * for it go out now, in arrival order. */
 void node_peer_sink_done(struct kvf_node *n, struct node_room *r, const struct node_member *m);
-/* Owner: a local sink whose lease is full and accounted for is complete. */
+/* Owner: a local sink whose lease is full and accounted for, with no
+ * receive in flight, is complete (kvf_ncore_sink_ready decides). */
 void node_check_sink_complete(struct kvf_node *n, struct node_room *r, struct node_member *m);
+/* Owner: node_check_sink_complete for every local sink of `r`. */
+void node_check_sinks(struct kvf_node *n, struct node_room *r);
 
 /* watch.c */
 int node_watch_register(struct kvf_node *n);  /* before the NodeLocal server starts */
