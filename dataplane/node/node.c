@@ -480,6 +480,8 @@ static void room_free(struct kvf_node *n, struct node_room *r)
         *pp = r->next;
     n->room_count--;
     pthread_rwlock_unlock(&n->rooms_lock);
+    node_log("info", &r->key, "room freed (ended, drained, beyond the %" PRIu64 " retained)",
+             n->opts.retain_rooms);
     node_peer_close_room(n, r); /* frees statuses still held, if any */
     members_free(r->members, r->nmembers);
     node_pairs_free(r);
@@ -1370,6 +1372,7 @@ void kvf_node_opts_init(struct kvf_node_opts *opts)
     memset(opts, 0, sizeof *opts);
     opts->data_host = "127.0.0.1";
     opts->drain_timeout_ms = 10000;
+    opts->retain_rooms = 1024;
     opts->local_socket_gid = -1;
 }
 
@@ -1455,7 +1458,7 @@ struct kvf_node *kvf_node_start(const struct kvf_node_opts *opts)
 
     struct kvf_ncore_opts co;
     kvf_ncore_opts_init(&co);
-    co.retain_max = NODE_RETAIN_ROOMS;
+    co.retain_max = n->opts.retain_rooms;
     co.max_peers = NODE_MAX_PEERS;
     n->core = kvf_ncore_create(&co);
     n->lts = n->core ? kvf_ncore_lts(n->core) : NULL;

@@ -56,9 +56,6 @@
 #define NODE_FRAME_MAX  (256u * 1024u) /* largest TCP frame payload */
 #define NODE_POLL_BATCH 64
 #define NODE_RESYNC_MAX 4096 /* lifetimes in one Resync message (more: more messages) */
-/* Rooms that ended and drained, kept known (Watch snapshots, Resync,
- * repeated notices) before the oldest is freed (node_core.h, retention). */
-#define NODE_RETAIN_ROOMS 1024
 
 /* ---- logging ----------------------------------------------------------------- */
 

@@ -14,6 +14,10 @@
  *   copy of the lease lacks them and drops the frame. The room ends ABORTED
  *   (n2 reports TransferFailed) and no byte lands. Before: the frame was
  *   dropped silently and the room stayed ACTIVE.
+ * - Bounded memory: with --retain-rooms 2, after 6 rooms completed each node
+ *   has freed the 4 oldest (logged), and a SubmitChunk for a freed room is
+ *   answered ABORTED as late (its generation is remembered). Before: rooms
+ *   were never freed.
  */
 #include <inttypes.h>
 #include <setjmp.h>
@@ -57,19 +61,25 @@ static int teardown(void **state)
     return rc;
 }
 
-static void fx_start(struct fx *f)
+static void fx_start_with(struct fx *f, const char *const *extra)
 {
     const char *args[] = {"--threads", "2", "--resend-ms", "200", NULL};
     nh_control_start(&f->cp, &f->ch, args);
     nh_tmpdir(f->dir, sizeof f->dir, "rules");
-    assert_int_equal(nh_node_start(&f->n1, f->dir, "n1", "n1", f->cp.target, NULL, NH_LOG_FILE), 0);
+    assert_int_equal(nh_node_start(&f->n1, f->dir, "n1", "n1", f->cp.target, extra, NH_LOG_FILE),
+                     0);
     assert_int_equal(
-        nh_node_start(&f->n2, f->dir, "n2", "n2", f->cp.target, NULL, NH_LOG_FILE | NH_FAULT_FILE),
+        nh_node_start(&f->n2, f->dir, "n2", "n2", f->cp.target, extra, NH_LOG_FILE | NH_FAULT_FILE),
         0);
     assert_int_equal(nh_pool_create(&f->p1, "rules", "n1", PAGE_SIZE, PAGE_COUNT, nh_canary1), 0);
     assert_int_equal(nh_pool_create(&f->p2, "rules", "n2", PAGE_SIZE, PAGE_COUNT, nh_canary2), 0);
     f->p1.pool_id = nh_register_pool(&f->n1, &f->p1);
     f->p2.pool_id = nh_register_pool(&f->n2, &f->p2);
+}
+
+static void fx_start(struct fx *f)
+{
+    fx_start_with(f, NULL);
 }
 
 /* One chunk from n1's source rank 0 to n2's sink `sink_rank`. */
@@ -192,12 +202,50 @@ static void test_frame_refused_by_sink_fails_room(void **state)
     nh_set_faults(&f->n2, "hold_room_update=0\n", WAIT_MS);
 }
 
+static void test_ended_rooms_are_freed_beyond_retention(void **state)
+{
+    struct fx *f = *state;
+    const char *extra[] = {"--retain-rooms", "2", NULL};
+    fx_start_with(f, extra);
+    kvf_room_key first = {0, 0};
+    for (uint32_t i = 0; i < 6; i++) {
+        kvf_room_key k = nh_join_pair(f->ch, 801 + i, "n1", f->p1.pool_id, i, "n2", f->p2.pool_id,
+                                      16 + i, 1, WAIT_MS);
+        if (i == 0)
+            first = k;
+        nh_wait_node_knows(&f->n1, k, f->p1.pool_id, "n2", f->p2.pool_id, 16 + i, WAIT_MS);
+        struct kvf_rpc_status st;
+        int code;
+        int64_t end = nh_now_ms() + WAIT_MS;
+        while ((code = submit(f, k, 0, 1, i, 16 + i, 1, 0, &st)) == KVF_GRPC_UNAVAILABLE &&
+               nh_now_ms() < end)
+            nh_sleep_ms(5);
+        assert_int_equal(code, KVF_GRPC_OK);
+        nh_wait_room_state(f->ch, k, KVFENCE__V1__ROOM_STATE__ROOM_STATE_COMPLETED, WAIT_MS);
+    }
+    /* Each node freed the 4 oldest (the 5th and 6th stay retained). */
+    nh_wait_log(&f->n1, "room freed", NULL, 4, WAIT_MS);
+    nh_wait_log(&f->n2, "room freed", NULL, 4, WAIT_MS);
+    nh_sleep_ms(100);
+    assert_int_equal(nh_log_count(&f->n1, "room freed", NULL), 4);
+    assert_int_equal(nh_log_count(&f->n1, "room freed", &first), 1);
+    /* The freed room is still known as late. */
+    struct kvf_rpc_status st;
+    int code = submit(f, first, 0, 2, 0, 16, 1, 0, &st);
+    if (code != KVF_GRPC_ABORTED)
+        fail_msg("SubmitChunk for a freed room: %d (%s), want ABORTED", code, st.message);
+    assert_non_null(strstr(st.message, "late"));
+    nh_check_pool(&f->p2, nh_canary2, 16, 6, nh_canary1, 0, "sink pool");
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test_setup_teardown(test_chunk_for_new_pair_after_source_completed_fails_room,
                                         setup, teardown),
         cmocka_unit_test_setup_teardown(test_frame_refused_by_sink_fails_room, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_ended_rooms_are_freed_beyond_retention, setup,
+                                        teardown),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
