@@ -640,12 +640,10 @@ void node_local_completion(struct kvf_node *n, const struct kvf_completion *c)
     if (ok && ch->sink_local)
         node_sink_landed(n, r, ch->sink_rank, c->xfer->first_page, c->xfer->page_count,
                          c->xfer->len);
-    bool tcp = f->kind == KVF_LT_OP_TCP_FRAME;
     node_frame_end(n, f, ok); /* may free the chunk; the room stays until the job ends */
-    /* A TCP send of the room ended: a local sink that waited for the room's
-     * TCP ops to retire may complete now. */
-    if (tcp)
-        node_check_sinks(n, r);
+    /* An op of the room retired: a local sink that waited for the room's
+     * ops in flight may complete now. */
+    node_check_sinks(n, r);
 }
 
 /* ---- handlers (CQ threads) ------------------------------------------------------ */

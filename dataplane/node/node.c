@@ -512,12 +512,13 @@ void node_check_sink_complete(struct kvf_node *n, struct node_room *r, struct no
         return;
     if (m->rx_closed)
         return; /* decided already */
-    /* Sink completion is a drain proof: no TCP receive of the room may be in
-     * flight (one could still be writing into these pages), and none may
-     * start after the decision. Receives are admitted under rooms_lock
-     * (read), so under the write lock the count cannot grow, and rx_closed
-     * makes the check refuse later frames for this sink. The count is the
-     * room's (its TCP sends too): conservative, and a completion re-checks
+    /* Sink completion is a drain proof: no op of the room that may write
+     * into these pages may be in flight (a TCP receive, a same-node copy),
+     * and none may start after the decision. Receives are admitted under
+     * rooms_lock (read), same-node copies on this thread, so under the write
+     * lock the count cannot grow, and rx_closed makes the check refuse later
+     * frames for this sink. The count is the room's (its TCP sends and
+     * staging copies too): conservative, and every completion re-checks
      * (node_local_completion, on_frame). */
     pthread_rwlock_wrlock(&n->rooms_lock);
     struct kvf_ncore_sink s = {
@@ -525,7 +526,8 @@ void node_check_sink_complete(struct kvf_node *n, struct node_room *r, struct no
         .pages_landed = m->pages_landed,
         .bytes_landed = m->bytes_landed,
         .status_bytes = m->status_bytes,
-        .rx_inflight = (uint32_t)kvf_lt_inflight_kind(r->core.lt, KVF_LT_OP_TCP_FRAME),
+        .rx_inflight = (uint32_t)(kvf_lt_inflight_kind(r->core.lt, KVF_LT_OP_TCP_FRAME) +
+                                  kvf_lt_inflight_kind(r->core.lt, KVF_LT_OP_CUDA_COPY)),
     };
     bool ready = kvf_ncore_sink_ready(&s);
     if (ready)

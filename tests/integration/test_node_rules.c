@@ -14,6 +14,12 @@
  *   copy of the lease lacks them and drops the frame. The room ends ABORTED
  *   (n2 reports TransferFailed) and no byte lands. Before: the frame was
  *   dropped silently and the room stayed ACTIVE.
+ * - Sink completion is a drain proof: two sources write the same sink pages,
+ *   one from another node (TCP), one from the sink's own node (a same-node
+ *   copy, held in flight with --test-local-hold-file). The remote source's
+ *   frames cover the lease and its ok status accounts for every landed byte,
+ *   but the held copy is an op in flight into those pages: the sink must not
+ *   report Completed until it retired. Before: Completed at once.
  * - Bounded memory: with --retain-rooms 2, after 6 rooms completed each node
  *   has freed the 4 oldest (logged), and a SubmitChunk for a freed room is
  *   answered ABORTED as late (its generation is remembered). Before: rooms
@@ -28,6 +34,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include <cmocka.h>
 
@@ -238,12 +245,103 @@ static void test_ended_rooms_are_freed_beyond_retention(void **state)
     nh_check_pool(&f->p2, nh_canary2, 16, 6, nh_canary1, 0, "sink pool");
 }
 
+/* Whether the participant (`node`, rank, role) of `k` is complete. */
+static bool part_completed(struct fx *f, kvf_room_key k, const char *node, uint32_t rank, int role)
+{
+    Kvfence__V1__RoomInfo *ri = nh_get_room(f->ch, k);
+    bool done = false;
+    for (size_t i = 0; i < ri->n_participants; i++) {
+        const Kvfence__V1__ParticipantInfo *p = ri->participants[i];
+        if (p->participant && p->participant->node_id &&
+            strcmp(p->participant->node_id, node) == 0 && p->participant->rank == rank &&
+            (int)p->participant->role == role)
+            done = p->completed;
+    }
+    kvfence__v1__room_info__free_unpacked(ri, NULL);
+    return done;
+}
+
+static void test_sink_waits_for_op_in_flight_into_its_pages(void **state)
+{
+    struct fx *f = *state;
+    const char *args[] = {"--threads", "2", "--resend-ms", "200", NULL};
+    nh_control_start(&f->cp, &f->ch, args);
+    nh_tmpdir(f->dir, sizeof f->dir, "rules");
+    char hold[128];
+    snprintf(hold, sizeof hold, "%s/hold", f->dir);
+    FILE *hf = fopen(hold, "w");
+    assert_non_null(hf);
+    fclose(hf);
+    const char *extra1[] = {"--test-local-hold-file", hold, NULL};
+    assert_int_equal(nh_node_start(&f->n1, f->dir, "n1", "n1", f->cp.target, extra1, NH_LOG_FILE),
+                     0);
+    assert_int_equal(nh_node_start(&f->n2, f->dir, "n2", "n2", f->cp.target, NULL, NH_LOG_FILE), 0);
+    assert_int_equal(nh_pool_create(&f->p1, "rules", "n1", PAGE_SIZE, PAGE_COUNT, nh_canary1), 0);
+    assert_int_equal(nh_pool_create(&f->p2, "rules", "n2", PAGE_SIZE, PAGE_COUNT, nh_canary2), 0);
+    f->p1.pool_id = nh_register_pool(&f->n1, &f->p1);
+    f->p2.pool_id = nh_register_pool(&f->n2, &f->p2);
+
+    /* Sources: n2 rank 0 and n1 rank 1, pages 0..3 of their pools; the sink:
+     * n1 rank 0, pages 16..19 of n1's pool. */
+    const int SRC = KVFENCE__V1__ROLE__ROLE_SOURCE, SINK = KVFENCE__V1__ROLE__ROLE_SINK;
+    kvf_room_key k = nh_join(f->ch, 901, 2, 1, "n2", 0, SRC, f->p2.pool_id, 0, 4, WAIT_MS, NULL);
+    (void)nh_join(f->ch, 901, 2, 1, "n1", 1, SRC, f->p1.pool_id, 0, 4, WAIT_MS, NULL);
+    (void)nh_join(f->ch, 901, 2, 1, "n1", 0, SINK, f->p1.pool_id, 16, 4, WAIT_MS, NULL);
+    nh_wait_room_state(f->ch, k, KVFENCE__V1__ROOM_STATE__ROOM_STATE_ACTIVE, WAIT_MS);
+    nh_wait_node_knows(&f->n1, k, f->p1.pool_id, "n1", f->p1.pool_id, 16, WAIT_MS);
+    nh_wait_node_knows(&f->n2, k, f->p2.pool_id, "n1", f->p1.pool_id, 16, WAIT_MS);
+
+    /* The same-node copy: posted, held in flight. */
+    struct nh_chunk local = {.source_rank = 1,
+                             .seq = 1,
+                             .source_pool = f->p1.pool_id,
+                             .sink_node = "n1",
+                             .sink_rank = 0,
+                             .sink_pool = f->p1.pool_id,
+                             .n = 1,
+                             .sfirst = {0},
+                             .dfirst = {16},
+                             .count = {4},
+                             .last = true};
+    struct kvf_rpc_status st;
+    assert_int_equal(nh_submit(f->n1.local, k, &local, &st), KVF_GRPC_OK);
+    nh_wait_log(&f->n1, "test: local copies held", NULL, 1, WAIT_MS);
+
+    /* The remote source covers every sink page and reports ok. */
+    struct nh_chunk remote = local;
+    remote.source_rank = 0;
+    remote.source_pool = f->p2.pool_id;
+    int code;
+    int64_t end = nh_now_ms() + WAIT_MS;
+    while ((code = nh_submit(f->n2.local, k, &remote, &st)) == KVF_GRPC_UNAVAILABLE &&
+           nh_now_ms() < end)
+        nh_sleep_ms(5);
+    assert_int_equal(code, KVF_GRPC_OK);
+    end = nh_now_ms() + WAIT_MS;
+    while (!part_completed(f, k, "n2", 0, SRC)) {
+        if (nh_now_ms() > end)
+            fail_msg("the remote source never completed");
+        nh_sleep_ms(10);
+    }
+    /* Its status reaches n1 right after; the held copy keeps the sink open. */
+    nh_sleep_ms(500);
+    if (part_completed(f, k, "n1", 0, SINK))
+        fail_msg("the sink reported Completed while a copy into its pages was in flight");
+    assert_int_equal(nh_log_count(&f->n1, "sink completed", &k), 0);
+
+    /* The copy runs: the sink completes, then the room. */
+    assert_int_equal(unlink(hold), 0);
+    nh_wait_room_state(f->ch, k, KVFENCE__V1__ROOM_STATE__ROOM_STATE_COMPLETED, WAIT_MS);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test_setup_teardown(test_chunk_for_new_pair_after_source_completed_fails_room,
                                         setup, teardown),
         cmocka_unit_test_setup_teardown(test_frame_refused_by_sink_fails_room, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_sink_waits_for_op_in_flight_into_its_pages, setup,
+                                        teardown),
         cmocka_unit_test_setup_teardown(test_ended_rooms_are_freed_beyond_retention, setup,
                                         teardown),
     };
