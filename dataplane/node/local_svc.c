@@ -327,65 +327,38 @@ int node_submit_chunk(struct kvf_node *n, const Kvfence__V1__SubmitChunkRequest 
     kvf_room_key key = {req->room->room_id, req->room->generation};
     struct node_room *r = node_room_find(n, key);
     if (!r) {
-        if (kvf_lt_table_is_late(n->lts, key) || n->stop_requested)
-            refuse(o, -ESTALE, "room %" PRIu64 ":%" PRIu64 " is late on this node", key.room_id,
-                   key.generation);
-        else
-            refuse(o, -EAGAIN,
-                   "room %" PRIu64 ":%" PRIu64 ": no room update on this node yet: retry",
-                   key.room_id, key.generation);
+        refuse(o, kvf_ncore_chunk_no_room(n->core, key, n->stop_requested), "%s",
+               kvf_ncore_reason(n->core));
         return o->code;
     }
-    if (r->core.aborting) {
-        refuse(o, -ECANCELED, "room %" PRIu64 ":%" PRIu64 " is aborting on this node", key.room_id,
-               key.generation);
-        return o->code;
-    }
+    /* The room's rules (node_core.h); the lease geometry is checked below. */
+    const char *sink_node = req->sink_node_id ? req->sink_node_id : "";
     struct node_member *src = r->have_update ? member_find(r, n->node_id, req->source_rank,
                                                            KVFENCE__V1__ROLE__ROLE_SOURCE)
                                              : NULL;
-    if (src && src->local && src->completed) {
-        /* Completed was reported because every pair the source had ended. A
-         * chunk for a pair it never had means that report was wrong: the
-         * pair's sink can never complete, so the room fails now (the usual
-         * token path ends it) instead of staying ACTIVE. */
-        const char *sn = req->sink_node_id ? req->sink_node_id : "";
-        struct node_member *sk = member_find(r, sn, req->sink_rank, KVFENCE__V1__ROLE__ROLE_SINK);
-        if (sk && !node_pair_get(r, src->rank, sk, false)) {
-            char why[NODE_ID_MAX + 96];
-            snprintf(why, sizeof why, "source %u completed before any chunk for sink %s rank %u",
-                     src->rank, sk->node_id, sk->rank);
-            if (!src->failed) {
-                src->failed = true;
-                node_send_transfer_failed(n, r, src->rank, src->role, why);
-            }
-            refuse(o, -EPROTO,
-                   "source %u completed: no chunk for a new sink (%s rank %u); the room fails",
-                   req->source_rank, sk->node_id, sk->rank);
-            return o->code;
-        }
-        refuse(o, -EPROTO, "source %u completed: its transfers ended", req->source_rank);
-        return o->code;
-    }
-    if (kvf_lt_state(r->core.lt) != KVF_LT_OPEN) {
-        refuse(o, -ECANCELED, "room %" PRIu64 ":%" PRIu64 " is closed on this node", key.room_id,
-               key.generation);
-        return o->code;
-    }
-    if (!r->have_update) {
-        refuse(o, -EAGAIN, "no room update on this node yet: retry");
-        return o->code;
-    }
-    if (!src || !src->local) {
-        refuse(o, -EPROTO, "source_rank: no source participant %u on this node", req->source_rank);
-        return o->code;
-    }
-    const char *sink_node = req->sink_node_id ? req->sink_node_id : "";
     struct node_member *sink =
-        member_find(r, sink_node, req->sink_rank, KVFENCE__V1__ROLE__ROLE_SINK);
-    if (!sink) {
-        refuse(o, -EPROTO, "sink: no sink participant %s rank %u in the room", sink_node,
-               req->sink_rank);
+        r->have_update ? member_find(r, sink_node, req->sink_rank, KVFENCE__V1__ROLE__ROLE_SINK)
+                       : NULL;
+    struct node_pair *pair =
+        src && sink && src->local ? node_pair_get(r, src->rank, sink, false) : NULL;
+    struct kvf_ncore_chunk q = {
+        .have_update = r->have_update,
+        .src_local = src && src->local,
+        .src_completed = src && src->completed,
+        .src_failed = src && src->failed,
+        .sink_known = sink != NULL,
+        .pair_exists = pair != NULL,
+        .pair_last_submitted = pair && pair->last_submitted,
+        .pair_last_seq = pair ? pair->last_seq : 0,
+        .seq = req->chunk_seq,
+        .src_rank = req->source_rank,
+        .sink_rank = req->sink_rank,
+        .sink_node = sink_node,
+    };
+    int rc = kvf_ncore_chunk_state(n->core, &r->core, &q);
+    if (rc != 0) {
+        refuse(o, rc, "%s", kvf_ncore_reason(n->core));
+        node_core_apply(n); /* a TransferFailed when the chunk dooms the room */
         return o->code;
     }
     if (req->source_pool_id != src->pool_id || req->sink_pool_id != sink->pool_id) {
@@ -419,15 +392,9 @@ int node_submit_chunk(struct kvf_node *n, const Kvfence__V1__SubmitChunkRequest 
         refuse(o, -EINVAL, "source and sink sizes differ (or are 0)");
         return o->code;
     }
-    struct node_pair *pair = node_pair_get(r, src->rank, sink, false);
-    if (pair && pair->last_submitted) {
-        refuse(o, -EPROTO, "source %u already submitted its last chunk for sink %s rank %u",
-               req->source_rank, sink->node_id, sink->rank);
-        return o->code;
-    }
-    if (pair && req->chunk_seq <= pair->last_seq) {
-        refuse(o, -EEXIST, "chunk_seq %" PRIu64 " not above %" PRIu64, req->chunk_seq,
-               pair->last_seq);
+    rc = kvf_ncore_chunk_order(n->core, &q);
+    if (rc != 0) {
+        refuse(o, rc, "%s", kvf_ncore_reason(n->core));
         return o->code;
     }
     const struct node_pool *pool = node_pool_find(n, src->pool_id);

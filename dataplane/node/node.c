@@ -290,6 +290,15 @@ void node_core_apply(struct kvf_node *n)
         case KVF_NCORE_FX_PEER_RECYCLE:
             node_peer_recycle(n, fx.peer);
             break;
+        case KVF_NCORE_FX_SEND_FAILED: {
+            struct node_member *m = local_part(r, fx.rank, fx.sink);
+            if (m)
+                m->failed = true;
+            node_send_transfer_failed(
+                n, r, fx.rank,
+                fx.sink ? KVFENCE__V1__ROLE__ROLE_SINK : KVFENCE__V1__ROLE__ROLE_SOURCE, fx.reason);
+            break;
+        }
         }
     }
 }

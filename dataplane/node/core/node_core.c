@@ -17,6 +17,8 @@
 #include "node_core.h"
 
 #include <errno.h>
+#include <inttypes.h>
+#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -34,7 +36,7 @@ struct ncore_peer {
 struct kvf_ncore {
     struct kvf_ncore_opts opts;
     struct kvf_lt_table *lts;
-    char reason[96];
+    char reason[256];
 
     /* Effects: a ring of fx_cap entries, fx_len of them from fx_head. */
     struct kvf_ncore_fx *fx;
@@ -109,9 +111,14 @@ const char *kvf_ncore_reason(const struct kvf_ncore *c)
     return c->reason;
 }
 
-static int refuse(struct kvf_ncore *c, int err, const char *why)
+static int refuse(struct kvf_ncore *c, int err, const char *fmt, ...)
+    __attribute__((format(printf, 3, 4)));
+static int refuse(struct kvf_ncore *c, int err, const char *fmt, ...)
 {
-    snprintf(c->reason, sizeof c->reason, "%s", why);
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(c->reason, sizeof c->reason, fmt, ap);
+    va_end(ap);
     return err;
 }
 
@@ -174,7 +181,7 @@ int kvf_ncore_room_open(struct kvf_ncore *c, struct kvf_ncore_room *r, kvf_room_
     struct kvf_lt *lt;
     int rc = kvf_lt_table_open(c->lts, key, &lt);
     if (rc != 0)
-        return refuse(c, rc,
+        return refuse(c, rc, "%s",
                       rc == -ESTALE   ? "room generation is late here"
                       : rc == -EEXIST ? "room is open already"
                       : rc == -EINVAL ? "room key is invalid"
@@ -278,7 +285,7 @@ int kvf_ncore_part_completed(struct kvf_ncore *c, struct kvf_ncore_room *r, uint
                              bool sink)
 {
     if (r->aborting)
-        return refuse(c, -ECANCELED, "room is aborting");
+        return refuse(c, -ECANCELED, "%s", "room is aborting");
     struct kvf_ncore_fx *f = fx_push(c, KVF_NCORE_FX_SEND_COMPLETED, r);
     f->rank = rank;
     f->sink = sink;
@@ -291,6 +298,68 @@ int kvf_ncore_part_completed(struct kvf_ncore *c, struct kvf_ncore_room *r, uint
     close_peers(c, r);
     (void)kvf_lt_close(r->lt, NULL, NULL);
     kvf_ncore_room_check(c, r);
+    return 0;
+}
+
+/* ---- chunk admission ------------------------------------------------------------- */
+
+int kvf_ncore_chunk_no_room(struct kvf_ncore *c, kvf_room_key key, bool stopping)
+{
+    if (stopping || kvf_lt_table_is_late(c->lts, key))
+        return refuse(c, -ESTALE, "room %" PRIu64 ":%" PRIu64 " is late on this node", key.room_id,
+                      key.generation);
+    return refuse(c, -EAGAIN,
+                  "room %" PRIu64 ":%" PRIu64 ": no room update on this node yet: retry",
+                  key.room_id, key.generation);
+}
+
+int kvf_ncore_chunk_state(struct kvf_ncore *c, struct kvf_ncore_room *r,
+                          const struct kvf_ncore_chunk *q)
+{
+    kvf_room_key k = r->key;
+    const char *sink_node = q->sink_node ? q->sink_node : "";
+    if (r->aborting)
+        return refuse(c, -ECANCELED, "room %" PRIu64 ":%" PRIu64 " is aborting on this node",
+                      k.room_id, k.generation);
+    if (q->have_update && q->src_local && q->src_completed) {
+        if (!q->sink_known || q->pair_exists)
+            return refuse(c, -EPROTO, "source %u completed: its transfers ended", q->src_rank);
+        /* Completed went out because every pair the source had ended; this
+         * pair's sink can never complete, so the room fails. */
+        if (!q->src_failed) {
+            struct kvf_ncore_fx *f = fx_push(c, KVF_NCORE_FX_SEND_FAILED, r);
+            f->rank = q->src_rank;
+            f->sink = false;
+            snprintf(f->reason, sizeof f->reason,
+                     "source %u completed before any chunk for sink %s rank %u", q->src_rank,
+                     sink_node, q->sink_rank);
+        }
+        return refuse(c, -EPROTO,
+                      "source %u completed: no chunk for a new sink (%s rank %u); the room fails",
+                      q->src_rank, sink_node, q->sink_rank);
+    }
+    if (kvf_lt_state(r->lt) != KVF_LT_OPEN)
+        return refuse(c, -ECANCELED, "room %" PRIu64 ":%" PRIu64 " is closed on this node",
+                      k.room_id, k.generation);
+    if (!q->have_update)
+        return refuse(c, -EAGAIN, "%s", "no room update on this node yet: retry");
+    if (!q->src_local)
+        return refuse(c, -EPROTO, "source_rank: no source participant %u on this node",
+                      q->src_rank);
+    if (!q->sink_known)
+        return refuse(c, -EPROTO, "sink: no sink participant %s rank %u in the room", sink_node,
+                      q->sink_rank);
+    return 0;
+}
+
+int kvf_ncore_chunk_order(struct kvf_ncore *c, const struct kvf_ncore_chunk *q)
+{
+    if (q->pair_exists && q->pair_last_submitted)
+        return refuse(c, -EPROTO, "source %u already submitted its last chunk for sink %s rank %u",
+                      q->src_rank, q->sink_node ? q->sink_node : "", q->sink_rank);
+    if (q->pair_exists && q->seq <= q->pair_last_seq)
+        return refuse(c, -EEXIST, "chunk_seq %" PRIu64 " not above %" PRIu64, q->seq,
+                      q->pair_last_seq);
     return 0;
 }
 
@@ -363,7 +432,7 @@ int kvf_ncore_peer_get(struct kvf_ncore *c, const char *node_id, uint64_t incarn
                        uint32_t *idx_p, bool *fresh_p)
 {
     if (!node_id || !*node_id || strlen(node_id) > NCORE_PEER_ID_MAX)
-        return refuse(c, -EINVAL, "peer node_id is empty or too long");
+        return refuse(c, -EINVAL, "%s", "peer node_id is empty or too long");
     uint32_t idx;
     if (kvf_ncore_peer_find(c, node_id, incarnation, &idx) == 0) {
         if (fresh_p)
@@ -379,7 +448,7 @@ int kvf_ncore_peer_get(struct kvf_ncore *c, const char *node_id, uint64_t incarn
         if (c->peers[i].fenced && c->peers[i].refs == 0)
             pick = i;
     if (pick == UINT32_MAX)
-        return refuse(c, -E2BIG, "every peer slot holds a live or referenced incarnation");
+        return refuse(c, -E2BIG, "%s", "every peer slot holds a live or referenced incarnation");
     struct ncore_peer *p = &c->peers[pick];
     if (p->used) {
         fx_push(c, KVF_NCORE_FX_PEER_RECYCLE, NULL)->peer = pick;

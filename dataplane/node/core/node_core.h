@@ -78,6 +78,7 @@ enum kvf_ncore_fx_kind {
     KVF_NCORE_FX_ROOM_ABORTING,    /* the room entered ABORTING here (watch event) */
     KVF_NCORE_FX_ROOM_FREE,        /* the room is forgotten: free what `user` owns */
     KVF_NCORE_FX_PEER_RECYCLE,     /* slot `peer` is given to a new incarnation */
+    KVF_NCORE_FX_SEND_FAILED,      /* report TransferFailed{room, rank, role, reason} */
 };
 
 struct kvf_ncore_fx {
@@ -87,6 +88,7 @@ struct kvf_ncore_fx {
     uint32_t rank;
     bool sink; /* SEND_COMPLETED: the role */
     uint32_t peer;
+    char reason[128]; /* SEND_FAILED */
 };
 
 /* Takes the oldest pending effect into *fx_p: true, or false when none. */
@@ -168,6 +170,43 @@ bool kvf_ncore_sink_ready(const struct kvf_ncore_sink *s);
  * -ECANCELED (nothing emitted) for an aborting room. */
 int kvf_ncore_part_completed(struct kvf_ncore *c, struct kvf_ncore_room *r, uint32_t rank,
                              bool sink);
+
+/* ---- chunk admission ------------------------------------------------------------- */
+
+/* What the caller's room says about a SubmitChunk (its members and pairs). */
+struct kvf_ncore_chunk {
+    bool have_update;         /* a RoomUpdate arrived */
+    bool src_local;           /* a source participant of src_rank is on this node */
+    bool src_completed;       /* ... and it reported Completed */
+    bool src_failed;          /* ... and it reported TransferFailed already */
+    bool sink_known;          /* a sink participant (sink_node, sink_rank) is in the room */
+    bool pair_exists;         /* the pair (src_rank, sink) had a chunk */
+    bool pair_last_submitted; /* ... and its last one */
+    uint64_t pair_last_seq;
+    uint64_t seq;
+    uint32_t src_rank;
+    uint32_t sink_rank;
+    const char *sink_node;
+};
+
+/* A chunk for a room this node does not have: -ESTALE (late: forgotten,
+ * older, or the node is stopping) or -EAGAIN (its RoomUpdate is not here
+ * yet: retry). Sets the reason; emits nothing. */
+int kvf_ncore_chunk_no_room(struct kvf_ncore *c, kvf_room_key key, bool stopping);
+
+/* The room's state rules for a chunk, before the lease geometry the caller
+ * checks: 0, or -ECANCELED (aborting; closed), -EAGAIN (no RoomUpdate yet),
+ * -EPROTO (no local source of that rank; no such sink; the source completed),
+ * with the reason naming the field. A chunk for a pair the source never had,
+ * after the source reported Completed, also fails the room: SEND_FAILED for
+ * the source (once: not when src_failed), so that the room ends through the
+ * token path instead of staying ACTIVE with a sink that cannot complete. */
+int kvf_ncore_chunk_state(struct kvf_ncore *c, struct kvf_ncore_room *r,
+                          const struct kvf_ncore_chunk *q);
+
+/* The pair's order: 0, -EPROTO after the pair's last chunk, -EEXIST for a
+ * chunk_seq not above the last one admitted. */
+int kvf_ncore_chunk_order(struct kvf_ncore *c, const struct kvf_ncore_chunk *q);
 
 /* ---- retention ---------------------------------------------------------------- */
 

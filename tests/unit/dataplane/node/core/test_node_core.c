@@ -11,7 +11,10 @@
  * rooms beyond retain_max are forgotten oldest first (lifetime gone, later
  * messages late) and live rooms never are; peer slots of fenced,
  * unreferenced incarnations are recycled so that 200 incarnations fit in 4
- * slots, and a referenced or unfenced slot is never taken.
+ * slots, and a referenced or unfenced slot is never taken; chunk admission:
+ * a chunk for a new pair after the source completed is refused and fails the
+ * room once, the pair's order, a missing room late or not yet known; a held
+ * terminal room is not forgotten until released.
  */
 #include <errno.h>
 #include <setjmp.h>
@@ -272,6 +275,115 @@ static void test_effect_queue_grows(void **state)
     kvf_ncore_destroy(c);
 }
 
+static struct kvf_ncore_chunk chunk_ok(void)
+{
+    struct kvf_ncore_chunk q = {.have_update = true,
+                                .src_local = true,
+                                .sink_known = true,
+                                .seq = 1,
+                                .src_rank = 0,
+                                .sink_rank = 1,
+                                .sink_node = "n2"};
+    return q;
+}
+
+static void test_chunk_rules(void **state)
+{
+    (void)state;
+    struct kvf_ncore *c = core_new(8, 4);
+    struct kvf_ncore_room r;
+    assert_int_equal(kvf_ncore_room_open(c, &r, (kvf_room_key){9, 1}, &r), 0);
+    struct kvf_ncore_chunk q = chunk_ok();
+    assert_int_equal(kvf_ncore_chunk_state(c, &r, &q), 0);
+    assert_int_equal(kvf_ncore_chunk_order(c, &q), 0);
+    expect_no_fx(c);
+
+    q.have_update = false;
+    assert_int_equal(kvf_ncore_chunk_state(c, &r, &q), -EAGAIN);
+    q = chunk_ok();
+    q.src_local = false;
+    assert_int_equal(kvf_ncore_chunk_state(c, &r, &q), -EPROTO);
+    assert_non_null(strstr(kvf_ncore_reason(c), "source_rank"));
+    q = chunk_ok();
+    q.sink_known = false;
+    assert_int_equal(kvf_ncore_chunk_state(c, &r, &q), -EPROTO);
+    assert_non_null(strstr(kvf_ncore_reason(c), "sink"));
+
+    /* Order within a pair. */
+    q = chunk_ok();
+    q.pair_exists = true;
+    q.pair_last_seq = 4;
+    q.seq = 4;
+    assert_int_equal(kvf_ncore_chunk_order(c, &q), -EEXIST);
+    assert_non_null(strstr(kvf_ncore_reason(c), "chunk_seq"));
+    q.seq = 5;
+    assert_int_equal(kvf_ncore_chunk_order(c, &q), 0);
+    q.pair_last_submitted = true;
+    assert_int_equal(kvf_ncore_chunk_order(c, &q), -EPROTO);
+
+    /* The source completed: an old pair is refused, a new pair fails the room,
+     * once. */
+    q = chunk_ok();
+    q.src_completed = true;
+    q.pair_exists = true;
+    assert_int_equal(kvf_ncore_chunk_state(c, &r, &q), -EPROTO);
+    expect_no_fx(c);
+    q.pair_exists = false;
+    assert_int_equal(kvf_ncore_chunk_state(c, &r, &q), -EPROTO);
+    assert_non_null(strstr(kvf_ncore_reason(c), "the room fails"));
+    struct kvf_ncore_fx f = expect_fx(c, KVF_NCORE_FX_SEND_FAILED);
+    assert_int_equal(f.rank, 0);
+    assert_false(f.sink);
+    assert_non_null(strstr(f.reason, "sink n2 rank 1"));
+    expect_no_fx(c);
+    q.src_failed = true; /* reported already */
+    assert_int_equal(kvf_ncore_chunk_state(c, &r, &q), -EPROTO);
+    expect_no_fx(c);
+
+    /* Aborting, then closed. */
+    q = chunk_ok();
+    kvf_ncore_room_abort(c, &r, (kvf_token){1, 1}, 1);
+    while (kvf_ncore_fx_take(c, &f))
+        ;
+    assert_int_equal(kvf_ncore_chunk_state(c, &r, &q), -ECANCELED);
+    assert_non_null(strstr(kvf_ncore_reason(c), "aborting"));
+    struct kvf_ncore_room r2;
+    assert_int_equal(kvf_ncore_room_open(c, &r2, (kvf_room_key){10, 2}, &r2), 0);
+    kvf_ncore_room_end(c, &r2);
+    while (kvf_ncore_fx_take(c, &f))
+        ;
+    assert_int_equal(kvf_ncore_chunk_state(c, &r2, &q), -ECANCELED);
+    assert_non_null(strstr(kvf_ncore_reason(c), "closed"));
+
+    /* No room: late once forgotten or older, else not yet known. */
+    assert_int_equal(kvf_ncore_chunk_no_room(c, (kvf_room_key){11, 3}, false), -EAGAIN);
+    assert_int_equal(kvf_ncore_chunk_no_room(c, (kvf_room_key){11, 3}, true), -ESTALE);
+    assert_int_equal(kvf_ncore_chunk_no_room(c, (kvf_room_key){10, 1}, false), -ESTALE);
+    kvf_ncore_destroy(c);
+}
+
+static void test_held_room_is_not_forgotten(void **state)
+{
+    (void)state;
+    struct kvf_ncore *c = core_new(0, 4);
+    struct kvf_ncore_room a, b;
+    terminal_room(c, &a, 1);
+    terminal_room(c, &b, 2);
+    kvf_ncore_room_hold(&a);
+    struct kvf_ncore_fx f;
+    while (kvf_ncore_fx_take(c, &f))
+        ;
+    assert_int_equal(kvf_ncore_collect(c), 1);
+    f = expect_fx(c, KVF_NCORE_FX_ROOM_FREE);
+    assert_ptr_equal(f.user, &b);
+    expect_no_fx(c);
+    kvf_ncore_room_release(&a);
+    assert_int_equal(kvf_ncore_collect(c), 1);
+    f = expect_fx(c, KVF_NCORE_FX_ROOM_FREE);
+    assert_ptr_equal(f.user, &a);
+    kvf_ncore_destroy(c);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -282,6 +394,8 @@ int main(void)
         cmocka_unit_test(test_retention_is_bounded_oldest_first),
         cmocka_unit_test(test_peer_slots_recycle_fenced_unreferenced),
         cmocka_unit_test(test_effect_queue_grows),
+        cmocka_unit_test(test_chunk_rules),
+        cmocka_unit_test(test_held_room_is_not_forgotten),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
