@@ -44,6 +44,7 @@ struct settings {
     const char *control_tls_ca, *control_tls_cert, *control_tls_key, *control_tls_server_name;
     const char *run_dir;
     uint64_t data_port, peer_port, drain_timeout_ms, staging_buffers, probe_timeout_ms;
+    uint64_t retain_rooms;
     bool version, probe;
 };
 
@@ -100,6 +101,7 @@ int main(int argc, char **argv)
         .local_socket = "/run/kvfence/node.sock",
         .data_host = "127.0.0.1",
         .drain_timeout_ms = 10000,
+        .retain_rooms = 1024,
         .staging = "none",
         .staging_buffers = 16,
         .rdma = "auto",
@@ -141,6 +143,8 @@ int main(int argc, char **argv)
          "once attached, write the data port and the local socket path here (tests)"},
         {"drain-timeout-ms", KVF_CONFIG_UINT, &cfg.drain_timeout_ms, 86400000,
          "at SIGTERM, how long to wait for lifetimes to drain"},
+        {"retain-rooms", KVF_CONFIG_UINT, &cfg.retain_rooms, 1000000,
+         "rooms that ended and drained kept known (watch, Resync) before the oldest is freed"},
         {"staging", KVF_CONFIG_STRING, &cfg.staging, 0,
          "none, host or cuda (cuda only in a build with CUDA): copy each frame into a staging "
          "buffer before the transport sends it"},
@@ -269,6 +273,7 @@ int main(int argc, char **argv)
     opts.peer_port = (uint16_t)cfg.peer_port;
     opts.peer_fault = cfg.peer_fault;
     opts.drain_timeout_ms = cfg.drain_timeout_ms;
+    opts.retain_rooms = cfg.retain_rooms;
     opts.staging = cfg.staging;
     opts.staging_buffers = (uint32_t)cfg.staging_buffers;
     opts.test_local_hold_file = cfg.test_local_hold_file;

@@ -115,8 +115,8 @@ static bool resync_wants(const struct kvf_node *n, const struct node_room *r, bo
 {
     if (r->incarnation != n->incarnation)
         return false; /* an older incarnation's rooms are not this one's to report */
-    bool drained = kvf_lt_state(r->lt) == KVF_LT_DRAINED;
-    return drained_pass ? drained && r->aborting : !drained;
+    bool drained = kvf_lt_state(r->core.lt) == KVF_LT_DRAINED;
+    return drained_pass ? drained && r->core.aborting : !drained;
 }
 
 int node_resync_emit(struct kvf_node *n, node_resync_send_fn send, size_t *lifetimes_p,
@@ -177,12 +177,12 @@ int node_resync_emit(struct kvf_node *n, node_resync_send_fn send, size_t *lifet
             kv[i].generation = r->key.generation;
             lv[i].room = &kv[i];
             /* kvf_lt_state numbers its states as node.proto's LifetimeState. */
-            lv[i].state = (Kvfence__V1__LifetimeState)kvf_lt_state(r->lt);
-            lv[i].ops_in_flight = kvf_lt_inflight(r->lt);
-            if (r->aborting) {
+            lv[i].state = (Kvfence__V1__LifetimeState)kvf_lt_state(r->core.lt);
+            lv[i].ops_in_flight = kvf_lt_inflight(r->core.lt);
+            if (r->core.aborting) {
                 kvfence__v1__abort_token__init(&tv[i]);
-                tv[i].hi = r->token.hi;
-                tv[i].lo = r->token.lo;
+                tv[i].hi = r->core.token.hi;
+                tv[i].lo = r->core.token.lo;
                 lv[i].token = &tv[i];
             }
             lp[i] = &lv[i];
@@ -243,7 +243,7 @@ void node_session_on_welcome(struct kvf_node *n, const Kvfence__V1__Welcome *w)
      * out on a session the control plane had closed. Say it again, under
      * their incarnation, then witness them once all are drained. */
     for (struct node_room *r = n->rooms; r; r = r->next)
-        if (r->incarnation != n->incarnation && r->aborting && r->drained_sent)
+        if (r->incarnation != n->incarnation && r->core.aborting && r->core.drained_sent)
             node_send_drained(n, r);
     node_session_maybe_witness(n);
 }
@@ -254,7 +254,7 @@ void node_session_maybe_witness(struct kvf_node *n)
         !n->session_welcomed)
         return;
     for (struct node_room *r = n->rooms; r; r = r->next)
-        if (r->incarnation != n->incarnation && kvf_lt_state(r->lt) != KVF_LT_DRAINED)
+        if (r->incarnation != n->incarnation && kvf_lt_state(r->core.lt) != KVF_LT_DRAINED)
             return; /* an op of a given-up incarnation may still touch a page */
     Kvfence__V1__Witness w = KVFENCE__V1__WITNESS__INIT;
     w.gone_incarnation = n->retired_incarnation;
@@ -314,11 +314,11 @@ void node_self_fence(struct kvf_node *n, const char *why)
      * engines watching a room that was open see it close. */
     size_t open = 0;
     for (struct node_room *r = n->rooms; r; r = r->next)
-        open += kvf_lt_state(r->lt) == KVF_LT_OPEN;
+        open += kvf_lt_state(r->core.lt) == KVF_LT_OPEN;
     struct node_room **was_open = calloc(open ? open : 1, sizeof *was_open);
     size_t k = 0;
     for (struct node_room *r = n->rooms; r && was_open; r = r->next)
-        if (kvf_lt_state(r->lt) == KVF_LT_OPEN)
+        if (kvf_lt_state(r->core.lt) == KVF_LT_OPEN)
             was_open[k++] = r;
     (void)kvf_lt_table_close_all(n->lts, NULL, NULL);
     for (size_t i = 0; i < k; i++)
@@ -349,7 +349,7 @@ void node_self_fence(struct kvf_node *n, const char *why)
     size_t undrained = 0;
     for (struct node_room *r = n->rooms; r; r = r->next) {
         node_check_drained(n, r);
-        undrained += kvf_lt_state(r->lt) != KVF_LT_DRAINED;
+        undrained += kvf_lt_state(r->core.lt) != KVF_LT_DRAINED;
     }
 
     /* A new incarnation with nothing in it: a fresh TCP identity (peers know
@@ -395,8 +395,7 @@ void node_self_fence(struct kvf_node *n, const char *why)
             node_log("error", NULL, "self-fence: pool %u not re-added to tcp: %s", n->pools[i].id,
                      strerror(-rc));
     }
-    memset(n->peers, 0, sizeof n->peers);
-    n->npeers = 0;
+    node_peers_reset(n);
     /* New keys for the new incarnation: the old pair secrets and the old
      * CURVE key die with it. */
     struct kvf_peer_keypair fresh_keys;

@@ -283,13 +283,41 @@ static void source_failed(struct kvf_node *n, struct node_chunk *ch, const char 
 /* A refused (or partly admitted) chunk: its code and message. */
 static void refuse(struct node_submit_out *o, int code, const char *fmt, ...)
     __attribute__((format(printf, 3, 4)));
-static void refuse(struct node_submit_out *o, int code, const char *fmt, ...)
+static void refuse(struct node_submit_out *o, int err, const char *fmt, ...)
 {
     va_list ap;
     va_start(ap, fmt);
     vsnprintf(o->msg, sizeof o->msg, fmt, ap);
     va_end(ap);
-    o->code = code;
+    o->err = err;
+    o->code = node_local_status(err);
+}
+
+int node_local_status(int err)
+{
+    switch (err) {
+    case 0:
+        return KVF_GRPC_OK;
+    case -EINVAL:
+        return KVF_GRPC_INVALID_ARGUMENT; /* the request itself is wrong */
+    case -ENOENT:
+        return KVF_GRPC_NOT_FOUND;
+    case -EPERM:
+        return KVF_GRPC_PERMISSION_DENIED;
+    case -EEXIST:
+        return KVF_GRPC_ALREADY_EXISTS; /* a chunk_seq seen already */
+    case -EAGAIN:
+        return KVF_GRPC_UNAVAILABLE; /* the node will know more soon: retry */
+    case -ECANCELED:
+    case -ESTALE:
+        return KVF_GRPC_ABORTED; /* the room is aborting, closed or late here */
+    case -EPROTO:
+        return KVF_GRPC_FAILED_PRECONDITION; /* the room's state does not allow it */
+    case -ENOMEM:
+        return KVF_GRPC_RESOURCE_EXHAUSTED;
+    default:
+        return KVF_GRPC_INTERNAL;
+    }
 }
 
 int node_submit_chunk(struct kvf_node *n, const Kvfence__V1__SubmitChunkRequest *req,
@@ -299,47 +327,42 @@ int node_submit_chunk(struct kvf_node *n, const Kvfence__V1__SubmitChunkRequest 
     kvf_room_key key = {req->room->room_id, req->room->generation};
     struct node_room *r = node_room_find(n, key);
     if (!r) {
-        if (kvf_lt_table_is_late(n->lts, key) || n->stop_requested)
-            refuse(o, KVF_GRPC_ABORTED, "room %" PRIu64 ":%" PRIu64 " is late on this node",
-                   key.room_id, key.generation);
-        else
-            refuse(o, KVF_GRPC_UNAVAILABLE,
-                   "room %" PRIu64 ":%" PRIu64 ": no room update on this node yet: retry",
-                   key.room_id, key.generation);
+        refuse(o, kvf_ncore_chunk_no_room(n->core, key, n->stop_requested), "%s",
+               kvf_ncore_reason(n->core));
         return o->code;
     }
-    if (r->aborting || kvf_lt_state(r->lt) != KVF_LT_OPEN) {
-        refuse(o, KVF_GRPC_ABORTED, "room %" PRIu64 ":%" PRIu64 " is %s on this node", key.room_id,
-               key.generation, r->aborting ? "aborting" : "closed");
-        return o->code;
-    }
-    if (!r->have_update) {
-        refuse(o, KVF_GRPC_UNAVAILABLE, "no room update on this node yet: retry");
-        return o->code;
-    }
-    struct node_member *src =
-        member_find(r, n->node_id, req->source_rank, KVFENCE__V1__ROLE__ROLE_SOURCE);
-    if (!src || !src->local) {
-        refuse(o, KVF_GRPC_FAILED_PRECONDITION,
-               "source_rank: no source participant %u on this node", req->source_rank);
-        return o->code;
-    }
-    if (src->completed) {
-        refuse(o, KVF_GRPC_FAILED_PRECONDITION, "source %u completed: its transfers ended",
-               req->source_rank);
-        return o->code;
-    }
+    /* The room's rules (node_core.h); the lease geometry is checked below. */
     const char *sink_node = req->sink_node_id ? req->sink_node_id : "";
+    struct node_member *src = r->have_update ? member_find(r, n->node_id, req->source_rank,
+                                                           KVFENCE__V1__ROLE__ROLE_SOURCE)
+                                             : NULL;
     struct node_member *sink =
-        member_find(r, sink_node, req->sink_rank, KVFENCE__V1__ROLE__ROLE_SINK);
-    if (!sink) {
-        refuse(o, KVF_GRPC_FAILED_PRECONDITION, "sink: no sink participant %s rank %u in the room",
-               sink_node, req->sink_rank);
+        r->have_update ? member_find(r, sink_node, req->sink_rank, KVFENCE__V1__ROLE__ROLE_SINK)
+                       : NULL;
+    struct node_pair *pair =
+        src && sink && src->local ? node_pair_get(r, src->rank, sink, false) : NULL;
+    struct kvf_ncore_chunk q = {
+        .have_update = r->have_update,
+        .src_local = src && src->local,
+        .src_completed = src && src->completed,
+        .src_failed = src && src->failed,
+        .sink_known = sink != NULL,
+        .pair_exists = pair != NULL,
+        .pair_last_submitted = pair && pair->last_submitted,
+        .pair_last_seq = pair ? pair->last_seq : 0,
+        .seq = req->chunk_seq,
+        .src_rank = req->source_rank,
+        .sink_rank = req->sink_rank,
+        .sink_node = sink_node,
+    };
+    int rc = kvf_ncore_chunk_state(n->core, &r->core, &q);
+    if (rc != 0) {
+        refuse(o, rc, "%s", kvf_ncore_reason(n->core));
+        node_core_apply(n); /* a TransferFailed when the chunk dooms the room */
         return o->code;
     }
     if (req->source_pool_id != src->pool_id || req->sink_pool_id != sink->pool_id) {
-        refuse(o, KVF_GRPC_FAILED_PRECONDITION,
-               "pools: the leases are in source pool %u and sink pool %u", src->pool_id,
+        refuse(o, -EPROTO, "pools: the leases are in source pool %u and sink pool %u", src->pool_id,
                sink->pool_id);
         return o->code;
     }
@@ -347,7 +370,7 @@ int node_submit_chunk(struct kvf_node *n, const Kvfence__V1__SubmitChunkRequest 
      * count) that this node's RoomUpdate has not brought yet: retryable. */
     if (req->source_lease_pages > src->pages || req->sink_lease_pages > sink->pages) {
         bool s_old = req->source_lease_pages > src->pages;
-        refuse(o, KVF_GRPC_UNAVAILABLE,
+        refuse(o, -EAGAIN,
                "%s: the node's copy of the lease has %" PRIu64 " pages, the request names %" PRIu64
                ": its room update is on the way: retry",
                s_old ? "source_lease_pages" : "sink_lease_pages", s_old ? src->pages : sink->pages,
@@ -356,40 +379,33 @@ int node_submit_chunk(struct kvf_node *n, const Kvfence__V1__SubmitChunkRequest 
     }
     ssize_t bad = ranges_outside(src, req->source_ranges, req->n_source_ranges);
     if (bad >= 0) {
-        refuse(o, KVF_GRPC_FAILED_PRECONDITION, "source_ranges[%zd]: outside the read lease", bad);
+        refuse(o, -EPROTO, "source_ranges[%zd]: outside the read lease", bad);
         return o->code;
     }
     bad = ranges_outside(sink, req->sink_ranges, req->n_sink_ranges);
     if (bad >= 0) {
-        refuse(o, KVF_GRPC_FAILED_PRECONDITION, "sink_ranges[%zd]: outside the write lease", bad);
+        refuse(o, -EPROTO, "sink_ranges[%zd]: outside the write lease", bad);
         return o->code;
     }
     uint64_t npages = pages_of(req->source_ranges, req->n_source_ranges);
     if (npages != pages_of(req->sink_ranges, req->n_sink_ranges) || npages == 0) {
-        refuse(o, KVF_GRPC_INVALID_ARGUMENT, "source and sink sizes differ (or are 0)");
+        refuse(o, -EINVAL, "source and sink sizes differ (or are 0)");
         return o->code;
     }
-    struct node_pair *pair = node_pair_get(r, src->rank, sink, false);
-    if (pair && pair->last_submitted) {
-        refuse(o, KVF_GRPC_FAILED_PRECONDITION,
-               "source %u already submitted its last chunk for sink %s rank %u", req->source_rank,
-               sink->node_id, sink->rank);
-        return o->code;
-    }
-    if (pair && req->chunk_seq <= pair->last_seq) {
-        refuse(o, KVF_GRPC_ALREADY_EXISTS, "chunk_seq %" PRIu64 " not above %" PRIu64,
-               req->chunk_seq, pair->last_seq);
+    rc = kvf_ncore_chunk_order(n->core, &q);
+    if (rc != 0) {
+        refuse(o, rc, "%s", kvf_ncore_reason(n->core));
         return o->code;
     }
     const struct node_pool *pool = node_pool_find(n, src->pool_id);
     if (!pool) {
-        refuse(o, KVF_GRPC_FAILED_PRECONDITION, "source pool %u is not registered", src->pool_id);
+        refuse(o, -EPROTO, "source pool %u is not registered", src->pool_id);
         return o->code;
     }
     /* Frames carry whole pages of the source's size: the sink's pages must
      * be the same size (an older control plane does not say: 0). */
     if (sink->page_size != 0 && sink->page_size != pool->page_size) {
-        refuse(o, KVF_GRPC_FAILED_PRECONDITION,
+        refuse(o, -EPROTO,
                "page_size: source pool %u has %u-byte pages, sink pool %u %u-byte pages", pool->id,
                pool->page_size, sink->pool_id, sink->page_size);
         return o->code;
@@ -397,14 +413,13 @@ int node_submit_chunk(struct kvf_node *n, const Kvfence__V1__SubmitChunkRequest 
     struct node_route rt;
     char why[96];
     if (node_xport_route(n, sink, &rt, why, sizeof why) != 0) {
-        refuse(o, KVF_GRPC_FAILED_PRECONDITION, "no transport to the sink node %s (%s)",
-               sink->node_id, why);
+        refuse(o, -EPROTO, "no transport to the sink node %s (%s)", sink->node_id, why);
         return o->code;
     }
     /* Device pages reach another node only through a staging buffer (a
      * same-node copy reads them through the pool itself: local.h). */
     if (node_devpool_is(pool) && rt.kind != KVF_LT_OP_CUDA_COPY && !node_xport_staging(n)) {
-        refuse(o, KVF_GRPC_FAILED_PRECONDITION,
+        refuse(o, -EPROTO,
                "source pool %u: device pool %u needs --staging cuda (this node runs --staging "
                "none)",
                pool->id, pool->id);
@@ -422,10 +437,13 @@ int node_submit_chunk(struct kvf_node *n, const Kvfence__V1__SubmitChunkRequest 
     if (!ch || !pair || (req->aux.len && !aux)) {
         free(ch);
         free(aux);
-        refuse(o, KVF_GRPC_RESOURCE_EXHAUSTED, "out of memory");
+        refuse(o, -ENOMEM, "out of memory");
         return o->code;
     }
     ch->pair = pair;
+    /* The chunk points at the room until it ends: the room is not freed
+     * meanwhile (a staged frame may wait with nothing admitted yet). */
+    kvf_ncore_room_hold(&r->core);
     uint32_t nframes = ch->nframes;
     int err = 0;
     if (node_xport_staging(n)) {
@@ -439,7 +457,7 @@ int node_submit_chunk(struct kvf_node *n, const Kvfence__V1__SubmitChunkRequest 
         ch->nframes = 0; /* counts the frames posted */
         for (uint32_t i = 0; i < nframes; i++) {
             struct kvf_xfer *x = &ch->frames[i].x;
-            err = kvf_lt_admit(r->lt, &x->op, rt.kind, rt.peer);
+            err = kvf_lt_admit(r->core.lt, &x->op, rt.kind, rt.peer);
             if (err != 0)
                 break;
             err = kvf_transport_post_write(rt.t, x);
@@ -451,13 +469,14 @@ int node_submit_chunk(struct kvf_node *n, const Kvfence__V1__SubmitChunkRequest 
             ch->nframes++;
         }
         if (ch->nframes == 0) {
+            kvf_ncore_room_release(&r->core);
             free(ch);
             free(aux);
             if (err == -ECANCELED)
-                refuse(o, KVF_GRPC_ABORTED, "room admission is closed");
+                refuse(o, -ECANCELED, "room admission is closed");
             else
-                refuse(o, KVF_GRPC_FAILED_PRECONDITION, "post to sink node %s failed: %s",
-                       sink->node_id, strerror(-err));
+                refuse(o, -EPROTO, "post to sink node %s failed: %s", sink->node_id,
+                       strerror(-err));
             return o->code;
         }
     }
@@ -484,11 +503,12 @@ int node_submit_chunk(struct kvf_node *n, const Kvfence__V1__SubmitChunkRequest 
                  "chunk %" PRIu64 ": submission failed after %u of %u frames: %s", req->chunk_seq,
                  ch->nframes, nframes, strerror(-err));
         source_failed(n, ch, what);
-        refuse(o, err == -ECANCELED ? KVF_GRPC_ABORTED : KVF_GRPC_INTERNAL,
+        refuse(o, err == -ECANCELED ? -ECANCELED : -EIO,
                "chunk %" PRIu64 " admitted in part (%u of %u frames): %s", req->chunk_seq,
                ch->nframes, nframes, strerror(-err));
         return o->code;
     }
+    o->err = 0;
     o->code = KVF_GRPC_OK;
     return 0;
 }
@@ -515,7 +535,7 @@ static void chunk_end(struct kvf_node *n, struct node_chunk *ch)
 {
     struct node_room *r = ch->room;
     char why[96] = "";
-    if (ch->rdma && ch->nfail == 0 && !r->aborting) {
+    if (ch->rdma && ch->nfail == 0 && !r->core.aborting) {
         /* One-sided writes: the sink learns its pages landed from this, in
          * the pair's order on the channel, before its AuxData/TransferStatus. */
         int rc = node_rdma_send_notice(n, ch);
@@ -543,10 +563,11 @@ static void chunk_end(struct kvf_node *n, struct node_chunk *ch)
         } else if (ch->pair->failed) {
             src->failed = true; /* the status could not be sent: reported there */
         } else if (src->chunks_open == 0 && node_pairs_done(r, src->rank) && !src->failed &&
-                   !src->completed && !r->aborting) {
-            node_send_completed(n, r, src);
+                   !src->completed && !r->core.aborting) {
+            node_part_completed(n, r, src);
         }
     }
+    kvf_ncore_room_release(&r->core);
     free(ch);
 }
 
@@ -586,7 +607,10 @@ void node_local_completion(struct kvf_node *n, const struct kvf_completion *c)
     if (ok && ch->sink_local)
         node_sink_landed(n, r, ch->sink_rank, c->xfer->first_page, c->xfer->page_count,
                          c->xfer->len);
-    node_frame_end(n, f, ok);
+    node_frame_end(n, f, ok); /* may free the chunk; the room stays until the job ends */
+    /* An op of the room retired: a local sink that waited for the room's
+     * ops in flight may complete now. */
+    node_check_sinks(n, r);
 }
 
 /* ---- handlers (CQ threads) ------------------------------------------------------ */

@@ -194,12 +194,12 @@ void node_send_drained(struct kvf_node *n, struct node_room *r)
     k.room_id = r->key.room_id;
     k.generation = r->key.generation;
     Kvfence__V1__AbortToken t = KVFENCE__V1__ABORT_TOKEN__INIT;
-    t.hi = r->token.hi;
-    t.lo = r->token.lo;
+    t.hi = r->core.token.hi;
+    t.lo = r->core.token.lo;
     Kvfence__V1__Drained d = KVFENCE__V1__DRAINED__INIT;
     d.room = &k;
     d.token = &t;
-    d.notice_id = r->abort_notice_id;
+    d.notice_id = r->core.notice_id;
     /* A lifetime of an incarnation this process gave up (self-fence): its
      * token, sent to that incarnation only, proves it. */
     d.incarnation = r->incarnation != n->incarnation ? r->incarnation : 0;
@@ -212,7 +212,6 @@ void node_send_drained(struct kvf_node *n, struct node_room *r)
 
 void node_send_completed(struct kvf_node *n, struct node_room *r, struct node_member *mb)
 {
-    mb->completed = true;
     Kvfence__V1__RoomKey k = KVFENCE__V1__ROOM_KEY__INIT;
     k.room_id = r->key.room_id;
     k.generation = r->key.generation;
@@ -227,19 +226,93 @@ void node_send_completed(struct kvf_node *n, struct node_room *r, struct node_me
     node_log("info", &r->key, "participant rank %u %s completed%s", mb->rank,
              mb->role == KVFENCE__V1__ROLE__ROLE_SOURCE ? "source" : "sink",
              rc == 0 ? "" : " (report waits for the session)");
-    /* Once every local participant completed, nothing may start for the room. */
+}
+
+void node_part_completed(struct kvf_node *n, struct node_room *r, struct node_member *mb)
+{
+    if (mb->completed)
+        return;
+    if (kvf_ncore_part_completed(n->core, &r->core, mb->rank,
+                                 mb->role == KVFENCE__V1__ROLE__ROLE_SINK) != 0)
+        return; /* aborting: nothing completes */
+    mb->completed = true;
+    node_core_apply(n);
+}
+
+/* The local participant of `r` the core named in a SEND_COMPLETED effect. */
+static struct node_member *local_part(struct node_room *r, uint32_t rank, bool sink)
+{
+    int role = sink ? KVFENCE__V1__ROLE__ROLE_SINK : KVFENCE__V1__ROLE__ROLE_SOURCE;
     for (size_t i = 0; i < r->nmembers; i++)
-        if (r->members[i].local && !r->members[i].completed)
-            return;
-    node_peer_close_room(n, r);
-    if (kvf_lt_close(r->lt, NULL, NULL) && kvf_lt_take_drained(r->lt))
-        node_room_drained(n, r);
+        if (r->members[i].local && r->members[i].rank == rank && r->members[i].role == role)
+            return &r->members[i];
+    return NULL;
+}
+
+static void room_free(struct kvf_node *n, struct node_room *r);
+static void peer_refs_drop(struct kvf_node *n, struct node_room *r);
+static void node_peer_recycle(struct kvf_node *n, uint32_t idx);
+
+/* What each effect of the rules core means for the daemon (node_core.h). */
+void node_core_apply(struct kvf_node *n)
+{
+    struct kvf_ncore_fx fx;
+    while (kvf_ncore_fx_take(n->core, &fx)) {
+        struct node_room *r = fx.user;
+        switch (fx.kind) {
+        case KVF_NCORE_FX_ROOM_DRAINED:
+            /* Admission is shut for good and nothing is in flight: the room
+             * sends to no peer again, so it holds no peer slot. */
+            peer_refs_drop(n, r);
+            node_room_drained(n, r);
+            if (r->incarnation != n->incarnation)
+                node_session_maybe_witness(n);
+            break;
+        case KVF_NCORE_FX_SEND_DRAINED:
+            node_send_drained(n, r);
+            break;
+        case KVF_NCORE_FX_SEND_COMPLETED: {
+            struct node_member *m = local_part(r, fx.rank, fx.sink);
+            if (m)
+                node_send_completed(n, r, m);
+            break;
+        }
+        case KVF_NCORE_FX_CLOSE_PEERS:
+            node_peer_close_room(n, r);
+            break;
+        case KVF_NCORE_FX_ROOM_ABORTING:
+            r->state = KVFENCE__V1__ROOM_STATE__ROOM_STATE_ABORTING;
+            node_watch_room_state(n, r);
+            break;
+        case KVF_NCORE_FX_ROOM_FREE:
+            room_free(n, r);
+            break;
+        case KVF_NCORE_FX_PEER_RECYCLE:
+            node_peer_recycle(n, fx.peer);
+            break;
+        case KVF_NCORE_FX_SEND_FAILED: {
+            struct node_member *m = local_part(r, fx.rank, fx.sink);
+            if (m)
+                m->failed = true;
+            node_send_transfer_failed(
+                n, r, fx.rank,
+                fx.sink ? KVFENCE__V1__ROLE__ROLE_SINK : KVFENCE__V1__ROLE__ROLE_SOURCE, fx.reason);
+            break;
+        }
+        }
+    }
+}
+
+void node_core_collect(struct kvf_node *n)
+{
+    if (kvf_ncore_collect(n->core) > 0)
+        node_core_apply(n);
 }
 
 void node_send_transfer_failed(struct kvf_node *n, struct node_room *r, uint32_t rank, int role,
                                const char *reason)
 {
-    if (r->aborting)
+    if (r->core.aborting)
         return; /* the room is failing already */
     Kvfence__V1__RoomKey k = KVFENCE__V1__ROOM_KEY__INIT;
     k.room_id = r->key.room_id;
@@ -271,9 +344,9 @@ static void send_heartbeat(struct kvf_node *n)
     uint32_t open = 0;
     uint64_t ops = 0;
     for (struct node_room *r = n->rooms; r; r = r->next) {
-        if (kvf_lt_state(r->lt) != KVF_LT_DRAINED)
+        if (kvf_lt_state(r->core.lt) != KVF_LT_DRAINED)
             open++;
-        ops += kvf_lt_inflight(r->lt);
+        ops += kvf_lt_inflight(r->core.lt);
     }
     Kvfence__V1__Heartbeat h = KVFENCE__V1__HEARTBEAT__INIT;
     h.seq = ++n->hb_seq;
@@ -360,12 +433,13 @@ static struct node_room *room_open(struct kvf_node *n, kvf_room_key key)
         free(r);
         return NULL;
     }
-    int rc = kvf_lt_table_open(n->lts, key, &r->lt);
+    int rc = kvf_ncore_room_open(n->core, &r->core, key, r);
     if (rc != 0) {
-        node_log("warn", &key, "cannot open lifetime: %s", strerror(-rc));
+        node_log("warn", &key, "cannot open lifetime: %s", kvf_ncore_reason(n->core));
         free(r);
         return NULL;
     }
+    r->lt = r->core.lt;
     r->key = key;
     r->incarnation = n->incarnation;
     pthread_rwlock_wrlock(&n->rooms_lock);
@@ -388,18 +462,46 @@ static void members_free(struct node_member *m, size_t count)
     free(m);
 }
 
+static void peer_refs_drop(struct kvf_node *n, struct node_room *r)
+{
+    for (size_t i = 0; i < r->npeer_refs; i++)
+        kvf_ncore_peer_unref(n->core, r->peer_refs[i]);
+    free(r->peer_refs);
+    r->peer_refs = NULL;
+    r->npeer_refs = 0;
+}
+
+/* The core forgot `r` (terminal, beyond the retention count): unlinked
+ * under rooms_lock (write), so no receiver holds it, then freed with
+ * everything it owns. Its lifetime is gone (the table remembers it as
+ * late). */
+static void room_free(struct kvf_node *n, struct node_room *r)
+{
+    pthread_rwlock_wrlock(&n->rooms_lock);
+    struct node_room **pp = &n->room_index[room_bucket(r->key, n->room_index_cap)];
+    while (*pp && *pp != r)
+        pp = &(*pp)->hnext;
+    if (*pp)
+        *pp = r->hnext;
+    for (pp = &n->rooms; *pp && *pp != r; pp = &(*pp)->next)
+        ;
+    if (*pp)
+        *pp = r->next;
+    n->room_count--;
+    pthread_rwlock_unlock(&n->rooms_lock);
+    node_log("info", &r->key, "room freed (ended, drained, beyond the %" PRIu64 " retained)",
+             n->opts.retain_rooms);
+    node_peer_close_room(n, r); /* frees statuses still held, if any */
+    members_free(r->members, r->nmembers);
+    node_pairs_free(r);
+    peer_refs_drop(n, r);
+    free(r);
+}
+
 void node_check_drained(struct kvf_node *n, struct node_room *r)
 {
-    if (kvf_lt_state(r->lt) != KVF_LT_DRAINED)
-        return;
-    (void)kvf_lt_take_drained(r->lt);
-    node_room_drained(n, r);
-    if (r->aborting && !r->drained_sent) {
-        r->drained_sent = true;
-        node_send_drained(n, r);
-    }
-    if (r->incarnation != n->incarnation)
-        node_session_maybe_witness(n);
+    kvf_ncore_room_check(n->core, &r->core);
+    node_core_apply(n);
 }
 
 struct node_pool *node_pool_find(struct kvf_node *n, uint32_t id)
@@ -415,12 +517,41 @@ struct node_pool *node_pool_find(struct kvf_node *n, uint32_t id)
  * this file). */
 void node_check_sink_complete(struct kvf_node *n, struct node_room *r, struct node_member *m)
 {
-    if (!m->local || m->role != KVFENCE__V1__ROLE__ROLE_SINK || m->completed || r->aborting)
+    if (!m->local || m->role != KVFENCE__V1__ROLE__ROLE_SINK || m->completed || r->core.aborting)
         return;
-    if (m->pages_landed >= m->pages && m->status_bytes == m->bytes_landed) {
+    if (m->rx_closed)
+        return; /* decided already */
+    /* Sink completion is a drain proof: no op of the room that may write
+     * into these pages may be in flight (a TCP receive, a same-node copy),
+     * and none may start after the decision. Receives are admitted under
+     * rooms_lock (read), same-node copies on this thread, so under the write
+     * lock the count cannot grow, and rx_closed makes the check refuse later
+     * frames for this sink. The count is the room's (its TCP sends and
+     * staging copies too): conservative, and every completion re-checks
+     * (node_local_completion, on_frame). */
+    pthread_rwlock_wrlock(&n->rooms_lock);
+    struct kvf_ncore_sink s = {
+        .pages = m->pages,
+        .pages_landed = m->pages_landed,
+        .bytes_landed = m->bytes_landed,
+        .status_bytes = m->status_bytes,
+        .rx_inflight = (uint32_t)(kvf_lt_inflight_kind(r->core.lt, KVF_LT_OP_TCP_FRAME) +
+                                  kvf_lt_inflight_kind(r->core.lt, KVF_LT_OP_CUDA_COPY)),
+    };
+    bool ready = kvf_ncore_sink_ready(&s);
+    if (ready)
+        m->rx_closed = true;
+    pthread_rwlock_unlock(&n->rooms_lock);
+    if (ready) {
         node_peer_sink_done(n, r, m);
-        node_send_completed(n, r, m);
+        node_part_completed(n, r, m);
     }
+}
+
+void node_check_sinks(struct kvf_node *n, struct node_room *r)
+{
+    for (size_t i = 0; i < r->nmembers; i++)
+        node_check_sink_complete(n, r, &r->members[i]);
 }
 
 /* The span [first, end) of `m`'s ranges. */
@@ -534,31 +665,56 @@ static uint64_t tcp_id_of(const char *node_id, uint64_t incarnation)
 bool node_find_peer(const struct kvf_node *n, const char *node_id, uint64_t incarnation,
                     uint32_t *idx_p)
 {
-    for (uint32_t i = 0; i < n->npeers; i++) {
-        if (n->peers[i].incarnation == incarnation && strcmp(n->peers[i].node_id, node_id) == 0) {
-            *idx_p = i;
-            return true;
-        }
-    }
-    return false;
+    return kvf_ncore_peer_find(n->core, node_id, incarnation, idx_p) == 0;
+}
+
+/* The core gives slot `idx` to a new incarnation: the old one was fenced
+ * and no room names it any more; its transport state goes. */
+static void node_peer_recycle(struct kvf_node *n, uint32_t idx)
+{
+    struct node_peer *p = &n->peers[idx];
+    node_log("info", NULL, "peer slot %u: fenced %s incarnation %" PRIu64 " forgotten", idx,
+             p->node_id, p->incarnation);
+    int rc = kvf_transport_tcp_forget_peer(n->tcp, idx);
+    if (rc != 0)
+        node_log("warn", NULL, "peer slot %u: the transport kept the old peer: %s", idx,
+                 strerror(-rc));
+    memset(p, 0, sizeof *p);
+}
+
+void node_peers_reset(struct kvf_node *n)
+{
+    for (struct node_room *r = n->rooms; r; r = r->next)
+        peer_refs_drop(n, r);
+    kvf_ncore_peers_reset(n->core);
+    memset(n->peers, 0, sizeof n->peers);
+    n->npeers = 0;
 }
 
 int node_ensure_peer(struct kvf_node *n, const char *node_id, uint64_t incarnation, uint32_t *idx_p)
 {
-    if (node_find_peer(n, node_id, incarnation, idx_p))
+    uint32_t i;
+    bool fresh;
+    int rc = kvf_ncore_peer_get(n->core, node_id, incarnation, &i, &fresh);
+    node_core_apply(n); /* a recycled slot's old peer goes first */
+    if (rc != 0)
+        return rc;
+    if (!fresh) {
+        *idx_p = i;
         return 0;
-    if (n->npeers >= NODE_MAX_PEERS)
-        return -E2BIG;
-    uint32_t i = n->npeers;
+    }
     struct node_peer *p = &n->peers[i];
     memset(p, 0, sizeof *p);
     snprintf(p->node_id, sizeof p->node_id, "%s", node_id);
     p->incarnation = incarnation;
     p->tcp_id = tcp_id_of(node_id, incarnation);
-    int rc = kvf_transport_tcp_add_peer(n->tcp, i, p->tcp_id);
-    if (rc != 0)
+    rc = kvf_transport_tcp_add_peer(n->tcp, i, p->tcp_id);
+    if (rc != 0) {
+        kvf_ncore_peer_fenced(n->core, i); /* unusable: free for the next one */
         return rc;
-    n->npeers++;
+    }
+    if (i >= n->npeers)
+        n->npeers = i + 1;
     *idx_p = i;
     return 0;
 }
@@ -655,9 +811,14 @@ static void on_room_update(struct kvf_node *n, const Kvfence__V1__RoomUpdate *ru
                 carry_landed(m, &r->members[o]);
                 m->status_bytes = old->status_bytes;
                 m->completed = old->completed;
+                m->rx_closed = old->rx_closed;
             }
         }
     }
+    /* The room names these peer incarnations now: their slots are not
+     * recycled while it lives (the old names are let go below). */
+    uint32_t *refs = calloc(ru->n_peers ? ru->n_peers : 1, sizeof *refs);
+    size_t nrefs = 0;
     for (size_t i = 0; i < ru->n_peers; i++) {
         const Kvfence__V1__PeerNode *pn = ru->peers[i];
         uint32_t idx;
@@ -667,7 +828,20 @@ static void on_room_update(struct kvf_node *n, const Kvfence__V1__RoomUpdate *ru
         }
         peer_set_endpoint(&n->peers[idx], pn);
         node_peer_learn(n, &n->peers[idx], pn);
+        if (refs && !r->core.drained_seen) {
+            kvf_ncore_peer_ref(n->core, idx);
+            refs[nrefs++] = idx;
+        }
     }
+    peer_refs_drop(n, r);
+    r->peer_refs = refs;
+    r->npeer_refs = nrefs;
+    uint32_t nlocal = 0, ndone = 0;
+    for (size_t i = 0; i < cnt; i++) {
+        nlocal += mv[i].local;
+        ndone += mv[i].local && mv[i].completed;
+    }
+    kvf_ncore_room_members(n->core, &r->core, nlocal, ndone);
     bool had_update = r->have_update;
     int old_state = r->state;
     pthread_rwlock_wrlock(&n->rooms_lock);
@@ -680,10 +854,10 @@ static void on_room_update(struct kvf_node *n, const Kvfence__V1__RoomUpdate *ru
     members_free(old, oldn);
     node_log("info", &key, "room update: %zu members, %zu peers", cnt, ru->n_peers);
     send_ack(n, ru->notice_id);
-    if (!r->aborting)
+    if (!r->core.aborting)
         r->state = (int)ru->state;
     /* A re-sent update changes nothing: no event for it. */
-    if (!r->watch_drained && (!had_update || r->state != old_state || cnt != oldn))
+    if (!r->core.drained_seen && (!had_update || r->state != old_state || cnt != oldn))
         node_watch_room_state(n, r);
     for (size_t i = 0; i < r->nmembers; i++)
         node_check_sink_complete(n, r, &r->members[i]);
@@ -699,9 +873,11 @@ static void on_abort_notice(struct kvf_node *n, const Kvfence__V1__AbortNotice *
     if (kvf_token_is_zero(tok)) {
         /* The answer to a Resync for a room that completed or that the
          * control plane forgot: close admission, nothing to prove. */
-        if (r && kvf_lt_close(r->lt, NULL, NULL))
-            (void)kvf_lt_take_drained(r->lt);
         node_log("info", &key, "tokenless abort notice (room ended or unknown): admission closed");
+        if (r) {
+            kvf_ncore_room_end(n->core, &r->core);
+            node_core_apply(n);
+        }
         return;
     }
     if (!r && !n->stop_requested && !kvf_lt_table_is_late(n->lts, key))
@@ -712,30 +888,19 @@ static void on_abort_notice(struct kvf_node *n, const Kvfence__V1__AbortNotice *
         memset(&tmp, 0, sizeof tmp);
         tmp.incarnation = n->incarnation;
         tmp.key = key;
-        tmp.token = tok;
-        tmp.abort_notice_id = an->notice_id;
+        tmp.core.token = tok;
+        tmp.core.notice_id = an->notice_id;
         node_send_drained(n, &tmp);
         return;
     }
-    bool first = !r->aborting;
-    if (first)
+    if (!r->core.aborting) {
         node_log("info", &key, "abort notice (reason %d): closing admission", (int)an->reason);
-    r->aborting = true;
-    r->token = tok;
-    r->abort_notice_id = an->notice_id;
-    node_peer_close_room(n, r);
-    (void)kvf_lt_close(r->lt, NULL, NULL); /* nothing is ever queued in this version */
-    if (first) {
-        r->state = KVFENCE__V1__ROOM_STATE__ROOM_STATE_ABORTING;
-        r->abort_reason = (int)an->reason;
-        node_watch_room_state(n, r);
+        r->abort_reason = (int)an->reason; /* for the ROOM_ABORTING event */
     }
-    if (kvf_lt_state(r->lt) == KVF_LT_DRAINED) {
-        (void)kvf_lt_take_drained(r->lt);
-        node_room_drained(n, r);
-        r->drained_sent = true;
-        node_send_drained(n, r); /* again for a repeated notice */
-    }
+    /* The core closes admission and the peer channel, and reports Drained
+     * once proven (again for a repeated notice). */
+    kvf_ncore_room_abort(n->core, &r->core, tok, an->notice_id);
+    node_core_apply(n);
 }
 
 void node_poll_completions(struct kvf_node *n)
@@ -762,6 +927,7 @@ static void on_fence_peer(struct kvf_node *n, const Kvfence__V1__FencePeer *fp)
             rc = node_rdma_fence_peer(n, idx); /* QPs to ERR, every WR back */
         if (rc == 0) {
             n->peers[idx].fenced = true;
+            kvf_ncore_peer_fenced(n->core, idx);
             /* Its messages still on the way are dropped from now on. */
             if (n->peerch)
                 (void)kvf_peer_channel_forget_peer(n->peerch, id, fp->incarnation);
@@ -865,14 +1031,19 @@ static struct node_member *sink_member_of(struct node_room *r, uint32_t pool_id,
     return NULL;
 }
 
+static void tcp_on_frame(void *ctx, uint32_t peer, kvf_room_key room, uint32_t pool_id,
+                         uint32_t first_page, uint32_t page_count, uint64_t bytes, int status,
+                         bool drained);
+
 static int tcp_check(void *ctx, uint32_t peer, kvf_room_key room, uint32_t pool_id,
                      uint32_t first_page, uint32_t page_count, struct kvf_lt_op *op)
 {
     struct kvf_node *n = ctx;
     int rc = -ENOENT;
+    bool outside = false; /* the room's source sent pages this node's sink lease lacks */
     pthread_rwlock_rdlock(&n->rooms_lock);
     struct node_room *r = node_room_find(n, room);
-    if ((!r || (!r->have_update && !r->aborting)) && peer < NODE_MAX_PEERS)
+    if ((!r || (!r->have_update && !r->core.aborting)) && peer < NODE_MAX_PEERS)
         rc = -EAGAIN; /* the source knew the room first: the receiver asks again */
     if (r && r->have_update && peer < NODE_MAX_PEERS) {
         const struct node_peer *from = &n->peers[peer];
@@ -882,10 +1053,22 @@ static int tcp_check(void *ctx, uint32_t peer, kvf_room_key room, uint32_t pool_
                           r->members[i].incarnation == from->incarnation &&
                           strcmp(r->members[i].node_id, from->node_id) == 0;
         rc = from_source ? -EPERM : -ENOENT;
-        if (from_source && sink_member_of(r, pool_id, first_page, page_count))
-            rc = kvf_lt_admit(r->lt, op, KVF_LT_OP_TCP_FRAME, peer);
+        const struct node_member *m =
+            from_source ? sink_member_of(r, pool_id, first_page, page_count) : NULL;
+        if (m && m->rx_closed)
+            rc = -ECANCELED; /* the sink completed: nothing more lands in its pages */
+        else if (m)
+            rc = kvf_lt_admit(r->core.lt, op, KVF_LT_OP_TCP_FRAME, peer);
+        else if (from_source)
+            outside = !r->core.aborting;
     }
     pthread_rwlock_unlock(&n->rooms_lock);
+    /* The frame is dropped (docs/node.md, "a refused frame"): its pages can
+     * never land, so the sink can never complete. The owner fails the room
+     * (TransferFailed: the control plane aborts it, the abort token drains
+     * it) instead of leaving it ACTIVE. */
+    if (outside)
+        tcp_on_frame(n, peer, room, pool_id, first_page, page_count, 0, -ENOENT, false);
     return rc;
 }
 
@@ -961,7 +1144,28 @@ static void on_frame(struct kvf_node *n, const struct node_job *j)
     if (!r)
         return;
     struct node_member *m = sink_member_of(r, j->pool_id, j->first_page, j->page_count);
-    if (!m) {
+    if (!m && j->status == -ENOENT) {
+        /* Refused by the check: this node's copy of the sink lease lacks the
+         * pages (an ExtendLease whose RoomUpdate is not here, or a source
+         * that is wrong). The room fails through the token path. */
+        struct node_member *sink = NULL;
+        for (size_t i = 0; i < r->nmembers && !sink; i++)
+            if (r->members[i].local && r->members[i].role == KVFENCE__V1__ROLE__ROLE_SINK &&
+                r->members[i].pool_id == j->pool_id)
+                sink = &r->members[i];
+        char why[NODE_ID_MAX + 128];
+        snprintf(
+            why, sizeof why,
+            "tcp frame from %s for pool %u pages %u+%u refused: outside this node's sink lease",
+            j->peer < n->npeers ? n->peers[j->peer].node_id : "?", j->pool_id, j->first_page,
+            j->page_count);
+        if (sink && !sink->failed) {
+            sink->failed = true;
+            node_send_transfer_failed(n, r, sink->rank, sink->role, why);
+        } else if (!sink) {
+            node_log("error", &r->key, "%s (no local sink in that pool to report it)", why);
+        }
+    } else if (!m) {
         /* Not expected: the check found a sink lease covering these pages, and
          * a RoomUpdate keeps each participant with its lease grown. Its pages
          * go uncounted, so the sink cannot complete: say why here. */
@@ -979,6 +1183,8 @@ static void on_frame(struct kvf_node *n, const struct node_job *j)
             node_send_transfer_failed(n, r, m->rank, m->role, why);
         }
     }
+    /* A receive retired: a sink that waited for it may complete now. */
+    node_check_sinks(n, r);
     if (j->drained)
         node_check_drained(n, r);
 }
@@ -1002,7 +1208,17 @@ struct kvf_transport *node_tcp_create(struct kvf_node *n, uint64_t incarnation, 
 
 /* ---- the owner loop ------------------------------------------------------------ */
 
+static void run_job_kind(struct kvf_node *n, struct node_job *j);
+
+/* One job, then the rooms the core forgot are freed: no room pointer is
+ * held between jobs. */
 static void run_job(struct kvf_node *n, struct node_job *j)
+{
+    run_job_kind(n, j);
+    node_core_collect(n);
+}
+
+static void run_job_kind(struct kvf_node *n, struct node_job *j)
 {
     switch (j->kind) {
     case JOB_SESSION_OPEN:
@@ -1013,7 +1229,7 @@ static void run_job(struct kvf_node *n, struct node_job *j)
             /* Completions reported while the session was down are said again. */
             for (struct node_room *r = n->rooms; r; r = r->next)
                 for (size_t i = 0;
-                     i < r->nmembers && !r->aborting && r->incarnation == n->incarnation; i++)
+                     i < r->nmembers && !r->core.aborting && r->incarnation == n->incarnation; i++)
                     if (r->members[i].local && r->members[i].completed)
                         node_send_completed(n, r, &r->members[i]);
         }
@@ -1167,6 +1383,7 @@ void kvf_node_opts_init(struct kvf_node_opts *opts)
     memset(opts, 0, sizeof *opts);
     opts->data_host = "127.0.0.1";
     opts->drain_timeout_ms = 10000;
+    opts->retain_rooms = 1024;
     opts->local_socket_gid = -1;
 }
 
@@ -1250,7 +1467,12 @@ struct kvf_node *kvf_node_start(const struct kvf_node_opts *opts)
     pthread_rwlock_init(&n->rooms_lock, NULL);
     pthread_mutex_init(&n->watch_lock, NULL);
 
-    n->lts = kvf_lt_table_create();
+    struct kvf_ncore_opts co;
+    kvf_ncore_opts_init(&co);
+    co.retain_max = n->opts.retain_rooms;
+    co.max_peers = NODE_MAX_PEERS;
+    n->core = kvf_ncore_create(&co);
+    n->lts = n->core ? kvf_ncore_lts(n->core) : NULL;
     if (!n->lts)
         goto err_destroy;
     /* This incarnation's peer keys: the secret half never leaves the process. */
@@ -1379,7 +1601,7 @@ void kvf_node_destroy(struct kvf_node *n)
     if (can_free || kvf_lt_table_can_teardown(n->lts)) {
         for (uint32_t i = 0; i < n->npools; i++)
             kvf_pool_close(n->pools[i].pool);
-        kvf_lt_table_destroy(n->lts);
+        kvf_ncore_destroy(n->core); /* and its lifetime table */
     } else {
         node_log("error", NULL, "lifetimes undrained at exit: pools left mapped");
     }
@@ -1388,6 +1610,7 @@ void kvf_node_destroy(struct kvf_node *n)
         struct node_room *next = r->next;
         members_free(r->members, r->nmembers);
         node_pairs_free(r);
+        free(r->peer_refs);
         free(r);
         r = next;
     }

@@ -44,6 +44,9 @@ struct kvf_node_opts {
      * NULL or "": next to the local socket, <local_socket>.lock. */
     const char *run_dir;
     uint64_t drain_timeout_ms; /* bound of the drain wait at shutdown */
+    /* Rooms that ended and drained, kept known before the oldest is freed
+     * (node_core.h, retention; a count, never a time). Default 1024. */
+    uint64_t retain_rooms;
 
     /* Data path (xport.c). */
     const char *staging;      /* "none" (or NULL), "host" or "cuda" */
@@ -67,7 +70,8 @@ struct kvf_node_opts {
     int rdma_gid_index;
 };
 
-/* Fills defaults: data_host "127.0.0.1", port 0, drain timeout 10 s. */
+/* Fills defaults: data_host "127.0.0.1", port 0, drain timeout 10 s, 1024
+ * retained rooms. */
 void kvf_node_opts_init(struct kvf_node_opts *opts);
 
 /* Creates the node and starts its threads: owner, control session, NodeLocal

@@ -24,7 +24,9 @@
  * TCP receiver threads also read the room map in the transport's `check`
  * callback: rooms are published under `rooms_lock` (a rwlock; the owner takes
  * it for writing when it adds a room or replaces its members, receivers for
- * reading), and a room is never freed while the node runs. The peer
+ * reading); a room is freed only when the rules core forgets it (terminal,
+ * drained, beyond the retention count), after it was unlinked under the
+ * lock for writing, so a reader holding it for reading never sees it go. The peer
  * channel's admission callback reads the room map the same way.
  */
 #ifndef KVF_NODE_INTERNAL_H
@@ -41,6 +43,7 @@
 #include "lifetime.h"
 #include "local_access.h"
 #include "node.h"
+#include "node_core.h"
 #include "peer_channel.h"
 #include "pool.h"
 #include "rpc_client.h"
@@ -104,6 +107,9 @@ struct node_member {
     uint64_t pages_landed;
     uint64_t status_bytes; /* sink: bytes named by ok TransferStatus messages */
     bool completed;        /* Completed was sent */
+    /* Sink: receives into its pages are refused from now on (set under
+     * rooms_lock, write, when it completes: read by the TCP check). */
+    bool rx_closed;
 };
 
 /* Owner thread: one source rank's transfer to one sink rank (peer_link.c). */
@@ -128,19 +134,21 @@ struct node_pair {
 struct node_room {
     kvf_room_key key;
     uint64_t incarnation; /* the node incarnation the room was opened under */
-    struct kvf_lt *lt;
+    /* The rules' record (node_core.h): the lifetime (core.lt), whether the
+     * room is aborting, its token and notice id, whether it drained and
+     * Drained went out. Written by the core only; the owner reads it (and
+     * receivers read core.lt under rooms_lock). */
+    struct kvf_ncore_room core;
+    struct kvf_lt *lt; /* core.lt, for the transport files (xport.c, rdma_link.c) */
     /* Replaced by the owner under rooms_lock (write); read by receivers. */
     struct node_member *members;
     size_t nmembers;
     bool have_update; /* a RoomUpdate arrived (members known) */
     /* Owner thread only. */
-    bool aborting;
-    kvf_token token;
-    uint64_t abort_notice_id;
-    bool drained_sent;
-    int state;          /* Kvfence__V1__RoomState last learned */
-    int abort_reason;   /* Kvfence__V1__AbortReason */
-    bool watch_drained; /* the DRAINED room_state event went out */
+    int state;           /* Kvfence__V1__RoomState last learned */
+    int abort_reason;    /* Kvfence__V1__AbortReason */
+    uint32_t *peer_refs; /* peer slots this room's update named (kvf_ncore_peer_ref) */
+    size_t npeer_refs;
     struct node_pair *pairs;
     struct node_peer_msg *done_pending; /* ok TransferStatus, until the sink completes */
     /* Written by the owner under rooms_lock (write): the peer channel must
@@ -253,7 +261,9 @@ struct kvf_node {
     atomic_int fatal;
     atomic_bool stopping; /* the session thread must end */
 
-    /* Owner thread state. */
+    /* Owner thread state. The rules core (node_core.h) owns the lifetime
+     * table; `lts` is its table, borrowed. */
+    struct kvf_ncore *core;
     struct kvf_lt_table *lts;
     struct node_pool pools[NODE_MAX_POOLS];
     uint32_t npools;
@@ -293,8 +303,9 @@ struct kvf_node {
     bool retired_witness_sent;    /* its Witness went out on a welcomed session */
 
     /* Rooms: list published under rooms_lock, with a hash index by key (the
-     * TCP check and SubmitChunk find a room per frame; rooms are never
-     * forgotten while the node runs, so the list only grows). */
+     * TCP check and SubmitChunk find a room per frame). A room that ended
+     * and drained is kept for a bounded count (node_core.h, retention) and
+     * then unlinked under the lock (write) and freed (node_room_free). */
     pthread_rwlock_t rooms_lock;
     struct node_room *rooms;
     struct node_room **room_index; /* room_index_cap buckets, a power of 2 */
@@ -347,7 +358,18 @@ void node_check_drained(struct kvf_node *n, struct node_room *r);
 void node_send_drained(struct kvf_node *n, struct node_room *r);
 void node_send_transfer_failed(struct kvf_node *n, struct node_room *r, uint32_t rank, int role,
                                const char *reason);
+/* Sends Completed for local participant `m` (again after a re-attach);
+ * decides nothing. */
 void node_send_completed(struct kvf_node *n, struct node_room *r, struct node_member *m);
+/* Local participant `m` is complete: the core decides what follows (the
+ * report, closing the room once every local participant is). Owner. */
+void node_part_completed(struct kvf_node *n, struct node_room *r, struct node_member *m);
+/* Applies every effect the rules core emitted (node_core.h). Owner thread;
+ * call after each core call (node_check_drained does). */
+void node_core_apply(struct kvf_node *n);
+/* Frees the rooms the core forgot (retention); call where no room pointer
+ * is held (the end of a job). Owner thread. */
+void node_core_collect(struct kvf_node *n);
 /* This incarnation's sink member of rank `rank` in `r`, or NULL. */
 struct node_member *node_local_sink(struct node_room *r, uint32_t rank);
 /* `bytes` landed in pages [first_page, first_page + page_count) of local sink
@@ -357,8 +379,13 @@ void node_sink_landed(struct kvf_node *n, struct node_room *r, uint32_t rank, ui
 /* The peer slot of (node_id, incarnation): true and *idx_p, or false (none). */
 bool node_find_peer(const struct kvf_node *n, const char *node_id, uint64_t incarnation,
                     uint32_t *idx_p);
+/* The slot of (node_id, incarnation), added to the TCP transport if new; a
+ * slot of a fenced incarnation no room names is recycled (node_core.h).
+ * 0, -E2BIG (every slot live or named), or the transport's error. */
 int node_ensure_peer(struct kvf_node *n, const char *node_id, uint64_t incarnation,
                      uint32_t *idx_p);
+/* Self-fence: the new incarnation starts with no peers. Owner thread. */
+void node_peers_reset(struct kvf_node *n);
 void node_pool_to_wire(const struct node_pool *p, Kvfence__V1__Pool *pv);
 void node_pools_to_wire(struct kvf_node *n, Kvfence__V1__Pool *pv, Kvfence__V1__Pool **pp);
 struct node_pool *node_pool_find(struct kvf_node *n, uint32_t id); /* NULL: not registered */
@@ -402,12 +429,21 @@ void node_local_register_pool(struct kvf_node *n, struct node_job *j); /* owner 
 void node_local_submit_chunk(struct kvf_node *n, struct node_job *j);  /* owner */
 /* Posts a unary call's job; on shutdown fails the call UNAVAILABLE and frees the job. */
 void node_post_or_fail(struct kvf_node *n, struct node_job *j);
-/* A SubmitChunk(s) request's outcome: KVF_GRPC_OK, or the code and the
- * message naming the field. */
+/* A SubmitChunk(s) request's outcome: 0 or a negative errno with the
+ * message naming the field, and the status code node_local_status() maps
+ * it to. */
 struct node_submit_out {
     int code;
     char msg[256];
+    int err;
 };
+/* The one place a rule's -errno becomes a gRPC status (docs/node.md):
+ * EINVAL INVALID_ARGUMENT, ENOENT NOT_FOUND, EPERM PERMISSION_DENIED, EEXIST
+ * ALREADY_EXISTS, EAGAIN UNAVAILABLE (retry), ECANCELED and ESTALE ABORTED
+ * (the room is aborting, closed or late), EPROTO FAILED_PRECONDITION (the
+ * room's state does not allow it), ENOMEM RESOURCE_EXHAUSTED, anything else
+ * INTERNAL. Any thread. */
+int node_local_status(int err);
 /* Any thread: the request's shape (INVALID_ARGUMENT): NULL or why. */
 const char *node_submit_shape(const Kvfence__V1__SubmitChunkRequest *r);
 /* Owner: checks and admits one chunk of a request whose shape was checked;
@@ -446,8 +482,11 @@ void node_pairs_free(struct node_room *r);
 /* Owner: sink `m` is about to report Completed: the transfer_done events held
  * for it go out now, in arrival order. */
 void node_peer_sink_done(struct kvf_node *n, struct node_room *r, const struct node_member *m);
-/* Owner: a local sink whose lease is full and accounted for is complete. */
+/* Owner: a local sink whose lease is full and accounted for, with no
+ * receive in flight, is complete (kvf_ncore_sink_ready decides). */
 void node_check_sink_complete(struct kvf_node *n, struct node_room *r, struct node_member *m);
+/* Owner: node_check_sink_complete for every local sink of `r`. */
+void node_check_sinks(struct kvf_node *n, struct node_room *r);
 
 /* watch.c */
 int node_watch_register(struct kvf_node *n);  /* before the NodeLocal server starts */
@@ -456,8 +495,8 @@ void node_watch_end_all(struct kvf_node *n);  /* after the owner exited */
 void node_watch_free_all(struct kvf_node *n); /* after the server stopped */
 /* Owner: events. */
 void node_watch_room_state(struct kvf_node *n, struct node_room *r);
-/* Owner: emits the DRAINED room_state once, and lets the peer channel forget
- * the room. */
+/* Owner: emits the DRAINED room_state and lets the peer channel forget the
+ * room; called once per room, for the core's ROOM_DRAINED effect. */
 void node_room_drained(struct kvf_node *n, struct node_room *r);
 /* transport: Kvfence__V1__TransportKind, how the chunk's bytes travelled. */
 void node_watch_chunk_done(struct kvf_node *n, struct node_room *r, uint32_t src_rank,

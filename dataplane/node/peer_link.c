@@ -404,7 +404,7 @@ void node_peer_msg(struct kvf_node *n, struct node_job *j)
     const struct node_peer_msg *pm = j->pmsg;
     struct node_room *r = node_room_find(n, pm->room);
     /* Aborted (or closed) since the channel admitted it: nothing reaches Watch. */
-    if (!r || r->aborting || kvf_lt_state(r->lt) != KVF_LT_OPEN) {
+    if (!r || r->core.aborting || kvf_lt_state(r->core.lt) != KVF_LT_OPEN) {
         node_log("info", &pm->room, "peer message from %s dropped: the room is closed here",
                  pm->sender);
         return;
@@ -567,7 +567,7 @@ void node_pair_chunk_done(struct kvf_node *n, struct node_room *r, struct node_p
         p->failed = true;
         snprintf(p->error, sizeof p->error, "%s", error ? error : "chunk failed");
     }
-    if (p->status_sent || r->aborting || !n->peerch)
+    if (p->status_sent || r->core.aborting || !n->peerch)
         return;
     if (!p->failed && !(p->last_submitted && p->open == 0))
         return;

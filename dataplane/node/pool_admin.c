@@ -38,7 +38,7 @@ void node_local_unregister_pool(struct kvf_node *n, struct node_job *j)
         return;
     }
     for (struct node_room *r = n->rooms; r; r = r->next) {
-        enum kvf_lt_state st = kvf_lt_state(r->lt);
+        enum kvf_lt_state st = kvf_lt_state(r->core.lt);
         if (st == KVF_LT_DRAINED)
             continue;
         for (size_t i = 0; i < r->nmembers; i++) {

@@ -206,13 +206,13 @@ int node_substream_register(struct kvf_node *n)
 void node_substream_run(struct kvf_node *n, struct node_job *j)
 {
     struct node_substream *s = j->sub;
-    struct node_submit_out o = {KVF_GRPC_OK, ""};
+    struct node_submit_out o = {KVF_GRPC_OK, "", 0};
     const char *why = NULL;
     if (!j->submit) {
-        o.code = KVF_GRPC_INVALID_ARGUMENT;
+        o.code = node_local_status(-EINVAL);
         snprintf(o.msg, sizeof o.msg, "undecodable SubmitChunkRequest");
     } else if ((why = node_submit_shape(j->submit)) != NULL) {
-        o.code = KVF_GRPC_INVALID_ARGUMENT;
+        o.code = node_local_status(-EINVAL);
         snprintf(o.msg, sizeof o.msg, "%s", why);
     } else {
         (void)node_submit_chunk(n, j->submit, &o);

@@ -265,7 +265,7 @@ static uint8_t *pack_room_state(const struct node_room *r, size_t *len_p)
     k.generation = r->key.generation;
     Kvfence__V1__NodeRoomEvent re = KVFENCE__V1__NODE_ROOM_EVENT__INIT;
     re.state = (Kvfence__V1__RoomState)r->state;
-    re.lifetime = (Kvfence__V1__LifetimeState)lifetime_wire(kvf_lt_state(r->lt));
+    re.lifetime = (Kvfence__V1__LifetimeState)lifetime_wire(kvf_lt_state(r->core.lt));
     re.reason = (Kvfence__V1__AbortReason)r->abort_reason;
     Kvfence__V1__NodeEvent ev = KVFENCE__V1__NODE_EVENT__INIT;
     ev.room = &k;
@@ -282,7 +282,7 @@ void node_watch_snapshot(struct kvf_node *n)
             continue;
         w->snapshot_due = false;
         for (struct node_room *r = n->rooms; r; r = r->next) {
-            if (r->watch_drained || !room_match(w, r->key) || !room_rank_match(w, r))
+            if (r->core.drained_seen || !room_match(w, r->key) || !room_rank_match(w, r))
                 continue;
             size_t len;
             uint8_t *buf = pack_room_state(r, &len);
@@ -359,9 +359,7 @@ void node_watch_room_state(struct kvf_node *n, struct node_room *r)
 
 void node_room_drained(struct kvf_node *n, struct node_room *r)
 {
-    if (r->watch_drained || kvf_lt_state(r->lt) != KVF_LT_DRAINED)
-        return;
-    r->watch_drained = true;
+    /* The core decided it, once (KVF_NCORE_FX_ROOM_DRAINED). */
     node_peer_close_room(n, r);
     /* The channel's sequence state of the room goes; later messages are LATE. */
     if (n->peerch)

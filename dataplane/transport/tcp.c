@@ -1073,6 +1073,26 @@ int kvf_transport_tcp_add_peer(struct kvf_transport *base, uint32_t peer, uint64
     return rc;
 }
 
+int kvf_transport_tcp_forget_peer(struct kvf_transport *base, uint32_t peer)
+{
+    struct tcp *t = tcp_of(base);
+    if (peer >= t->opts.max_peers)
+        return -EINVAL;
+    pthread_mutex_lock(&t->lock);
+    struct tcp_peer *p = &t->peers[peer];
+    int rc = 0;
+    if (p->node_id == 0)
+        rc = -ENOENT;
+    else if (!p->fenced || p->nrx != 0 || (p->tx && !p->tx->joined))
+        rc = -EBUSY;
+    struct tcp_tx *tx = rc == 0 ? p->tx : NULL;
+    if (rc == 0)
+        OPENSSL_cleanse(p, sizeof *p); /* node_id 0: a free index */
+    pthread_mutex_unlock(&t->lock);
+    tx_free(tx);
+    return rc;
+}
+
 int kvf_transport_tcp_set_peer_key(struct kvf_transport *base, uint32_t peer,
                                    const uint8_t secret[KVF_TCP_SECRET_SIZE])
 {

@@ -243,6 +243,15 @@ int kvf_transport_tcp_remove_pool(struct kvf_transport *t, uint32_t pool_id);
 int kvf_transport_tcp_add_peer(struct kvf_transport *t, uint32_t peer, uint64_t node_id);
 
 /*
+ * Frees peer index `peer` for another node: the peer must be fenced
+ * (kvf_transport_fence_peer: its sender joined, its receivers joined), and
+ * then its connection state and secret are dropped and the index is free
+ * for kvf_transport_tcp_add_peer. -ENOENT (index not added), -EBUSY (not
+ * fenced, or a receiver still runs), -EINVAL. Control thread.
+ */
+int kvf_transport_tcp_forget_peer(struct kvf_transport *t, uint32_t peer);
+
+/*
  * Sets the secret of the pair with peer `peer` (KVF_TCP_SECRET_SIZE bytes,
  * peer_keys.h): connections in either direction must prove it. Without one,
  * connect refuses and inbound hellos naming the peer are refused (after

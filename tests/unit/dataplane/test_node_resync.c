@@ -66,20 +66,25 @@ static struct node_room *add_room(struct kvf_node *n, uint64_t room_id, uint64_t
     assert_non_null(r);
     r->key = (kvf_room_key){room_id, 1};
     r->incarnation = inc;
-    assert_int_equal(kvf_lt_table_open(n->lts, r->key, &r->lt), 0);
+    assert_int_equal(kvf_ncore_room_open(n->core, &r->core, r->key, r), 0);
+    r->lt = r->core.lt;
     r->next = n->rooms;
     n->rooms = r;
     return r;
 }
 
-static void close_room(struct node_room *r, bool aborted)
+/* Drained through the rules core: by an abort notice with a token, or by a
+ * tokenless close. Its effects are not applied (no session here). */
+static void close_room(struct kvf_node *n, struct node_room *r, bool aborted)
 {
-    (void)kvf_lt_close(r->lt, NULL, NULL);
+    if (aborted)
+        kvf_ncore_room_abort(n->core, &r->core, (kvf_token){r->key.room_id, ~r->key.room_id}, 0);
+    else
+        kvf_ncore_room_end(n->core, &r->core);
     assert_int_equal(kvf_lt_state(r->lt), KVF_LT_DRAINED);
-    if (aborted) {
-        r->aborting = true;
-        r->token = (kvf_token){r->key.room_id, ~r->key.room_id};
-    }
+    struct kvf_ncore_fx fx;
+    while (kvf_ncore_fx_take(n->core, &fx))
+        ;
 }
 
 static struct kvf_node *node_new(void)
@@ -87,19 +92,23 @@ static struct kvf_node *node_new(void)
     struct kvf_node *n = calloc(1, sizeof *n);
     assert_non_null(n);
     n->incarnation = INC;
-    n->lts = kvf_lt_table_create();
-    assert_non_null(n->lts);
+    struct kvf_ncore_opts o;
+    kvf_ncore_opts_init(&o);
+    o.retain_max = SIZE_MAX; /* every room stays: the builder sees them all */
+    n->core = kvf_ncore_create(&o);
+    assert_non_null(n->core);
+    n->lts = kvf_ncore_lts(n->core);
     return n;
 }
 
 static void node_free(struct kvf_node *n)
 {
+    kvf_ncore_destroy(n->core); /* unlinks the rooms it retained */
     while (n->rooms) {
         struct node_room *r = n->rooms;
         n->rooms = r->next;
         free(r);
     }
-    kvf_lt_table_destroy(n->lts);
     free(n);
 }
 
@@ -121,7 +130,7 @@ static void over_the_cap_every_lifetime_once_in_order(void **state)
         struct node_room *r = add_room(n, id, INC);
         if (id <= NDRAINED) {
             bool aborted = id % 3 != 0;
-            close_room(r, aborted);
+            close_room(n, r, aborted);
             want_drained += aborted;
         }
     }
