@@ -12,7 +12,8 @@
  * Open addressing with linear probing; removal shifts later members of the
  * cluster back, so there are no tombstones and lookups stay short after any
  * mix of puts and removals. The table doubles when it would be more than 3/4
- * full and never shrinks. Every operation is O(1) expected.
+ * full and never shrinks. Every operation is O(1) expected. A slot costs 16
+ * bytes for a u64 key, 24 for a string, 32 for a room key.
  *
  * Bounds: with opts.max_count set, a put of a new key into a map that holds
  * max_count entries fails with -E2BIG, and the table never grows beyond what
@@ -45,17 +46,25 @@ struct kvf_map_opts {
     void *(*alloc)(size_t nmemb, size_t size);
 };
 
+/* A slot: the hash and the value, then the key words the kind needs. U64
+ * keys need none: their hash is a bijection of the key, so equal hashes mean
+ * equal keys. Slots are 16 (U64), 24 (STR) or 32 (ROOM) bytes. */
+union kvf_map_key_word {
+    uint64_t u64;     /* ROOM: room_id, then generation */
+    const char *skey; /* STR: the key */
+};
+
 struct kvf_map_slot {
     uint64_t hash;
-    uint64_t k0, k1;  /* U64: k0; ROOM: room_id, generation */
-    const char *skey; /* STR */
-    void *val;        /* NULL: the slot is empty */
+    void *val; /* NULL: the slot is empty */
+    union kvf_map_key_word key[];
 };
 
 struct kvf_map {
-    struct kvf_map_slot *slots;
-    size_t cap; /* 0 or a power of two */
+    unsigned char *table; /* cap slots of `stride` bytes */
+    size_t cap;           /* 0 or a power of two */
     size_t count;
+    size_t stride;
     struct kvf_map_opts opts;
 };
 

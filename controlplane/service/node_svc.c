@@ -74,7 +74,7 @@ struct lease_watch {
 
 struct kvf_svc_sessions {
     struct node_sess *nodes;     /* attached sessions, one per node id */
-    struct cp_map by_id;         /* node id -> its session in `nodes` */
+    struct kvf_map by_id;        /* node id -> its session in `nodes` */
     struct lease_watch *watches; /* open WatchLeases streams */
     char (*resync_asked)[129];   /* node ids sent a ResyncRequest since recovery */
     size_t nresync_asked;
