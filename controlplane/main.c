@@ -25,6 +25,7 @@
 #include "http.h"
 #include "kvf_config.h"
 #include "kvf_file.h"
+#include "kvf_log.h"
 #include "kvf_types.h"
 #include "kvf_version.h"
 #include "rpc_server.h"
@@ -45,6 +46,7 @@ struct settings {
     const char *listen, *tls_cert, *tls_key, *tls_client_ca, *port_file, *data_dir;
     const char *metrics_listen, *metrics_port_file;
     const char *node_identity_prefix, *engine_identity_prefix, *admin_identities;
+    const char *log_level;
     uint64_t threads, snapshot_every;
     uint64_t node_ttl_ms, heartbeat_timeout_ms, join_timeout_ms, drain_deadline_ms, resend_ms,
         tombstone_ttl_ms;
@@ -70,6 +72,7 @@ int main(int argc, char **argv)
         .resend_ms = 200,
         .tombstone_ttl_ms = 600000,
         .snapshot_every = 4096,
+        .log_level = "info",
     };
     const struct kvf_config_item items[] = {
         {"listen", KVF_CONFIG_STRING, &cfg.listen, 0,
@@ -116,6 +119,8 @@ int main(int argc, char **argv)
          "jitter)"},
         {"tombstone-ttl-ms", KVF_CONFIG_UINT, &cfg.tombstone_ttl_ms, 86400000,
          "terminal rooms are kept this long to recognise late messages"},
+        {"log-level", KVF_CONFIG_STRING, &cfg.log_level, 0,
+         "least severe log lines written to stderr: debug, info, warn or error"},
         {"version", KVF_CONFIG_BOOL, &cfg.version, 0, "print the version and exit"},
         {"repair-wal", KVF_CONFIG_BOOL, &cfg.repair_wal, 0,
          "check the log in data-dir; cut it at a damaged or missing record after a backup "
@@ -131,6 +136,15 @@ int main(int argc, char **argv)
         fprintf(stderr, "kvfence-control: %s\n", err.msg);
         return 2;
     }
+    enum kvf_log_level log_level;
+    if (kvf_log_level_parse(cfg.log_level, &log_level) != 0) {
+        fprintf(stderr, "kvfence-control: --log-level: '%s' is not debug, info, warn or error\n",
+                cfg.log_level ? cfg.log_level : "");
+        kvf_config_free();
+        return 2;
+    }
+    kvf_log_set_level(log_level);
+    kvf_log_set_proc("kvfence-control");
     if (cfg.version) {
         printf("kvfence-control %s (cuda %s)\n", KVF_VERSION_STRING,
                KVF_HAVE_CUDA_BUILD ? "yes" : "no");

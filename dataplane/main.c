@@ -26,6 +26,7 @@
 #include <unistd.h>
 
 #include "kvf_config.h"
+#include "kvf_log.h"
 #include "kvf_file.h"
 #include "kvf_version.h"
 #include "node.h"
@@ -42,7 +43,7 @@ struct settings {
         *fault_file, *test_fake_device_pools, *local_socket_mode, *local_socket_group;
     const char *staging, *test_local_hold_file, *rdma, *rdma_fabric, *rdma_gid_index;
     const char *control_tls_ca, *control_tls_cert, *control_tls_key, *control_tls_server_name;
-    const char *run_dir;
+    const char *run_dir, *log_level;
     uint64_t data_port, peer_port, drain_timeout_ms, staging_buffers, probe_timeout_ms;
     uint64_t retain_rooms;
     bool version, probe;
@@ -107,6 +108,7 @@ int main(int argc, char **argv)
         .rdma = "auto",
         .rdma_fabric = "kvf",
         .probe_timeout_ms = 1000,
+        .log_level = "info",
     };
     const struct kvf_config_item items[] = {
         {"control", KVF_CONFIG_STRING, &cfg.control, 0,
@@ -166,6 +168,8 @@ int main(int argc, char **argv)
         {"rdma-gid-index", KVF_CONFIG_STRING, &cfg.rdma_gid_index, 0,
          "RDMA GID index, or -1 for LID routing (default: 0 on Ethernet/RoCE and the fake "
          "fabric, -1 on InfiniBand)"},
+        {"log-level", KVF_CONFIG_STRING, &cfg.log_level, 0,
+         "least severe log lines written to stderr: debug, info, warn or error"},
         {"version", KVF_CONFIG_BOOL, &cfg.version, 0, "print the version and exit"},
         {"probe", KVF_CONFIG_BOOL, &cfg.probe, 0,
          "do not start: ask the node serving --local-socket for its grpc.health.v1 status, "
@@ -187,6 +191,15 @@ int main(int argc, char **argv)
         kvf_config_free();
         return 2;
     }
+    enum kvf_log_level log_level;
+    if (kvf_log_level_parse(cfg.log_level, &log_level) != 0) {
+        fprintf(stderr, "kvfence-node: --log-level: '%s' is not debug, info, warn or error\n",
+                cfg.log_level ? cfg.log_level : "");
+        kvf_config_free();
+        return 2;
+    }
+    kvf_log_set_level(log_level);
+    kvf_log_set_proc("kvfence-node");
     if (cfg.version) {
         printf("kvfence-node %s (cuda %s)\n", KVF_VERSION_STRING,
                KVF_HAVE_CUDA_BUILD ? "yes" : "no");
@@ -306,8 +319,7 @@ int main(int argc, char **argv)
                 written = port;
                 int wrc = write_port_file(cfg.port_file, port, cfg.local_socket);
                 if (wrc < 0) {
-                    fprintf(stderr, "kvfence-node: cannot write %s: %s\n", cfg.port_file,
-                            strerror(-wrc));
+                    kvf_log("error", "cannot write %s: %s", cfg.port_file, strerror(-wrc));
                     rc = 1;
                     break;
                 }
@@ -316,14 +328,13 @@ int main(int argc, char **argv)
         struct timespec ts = {0, 100 * 1000000L};
         int sig = sigtimedwait(&sigs, NULL, &ts);
         if (sig == SIGTERM || sig == SIGINT) {
-            fprintf(stderr, "kvfence-node: got %s: draining\n",
-                    sig == SIGINT ? "SIGINT" : "SIGTERM");
+            kvf_log("info", "got %s: draining", sig == SIGINT ? "SIGINT" : "SIGTERM");
             break;
         }
     }
     int src = kvf_node_stop(n);
     if (src != 0 && rc == 0)
-        fprintf(stderr, "kvfence-node: stopped with lifetimes undrained (%s)\n", strerror(-src));
+        kvf_log("error", "stopped with lifetimes undrained (%s)", strerror(-src));
     kvf_node_destroy(n);
     kvf_config_free();
     return rc;

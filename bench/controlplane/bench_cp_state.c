@@ -19,6 +19,7 @@
 #include <unistd.h>
 
 #include "cp_state.h"
+#include "kvf_clock.h"
 
 static uint64_t rng = 88172645463325252ull;
 
@@ -36,9 +37,7 @@ static void bench_random(void *ctx, void *buf, size_t len)
 
 static double now_s(void)
 {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + (double)ts.tv_nsec / 1e9;
+    return (double)kvf_clock_mono_ns() / 1e9;
 }
 
 static long rss_kib(void)

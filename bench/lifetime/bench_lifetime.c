@@ -16,6 +16,7 @@
 #include <time.h>
 
 #include "lifetime.h"
+#include "kvf_clock.h"
 
 struct worker {
     struct kvf_lt *lt;
@@ -27,9 +28,7 @@ struct worker {
 
 static uint64_t now_ns(void)
 {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
+    return (uint64_t)kvf_clock_mono_ns();
 }
 
 static void *run_worker(void *arg)

@@ -61,6 +61,7 @@
 #include "kvfence/v1/control.pb-c.h"
 #include "kvfence/v1/node.pb-c.h"
 #include "rpc_client.h"
+#include "kvf_clock.h"
 
 #define PAGE         4096u
 #define POOL_PAGES   65536u /* 256 MiB per pool */
@@ -87,9 +88,7 @@ static int g_window = 64; /* --window: requests outstanding per stream */
 
 static uint64_t now_ns(void)
 {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
+    return (uint64_t)kvf_clock_mono_ns();
 }
 
 static void sleep_ms(long ms)

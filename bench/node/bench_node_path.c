@@ -28,6 +28,7 @@
 #include "lifetime.h"
 #include "tcp.h"
 #include "transport.h"
+#include "kvf_clock.h"
 
 #define PAGE       4096u
 #define POOL_PAGES 16384u /* 64 MiB */
@@ -35,9 +36,7 @@
 
 static uint64_t now_ns(void)
 {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
+    return (uint64_t)kvf_clock_mono_ns();
 }
 
 struct sink {

@@ -40,6 +40,7 @@
 #include "kvfence/v1/node.pb-c.h"
 #include "kvfence/v1/types.pb-c.h"
 #include "rpc_client.h"
+#include "kvf_clock.h"
 
 #define N_NODES          4
 #define PAGES_PER_LEASE  16u
@@ -73,9 +74,7 @@ static atomic_uint_fast64_t g_next_room = 1;
 
 static uint64_t now_ns(void)
 {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
+    return (uint64_t)kvf_clock_mono_ns();
 }
 
 static void die(const char *fmt, ...) __attribute__((format(printf, 1, 2), noreturn));

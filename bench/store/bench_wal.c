@@ -31,6 +31,7 @@
 
 #include "store.h"
 #include "wal.h"
+#include "kvf_clock.h"
 
 #define ROOMS           100000
 #define RECS_PER_ROOM   3
@@ -39,9 +40,7 @@
 
 static uint64_t now_ns(void)
 {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
+    return (uint64_t)kvf_clock_mono_ns();
 }
 
 static void quiet_log(void *ctx, enum kvf_store_log_level level, const char *msg)

@@ -21,6 +21,7 @@
 #include "kvfence/v1/control.pb-c.h"
 #include "kvfence/v1/node.pb-c.h"
 #include "rpc_client.h"
+#include "kvf_clock.h"
 
 #define DEFAULT_CALL_TIMEOUT_MS 5000
 #define MAX_RANGES              65536
@@ -74,9 +75,7 @@ const char *kvf_status_name(int code)
 
 static int64_t now_ms(void)
 {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
+    return kvf_clock_mono_ms();
 }
 
 /* ---- unary calls ----------------------------------------------------------------- */

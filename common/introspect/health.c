@@ -27,6 +27,7 @@
 #include "grpc/health/v1/health.pb-c.h"
 #include "health.h"
 #include "kvf_error.h"
+#include "kvf_log.h"
 
 struct health_service {
     char *name;
@@ -119,7 +120,7 @@ struct kvf_health *kvf_health_create(void)
     return h;
 
 err_nomem:
-    fprintf(stderr, "kvfence introspect: health: out of memory creating the registry\n");
+    kvf_log("error", "kvfence introspect: health: out of memory creating the registry");
     return NULL;
 }
 

@@ -31,6 +31,7 @@
 #include "health.h"
 #include "kvf_error.h"
 #include "reflection.h"
+#include "kvf_log.h"
 
 typedef Grpc__Reflection__V1alpha__ServerReflectionRequest refl_request;
 typedef Grpc__Reflection__V1alpha__ServerReflectionResponse refl_response;
@@ -85,7 +86,7 @@ struct kvf_reflection {
 
 static void refl_log(const char *what)
 {
-    fprintf(stderr, "kvfence introspect: reflection: %s\n", what);
+    kvf_log("error", "kvfence introspect: reflection: %s", what);
 }
 
 /* ---- the descriptor set ---------------------------------------------- */
@@ -196,7 +197,7 @@ static int resolve_deps(struct kvf_reflection *refl)
         struct refl_file *f = &refl->files[i];
         for (size_t j = 0; j < i; j++) {
             if (strcmp(refl->files[j].proto->name, f->proto->name) == 0) {
-                fprintf(stderr, "kvfence introspect: reflection: %s is twice in the set\n",
+                kvf_log("error", "kvfence introspect: reflection: %s is twice in the set",
                         f->proto->name);
                 return -EINVAL;
             }
@@ -210,9 +211,9 @@ static int resolve_deps(struct kvf_reflection *refl)
             long idx = find_file(refl, f->proto->dependency[d]);
             if (idx < 0) {
                 /* Served without it; a client asking for it gets NOT_FOUND. */
-                fprintf(stderr,
+                kvf_log("error",
                         "kvfence introspect: reflection: %s imports %s, which is not in the "
-                        "set (build it with --include_imports)\n",
+                        "set (build it with --include_imports)",
                         f->proto->name, f->proto->dependency[d]);
                 continue;
             }
@@ -449,9 +450,9 @@ struct kvf_reflection *kvf_reflection_create(const uint8_t *descriptor_set, size
     for (size_t i = 0; i < refl->n_files && rc == 0; i++) {
         rc = index_file(refl, i);
         if (rc == -EINVAL)
-            fprintf(stderr,
+            kvf_log("error",
                     "kvfence introspect: reflection: %s has a nameless or too deeply "
-                    "nested definition\n",
+                    "nested definition",
                     refl->files[i].proto->name);
     }
     if (rc == 0)

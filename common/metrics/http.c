@@ -14,6 +14,7 @@
  * and joins the MHD thread before the server is freed.
  */
 #include "http.h"
+#include "kvf_log.h"
 
 #include <arpa/inet.h>
 #include <errno.h>
@@ -42,12 +43,12 @@ struct kvf_metrics_http {
 static void http_log(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
 static void http_log(const char *fmt, ...)
 {
+    char msg[KVF_LOG_MSG_MAX];
     va_list ap;
     va_start(ap, fmt);
-    fputs("kvf_metrics_http: ", stderr);
-    vfprintf(stderr, fmt, ap);
-    fputc('\n', stderr);
+    vsnprintf(msg, sizeof msg, fmt, ap);
     va_end(ap);
+    kvf_log("error", "kvf_metrics_http: %s", msg);
 }
 
 void kvf_metrics_http_opts_init(struct kvf_metrics_http_opts *opts)

@@ -25,6 +25,7 @@
  * children, which takes `mu`: the lock order is collect_mu, then mu.
  */
 #include "metrics.h"
+#include "kvf_log.h"
 
 #include <errno.h>
 #include <inttypes.h>
@@ -112,12 +113,12 @@ struct kvf_metrics_writer {
 static void metrics_log(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
 static void metrics_log(const char *fmt, ...)
 {
+    char msg[KVF_LOG_MSG_MAX];
     va_list ap;
     va_start(ap, fmt);
-    fputs("kvf_metrics: ", stderr);
-    vfprintf(stderr, fmt, ap);
-    fputc('\n', stderr);
+    vsnprintf(msg, sizeof msg, fmt, ap);
     va_end(ap);
+    kvf_log("error", "kvf_metrics: %s", msg);
 }
 
 static char *str_dup(const char *s)

@@ -21,26 +21,21 @@
 #include <grpc/slice.h>
 #include <grpc/support/time.h>
 
+#include "kvf_clock.h"
+#include "kvf_log.h"
+
 #define container_of_rpc(ptr, type, member) ((type *)((char *)(ptr)-offsetof(type, member)))
 
-/* Logs one line to stderr (kvfence has no logging module yet). */
+/* Logs one error line (kvf_log), its message prefixed with "kvf_rpc: ". */
 static inline void rpc_log(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
 static inline void rpc_log(const char *fmt, ...)
 {
+    char msg[KVF_LOG_MSG_MAX];
     va_list ap;
     va_start(ap, fmt);
-    fputs("kvf_rpc: ", stderr);
-    vfprintf(stderr, fmt, ap);
-    fputc('\n', stderr);
+    vsnprintf(msg, sizeof msg, fmt, ap);
     va_end(ap);
-}
-
-/* CLOCK_MONOTONIC in nanoseconds. */
-static inline int64_t rpc_now_ns(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (int64_t)ts.tv_sec * 1000000000LL + ts.tv_nsec;
+    kvf_log("error", "kvf_rpc: %s", msg);
 }
 
 /* A gRPC deadline `timeout_ms` from now; negative means none. */

@@ -222,7 +222,7 @@ static int64_t srv_deadline_ns(gpr_timespec deadline)
     if (gpr_time_cmp(deadline, gpr_inf_future(deadline.clock_type)) == 0)
         return INT64_MAX;
     gpr_timespec left = gpr_time_sub(deadline, gpr_now(deadline.clock_type));
-    return rpc_now_ns() + (int64_t)left.tv_sec * 1000000000LL + left.tv_nsec;
+    return kvf_clock_mono_ns() + (int64_t)left.tv_sec * 1000000000LL + left.tv_nsec;
 }
 
 static grpc_status_code srv_status_code(int code)
@@ -238,7 +238,7 @@ static int srv_end_code(bool status_sent, int sent_code, int cancelled, int64_t 
 {
     if (status_sent && !cancelled)
         return sent_code;
-    if (deadline_ns != INT64_MAX && rpc_now_ns() + 1000000 >= deadline_ns)
+    if (deadline_ns != INT64_MAX && kvf_clock_mono_ns() + 1000000 >= deadline_ns)
         return KVF_GRPC_DEADLINE_EXCEEDED;
     return KVF_GRPC_CANCELLED;
 }
@@ -250,7 +250,7 @@ static void srv_observe(struct kvf_rpc_server *srv, const char *method, int code
 {
     if (!srv->on_call_done)
         return;
-    int64_t now = rpc_now_ns();
+    int64_t now = kvf_clock_mono_ns();
     srv->on_call_done(srv->observer_ctx, method, code,
                       now > arrived_ns ? (uint64_t)(now - arrived_ns) : 0);
 }
@@ -333,7 +333,7 @@ static void srv_generic_arrived(struct kvf_rpc_server *srv, struct srv_generic *
         srv_live_drop(srv, false);
         return;
     }
-    g->arrived_ns = rpc_now_ns();
+    g->arrived_ns = kvf_clock_mono_ns();
     pthread_mutex_lock(&srv->mu);
     srv->calls++; /* g now counts as a call; a fresh request takes its place */
     srv_generic_post_locked(srv);
@@ -416,7 +416,7 @@ static void srv_unary_arrived(struct kvf_rpc_server *srv, struct srv_method *m, 
                               grpc_metadata_array md, gpr_timespec deadline,
                               grpc_byte_buffer *payload)
 {
-    int64_t arrived = rpc_now_ns();
+    int64_t arrived = kvf_clock_mono_ns();
     struct kvf_rpc_call *c = calloc(1, sizeof(*c));
     if (!c) {
         grpc_call_cancel_with_status(gcall, GRPC_STATUS_RESOURCE_EXHAUSTED, "out of memory", NULL);
@@ -695,7 +695,7 @@ static enum kvf_rpc_close_reason stream_close_reason(struct kvf_rpc_stream *s)
      * arrived, so it runs a little behind the client's: a cancel within
      * 100 ms of it is taken as the deadline (a diagnosis only; under load the
      * gap reaches tens of ms). */
-    if (s->deadline_ns != INT64_MAX && rpc_now_ns() + 100000000 >= s->deadline_ns)
+    if (s->deadline_ns != INT64_MAX && kvf_clock_mono_ns() + 100000000 >= s->deadline_ns)
         return KVF_RPC_CLOSED_DEADLINE;
     if (s->srv && atomic_load(&s->srv->stopping))
         return KVF_RPC_CLOSED_SHUTDOWN;
@@ -825,7 +825,7 @@ static void srv_stream_arrived(struct kvf_rpc_server *srv, const struct srv_meth
                                grpc_call *gcall, grpc_metadata_array md, gpr_timespec deadline,
                                grpc_byte_buffer *payload)
 {
-    int64_t arrived = rpc_now_ns();
+    int64_t arrived = kvf_clock_mono_ns();
     struct kvf_rpc_stream *s = calloc(1, sizeof(*s));
     if (!s) {
         grpc_call_cancel_with_status(gcall, GRPC_STATUS_RESOURCE_EXHAUSTED, "out of memory", NULL);
@@ -1441,14 +1441,7 @@ void kvf_rpc_server_shutdown(struct kvf_rpc_server *srv, unsigned grace_ms)
 
     grpc_server_shutdown_and_notify(srv->gsrv, srv->cq, &srv->tag_shutdown);
 
-    struct timespec until;
-    clock_gettime(CLOCK_MONOTONIC, &until);
-    until.tv_sec += grace_ms / 1000;
-    until.tv_nsec += (long)(grace_ms % 1000) * 1000000L;
-    if (until.tv_nsec >= 1000000000L) {
-        until.tv_sec++;
-        until.tv_nsec -= 1000000000L;
-    }
+    struct timespec until = kvf_clock_mono_after_ms(grace_ms);
     pthread_mutex_lock(&srv->mu);
     while (!(srv->shutdown_done && srv->live == 0))
         if (pthread_cond_timedwait(&srv->cv, &srv->mu, &until) == ETIMEDOUT)

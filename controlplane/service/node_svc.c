@@ -40,6 +40,7 @@
 #include "kvfence/v1/node.pb-c.h"
 #include "rpc_server.h"
 #include "service_internal.h"
+#include "kvf_clock.h"
 
 #define HEARTBEAT_INTERVAL_MS 1000u
 
@@ -73,7 +74,7 @@ struct lease_watch {
 
 struct kvf_svc_sessions {
     struct node_sess *nodes;     /* attached sessions, one per node id */
-    struct cp_map by_id;         /* node id -> its session in `nodes` */
+    struct kvf_map by_id;        /* node id -> its session in `nodes` */
     struct lease_watch *watches; /* open WatchLeases streams */
     char (*resync_asked)[129];   /* node ids sent a ResyncRequest since recovery */
     size_t nresync_asked;
@@ -958,9 +959,7 @@ static void attach_open(void *vctx, struct kvf_rpc_stream *stream, const uint8_t
         return;
     }
     atomic_init(&s->refs, 1);
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    atomic_init(&s->last_seen_ns, (uint64_t)ts.tv_sec * KVF_NS_PER_S + (uint64_t)ts.tv_nsec);
+    atomic_init(&s->last_seen_ns, (uint64_t)kvf_clock_mono_ns());
     s->svc = vctx;
     snprintf(s->cert_node_id, sizeof s->cert_node_id, "%s", peer.node_id);
     kvf_rpc_stream_ref(stream);
@@ -1002,9 +1001,7 @@ static void attach_message(void *vctx, struct kvf_rpc_stream *stream, const uint
     if (s == NULL)
         return;
     static const uint8_t empty[1];
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    atomic_store(&s->last_seen_ns, (uint64_t)ts.tv_sec * KVF_NS_PER_S + (uint64_t)ts.tv_nsec);
+    atomic_store(&s->last_seen_ns, (uint64_t)kvf_clock_mono_ns());
     Kvfence__V1__NodeMessage *m =
         kvfence__v1__node_message__unpack(NULL, len, msg != NULL ? msg : empty);
     if (m == NULL) {

@@ -41,103 +41,7 @@
 #include "rpc_server.h"
 #include "metrics.h"
 #include "service_internal.h"
-
-/* ---- logging -------------------------------------------------------------- */
-
-static size_t json_escape(char *out, size_t cap, const char *in)
-{
-    size_t o = 0;
-    for (const unsigned char *p = (const unsigned char *)in; *p && o + 7 < cap; p++) {
-        unsigned char c = *p;
-        if (c == '"' || c == '\\') {
-            out[o++] = '\\';
-            out[o++] = (char)c;
-        } else if (c == '\n') {
-            out[o++] = '\\';
-            out[o++] = 'n';
-        } else if (c < 0x20) {
-            o += (size_t)snprintf(out + o, cap - o, "\\u%04x", c);
-        } else {
-            out[o++] = (char)c;
-        }
-    }
-    out[o] = '\0';
-    return o;
-}
-
-/* One JSON line: ts, level, msg, and the room and node fields when given. */
-static void log_line(const char *level, const kvf_room_key *room, const char *node,
-                     uint64_t incarnation, const char *fmt, va_list ap)
-{
-    char msg[1024];
-    char esc[2048];
-    char fields[384] = "";
-    char line[2688];
-    struct timespec ts;
-    struct tm tm;
-
-    vsnprintf(msg, sizeof msg, fmt, ap);
-    json_escape(esc, sizeof esc, msg);
-    size_t f = 0;
-    if (room) {
-        f +=
-            (size_t)snprintf(fields + f, sizeof fields - f, ",\"room\":\"%" PRIu64 ":%" PRIu64 "\"",
-                             room->room_id, room->generation);
-    }
-    if (node && f < sizeof fields) {
-        char nesc[280];
-        json_escape(nesc, sizeof nesc, node);
-        f += (size_t)snprintf(fields + f, sizeof fields - f, ",\"node\":\"%s\"", nesc);
-        if (incarnation && f < sizeof fields) {
-            snprintf(fields + f, sizeof fields - f, ",\"incarnation\":%" PRIu64, incarnation);
-        }
-    }
-    clock_gettime(CLOCK_REALTIME, &ts);
-    gmtime_r(&ts.tv_sec, &tm);
-    int n = snprintf(line, sizeof line,
-                     "{\"ts\":\"%04d-%02d-%02dT%02d:%02d:%02d.%03ldZ\",\"level\":\"%s\","
-                     "\"msg\":\"%s\"%s}\n",
-                     tm.tm_year + 1900, tm.tm_mon + 1, tm.tm_mday, tm.tm_hour, tm.tm_min, tm.tm_sec,
-                     ts.tv_nsec / 1000000L, level, esc, fields);
-    if (n < 0) {
-        return;
-    }
-    if ((size_t)n >= sizeof line) {
-        n = (int)sizeof line - 1;
-        line[n - 1] = '\n';
-    }
-    ssize_t w = write(STDERR_FILENO, line, (size_t)n);
-    (void)w;
-}
-
-void kvf_logv(const char *level, const char *fmt, va_list ap)
-{
-    log_line(level, NULL, NULL, 0, fmt, ap);
-}
-
-void kvf_log(const char *level, const char *fmt, ...)
-{
-    va_list ap;
-    va_start(ap, fmt);
-    log_line(level, NULL, NULL, 0, fmt, ap);
-    va_end(ap);
-}
-
-void kvf_log_room(const char *level, kvf_room_key room, const char *node, const char *fmt, ...)
-{
-    va_list ap;
-    va_start(ap, fmt);
-    log_line(level, &room, node, 0, fmt, ap);
-    va_end(ap);
-}
-
-void kvf_log_node(const char *level, const char *node, uint64_t incarnation, const char *fmt, ...)
-{
-    va_list ap;
-    va_start(ap, fmt);
-    log_line(level, NULL, node, incarnation, fmt, ap);
-    va_end(ap);
-}
+#include "kvf_clock.h"
 
 /* ---- types ----------------------------------------------------------------- */
 
@@ -207,9 +111,7 @@ static const char *const kvf_svc_service_names[] = {"kvfence.v1.Control", "kvfen
 
 static kvf_time_ns mono_now(void)
 {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (kvf_time_ns)ts.tv_sec * KVF_NS_PER_S + (kvf_time_ns)ts.tv_nsec;
+    return (kvf_time_ns)kvf_clock_mono_ns();
 }
 
 void kvf_svc_random_os(void *buf, size_t len)

@@ -20,14 +20,13 @@
 #ifndef KVF_SERVICE_H
 #define KVF_SERVICE_H
 
-#include <stdarg.h>
-
 struct kvf_svc;
 struct kvf_rpc_server;
 struct kvf_rpc_server_opts;
 struct kvf_metrics;
 
 #include "authz.h"
+#include "kvf_log.h" /* the service logs with kvf_log, kvf_log_room, kvf_log_node */
 #include "kvf_types.h"
 
 /* The core's timers (cp_state.h); 0 keeps the core's default. */
@@ -84,16 +83,5 @@ void kvf_svc_stop(struct kvf_svc *svc);
 /* Stops (if needed) and frees everything. Call after the server is shut down
  * (no stream may still use the health registry). Accepts NULL. */
 void kvf_svc_destroy(struct kvf_svc *svc);
-
-/* One JSON log line on stderr: {"ts":"<UTC ISO-8601>","level":..,"msg":..}.
- * Thread-safe (one write per line). */
-void kvf_log(const char *level, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
-/* The same, with a "room":"id:generation" field and, when `node` is not
- * NULL, a "node" field (and "incarnation" when not 0). */
-void kvf_log_room(const char *level, kvf_room_key room, const char *node, const char *fmt, ...)
-    __attribute__((format(printf, 4, 5)));
-void kvf_log_node(const char *level, const char *node, uint64_t incarnation, const char *fmt, ...)
-    __attribute__((format(printf, 4, 5)));
-void kvf_logv(const char *level, const char *fmt, va_list ap);
 
 #endif /* KVF_SERVICE_H */

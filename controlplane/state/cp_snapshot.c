@@ -219,8 +219,8 @@ struct snap_ix {
     size_t nnodes, capnodes;
     struct cp_pool **pools;
     size_t npools, cappools;
-    struct cp_map node_ix; /* pointer -> index + 1 */
-    struct cp_map pool_ix;
+    struct kvf_map node_ix; /* pointer -> index + 1 */
+    struct kvf_map pool_ix;
 };
 
 static uint64_t ptr_key(const void *p)
@@ -228,7 +228,7 @@ static uint64_t ptr_key(const void *p)
     return (uint64_t)(uintptr_t)p;
 }
 
-static int ix_lookup(const struct cp_map *m, const void *p, uint32_t *idx_p)
+static int ix_lookup(const struct kvf_map *m, const void *p, uint32_t *idx_p)
 {
     void *v = cp_map_get(m, ptr_key(p));
     if (v == NULL)
@@ -237,7 +237,7 @@ static int ix_lookup(const struct cp_map *m, const void *p, uint32_t *idx_p)
     return 0;
 }
 
-static int ix_add(struct cp_map *m, void ***vec, size_t *n, size_t *cap, void *p)
+static int ix_add(struct kvf_map *m, void ***vec, size_t *n, size_t *cap, void *p)
 {
     if (cp_map_get(m, ptr_key(p)) != NULL)
         return 0;
@@ -593,7 +593,7 @@ struct rs {
     uint32_t *node_mark; /* room ordinal + 1 of the last room that named it */
     struct cp_room **rooms;
     uint32_t nrooms;
-    struct cp_map serials;
+    struct kvf_map serials;
     bool nomem;
     uint16_t version; /* of the image */
 };

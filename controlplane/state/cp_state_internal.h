@@ -177,9 +177,9 @@ struct cp_room {
 
 struct kvf_cps {
     struct kvf_cps_opts opts;
-    struct cp_map rooms;  /* room id -> current struct cp_room */
-    struct cp_map leases; /* lease id -> struct cp_part */
-    struct cp_map nodes;  /* node id -> current struct cp_node */
+    struct kvf_map rooms;  /* room id -> current struct cp_room */
+    struct kvf_map leases; /* lease id -> struct cp_part */
+    struct kvf_map nodes;  /* node id -> current struct cp_node */
     struct cp_heap timers;
     struct kvf_cps_effect *fx;
     size_t nfx, capfx;

@@ -80,6 +80,7 @@
 
 #include "crc32c.h"
 #include "wal_internal.h"
+#include "kvf_log.h"
 
 #define WAL_SEG_MAGIC     "KVFW"
 #define WAL_SNAP_MAGIC    "KVFS"
@@ -218,8 +219,8 @@ static void wal_log(struct wal *w, enum kvf_store_log_level level, const char *f
         w->opts.log_fn(w->opts.log_ctx, level, msg);
         return;
     }
-    static const char *const names[] = {"info", "warning", "error"};
-    fprintf(stderr, "kvfence store: %s: %s\n", names[level], msg);
+    static const char *const names[] = {"info", "warn", "error"};
+    kvf_log(names[level], "kvfence store: %s", msg);
 }
 
 static int write_all(int fd, const void *buf, size_t len)
@@ -344,8 +345,8 @@ struct kvf_store *kvf_store_wal_create(const struct kvf_store_wal_opts *opts)
     if (opts == NULL || opts->data_dir == NULL || opts->data_dir[0] == '\0' ||
         opts->segment_bytes < 4096 || opts->max_record_bytes == 0 ||
         opts->max_record_bytes > WAL_RECORD_HARD_MAX || (unsigned)opts->sync > 2) {
-        fprintf(stderr, "kvfence store: wal: invalid options (data_dir required, "
-                        "segment_bytes >= 4096, 0 < max_record_bytes <= 1 GiB)\n");
+        kvf_log("error", "kvfence store: wal: invalid options (data_dir required, "
+                         "segment_bytes >= 4096, 0 < max_record_bytes <= 1 GiB)");
         return NULL;
     }
     struct wal *w = calloc(1, sizeof(*w));
@@ -382,7 +383,7 @@ err_free_dir:
 err_free_wal:
     free(w);
 err_log:
-    fprintf(stderr, "kvfence store: wal: out of memory creating the store\n");
+    kvf_log("error", "kvfence store: wal: out of memory creating the store");
     return NULL;
 }
 

@@ -39,7 +39,7 @@ struct kvf_store_wal_opts {
     uint32_t max_record_bytes;    /* largest record accepted (16 MiB) */
     enum kvf_store_wal_sync sync; /* KVF_STORE_WAL_FDATASYNC */
     /* Where the store says what it did ("new cluster", "cut torn tail").
-     * NULL: lines on stderr prefixed "kvfence store: ". Called on the thread
+     * NULL: kvf_log lines prefixed "kvfence store: ". Called on the thread
      * that caused the message (recover()'s caller or the committer). */
     kvf_store_log_fn log_fn;
     void *log_ctx;

@@ -17,6 +17,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "kvf_map.h"
 #include "lifetime.h"
 
 /* The admission word: bit 63 says admission is closed, the low 63 bits count
@@ -28,18 +29,6 @@
 /* How many room ids whose lifetimes were all forgotten the table remembers by
  * default (see lifetime_table.c, "forgotten memory"). */
 #define LT_FORGOTTEN_CAP_DEFAULT 65536u
-
-/* An intrusive chained hash map; nodes are embedded in their owners. */
-struct lt_hnode {
-    struct lt_hnode *next;
-    uint64_t hash;
-};
-
-struct lt_hmap {
-    struct lt_hnode **buckets;
-    size_t mask; /* bucket count - 1 (a power of two) */
-    size_t count;
-};
 
 /* One (peer, next expected sequence number) pair. */
 struct lt_peer_seq {
@@ -53,8 +42,7 @@ struct kvf_lt {
     _Atomic uint64_t kind_inflight[KVF_LT_OP_KIND_COUNT]; /* statistics, relaxed */
 
     /* ---- owner thread ---- */
-    alignas(LT_CACHE_LINE) struct lt_hnode hnode; /* in table->lifetimes */
-    kvf_room_key key;
+    alignas(LT_CACHE_LINE) kvf_room_key key;
     struct kvf_lt_table *table;
     uint64_t quarantined; /* ops of this lifetime on the table's quarantine list */
     bool drained_taken;
@@ -67,7 +55,6 @@ struct kvf_lt {
 
 /* What the table remembers about one room id. */
 struct lt_id {
-    struct lt_hnode hnode; /* in table->ids */
     uint64_t room_id;
     uint64_t max_generation; /* highest generation seen: open now or forgotten */
     size_t live;             /* lifetimes of this id in the table */
@@ -76,8 +63,8 @@ struct lt_id {
 };
 
 struct kvf_lt_table {
-    struct lt_hmap lifetimes; /* room key -> struct kvf_lt */
-    struct lt_hmap ids;       /* room id -> struct lt_id */
+    struct kvf_map lifetimes; /* room key -> struct kvf_lt */
+    struct kvf_map ids;       /* room id -> struct lt_id */
     struct lt_id *lru_head;   /* oldest forgotten-only id */
     struct lt_id *lru_tail;
     size_t forgotten_count; /* ids on the lru list */

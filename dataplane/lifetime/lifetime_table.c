@@ -26,112 +26,17 @@
 
 #include "lifetime_internal.h"
 
-#define LT_HMAP_INITIAL_BUCKETS 64u
+/* ---- lookups ------------------------------------------------------------- */
 
-/* ---- hashing ------------------------------------------------------------- */
-
-/* The splitmix64 finaliser: room ids are random but generations are small
- * consecutive numbers, so mix both. */
-static uint64_t lt_mix(uint64_t x)
-{
-    x ^= x >> 30;
-    x *= UINT64_C(0xbf58476d1ce4e5b9);
-    x ^= x >> 27;
-    x *= UINT64_C(0x94d049bb133111eb);
-    x ^= x >> 31;
-    return x;
-}
-
-static uint64_t lt_key_hash(kvf_room_key key)
-{
-    return lt_mix(key.room_id ^ lt_mix(key.generation + UINT64_C(0x9e3779b97f4a7c15)));
-}
-
-static uint64_t lt_id_hash(uint64_t room_id)
-{
-    return lt_mix(room_id);
-}
-
-static int lt_hmap_init(struct lt_hmap *m)
-{
-    m->buckets = calloc(LT_HMAP_INITIAL_BUCKETS, sizeof(*m->buckets));
-    if (m->buckets == NULL)
-        return -ENOMEM;
-    m->mask = LT_HMAP_INITIAL_BUCKETS - 1;
-    m->count = 0;
-    return 0;
-}
-
-/* Doubles the bucket array. On out of memory the map keeps its size: chains get
- * longer, nothing fails. */
-static void lt_hmap_grow(struct lt_hmap *m)
-{
-    size_t n = (m->mask + 1) * 2;
-    struct lt_hnode **b = calloc(n, sizeof(*b));
-    if (b == NULL)
-        return;
-    for (size_t i = 0; i <= m->mask; i++) {
-        struct lt_hnode *node = m->buckets[i];
-        while (node != NULL) {
-            struct lt_hnode *next = node->next;
-            node->next = b[node->hash & (n - 1)];
-            b[node->hash & (n - 1)] = node;
-            node = next;
-        }
-    }
-    free(m->buckets);
-    m->buckets = b;
-    m->mask = n - 1;
-}
-
-static void lt_hmap_insert(struct lt_hmap *m, struct lt_hnode *node, uint64_t hash)
-{
-    if (m->count >= m->mask + 1)
-        lt_hmap_grow(m);
-    node->hash = hash;
-    node->next = m->buckets[hash & m->mask];
-    m->buckets[hash & m->mask] = node;
-    m->count++;
-}
-
-static void lt_hmap_remove(struct lt_hmap *m, struct lt_hnode *node)
-{
-    struct lt_hnode **pp = &m->buckets[node->hash & m->mask];
-    while (*pp != NULL && *pp != node)
-        pp = &(*pp)->next;
-    if (*pp == node) {
-        *pp = node->next;
-        node->next = NULL;
-        m->count--;
-    }
-}
-
-#define LT_CONTAINER_OF(ptr, type, member) ((type *)(void *)((char *)(ptr)-offsetof(type, member)))
-
+/* Both maps are kvf_map (room keys, and room ids); they never hold NULL. */
 static struct kvf_lt *lt_table_lookup(const struct kvf_lt_table *t, kvf_room_key key)
 {
-    uint64_t h = lt_key_hash(key);
-    for (struct lt_hnode *n = t->lifetimes.buckets[h & t->lifetimes.mask]; n; n = n->next) {
-        if (n->hash != h)
-            continue;
-        struct kvf_lt *lt = LT_CONTAINER_OF(n, struct kvf_lt, hnode);
-        if (kvf_room_key_eq(lt->key, key))
-            return lt;
-    }
-    return NULL;
+    return kvf_map_get_room(&t->lifetimes, key);
 }
 
 static struct lt_id *lt_id_lookup(const struct kvf_lt_table *t, uint64_t room_id)
 {
-    uint64_t h = lt_id_hash(room_id);
-    for (struct lt_hnode *n = t->ids.buckets[h & t->ids.mask]; n; n = n->next) {
-        if (n->hash != h)
-            continue;
-        struct lt_id *id = LT_CONTAINER_OF(n, struct lt_id, hnode);
-        if (id->room_id == room_id)
-            return id;
-    }
-    return NULL;
+    return kvf_map_get_u64(&t->ids, room_id);
 }
 
 /* ---- forgotten memory ---------------------------------------------------- */
@@ -172,7 +77,7 @@ static void lt_prune_forgotten(struct kvf_lt_table *t)
         if (oldest->max_generation > t->late_floor)
             t->late_floor = oldest->max_generation;
         lt_lru_unlink(t, oldest);
-        lt_hmap_remove(&t->ids, &oldest->hnode);
+        kvf_map_del_u64(&t->ids, oldest->room_id);
         free(oldest);
     }
 }
@@ -213,46 +118,30 @@ struct kvf_lt_table *kvf_lt_table_create(void)
     struct kvf_lt_table *t = calloc(1, sizeof(*t));
     if (t == NULL)
         return NULL;
-    if (lt_hmap_init(&t->lifetimes) != 0)
-        goto err_free_table;
-    if (lt_hmap_init(&t->ids) != 0)
-        goto err_free_lifetimes;
+    struct kvf_map_opts opts;
+    kvf_map_opts_init(&opts, KVF_MAP_ROOM);
+    kvf_map_init(&t->lifetimes, &opts);
+    kvf_map_opts_init(&opts, KVF_MAP_U64);
+    kvf_map_init(&t->ids, &opts);
     t->forgotten_cap = LT_FORGOTTEN_CAP_DEFAULT;
     return t;
-
-err_free_lifetimes:
-    free(t->lifetimes.buckets);
-err_free_table:
-    free(t);
-    return NULL;
 }
 
 void kvf_lt_table_destroy(struct kvf_lt_table *t)
 {
     if (t == NULL)
         return;
-    if (t->lifetimes.buckets != NULL) {
-        for (size_t i = 0; i <= t->lifetimes.mask; i++) {
-            struct lt_hnode *n = t->lifetimes.buckets[i];
-            while (n != NULL) {
-                struct lt_hnode *next = n->next;
-                lt_free(LT_CONTAINER_OF(n, struct kvf_lt, hnode));
-                n = next;
-            }
-        }
-        free(t->lifetimes.buckets);
-    }
-    if (t->ids.buckets != NULL) {
-        for (size_t i = 0; i <= t->ids.mask; i++) {
-            struct lt_hnode *n = t->ids.buckets[i];
-            while (n != NULL) {
-                struct lt_hnode *next = n->next;
-                free(LT_CONTAINER_OF(n, struct lt_id, hnode));
-                n = next;
-            }
-        }
-        free(t->ids.buckets);
-    }
+    /* Freeing values leaves the maps unchanged, so iterating stays valid. */
+    size_t pos = 0;
+    struct kvf_lt *lt;
+    while ((lt = kvf_map_next(&t->lifetimes, &pos)) != NULL)
+        lt_free(lt);
+    kvf_map_fini(&t->lifetimes);
+    pos = 0;
+    struct lt_id *id;
+    while ((id = kvf_map_next(&t->ids, &pos)) != NULL)
+        free(id);
+    kvf_map_fini(&t->ids);
     free(t);
 }
 
@@ -274,6 +163,9 @@ int kvf_lt_table_open(struct kvf_lt_table *t, kvf_room_key key, struct kvf_lt **
     if (id != NULL && key.generation <= id->max_generation)
         return -ESTALE;
 
+    /* Room in both maps first, so that nothing below can fail half-way. */
+    if (kvf_map_reserve(&t->lifetimes, 1) != 0 || (id == NULL && kvf_map_reserve(&t->ids, 1) != 0))
+        return -ENOMEM;
     struct kvf_lt *lt = lt_create(t, key);
     if (lt == NULL)
         return -ENOMEM;
@@ -282,13 +174,13 @@ int kvf_lt_table_open(struct kvf_lt_table *t, kvf_room_key key, struct kvf_lt **
         if (id == NULL)
             goto err_free_lt;
         id->room_id = key.room_id;
-        lt_hmap_insert(&t->ids, &id->hnode, lt_id_hash(key.room_id));
+        (void)kvf_map_put_u64(&t->ids, key.room_id, id); /* reserved */
     } else if (id->live == 0) {
         lt_lru_unlink(t, id);
     }
     id->live++;
     id->max_generation = key.generation;
-    lt_hmap_insert(&t->lifetimes, &lt->hnode, lt_key_hash(key));
+    (void)kvf_map_put_room(&t->lifetimes, key, lt); /* reserved */
     *lt_p = lt;
     return 0;
 
@@ -309,7 +201,7 @@ int kvf_lt_table_forget(struct kvf_lt_table *t, kvf_room_key key)
         return -ENOENT;
     if (kvf_lt_state(lt) != KVF_LT_DRAINED || lt_has_queued_chunks(lt))
         return -EBUSY;
-    lt_hmap_remove(&t->lifetimes, &lt->hnode);
+    kvf_map_del_room(&t->lifetimes, key);
     struct lt_id *id = lt_id_lookup(t, key.room_id);
     if (id != NULL && --id->live == 0) {
         lt_lru_append(t, id);
@@ -336,22 +228,22 @@ size_t kvf_lt_table_close_all(struct kvf_lt_table *t,
                               void (*drop_fn)(void *ctx, struct kvf_lt_chunk *c), void *ctx)
 {
     size_t drained = 0;
-    for (size_t i = 0; i <= t->lifetimes.mask; i++) {
-        for (struct lt_hnode *n = t->lifetimes.buckets[i]; n; n = n->next) {
-            if (kvf_lt_close(LT_CONTAINER_OF(n, struct kvf_lt, hnode), drop_fn, ctx))
-                drained++;
-        }
+    size_t pos = 0;
+    struct kvf_lt *lt;
+    while ((lt = kvf_map_next(&t->lifetimes, &pos)) != NULL) {
+        if (kvf_lt_close(lt, drop_fn, ctx))
+            drained++;
     }
     return drained;
 }
 
 bool kvf_lt_table_can_teardown(const struct kvf_lt_table *t)
 {
-    for (size_t i = 0; i <= t->lifetimes.mask; i++) {
-        for (const struct lt_hnode *n = t->lifetimes.buckets[i]; n; n = n->next) {
-            if (kvf_lt_state(LT_CONTAINER_OF(n, struct kvf_lt, hnode)) != KVF_LT_DRAINED)
-                return false;
-        }
+    size_t pos = 0;
+    const struct kvf_lt *lt;
+    while ((lt = kvf_map_next(&t->lifetimes, &pos)) != NULL) {
+        if (kvf_lt_state(lt) != KVF_LT_DRAINED)
+            return false;
     }
     return true;
 }
@@ -374,5 +266,5 @@ size_t kvf_lt_table_peer_fenced(struct kvf_lt_table *t, uint32_t peer)
 
 size_t kvf_lt_table_count(const struct kvf_lt_table *t)
 {
-    return t->lifetimes.count;
+    return kvf_map_count(&t->lifetimes);
 }

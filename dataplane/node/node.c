@@ -62,7 +62,9 @@
 #include <unistd.h>
 
 #include "faults.h"
+#include "kvf_clock.h"
 #include "kvf_error.h"
+#include "kvf_log.h"
 #include "rdma_link.h"
 #include "tcp.h"
 #include "xport.h"
@@ -73,39 +75,18 @@
 
 void node_log(const char *level, const kvf_room_key *room, const char *fmt, ...)
 {
-    char msg[768];
-    char esc[1600];
+    enum kvf_log_level lvl = KVF_LOG_ERROR; /* an unknown level is never dropped */
+    (void)kvf_log_level_parse(level, &lvl);
+    struct kvf_log_fields fields = {.room = room};
     va_list ap;
     va_start(ap, fmt);
-    vsnprintf(msg, sizeof msg, fmt, ap);
+    kvf_log_emitv(lvl, &fields, fmt, ap);
     va_end(ap);
-    size_t o = 0;
-    for (const unsigned char *p = (const unsigned char *)msg; *p && o + 7 < sizeof esc; p++) {
-        if (*p == '"' || *p == '\\') {
-            esc[o++] = '\\';
-            esc[o++] = (char)*p;
-        } else if (*p < 0x20) {
-            o += (size_t)snprintf(esc + o, sizeof esc - o, "\\u%04x", *p);
-        } else {
-            esc[o++] = (char)*p;
-        }
-    }
-    esc[o] = '\0';
-    struct timespec ts;
-    clock_gettime(CLOCK_REALTIME, &ts);
-    char roomf[64] = "";
-    if (room)
-        snprintf(roomf, sizeof roomf, ",\"room\":\"%" PRIu64 ":%" PRIu64 "\"", room->room_id,
-                 room->generation);
-    fprintf(stderr, "{\"ts\":%lld.%03ld,\"level\":\"%s\",\"msg\":\"%s\"%s}\n", (long long)ts.tv_sec,
-            ts.tv_nsec / 1000000, level, esc, roomf);
 }
 
 int64_t node_now_ms(void)
 {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
+    return kvf_clock_mono_ms();
 }
 
 /* ---- pools (minimal shm mapping; dataplane/pool replaces it) ------------------ */

@@ -57,6 +57,7 @@
 #include <zmq.h>
 
 #include "peer_internal.h"
+#include "kvf_log.h"
 
 #define PEER_QUEUE_MAX_DEFAULT   65536u
 #define PEER_MAX_MESSAGE_DEFAULT (4u << 20)
@@ -160,12 +161,12 @@ static void peer_log(const char *fmt, ...) __attribute__((format(printf, 1, 2)))
 
 static void peer_log(const char *fmt, ...)
 {
+    char msg[KVF_LOG_MSG_MAX];
     va_list ap;
     va_start(ap, fmt);
-    fputs("kvf_peer: ", stderr);
-    vfprintf(stderr, fmt, ap);
-    fputc('\n', stderr);
+    vsnprintf(msg, sizeof msg, fmt, ap);
     va_end(ap);
+    kvf_log("error", "kvf_peer: %s", msg);
 }
 
 /* ---- sequence maps (peer_internal.h) ------------------------------------------ */

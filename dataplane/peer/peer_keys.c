@@ -4,6 +4,7 @@
  * any thread.
  */
 #include "peer_keys.h"
+#include "kvf_log.h"
 
 #include <errno.h>
 #include <stdio.h>
@@ -30,7 +31,7 @@ int kvf_peer_keypair_generate(struct kvf_peer_keypair *kp_p)
         *kp_p = kp;
         rc = 0;
     } else {
-        fprintf(stderr, "kvf_peer: cannot generate an X25519 key pair (libcrypto)\n");
+        kvf_log("error", "kvf_peer: cannot generate an X25519 key pair (libcrypto)");
     }
     OPENSSL_cleanse(&kp, sizeof kp);
     EVP_PKEY_free(pk);
@@ -62,7 +63,7 @@ int kvf_peer_pair_secret(const struct kvf_peer_keypair *self,
     if (ctx == NULL || theirs == NULL || EVP_PKEY_derive_init(ctx) != 1 ||
         EVP_PKEY_derive_set_peer(ctx, theirs) != 1 || EVP_PKEY_derive(ctx, shared, &len) != 1 ||
         len != sizeof shared) {
-        fprintf(stderr, "kvf_peer: X25519 with a peer key failed (libcrypto)\n");
+        kvf_log("error", "kvf_peer: X25519 with a peer key failed (libcrypto)");
         rc = -EINVAL;
         goto out;
     }
@@ -79,7 +80,7 @@ int kvf_peer_pair_secret(const struct kvf_peer_keypair *self,
     uint8_t mac[EVP_MAX_MD_SIZE];
     if (HMAC(EVP_sha256(), shared, (int)sizeof shared, msg, sizeof msg, mac, &maclen) == NULL ||
         maclen != KVF_PEER_KEY_SIZE) {
-        fprintf(stderr, "kvf_peer: HMAC-SHA256 failed (libcrypto)\n");
+        kvf_log("error", "kvf_peer: HMAC-SHA256 failed (libcrypto)");
         goto out;
     }
     memcpy(secret_p, mac, KVF_PEER_KEY_SIZE);

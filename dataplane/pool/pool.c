@@ -29,6 +29,7 @@
 #include <unistd.h>
 
 #include "pool_internal.h"
+#include "kvf_log.h"
 
 int pool_check_geometry(const char *what, uint64_t offset, uint64_t size, uint32_t page_size,
                         uint32_t page_count, uint64_t avail, struct kvf_error *err)
@@ -188,7 +189,7 @@ int kvf_pool_close(struct kvf_pool *pool)
     case KVF_POOL_HOST_SHM:
     case KVF_POOL_FAKE_DEVICE:
         if (munmap(pool->map_base, pool->map_len) != 0)
-            fprintf(stderr, "kvf_pool_close: munmap: %s\n", strerror(errno));
+            kvf_log("error", "kvf_pool_close: munmap: %s", strerror(errno));
         break;
     case KVF_POOL_CUDA_IPC:
         pool_cuda_unmap(pool);

@@ -17,6 +17,7 @@
 #include <cuda_runtime_api.h>
 
 #include "pool_internal.h"
+#include "kvf_log.h"
 
 int kvf_pool_open_cuda_ipc(const void *handle, size_t handle_len, uint32_t device, uint64_t offset,
                            uint64_t size, uint32_t page_size, uint32_t page_count,
@@ -75,7 +76,7 @@ void pool_cuda_unmap(struct kvf_pool *pool)
     if (ce == cudaSuccess)
         ce = cudaIpcCloseMemHandle(pool->map_base);
     if (ce != cudaSuccess)
-        fprintf(stderr, "kvf_pool_close: cudaIpcCloseMemHandle on device %u: %s\n", pool->device,
+        kvf_log("error", "kvf_pool_close: cudaIpcCloseMemHandle on device %u: %s", pool->device,
                 cudaGetErrorString(ce));
 }
 
@@ -87,7 +88,7 @@ int pool_cuda_copy(struct kvf_pool *pool, void *dst, const void *src, size_t len
     if (ce == cudaSuccess)
         ce = cudaMemcpy(dst, src, len, to_device ? cudaMemcpyHostToDevice : cudaMemcpyDeviceToHost);
     if (ce != cudaSuccess) {
-        fprintf(stderr, "kvf_pool: cudaMemcpy %s device %u, %zu bytes: %s\n",
+        kvf_log("error", "kvf_pool: cudaMemcpy %s device %u, %zu bytes: %s",
                 to_device ? "to" : "from", pool->device, len, cudaGetErrorString(ce));
         return -EIO;
     }

@@ -27,6 +27,7 @@
 #include "staging_internal.h"
 
 #include "pool.h"
+#include "kvf_log.h"
 
 /* ---- engine wrappers ------------------------------------------------------ */
 
@@ -113,8 +114,8 @@ struct kvf_staging_ring *kvf_staging_ring_create(const struct kvf_staging_ring_o
 {
     if (opts == NULL || opts->buf_count == 0 || opts->buf_size == 0 ||
         opts->buf_size > SIZE_MAX / opts->buf_count) {
-        fprintf(stderr, "kvf_staging_ring_create: buf_count and buf_size must be >= 1 and "
-                        "their product must fit in memory\n");
+        kvf_log("error", "kvf_staging_ring_create: buf_count and buf_size must be >= 1 and "
+                         "their product must fit in memory");
         return NULL;
     }
     struct kvf_staging_ring *r =
@@ -147,7 +148,7 @@ struct kvf_staging_ring *kvf_staging_ring_create(const struct kvf_staging_ring_o
 err_free_ring:
     free(r);
 err_oom:
-    fprintf(stderr, "kvf_staging_ring_create: out of memory (%u x %zu bytes)\n", opts->buf_count,
+    kvf_log("error", "kvf_staging_ring_create: out of memory (%u x %zu bytes)", opts->buf_count,
             opts->buf_size);
     return NULL;
 }

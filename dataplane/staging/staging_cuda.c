@@ -28,6 +28,7 @@
 #include <cuda_runtime_api.h>
 
 #include "staging_internal.h"
+#include "kvf_log.h"
 
 #define CUDA_MAX_STREAMS 16u
 
@@ -55,7 +56,7 @@ static int cuda_set_device(struct staging_cuda *g, const char *what)
 {
     cudaError_t ce = cudaSetDevice(g->device);
     if (ce != cudaSuccess) {
-        fprintf(stderr, "staging cuda %s: cudaSetDevice(%d): %s\n", what, g->device,
+        kvf_log("error", "staging cuda %s: cudaSetDevice(%d): %s", what, g->device,
                 cudaGetErrorString(ce));
         return -EIO;
     }
@@ -74,7 +75,7 @@ static struct cuda_event_node *cuda_event_get(struct staging_cuda *g)
         return NULL;
     cudaError_t ce = cudaEventCreateWithFlags(&n->ev, cudaEventDisableTiming);
     if (ce != cudaSuccess) {
-        fprintf(stderr, "staging cuda: cudaEventCreate: %s\n", cudaGetErrorString(ce));
+        kvf_log("error", "staging cuda: cudaEventCreate: %s", cudaGetErrorString(ce));
         free(n);
         return NULL;
     }
@@ -108,7 +109,7 @@ static int cuda_copy_async(struct kvf_staging *s, struct kvf_stage_copy *c)
         /* An enqueue error: nothing of this call runs (a copy queued before a
          * failed record would still be covered by the next event on the stream,
          * which the caller's later copies or destroy's synchronize wait for). */
-        fprintf(stderr, "staging cuda: enqueue of %zu bytes: %s\n", c->len, cudaGetErrorString(ce));
+        kvf_log("error", "staging cuda: enqueue of %zu bytes: %s", c->len, cudaGetErrorString(ce));
         cuda_event_put(g, en);
         return -EIO;
     }
@@ -138,7 +139,7 @@ static int cuda_poll(struct kvf_staging *s, unsigned max, struct kvf_stage_copy 
                 break;
             c->status = ce == cudaSuccess ? 0 : -EIO;
             if (ce != cudaSuccess)
-                fprintf(stderr, "staging cuda: copy of %zu bytes failed: %s\n", c->len,
+                kvf_log("error", "staging cuda: copy of %zu bytes failed: %s", c->len,
                         cudaGetErrorString(ce));
             q->head = c->snext;
             if (q->head == NULL)
@@ -159,7 +160,7 @@ static void cuda_free_all(struct staging_cuda *g, unsigned streams_made)
         if (ce == cudaSuccess)
             ce = cudaStreamDestroy(g->q[i].stream);
         if (ce != cudaSuccess)
-            fprintf(stderr, "staging cuda destroy: stream %u: %s\n", i, cudaGetErrorString(ce));
+            kvf_log("error", "staging cuda destroy: stream %u: %s", i, cudaGetErrorString(ce));
     }
     while (g->free_events != NULL) {
         struct cuda_event_node *en = g->free_events;
@@ -199,20 +200,20 @@ struct kvf_staging *kvf_staging_cuda_create(const struct kvf_staging_cuda_opts *
         opts = &def;
     }
     if (opts->streams == 0 || opts->streams > CUDA_MAX_STREAMS || opts->device < 0) {
-        fprintf(stderr, "kvf_staging_cuda_create: streams must be 1..%u and device >= 0\n",
+        kvf_log("error", "kvf_staging_cuda_create: streams must be 1..%u and device >= 0",
                 CUDA_MAX_STREAMS);
         return NULL;
     }
     int ndev = 0;
     cudaError_t ce = cudaGetDeviceCount(&ndev);
     if (ce != cudaSuccess || ndev <= opts->device) {
-        fprintf(stderr, "kvf_staging_cuda_create: no CUDA device %d (%s, %d devices)\n",
+        kvf_log("error", "kvf_staging_cuda_create: no CUDA device %d (%s, %d devices)",
                 opts->device, ce != cudaSuccess ? cudaGetErrorString(ce) : "ok", ndev);
         return NULL;
     }
     struct staging_cuda *g = calloc(1, sizeof(*g) + opts->streams * sizeof(struct cuda_stream_q));
     if (g == NULL) {
-        fprintf(stderr, "kvf_staging_cuda_create: out of memory\n");
+        kvf_log("error", "kvf_staging_cuda_create: out of memory");
         return NULL;
     }
     staging_base_init(&g->base, &cuda_ops);
@@ -224,7 +225,7 @@ struct kvf_staging *kvf_staging_cuda_create(const struct kvf_staging_cuda_opts *
     for (; made < g->nstreams; made++) {
         ce = cudaStreamCreateWithFlags(&g->q[made].stream, cudaStreamNonBlocking);
         if (ce != cudaSuccess) {
-            fprintf(stderr, "kvf_staging_cuda_create: cudaStreamCreate: %s\n",
+            kvf_log("error", "kvf_staging_cuda_create: cudaStreamCreate: %s",
                     cudaGetErrorString(ce));
             goto err_destroy_streams;
         }
@@ -244,7 +245,7 @@ int kvf_staging_cuda_host_alloc(size_t size, void **mem_p)
     void *p = NULL;
     cudaError_t ce = cudaHostAlloc(&p, size, cudaHostAllocPortable);
     if (ce != cudaSuccess) {
-        fprintf(stderr, "kvf_staging_cuda_host_alloc: %zu bytes: %s\n", size,
+        kvf_log("error", "kvf_staging_cuda_host_alloc: %zu bytes: %s", size,
                 cudaGetErrorString(ce));
         return -ENOMEM;
     }
@@ -258,5 +259,5 @@ void kvf_staging_cuda_host_free(void *mem)
         return;
     cudaError_t ce = cudaFreeHost(mem);
     if (ce != cudaSuccess)
-        fprintf(stderr, "kvf_staging_cuda_host_free: %s\n", cudaGetErrorString(ce));
+        kvf_log("error", "kvf_staging_cuda_host_free: %s", cudaGetErrorString(ce));
 }

@@ -27,6 +27,7 @@
 #include <string.h>
 
 #include "staging_internal.h"
+#include "kvf_log.h"
 
 #define HOST_MAX_THREADS 64u
 
@@ -162,13 +163,13 @@ struct kvf_staging *kvf_staging_host_create(const struct kvf_staging_host_opts *
         opts = &def;
     }
     if (opts->threads == 0 || opts->threads > HOST_MAX_THREADS) {
-        fprintf(stderr, "kvf_staging_host_create: threads must be 1..%u, not %u\n",
-                HOST_MAX_THREADS, opts->threads);
+        kvf_log("error", "kvf_staging_host_create: threads must be 1..%u, not %u", HOST_MAX_THREADS,
+                opts->threads);
         return NULL;
     }
     struct staging_host *h = calloc(1, sizeof(*h) + opts->threads * sizeof(pthread_t));
     if (h == NULL) {
-        fprintf(stderr, "kvf_staging_host_create: out of memory\n");
+        kvf_log("error", "kvf_staging_host_create: out of memory");
         return NULL;
     }
     staging_base_init(&h->base, &host_ops);
@@ -181,7 +182,7 @@ struct kvf_staging *kvf_staging_host_create(const struct kvf_staging_host_opts *
     for (; started < opts->threads; started++) {
         int rc = pthread_create(&h->threads[started], NULL, host_worker, h);
         if (rc != 0) {
-            fprintf(stderr, "kvf_staging_host_create: pthread_create: %s\n", strerror(rc));
+            kvf_log("error", "kvf_staging_host_create: pthread_create: %s", strerror(rc));
             goto err_join_workers;
         }
     }

@@ -8,6 +8,7 @@
 #include <string.h>
 
 #include "staging.h"
+#include "kvf_log.h"
 
 void kvf_staging_cuda_opts_init(struct kvf_staging_cuda_opts *opts)
 {
@@ -18,7 +19,7 @@ void kvf_staging_cuda_opts_init(struct kvf_staging_cuda_opts *opts)
 struct kvf_staging *kvf_staging_cuda_create(const struct kvf_staging_cuda_opts *opts)
 {
     (void)opts;
-    fprintf(stderr, "kvf_staging_cuda_create: this node was built without CUDA\n");
+    kvf_log("error", "kvf_staging_cuda_create: this node was built without CUDA");
     return NULL;
 }
 

@@ -10,6 +10,7 @@
 #include "local.h"
 
 #include "pool.h"
+#include "kvf_log.h"
 
 #include <errno.h>
 #include <pthread.h>
@@ -369,7 +370,7 @@ struct kvf_transport *kvf_transport_local_create(const struct kvf_transport_loca
     }
     if (opts->threads == 0 || opts->threads > LOCAL_MAX_THREADS || opts->max_peers == 0 ||
         opts->max_pools == 0) {
-        fprintf(stderr, "kvf_transport_local_create: threads 1..%u, max_peers and max_pools >= 1\n",
+        kvf_log("error", "kvf_transport_local_create: threads 1..%u, max_peers and max_pools >= 1",
                 LOCAL_MAX_THREADS);
         return NULL;
     }
@@ -392,7 +393,7 @@ struct kvf_transport *kvf_transport_local_create(const struct kvf_transport_loca
     for (; started < opts->threads; started++) {
         int rc = pthread_create(&l->threads[started], NULL, worker, l);
         if (rc != 0) {
-            fprintf(stderr, "kvf_transport_local_create: pthread_create: %s\n", strerror(rc));
+            kvf_log("error", "kvf_transport_local_create: pthread_create: %s", strerror(rc));
             stop_workers(l, started);
             local_free(l);
             return NULL;

@@ -20,6 +20,8 @@
  * only from that thread.
  */
 #include "rdma.h"
+#include "kvf_log.h"
+#include "kvf_clock.h"
 
 #include <errno.h>
 #include <stddef.h>
@@ -144,9 +146,7 @@ static uint32_t rdma_next_psn(struct rdma *t)
 
 static uint64_t rdma_now_ms(void)
 {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (uint64_t)ts.tv_sec * 1000u + (uint64_t)ts.tv_nsec / 1000000u;
+    return (uint64_t)kvf_clock_mono_ms();
 }
 
 /* ---- completions ------------------------------------------------------------ */
@@ -219,7 +219,7 @@ static void rdma_handle_wc(struct rdma *t, const struct ibv_wc *wc)
     } else if (wc->status == IBV_WC_WR_FLUSH_ERR) {
         rdma_slot_done(t, w, KVF_LT_DONE_FLUSHED, -ECANCELED);
     } else {
-        fprintf(stderr, "kvf_rdma: qp %u: wr error %s (vendor 0x%x)\n", wc->qp_num,
+        kvf_log("error", "kvf_rdma: qp %u: wr error %s (vendor 0x%x)", wc->qp_num,
                 ibv_wc_status_str(wc->status), wc->vendor_err);
         w->qp->broken = true;
         w->qp->state = RDMA_QP_ERR;
@@ -409,7 +409,7 @@ int kvf_transport_rdma_post_chain(struct kvf_transport *base, struct kvf_xfer *c
     }
 
     /* No proof either way: keep every WR as outstanding, of unknown fate. */
-    fprintf(stderr, "kvf_rdma: post_send failed (%d) without a usable bad_wr: %u WRs quarantined\n",
+    kvf_log("error", "kvf_rdma: post_send failed (%d) without a usable bad_wr: %u WRs quarantined",
             rc, n);
     for (unsigned i = 0; i < n; i++) {
         slots[i]->unknown = true;
@@ -517,7 +517,7 @@ static void rdma_qp_free(struct rdma *t, struct rdma_qp *q)
         return;
     int rc = t->v->destroy_qp(t->prov, q->qp);
     if (rc != 0) {
-        fprintf(stderr, "kvf_rdma: destroy_qp: %s; %u WRs stay counted\n", strerror(-rc),
+        kvf_log("error", "kvf_rdma: destroy_qp: %s; %u WRs stay counted", strerror(-rc),
                 q->outstanding);
         return; /* leak the tags on purpose: their ops still count */
     }
@@ -630,7 +630,7 @@ int kvf_transport_rdma_connect(struct kvf_transport *base, uint32_t peer,
         if (rc == 0 && q->state == RDMA_QP_RTR)
             rc = rdma_qp_to_rts(t, q);
         if (rc != 0) {
-            fprintf(stderr, "kvf_rdma: peer %u qp %u: connect: %s\n", peer, i, strerror(-rc));
+            kvf_log("error", "kvf_rdma: peer %u qp %u: connect: %s", peer, i, strerror(-rc));
             return rc;
         }
     }
@@ -655,7 +655,7 @@ static void rdma_post_drain(struct rdma *t, struct rdma_qp *q)
     if (rc == 0)
         q->drain_posted = true;
     else
-        fprintf(stderr, "kvf_rdma: drain marker: %s; waiting for the WRs themselves\n",
+        kvf_log("error", "kvf_rdma: drain marker: %s; waiting for the WRs themselves",
                 strerror(-rc));
 }
 
@@ -677,7 +677,7 @@ static int rdma_drain_peer(struct rdma *t, uint32_t peer, struct rdma_peer *p)
         if (q->state != RDMA_QP_ERR) { /* a broken QP is in ERR already */
             int rc = rdma_qp_to_err(t, q);
             if (rc != 0) {
-                fprintf(stderr, "kvf_rdma: peer %u qp %u: to ERR: %s\n", peer, i, strerror(-rc));
+                kvf_log("error", "kvf_rdma: peer %u qp %u: to ERR: %s", peer, i, strerror(-rc));
                 return rc; /* not fenced: everything stays counted */
             }
         }
@@ -709,7 +709,7 @@ static int rdma_drain_peer(struct rdma *t, uint32_t peer, struct rdma_peer *p)
                 }
             }
             t->st.fences_timed_out++;
-            fprintf(stderr, "kvf_rdma: peer %u: fence %s; %u+%u WRs quarantined\n", peer,
+            kvf_log("error", "kvf_rdma: peer %u: fence %s; %u+%u WRs quarantined", peer,
                     n < 0 ? "failed to poll" : "timed out", p->qp[0]->outstanding,
                     p->qp[1]->outstanding);
             return n < 0 ? n : -ETIMEDOUT;
@@ -786,7 +786,7 @@ static void rdma_destroy(struct kvf_transport *base)
         if (t->peers[i].qp[0]) {
             int rc = rdma_fence_peer(base, i);
             if (rc != 0)
-                fprintf(stderr, "kvf_rdma: destroy: fence of peer %u: %s\n", i, strerror(-rc));
+                kvf_log("error", "kvf_rdma: destroy: fence of peer %u: %s", i, strerror(-rc));
         }
     }
     for (uint32_t i = 0; t->peers && i < t->opts.max_peers; i++) {
@@ -894,7 +894,7 @@ struct kvf_transport *kvf_transport_rdma_create(const struct kvf_transport_rdma_
 err_destroy:
     kvf_error_set(err, rc, "rdma: %s%s%s: %s", what, opts->device ? " " : "",
                   opts->device ? opts->device : "", strerror(-rc));
-    fprintf(stderr, "kvf_rdma: create: %s: %s\n", what, strerror(-rc));
+    kvf_log("error", "kvf_rdma: create: %s: %s", what, strerror(-rc));
     rdma_destroy(&t->base); /* accepts the half-built transport */
     return NULL;
 }

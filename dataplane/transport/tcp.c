@@ -54,6 +54,8 @@
 #include "tcp_internal.h"
 
 #include "pool.h"
+#include "kvf_log.h"
+#include "kvf_clock.h"
 
 #include <openssl/crypto.h>
 #include <openssl/evp.h>
@@ -216,9 +218,7 @@ void tcp_close_abortive(int fd)
 
 uint64_t tcp_mono_ms(void)
 {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (uint64_t)ts.tv_sec * 1000u + (uint64_t)ts.tv_nsec / 1000000u;
+    return (uint64_t)kvf_clock_mono_ms();
 }
 
 /* ---- handshake (tcp.h) ------------------------------------------------------------ */
@@ -409,7 +409,7 @@ static void tx_fail(struct tcp_tx *tx, struct kvf_xfer *x, int rc)
         return;
     }
     if (x) {
-        fprintf(stderr, "kvf_tcp: write to peer %u failed: %s\n", tx->peer, strerror(-rc));
+        kvf_log("error", "kvf_tcp: write to peer %u failed: %s", tx->peer, strerror(-rc));
         cq_push(t, x, KVF_LT_DONE_ERROR, rc);
     }
     cq_push_list(t, rest, KVF_LT_DONE_ERROR, rc);
@@ -426,8 +426,8 @@ static void *tx_main(void *arg)
         pthread_mutex_unlock(&tx->lock);
         if (!fenced) {
             CNT_ADD(t, handshakes_failed, 1);
-            fprintf(
-                stderr, "kvf_tcp: data port: handshake with peer %u failed: %s; its frames fail\n",
+            kvf_log(
+                "error", "kvf_tcp: data port: handshake with peer %u failed: %s; its frames fail",
                 tx->peer,
                 hs == -EACCES ? "the challenge does not prove the pair's secret" : strerror(-hs));
         }
@@ -637,7 +637,7 @@ static int rx_into_device(struct tcp_rx *rx, struct kvf_pool *dev, uint64_t at, 
             return rc;
         rc = kvf_pool_write(dev, at, rx->bounce, (size_t)n);
         if (rc != 0) {
-            fprintf(stderr, "kvf_tcp: device pool write of %llu bytes failed: %s\n",
+            kvf_log("error", "kvf_tcp: device pool write of %llu bytes failed: %s",
                     (unsigned long long)n, strerror(-rc));
             return -EIO;
         }
@@ -666,9 +666,9 @@ static void rx_frames(struct tcp_rx *rx, struct rx_idle *idle)
             h.reserved != 0 || h.seq != expect_seq || !rx_find_pool(t, h.pool, &pool, &removed) ||
             !hdr_in_pool(&h, &pool)) {
             CNT_ADD(t, frames_malformed, 1);
-            fprintf(stderr,
+            kvf_log("error",
                     "kvf_tcp: malformed frame from peer %u (seq %llu, pool %u, pages %u+%u, "
-                    "offset %llu, length %llu): closing\n",
+                    "offset %llu, length %llu): closing",
                     rx->peer, (unsigned long long)h.seq, h.pool, h.first_page, h.page_count,
                     (unsigned long long)h.offset, (unsigned long long)h.length);
             return;
@@ -914,7 +914,7 @@ static int tcp_listen(struct tcp *t)
 {
     struct sockaddr_in sa = {.sin_family = AF_INET, .sin_port = htons(t->opts.port)};
     if (inet_pton(AF_INET, t->opts.bind_host, &sa.sin_addr) != 1) {
-        fprintf(stderr, "kvf_tcp: bad bind host '%s'\n", t->opts.bind_host);
+        kvf_log("error", "kvf_tcp: bad bind host '%s'", t->opts.bind_host);
         return -EINVAL;
     }
     /* Non-blocking: the acceptor takes connections until accept says EAGAIN. */
@@ -932,7 +932,7 @@ static int tcp_listen(struct tcp *t)
     t->port = ntohs(sa.sin_port);
     return 0;
 err:
-    fprintf(stderr, "kvf_tcp: listen on %s:%u: %s\n", t->opts.bind_host, t->opts.port,
+    kvf_log("error", "kvf_tcp: listen on %s:%u: %s", t->opts.bind_host, t->opts.port,
             strerror(errno));
     return -EIO;
 }
@@ -942,13 +942,13 @@ struct kvf_transport *kvf_transport_tcp_create(const struct kvf_transport_tcp_op
     if (!opts || !opts->check || opts->node_id == 0 || opts->max_peers == 0 ||
         opts->max_peers == TCP_NO_PEER || opts->max_pools == 0 || opts->hello_timeout_ms == 0 ||
         opts->hello_timeout_ms > INT_MAX || opts->max_pending == 0 || opts->max_pending > 65536) {
-        fprintf(stderr, "kvf_tcp: bad options (check, node_id, max_peers, max_pools, "
-                        "hello_timeout_ms, max_pending)\n");
+        kvf_log("error", "kvf_tcp: bad options (check, node_id, max_peers, max_pools, "
+                         "hello_timeout_ms, max_pending)");
         return NULL;
     }
     struct tcp *t = calloc(1, sizeof(*t));
     if (!t) {
-        fprintf(stderr, "kvf_tcp: out of memory\n");
+        kvf_log("error", "kvf_tcp: out of memory");
         return NULL;
     }
     t->base.ops = &tcp_ops;
@@ -970,17 +970,17 @@ struct kvf_transport *kvf_transport_tcp_create(const struct kvf_transport_tcp_op
             t->pending[i].fd = -1;
     }
     if (!t->peers || !t->pools || !t->pending || !t->pfds || !t->pfd_slot) {
-        fprintf(stderr, "kvf_tcp: out of memory\n");
+        kvf_log("error", "kvf_tcp: out of memory");
         goto err_destroy;
     }
     if (pipe2(t->wake_fd, O_CLOEXEC) != 0) {
-        fprintf(stderr, "kvf_tcp: pipe: %s\n", strerror(errno));
+        kvf_log("error", "kvf_tcp: pipe: %s", strerror(errno));
         goto err_destroy;
     }
     if (tcp_listen(t) != 0)
         goto err_destroy;
     if (pthread_create(&t->acceptor, NULL, tcp_acceptor_main, t) != 0) {
-        fprintf(stderr, "kvf_tcp: cannot start the acceptor thread\n");
+        kvf_log("error", "kvf_tcp: cannot start the acceptor thread");
         goto err_destroy;
     }
     t->acceptor_running = true;
@@ -1166,7 +1166,7 @@ int kvf_transport_tcp_connect(struct kvf_transport *base, uint32_t peer, const c
     put_u64(hello + 8, t->opts.node_id);
     put_u64(hello + 16, to_node);
     if (RAND_bytes(hello + 24, TCP_NONCE_SIZE) != 1) {
-        fprintf(stderr, "kvf_tcp: RAND_bytes failed\n");
+        kvf_log("error", "kvf_tcp: RAND_bytes failed");
         OPENSSL_cleanse(tx->secret, sizeof(tx->secret));
         free(tx);
         return -EIO;
@@ -1174,7 +1174,7 @@ int kvf_transport_tcp_connect(struct kvf_transport *base, uint32_t peer, const c
 
     int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
     if (fd < 0 || connect(fd, (struct sockaddr *)&sa, sizeof(sa)) != 0) {
-        fprintf(stderr, "kvf_tcp: connect to peer %u at %s:%u: %s\n", peer, host, port,
+        kvf_log("error", "kvf_tcp: connect to peer %u at %s:%u: %s", peer, host, port,
                 strerror(errno));
         if (fd >= 0)
             close(fd);
@@ -1185,7 +1185,7 @@ int kvf_transport_tcp_connect(struct kvf_transport *base, uint32_t peer, const c
     tcp_set_nodelay(fd);
     rc = send_full(fd, hello, KVF_TCP_HELLO_SIZE);
     if (rc != 0) {
-        fprintf(stderr, "kvf_tcp: hello to peer %u: %s\n", peer, strerror(-rc));
+        kvf_log("error", "kvf_tcp: hello to peer %u: %s", peer, strerror(-rc));
         tcp_close_abortive(fd);
         OPENSSL_cleanse(tx->secret, sizeof(tx->secret));
         free(tx);

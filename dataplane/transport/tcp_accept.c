@@ -15,6 +15,7 @@
  * The acceptor also joins receivers that ended on their own.
  */
 #include "tcp_internal.h"
+#include "kvf_log.h"
 
 #include <openssl/crypto.h>
 #include <openssl/rand.h>
@@ -38,7 +39,7 @@ static void refuse_log(struct tcp *t, int fd, const char *why, uint32_t peer)
     uint64_t now = tcp_mono_ms();
     if (now - t->log_second_ms >= 1000) {
         if (t->log_dropped > 0)
-            fprintf(stderr, "kvf_tcp: data port: %llu more refusals not logged\n",
+            kvf_log("warn", "kvf_tcp: data port: %llu more refusals not logged",
                     (unsigned long long)t->log_dropped);
         t->log_second_ms = now;
         t->log_lines = 0;
@@ -56,9 +57,9 @@ static void refuse_log(struct tcp *t, int fd, const char *why, uint32_t peer)
         (void)inet_ntop(AF_INET, &sa.sin_addr, addr, sizeof(addr));
     unsigned port = len == sizeof(sa) ? ntohs(sa.sin_port) : 0;
     if (peer != TCP_NO_PEER)
-        fprintf(stderr, "kvf_tcp: data port: refused %s:%u (peer %u): %s\n", addr, port, peer, why);
+        kvf_log("warn", "kvf_tcp: data port: refused %s:%u (peer %u): %s", addr, port, peer, why);
     else
-        fprintf(stderr, "kvf_tcp: data port: refused %s:%u: %s\n", addr, port, why);
+        kvf_log("warn", "kvf_tcp: data port: refused %s:%u: %s", addr, port, why);
 }
 
 /* Closes a connection in its handshake: counted, logged, its slot freed. */
@@ -323,7 +324,7 @@ void *tcp_acceptor_main(void *arg)
         }
         int pr = poll(t->pfds, n, timeout);
         if (pr < 0 && errno != EINTR) {
-            fprintf(stderr, "kvf_tcp: poll: %s\n", strerror(errno));
+            kvf_log("error", "kvf_tcp: poll: %s", strerror(errno));
             return NULL;
         }
         if (pr > 0 && t->pfds[1].revents)

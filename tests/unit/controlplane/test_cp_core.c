@@ -30,7 +30,7 @@ static uint64_t next(uint64_t *s)
 static void map_agrees_with_model_under_random_ops(void **state)
 {
     (void)state;
-    struct cp_map m;
+    struct kvf_map m;
     cp_map_init(&m, false);
     static int vals[N_KEYS];
     bool present[N_KEYS] = {false};
@@ -68,7 +68,7 @@ static void map_agrees_with_model_under_random_ops(void **state)
 static void string_map_finds_each_key(void **state)
 {
     (void)state;
-    struct cp_map m;
+    struct kvf_map m;
     cp_map_init(&m, true);
     static char keys[300][16];
     for (int i = 0; i < 300; i++) {
@@ -128,7 +128,7 @@ static void per_room_memory_is_small(void **state)
      * malloc adds up to 16 bytes per block. */
     size_t bytes = sizeof(struct cp_room) + 2 * sizeof(struct cp_part) +
                    2 * sizeof(struct cp_rnode) + 4 * sizeof(void *) +
-                   2 * sizeof(struct kvf_cps_page_range) + 3 * 2 * sizeof(struct cp_map_slot) +
+                   2 * sizeof(struct kvf_cps_page_range) + 3 * 2 * sizeof(struct kvf_map_slot) +
                    9 * 16;
     print_message("bytes per 2-participant room: %zu\n", bytes);
     assert_true(bytes < 1024);

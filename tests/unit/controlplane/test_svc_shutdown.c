@@ -36,14 +36,13 @@
 #include "rpc_server.h"
 #include "service.h"
 #include "service_internal.h"
+#include "kvf_clock.h"
 
 #define WAIT_MS 10000
 
 static int64_t now_ms(void)
 {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
+    return kvf_clock_mono_ms();
 }
 
 /* ---- the gate: a job that holds the state thread until released --------- */

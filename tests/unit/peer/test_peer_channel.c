@@ -26,6 +26,7 @@
 
 #include "peer_channel.h"
 #include "peer_internal.h"
+#include "kvf_clock.h"
 
 #define TEST_ALARM_S     60
 #define WAIT_DEADLINE_MS 20000
@@ -207,9 +208,7 @@ static void node_rule(struct node *n, uint64_t room, uint64_t gen, enum kvf_peer
 
 static uint64_t now_ms(void)
 {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (uint64_t)ts.tv_sec * 1000u + (uint64_t)ts.tv_nsec / 1000000u;
+    return (uint64_t)kvf_clock_mono_ms();
 }
 
 static void pause_1ms(void)

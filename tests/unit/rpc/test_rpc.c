@@ -22,6 +22,7 @@
 #include "kvf_error.h"
 #include "rpc_client.h"
 #include "rpc_server.h"
+#include "kvf_clock.h"
 
 #define M_ECHO       "/kvf.test.T/Echo"
 #define M_ASYNC_ECHO "/kvf.test.T/AsyncEcho"
@@ -87,9 +88,7 @@ static char tls_dir[64];
 
 static int64_t now_ns(void)
 {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (int64_t)ts.tv_sec * 1000000000LL + ts.tv_nsec;
+    return kvf_clock_mono_ns();
 }
 
 static int thread_count(void)
