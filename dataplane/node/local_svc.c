@@ -550,7 +550,9 @@ static void chunk_end(struct kvf_node *n, struct node_chunk *ch)
     free(ch);
 }
 
-void node_frame_end(struct kvf_node *n, struct node_frame *f, bool ok)
+/* A frame ended; `status`, when not 0, is its transport's -errno (named in
+ * the report: e.g. a connect that timed out). */
+static void frame_end(struct kvf_node *n, struct node_frame *f, bool ok, int status)
 {
     struct node_chunk *ch = f->chunk;
     ch->ndone++;
@@ -559,11 +561,20 @@ void node_frame_end(struct kvf_node *n, struct node_frame *f, bool ok)
          * room must abort meanwhile. */
         ch->nfail++;
         char why[96];
-        snprintf(why, sizeof why, "chunk %" PRIu64 ": a frame failed", ch->seq);
+        if (status < 0 && status != -ECANCELED)
+            snprintf(why, sizeof why, "chunk %" PRIu64 ": a frame failed: %s: %s", ch->seq,
+                     kvf_transport_name(f->t), strerror(-status));
+        else
+            snprintf(why, sizeof why, "chunk %" PRIu64 ": a frame failed", ch->seq);
         source_failed(n, ch, why);
     }
     if (ch->ndone == ch->nframes)
         chunk_end(n, ch);
+}
+
+void node_frame_end(struct kvf_node *n, struct node_frame *f, bool ok)
+{
+    frame_end(n, f, ok, 0);
 }
 
 void node_local_completion(struct kvf_node *n, const struct kvf_completion *c)
@@ -586,7 +597,7 @@ void node_local_completion(struct kvf_node *n, const struct kvf_completion *c)
     if (ok && ch->sink_local)
         node_sink_landed(n, r, ch->sink_rank, c->xfer->first_page, c->xfer->page_count,
                          c->xfer->len);
-    node_frame_end(n, f, ok);
+    frame_end(n, f, ok, c->status);
 }
 
 /* ---- handlers (CQ threads) ------------------------------------------------------ */

@@ -997,6 +997,8 @@ struct kvf_transport *node_tcp_create(struct kvf_node *n, uint64_t incarnation, 
     to.on_frame = tcp_on_frame;
     to.on_idle = tcp_on_idle;
     to.ctx = n;
+    if (n->opts.data_connect_timeout_ms)
+        to.connect_timeout_ms = n->opts.data_connect_timeout_ms;
     return kvf_transport_tcp_create(&to);
 }
 

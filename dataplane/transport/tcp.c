@@ -30,15 +30,18 @@
  *   straight into the pool, retire, on_frame; on_idle when it would wait for
  *   the next header, or after a bounded batch (tcp.h).
  * - Sender thread (one per outbound connection): owns its socket and its
- *   frame sequence; first reads the acceptor's challenge (deadline
- *   hello_timeout_ms) and answers with its proof, then pops xfers from the connection's queue and
- * writes each as one header + payload with sendmsg, so frames never interleave. A frame completes
- * OK when its last byte is in the socket, ERROR on a write failure (then every queued xfer
- * completes ERROR and later posts fail -EIO). A frame whose lifetime is no longer open when the
- * sender takes it off the queue is not written at all and completes FLUSHED: an abort drains after
- *   at most the frame already on the wire, not the whole queue. A frame once
- *   started is always written whole (or the connection dies), so the stream
- *   never carries half a frame and the sequence numbers stay consecutive.
+ *   frame sequence; first finishes the connect that kvf_transport_tcp_connect
+ *   started non-blocking (deadline connect_timeout_ms: the caller, the node's
+ *   owner thread, never waits for the network), sends the hello, reads the
+ *   acceptor's challenge (deadline hello_timeout_ms) and answers with its
+ *   proof; frames posted meanwhile wait in the queue, then pops xfers from the connection's queue
+ * and writes each as one header + payload with sendmsg, so frames never interleave. A frame
+ * completes OK when its last byte is in the socket, ERROR on a write failure (then every queued
+ * xfer completes ERROR and later posts fail -EIO). A frame whose lifetime is no longer open when
+ * the sender takes it off the queue is not written at all and completes FLUSHED: an abort drains
+ * after at most the frame already on the wire, not the whole queue. A frame once started is always
+ * written whole (or the connection dies), so the stream never carries half a frame and the sequence
+ * numbers stay consecutive.
  * - Fence (control thread): marks the peer fenced under the transport lock,
  *   takes its receivers off the list, sets their stop flags and shuts their
  *   sockets down; sets the sender's stop flag and shuts its socket down; then
@@ -415,10 +418,86 @@ static void tx_fail(struct tcp_tx *tx, struct kvf_xfer *x, int rc)
     cq_push_list(t, rest, KVF_LT_DONE_ERROR, rc);
 }
 
+/* True once a fence (or destroy) stopped the sender. */
+static bool tx_stopped(struct tcp_tx *tx)
+{
+    pthread_mutex_lock(&tx->lock);
+    bool stop = tx->stop;
+    pthread_mutex_unlock(&tx->lock);
+    return stop;
+}
+
+/*
+ * Finishes the connect that kvf_transport_tcp_connect started on the
+ * non-blocking socket: waits until it is writable (deadline
+ * connect_timeout_ms; a fence's shutdown ends the wait), reads the result
+ * and makes the socket blocking for the rest of its life. 0, -ETIMEDOUT (no
+ * answer: a blackholed address, a full accept queue that drops SYNs),
+ * -ECANCELED (fenced meanwhile) or the connect's -errno (-ECONNREFUSED...).
+ */
+static int tx_connect_finish(struct tcp_tx *tx)
+{
+    struct tcp *t = tx->t;
+    uint64_t deadline = tcp_mono_ms() + t->opts.connect_timeout_ms;
+    for (;;) {
+        if (tx_stopped(tx))
+            return -ECANCELED;
+        uint64_t now = tcp_mono_ms();
+        if (now >= deadline)
+            return -ETIMEDOUT;
+        struct pollfd pf = {.fd = tx->fd, .events = POLLOUT};
+        int pr = poll(&pf, 1, (int)(deadline - now));
+        if (pr < 0 && errno != EINTR)
+            return -errno;
+        if (pr > 0)
+            break;
+    }
+    if (tx_stopped(tx))
+        return -ECANCELED;
+    int err = 0;
+    socklen_t len = sizeof(err);
+    if (getsockopt(tx->fd, SOL_SOCKET, SO_ERROR, &err, &len) != 0)
+        return -errno;
+    if (err != 0)
+        return -err;
+    int fl = fcntl(tx->fd, F_GETFL);
+    if (fl < 0 || fcntl(tx->fd, F_SETFL, fl & ~O_NONBLOCK) != 0)
+        return -errno;
+    return 0;
+}
+
+/* The connection was never made: every queued frame fails with `rc`. */
+static void *tx_connect_failed(struct tcp_tx *tx, int rc)
+{
+    struct tcp *t = tx->t;
+    if (rc != -ECANCELED) {
+        CNT_ADD(t, connects_failed, 1);
+        if (rc == -ETIMEDOUT)
+            CNT_ADD(t, connects_timed_out, 1);
+        char host[INET_ADDRSTRLEN] = "?";
+        inet_ntop(AF_INET, &tx->addr.sin_addr, host, sizeof(host));
+        fprintf(stderr, "kvf_tcp: connect to peer %u at %s:%u: %s%s; its frames fail\n", tx->peer,
+                host, ntohs(tx->addr.sin_port), strerror(-rc),
+                rc == -ETIMEDOUT ? " (no answer within connect_timeout_ms)" : "");
+    }
+    (void)shutdown(tx->fd, SHUT_RDWR);
+    tx_fail(tx, NULL, rc == -ECANCELED ? -ECANCELED : rc);
+    return NULL;
+}
+
 static void *tx_main(void *arg)
 {
     struct tcp_tx *tx = arg;
     struct tcp *t = tx->t;
+    int crc = tx_connect_finish(tx);
+    if (crc == 0) {
+        tcp_set_nodelay(tx->fd);
+        crc = send_full(tx->fd, tx->hello, KVF_TCP_HELLO_SIZE);
+        if (crc != 0 && !tx_stopped(tx))
+            fprintf(stderr, "kvf_tcp: hello to peer %u: %s\n", tx->peer, strerror(-crc));
+    }
+    if (crc != 0)
+        return tx_connect_failed(tx, crc);
     int hs = tx_handshake(tx);
     if (hs != 0) {
         pthread_mutex_lock(&tx->lock);
@@ -908,6 +987,7 @@ void kvf_transport_tcp_opts_init(struct kvf_transport_tcp_opts *opts)
     opts->check_wait_ms = 2000;
     opts->hello_timeout_ms = 5000;
     opts->max_pending = 64;
+    opts->connect_timeout_ms = 10000;
 }
 
 static int tcp_listen(struct tcp *t)
@@ -941,9 +1021,10 @@ struct kvf_transport *kvf_transport_tcp_create(const struct kvf_transport_tcp_op
 {
     if (!opts || !opts->check || opts->node_id == 0 || opts->max_peers == 0 ||
         opts->max_peers == TCP_NO_PEER || opts->max_pools == 0 || opts->hello_timeout_ms == 0 ||
-        opts->hello_timeout_ms > INT_MAX || opts->max_pending == 0 || opts->max_pending > 65536) {
+        opts->hello_timeout_ms > INT_MAX || opts->max_pending == 0 || opts->max_pending > 65536 ||
+        opts->connect_timeout_ms == 0 || opts->connect_timeout_ms > INT_MAX) {
         fprintf(stderr, "kvf_tcp: bad options (check, node_id, max_peers, max_pools, "
-                        "hello_timeout_ms, max_pending)\n");
+                        "hello_timeout_ms, max_pending, connect_timeout_ms)\n");
         return NULL;
     }
     struct tcp *t = calloc(1, sizeof(*t));
@@ -1152,25 +1233,22 @@ int kvf_transport_tcp_connect(struct kvf_transport *base, uint32_t peer, const c
         return -EIO;
     }
 
-    int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
-    if (fd < 0 || connect(fd, (struct sockaddr *)&sa, sizeof(sa)) != 0) {
+    /* Non-blocking: a peer that never answers (a blackholed address, an
+     * accept queue that drops SYNs) is waited for by the sender thread, never
+     * here. Loopback may connect at once; that is fine too. */
+    int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
+    if (fd < 0 || (connect(fd, (struct sockaddr *)&sa, sizeof(sa)) != 0 && errno != EINPROGRESS)) {
         fprintf(stderr, "kvf_tcp: connect to peer %u at %s:%u: %s\n", peer, host, port,
                 strerror(errno));
         if (fd >= 0)
             close(fd);
         OPENSSL_cleanse(tx->secret, sizeof(tx->secret));
         free(tx);
+        CNT_ADD(t, connects_failed, 1);
         return -EIO;
     }
-    tcp_set_nodelay(fd);
-    rc = send_full(fd, hello, KVF_TCP_HELLO_SIZE);
-    if (rc != 0) {
-        fprintf(stderr, "kvf_tcp: hello to peer %u: %s\n", peer, strerror(-rc));
-        tcp_close_abortive(fd);
-        OPENSSL_cleanse(tx->secret, sizeof(tx->secret));
-        free(tx);
-        return -EIO;
-    }
+    CNT_ADD(t, connects_started, 1);
+    tx->addr = sa;
 
     tx->t = t;
     tx->peer = peer;
@@ -1214,5 +1292,8 @@ void kvf_transport_tcp_stats(const struct kvf_transport *base, struct kvf_transp
     LOAD(conns_timed_out);
     LOAD(conns_over_cap);
     LOAD(handshakes_failed);
+    LOAD(connects_started);
+    LOAD(connects_failed);
+    LOAD(connects_timed_out);
 #undef LOAD
 }
