@@ -819,6 +819,10 @@ static const struct kvf_transport_ops rdma_ops = {
     .poll = rdma_poll,
     .fence_peer = rdma_fence_peer,
     .destroy = rdma_destroy,
+    /* No completion channel yet: the poller reaps the CQs while WRs are
+     * outstanding (kvf_transport_rdma_outstanding). */
+    .wake_fd = kvf_transport_no_wake_fd,
+    .wake_ack = kvf_transport_no_wake_ack,
 };
 
 void kvf_transport_rdma_opts_init(struct kvf_transport_rdma_opts *opts)

@@ -255,12 +255,15 @@ static void cq_push(struct tcp *t, struct kvf_xfer *x, enum kvf_lt_outcome outco
     x->tstatus = status;
     x->tnext = NULL;
     pthread_mutex_lock(&t->cq_lock);
+    bool was_empty = !t->cq_head;
     if (t->cq_tail)
         t->cq_tail->tnext = x;
     else
         t->cq_head = x;
     t->cq_tail = x;
     pthread_mutex_unlock(&t->cq_lock);
+    if (was_empty)
+        kvf_wake_signal(t->cq_wake); /* the poller may be asleep */
 }
 
 /* Completes a detached list of xfers with one outcome. */
@@ -956,6 +959,7 @@ static void tcp_destroy(struct kvf_transport *base)
         close(t->wake_fd[0]);
     if (t->wake_fd[1] >= 0)
         close(t->wake_fd[1]);
+    kvf_wake_close(t->cq_wake);
     pthread_mutex_destroy(&t->cq_lock);
     pthread_mutex_destroy(&t->lock);
     if (t->peers)
@@ -968,12 +972,24 @@ static void tcp_destroy(struct kvf_transport *base)
     free(t);
 }
 
+static int tcp_wake_fd(struct kvf_transport *base)
+{
+    return tcp_of(base)->cq_wake;
+}
+
+static void tcp_wake_ack(struct kvf_transport *base)
+{
+    kvf_wake_clear(tcp_of(base)->cq_wake);
+}
+
 static const struct kvf_transport_ops tcp_ops = {
     .name = "tcp",
     .post_write = tcp_post_write,
     .poll = tcp_poll,
     .fence_peer = tcp_fence_peer,
     .destroy = tcp_destroy,
+    .wake_fd = tcp_wake_fd,
+    .wake_ack = tcp_wake_ack,
 };
 
 /* ---- public ------------------------------------------------------------------------ */
@@ -1039,6 +1055,7 @@ struct kvf_transport *kvf_transport_tcp_create(const struct kvf_transport_tcp_op
     t->listen_fd = -1;
     atomic_init(&t->pools_removed, 0);
     t->wake_fd[0] = t->wake_fd[1] = -1;
+    t->cq_wake = kvf_wake_open();
     pthread_mutex_init(&t->lock, NULL);
     pthread_mutex_init(&t->cq_lock, NULL);
     t->peers = calloc(opts->max_peers, sizeof(*t->peers));
@@ -1052,6 +1069,10 @@ struct kvf_transport *kvf_transport_tcp_create(const struct kvf_transport_tcp_op
     }
     if (!t->peers || !t->pools || !t->pending || !t->pfds || !t->pfd_slot) {
         fprintf(stderr, "kvf_tcp: out of memory\n");
+        goto err_destroy;
+    }
+    if (t->cq_wake < 0) {
+        fprintf(stderr, "kvf_tcp: eventfd: %s\n", strerror(-t->cq_wake));
         goto err_destroy;
     }
     if (pipe2(t->wake_fd, O_CLOEXEC) != 0) {

@@ -159,6 +159,7 @@ struct tcp {
     struct tcp_rx *rx_list;
     bool closing;
 
+    int cq_wake; /* eventfd: the completion list became non-empty (wake_fd) */
     pthread_mutex_t cq_lock;
     struct kvf_xfer *cq_head;
     struct kvf_xfer *cq_tail;

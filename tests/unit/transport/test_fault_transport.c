@@ -72,6 +72,8 @@ static const struct kvf_transport_ops fake_ops = {
     .poll = fake_poll,
     .fence_peer = fake_fence,
     .destroy = fake_destroy,
+    .wake_fd = kvf_transport_no_wake_fd,
+    .wake_ack = kvf_transport_no_wake_ack,
 };
 
 /* ---- fixture --------------------------------------------------------------------- */

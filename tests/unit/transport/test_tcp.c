@@ -873,6 +873,35 @@ static void test_dead_connection_replaced(void **state)
     free(p);
 }
 
+/* The wake descriptor (transport.h): readable once a frame completes, so a
+ * poller sleeps in poll(2) instead of on a timer; cleared and polled empty,
+ * it stays quiet until the next completion. */
+static void test_wake_fd_wakes_the_poller(void **state)
+{
+    struct pair *p = *state;
+    int fd = kvf_transport_wake_fd(p->a.t);
+    assert_true(fd >= 0);
+    struct pollfd pf = {.fd = fd, .events = POLLIN};
+    assert_int_equal(poll(&pf, 1, 0), 0);
+    uint8_t *src = malloc(PAGE);
+    assert_non_null(src);
+    fill_pattern(src, PAGE, 4);
+    for (unsigned round = 0; round < 3; round++) {
+        struct kvf_xfer x;
+        assert_int_equal(post(&p->a, &x, ROOM, src, PAGE, round, 1, 0), 0);
+        assert_int_equal(poll(&pf, 1, WAIT_MS), 1);
+        kvf_transport_wake_ack(p->a.t);
+        struct reaped r = {0};
+        reap(p->a.t, 1, &r);
+        assert_int_equal(r.by_outcome[KVF_LT_DONE_OK], 1);
+        struct kvf_completion c;
+        assert_int_equal(kvf_transport_poll(p->a.t, 1, &c), 0);
+        assert_int_equal(poll(&pf, 1, 0), 0);
+    }
+    WAIT_STAT(p->b.t, frames_received, 3);
+    free(src);
+}
+
 /* A blackholed peer address on loopback: a listener with a backlog of 0
  * that never accepts, its accept queue filled by two connects of ours, so the
  * kernel drops every further SYN and a connect to it never completes. The
@@ -1542,6 +1571,7 @@ int main(void)
                                         pair_teardown),
         cmocka_unit_test(test_wrong_secret_refused_nothing_lands),
         cmocka_unit_test(test_dead_connection_replaced),
+        cmocka_unit_test_setup_teardown(test_wake_fd_wakes_the_poller, pair_setup, pair_teardown),
         cmocka_unit_test(test_blackholed_peer_connect_does_not_block),
         cmocka_unit_test_setup_teardown(test_unknown_room_is_waited_for_then_refused, pair_setup,
                                         pair_teardown),
