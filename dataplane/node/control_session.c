@@ -272,6 +272,17 @@ void node_session_maybe_witness(struct kvf_node *n)
              n->retired_incarnation);
 }
 
+int64_t node_session_next_ms(const struct kvf_node *n)
+{
+    if (n->node_ttl_ms == 0 || n->last_contact_ms == 0)
+        return INT64_MAX;
+    if (n->session && n->session_welcomed && !n->cp_acks_heartbeats)
+        return INT64_MAX; /* the open stream counts: nothing to decide */
+    int64_t ttl = (int64_t)n->node_ttl_ms;
+    int64_t margin = ttl / 5 < SELF_FENCE_MARGIN_MAX_MS ? ttl / 5 : SELF_FENCE_MARGIN_MAX_MS;
+    return n->last_contact_ms + ttl - margin;
+}
+
 void node_session_tick(struct kvf_node *n, int64_t now_ms)
 {
     if (n->node_ttl_ms == 0 || n->last_contact_ms == 0)

@@ -107,6 +107,11 @@ struct rlink {
 #define HELLO_FIRST_MS 100
 #define HELLO_MAX_MS   5000
 #define HELLO_TRIES    10
+/* No completion channel: the owner reaps the CQs at this pace while work
+ * requests are outstanding, and looks at links with a message due at
+ * RDMA_DUE_MS (node_rdma_next_ms). */
+#define RDMA_REAP_MS 1
+#define RDMA_DUE_MS  10
 
 struct squeue {
     struct node_frame *head, *tail;
@@ -998,6 +1003,23 @@ static void reap(struct kvf_node *n)
         }
     if (error)
         links_check(n);
+}
+
+struct kvf_transport *node_rdma_transport(struct kvf_node *n)
+{
+    return n->rdma ? n->rdma->t : NULL;
+}
+
+int64_t node_rdma_next_ms(struct kvf_node *n, int64_t now)
+{
+    struct node_rdma *rd = n->rdma;
+    if (!rd)
+        return INT64_MAX;
+    for (uint32_t p = 0; p < n->npeers && p < NODE_MAX_PEERS; p++)
+        for (unsigned q = 0; q < KVF_RDMA_QPS_PER_PEER; q++)
+            if (rd->sq[p][q].head || kvf_transport_rdma_outstanding(rd->t, p, q) > 0)
+                return now + RDMA_REAP_MS;
+    return rd->due ? now + RDMA_DUE_MS : INT64_MAX;
 }
 
 void node_rdma_poll(struct kvf_node *n)

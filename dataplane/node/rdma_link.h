@@ -88,4 +88,14 @@ int node_rdma_send_notice(struct kvf_node *n, struct node_chunk *ch);
 void node_rdma_notice_in(struct kvf_node *n, struct node_room *r, struct node_member *m,
                          const struct node_peer_msg *pm);
 
+/* The RDMA transport, NULL when RDMA is off (the owner loop's wake
+ * descriptors). */
+struct kvf_transport *node_rdma_transport(struct kvf_node *n);
+
+/* Owner loop: by when RDMA needs a turn without a descriptor waking the
+ * owner (node_now_ms time): at once-ish while work requests are outstanding
+ * or queued (no completion channel: the CQs are reaped), soon while a link
+ * message is due; INT64_MAX when idle. */
+int64_t node_rdma_next_ms(struct kvf_node *n, int64_t now);
+
 #endif /* KVF_NODE_RDMA_LINK_H */

@@ -28,6 +28,7 @@
 
 #include <errno.h>
 #include <inttypes.h>
+#include <poll.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -40,6 +41,11 @@
 #include "tcp.h"
 
 #define STAGE_POLL_BATCH 64
+/* The staging engine has no wake descriptor: while copies are in flight the
+ * owner polls it at this pace; the test hold knob's file is looked at at
+ * HOLD_CHECK_MS. */
+#define STAGE_POLL_MS 1
+#define HOLD_CHECK_MS 5
 
 struct node_xport {
     struct kvf_transport *local;
@@ -281,6 +287,45 @@ int node_xport_renew_local(struct kvf_node *n)
     xp->held = false; /* the test knob is applied again to the new transport */
     /* RDMA: every peer fenced (QPs to ERR), then new PD, regions and rkeys. */
     return node_rdma_renew(n);
+}
+
+/* ---- the owner loop's waits ---------------------------------------------------------- */
+
+static void wake_add(struct kvf_transport *t, struct pollfd *pfd, struct kvf_transport **who,
+                     size_t max, size_t *k)
+{
+    if (!t || *k == max)
+        return;
+    int fd = kvf_transport_wake_fd(t);
+    if (fd < 0)
+        return;
+    pfd[*k] = (struct pollfd){.fd = fd, .events = POLLIN};
+    who[*k] = t;
+    (*k)++;
+}
+
+size_t node_xport_wake_fds(struct kvf_node *n, struct pollfd *pfd, struct kvf_transport **who,
+                           size_t max)
+{
+    size_t k = 0;
+    wake_add(n->tcp_io, pfd, who, max, &k);
+    if (n->xp)
+        wake_add(n->xp->local, pfd, who, max, &k);
+    wake_add(node_rdma_transport(n), pfd, who, max, &k);
+    return k;
+}
+
+int64_t node_xport_next_ms(struct kvf_node *n, int64_t now)
+{
+    struct node_xport *xp = n->xp;
+    int64_t at = node_rdma_next_ms(n, now);
+    if (!xp)
+        return at;
+    if (xp->eng && (xp->pend_head || kvf_staging_inflight(xp->eng) > 0) && now + STAGE_POLL_MS < at)
+        at = now + STAGE_POLL_MS;
+    if (n->opts.test_local_hold_file && n->opts.test_local_hold_file[0] && now + HOLD_CHECK_MS < at)
+        at = now + HOLD_CHECK_MS;
+    return at;
 }
 
 /* ---- staging pipeline --------------------------------------------------------------------- */

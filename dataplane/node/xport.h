@@ -104,6 +104,21 @@ void node_xport_stage_chunk(struct kvf_node *n, struct node_chunk *ch);
  * frames whose copy is done, starts waiting frames. */
 void node_xport_poll(struct kvf_node *n);
 
+/* Owner loop: the wake descriptors of the node's transports (transport.h,
+ * wake_fd), at most `max`: pfd[i] (POLLIN) and who[i], the transport to
+ * acknowledge (kvf_transport_wake_ack) when it was readable. Returns how
+ * many. */
+#define NODE_XPORT_MAX_WAKE 4
+struct pollfd;
+size_t node_xport_wake_fds(struct kvf_node *n, struct pollfd *pfd, struct kvf_transport **who,
+                           size_t max);
+
+/* Owner loop: by when (node_now_ms time) the data path must be polled again
+ * although no descriptor woke the owner: parts without a wake descriptor
+ * that have work in flight (staging copies, RDMA work requests, RDMA link
+ * messages due) or the test hold knob; INT64_MAX when none. */
+int64_t node_xport_next_ms(struct kvf_node *n, int64_t now);
+
 /* Hello: fills `out` with the feature names (at most `max`); returns how
  * many. `rdma_ep` gets the RDMA endpoint address or "" when there is none. */
 size_t node_xport_features(const struct kvf_node *n, const char **out, size_t max,

@@ -1,6 +1,15 @@
 /*
- * test_node_connect.c: a chunk towards a peer whose data port never answers
- * does not stop the node (issue 12, item 5).
+ * test_node_owner.c: the node's owner loop (node.c) never blocks and never
+ * spins.
+ *
+ * test_idle_owner_sleeps (issue 15): an attached node with nothing to do
+ * wakes its owner thread ("kvf-owner") only for what is due (heartbeats, the
+ * control plane's acks): its voluntary context switches over 3 s stay in the
+ * tens. Before, the owner waited on a 2 ms timed condition variable: about
+ * 1500 wake-ups in 3 s.
+ *
+ * test_blackholed_peer_keeps_heartbeats (issue 12, item 5): a chunk towards
+ * a peer whose data port never answers does not stop the node.
  *
  * One kvfence-control, one kvfence-node n1 (node_harness.c) and a fake node
  * n2 (fake_node.c) whose Hello names, as its TCP data endpoint, a blackholed
@@ -32,6 +41,8 @@
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
+
+#include <dirent.h>
 
 #include <arpa/inet.h>
 #include <netinet/in.h>
@@ -157,6 +168,62 @@ static int node_state(struct fx *f, const char *id)
     return s;
 }
 
+/* The voluntary context switches of node `pid`'s thread named `name` so far;
+ * fails the test when there is no such thread. */
+static long thread_switches(pid_t pid, const char *name)
+{
+    char dir[64];
+    snprintf(dir, sizeof dir, "/proc/%d/task", (int)pid);
+    DIR *d = opendir(dir);
+    assert_non_null(d);
+    long found = -1;
+    struct dirent *e;
+    while ((e = readdir(d)) && found < 0) {
+        if (e->d_name[0] == '.')
+            continue;
+        char path[384], comm[32] = "";
+        snprintf(path, sizeof path, "%s/%s/comm", dir, e->d_name);
+        FILE *fp = fopen(path, "r");
+        if (!fp)
+            continue;
+        if (!fgets(comm, sizeof comm, fp))
+            comm[0] = '\0';
+        fclose(fp);
+        comm[strcspn(comm, "\n")] = '\0';
+        if (strcmp(comm, name) != 0)
+            continue;
+        snprintf(path, sizeof path, "%s/%s/status", dir, e->d_name);
+        fp = fopen(path, "r");
+        assert_non_null(fp);
+        char line[256];
+        while (fgets(line, sizeof line, fp))
+            if (sscanf(line, "voluntary_ctxt_switches: %ld", &found) == 1)
+                break;
+        fclose(fp);
+    }
+    closedir(d);
+    if (found < 0)
+        fail_msg("node %d has no thread named %s", (int)pid, name);
+    return found;
+}
+
+static void test_idle_owner_sleeps(void **state)
+{
+    struct fx *f = *state;
+    const char *args[] = {"--threads", "2", NULL};
+    nh_control_start(&f->cp, &f->ch, args);
+    nh_tmpdir(f->dir, sizeof f->dir, "owner");
+    assert_int_equal(nh_node_start(&f->n1, f->dir, "n1", "n1", f->cp.target, NULL, 0), 0);
+    nh_sleep_ms(500); /* past the first heartbeat exchange */
+    long before = thread_switches(f->n1.pid, "kvf-owner");
+    nh_sleep_ms(3000);
+    long woke = thread_switches(f->n1.pid, "kvf-owner") - before;
+    fprintf(stderr, "idle owner thread: %ld wake-ups in 3 s\n", woke);
+    /* Heartbeats (1/s) and their acks, with room to spare; a timer tick of
+     * even 10 ms would be 300. */
+    assert_true(woke < 60);
+}
+
 static void test_blackholed_peer_keeps_heartbeats(void **state)
 {
     struct fx *f = *state;
@@ -234,6 +301,7 @@ static void test_blackholed_peer_keeps_heartbeats(void **state)
 int main(void)
 {
     const struct CMUnitTest tests[] = {
+        cmocka_unit_test_setup_teardown(test_idle_owner_sleeps, setup, teardown),
         cmocka_unit_test_setup_teardown(test_blackholed_peer_keeps_heartbeats, setup, teardown),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
