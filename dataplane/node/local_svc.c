@@ -105,12 +105,7 @@ void node_local_register_pool(struct kvf_node *n, struct node_job *j)
     p->page_size = req->page_size;
     p->page_count = req->page_count;
     p->rank = req->rank;
-    rc = node_devpool_add_tcp(n->tcp, p);
-    if (rc == 0) {
-        rc = node_xport_add_pool(n, p);
-        if (rc != 0) /* nothing half-applied: TCP must not keep a pool about to be unmapped */
-            (void)kvf_transport_tcp_remove_pool(n->tcp, p->id);
-    }
+    rc = node_xport_add_pool(n, p); /* every transport, or none */
     if (rc != 0) {
         kvf_pool_close(p->pool);
         fail(j, KVF_GRPC_INTERNAL, "a transport refused the pool: %s", strerror(-rc));
@@ -432,9 +427,10 @@ int node_submit_chunk(struct kvf_node *n, const Kvfence__V1__SubmitChunkRequest 
         /* Every frame starts (or is dropped) in the pipeline: the chunk is
          * accepted whole, its frames end one by one. */
         node_xport_stage_chunk(n, ch);
-    } else if (rt.kind == KVF_LT_OP_RDMA_WR) {
-        /* The same for RDMA slices: queued, admitted one by one at their post. */
-        node_rdma_post_chunk(n, ch);
+    } else if (node_xport_queues_chunks(&rt)) {
+        /* The same for a transport that queues (RDMA slices): admitted one
+         * by one at their post. */
+        node_xport_post_chunk(n, &rt, ch);
     } else {
         ch->nframes = 0; /* counts the frames posted */
         for (uint32_t i = 0; i < nframes; i++) {

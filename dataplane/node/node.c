@@ -751,15 +751,7 @@ static void on_abort_notice(struct kvf_node *n, const Kvfence__V1__AbortNotice *
 
 void node_poll_completions(struct kvf_node *n)
 {
-    struct kvf_completion c[NODE_POLL_BATCH];
-    node_xport_poll(n); /* local copies and staging */
-    for (;;) {
-        int got = kvf_transport_poll(n->tcp_io, NODE_POLL_BATCH, c);
-        if (got <= 0)
-            return;
-        for (int i = 0; i < got; i++)
-            node_local_completion(n, &c[i]);
-    }
+    node_xport_poll(n); /* every transport, and staging */
 }
 
 static void on_fence_peer(struct kvf_node *n, const Kvfence__V1__FencePeer *fp)
@@ -768,9 +760,7 @@ static void on_fence_peer(struct kvf_node *n, const Kvfence__V1__FencePeer *fp)
     uint32_t idx;
     int rc = node_ensure_peer(n, id, fp->incarnation, &idx);
     if (rc == 0 && !n->peers[idx].fenced) {
-        rc = kvf_transport_fence_peer(n->tcp_io, idx);
-        if (rc == 0)
-            rc = node_rdma_fence_peer(n, idx); /* QPs to ERR, every WR back */
+        rc = node_xport_fence_peer(n, idx); /* every transport (RDMA: QPs to ERR, WRs back) */
         if (rc == 0) {
             n->peers[idx].fenced = true;
             /* Its messages still on the way are dropped from now on. */

@@ -31,9 +31,6 @@ int node_rdma_start(struct kvf_node *n);
  * frees the transport (and the fake device). */
 void node_rdma_stop(struct kvf_node *n);
 
-/* Hello: true when the node advertises RDMA; *ep: its DATA_RDMA endpoint. */
-bool node_rdma_advertised(const struct kvf_node *n, const char **ep);
-
 /* A pool was registered / is being removed: its memory region (and the
  * announcement to the linked peers). Never fails the pool: a region that
  * cannot be registered only keeps RDMA away from it (logged). */
