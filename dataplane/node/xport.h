@@ -74,6 +74,10 @@ void node_xport_stop(struct kvf_node *n);
  * (logged) and no transport keeps it. */
 int node_xport_add_pool(struct kvf_node *n, const struct node_pool *p);
 
+/* The transports' view of a registered pool (transport.h add_pool): host
+ * pages, or a device pool written through the pool. */
+void node_xport_pool_desc(const struct node_pool *p, struct kvf_transport_pool *out);
+
 /* A pool is unregistered (every lifetime that could use it drained): no
  * transport writes into it once this returns. */
 void node_xport_remove_pool(struct kvf_node *n, uint32_t pool_id);

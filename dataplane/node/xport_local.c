@@ -21,7 +21,6 @@
 #include <string.h>
 #include <unistd.h>
 
-#include "devpool.h"
 #include "kvf_file.h"
 #include "local.h"
 #include "xport_internal.h"
@@ -51,14 +50,21 @@ static void local_stop(struct kvf_node *n)
     n->xp->local = NULL;
 }
 
+static int add_pool_to(struct kvf_transport *t, const struct node_pool *p)
+{
+    struct kvf_transport_pool tp;
+    node_xport_pool_desc(p, &tp);
+    return kvf_transport_add_pool(t, &tp, NULL);
+}
+
 static int local_add_pool(struct kvf_node *n, const struct node_pool *p)
 {
-    return node_devpool_add_local(n->xp->local, p);
+    return add_pool_to(n->xp->local, p);
 }
 
 static void local_remove_pool(struct kvf_node *n, uint32_t pool_id)
 {
-    int rc = kvf_transport_local_remove_pool(n->xp->local, pool_id);
+    int rc = kvf_transport_remove_pool(n->xp->local, pool_id);
     if (rc != 0 && rc != -ENOENT)
         node_log("warn", NULL, "pool %u: local transport: %s", pool_id, strerror(-rc));
 }
@@ -140,7 +146,7 @@ static int local_renew(struct kvf_node *n)
         return -ENOMEM;
     int rc = 0;
     for (uint32_t i = 0; i < n->npools && rc == 0; i++)
-        rc = node_devpool_add_local(fresh, &n->pools[i]);
+        rc = add_pool_to(fresh, &n->pools[i]);
     if (rc != 0) {
         kvf_transport_destroy(fresh);
         return rc;

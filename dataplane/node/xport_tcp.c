@@ -22,7 +22,6 @@
 #include <stdio.h>
 #include <string.h>
 
-#include "devpool.h"
 #include "kvfence/v1/types.pb-c.h"
 #include "tcp.h"
 #include "xport.h"
@@ -30,7 +29,9 @@
 
 static int tcp_add_pool(struct kvf_node *n, const struct node_pool *p)
 {
-    return node_devpool_add_tcp(n->tcp, p);
+    struct kvf_transport_pool tp;
+    node_xport_pool_desc(p, &tp);
+    return kvf_transport_add_pool(n->tcp, &tp, NULL);
 }
 
 static void tcp_remove_pool(struct kvf_node *n, uint32_t pool_id)
@@ -38,7 +39,7 @@ static void tcp_remove_pool(struct kvf_node *n, uint32_t pool_id)
     /* Receivers read rooms under rooms_lock: taking it for writing orders
      * the removal after every check in progress. */
     pthread_rwlock_wrlock(&n->rooms_lock);
-    int rc = kvf_transport_tcp_remove_pool(n->tcp, pool_id);
+    int rc = kvf_transport_remove_pool(n->tcp, pool_id);
     pthread_rwlock_unlock(&n->rooms_lock);
     if (rc != 0 && rc != -ENOENT)
         node_log("warn", NULL, "pool %u: tcp transport: %s", pool_id, strerror(-rc));

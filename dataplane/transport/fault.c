@@ -193,6 +193,18 @@ static void fault_wake_ack(struct kvf_transport *base)
     kvf_transport_wake_ack(ft_of(base)->inner);
 }
 
+/* Pools are the inner transport's: faults touch only the ops. */
+static int fault_add_pool(struct kvf_transport *base, const struct kvf_transport_pool *p,
+                          uint64_t *key_p)
+{
+    return kvf_transport_add_pool(ft_of(base)->inner, p, key_p);
+}
+
+static int fault_remove_pool(struct kvf_transport *base, uint32_t pool_id)
+{
+    return kvf_transport_remove_pool(ft_of(base)->inner, pool_id);
+}
+
 static const struct kvf_transport_ops fault_ops = {
     .name = "fault",
     .post_write = fault_post_write,
@@ -201,6 +213,8 @@ static const struct kvf_transport_ops fault_ops = {
     .destroy = fault_destroy,
     .wake_fd = fault_wake_fd,
     .wake_ack = fault_wake_ack,
+    .add_pool = fault_add_pool,
+    .remove_pool = fault_remove_pool,
 };
 
 struct kvf_transport *kvf_transport_fault_create(struct kvf_transport *inner, kvf_fault_log_fn log,

@@ -358,6 +358,16 @@ static void local_wake_ack(struct kvf_transport *t)
     kvf_wake_clear(local_of(t)->d_wake);
 }
 
+static int local_ops_add_pool(struct kvf_transport *t, const struct kvf_transport_pool *p,
+                              uint64_t *key_p)
+{
+    int rc = p->dev ? kvf_transport_local_add_device_pool(t, p->id, p->dev)
+                    : kvf_transport_local_add_pool(t, p->id, p->base, p->page_size, p->page_count);
+    if (rc == 0 && key_p)
+        *key_p = 0;
+    return rc;
+}
+
 static const struct kvf_transport_ops local_ops = {
     .name = "local",
     .post_write = local_post_write,
@@ -366,6 +376,8 @@ static const struct kvf_transport_ops local_ops = {
     .destroy = local_destroy,
     .wake_fd = local_wake_fd,
     .wake_ack = local_wake_ack,
+    .add_pool = local_ops_add_pool,
+    .remove_pool = kvf_transport_local_remove_pool,
 };
 
 void kvf_transport_local_opts_init(struct kvf_transport_local_opts *opts)

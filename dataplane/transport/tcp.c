@@ -982,6 +982,16 @@ static void tcp_wake_ack(struct kvf_transport *base)
     kvf_wake_clear(tcp_of(base)->cq_wake);
 }
 
+static int tcp_ops_add_pool(struct kvf_transport *base, const struct kvf_transport_pool *p,
+                            uint64_t *key_p)
+{
+    int rc = p->dev ? kvf_transport_tcp_add_device_pool(base, p->id, p->dev)
+                    : kvf_transport_tcp_add_pool(base, p->id, p->base, p->page_size, p->page_count);
+    if (rc == 0 && key_p)
+        *key_p = 0;
+    return rc;
+}
+
 static const struct kvf_transport_ops tcp_ops = {
     .name = "tcp",
     .post_write = tcp_post_write,
@@ -990,6 +1000,8 @@ static const struct kvf_transport_ops tcp_ops = {
     .destroy = tcp_destroy,
     .wake_fd = tcp_wake_fd,
     .wake_ack = tcp_wake_ack,
+    .add_pool = tcp_ops_add_pool,
+    .remove_pool = kvf_transport_tcp_remove_pool,
 };
 
 /* ---- public ------------------------------------------------------------------------ */

@@ -26,6 +26,9 @@
  * its lifetime's admission closed before it started and it was never
  * written). Only OK means the bytes were written.
  *
+ * Pools (add_pool, remove_pool): the memory peers may write into, host or
+ * device pages, registered with every transport by the same call.
+ *
  * Waking (wake_fd, wake_ack): a poller that has nothing to do sleeps in
  * poll(2) on the transports' wake descriptors (an eventfd, or an RDMA
  * completion channel) instead of on a timer.
@@ -48,6 +51,16 @@
 #include "lifetime.h"
 
 struct kvf_transport;
+struct kvf_pool;
+
+/* A pool a transport may write into on behalf of its peers (add_pool). */
+struct kvf_transport_pool {
+    uint32_t id;
+    void *base;           /* page 0 in host memory; NULL with dev */
+    struct kvf_pool *dev; /* a device pool, written through kvf_pool_write; NULL: host memory */
+    uint32_t page_size;
+    uint32_t page_count;
+};
 
 /*
  * One write: `len` bytes at `src` (host memory, not touched after the
@@ -115,6 +128,18 @@ struct kvf_transport_ops {
      * after the clear makes it readable again, so a poller that clears,
      * then polls until empty, then sleeps never misses one. */
     void (*wake_ack)(struct kvf_transport *t);
+
+    /* Registers a pool its peers may write into; *key_p (may be NULL) gets
+     * what a peer needs to address it (RDMA: the region's rkey; 0 where a
+     * transport needs nothing). 0, or -errno: -EEXIST (id taken), -E2BIG (no
+     * room), -EINVAL, -EOPNOTSUPP (this transport cannot reach that memory:
+     * RDMA and a device pool). Control thread. */
+    int (*add_pool)(struct kvf_transport *t, const struct kvf_transport_pool *p, uint64_t *key_p);
+
+    /* Unregisters a pool: no byte lands in it through this transport once
+     * this returns (each transport says what its caller must guarantee about
+     * ops in flight). -ENOENT for an unknown id. Control thread. */
+    int (*remove_pool)(struct kvf_transport *t, uint32_t pool_id);
 };
 
 /* The base every transport embeds first. */
@@ -165,6 +190,17 @@ int kvf_wake_open(void);
 void kvf_wake_signal(int fd);
 void kvf_wake_clear(int fd);
 void kvf_wake_close(int fd);
+
+static inline int kvf_transport_add_pool(struct kvf_transport *t,
+                                         const struct kvf_transport_pool *p, uint64_t *key_p)
+{
+    return t->ops->add_pool(t, p, key_p);
+}
+
+static inline int kvf_transport_remove_pool(struct kvf_transport *t, uint32_t pool_id)
+{
+    return t->ops->remove_pool(t, pool_id);
+}
 
 static inline const char *kvf_transport_name(const struct kvf_transport *t)
 {
