@@ -46,6 +46,7 @@ struct settings {
     const char *run_dir, *log_level;
     uint64_t data_port, peer_port, drain_timeout_ms, staging_buffers, probe_timeout_ms;
     uint64_t retain_rooms;
+    uint64_t data_connect_timeout_ms;
     bool version, probe;
 };
 
@@ -137,6 +138,9 @@ int main(int argc, char **argv)
         {"data-host", KVF_CONFIG_STRING, &cfg.data_host, 0,
          "numeric IPv4 the TCP data transport binds and announces"},
         {"data-port", KVF_CONFIG_UINT, &cfg.data_port, 65535, "TCP data port (0: any)"},
+        {"data-connect-timeout-ms", KVF_CONFIG_UINT, &cfg.data_connect_timeout_ms, 3600000,
+         "how long a TCP data connection to a peer may wait for it to answer; the chunks "
+         "queued for it then fail (0: 10000)"},
         {"peer-port", KVF_CONFIG_UINT, &cfg.peer_port, 65535,
          "ZeroMQ peer channel port on the data host (0: any)"},
         {"peer-fault", KVF_CONFIG_STRING, &cfg.peer_fault, 0,
@@ -287,6 +291,7 @@ int main(int argc, char **argv)
     opts.peer_fault = cfg.peer_fault;
     opts.drain_timeout_ms = cfg.drain_timeout_ms;
     opts.retain_rooms = cfg.retain_rooms;
+    opts.data_connect_timeout_ms = (uint32_t)cfg.data_connect_timeout_ms;
     opts.staging = cfg.staging;
     opts.staging_buffers = (uint32_t)cfg.staging_buffers;
     opts.test_local_hold_file = cfg.test_local_hold_file;

@@ -49,35 +49,33 @@ int node_session_send_hello(struct kvf_node *n, struct kvf_rpc_client_stream *cs
 {
     (void)cs; /* n->session is cs: node_ctl_send uses it */
     const char *features[8];
-    const char *rdma_ep;
     Kvfence__V1__CapabilitySet caps = KVFENCE__V1__CAPABILITY_SET__INIT;
     caps.protocol_min = KVF_PROTOCOL_MIN;
     caps.protocol_max = KVF_PROTOCOL_MAX;
-    caps.n_features = node_xport_features(n, features, 8, &rdma_ep);
+    caps.n_features = node_xport_features(n, features, 8);
     caps.features = (char **)features;
 
-    char data_addr[96];
-    snprintf(data_addr, sizeof data_addr, "%s:%u", n->data_host, n->data_port);
+    /* The transports' endpoints (xport_registry.h), then the node's own. */
+    struct node_xport_endpoint xep[4];
+    size_t nx = node_xport_endpoints(n, xep, 4);
     char local_addr[300];
     snprintf(local_addr, sizeof local_addr, "unix:%s", n->local_socket);
-    Kvfence__V1__Endpoint ep[4];
-    Kvfence__V1__Endpoint *eps[4];
-    for (size_t i = 0; i < 4; i++) {
+    Kvfence__V1__Endpoint ep[6];
+    Kvfence__V1__Endpoint *eps[6];
+    for (size_t i = 0; i < 6; i++) {
         kvfence__v1__endpoint__init(&ep[i]);
         eps[i] = &ep[i];
     }
     size_t nep = 0;
-    ep[nep].kind = KVFENCE__V1__ENDPOINT_KIND__ENDPOINT_KIND_DATA_TCP;
-    ep[nep++].address = data_addr;
+    for (size_t i = 0; i < nx; i++) {
+        ep[nep].kind = (Kvfence__V1__EndpointKind)xep[i].kind;
+        ep[nep++].address = xep[i].address;
+    }
     ep[nep].kind = KVFENCE__V1__ENDPOINT_KIND__ENDPOINT_KIND_NODE_LOCAL;
     ep[nep++].address = local_addr;
     if (n->peer_ep[0]) {
         ep[nep].kind = KVFENCE__V1__ENDPOINT_KIND__ENDPOINT_KIND_PEER_ZMQ;
         ep[nep++].address = n->peer_ep;
-    }
-    if (rdma_ep[0]) { /* only with a device */
-        ep[nep].kind = KVFENCE__V1__ENDPOINT_KIND__ENDPOINT_KIND_DATA_RDMA;
-        ep[nep++].address = (char *)rdma_ep;
     }
 
     Kvfence__V1__Pool pv[NODE_MAX_POOLS];
@@ -272,6 +270,17 @@ void node_session_maybe_witness(struct kvf_node *n)
              n->retired_incarnation);
 }
 
+int64_t node_session_next_ms(const struct kvf_node *n)
+{
+    if (n->node_ttl_ms == 0 || n->last_contact_ms == 0)
+        return INT64_MAX;
+    if (n->session && n->session_welcomed && !n->cp_acks_heartbeats)
+        return INT64_MAX; /* the open stream counts: nothing to decide */
+    int64_t ttl = (int64_t)n->node_ttl_ms;
+    int64_t margin = ttl / 5 < SELF_FENCE_MARGIN_MAX_MS ? ttl / 5 : SELF_FENCE_MARGIN_MAX_MS;
+    return n->last_contact_ms + ttl - margin;
+}
+
 void node_session_tick(struct kvf_node *n, int64_t now_ms)
 {
     if (n->node_ttl_ms == 0 || n->last_contact_ms == 0)
@@ -328,9 +337,7 @@ void node_self_fence(struct kvf_node *n, const char *why)
     for (uint32_t i = 0; i < n->npeers; i++) {
         if (n->peers[i].fenced)
             continue;
-        int rc = kvf_transport_fence_peer(n->tcp_io, i); /* held faults flushed too */
-        if (rc == 0)
-            rc = node_rdma_fence_peer(n, i); /* before its quarantined ops are retired */
+        int rc = node_xport_fence_peer(n, i); /* every transport; held faults flushed too */
         if (rc != 0) {
             node_log("error", NULL, "self-fence: cannot fence peer %s: %s", n->peers[i].node_id,
                      strerror(-rc));

@@ -105,12 +105,7 @@ void node_local_register_pool(struct kvf_node *n, struct node_job *j)
     p->page_size = req->page_size;
     p->page_count = req->page_count;
     p->rank = req->rank;
-    rc = node_devpool_add_tcp(n->tcp, p);
-    if (rc == 0) {
-        rc = node_xport_add_pool(n, p);
-        if (rc != 0) /* nothing half-applied: TCP must not keep a pool about to be unmapped */
-            (void)kvf_transport_tcp_remove_pool(n->tcp, p->id);
-    }
+    rc = node_xport_add_pool(n, p); /* every transport, or none */
     if (rc != 0) {
         kvf_pool_close(p->pool);
         fail(j, KVF_GRPC_INTERNAL, "a transport refused the pool: %s", strerror(-rc));
@@ -450,9 +445,10 @@ int node_submit_chunk(struct kvf_node *n, const Kvfence__V1__SubmitChunkRequest 
         /* Every frame starts (or is dropped) in the pipeline: the chunk is
          * accepted whole, its frames end one by one. */
         node_xport_stage_chunk(n, ch);
-    } else if (rt.kind == KVF_LT_OP_RDMA_WR) {
-        /* The same for RDMA slices: queued, admitted one by one at their post. */
-        node_rdma_post_chunk(n, ch);
+    } else if (node_xport_queues_chunks(&rt)) {
+        /* The same for a transport that queues (RDMA slices): admitted one
+         * by one at their post. */
+        node_xport_post_chunk(n, &rt, ch);
     } else {
         ch->nframes = 0; /* counts the frames posted */
         for (uint32_t i = 0; i < nframes; i++) {
@@ -571,7 +567,9 @@ static void chunk_end(struct kvf_node *n, struct node_chunk *ch)
     free(ch);
 }
 
-void node_frame_end(struct kvf_node *n, struct node_frame *f, bool ok)
+/* A frame ended; `status`, when not 0, is its transport's -errno (named in
+ * the report: e.g. a connect that timed out). */
+static void frame_end(struct kvf_node *n, struct node_frame *f, bool ok, int status)
 {
     struct node_chunk *ch = f->chunk;
     ch->ndone++;
@@ -580,11 +578,20 @@ void node_frame_end(struct kvf_node *n, struct node_frame *f, bool ok)
          * room must abort meanwhile. */
         ch->nfail++;
         char why[96];
-        snprintf(why, sizeof why, "chunk %" PRIu64 ": a frame failed", ch->seq);
+        if (status < 0 && status != -ECANCELED)
+            snprintf(why, sizeof why, "chunk %" PRIu64 ": a frame failed: %s: %s", ch->seq,
+                     kvf_transport_name(f->t), strerror(-status));
+        else
+            snprintf(why, sizeof why, "chunk %" PRIu64 ": a frame failed", ch->seq);
         source_failed(n, ch, why);
     }
     if (ch->ndone == ch->nframes)
         chunk_end(n, ch);
+}
+
+void node_frame_end(struct kvf_node *n, struct node_frame *f, bool ok)
+{
+    frame_end(n, f, ok, 0);
 }
 
 void node_local_completion(struct kvf_node *n, const struct kvf_completion *c)
@@ -607,7 +614,7 @@ void node_local_completion(struct kvf_node *n, const struct kvf_completion *c)
     if (ok && ch->sink_local)
         node_sink_landed(n, r, ch->sink_rank, c->xfer->first_page, c->xfer->page_count,
                          c->xfer->len);
-    node_frame_end(n, f, ok); /* may free the chunk; the room stays until the job ends */
+    frame_end(n, f, ok, c->status); /* may free the chunk; the room stays until the job ends */
     /* An op of the room retired: a local sink that waited for the room's
      * ops in flight may complete now. */
     node_check_sinks(n, r);

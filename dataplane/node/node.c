@@ -39,11 +39,15 @@
  * - once every local participant of a room has completed, the node closes
  *   the room's admission: nothing may start for it afterwards.
  *
- * DESIGN (threads): see node_internal.h. The owner loop waits on the job
- * queue with a 2 ms timeout, runs every job it finds, polls the transport's
- * completions (never blocking), sends a heartbeat when one is due, and during
- * a stop watches the lifetimes drain. Everything the node sends to the control
- * plane is sent from this thread, so reports for one room leave in the order
+ * DESIGN (threads): see node_internal.h. The owner loop sleeps in poll(2)
+ * on wake descriptors: the job queue's eventfd (written by a post to an empty
+ * queue) and each transport's (written when a completion lands on its empty
+ * list), until the next deadline the node knows (heartbeat, self-fence, stop,
+ * or a short one while a part without a descriptor has work in flight: see
+ * owner_timeout); there is no fixed tick. Each turn it runs every job it
+ * finds, polls the transports' completions (never blocking), sends a
+ * heartbeat when one is due, and during a stop watches the lifetimes drain. Everything the node
+ * sends to the control plane is sent from this thread, so reports for one room leave in the order
  * the node decided them.
  */
 #include "host_lock.h"
@@ -52,6 +56,8 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <inttypes.h>
+#include <limits.h>
+#include <poll.h>
 #include <stdarg.h>
 #include <stddef.h>
 #include <stdio.h>
@@ -69,7 +75,9 @@
 #include "tcp.h"
 #include "xport.h"
 
-#define OWNER_WAIT_MS 2
+/* The fault file is re-read, and faults held by time released, at this
+ * pace while --fault-file is set (tests only). */
+#define OWNER_FAULT_TICK_MS 5
 
 /* ---- logging ----------------------------------------------------------------- */
 
@@ -116,12 +124,15 @@ static int node_queue_locked(struct kvf_node *n, struct node_job *head, struct n
     if (n->owner_exit)
         return -ESHUTDOWN;
     tail->next = NULL;
-    if (n->qtail)
+    if (n->qtail) {
         n->qtail->next = head;
-    else
+    } else {
+        /* The owner takes the whole queue at once: it empties it, so a post
+         * to an empty queue is the only one that must wake it. */
         n->qhead = head;
+        kvf_wake_signal(n->qwake);
+    }
     n->qtail = tail;
-    pthread_cond_signal(&n->qcond);
     return 0;
 }
 
@@ -886,15 +897,7 @@ static void on_abort_notice(struct kvf_node *n, const Kvfence__V1__AbortNotice *
 
 void node_poll_completions(struct kvf_node *n)
 {
-    struct kvf_completion c[NODE_POLL_BATCH];
-    node_xport_poll(n); /* local copies and staging */
-    for (;;) {
-        int got = kvf_transport_poll(n->tcp_io, NODE_POLL_BATCH, c);
-        if (got <= 0)
-            return;
-        for (int i = 0; i < got; i++)
-            node_local_completion(n, &c[i]);
-    }
+    node_xport_poll(n); /* every transport, and staging */
 }
 
 static void on_fence_peer(struct kvf_node *n, const Kvfence__V1__FencePeer *fp)
@@ -903,9 +906,7 @@ static void on_fence_peer(struct kvf_node *n, const Kvfence__V1__FencePeer *fp)
     uint32_t idx;
     int rc = node_ensure_peer(n, id, fp->incarnation, &idx);
     if (rc == 0 && !n->peers[idx].fenced) {
-        rc = kvf_transport_fence_peer(n->tcp_io, idx);
-        if (rc == 0)
-            rc = node_rdma_fence_peer(n, idx); /* QPs to ERR, every WR back */
+        rc = node_xport_fence_peer(n, idx); /* every transport (RDMA: QPs to ERR, WRs back) */
         if (rc == 0) {
             n->peers[idx].fenced = true;
             kvf_ncore_peer_fenced(n->core, idx);
@@ -1184,6 +1185,8 @@ struct kvf_transport *node_tcp_create(struct kvf_node *n, uint64_t incarnation, 
     to.on_frame = tcp_on_frame;
     to.on_idle = tcp_on_idle;
     to.ctx = n;
+    if (n->opts.data_connect_timeout_ms)
+        to.connect_timeout_ms = n->opts.data_connect_timeout_ms;
     return kvf_transport_tcp_create(&to);
 }
 
@@ -1281,21 +1284,60 @@ static void run_job_kind(struct kvf_node *n, struct node_job *j)
     }
 }
 
+static int64_t min64(int64_t a, int64_t b)
+{
+    return a < b ? a : b;
+}
+
+/* How long the owner may sleep: until the earliest deadline the node knows
+ * (the next heartbeat, the self-fence, the end of a stop's drain wait, the
+ * data path's parts without a wake descriptor), -1 (for ever) when there is
+ * none. A descriptor ends the sleep earlier. */
+static int owner_timeout(struct kvf_node *n)
+{
+    int64_t now = node_now_ms();
+    int64_t at = INT64_MAX;
+    if (n->session && n->session_welcomed)
+        at = min64(at, n->next_hb_ms);
+    at = min64(at, node_session_next_ms(n));
+    if (n->stop_requested)
+        at = min64(at, n->stop_deadline_ms);
+    at = min64(at, node_xport_next_ms(n, now));
+    if (n->faults)
+        at = min64(at, now + OWNER_FAULT_TICK_MS);
+    if (at == INT64_MAX)
+        return -1;
+    if (at <= now)
+        return 0;
+    return at - now > INT_MAX ? INT_MAX : (int)(at - now);
+}
+
+/* Sleeps until a wake descriptor is readable or owner_timeout passes, and
+ * clears the descriptors that were (before the turn polls what they
+ * announced). */
+static void owner_wait(struct kvf_node *n)
+{
+    struct pollfd pfd[1 + NODE_XPORT_MAX_WAKE];
+    struct kvf_transport *who[NODE_XPORT_MAX_WAKE];
+    pfd[0] = (struct pollfd){.fd = n->qwake, .events = POLLIN};
+    size_t nw = node_xport_wake_fds(n, pfd + 1, who, NODE_XPORT_MAX_WAKE);
+    int pr = poll(pfd, 1 + nw, owner_timeout(n));
+    if (pr <= 0)
+        return; /* the deadline, or EINTR: the turn checks everything anyway */
+    if (pfd[0].revents)
+        kvf_wake_clear(n->qwake);
+    for (size_t i = 0; i < nw; i++)
+        if (pfd[1 + i].revents)
+            kvf_transport_wake_ack(who[i]);
+}
+
 static void *owner_main(void *arg)
 {
     struct kvf_node *n = arg;
+    (void)pthread_setname_np(pthread_self(), "kvf-owner"); /* for ps, top and the tests */
     for (;;) {
+        owner_wait(n);
         pthread_mutex_lock(&n->qlock);
-        if (!n->qhead) {
-            struct timespec ts;
-            clock_gettime(CLOCK_REALTIME, &ts);
-            ts.tv_nsec += OWNER_WAIT_MS * 1000000L;
-            if (ts.tv_nsec >= 1000000000L) {
-                ts.tv_sec++;
-                ts.tv_nsec -= 1000000000L;
-            }
-            pthread_cond_timedwait(&n->qcond, &n->qlock, &ts);
-        }
         struct node_job *list = n->qhead;
         n->qhead = n->qtail = NULL;
         pthread_mutex_unlock(&n->qlock);
@@ -1443,11 +1485,15 @@ struct kvf_node *kvf_node_start(const struct kvf_node_opts *opts)
     n->next_pool_id = 1;
     n->hb_interval_ms = 1000;
     pthread_mutex_init(&n->qlock, NULL);
-    pthread_cond_init(&n->qcond, NULL);
+    n->qwake = kvf_wake_open();
     pthread_cond_init(&n->qdone, NULL);
     pthread_rwlock_init(&n->rooms_lock, NULL);
     pthread_mutex_init(&n->watch_lock, NULL);
 
+    if (n->qwake < 0) {
+        node_log("error", NULL, "node: job queue eventfd: %s", strerror(-n->qwake));
+        goto err_destroy;
+    }
     struct kvf_ncore_opts co;
     kvf_ncore_opts_init(&co);
     co.retain_max = n->opts.retain_rooms;
@@ -1599,7 +1645,7 @@ void kvf_node_destroy(struct kvf_node *n)
     pthread_rwlock_destroy(&n->rooms_lock);
     pthread_mutex_destroy(&n->watch_lock);
     pthread_cond_destroy(&n->qdone);
-    pthread_cond_destroy(&n->qcond);
+    kvf_wake_close(n->qwake);
     pthread_mutex_destroy(&n->qlock);
     if (n->host_lock_fd >= 0)
         close(n->host_lock_fd); /* the process is ending: the next one may take it */

@@ -39,7 +39,10 @@ struct kvf_node_opts {
     int64_t local_socket_gid;
     const char *data_host; /* numeric IPv4 the TCP transport binds; "127.0.0.1" */
     uint16_t data_port;    /* 0: any */
-    uint64_t incarnation;  /* 0: chosen from the realtime clock (ns) */
+    /* How long an outbound TCP data connect may wait for the peer to answer
+     * before the chunks queued for it fail -ETIMEDOUT; 0: 10000. */
+    uint32_t data_connect_timeout_ms;
+    uint64_t incarnation; /* 0: chosen from the realtime clock (ns) */
     /* Where the host lock lives (host_lock.h): <run_dir>/kvfence-node-<id>.lock;
      * NULL or "": next to the local socket, <local_socket>.lock. */
     const char *run_dir;

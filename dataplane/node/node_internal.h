@@ -248,7 +248,7 @@ struct kvf_node {
 
     /* Job queue. */
     pthread_mutex_t qlock;
-    pthread_cond_t qcond; /* a job was posted */
+    int qwake;            /* eventfd: a job was posted to an empty queue (the owner's poll) */
     pthread_cond_t qdone; /* a synchronous job is done; readiness changed */
     struct node_job *qhead, *qtail;
     pthread_t owner;
@@ -416,6 +416,9 @@ int node_resync_emit(struct kvf_node *n, node_resync_send_fn send, size_t *lifet
                      size_t *messages_p);
 /* Owner, every loop: self-fences once the session is gone for node_ttl. */
 void node_session_tick(struct kvf_node *n, int64_t now_ms);
+/* When node_session_tick will act next (node_now_ms time), INT64_MAX when it
+ * has no deadline: the owner loop sleeps until then at most. */
+int64_t node_session_next_ms(const struct kvf_node *n);
 /* Owner: fences every peer, closes every lifetime and takes a new incarnation. */
 void node_self_fence(struct kvf_node *n, const char *why);
 void node_session_join(struct kvf_node *n);

@@ -55,16 +55,7 @@ void node_local_unregister_pool(struct kvf_node *n, struct node_job *j)
             return;
         }
     }
-    /* Receivers read rooms under rooms_lock: taking it for writing orders the
-     * removal after every check in progress. */
-    pthread_rwlock_wrlock(&n->rooms_lock);
-    int rc = kvf_transport_tcp_remove_pool(n->tcp, id);
-    pthread_rwlock_unlock(&n->rooms_lock);
-    if (rc != 0 && rc != -ENOENT)
-        node_log("warn", NULL, "pool %u: tcp transport: %s", id, strerror(-rc));
-    rc = node_xport_remove_pool(n, id); /* same-node copies */
-    if (rc != 0 && rc != -ENOENT)
-        node_log("warn", NULL, "pool %u: local transport: %s", id, strerror(-rc));
+    node_xport_remove_pool(n, id); /* every transport (errors logged) */
     node_devpool_log_stats(p);
     struct node_pool gone = *p;
     *p = n->pools[--n->npools];

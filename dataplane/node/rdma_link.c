@@ -67,10 +67,12 @@
 #include <time.h>
 
 #include "faults.h"
+#include "kvfence/v1/types.pb-c.h"
 #include "peer_channel.h"
 #include "rdma.h"
 #include "verbs.h"
 #include "xport.h"
+#include "xport_registry.h"
 
 enum rlink_state {
     RL_NONE = 0,
@@ -107,6 +109,11 @@ struct rlink {
 #define HELLO_FIRST_MS 100
 #define HELLO_MAX_MS   5000
 #define HELLO_TRIES    10
+/* No completion channel: the owner reaps the CQs at this pace while work
+ * requests are outstanding, and looks at links with a message due at
+ * RDMA_DUE_MS (node_rdma_next_ms). */
+#define RDMA_REAP_MS 1
+#define RDMA_DUE_MS  10
 
 struct squeue {
     struct node_frame *head, *tail;
@@ -312,12 +319,6 @@ void node_rdma_stop(struct kvf_node *n)
     kvf_verbs_fake_destroy(rd->fake);
     free(rd);
     n->rdma = NULL;
-}
-
-bool node_rdma_advertised(const struct kvf_node *n, const char **ep)
-{
-    *ep = n->rdma ? n->rdma->ep : "";
-    return n->rdma != NULL;
 }
 
 void node_rdma_set_hold(struct kvf_node *n, bool hold)
@@ -877,7 +878,7 @@ bool node_rdma_route(struct kvf_node *n, uint32_t peer, const struct node_member
         L->page_note = true;
         return false;
     }
-    *rt = (struct node_route){rd->t, peer, KVF_LT_OP_RDMA_WR};
+    *rt = (struct node_route){rd->t, peer, KVF_LT_OP_RDMA_WR, NULL};
     return true;
 }
 
@@ -998,6 +999,23 @@ static void reap(struct kvf_node *n)
         }
     if (error)
         links_check(n);
+}
+
+struct kvf_transport *node_rdma_transport(struct kvf_node *n)
+{
+    return n->rdma ? n->rdma->t : NULL;
+}
+
+int64_t node_rdma_next_ms(struct kvf_node *n, int64_t now)
+{
+    struct node_rdma *rd = n->rdma;
+    if (!rd)
+        return INT64_MAX;
+    for (uint32_t p = 0; p < n->npeers && p < NODE_MAX_PEERS; p++)
+        for (unsigned q = 0; q < KVF_RDMA_QPS_PER_PEER; q++)
+            if (rd->sq[p][q].head || kvf_transport_rdma_outstanding(rd->t, p, q) > 0)
+                return now + RDMA_REAP_MS;
+    return rd->due ? now + RDMA_DUE_MS : INT64_MAX;
 }
 
 void node_rdma_poll(struct kvf_node *n)
@@ -1225,3 +1243,55 @@ void node_rdma_notice_in(struct kvf_node *n, struct node_room *r, struct node_me
         node_sink_landed(n, r, m->rank, rv[i].first, rv[i].count,
                          (uint64_t)rv[i].count * p->page_size);
 }
+
+/* ---- the registry's class (xport_registry.h) ------------------------------------------- */
+
+static void rdma_class_stop(struct kvf_node *n)
+{
+    node_rdma_stop(n);
+}
+
+static int rdma_class_add_pool(struct kvf_node *n, const struct node_pool *p)
+{
+    node_rdma_add_pool(n, p); /* never refuses a pool: TCP carries what RDMA cannot */
+    return 0;
+}
+
+static int rdma_class_route(struct kvf_node *n, uint32_t peer, const struct node_member *sink,
+                            struct node_route *rt, char *why, size_t why_len)
+{
+    (void)why;
+    (void)why_len;
+    return node_rdma_route(n, peer, sink, rt) ? 1 : 0;
+}
+
+static const char *rdma_class_feature(const struct kvf_node *n)
+{
+    return n->rdma ? "RDMA" : NULL;
+}
+
+static bool rdma_class_endpoint(const struct kvf_node *n, int *kind_p, char *addr, size_t addr_len)
+{
+    if (!n->rdma || !n->rdma->ep[0]) /* only with a device */
+        return false;
+    *kind_p = KVFENCE__V1__ENDPOINT_KIND__ENDPOINT_KIND_DATA_RDMA;
+    snprintf(addr, addr_len, "%s", n->rdma->ep);
+    return true;
+}
+
+const struct node_xport_class node_xport_rdma_class = {
+    .name = "rdma",
+    .start = node_rdma_start,
+    .stop = rdma_class_stop,
+    .add_pool = rdma_class_add_pool,
+    .remove_pool = node_rdma_remove_pool,
+    .route = rdma_class_route,
+    .post_chunk = node_rdma_post_chunk,
+    .fence_peer = node_rdma_fence_peer,
+    .renew = node_rdma_renew,
+    .poll = node_rdma_poll,
+    .waker = node_rdma_transport,
+    .next_ms = node_rdma_next_ms,
+    .feature = rdma_class_feature,
+    .endpoint = rdma_class_endpoint,
+};

@@ -31,9 +31,6 @@ int node_rdma_start(struct kvf_node *n);
  * frees the transport (and the fake device). */
 void node_rdma_stop(struct kvf_node *n);
 
-/* Hello: true when the node advertises RDMA; *ep: its DATA_RDMA endpoint. */
-bool node_rdma_advertised(const struct kvf_node *n, const char **ep);
-
 /* A pool was registered / is being removed: its memory region (and the
  * announcement to the linked peers). Never fails the pool: a region that
  * cannot be registered only keeps RDMA away from it (logged). */
@@ -87,5 +84,15 @@ int node_rdma_send_notice(struct kvf_node *n, struct node_chunk *ch);
  * TCP frames). */
 void node_rdma_notice_in(struct kvf_node *n, struct node_room *r, struct node_member *m,
                          const struct node_peer_msg *pm);
+
+/* The RDMA transport, NULL when RDMA is off (the owner loop's wake
+ * descriptors). */
+struct kvf_transport *node_rdma_transport(struct kvf_node *n);
+
+/* Owner loop: by when RDMA needs a turn without a descriptor waking the
+ * owner (node_now_ms time): at once-ish while work requests are outstanding
+ * or queued (no completion channel: the CQs are reaped), soon while a link
+ * message is due; INT64_MAX when idle. */
+int64_t node_rdma_next_ms(struct kvf_node *n, int64_t now);
 
 #endif /* KVF_NODE_RDMA_LINK_H */

@@ -1,12 +1,16 @@
 /*
- * xport.c: transport choice, the local transport's wiring and the staging
- * pipeline for kvfence-node (xport.h); the RDMA side is rdma_link.c.
+ * xport.c: the node's data path below SubmitChunk, generic over the
+ * transport registry (xport_registry.h): transport choice, pools, fences and
+ * new incarnations, the owner loop's polling, wake descriptors and deadlines,
+ * and the Hello's features and endpoints are each one walk over
+ * node_xport_classes[]; no transport is named here. Plus the staging
+ * pipeline, which sits in front of whichever transport a frame goes through.
  *
- * Transport choice per sink: a sink participant of this node (same node id
- * and incarnation) gets the local transport (memcpy workers, local.h) with the
- * node's own peer index; another node gets RDMA when both ends have it and
- * their RDMA link is up (rdma_link.c: the link starts with the first chunk
- * routed to that peer, which goes over TCP meanwhile), else TCP.
+ * Transport choice per sink: the first class (in registry order) whose route
+ * claims it: a sink participant of this node gets the local transport;
+ * another node RDMA when both ends have it and their RDMA link is up (the
+ * link starts with the first chunk routed to that peer, which goes over TCP
+ * meanwhile), else TCP.
  *
  * Staging (opts.staging "host" or "cuda"): each frame acquires a buffer of
  * the ring (in ring order; a frame waits in a FIFO while none is free), the
@@ -15,67 +19,32 @@
  * reported transport-done when that op completes (or when nothing was posted
  * for it) and copy-done when the copy completed; the ring takes it back only
  * after both. Admission is asked at every step: a frame of a room whose
- * admission closed meanwhile posts nothing more and ends as failed.
- *
- * Test knob (opts.test_local_hold_file): while that file exists the local
- * transport starts no copy (kvf_transport_local_set_hold), so a test can hold
- * same-node ops in flight across an abort. It is looked at before every local
- * post and on every owner loop turn; while it holds, the node writes the
- * number of held copies to "<file>.queued" whenever it changes, so the test
- * knows when its ops are posted.
+ * admission closed meanwhile posts nothing more and ends as failed. The
+ * staging engine has no wake descriptor: while copies are in flight the
+ * owner polls it every STAGE_POLL_MS.
  */
 #include "xport.h"
 
 #include <errno.h>
 #include <inttypes.h>
+#include <poll.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
 
 #include "devpool.h"
-#include "kvf_file.h"
-#include "local.h"
-#include "rdma_link.h"
-#include "tcp.h"
+#include "xport_internal.h"
+#include "xport_registry.h"
 
 #define STAGE_POLL_BATCH 64
-
-struct node_xport {
-    struct kvf_transport *local;
-    bool self_known;
-    uint32_t self_peer;
-    struct kvf_staging *eng;
-    struct kvf_staging_ring *ring;
-    void *ring_mem; /* pinned, for the CUDA engine */
-    bool staging_cuda;
-    struct node_frame *pend_head, *pend_tail;
-    bool held;
-    uint64_t held_written; /* last count written to <hold file>.queued, +1 */
-};
+#define STAGE_POLL_MS    1
 
 /* ---- start / stop ------------------------------------------------------------------ */
 
-/* The local transport with the node's limits (at start, and when renewed). */
-static struct kvf_transport *local_create(void)
+static int staging_start(struct kvf_node *n)
 {
-    struct kvf_transport_local_opts lo;
-    kvf_transport_local_opts_init(&lo);
-    lo.max_peers = NODE_MAX_PEERS;
-    lo.max_pools = NODE_MAX_POOLS;
-    return kvf_transport_local_create(&lo);
-}
-
-int node_xport_start(struct kvf_node *n)
-{
-    struct node_xport *xp = calloc(1, sizeof *xp);
-    if (!xp)
-        return -ENOMEM;
-    n->xp = xp;
-    xp->local = local_create();
-    if (!xp->local)
-        return -ENOMEM;
-
+    struct node_xport *xp = n->xp;
     const char *mode = n->opts.staging && n->opts.staging[0] ? n->opts.staging : "none";
     uint32_t nbufs = n->opts.staging_buffers ? n->opts.staging_buffers : 16;
     struct kvf_staging_ring_opts ro;
@@ -113,7 +82,24 @@ int node_xport_start(struct kvf_node *n)
         node_log("info", NULL, "staging: %s engine, %u buffers of %u bytes", mode, nbufs,
                  NODE_FRAME_MAX);
     }
-    return node_rdma_start(n);
+    return 0;
+}
+
+int node_xport_start(struct kvf_node *n)
+{
+    struct node_xport *xp = calloc(1, sizeof *xp);
+    if (!xp)
+        return -ENOMEM;
+    n->xp = xp;
+    int rc = staging_start(n);
+    for (const struct node_xport_class *const *c = node_xport_classes; *c; c++) {
+        if (rc != 0)
+            break;
+        rc = (*c)->start(n);
+        if (rc != 0)
+            node_log("error", NULL, "transport %s: cannot start: %s", (*c)->name, strerror(-rc));
+    }
+    return rc;
 }
 
 void node_xport_stop(struct kvf_node *n)
@@ -132,9 +118,11 @@ void node_xport_stop(struct kvf_node *n)
     xp->pend_tail = NULL;
     for (uint32_t i = 0; i < n->npools; i++)
         node_devpool_log_stats(&n->pools[i]);
-    node_rdma_stop(n);
-    kvf_transport_destroy(xp->local);
-    xp->local = NULL;
+    size_t k = 0;
+    while (node_xport_classes[k])
+        k++;
+    while (k-- > 0) /* in reverse: each stops with what it started on still there */
+        node_xport_classes[k]->stop(n);
     if (kvf_staging_destroy(xp->eng) != 0)
         node_log("error", NULL, "staging engine: copies still in flight at exit: left running");
     else if (kvf_staging_ring_destroy(xp->ring) != 0)
@@ -145,18 +133,40 @@ void node_xport_stop(struct kvf_node *n)
     n->xp = NULL;
 }
 
+/* ---- pools, routes, fences --------------------------------------------------------- */
+
 int node_xport_add_pool(struct kvf_node *n, const struct node_pool *p)
 {
-    int rc = node_devpool_add_local(n->xp->local, p);
-    if (rc == 0)
-        node_rdma_add_pool(n, p); /* not a device pool (no GPUDirect RDMA): rdma_link.c */
+    size_t k = 0;
+    int rc = 0;
+    for (; node_xport_classes[k]; k++) {
+        rc = node_xport_classes[k]->add_pool(n, p);
+        if (rc != 0) {
+            node_log("warn", NULL, "pool %u: transport %s refused it: %s", p->id,
+                     node_xport_classes[k]->name, strerror(-rc));
+            break;
+        }
+    }
+    if (rc != 0) /* nothing half-applied: no transport keeps a pool about to be unmapped */
+        while (k-- > 0)
+            node_xport_classes[k]->remove_pool(n, p->id);
     return rc;
 }
 
-int node_xport_remove_pool(struct kvf_node *n, uint32_t pool_id)
+void node_xport_pool_desc(const struct node_pool *p, struct kvf_transport_pool *out)
 {
-    node_rdma_remove_pool(n, pool_id);
-    return kvf_transport_local_remove_pool(n->xp->local, pool_id);
+    bool dev = node_devpool_is(p);
+    *out = (struct kvf_transport_pool){.id = p->id,
+                                       .base = dev ? NULL : p->base,
+                                       .dev = dev ? p->pool : NULL,
+                                       .page_size = p->page_size,
+                                       .page_count = p->page_count};
+}
+
+void node_xport_remove_pool(struct kvf_node *n, uint32_t pool_id)
+{
+    for (const struct node_xport_class *const *c = node_xport_classes; *c; c++)
+        (*c)->remove_pool(n, pool_id);
 }
 
 bool node_xport_staging(const struct kvf_node *n)
@@ -164,123 +174,120 @@ bool node_xport_staging(const struct kvf_node *n)
     return n->xp->ring != NULL;
 }
 
-size_t node_xport_features(const struct kvf_node *n, const char **out, size_t max,
-                           const char **rdma_ep)
+size_t node_xport_features(const struct kvf_node *n, const char **out, size_t max)
 {
-    static const char *base[] = {"QUIESCE_V1", "FENCE_V1", "TCP", "LOCAL"};
+    static const char *base[] = {"QUIESCE_V1", "FENCE_V1"};
     size_t k = 0;
     for (size_t i = 0; i < sizeof base / sizeof base[0] && k < max; i++)
         out[k++] = base[i];
-    if (node_rdma_advertised(n, rdma_ep) && k < max)
-        out[k++] = "RDMA";
+    for (const struct node_xport_class *const *c = node_xport_classes; *c; c++) {
+        const char *f = (*c)->feature(n);
+        if (f && k < max)
+            out[k++] = f;
+    }
     if (n->xp->staging_cuda && k < max)
         out[k++] = "CUDA_STAGING";
     return k;
 }
 
-/* ---- transport choice ----------------------------------------------------------------- */
-
-static void write_held(struct node_xport *xp, const char *path)
+size_t node_xport_endpoints(const struct kvf_node *n, struct node_xport_endpoint *out, size_t max)
 {
-    struct kvf_transport_local_stats st;
-    kvf_transport_local_stats(xp->local, &st);
-    if (st.queued + 1 == xp->held_written)
-        return;
-    char dst[300];
-    snprintf(dst, sizeof dst, "%s.queued", path);
-    if (kvf_file_printf(dst, 0, "%" PRIu64 "\n", st.queued) == 0)
-        xp->held_written = st.queued + 1;
-}
-
-static void update_hold(struct kvf_node *n)
-{
-    struct node_xport *xp = n->xp;
-    const char *path = n->opts.test_local_hold_file;
-    if (!path || !path[0])
-        return;
-    bool hold = access(path, F_OK) == 0;
-    if (hold != xp->held) {
-        xp->held = hold;
-        xp->held_written = 0;
-        kvf_transport_local_set_hold(xp->local, hold);
-        node_log("info", NULL, "test: local copies %s", hold ? "held" : "released");
+    size_t k = 0;
+    for (const struct node_xport_class *const *c = node_xport_classes; *c; c++) {
+        if (k < max && (*c)->endpoint(n, &out[k].kind, out[k].address, sizeof out[k].address))
+            k++;
     }
-    if (hold)
-        write_held(xp, path);
+    return k;
 }
 
 int node_xport_route(struct kvf_node *n, const struct node_member *sink, struct node_route *rt,
                      char *why, size_t why_len)
 {
-    struct node_xport *xp = n->xp;
     uint32_t peer;
     int rc = node_ensure_peer(n, sink->node_id, sink->incarnation, &peer);
     if (rc != 0) {
         snprintf(why, why_len, "no peer slot: %s", strerror(-rc));
         return rc;
     }
-    struct node_peer *pe = &n->peers[peer];
-    if (sink->local) {
-        /* Idempotent; a new incarnation of this node gets a new index. */
-        rc = kvf_transport_local_add_peer(xp->local, peer);
-        if (rc != 0) {
-            snprintf(why, why_len, "local transport: %s", strerror(-rc));
-            return rc;
+    for (const struct node_xport_class *const *c = node_xport_classes; *c; c++) {
+        rc = (*c)->route(n, peer, sink, rt, why, why_len);
+        if (rc > 0) {
+            rt->cls = *c;
+            return 0;
         }
-        xp->self_known = true;
-        xp->self_peer = peer;
-        update_hold(n);
-        *rt = (struct node_route){xp->local, peer, KVF_LT_OP_CUDA_COPY};
-        return 0;
+        if (rc < 0)
+            return rc;
     }
-    if (node_rdma_route(n, peer, sink, rt))
-        return 0;
-    /* Every chunk asks: -EEXIST for a live connection, a new one in place of
-     * a connection that died (tcp.h), so a peer is never given up for good. */
-    if (!pe->fenced && pe->port) {
-        rc = kvf_transport_tcp_connect(n->tcp, peer, pe->host, pe->port);
-        pe->connected = rc == 0 || rc == -EEXIST;
-    }
-    if (!pe->connected || pe->fenced) {
-        snprintf(why, why_len, "%s", pe->fenced ? "fenced" : "not connected");
-        return -ENOTCONN;
-    }
-    *rt = (struct node_route){n->tcp_io, peer, KVF_LT_OP_TCP_FRAME};
-    return 0;
+    snprintf(why, why_len, "no transport reaches it");
+    return -ENOTCONN;
 }
 
-int node_xport_fence_local(struct kvf_node *n)
+bool node_xport_queues_chunks(const struct node_route *rt)
 {
-    struct node_xport *xp = n->xp;
-    if (!xp->self_known)
-        return 0; /* no local copy was ever posted */
-    int rc = kvf_transport_fence_peer(xp->local, xp->self_peer);
-    if (rc == 0)
-        node_xport_poll(n); /* hand the flushed copies back to their chunks */
-    return rc;
+    return rt->cls && rt->cls->post_chunk;
+}
+
+void node_xport_post_chunk(struct kvf_node *n, const struct node_route *rt, struct node_chunk *ch)
+{
+    rt->cls->post_chunk(n, ch);
+}
+
+int node_xport_fence_peer(struct kvf_node *n, uint32_t peer)
+{
+    for (const struct node_xport_class *const *c = node_xport_classes; *c; c++) {
+        int rc = (*c)->fence_peer(n, peer);
+        if (rc != 0) {
+            node_log("error", NULL, "transport %s: cannot fence peer %u: %s", (*c)->name, peer,
+                     strerror(-rc));
+            return rc;
+        }
+    }
+    return 0;
 }
 
 int node_xport_renew_local(struct kvf_node *n)
 {
-    struct node_xport *xp = n->xp;
-    int rc = node_xport_fence_local(n);
-    if (rc != 0)
-        return rc;
-    struct kvf_transport *fresh = local_create();
-    if (!fresh)
-        return -ENOMEM;
-    for (uint32_t i = 0; i < n->npools && rc == 0; i++)
-        rc = node_devpool_add_local(fresh, &n->pools[i]);
-    if (rc != 0) {
-        kvf_transport_destroy(fresh);
-        return rc;
+    for (const struct node_xport_class *const *c = node_xport_classes; *c; c++) {
+        int rc = (*c)->renew(n);
+        if (rc != 0) {
+            node_log("error", NULL, "transport %s: not renewed: %s", (*c)->name, strerror(-rc));
+            return rc;
+        }
     }
-    kvf_transport_destroy(xp->local);
-    xp->local = fresh;
-    xp->self_known = false;
-    xp->held = false; /* the test knob is applied again to the new transport */
-    /* RDMA: every peer fenced (QPs to ERR), then new PD, regions and rkeys. */
-    return node_rdma_renew(n);
+    return 0;
+}
+
+/* ---- the owner loop's waits ---------------------------------------------------------- */
+
+size_t node_xport_wake_fds(struct kvf_node *n, struct pollfd *pfd, struct kvf_transport **who,
+                           size_t max)
+{
+    size_t k = 0;
+    for (const struct node_xport_class *const *c = node_xport_classes; *c; c++) {
+        struct kvf_transport *t = k < max ? (*c)->waker(n) : NULL;
+        int fd = t ? kvf_transport_wake_fd(t) : -1;
+        if (fd < 0)
+            continue;
+        pfd[k] = (struct pollfd){.fd = fd, .events = POLLIN};
+        who[k++] = t;
+    }
+    return k;
+}
+
+int64_t node_xport_next_ms(struct kvf_node *n, int64_t now)
+{
+    struct node_xport *xp = n->xp;
+    int64_t at = INT64_MAX;
+    if (!xp)
+        return at;
+    for (const struct node_xport_class *const *c = node_xport_classes; *c; c++) {
+        int64_t t = (*c)->next_ms(n, now);
+        if (t < at)
+            at = t;
+    }
+    if (xp->eng && (xp->pend_head || kvf_staging_inflight(xp->eng) > 0) && now + STAGE_POLL_MS < at)
+        at = now + STAGE_POLL_MS;
+    return at;
 }
 
 /* ---- staging pipeline --------------------------------------------------------------------- */
@@ -387,13 +394,8 @@ void node_xport_poll(struct kvf_node *n)
     struct node_xport *xp = n->xp;
     if (!xp)
         return;
-    update_hold(n);
-    struct kvf_completion c[NODE_POLL_BATCH];
-    int got;
-    while ((got = kvf_transport_poll(xp->local, NODE_POLL_BATCH, c)) > 0)
-        for (int i = 0; i < got; i++)
-            node_local_completion(n, &c[i]);
-    node_rdma_poll(n);
+    for (const struct node_xport_class *const *c = node_xport_classes; *c; c++)
+        (*c)->poll(n);
     if (!xp->eng)
         return;
     struct kvf_stage_copy *done[STAGE_POLL_BATCH];

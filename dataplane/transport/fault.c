@@ -180,12 +180,41 @@ static void fault_destroy(struct kvf_transport *base)
     free(t);
 }
 
+/* The inner transport's: ops completed here (error_nth, a fence's flush)
+ * are produced on the poller's own thread, which polls after every post
+ * and fence anyway. */
+static int fault_wake_fd(struct kvf_transport *base)
+{
+    return kvf_transport_wake_fd(ft_of(base)->inner);
+}
+
+static void fault_wake_ack(struct kvf_transport *base)
+{
+    kvf_transport_wake_ack(ft_of(base)->inner);
+}
+
+/* Pools are the inner transport's: faults touch only the ops. */
+static int fault_add_pool(struct kvf_transport *base, const struct kvf_transport_pool *p,
+                          uint64_t *key_p)
+{
+    return kvf_transport_add_pool(ft_of(base)->inner, p, key_p);
+}
+
+static int fault_remove_pool(struct kvf_transport *base, uint32_t pool_id)
+{
+    return kvf_transport_remove_pool(ft_of(base)->inner, pool_id);
+}
+
 static const struct kvf_transport_ops fault_ops = {
     .name = "fault",
     .post_write = fault_post_write,
     .poll = fault_poll,
     .fence_peer = fault_fence_peer,
     .destroy = fault_destroy,
+    .wake_fd = fault_wake_fd,
+    .wake_ack = fault_wake_ack,
+    .add_pool = fault_add_pool,
+    .remove_pool = fault_remove_pool,
 };
 
 struct kvf_transport *kvf_transport_fault_create(struct kvf_transport *inner, kvf_fault_log_fn log,

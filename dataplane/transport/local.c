@@ -41,6 +41,7 @@ struct local {
     struct kvf_xfer *q_head, *q_tail;
     struct kvf_xfer *copying; /* unordered */
     struct kvf_xfer *d_head, *d_tail;
+    int d_wake; /* eventfd: the done list became non-empty (wake_fd) */
     bool hold, stop;
 
     struct local_pool *pools;
@@ -88,10 +89,12 @@ static void done_push(struct local *l, struct kvf_xfer *x, enum kvf_lt_outcome o
     x->toutcome = (uint8_t)outcome;
     x->tstatus = outcome == KVF_LT_DONE_OK ? 0 : -ECANCELED;
     x->tnext = NULL;
-    if (l->d_tail)
+    if (l->d_tail) {
         l->d_tail->tnext = x;
-    else
+    } else {
         l->d_head = x;
+        kvf_wake_signal(l->d_wake); /* the poller may be asleep */
+    }
     l->d_tail = x;
     l->st.done++;
 }
@@ -318,6 +321,7 @@ static void stop_workers(struct local *l, unsigned started)
 
 static void local_free(struct local *l)
 {
+    kvf_wake_close(l->d_wake);
     pthread_cond_destroy(&l->idle);
     pthread_cond_destroy(&l->work);
     pthread_mutex_destroy(&l->lock);
@@ -345,12 +349,36 @@ static void local_destroy(struct kvf_transport *t)
     local_free(l);
 }
 
+static int local_wake_fd(struct kvf_transport *t)
+{
+    return local_of(t)->d_wake;
+}
+
+static void local_wake_ack(struct kvf_transport *t)
+{
+    kvf_wake_clear(local_of(t)->d_wake);
+}
+
+static int local_ops_add_pool(struct kvf_transport *t, const struct kvf_transport_pool *p,
+                              uint64_t *key_p)
+{
+    int rc = p->dev ? kvf_transport_local_add_device_pool(t, p->id, p->dev)
+                    : kvf_transport_local_add_pool(t, p->id, p->base, p->page_size, p->page_count);
+    if (rc == 0 && key_p)
+        *key_p = 0;
+    return rc;
+}
+
 static const struct kvf_transport_ops local_ops = {
     .name = "local",
     .post_write = local_post_write,
     .poll = local_poll,
     .fence_peer = local_fence_peer,
     .destroy = local_destroy,
+    .wake_fd = local_wake_fd,
+    .wake_ack = local_wake_ack,
+    .add_pool = local_ops_add_pool,
+    .remove_pool = kvf_transport_local_remove_pool,
 };
 
 void kvf_transport_local_opts_init(struct kvf_transport_local_opts *opts)
@@ -382,10 +410,11 @@ struct kvf_transport *kvf_transport_local_create(const struct kvf_transport_loca
     l->pools = calloc(opts->max_pools, sizeof *l->pools);
     l->peer_known = calloc(opts->max_peers, 1);
     l->peer_fenced = calloc(opts->max_peers, 1);
+    l->d_wake = kvf_wake_open();
     pthread_mutex_init(&l->lock, NULL);
     pthread_cond_init(&l->work, NULL);
     pthread_cond_init(&l->idle, NULL);
-    if (!l->pools || !l->peer_known || !l->peer_fenced) {
+    if (!l->pools || !l->peer_known || !l->peer_fenced || l->d_wake < 0) {
         local_free(l);
         return NULL;
     }

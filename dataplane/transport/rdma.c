@@ -813,12 +813,30 @@ static void rdma_destroy(struct kvf_transport *base)
     free(t);
 }
 
+static int rdma_ops_add_pool(struct kvf_transport *base, const struct kvf_transport_pool *p,
+                             uint64_t *key_p)
+{
+    if (p->dev)
+        return -EOPNOTSUPP; /* no GPUDirect RDMA: device pools are written over TCP */
+    uint32_t rkey = 0;
+    int rc = kvf_transport_rdma_add_pool(base, p->id, p->base, p->page_size, p->page_count, &rkey);
+    if (rc == 0 && key_p)
+        *key_p = rkey;
+    return rc;
+}
+
 static const struct kvf_transport_ops rdma_ops = {
     .name = "rdma",
     .post_write = rdma_post_write,
     .poll = rdma_poll,
     .fence_peer = rdma_fence_peer,
     .destroy = rdma_destroy,
+    /* No completion channel yet: the poller reaps the CQs while WRs are
+     * outstanding (kvf_transport_rdma_outstanding). */
+    .wake_fd = kvf_transport_no_wake_fd,
+    .wake_ack = kvf_transport_no_wake_ack,
+    .add_pool = rdma_ops_add_pool,
+    .remove_pool = kvf_transport_rdma_remove_pool,
 };
 
 void kvf_transport_rdma_opts_init(struct kvf_transport_rdma_opts *opts)

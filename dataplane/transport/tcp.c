@@ -30,15 +30,18 @@
  *   straight into the pool, retire, on_frame; on_idle when it would wait for
  *   the next header, or after a bounded batch (tcp.h).
  * - Sender thread (one per outbound connection): owns its socket and its
- *   frame sequence; first reads the acceptor's challenge (deadline
- *   hello_timeout_ms) and answers with its proof, then pops xfers from the connection's queue and
- * writes each as one header + payload with sendmsg, so frames never interleave. A frame completes
- * OK when its last byte is in the socket, ERROR on a write failure (then every queued xfer
- * completes ERROR and later posts fail -EIO). A frame whose lifetime is no longer open when the
- * sender takes it off the queue is not written at all and completes FLUSHED: an abort drains after
- *   at most the frame already on the wire, not the whole queue. A frame once
- *   started is always written whole (or the connection dies), so the stream
- *   never carries half a frame and the sequence numbers stay consecutive.
+ *   frame sequence; first finishes the connect that kvf_transport_tcp_connect
+ *   started non-blocking (deadline connect_timeout_ms: the caller, the node's
+ *   owner thread, never waits for the network), sends the hello, reads the
+ *   acceptor's challenge (deadline hello_timeout_ms) and answers with its
+ *   proof; frames posted meanwhile wait in the queue, then pops xfers from the connection's queue
+ * and writes each as one header + payload with sendmsg, so frames never interleave. A frame
+ * completes OK when its last byte is in the socket, ERROR on a write failure (then every queued
+ * xfer completes ERROR and later posts fail -EIO). A frame whose lifetime is no longer open when
+ * the sender takes it off the queue is not written at all and completes FLUSHED: an abort drains
+ * after at most the frame already on the wire, not the whole queue. A frame once started is always
+ * written whole (or the connection dies), so the stream never carries half a frame and the sequence
+ * numbers stay consecutive.
  * - Fence (control thread): marks the peer fenced under the transport lock,
  *   takes its receivers off the list, sets their stop flags and shuts their
  *   sockets down; sets the sender's stop flag and shuts its socket down; then
@@ -252,12 +255,15 @@ static void cq_push(struct tcp *t, struct kvf_xfer *x, enum kvf_lt_outcome outco
     x->tstatus = status;
     x->tnext = NULL;
     pthread_mutex_lock(&t->cq_lock);
+    bool was_empty = !t->cq_head;
     if (t->cq_tail)
         t->cq_tail->tnext = x;
     else
         t->cq_head = x;
     t->cq_tail = x;
     pthread_mutex_unlock(&t->cq_lock);
+    if (was_empty)
+        kvf_wake_signal(t->cq_wake); /* the poller may be asleep */
 }
 
 /* Completes a detached list of xfers with one outcome. */
@@ -415,10 +421,86 @@ static void tx_fail(struct tcp_tx *tx, struct kvf_xfer *x, int rc)
     cq_push_list(t, rest, KVF_LT_DONE_ERROR, rc);
 }
 
+/* True once a fence (or destroy) stopped the sender. */
+static bool tx_stopped(struct tcp_tx *tx)
+{
+    pthread_mutex_lock(&tx->lock);
+    bool stop = tx->stop;
+    pthread_mutex_unlock(&tx->lock);
+    return stop;
+}
+
+/*
+ * Finishes the connect that kvf_transport_tcp_connect started on the
+ * non-blocking socket: waits until it is writable (deadline
+ * connect_timeout_ms; a fence's shutdown ends the wait), reads the result
+ * and makes the socket blocking for the rest of its life. 0, -ETIMEDOUT (no
+ * answer: a blackholed address, a full accept queue that drops SYNs),
+ * -ECANCELED (fenced meanwhile) or the connect's -errno (-ECONNREFUSED...).
+ */
+static int tx_connect_finish(struct tcp_tx *tx)
+{
+    struct tcp *t = tx->t;
+    uint64_t deadline = tcp_mono_ms() + t->opts.connect_timeout_ms;
+    for (;;) {
+        if (tx_stopped(tx))
+            return -ECANCELED;
+        uint64_t now = tcp_mono_ms();
+        if (now >= deadline)
+            return -ETIMEDOUT;
+        struct pollfd pf = {.fd = tx->fd, .events = POLLOUT};
+        int pr = poll(&pf, 1, (int)(deadline - now));
+        if (pr < 0 && errno != EINTR)
+            return -errno;
+        if (pr > 0)
+            break;
+    }
+    if (tx_stopped(tx))
+        return -ECANCELED;
+    int err = 0;
+    socklen_t len = sizeof(err);
+    if (getsockopt(tx->fd, SOL_SOCKET, SO_ERROR, &err, &len) != 0)
+        return -errno;
+    if (err != 0)
+        return -err;
+    int fl = fcntl(tx->fd, F_GETFL);
+    if (fl < 0 || fcntl(tx->fd, F_SETFL, fl & ~O_NONBLOCK) != 0)
+        return -errno;
+    return 0;
+}
+
+/* The connection was never made: every queued frame fails with `rc`. */
+static void *tx_connect_failed(struct tcp_tx *tx, int rc)
+{
+    struct tcp *t = tx->t;
+    if (rc != -ECANCELED) {
+        CNT_ADD(t, connects_failed, 1);
+        if (rc == -ETIMEDOUT)
+            CNT_ADD(t, connects_timed_out, 1);
+        char host[INET_ADDRSTRLEN] = "?";
+        inet_ntop(AF_INET, &tx->addr.sin_addr, host, sizeof(host));
+        kvf_log("error", "kvf_tcp: connect to peer %u at %s:%u: %s%s; its frames fail", tx->peer,
+                host, ntohs(tx->addr.sin_port), strerror(-rc),
+                rc == -ETIMEDOUT ? " (no answer within connect_timeout_ms)" : "");
+    }
+    (void)shutdown(tx->fd, SHUT_RDWR);
+    tx_fail(tx, NULL, rc == -ECANCELED ? -ECANCELED : rc);
+    return NULL;
+}
+
 static void *tx_main(void *arg)
 {
     struct tcp_tx *tx = arg;
     struct tcp *t = tx->t;
+    int crc = tx_connect_finish(tx);
+    if (crc == 0) {
+        tcp_set_nodelay(tx->fd);
+        crc = send_full(tx->fd, tx->hello, KVF_TCP_HELLO_SIZE);
+        if (crc != 0 && !tx_stopped(tx))
+            kvf_log("error", "kvf_tcp: hello to peer %u: %s", tx->peer, strerror(-crc));
+    }
+    if (crc != 0)
+        return tx_connect_failed(tx, crc);
     int hs = tx_handshake(tx);
     if (hs != 0) {
         pthread_mutex_lock(&tx->lock);
@@ -877,6 +959,7 @@ static void tcp_destroy(struct kvf_transport *base)
         close(t->wake_fd[0]);
     if (t->wake_fd[1] >= 0)
         close(t->wake_fd[1]);
+    kvf_wake_close(t->cq_wake);
     pthread_mutex_destroy(&t->cq_lock);
     pthread_mutex_destroy(&t->lock);
     if (t->peers)
@@ -889,12 +972,36 @@ static void tcp_destroy(struct kvf_transport *base)
     free(t);
 }
 
+static int tcp_wake_fd(struct kvf_transport *base)
+{
+    return tcp_of(base)->cq_wake;
+}
+
+static void tcp_wake_ack(struct kvf_transport *base)
+{
+    kvf_wake_clear(tcp_of(base)->cq_wake);
+}
+
+static int tcp_ops_add_pool(struct kvf_transport *base, const struct kvf_transport_pool *p,
+                            uint64_t *key_p)
+{
+    int rc = p->dev ? kvf_transport_tcp_add_device_pool(base, p->id, p->dev)
+                    : kvf_transport_tcp_add_pool(base, p->id, p->base, p->page_size, p->page_count);
+    if (rc == 0 && key_p)
+        *key_p = 0;
+    return rc;
+}
+
 static const struct kvf_transport_ops tcp_ops = {
     .name = "tcp",
     .post_write = tcp_post_write,
     .poll = tcp_poll,
     .fence_peer = tcp_fence_peer,
     .destroy = tcp_destroy,
+    .wake_fd = tcp_wake_fd,
+    .wake_ack = tcp_wake_ack,
+    .add_pool = tcp_ops_add_pool,
+    .remove_pool = kvf_transport_tcp_remove_pool,
 };
 
 /* ---- public ------------------------------------------------------------------------ */
@@ -908,6 +1015,7 @@ void kvf_transport_tcp_opts_init(struct kvf_transport_tcp_opts *opts)
     opts->check_wait_ms = 2000;
     opts->hello_timeout_ms = 5000;
     opts->max_pending = 64;
+    opts->connect_timeout_ms = 10000;
 }
 
 static int tcp_listen(struct tcp *t)
@@ -941,9 +1049,10 @@ struct kvf_transport *kvf_transport_tcp_create(const struct kvf_transport_tcp_op
 {
     if (!opts || !opts->check || opts->node_id == 0 || opts->max_peers == 0 ||
         opts->max_peers == TCP_NO_PEER || opts->max_pools == 0 || opts->hello_timeout_ms == 0 ||
-        opts->hello_timeout_ms > INT_MAX || opts->max_pending == 0 || opts->max_pending > 65536) {
+        opts->hello_timeout_ms > INT_MAX || opts->max_pending == 0 || opts->max_pending > 65536 ||
+        opts->connect_timeout_ms == 0 || opts->connect_timeout_ms > INT_MAX) {
         kvf_log("error", "kvf_tcp: bad options (check, node_id, max_peers, max_pools, "
-                         "hello_timeout_ms, max_pending)");
+                         "hello_timeout_ms, max_pending, connect_timeout_ms)");
         return NULL;
     }
     struct tcp *t = calloc(1, sizeof(*t));
@@ -958,6 +1067,7 @@ struct kvf_transport *kvf_transport_tcp_create(const struct kvf_transport_tcp_op
     t->listen_fd = -1;
     atomic_init(&t->pools_removed, 0);
     t->wake_fd[0] = t->wake_fd[1] = -1;
+    t->cq_wake = kvf_wake_open();
     pthread_mutex_init(&t->lock, NULL);
     pthread_mutex_init(&t->cq_lock, NULL);
     t->peers = calloc(opts->max_peers, sizeof(*t->peers));
@@ -971,6 +1081,10 @@ struct kvf_transport *kvf_transport_tcp_create(const struct kvf_transport_tcp_op
     }
     if (!t->peers || !t->pools || !t->pending || !t->pfds || !t->pfd_slot) {
         kvf_log("error", "kvf_tcp: out of memory");
+        goto err_destroy;
+    }
+    if (t->cq_wake < 0) {
+        kvf_log("error", "kvf_tcp: eventfd: %s", strerror(-t->cq_wake));
         goto err_destroy;
     }
     if (pipe2(t->wake_fd, O_CLOEXEC) != 0) {
@@ -1172,25 +1286,22 @@ int kvf_transport_tcp_connect(struct kvf_transport *base, uint32_t peer, const c
         return -EIO;
     }
 
-    int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
-    if (fd < 0 || connect(fd, (struct sockaddr *)&sa, sizeof(sa)) != 0) {
+    /* Non-blocking: a peer that never answers (a blackholed address, an
+     * accept queue that drops SYNs) is waited for by the sender thread, never
+     * here. Loopback may connect at once; that is fine too. */
+    int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
+    if (fd < 0 || (connect(fd, (struct sockaddr *)&sa, sizeof(sa)) != 0 && errno != EINPROGRESS)) {
         kvf_log("error", "kvf_tcp: connect to peer %u at %s:%u: %s", peer, host, port,
                 strerror(errno));
         if (fd >= 0)
             close(fd);
         OPENSSL_cleanse(tx->secret, sizeof(tx->secret));
         free(tx);
+        CNT_ADD(t, connects_failed, 1);
         return -EIO;
     }
-    tcp_set_nodelay(fd);
-    rc = send_full(fd, hello, KVF_TCP_HELLO_SIZE);
-    if (rc != 0) {
-        kvf_log("error", "kvf_tcp: hello to peer %u: %s", peer, strerror(-rc));
-        tcp_close_abortive(fd);
-        OPENSSL_cleanse(tx->secret, sizeof(tx->secret));
-        free(tx);
-        return -EIO;
-    }
+    CNT_ADD(t, connects_started, 1);
+    tx->addr = sa;
 
     tx->t = t;
     tx->peer = peer;
@@ -1234,5 +1345,8 @@ void kvf_transport_tcp_stats(const struct kvf_transport *base, struct kvf_transp
     LOAD(conns_timed_out);
     LOAD(conns_over_cap);
     LOAD(handshakes_failed);
+    LOAD(connects_started);
+    LOAD(connects_failed);
+    LOAD(connects_timed_out);
 #undef LOAD
 }

@@ -157,42 +157,48 @@ typedef void (*kvf_tcp_idle_fn)(void *ctx);
 #define KVF_TCP_IDLE_BYTES  (1024u * 1024u)
 
 struct kvf_transport_tcp_opts {
-    uint64_t node_id;          /* this node (incarnation), carried in hellos; != 0 */
-    const char *bind_host;     /* numeric IPv4; default "127.0.0.1" */
-    uint16_t port;             /* 0: any free port (kvf_transport_tcp_port) */
-    uint32_t max_peers;        /* peer indices are < max_peers; default 64 */
-    uint32_t max_pools;        /* default 64 */
-    kvf_tcp_check_fn check;    /* required */
-    uint32_t check_wait_ms;    /* how long an -EAGAIN from check, or a hello from a peer not
-                                  added yet, is waited for; default 2000 */
-    uint32_t hello_timeout_ms; /* a connection must finish its handshake within this, both
-                                  sides; default 5000 (> check_wait_ms: the acceptor may wait
-                                  that long for the peer to be added) */
-    uint32_t max_pending;      /* connections in the handshake at once; default 64 */
-    kvf_tcp_frame_fn on_frame; /* may be NULL */
-    kvf_tcp_idle_fn on_idle;   /* may be NULL */
+    uint64_t node_id;            /* this node (incarnation), carried in hellos; != 0 */
+    const char *bind_host;       /* numeric IPv4; default "127.0.0.1" */
+    uint16_t port;               /* 0: any free port (kvf_transport_tcp_port) */
+    uint32_t max_peers;          /* peer indices are < max_peers; default 64 */
+    uint32_t max_pools;          /* default 64 */
+    kvf_tcp_check_fn check;      /* required */
+    uint32_t check_wait_ms;      /* how long an -EAGAIN from check, or a hello from a peer not
+                                    added yet, is waited for; default 2000 */
+    uint32_t hello_timeout_ms;   /* a connection must finish its handshake within this, both
+                                    sides; default 5000 (> check_wait_ms: the acceptor may wait
+                                    that long for the peer to be added) */
+    uint32_t max_pending;        /* connections in the handshake at once; default 64 */
+    uint32_t connect_timeout_ms; /* an outbound connect must be accepted by the peer's kernel
+                                    within this (a blackholed address never answers); its
+                                    queued frames then fail -ETIMEDOUT; default 10000 */
+    kvf_tcp_frame_fn on_frame;   /* may be NULL */
+    kvf_tcp_idle_fn on_idle;     /* may be NULL */
     void *ctx;
 };
 
 struct kvf_transport_tcp_stats {
-    uint64_t frames_sent;       /* written whole to a socket (completed OK) */
-    uint64_t bytes_sent;        /* payload bytes of those */
-    uint64_t frames_received;   /* landed whole in a pool */
-    uint64_t bytes_received;    /* payload bytes of those */
-    uint64_t frames_rejected;   /* refused by `check`, drained to scratch */
-    uint64_t frames_malformed;  /* bad header: connection closed */
-    uint64_t frames_cut;        /* admitted, then the connection ended mid-payload */
-    uint64_t frames_skipped;    /* queued, their lifetime closed before they started on the
-                                   wire: completed FLUSHED, not written */
-    uint64_t conns_accepted;    /* inbound connections that passed the handshake */
-    uint64_t conns_refused;     /* inbound connections refused, all reasons: */
-    uint64_t conns_bad_hello;   /*   not a version-2 hello to this node, or no valid proof */
-    uint64_t conns_unknown;     /*   a peer still unknown (or without a secret) after
-                                     check_wait_ms, or fenced */
-    uint64_t conns_timed_out;   /*   no complete handshake within hello_timeout_ms */
-    uint64_t conns_over_cap;    /*   evicted for a newer one (max_pending), or the peer had
-                                     KVF_TCP_MAX_RX_PER_PEER receivers already */
-    uint64_t handshakes_failed; /* outbound: the acceptor's challenge missing or wrong */
+    uint64_t frames_sent;        /* written whole to a socket (completed OK) */
+    uint64_t bytes_sent;         /* payload bytes of those */
+    uint64_t frames_received;    /* landed whole in a pool */
+    uint64_t bytes_received;     /* payload bytes of those */
+    uint64_t frames_rejected;    /* refused by `check`, drained to scratch */
+    uint64_t frames_malformed;   /* bad header: connection closed */
+    uint64_t frames_cut;         /* admitted, then the connection ended mid-payload */
+    uint64_t frames_skipped;     /* queued, their lifetime closed before they started on the
+                                    wire: completed FLUSHED, not written */
+    uint64_t conns_accepted;     /* inbound connections that passed the handshake */
+    uint64_t conns_refused;      /* inbound connections refused, all reasons: */
+    uint64_t conns_bad_hello;    /*   not a version-2 hello to this node, or no valid proof */
+    uint64_t conns_unknown;      /*   a peer still unknown (or without a secret) after
+                                      check_wait_ms, or fenced */
+    uint64_t conns_timed_out;    /*   no complete handshake within hello_timeout_ms */
+    uint64_t conns_over_cap;     /*   evicted for a newer one (max_pending), or the peer had
+                                      KVF_TCP_MAX_RX_PER_PEER receivers already */
+    uint64_t handshakes_failed;  /* outbound: the acceptor's challenge missing or wrong */
+    uint64_t connects_started;   /* outbound connects begun (kvf_transport_tcp_connect) */
+    uint64_t connects_failed;    /* outbound connects that never reached the peer, all reasons: */
+    uint64_t connects_timed_out; /*   no answer within connect_timeout_ms */
 };
 
 void kvf_transport_tcp_opts_init(struct kvf_transport_tcp_opts *opts);
@@ -262,16 +268,21 @@ int kvf_transport_tcp_set_peer_key(struct kvf_transport *t, uint32_t peer,
                                    const uint8_t secret[KVF_TCP_SECRET_SIZE]);
 
 /*
- * Opens the outbound connection to a registered peer at `host:port` (numeric
- * IPv4), sends the hello and starts its sender thread, which runs the rest of
- * the handshake before its first frame (a failure there completes every
- * queued frame ERROR, like a write error). Blocks for the connect only. A
- * connection that died (failed handshake or write) is replaced: its thread is
- * joined and a new connection made, so calling this before each use reaches
- * a peer again after it was away.
- * -ENOENT (unknown peer), -EEXIST (connected and alive), -ESTALE (fenced),
- * -ENOKEY (no secret set for the peer), -EIO (connect failed; errno logged),
- * -ENOMEM. Control thread.
+ * Starts the outbound connection to a registered peer at `host:port` (numeric
+ * IPv4) and its sender thread; never blocks on the network. The socket's
+ * connect is started non-blocking here; the sender thread waits for it (at
+ * most opts.connect_timeout_ms), sends the hello and runs the rest of the
+ * handshake before its first frame. Frames posted meanwhile wait in the
+ * connection's queue; a connect or handshake that fails completes every
+ * queued frame ERROR (-ETIMEDOUT when the peer never answered,
+ * -ECONNREFUSED, -EHOSTUNREACH..., -EIO for a failed handshake), like a
+ * write error. A connection that died (failed connect, handshake or write)
+ * is replaced: its thread is joined and a new connection started, so
+ * calling this before each use reaches a peer again after it was away.
+ * -ENOENT (unknown peer), -EEXIST (connecting or connected, and alive),
+ * -ESTALE (fenced), -ENOKEY (no secret set for the peer), -EIO (the socket
+ * could not be made, or the connect failed at once; errno logged), -ENOMEM.
+ * Control thread.
  */
 int kvf_transport_tcp_connect(struct kvf_transport *t, uint32_t peer, const char *host,
                               uint16_t port);

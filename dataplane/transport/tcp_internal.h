@@ -7,6 +7,7 @@
 #ifndef KVF_TRANSPORT_TCP_INTERNAL_H
 #define KVF_TRANSPORT_TCP_INTERNAL_H
 
+#include <netinet/in.h>
 #include <poll.h>
 #include <pthread.h>
 #include <stdatomic.h>
@@ -53,7 +54,9 @@ struct tcp_tx {
     int broken; /* -errno once a write failed */
     bool joined;
     uint64_t seq;
-    /* The handshake, sender thread only after connect wrote the hello. */
+    /* The connect (started non-blocking by kvf_transport_tcp_connect, finished
+     * by the sender thread) and the handshake: sender thread only. */
+    struct sockaddr_in addr;
     uint8_t secret[KVF_TCP_SECRET_SIZE];
     uint8_t hello[KVF_TCP_HELLO_SIZE];
 };
@@ -125,6 +128,9 @@ struct tcp_counters {
     atomic_uint_fast64_t conns_timed_out;
     atomic_uint_fast64_t conns_over_cap;
     atomic_uint_fast64_t handshakes_failed;
+    atomic_uint_fast64_t connects_started;
+    atomic_uint_fast64_t connects_failed;
+    atomic_uint_fast64_t connects_timed_out;
 };
 
 struct tcp {
@@ -153,6 +159,7 @@ struct tcp {
     struct tcp_rx *rx_list;
     bool closing;
 
+    int cq_wake; /* eventfd: the completion list became non-empty (wake_fd) */
     pthread_mutex_t cq_lock;
     struct kvf_xfer *cq_head;
     struct kvf_xfer *cq_tail;

@@ -26,6 +26,13 @@
  * its lifetime's admission closed before it started and it was never
  * written). Only OK means the bytes were written.
  *
+ * Pools (add_pool, remove_pool): the memory peers may write into, host or
+ * device pages, registered with every transport by the same call.
+ *
+ * Waking (wake_fd, wake_ack): a poller that has nothing to do sleeps in
+ * poll(2) on the transports' wake descriptors (an eventfd, or an RDMA
+ * completion channel) instead of on a timer.
+ *
  * DESIGN: the ops table is const and every slot is set. post_write may be
  * called from any thread; ops posted to one peer are written in post order
  * (per calling thread) and never interleave. poll may be called from any one
@@ -44,6 +51,16 @@
 #include "lifetime.h"
 
 struct kvf_transport;
+struct kvf_pool;
+
+/* A pool a transport may write into on behalf of its peers (add_pool). */
+struct kvf_transport_pool {
+    uint32_t id;
+    void *base;           /* page 0 in host memory; NULL with dev */
+    struct kvf_pool *dev; /* a device pool, written through kvf_pool_write; NULL: host memory */
+    uint32_t page_size;
+    uint32_t page_count;
+};
 
 /*
  * One write: `len` bytes at `src` (host memory, not touched after the
@@ -98,6 +115,31 @@ struct kvf_transport_ops {
     /* Fences every peer, retires any completions nobody polled, and frees
      * the transport. Accepts NULL. */
     void (*destroy)(struct kvf_transport *t);
+
+    /* The wake descriptor: readable (POLLIN) once a completion may be
+     * waiting in poll, so that a poller can sleep in poll(2) instead of
+     * polling on a timer. -1 when the transport has none (its poller must
+     * poll it on a schedule of its own while it has work in flight). The
+     * descriptor lives as long as the transport and belongs to it. */
+    int (*wake_fd)(struct kvf_transport *t);
+
+    /* Called by the poller after wake_fd was readable and BEFORE it polls
+     * the completions: clears the descriptor. A completion that arrives
+     * after the clear makes it readable again, so a poller that clears,
+     * then polls until empty, then sleeps never misses one. */
+    void (*wake_ack)(struct kvf_transport *t);
+
+    /* Registers a pool its peers may write into; *key_p (may be NULL) gets
+     * what a peer needs to address it (RDMA: the region's rkey; 0 where a
+     * transport needs nothing). 0, or -errno: -EEXIST (id taken), -E2BIG (no
+     * room), -EINVAL, -EOPNOTSUPP (this transport cannot reach that memory:
+     * RDMA and a device pool). Control thread. */
+    int (*add_pool)(struct kvf_transport *t, const struct kvf_transport_pool *p, uint64_t *key_p);
+
+    /* Unregisters a pool: no byte lands in it through this transport once
+     * this returns (each transport says what its caller must guarantee about
+     * ops in flight). -ENOENT for an unknown id. Control thread. */
+    int (*remove_pool)(struct kvf_transport *t, uint32_t pool_id);
 };
 
 /* The base every transport embeds first. */
@@ -125,6 +167,39 @@ static inline void kvf_transport_destroy(struct kvf_transport *t)
 {
     if (t)
         t->ops->destroy(t);
+}
+
+static inline int kvf_transport_wake_fd(struct kvf_transport *t)
+{
+    return t->ops->wake_fd(t);
+}
+
+static inline void kvf_transport_wake_ack(struct kvf_transport *t)
+{
+    t->ops->wake_ack(t);
+}
+
+/* For transports without a wake descriptor: wake_fd -1, wake_ack nothing. */
+int kvf_transport_no_wake_fd(struct kvf_transport *t);
+void kvf_transport_no_wake_ack(struct kvf_transport *t);
+
+/* An eventfd wake descriptor for a transport's completion list (wake.c):
+ * `kvf_wake_signal` from any thread that put a completion on an empty list,
+ * `kvf_wake_clear` from the poller (wake_ack). -1 / no-ops on a closed one. */
+int kvf_wake_open(void);
+void kvf_wake_signal(int fd);
+void kvf_wake_clear(int fd);
+void kvf_wake_close(int fd);
+
+static inline int kvf_transport_add_pool(struct kvf_transport *t,
+                                         const struct kvf_transport_pool *p, uint64_t *key_p)
+{
+    return t->ops->add_pool(t, p, key_p);
+}
+
+static inline int kvf_transport_remove_pool(struct kvf_transport *t, uint32_t pool_id)
+{
+    return t->ops->remove_pool(t, pool_id);
 }
 
 static inline const char *kvf_transport_name(const struct kvf_transport *t)

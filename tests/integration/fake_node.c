@@ -106,13 +106,22 @@ int fake_node_open(struct kvf_rpc_channel *ch, const struct fake_node_hello *hel
     snprintf(addr, sizeof addr, "tcp://127.0.0.1:%u", 7100u + (unsigned)(hello->incarnation % 100));
     ep.kind = KVFENCE__V1__ENDPOINT_KIND__ENDPOINT_KIND_PEER_ZMQ;
     ep.address = addr;
-    Kvfence__V1__Endpoint *eps[1] = {&ep};
+    Kvfence__V1__Endpoint data_ep = KVFENCE__V1__ENDPOINT__INIT;
+    char data_addr[64];
+    snprintf(data_addr, sizeof data_addr, "tcp://127.0.0.1:%u", (unsigned)hello->data_port);
+    data_ep.kind = KVFENCE__V1__ENDPOINT_KIND__ENDPOINT_KIND_DATA_TCP;
+    data_ep.address = data_addr;
+    Kvfence__V1__Endpoint *eps[2] = {&ep, &data_ep};
     Kvfence__V1__Hello h = KVFENCE__V1__HELLO__INIT;
     h.node_id = n->node_id;
     h.incarnation = hello->incarnation;
     h.capabilities = &caps;
-    h.n_endpoints = 1;
+    h.n_endpoints = hello->data_port ? 2 : 1;
     h.endpoints = eps;
+    if (hello->peer_key) {
+        h.peer_key.data = (uint8_t *)hello->peer_key;
+        h.peer_key.len = 32;
+    }
     h.n_pools = 1;
     h.pools = pools;
     h.software_version = "fake-node";

@@ -28,6 +28,8 @@ struct fake_node_hello {
     size_t n_features;
     uint32_t protocol_min; /* 0 and 0: {1, 1} */
     uint32_t protocol_max;
+    uint16_t data_port;      /* not 0: a DATA_TCP endpoint tcp://127.0.0.1:<data_port> */
+    const uint8_t *peer_key; /* not NULL: Hello.peer_key, 32 bytes */
 };
 
 /* Opens the stream on `ch`, sends Hello and waits up to `timeout_ms` for the

@@ -27,7 +27,9 @@ struct fake {
     unsigned ncompleted; /* posted[0 .. ncompleted) were handed back */
     unsigned ready;      /* posted[0 .. ready) may complete OK */
     int fenced_peer;
-    int post_rc; /* what post_write returns */
+    int post_rc;         /* what post_write returns */
+    uint32_t pool_added; /* the last pool id add_pool saw, 0: none */
+    uint32_t pool_removed;
 };
 
 static int fake_post(struct kvf_transport *t, struct kvf_xfer *x)
@@ -66,12 +68,31 @@ static void fake_destroy(struct kvf_transport *t)
     (void)t;
 }
 
+static int fake_add_pool(struct kvf_transport *t, const struct kvf_transport_pool *p,
+                         uint64_t *key_p)
+{
+    ((struct fake *)t)->pool_added = p->id;
+    if (key_p)
+        *key_p = 0xabcd;
+    return 0;
+}
+
+static int fake_remove_pool(struct kvf_transport *t, uint32_t pool_id)
+{
+    ((struct fake *)t)->pool_removed = pool_id;
+    return pool_id == 9 ? -ENOENT : 0;
+}
+
 static const struct kvf_transport_ops fake_ops = {
     .name = "fake",
     .post_write = fake_post,
     .poll = fake_poll,
     .fence_peer = fake_fence,
     .destroy = fake_destroy,
+    .wake_fd = kvf_transport_no_wake_fd,
+    .wake_ack = kvf_transport_no_wake_ack,
+    .add_pool = fake_add_pool,
+    .remove_pool = fake_remove_pool,
 };
 
 /* ---- fixture --------------------------------------------------------------------- */
@@ -295,10 +316,28 @@ static void destroy_retires_held_ops(void **state)
     assert_int_equal(kvf_lt_inflight(f->lt), 0);
 }
 
+/* Pools and the wake descriptor are the inner transport's: the wrapper
+ * forwards them (the node registers pools through it). */
+static void pools_and_wake_go_to_the_inner_transport(void **state)
+{
+    struct fx *f = *state;
+    uint8_t mem[64];
+    struct kvf_transport_pool p = {.id = 4, .base = mem, .page_size = 16, .page_count = 4};
+    uint64_t key = 0;
+    assert_int_equal(kvf_transport_add_pool(f->t, &p, &key), 0);
+    assert_int_equal(f->inner.pool_added, 4);
+    assert_int_equal(key, 0xabcd);
+    assert_int_equal(kvf_transport_remove_pool(f->t, 4), 0);
+    assert_int_equal(f->inner.pool_removed, 4);
+    assert_int_equal(kvf_transport_remove_pool(f->t, 9), -ENOENT);
+    assert_int_equal(kvf_transport_wake_fd(f->t), -1);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test_setup_teardown(no_knobs_passes_through, setup, teardown),
+        cmocka_unit_test_setup_teardown(pools_and_wake_go_to_the_inner_transport, setup, teardown),
         cmocka_unit_test_setup_teardown(hold_keeps_ops_counted_until_release_in_order, setup,
                                         teardown),
         cmocka_unit_test_setup_teardown(fail_post_nth_refuses_only_that_post, setup, teardown),

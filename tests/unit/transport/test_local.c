@@ -10,6 +10,7 @@
  */
 #include <errno.h>
 #include <fcntl.h>
+#include <poll.h>
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -183,6 +184,72 @@ static void test_accounting_and_drain(void **state)
     assert_int_equal(s.copied, 4);
     assert_int_equal(s.flushed, 0);
     assert_int_equal(s.queued + s.copying + s.done, 0);
+    fx_free(f);
+}
+
+/* The wake descriptor (transport.h): a sleeping poller wakes in poll(2) when
+ * a copy completes, with no timer; cleared, then polled empty, it sleeps
+ * again until the next completion. */
+static void test_wake_fd_wakes_the_poller(void **state)
+{
+    (void)state;
+    struct fx *f = fx_new(1, (size_t)PAGE * 4);
+    int fd = kvf_transport_wake_fd(f->t);
+    assert_true(fd >= 0);
+    struct pollfd pf = {.fd = fd, .events = POLLIN};
+    assert_int_equal(poll(&pf, 1, 0), 0); /* nothing done yet */
+    for (unsigned round = 0; round < 3; round++) {
+        assert_int_equal(post(f, round, 0, round, 1), 0);
+        assert_int_equal(poll(&pf, 1, WAIT_MS), 1);
+        kvf_transport_wake_ack(f->t);
+        struct kvf_completion c;
+        reap(f, 1, &c);
+        assert_int_equal(c.outcome, KVF_LT_DONE_OK);
+        assert_int_equal(poll(&pf, 1, 0), 0); /* asleep again until the next one */
+    }
+    fx_free(f);
+}
+
+/* Pools through the ops table (transport.h add_pool/remove_pool), as the
+ * node's registry registers them: a write lands in a pool added that way;
+ * after its removal a post to it is refused and nothing lands. */
+static void test_pool_through_the_ops_table(void **state)
+{
+    (void)state;
+    struct fx *f = fx_new(1, (size_t)PAGE * 2);
+    uint8_t *mem = malloc((size_t)PAGE * 4);
+    assert_non_null(mem);
+    memset(mem, 0xee, (size_t)PAGE * 4);
+    struct kvf_transport_pool p = {.id = 8, .base = mem, .page_size = PAGE, .page_count = 4};
+    uint64_t key = 1;
+    assert_int_equal(kvf_transport_add_pool(f->t, &p, &key), 0);
+    assert_int_equal(key, 0);
+    assert_int_equal(kvf_transport_add_pool(f->t, &p, NULL), -EEXIST);
+    struct kvf_xfer *x = &f->x[0];
+    memset(x, 0, sizeof *x);
+    x->peer = SELF;
+    x->room = (kvf_room_key){1, 1};
+    x->src = f->src;
+    x->len = PAGE;
+    x->sink_pool = 8;
+    x->first_page = 2;
+    x->page_count = 1;
+    assert_int_equal(kvf_lt_admit(f->lt, &x->op, KVF_LT_OP_CUDA_COPY, SELF), 0);
+    assert_int_equal(kvf_transport_post_write(f->t, x), 0);
+    struct kvf_completion c;
+    reap(f, 1, &c);
+    assert_int_equal(c.outcome, KVF_LT_DONE_OK);
+    assert_memory_equal(mem + 2 * (size_t)PAGE, f->src, PAGE);
+    assert_int_equal(kvf_transport_remove_pool(f->t, 8), 0);
+    assert_int_equal(kvf_transport_remove_pool(f->t, 8), -ENOENT);
+    memset(x, 0, sizeof *x);
+    x->peer = SELF;
+    x->src = f->src;
+    x->len = PAGE;
+    x->sink_pool = 8;
+    x->page_count = 1;
+    assert_int_equal(kvf_transport_post_write(f->t, x), -ENOENT);
+    free(mem);
     fx_free(f);
 }
 
@@ -445,6 +512,8 @@ int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_accounting_and_drain),
+        cmocka_unit_test(test_wake_fd_wakes_the_poller),
+        cmocka_unit_test(test_pool_through_the_ops_table),
         cmocka_unit_test(test_bad_writes_post_nothing),
         cmocka_unit_test(test_overlapping_writes_land_in_post_order),
         cmocka_unit_test(test_fence_flushes_queued_and_refuses_later_posts),

@@ -202,7 +202,8 @@ static void idle_cb(void *ctx)
     atomic_fetch_add(&n->idle_calls, 1);
 }
 
-static void node_init(struct node *n, uint64_t node_id)
+/* node_init with the transport's connect deadline (0: its default). */
+static void node_init_connect(struct node *n, uint64_t node_id, uint32_t connect_timeout_ms)
 {
     memset(n, 0, sizeof(*n));
     pthread_mutex_init(&n->lock, NULL);
@@ -224,11 +225,18 @@ static void node_init(struct node *n, uint64_t node_id)
     o.on_frame = frame_cb;
     o.on_idle = idle_cb;
     o.ctx = n;
+    if (connect_timeout_ms)
+        o.connect_timeout_ms = connect_timeout_ms;
     n->t = kvf_transport_tcp_create(&o);
     assert_non_null(n->t);
     assert_string_equal(kvf_transport_name(n->t), "tcp");
     assert_int_not_equal(kvf_transport_tcp_port(n->t), 0);
     assert_int_equal(kvf_transport_tcp_add_pool(n->t, POOL_ID, n->pool, PAGE, POOL_PAGES), 0);
+}
+
+static void node_init(struct node *n, uint64_t node_id)
+{
+    node_init_connect(n, node_id, 0);
 }
 
 static void node_fini(struct node *n)
@@ -865,6 +873,144 @@ static void test_dead_connection_replaced(void **state)
     free(p);
 }
 
+/* The wake descriptor (transport.h): readable once a frame completes, so a
+ * poller sleeps in poll(2) instead of on a timer; cleared and polled empty,
+ * it stays quiet until the next completion. */
+static void test_wake_fd_wakes_the_poller(void **state)
+{
+    struct pair *p = *state;
+    int fd = kvf_transport_wake_fd(p->a.t);
+    assert_true(fd >= 0);
+    struct pollfd pf = {.fd = fd, .events = POLLIN};
+    assert_int_equal(poll(&pf, 1, 0), 0);
+    uint8_t *src = malloc(PAGE);
+    assert_non_null(src);
+    fill_pattern(src, PAGE, 4);
+    for (unsigned round = 0; round < 3; round++) {
+        struct kvf_xfer x;
+        assert_int_equal(post(&p->a, &x, ROOM, src, PAGE, round, 1, 0), 0);
+        assert_int_equal(poll(&pf, 1, WAIT_MS), 1);
+        kvf_transport_wake_ack(p->a.t);
+        struct reaped r = {0};
+        reap(p->a.t, 1, &r);
+        assert_int_equal(r.by_outcome[KVF_LT_DONE_OK], 1);
+        struct kvf_completion c;
+        assert_int_equal(kvf_transport_poll(p->a.t, 1, &c), 0);
+        assert_int_equal(poll(&pf, 1, 0), 0);
+    }
+    WAIT_STAT(p->b.t, frames_received, 3);
+    free(src);
+}
+
+/* A blackholed peer address on loopback: a listener with a backlog of 0
+ * that never accepts, its accept queue filled by two connects of ours, so the
+ * kernel drops every further SYN and a connect to it never completes. The
+ * two fillers' descriptors go to fill[2]; returns the listener. */
+static int blackhole_listen(uint16_t *port_p, int fill[2])
+{
+    int lfd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    assert_true(lfd >= 0);
+    struct sockaddr_in sa = {.sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
+    assert_int_equal(bind(lfd, (struct sockaddr *)&sa, sizeof(sa)), 0);
+    assert_int_equal(listen(lfd, 0), 0);
+    socklen_t len = sizeof(sa);
+    assert_int_equal(getsockname(lfd, (struct sockaddr *)&sa, &len), 0);
+    for (int i = 0; i < 2; i++) {
+        fill[i] = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
+        assert_true(fill[i] >= 0);
+        int rc = connect(fill[i], (struct sockaddr *)&sa, sizeof(sa));
+        assert_true(rc == 0 || errno == EINPROGRESS);
+    }
+    /* The first one is in the accept queue once it is writable. */
+    struct pollfd pf = {.fd = fill[0], .events = POLLOUT};
+    assert_int_equal(poll(&pf, 1, WAIT_MS), 1);
+    *port_p = ntohs(sa.sin_port);
+    return lfd;
+}
+
+static void blackhole_close(int lfd, const int fill[2])
+{
+    close(fill[0]);
+    close(fill[1]);
+    close(lfd);
+}
+
+/* Issue 12 (item 5): a connect to a peer that never answers returns at once
+ * (the node's owner thread calls it); the frame posted meanwhile waits in the
+ * queue and fails -ETIMEDOUT at the connect deadline, counted; the next
+ * connect starts over. A fence of a peer whose connect is pending returns at
+ * once with its frame FLUSHED, and destroy does not wait for the network
+ * either. Before, connect() blocked in the kernel's SYN retries (minutes). */
+static void test_blackholed_peer_connect_does_not_block(void **state)
+{
+    (void)state;
+    enum { DEADLINE_MS = 600 };
+    int fill[2];
+    uint16_t port;
+    int lfd = blackhole_listen(&port, fill);
+    struct node a;
+    node_init_connect(&a, NODE_A, DEADLINE_MS);
+    assert_int_equal(kvf_transport_tcp_add_peer(a.t, A_PEER_B, NODE_B), 0);
+    assert_int_equal(kvf_transport_tcp_set_peer_key(a.t, A_PEER_B, SECRET), 0);
+    uint8_t *src = malloc(PAGE);
+    assert_non_null(src);
+    fill_pattern(src, PAGE, 3);
+
+    uint64_t t0 = now_ms();
+    assert_int_equal(kvf_transport_tcp_connect(a.t, A_PEER_B, "127.0.0.1", port), 0);
+    assert_true(now_ms() - t0 < 200);
+    /* Connecting: alive, so a second connect keeps it. */
+    assert_int_equal(kvf_transport_tcp_connect(a.t, A_PEER_B, "127.0.0.1", port), -EEXIST);
+    struct kvf_xfer x;
+    assert_int_equal(post(&a, &x, ROOM, src, PAGE, 0, 1, 0), 0);
+    assert_int_equal(kvf_lt_inflight(a.lt), 1); /* queued, waiting for the connection */
+    struct kvf_completion c;
+    uint64_t deadline = now_ms() + WAIT_MS;
+    int got;
+    while ((got = kvf_transport_poll(a.t, 1, &c)) == 0) {
+        assert_true(now_ms() < deadline);
+        sleep_ms(5);
+    }
+    assert_int_equal(got, 1);
+    uint64_t waited = now_ms() - t0;
+    assert_ptr_equal(c.xfer, &x);
+    assert_int_equal(c.outcome, KVF_LT_DONE_ERROR);
+    assert_int_equal(c.status, -ETIMEDOUT);
+    assert_true(waited >= DEADLINE_MS - 50);
+    struct kvf_transport_tcp_stats st;
+    kvf_transport_tcp_stats(a.t, &st);
+    assert_int_equal(st.connects_started, 1);
+    assert_int_equal(st.connects_failed, 1);
+    assert_int_equal(st.connects_timed_out, 1);
+    assert_int_equal(st.frames_sent, 0);
+
+    /* The dead connection is replaced by the next connect, which waits too;
+     * a fence while it waits returns at once, the frame FLUSHED. */
+    assert_int_equal(kvf_transport_tcp_connect(a.t, A_PEER_B, "127.0.0.1", port), 0);
+    assert_int_equal(post(&a, &x, ROOM, src, PAGE, 0, 1, 0), 0);
+    t0 = now_ms();
+    assert_int_equal(kvf_transport_fence_peer(a.t, A_PEER_B), 0);
+    assert_true(now_ms() - t0 < DEADLINE_MS / 2);
+    assert_int_equal(kvf_transport_poll(a.t, 1, &c), 1);
+    assert_int_equal(c.outcome, KVF_LT_DONE_FLUSHED);
+    kvf_transport_tcp_stats(a.t, &st);
+    assert_int_equal(st.connects_started, 2);
+    assert_int_equal(st.connects_timed_out, 1);
+    node_fini(&a);
+
+    /* Destroy while a connect is pending (default deadline, 10 s). */
+    struct node b;
+    node_init(&b, NODE_B);
+    assert_int_equal(kvf_transport_tcp_add_peer(b.t, B_PEER_A, NODE_A), 0);
+    assert_int_equal(kvf_transport_tcp_set_peer_key(b.t, B_PEER_A, SECRET), 0);
+    assert_int_equal(kvf_transport_tcp_connect(b.t, B_PEER_A, "127.0.0.1", port), 0);
+    t0 = now_ms();
+    node_fini(&b);
+    assert_true(now_ms() - t0 < 2000);
+    free(src);
+    blackhole_close(lfd, fill);
+}
+
 /* R1/R12: the sink fences the source in the middle of a stream. Once
  * fence_peer returns no byte of the pool changes any more, the receive ops are
  * all retired, and the source's ops all complete and drain its lifetime. */
@@ -1425,6 +1571,8 @@ int main(void)
                                         pair_teardown),
         cmocka_unit_test(test_wrong_secret_refused_nothing_lands),
         cmocka_unit_test(test_dead_connection_replaced),
+        cmocka_unit_test_setup_teardown(test_wake_fd_wakes_the_poller, pair_setup, pair_teardown),
+        cmocka_unit_test(test_blackholed_peer_connect_does_not_block),
         cmocka_unit_test_setup_teardown(test_unknown_room_is_waited_for_then_refused, pair_setup,
                                         pair_teardown),
         cmocka_unit_test_setup_teardown(test_fence_sink_side_mid_stream, pair_setup, pair_teardown),
