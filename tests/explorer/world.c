@@ -3,33 +3,67 @@
  *
  * Real parts: the control-plane core (kvf_cps) and one lifetime table
  * (kvf_lt_table) per node. Simulated parts: engines (page allocators), node
- * agents (what kvfence-node does on a notice, a completion or a fence), native
- * ops in flight, and the links between nodes and the control plane, which lose,
- * duplicate and delay messages. See world.h for the action model.
+ * agents (what kvfence-node does on a notice, a completion, a fence, a lost
+ * session), native ops in flight, the node -> node connections that carry TCP
+ * frames, and the links between nodes and the control plane. See world.h for
+ * the action model.
+ *
+ * The faults: control-plane -> node messages lost, delayed and taken out of
+ * order; node -> control-plane reports lost and duplicated; node -> node
+ * frames reordered and duplicated; sessions dropped; a node process paused
+ * (it takes no step: its ops stay in flight, its socket buffers keep their
+ * frames, its session drops and the core may declare it LOST; when it resumes
+ * any of its threads may run before its overdue self-fence: the receiver takes
+ * what waits in its sockets), killed and restarted; a node fencing itself
+ * after its session was down for node_ttl minus a margin (it keeps the old
+ * incarnation's lifetimes, comes back as a new incarnation and sends Witness
+ * for the old one once they all drained); the control plane crashing and
+ * recovering its state from its own image (kvf_cps_snapshot/kvf_cps_restore:
+ * what the store's snapshot plus log replay rebuild), with every session gone.
  *
  * What "touching a page" means here: a transfer op counted on a source node
  * reads that node's source pages and writes the sink's pages on the peer node;
- * a sink-local op (a CUDA scatter, a TCP receive) writes the sink's own pages.
- * An op stops touching a peer's pages once that peer fenced the op's node
- * incarnation, and stops touching anything when its process dies. A LOST
- * node's own pages stay touched while its process lives (a paused process
- * resumes): only its own drain or its witnessed death frees them (DESIGN.md
- * §4, "Lost node"). A restarted node witnesses its predecessor's death in its
- * Hello (the host lock of kvfence-node). A node whose incarnation is LOST
- * admits nothing more (kvfence-node self-fences before node_ttl runs out).
+ * a sink-local op (a CUDA scatter) and a receive in progress (a TCP frame taken
+ * off the socket and admitted) write the sink's own pages. An op stops
+ * touching a peer's pages once that peer fenced the op's node incarnation, and
+ * stops touching anything when its process dies. A LOST node's own pages stay
+ * touched while its process lives (a paused process resumes): only its own
+ * drain or a proof from its host frees them (docs/state-cores.md, "Pages on
+ * host H"). A restarted node witnesses its predecessor's death in its Hello
+ * (the host lock of kvfence-node); a self-fenced one sends Witness.
  *
- * The invariants checked after every action:
+ * The invariants checked after every action (names shared with the Promela
+ * model, tests/model):
  *   I1 no lease is RELEASED (in the core, or by an effect) while a live,
  *      unfenced op touches its pages;
- *   I3 no op is admitted on a lifetime whose abort notice was processed, and no
- *      overlapping write lease is ever granted (a failed join changes nothing);
+ *   I2 no node admits an op (a transfer, a local copy, a frame landing) for a
+ *      room whose abort notice it processed;
+ *   I3 no op is admitted on a RELEASED lease, and no overlapping write lease is
+ *      ever granted (a failed join changes nothing);
  *   I4 each lease is released exactly once and the core's lease state agrees
  *      with the effects seen; abort returns one token per room-generation;
  *   I5 stale, tokenless and foreign reports change nothing;
  *   I7 a room with a participant lacking QUIESCE_V1 never sends a room update;
- *   room states move only along DESIGN.md §3.
+ *   I8 the frames from one node to another for one room land in the order
+ *      they were sent, each once;
+ *   room states move only along the state machine (OPENING -> ACTIVE ->
+ *   COMPLETED, or -> ABORTING -> ABORTED).
  * And at the end (world_quiesce): every room terminal, every lease released,
  * every page back with its engine, every lifetime drained.
+ *
+ * The node side and a node core. The node agent is the set of node_* and
+ * act_* functions below that hold the lifetime table: life_open/life_find,
+ * node_handle (notices and fences), node_recv (frames), admit_op/op_retire
+ * (ops), check_completion, node_self_fence/node_maybe_witness and node_resync.
+ * They read and write struct snode only, and talk to the rest of the world
+ * through three narrow channels: report() (to the control plane), frame_send()
+ * (to a peer) and the sop array (native ops). A pure node core (rooms,
+ * lifetimes, completion and drain rules) replaces them by holding one core per
+ * snode instead of the lifetime table: each of those functions becomes one
+ * call into the core with the same input, and the core's effects are routed
+ * like the control plane's (route_effects): reports into the outbox, frames
+ * into the peer's rx buffer, native ops into the sop array. The invariants,
+ * the faults and the mutations do not change.
  */
 #include "world.h"
 
@@ -53,6 +87,7 @@
 #define MAX_LIVES  1024
 #define MAX_CHUNKS 256
 #define QCAP       1024
+#define RXCAP      32 /* frames one node's sockets hold */
 
 enum msg_type {
     M_ROOM_UPDATE,
@@ -82,6 +117,7 @@ struct queue {
 
 struct spart {
     int node;
+    uint64_t inc; /* its node's incarnation when it joined */
     uint32_t rank;
     enum kvf_cps_role role;
     bool joined, refused, released;
@@ -89,6 +125,7 @@ struct spart {
     struct kvf_cps_page_range ranges[MAX_RANGES];
     int nranges;
     int chunks_planned, chunks_sent, chunks_queued;
+    int frames_expected, frames_in; /* sink: TCP frames sent to it, and landed */
     bool failed, completed_sent;
 };
 
@@ -100,11 +137,13 @@ struct sroom {
     struct spart parts[MAX_PARTS];
     bool have_token;
     kvf_token token;
-    int state; /* last state announced by a ROOM_STATE effect, 0 before */
+    int state;              /* last state announced by a ROOM_STATE effect, 0 before */
+    bool abort_seen[NODES]; /* the node processed an abort notice of this room */
 };
 
 struct nlife {
     bool used;
+    uint64_t inc; /* the node incarnation that opened it */
     kvf_room_key key;
     struct kvf_lt *lt;
     bool have_token, drained;
@@ -117,10 +156,27 @@ struct schunk {
     int node, room, part, sink;
 };
 
+/* A frame on a node -> node connection: written by a source's TCP op, in the
+ * sink's kernel socket buffer until the sink's receiver takes it. */
+struct frame {
+    int room, src, sink, from;
+    uint64_t seq; /* per room, sending node and receiving node, from 1 */
+};
+
 struct snode {
     char name[16];
     uint64_t inc;
     bool alive, connected, old;
+    bool paused;              /* SIGSTOP: the process takes no step */
+    bool down;                /* its session is gone (it knows, or will on resume) */
+    bool racing;              /* resumed past its self-fence margin, not fenced yet */
+    kvf_time_ns down_since;   /* by the node's own clock */
+    uint64_t pending_witness; /* self-fenced: this incarnation and older are
+                               * witnessed once their lifetimes drained */
+    uint64_t phantom_inc;     /* MUT_PAUSED_WITNESSED: an incarnation the core
+                               * knows and no process runs */
+    struct frame rx[RXCAP];
+    int nrx;
     struct kvf_lt_table *tab;
     struct nlife lives[MAX_LIVES];
     struct queue inbox, outbox;
@@ -130,9 +186,19 @@ struct snode {
 
 struct sop {
     bool used, quarantined;
+    bool recv;        /* a receive in progress: a frame landing in the sink's pages */
+    bool unaccounted; /* MUT_RECV_NOT_OP: not admitted through its lifetime */
     struct kvf_lt_op op;
+    enum kvf_lt_op_kind kind;
     int node, peer, room, src_part, sink_part;
+    uint64_t peer_inc; /* the peer's incarnation when the op was posted */
     bool neutral[NODES];
+};
+
+/* A snapshot image of the control-plane core (what its log recovers). */
+struct image {
+    unsigned char *buf;
+    size_t len, cap;
 };
 
 struct world {
@@ -147,6 +213,11 @@ struct world {
     struct schunk chunks[MAX_CHUNKS];
     uint64_t next_bad_id;
     bool failed, trace;
+    enum world_mutation mutation;
+    struct kvf_cps_opts co;
+    struct image img, img_old, img_older; /* crash recovery; MUT_ACK_EARLY keeps two */
+    uint64_t seq_sent[MAX_ROOMS][NODES][NODES];
+    uint64_t seq_landed[MAX_ROOMS][NODES][NODES];
     char failure[512];
     struct world_stats stats;
 };
@@ -293,7 +364,7 @@ static struct nlife *life_open(struct world *w, struct snode *n, kvf_room_key ke
     }
     for (int i = 0; i < MAX_LIVES; i++) {
         if (!n->lives[i].used) {
-            n->lives[i] = (struct nlife){.used = true, .key = key, .lt = lt};
+            n->lives[i] = (struct nlife){.used = true, .inc = n->inc, .key = key, .lt = lt};
             return &n->lives[i];
         }
     }
@@ -316,7 +387,9 @@ static void node_take_drains(struct snode *n)
         if (!l->used || !kvf_lt_take_drained(l->lt))
             continue;
         l->drained = true;
-        if (l->have_token)
+        /* An older incarnation's lifetime (kept after a self-fence) reports
+         * nothing: the Witness of that incarnation is its proof. */
+        if (l->have_token && l->inc == n->inc)
             report(n, &(struct msg){.type = R_DRAINED, .key = l->key, .token = l->token});
     }
 }
@@ -354,17 +427,41 @@ static void op_free(struct sop *o)
     o->used = false;
 }
 
-static int live_ops(const struct world *w, int *idx, bool quarantined_only)
+/* Live ops whose process runs (a paused node completes nothing); for a
+ * quarantine, only ops counted in a lifetime and not quarantined yet. */
+static int live_ops(const struct world *w, int *idx, bool for_quarantine)
 {
     int n = 0;
     for (int i = 0; i < MAX_OPS; i++) {
-        if (w->ops[i].used && (!quarantined_only || !w->ops[i].quarantined))
+        const struct sop *o = &w->ops[i];
+        if (o->used && !w->nodes[o->node].paused &&
+            (!for_quarantine || (!o->quarantined && !o->unaccounted)))
             idx[n++] = i;
     }
     return n;
 }
 
 static void check_completion(struct world *w, int room);
+
+/* A source's TCP frame was written: it waits in the sink's socket buffer,
+ * unless the connection is closed (either side fenced the other, the sink's
+ * process is gone or self-fenced since the op was posted). */
+static void frame_send(struct world *w, const struct sop *o)
+{
+    struct snode *src = &w->nodes[o->node], *dst = &w->nodes[o->peer];
+    /* The last chunk's status tells the sink how many frames to wait for. */
+    w->rooms[o->room].parts[o->sink_part].frames_expected++;
+    bool closed = !dst->alive || dst->inc != o->peer_inc ||
+                  (src->fenced_inc[o->peer] != 0 && src->fenced_inc[o->peer] == dst->inc) ||
+                  (dst->fenced_inc[o->node] != 0 && dst->fenced_inc[o->node] == src->inc);
+    if (closed || dst->nrx == RXCAP) {
+        w->stats.frames_dropped++;
+        return;
+    }
+    uint64_t seq = ++w->seq_sent[o->room][o->node][o->peer];
+    dst->rx[dst->nrx++] = (struct frame){
+        .room = o->room, .src = o->src_part, .sink = o->sink_part, .from = o->node, .seq = seq};
+}
 
 static void op_retire(struct world *w, struct sop *o, enum kvf_lt_outcome outcome)
 {
@@ -376,7 +473,15 @@ static void op_retire(struct world *w, struct sop *o, enum kvf_lt_outcome outcom
         r->parts[p].failed = true;
         report(n, &(struct msg){.type = R_FAILED, .key = r->key});
     }
-    kvf_lt_op_retire(&o->op, outcome);
+    if (outcome == KVF_LT_DONE_OK && o->src_part >= 0 && o->kind == KVF_LT_OP_TCP_FRAME &&
+        o->peer != o->node)
+        frame_send(w, o);
+    if (o->recv && outcome == KVF_LT_DONE_OK) {
+        w->rooms[room].parts[o->sink_part].frames_in++;
+        w->stats.frames_landed++;
+    }
+    if (!o->unaccounted)
+        kvf_lt_op_retire(&o->op, outcome);
     op_free(o);
     node_take_drains(n);
     check_completion(w, room);
@@ -581,14 +686,14 @@ static void check_completion(struct world *w, int room)
     for (int p = 0; p < r->nparts; p++) {
         struct spart *sp = &r->parts[p];
         struct snode *n = &w->nodes[sp->node];
-        if (!sp->joined || sp->completed_sent || sp->failed || !n->alive)
+        if (!sp->joined || sp->completed_sent || sp->failed || !n->alive || n->paused)
             continue;
         struct nlife *l = life_find(n, r->key);
         if (l == NULL || kvf_lt_state(l->lt) != KVF_LT_OPEN)
             continue;
         bool done = sp->role == KVF_CPS_ROLE_SOURCE
                         ? sp->chunks_sent == sp->chunks_planned && sp->chunks_queued == 0
-                        : sources_done;
+                        : sources_done && sp->frames_in == sp->frames_expected;
         if (!done || part_has_ops(w, room, p))
             continue;
         sp->completed_sent = true;
@@ -750,6 +855,7 @@ static void act_join(struct world *w, const struct action *act)
              (unsigned long long)res.key.room_id, (unsigned long long)res.key.generation);
     r->key = res.key;
     sp->joined = true;
+    sp->inc = n->inc;
     sp->lease_id = res.lease_id;
     sp->ranges[0] = rg;
     sp->nranges = pages > 0 ? 1 : 0;
@@ -810,40 +916,50 @@ static struct sop *op_alloc(struct world *w)
     return NULL;
 }
 
-/* A node admits one op for a chunk; -1 when admission refused it. */
-static int admit_op(struct world *w, int node, int ri, int src, int sink, enum kvf_lt_op_kind kind,
-                    int peer)
+/* A node admits one op for a chunk; NULL when admission refused it. */
+static struct sop *admit_op(struct world *w, int node, int ri, int src, int sink,
+                            enum kvf_lt_op_kind kind, int peer)
 {
     struct snode *n = &w->nodes[node];
     struct nlife *l = life_find(n, w->rooms[ri].key);
     struct sop *o = op_alloc(w);
     if (l == NULL || o == NULL)
-        return -1;
+        return NULL;
     int rc = kvf_lt_admit(l->lt, &o->op, kind, (uint32_t)peer);
     if (rc != 0) {
         w->stats.ops_refused++;
-        return -1;
+        return NULL;
     }
-    if (l->have_token)
+    if (w->rooms[ri].abort_seen[node])
         fail(w, "I2: %s admitted an op for room %llu:%llu after processing its abort notice",
              n->name, (unsigned long long)w->rooms[ri].key.room_id,
              (unsigned long long)w->rooms[ri].key.generation);
     *o = (struct sop){.used = true,
                       .op = o->op,
+                      .kind = kind,
                       .node = node,
                       .peer = peer,
+                      .peer_inc = w->nodes[peer].inc,
                       .room = ri,
                       .src_part = src,
                       .sink_part = sink};
     for (int i = 0; i < NODES; i++)
         o->neutral[i] = w->nodes[i].fenced_inc[node] == n->inc;
+    /* The sink's node is a newer process or incarnation than the one that
+     * holds those pages: no connection of this op reaches them. */
+    if (src >= 0 && sink >= 0 && peer != node && w->nodes[peer].inc != w->rooms[ri].parts[sink].inc)
+        o->neutral[peer] = true;
+    /* A lease it can reach must not be RELEASED (a peer that fenced this
+     * node, or a newer process of the peer, cannot be reached by it). */
     struct sroom *r = &w->rooms[ri];
-    if (cp_lease_state(w, r, src >= 0 ? src : sink) == KVF_CPS_LEASE_RELEASED ||
-        (sink >= 0 && cp_lease_state(w, r, sink) == KVF_CPS_LEASE_RELEASED))
+    if ((src >= 0 && cp_lease_state(w, r, src) == KVF_CPS_LEASE_RELEASED &&
+         op_harms(w, o, ri, src)) ||
+        (sink >= 0 && cp_lease_state(w, r, sink) == KVF_CPS_LEASE_RELEASED &&
+         op_harms(w, o, ri, sink)))
         fail(w, "I3: %s admitted an op on a RELEASED lease of room %llu:%llu", n->name,
              (unsigned long long)r->key.room_id, (unsigned long long)r->key.generation);
     w->stats.ops_admitted++;
-    return 0;
+    return o;
 }
 
 static void act_submit(struct world *w, const struct action *act)
@@ -855,10 +971,11 @@ static void act_submit(struct world *w, const struct action *act)
     int src = (int)(act->b % (uint32_t)r->nsrc);
     struct spart *sp = &r->parts[src];
     struct snode *n = &w->nodes[sp->node];
-    if (!sp->joined || sp->completed_sent || !n->alive)
+    if (!sp->joined || sp->completed_sent || !n->alive || n->paused)
         return; /* a participant that reported completion submits nothing more */
-    if (cp_node_lost(w, sp->node, n->inc))
-        return; /* it self-fenced before it was declared LOST: admission is shut */
+    if (!n->racing && cp_node_lost(w, sp->node, n->inc))
+        return; /* it self-fenced before it was declared LOST: admission is shut
+                 * (a resumed process may still run before its self-fence) */
     struct nlife *l = life_find(n, r->key);
     if (l == NULL)
         return; /* no room update yet: the node knows no sink lease */
@@ -908,7 +1025,8 @@ static void act_sink_op(struct world *w, const struct action *act)
     struct sroom *r = &w->rooms[ri];
     int sink = r->nsrc + (int)(act->b % (uint32_t)r->nsink);
     struct spart *sp = &r->parts[sink];
-    if (!sp->joined || sp->nranges == 0 || sp->completed_sent || !w->nodes[sp->node].alive)
+    if (!sp->joined || sp->nranges == 0 || sp->completed_sent || !w->nodes[sp->node].alive ||
+        w->nodes[sp->node].paused)
         return;
     admit_op(w, sp->node, ri, -1, sink, KVF_LT_OP_CUDA_COPY, sp->node);
 }
@@ -973,6 +1091,9 @@ static void node_handle(struct world *w, int node, const struct msg *m)
         break;
     case M_ABORT: {
         struct nlife *l = life_find(n, m->key);
+        int ri = room_by_key(w, m->key);
+        if (ri >= 0 && !kvf_token_is_zero(m->token))
+            w->rooms[ri].abort_seen[node] = true;
         if (kvf_token_is_zero(m->token)) {
             /* A Resync's answer for an ended or forgotten room: close, no
              * report (kvfence-node does the same). */
@@ -983,6 +1104,12 @@ static void node_handle(struct world *w, int node, const struct msg *m)
             break;
         }
         if (l == NULL) {
+            if (w->mutation == MUT_ABORT_NO_OPEN) {
+                /* Nothing to drain here, says the mutated node, and forgets
+                 * the generation: a room update behind it opens it again. */
+                report(n, &(struct msg){.type = R_DRAINED, .key = m->key, .token = m->token});
+                break;
+            }
             if (kvf_lt_table_is_late(n->tab, m->key)) {
                 /* Forgotten after it drained: the answer is the same report. */
                 report(n, &(struct msg){.type = R_DRAINED, .key = m->key, .token = m->token});
@@ -994,7 +1121,7 @@ static void node_handle(struct world *w, int node, const struct msg *m)
         }
         l->have_token = true;
         l->token = m->token;
-        if (l->drained)
+        if (l->drained && w->mutation != MUT_NO_REREPORT)
             report(n, &(struct msg){.type = R_DRAINED, .key = m->key, .token = m->token});
         kvf_lt_close(l->lt, drop_chunk, w);
         node_take_drains(n);
@@ -1220,14 +1347,14 @@ static void act_bad_join(struct world *w, const struct action *act)
 
 /* ---- nodes come and go ---------------------------------------------------- */
 
-static int node_attach(struct world *w, int node, uint64_t witnessed_gone)
+static int node_attach_inc(struct world *w, int node, uint64_t inc, uint64_t witnessed_gone)
 {
     struct snode *n = &w->nodes[node];
     struct kvf_cps_pool pool = {
         .pool_id = 1, .page_size = 4096, .page_count = POOL_PAGES, .key = n->name};
     struct kvf_cps_node_hello h = {
         .node_id = n->name,
-        .incarnation = n->inc,
+        .incarnation = inc,
         .protocol_min = KVF_PROTOCOL_MIN,
         .protocol_max = KVF_PROTOCOL_MAX,
         .features = n->old ? KVF_FEATURE_TCP
@@ -1239,10 +1366,34 @@ static int node_attach(struct world *w, int node, uint64_t witnessed_gone)
     };
     uint32_t version;
     int rc = kvf_cps_node_attach(w->cps, &h, w->now, &version, NULL);
-    if (rc == 0)
+    if (rc == 0 && inc == n->inc) {
         n->connected = true;
+        n->down = n->racing = false;
+    }
     route_effects(w);
     return rc;
+}
+
+static int node_attach(struct world *w, int node, uint64_t witnessed_gone)
+{
+    return node_attach_inc(w, node, w->nodes[node].inc, witnessed_gone);
+}
+
+/* The newest incarnation this node id had (a phantom one included). */
+static uint64_t node_top_inc(const struct snode *n)
+{
+    return n->phantom_inc > n->inc ? n->phantom_inc : n->inc;
+}
+
+/* Nothing a peer posted can land in `node`'s memory any more: its connections
+ * are closed and its memory registrations are gone (death) or its queue pairs
+ * are in error (self-fence). */
+static void neutralise_inbound(struct world *w, int node)
+{
+    for (int i = 0; i < MAX_OPS; i++) {
+        if (w->ops[i].used && w->ops[i].node != node)
+            w->ops[i].neutral[node] = true;
+    }
 }
 
 static void node_kill(struct world *w, int node)
@@ -1250,6 +1401,7 @@ static void node_kill(struct world *w, int node)
     struct snode *n = &w->nodes[node];
     if (!n->alive)
         return;
+    neutralise_inbound(w, node);
     if (n->connected)
         kvf_cps_node_detach(w->cps, n->name, n->inc, w->now, NULL);
     for (int i = 0; i < MAX_OPS; i++) {
@@ -1266,7 +1418,9 @@ static void node_kill(struct world *w, int node)
     n->tab = NULL;
     memset(n->lives, 0, sizeof(n->lives));
     n->inbox.len = n->outbox.len = 0;
-    n->alive = n->connected = false;
+    n->nrx = 0; /* its socket buffers died with it */
+    n->alive = n->connected = n->paused = n->down = n->racing = false;
+    n->pending_witness = 0; /* the next process witnesses every older one */
     route_effects(w);
 }
 
@@ -1278,7 +1432,7 @@ static void node_start(struct world *w, int node)
         fail(w, "kvf_lt_table_create failed");
         return;
     }
-    n->inc++;
+    n->inc = node_top_inc(n) + 1;
     n->alive = true;
     memset(n->fenced_inc, 0, sizeof(n->fenced_inc));
     /* It took the host lock its dead predecessor held: it witnesses it. */
@@ -1297,8 +1451,8 @@ static void node_resync(struct world *w, int node)
     size_t nl = 0, np = 0;
     for (int i = 0; i < MAX_LIVES; i++) {
         const struct nlife *l = &n->lives[i];
-        if (!l->used)
-            continue;
+        if (!l->used || l->inc != n->inc)
+            continue; /* an older incarnation's lifetimes are not this one's to report */
         lts[nl].key = l->key;
         lts[nl].state = (enum kvf_cps_lifetime_state)kvf_lt_state(l->lt);
         lts[nl].token = l->have_token ? l->token : (kvf_token){0, 0};
@@ -1326,23 +1480,334 @@ static void node_resync(struct world *w, int node)
     route_effects(w);
 }
 
+static void node_self_fence(struct world *w, int node);
+
 static void act_reconnect(struct world *w, int node)
 {
     struct snode *n = &w->nodes[node];
-    if (!n->alive || n->connected)
+    if (!n->alive || n->connected || n->paused)
         return;
+    if (n->racing) {
+        /* Resumed past its margin: its self-fence is due before any session. */
+        node_self_fence(w, node);
+        return;
+    }
     int rc = node_attach(w, node, 0);
     if (rc == 0)
         node_resync(w, node);
-    if (rc != 0) {
-        /* Declared LOST meanwhile: the node must restart with a new
-         * incarnation (its peers fenced the old one). */
-        node_kill(w, node);
-        node_start(w, node);
+    else
+        node_self_fence(w, node); /* refused (LOST, or a newer incarnation exists) */
+}
+
+/* ---- pause, self-fence, witness --------------------------------------------- */
+
+/* How long a node's session may be down before it fences itself: node_ttl
+ * minus a margin, by its own clock (docs/state-cores.md, "Self-fencing"). */
+static kvf_time_ns self_fence_after(const struct world *w)
+{
+    return w->co.node_ttl - w->co.node_ttl / 4;
+}
+
+static void node_down(struct world *w, int node)
+{
+    struct snode *n = &w->nodes[node];
+    if (n->connected) {
+        kvf_cps_node_detach(w->cps, n->name, n->inc, w->now, NULL);
+        n->connected = false;
+        n->inbox.len = 0; /* what was on the wire is gone */
+        route_effects(w);
+    }
+    if (!n->down) {
+        n->down = true;
+        n->down_since = w->now;
+    }
+}
+
+static void node_pause(struct world *w, int node)
+{
+    struct snode *n = &w->nodes[node];
+    if (!n->alive || n->paused)
+        return;
+    n->paused = true;
+    w->stats.pauses++;
+    node_down(w, node); /* it sends no heartbeat: the control plane drops the session */
+}
+
+static void node_resume(struct world *w, int node)
+{
+    struct snode *n = &w->nodes[node];
+    if (!n->alive || !n->paused)
+        return;
+    n->paused = false;
+    /* Its timers are overdue, but any thread may run first: the receiver may
+     * take what waits in its sockets before the self-fence runs. */
+    n->racing = n->down && w->now - n->down_since >= self_fence_after(w);
+}
+
+/* Retires (flushes) every op `node` posted towards `peer`: its queue pairs to
+ * the peer are in the error state or its connection to the peer is closed.
+ * Receives in progress are joined by the caller, or keep running. */
+static void flush_ops_towards(struct world *w, int node, int peer, bool receives_too)
+{
+    struct snode *n = &w->nodes[node];
+    if (peer == node)
+        return; /* local copies are not stopped by closing connections */
+    for (int i = 0; i < MAX_OPS; i++) {
+        struct sop *o = &w->ops[i];
+        if (o->used && o->node == node && o->peer == peer && peer != node && !o->quarantined &&
+            (receives_too || !o->recv))
+            op_retire(w, o, KVF_LT_DONE_FLUSHED);
+    }
+    kvf_lt_table_peer_fenced(n->tab, (uint32_t)peer);
+    for (int i = 0; i < MAX_OPS; i++) {
+        struct sop *o = &w->ops[i];
+        if (o->used && o->node == node && o->peer == peer && peer != node && o->quarantined)
+            op_free(o);
+    }
+}
+
+/* A node whose session was down for its margin (or that was refused as LOST)
+ * fences itself: admission shut on every lifetime, queued chunks dropped, its
+ * peer connections closed (socket buffers dropped, posted transfers flushed;
+ * receives and local copies in progress keep running), then it comes back as
+ * a new incarnation that keeps the old lifetimes and witnesses the old
+ * incarnation once they all drained (node_maybe_witness). */
+static void node_self_fence(struct world *w, int node)
+{
+    struct snode *n = &w->nodes[node];
+    if (!n->alive || n->paused)
+        return;
+    if (n->connected)
+        kvf_cps_node_detach(w->cps, n->name, n->inc, w->now, NULL);
+    n->connected = false;
+    kvf_lt_table_close_all(n->tab, drop_chunk, w);
+    neutralise_inbound(w, node);
+    n->nrx = 0;
+    n->inbox.len = n->outbox.len = 0; /* the old session's queues are gone */
+    for (int peer = 0; peer < NODES; peer++)
+        flush_ops_towards(w, node, peer, false);
+    node_take_drains(n);
+    uint64_t old = node_top_inc(n); /* a phantom incarnation ran nothing here */
+    n->inc = old + 1;
+    n->pending_witness = old;
+    memset(n->fenced_inc, 0, sizeof(n->fenced_inc));
+    w->stats.self_fences++;
+    if (node_attach(w, node, 0) != 0)
+        fail(w, "%s could not attach as a new incarnation after its self-fence", n->name);
+    if (w->mutation == MUT_WITNESS_EARLY && !w->failed) {
+        kvf_cps_node_witness(w->cps, n->name, n->inc, old, w->now, NULL);
+        n->pending_witness = 0;
+        route_effects(w);
+    }
+}
+
+/* A self-fenced node sends Witness for its old incarnation once every
+ * lifetime of it is drained (admission shut for good, nothing in flight). */
+static void node_maybe_witness(struct world *w, int node)
+{
+    struct snode *n = &w->nodes[node];
+    if (n->pending_witness == 0 || !n->alive || n->paused || !n->connected)
+        return;
+    for (int i = 0; i < MAX_LIVES; i++) {
+        const struct nlife *l = &n->lives[i];
+        if (l->used && l->inc <= n->pending_witness && kvf_lt_state(l->lt) != KVF_LT_DRAINED)
+            return;
+    }
+    int rc = kvf_cps_node_witness(w->cps, n->name, n->inc, n->pending_witness, w->now, NULL);
+    if (rc != 0)
+        fail(w, "%s: its witness of incarnation %llu was refused: %d", n->name,
+             (unsigned long long)n->pending_witness, rc);
+    n->pending_witness = 0;
+    route_effects(w);
+}
+
+/* MUT_PAUSED_WITNESSED: a supervisor takes the paused process for dead and
+ * starts a new one, which "witnesses" the old incarnation without holding the
+ * host lock (a pid probe, say). The new process never runs here: the core
+ * knows its incarnation; the old, paused process is what resumes. */
+static void phantom_start(struct world *w, int node)
+{
+    struct snode *n = &w->nodes[node];
+    uint64_t inc = node_top_inc(n) + 1;
+    n->phantom_inc = inc;
+    node_attach_inc(w, node, inc, inc - 1);
+}
+
+/* ---- node -> node frames ---------------------------------------------------- */
+
+/* The sink's receiver takes a frame off its socket (with `any`, not the first:
+ * reordering), checks its sequence and its lifetime's admission, and lands it
+ * as an op in the sink's pages. */
+static void node_recv(struct world *w, int node, bool any, uint32_t pick)
+{
+    struct snode *n = &w->nodes[node];
+    if (n->nrx == 0 || !n->alive || n->paused)
+        return;
+    int idx = any ? (int)(pick % (uint32_t)n->nrx) : 0;
+    struct frame f = n->rx[idx];
+    memmove(&n->rx[idx], &n->rx[idx + 1], (size_t)(n->nrx - idx - 1) * sizeof(n->rx[0]));
+    n->nrx--;
+    struct sroom *r = &w->rooms[f.room];
+    struct nlife *l = life_find(n, r->key);
+    if (l == NULL) {
+        w->stats.frames_dropped++; /* no lifetime: an unknown or late room */
+        return;
+    }
+    if (w->mutation != MUT_NO_SEQ) {
+        enum kvf_lt_seq_verdict v = kvf_lt_peer_seq_check(l->lt, (uint32_t)f.from, f.seq);
+        if (v != KVF_LT_SEQ_OK) {
+            w->stats.frames_dropped++;
+            if (v == KVF_LT_SEQ_GAP && kvf_lt_is_open(l->lt)) {
+                r->parts[f.sink].failed = true; /* a frame is missing: the transfer failed */
+                report(n, &(struct msg){.type = R_FAILED, .key = r->key});
+            }
+            return;
+        }
+    }
+    struct sop *o;
+    if (w->mutation == MUT_RECV_NOT_OP) {
+        o = kvf_lt_is_open(l->lt) ? op_alloc(w) : NULL;
+        if (o != NULL)
+            *o = (struct sop){.used = true,
+                              .unaccounted = true,
+                              .kind = KVF_LT_OP_TCP_FRAME,
+                              .node = node,
+                              .peer = f.from,
+                              .peer_inc = w->nodes[f.from].inc,
+                              .room = f.room,
+                              .src_part = -1,
+                              .sink_part = f.sink};
+    } else {
+        o = admit_op(w, node, f.room, -1, f.sink, KVF_LT_OP_TCP_FRAME, f.from);
+    }
+    if (o == NULL) {
+        w->stats.frames_dropped++; /* refused: the lifetime is shut */
+        return;
+    }
+    o->recv = true;
+    uint64_t *last = &w->seq_landed[f.room][f.from][node];
+    if (f.seq != *last + 1)
+        fail(w,
+             "I8: frame %llu from %s lands in room %llu:%llu on %s after frame %llu (out of "
+             "order or twice)",
+             (unsigned long long)f.seq, w->nodes[f.from].name, (unsigned long long)r->key.room_id,
+             (unsigned long long)r->key.generation, n->name, (unsigned long long)*last);
+    if (f.seq > *last)
+        *last = f.seq;
+}
+
+/* ---- control-plane crash ---------------------------------------------------- */
+
+static int image_write(void *ctx, const void *buf, size_t len)
+{
+    struct image *im = ctx;
+    if (im->len + len > im->cap) {
+        size_t cap = im->cap ? im->cap : 65536;
+        while (cap < im->len + len)
+            cap *= 2;
+        unsigned char *b = realloc(im->buf, cap);
+        if (b == NULL)
+            return -ENOMEM;
+        im->buf = b;
+        im->cap = cap;
+    }
+    memcpy(im->buf + im->len, buf, len);
+    im->len += len;
+    return 0;
+}
+
+static int image_take(struct world *w, struct image *im)
+{
+    im->len = 0;
+    return kvf_cps_snapshot(w->cps, w->now, image_write, im);
+}
+
+/* The control plane dies and comes back with what its log holds: every call
+ * whose effects left it (replies are held until the log record is durable).
+ * The core is rebuilt from its own image, as snapshot plus log replay would
+ * rebuild it; every node session is gone and every ATTACHED node is detached
+ * (the service does so right after recovery). */
+static void cp_crash(struct world *w, uint32_t back_at_once)
+{
+    struct image *im = &w->img;
+    if (w->mutation == MUT_ACK_EARLY && w->img_older.len > 0)
+        im = &w->img_older; /* the last step's effects left before it was logged */
+    else if (image_take(w, im) != 0) {
+        fail(w, "kvf_cps_snapshot failed");
+        return;
+    }
+    struct kvf_error err;
+    kvf_error_clear(&err);
+    struct kvf_cps *st = kvf_cps_restore(&w->co, im->buf, im->len, w->now, &err);
+    if (st == NULL) {
+        fail(w, "the control plane could not recover its state: %s", err.msg);
+        return;
+    }
+    kvf_cps_destroy(w->cps);
+    w->cps = st;
+    w->stats.cp_crashes++;
+    for (int i = 0; i < NODES; i++) {
+        struct snode *n = &w->nodes[i];
+        kvf_cps_node_detach(w->cps, n->name, n->inc, w->now, NULL);
+        if (n->phantom_inc > n->inc)
+            kvf_cps_node_detach(w->cps, n->name, n->phantom_inc, w->now, NULL);
+        if (n->alive && n->connected) {
+            n->connected = false;
+            n->inbox.len = 0;
+            if (!n->down) {
+                n->down = true;
+                n->down_since = w->now;
+            }
+        }
+    }
+    route_effects(w);
+    /* Most nodes are back within their retry backoff; the others later. */
+    for (int i = 0; i < NODES && !w->failed; i++) {
+        if ((back_at_once >> i) % 4 != 0)
+            act_reconnect(w, i);
     }
 }
 
 /* ---- the step ----------------------------------------------------------- */
+
+/* Before each action: a running node whose session has been down for its
+ * margin fences itself now (its timer fires on time; a resumed node that was
+ * paused past it is the exception: it races, see node_resume). With
+ * MUT_ACK_EARLY the images of the last two steps are kept for the crash. */
+static void before_step(struct world *w)
+{
+    for (int i = 0; i < NODES && !w->failed; i++) {
+        struct snode *n = &w->nodes[i];
+        if (n->alive && !n->paused && !n->connected && n->down && !n->racing &&
+            w->now - n->down_since >= self_fence_after(w))
+            node_self_fence(w, i);
+    }
+    if (w->mutation == MUT_ACK_EARLY) {
+        struct image t = w->img_older;
+        w->img_older = w->img_old;
+        w->img_old = t;
+        if (image_take(w, &w->img_old) != 0)
+            fail(w, "kvf_cps_snapshot failed");
+    }
+}
+
+static void after_step(struct world *w)
+{
+    for (int i = 0; i < NODES && !w->failed; i++)
+        node_maybe_witness(w, i);
+}
+
+/* The first node (from k on) that is alive, runs and has a frame waiting. */
+static int pick_rx_node(const struct world *w, uint32_t k)
+{
+    for (int i = 0; i < NODES; i++) {
+        int node = (int)((k + (uint32_t)i) % NODES);
+        const struct snode *n = &w->nodes[node];
+        if (n->alive && !n->paused && n->nrx > 0)
+            return node;
+    }
+    return -1;
+}
 
 bool world_step(struct world *w, const struct action *act)
 {
@@ -1350,6 +1815,7 @@ bool world_step(struct world *w, const struct action *act)
         return false;
     if (w->trace)
         printf("  %s a=%u b=%u c=%u\n", act_name(act->kind), act->a, act->b, act->c);
+    before_step(w);
     switch ((enum act_kind)act->kind) {
     case ACT_JOIN:
         act_join(w, act);
@@ -1413,13 +1879,9 @@ bool world_step(struct world *w, const struct action *act)
         act_bad_join(w, act);
         break;
     case ACT_DISCONNECT: {
-        struct snode *n = &w->nodes[act->a % NODES];
-        if (n->alive && n->connected) {
-            kvf_cps_node_detach(w->cps, n->name, n->inc, w->now, NULL);
-            n->connected = false;
-            n->inbox.len = 0; /* what was on the wire is gone */
-            route_effects(w);
-        }
+        int node = (int)(act->a % NODES);
+        if (w->nodes[node].alive && w->nodes[node].connected)
+            node_down(w, node);
         break;
     }
     case ACT_RECONNECT:
@@ -1432,6 +1894,8 @@ bool world_step(struct world *w, const struct action *act)
         int node = (int)(act->a % NODES);
         if (!w->nodes[node].alive)
             node_start(w, node);
+        else if (w->mutation == MUT_PAUSED_WITNESSED && w->nodes[node].paused)
+            phantom_start(w, node);
         break;
     }
     case ACT_ADMIN_FENCE:
@@ -1451,9 +1915,63 @@ bool world_step(struct world *w, const struct action *act)
         route_effects(w);
         break;
     }
+    case ACT_PAUSE:
+        node_pause(w, (int)(act->a % NODES));
+        break;
+    case ACT_RESUME:
+        node_resume(w, (int)(act->a % NODES));
+        break;
+    case ACT_RECV: {
+        int node = pick_rx_node(w, act->a);
+        if (node >= 0)
+            node_recv(w, node, act->b % 4 == 0, act->c);
+        break;
+    }
+    case ACT_DUP_FRAME: {
+        int node = pick_rx_node(w, act->a);
+        struct snode *n = node >= 0 ? &w->nodes[node] : NULL;
+        if (n != NULL && n->nrx < RXCAP) {
+            n->rx[n->nrx] = n->rx[act->b % (uint32_t)n->nrx];
+            n->nrx++;
+        }
+        break;
+    }
+    case ACT_DROP_NODE: {
+        int node = pick_node(w, act->a, false);
+        if (node >= 0)
+            q_pop(&w->nodes[node].outbox, NULL);
+        break;
+    }
+    case ACT_REORDER_CP: {
+        int node = pick_node(w, act->a, true);
+        struct queue *q = node >= 0 ? &w->nodes[node].inbox : NULL;
+        if (q != NULL && q->len >= 2) {
+            unsigned k = (q->head + 1 + act->b % (q->len - 1)) % QCAP;
+            struct msg t = q->m[q->head];
+            q->m[q->head] = q->m[k];
+            q->m[k] = t;
+            struct msg m;
+            q_pop(q, &m);
+            node_handle(w, node, &m);
+        }
+        break;
+    }
+    case ACT_SELF_FENCE: {
+        int node = (int)(act->a % NODES);
+        struct snode *n = &w->nodes[node];
+        if (n->alive && !n->paused && !n->connected && n->down &&
+            w->now - n->down_since >= self_fence_after(w))
+            node_self_fence(w, node);
+        break;
+    }
+    case ACT_CP_CRASH:
+        cp_crash(w, act->b);
+        break;
     default:
         break;
     }
+    if (!w->failed)
+        after_step(w);
     if (!w->failed)
         check_invariants(w);
     return !w->failed;
@@ -1468,7 +1986,8 @@ static bool world_settled(struct world *w)
             return false;
     }
     for (int i = 0; i < NODES; i++) {
-        if (w->nodes[i].inbox.len > 0 || w->nodes[i].outbox.len > 0)
+        if (w->nodes[i].inbox.len > 0 || w->nodes[i].outbox.len > 0 || w->nodes[i].nrx > 0 ||
+            w->nodes[i].pending_witness != 0)
             return false;
     }
     for (int ri = 0; ri < w->nrooms; ri++) {
@@ -1484,6 +2003,8 @@ bool world_quiesce(struct world *w)
 {
     for (int iter = 0; iter < 400 && !w->failed; iter++) {
         for (int i = 0; i < NODES; i++) {
+            if (w->nodes[i].paused)
+                node_resume(w, i);
             if (!w->nodes[i].alive)
                 node_start(w, i);
             else if (!w->nodes[i].connected)
@@ -1504,11 +2025,22 @@ bool world_quiesce(struct world *w)
                     moved = true;
                 }
             }
+            for (int i = 0; i < NODES && !w->failed; i++) {
+                while (!w->failed && w->nodes[i].nrx > 0) {
+                    node_recv(w, i, false, 0);
+                    moved = true;
+                }
+            }
             for (int i = 0; i < MAX_OPS; i++) {
                 if (w->ops[i].used) {
                     op_retire(w, &w->ops[i], KVF_LT_DONE_OK);
                     moved = true;
                 }
+            }
+            for (int i = 0; i < NODES && !w->failed; i++) {
+                uint64_t before = w->nodes[i].pending_witness;
+                node_maybe_witness(w, i);
+                moved = moved || before != w->nodes[i].pending_witness;
             }
             if (!moved)
                 break;
@@ -1585,6 +2117,7 @@ struct world *world_create(uint64_t seed, const struct world_opts *opts)
         return NULL;
     w->rng = seed;
     w->trace = opts != NULL && opts->trace;
+    w->mutation = opts != NULL ? opts->mutation : MUT_NONE;
     w->now = KVF_NS_PER_S;
     w->next_bad_id = 1000000;
     for (int i = 0; i <= ROOM_IDS; i++)
@@ -1594,6 +2127,7 @@ struct world *world_create(uint64_t seed, const struct world_opts *opts)
     co.random_fn = world_random;
     co.node_ttl = 2 * KVF_NS_PER_S; /* shorter than the default: more nodes get LOST */
     co.random_ctx = w;
+    w->co = co;
     w->cps = kvf_cps_create(&co);
     if (w->cps == NULL) {
         free(w);
@@ -1615,6 +2149,9 @@ void world_destroy(struct world *w)
     for (int i = 0; i < NODES; i++)
         kvf_lt_table_destroy(w->nodes[i].tab);
     kvf_cps_destroy(w->cps);
+    free(w->img.buf);
+    free(w->img_old.buf);
+    free(w->img_older.buf);
     free(w);
 }
 
@@ -1634,7 +2171,33 @@ const char *act_name(enum act_kind k)
         "join",       "extend",       "submit",      "sink_op",    "complete_ok",  "complete_err",
         "quarantine", "abort",        "admin_abort", "deliver_cp", "deliver_node", "drop_cp",
         "dup_node",   "stale_report", "bad_join",    "disconnect", "reconnect",    "kill",
-        "restart",    "admin_fence",  "tick",
+        "restart",    "admin_fence",  "tick",        "pause",      "resume",       "recv",
+        "dup_frame",  "drop_node",    "reorder_cp",  "self_fence", "cp_crash",
     };
     return (unsigned)k < ACT_KIND_COUNT ? names[k] : "?";
+}
+
+static const char *const mutation_names[MUT_COUNT] = {
+    [MUT_NONE] = "none",
+    [MUT_PAUSED_WITNESSED] = "paused-witnessed",
+    [MUT_RECV_NOT_OP] = "recv-not-op",
+    [MUT_NO_SEQ] = "no-seq",
+    [MUT_ABORT_NO_OPEN] = "abort-no-open",
+    [MUT_NO_REREPORT] = "no-rereport",
+    [MUT_ACK_EARLY] = "ack-early",
+    [MUT_WITNESS_EARLY] = "witness-early",
+};
+
+int world_mutation_by_name(const char *name)
+{
+    for (int m = 0; m < MUT_COUNT; m++) {
+        if (strcmp(mutation_names[m], name) == 0)
+            return m;
+    }
+    return -1;
+}
+
+const char *world_mutation_name(enum world_mutation m)
+{
+    return (unsigned)m < MUT_COUNT ? mutation_names[m] : "?";
 }
