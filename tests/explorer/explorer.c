@@ -35,9 +35,13 @@ static const unsigned weights[ACT_KIND_COUNT] = {
     [ACT_DUP_NODE] = 15,    [ACT_STALE_REPORT] = 15,  [ACT_BAD_JOIN] = 10,
     [ACT_DISCONNECT] = 10,  [ACT_RECONNECT] = 25,     [ACT_KILL] = 3,
     [ACT_RESTART] = 10,     [ACT_ADMIN_FENCE] = 2,    [ACT_TICK] = 80,
+    [ACT_PAUSE] = 3,        [ACT_RESUME] = 12,        [ACT_RECV] = 70,
+    [ACT_DUP_FRAME] = 6,    [ACT_DROP_NODE] = 10,     [ACT_REORDER_CP] = 15,
+    [ACT_SELF_FENCE] = 10,  [ACT_CP_CRASH] = 2,
 };
 
-static bool g_trace; /* trace the final replay of a shrunk schedule */
+static bool g_trace;                   /* trace the final replay of a shrunk schedule */
+static enum world_mutation g_mutation; /* --mutate: a rule taken out of the simulation */
 
 static uint64_t rng_next(uint64_t *s)
 {
@@ -75,7 +79,7 @@ static const char *play(uint64_t seed, bool old_node, const struct action *acts,
                         size_t n, size_t *steps_p)
 {
     static char msg[512];
-    struct world_opts o = {.with_old_node = old_node, .trace = g_trace};
+    struct world_opts o = {.with_old_node = old_node, .trace = g_trace, .mutation = g_mutation};
     struct world *w = world_create(seed, &o);
     if (w == NULL) {
         fprintf(stderr, "explorer: out of memory\n");
@@ -180,7 +184,7 @@ static int report_failure(uint64_t seed, bool old_node, struct action *acts, siz
 int main(int argc, char **argv)
 {
     uint64_t total_steps = 200000, per_seed = 2000, first_seed = 1;
-    bool quiet = false, replay = false;
+    bool quiet = false, replay = false, expect_violation = false;
     for (int i = 1; i < argc; i++) {
         if (strcmp(argv[i], "--steps") == 0 && i + 1 < argc)
             total_steps = strtoull(argv[++i], NULL, 10);
@@ -193,10 +197,19 @@ int main(int argc, char **argv)
             replay = true;
         } else if (strcmp(argv[i], "--quiet") == 0)
             quiet = true;
+        else if (strcmp(argv[i], "--mutate") == 0 && i + 1 < argc) {
+            int m = world_mutation_by_name(argv[++i]);
+            if (m < 0) {
+                fprintf(stderr, "%s: unknown mutation '%s'\n", argv[0], argv[i]);
+                return 2;
+            }
+            g_mutation = (enum world_mutation)m;
+        } else if (strcmp(argv[i], "--expect-violation") == 0)
+            expect_violation = true;
         else {
             fprintf(stderr,
                     "usage: %s [--steps N] [--steps-per-seed K] [--first-seed S] "
-                    "[--replay-seed S] [--quiet]\n",
+                    "[--replay-seed S] [--quiet] [--mutate NAME [--expect-violation]]\n",
                     argv[0]);
             return 2;
         }
@@ -211,7 +224,7 @@ int main(int argc, char **argv)
     for (uint64_t seed = first_seed; done < total_steps || (replay && seeds == 0); seed++) {
         bool old_node = seed % 4 == 0;
         draw_schedule(seed, acts, per_seed);
-        struct world_opts o = {.with_old_node = old_node};
+        struct world_opts o = {.with_old_node = old_node, .mutation = g_mutation};
         struct world *w = world_create(seed, &o);
         if (w == NULL)
             return 2;
@@ -232,6 +245,22 @@ int main(int argc, char **argv)
         sum.reports_rejected += st.reports_rejected;
         sum.joins_refused += st.joins_refused;
         sum.fences += st.fences;
+        sum.pauses += st.pauses;
+        sum.frames_landed += st.frames_landed;
+        sum.frames_dropped += st.frames_dropped;
+        sum.self_fences += st.self_fences;
+        sum.cp_crashes += st.cp_crashes;
+        if (!ok && expect_violation) {
+            /* The mutation was caught: that is the pass of this run. */
+            printf("explorer: mutation %s caught after %" PRIu64 " steps (seed %" PRIu64
+                   ", step %zu of it): %s\n",
+                   world_mutation_name(g_mutation), done + i, seed, i, world_failure(w));
+            printf("explorer: reproduce with: kvf_explorer --mutate %s --replay-seed %" PRIu64 "\n",
+                   world_mutation_name(g_mutation), seed);
+            world_destroy(w);
+            free(acts);
+            return 0;
+        }
         if (!ok) {
             char failure[512];
             snprintf(failure, sizeof(failure), "%s", world_failure(w));
@@ -249,6 +278,11 @@ int main(int argc, char **argv)
             break;
     }
     free(acts);
+    if (expect_violation) {
+        printf("explorer: mutation %s was NOT caught in %" PRIu64 " steps over %" PRIu64 " seeds\n",
+               world_mutation_name(g_mutation), done, seeds);
+        return 1;
+    }
     printf("explorer: %" PRIu64 " steps over %" PRIu64 " seeds (from %" PRIu64
            "), every invariant checked after every step\n",
            done, seeds, first_seed);
@@ -258,6 +292,10 @@ int main(int argc, char **argv)
         " released; reports %" PRIu64 " rejected; joins %" PRIu64 " refused; fences %" PRIu64 "\n",
         sum.rooms_created, sum.rooms_completed, sum.rooms_aborted, sum.ops_admitted,
         sum.ops_refused, sum.leases_released, sum.reports_rejected, sum.joins_refused, sum.fences);
+    printf("explorer: pauses %" PRIu64 "; frames %" PRIu64 " landed, %" PRIu64
+           " dropped (closed, late, out of order, duplicate); self-fences %" PRIu64
+           "; control-plane crashes %" PRIu64 "\n",
+           sum.pauses, sum.frames_landed, sum.frames_dropped, sum.self_fences, sum.cp_crashes);
     /* The plain closing line CI reads. */
     printf("%" PRIu64 " passed, 0 failed\n", seeds);
     return 0;

@@ -3,33 +3,69 @@
  *
  * Real parts: the control-plane core (kvf_cps) and one lifetime table
  * (kvf_lt_table) per node. Simulated parts: engines (page allocators), node
- * agents (what kvfence-node does on a notice, a completion or a fence), native
- * ops in flight, and the links between nodes and the control plane, which lose,
- * duplicate and delay messages. See world.h for the action model.
+ * agents (what kvfence-node does on a notice, a completion, a fence, a lost
+ * session), native ops in flight, the node -> node connections that carry TCP
+ * frames, and the links between nodes and the control plane. See world.h for
+ * the action model. This file holds the engines, the control plane's effects,
+ * the invariants, the step and the quiesce phase; world_node.c the node side.
+ *
+ * The faults: control-plane -> node messages lost, delayed and taken out of
+ * order; node -> control-plane reports lost and duplicated; node -> node
+ * frames reordered and duplicated; sessions dropped; a node process paused
+ * (it takes no step: its ops stay in flight, its socket buffers keep their
+ * frames, its session drops and the core may declare it LOST; when it resumes
+ * any of its threads may run before its overdue self-fence: the receiver takes
+ * what waits in its sockets), killed and restarted; a node fencing itself
+ * after its session was down for node_ttl minus a margin (it keeps the old
+ * incarnation's lifetimes, comes back as a new incarnation and sends Witness
+ * for the old one once they all drained); the control plane crashing and
+ * recovering its state from its own image (kvf_cps_snapshot/kvf_cps_restore:
+ * what the store's snapshot plus log replay rebuild), with every session gone.
  *
  * What "touching a page" means here: a transfer op counted on a source node
  * reads that node's source pages and writes the sink's pages on the peer node;
- * a sink-local op (a CUDA scatter, a TCP receive) writes the sink's own pages.
- * An op stops touching a peer's pages once that peer fenced the op's node
- * incarnation, and stops touching anything when its process dies. A LOST
- * node's own pages stay touched while its process lives (a paused process
- * resumes): only its own drain or its witnessed death frees them (DESIGN.md
- * §4, "Lost node"). A restarted node witnesses its predecessor's death in its
- * Hello (the host lock of kvfence-node). A node whose incarnation is LOST
- * admits nothing more (kvfence-node self-fences before node_ttl runs out).
+ * a sink-local op (a CUDA scatter) and a receive in progress (a TCP frame taken
+ * off the socket and admitted) write the sink's own pages. An op stops
+ * touching a peer's pages once that peer fenced the op's node incarnation, and
+ * stops touching anything when its process dies. A LOST node's own pages stay
+ * touched while its process lives (a paused process resumes): only its own
+ * drain or a proof from its host frees them (docs/state-cores.md, "Pages on
+ * host H"). A restarted node witnesses its predecessor's death in its Hello
+ * (the host lock of kvfence-node); a self-fenced one sends Witness.
  *
- * The invariants checked after every action:
+ * The invariants checked after every action (names shared with the Promela
+ * model, tests/model):
  *   I1 no lease is RELEASED (in the core, or by an effect) while a live,
  *      unfenced op touches its pages;
- *   I3 no op is admitted on a lifetime whose abort notice was processed, and no
- *      overlapping write lease is ever granted (a failed join changes nothing);
+ *   I2 no node admits an op (a transfer, a local copy, a frame landing) for a
+ *      room whose abort notice it processed;
+ *   I3 no op is admitted on a RELEASED lease, and no overlapping write lease is
+ *      ever granted (a failed join changes nothing);
  *   I4 each lease is released exactly once and the core's lease state agrees
  *      with the effects seen; abort returns one token per room-generation;
  *   I5 stale, tokenless and foreign reports change nothing;
  *   I7 a room with a participant lacking QUIESCE_V1 never sends a room update;
- *   room states move only along DESIGN.md §3.
+ *   I8 the frames from one node to another for one room land in the order
+ *      they were sent, each once;
+ *   room states move only along the state machine (OPENING -> ACTIVE ->
+ *   COMPLETED, or -> ABORTING -> ABORTED).
  * And at the end (world_quiesce): every room terminal, every lease released,
  * every page back with its engine, every lifetime drained.
+ *
+ * The node side and a node core. The node agent is the set of functions in
+ * world_node.c (and admit_op, op_retire, check_completion here) that hold the
+ * lifetime table: life_open/life_find,
+ * node_handle (notices and fences), node_recv (frames), admit_op/op_retire
+ * (ops), check_completion, node_self_fence/node_maybe_witness and node_resync.
+ * They read and write struct snode only, and talk to the rest of the world
+ * through three narrow channels: report() (to the control plane), frame_send()
+ * (to a peer) and the sop array (native ops). A pure node core (rooms,
+ * lifetimes, completion and drain rules) replaces them by holding one core per
+ * snode instead of the lifetime table: each of those functions becomes one
+ * call into the core with the same input, and the core's effects are routed
+ * like the control plane's (route_effects): reports into the outbox, frames
+ * into the peer's rx buffer, native ops into the sop array. The invariants,
+ * the faults and the mutations do not change.
  */
 #include "world.h"
 
@@ -42,114 +78,7 @@
 #include "cp_state.h"
 #include "lifetime.h"
 
-#define NODES      5 /* n0..n3, and n4 which may lack QUIESCE_V1 */
-#define OLD_NODE   4
-#define POOL_PAGES 64
-#define MAX_ROOMS  4096
-#define ROOM_IDS   6
-#define MAX_PARTS  6
-#define MAX_RANGES 4
-#define MAX_OPS    256
-#define MAX_LIVES  1024
-#define MAX_CHUNKS 256
-#define QCAP       1024
-
-enum msg_type {
-    M_ROOM_UPDATE,
-    M_ABORT,
-    M_FENCE,
-    R_DRAINED,
-    R_COMPLETED,
-    R_FAILED,
-    R_FENCED,
-};
-
-struct msg {
-    uint8_t type;
-    kvf_room_key key;
-    kvf_token token;
-    uint32_t rank;
-    int role;
-    int peer;
-    uint64_t peer_inc;
-    uint64_t inc; /* sender's incarnation (reports) */
-};
-
-struct queue {
-    struct msg m[QCAP];
-    unsigned head, len;
-};
-
-struct spart {
-    int node;
-    uint32_t rank;
-    enum kvf_cps_role role;
-    bool joined, refused, released;
-    uint64_t lease_id;
-    struct kvf_cps_page_range ranges[MAX_RANGES];
-    int nranges;
-    int chunks_planned, chunks_sent, chunks_queued;
-    bool failed, completed_sent;
-};
-
-struct sroom {
-    bool used, dead, has_old;
-    uint64_t room_id;
-    kvf_room_key key; /* generation 0 until a join succeeded */
-    int nsrc, nsink, nparts;
-    struct spart parts[MAX_PARTS];
-    bool have_token;
-    kvf_token token;
-    int state; /* last state announced by a ROOM_STATE effect, 0 before */
-};
-
-struct nlife {
-    bool used;
-    kvf_room_key key;
-    struct kvf_lt *lt;
-    bool have_token, drained;
-    kvf_token token;
-};
-
-struct schunk {
-    struct kvf_lt_chunk c; /* first: recovered by cast */
-    bool used;
-    int node, room, part, sink;
-};
-
-struct snode {
-    char name[16];
-    uint64_t inc;
-    bool alive, connected, old;
-    struct kvf_lt_table *tab;
-    struct nlife lives[MAX_LIVES];
-    struct queue inbox, outbox;
-    uint32_t page_owner[POOL_PAGES]; /* room * MAX_PARTS + part + 1, 0 = free */
-    uint64_t fenced_inc[NODES];      /* this node fenced peer i at this incarnation */
-};
-
-struct sop {
-    bool used, quarantined;
-    struct kvf_lt_op op;
-    int node, peer, room, src_part, sink_part;
-    bool neutral[NODES];
-};
-
-struct world {
-    uint64_t rng;
-    struct kvf_cps *cps;
-    kvf_time_ns now;
-    struct snode nodes[NODES];
-    struct sroom rooms[MAX_ROOMS];
-    int nrooms;
-    int current[ROOM_IDS + 1]; /* room_id -> latest sim room index, -1 */
-    struct sop ops[MAX_OPS];
-    struct schunk chunks[MAX_CHUNKS];
-    uint64_t next_bad_id;
-    bool failed, trace;
-    char failure[512];
-    struct world_stats stats;
-};
+#include "world_internal.h"
 
 /* ---- small helpers ------------------------------------------------------ */
 
@@ -174,7 +103,7 @@ static void world_random(void *ctx, void *buf, size_t len)
     }
 }
 
-__attribute__((format(printf, 2, 3))) static void fail(struct world *w, const char *fmt, ...)
+void fail(struct world *w, const char *fmt, ...)
 {
     if (w->failed)
         return;
@@ -185,7 +114,7 @@ __attribute__((format(printf, 2, 3))) static void fail(struct world *w, const ch
     w->failed = true;
 }
 
-static bool q_push(struct queue *q, const struct msg *m)
+bool q_push(struct queue *q, const struct msg *m)
 {
     if (q->len == QCAP)
         return false;
@@ -214,7 +143,7 @@ static int node_by_name(const struct world *w, const char *name)
     return -1;
 }
 
-static int room_by_key(const struct world *w, kvf_room_key key)
+int room_by_key(const struct world *w, kvf_room_key key)
 {
     for (int i = w->nrooms - 1; i >= 0; i--) {
         if (w->rooms[i].used && kvf_room_key_eq(w->rooms[i].key, key))
@@ -268,69 +197,6 @@ static bool cp_node_lost(const struct world *w, int node, uint64_t inc)
     return v.incarnation != inc || v.state == KVF_CPS_NODE_LOST;
 }
 
-/* ---- node agent: lifetimes ------------------------------------------------ */
-
-static struct nlife *life_find(struct snode *n, kvf_room_key key)
-{
-    for (int i = 0; i < MAX_LIVES; i++) {
-        if (n->lives[i].used && kvf_room_key_eq(n->lives[i].key, key))
-            return &n->lives[i];
-    }
-    return NULL;
-}
-
-static struct nlife *life_open(struct world *w, struct snode *n, kvf_room_key key)
-{
-    struct kvf_lt *lt;
-    if (kvf_lt_table_is_late(n->tab, key))
-        return NULL;
-    int rc = kvf_lt_table_open(n->tab, key, &lt);
-    if (rc != 0) {
-        if (rc != -ESTALE && rc != -EEXIST)
-            fail(w, "%s: kvf_lt_table_open(%llu:%llu) failed: %d", n->name,
-                 (unsigned long long)key.room_id, (unsigned long long)key.generation, rc);
-        return NULL;
-    }
-    for (int i = 0; i < MAX_LIVES; i++) {
-        if (!n->lives[i].used) {
-            n->lives[i] = (struct nlife){.used = true, .key = key, .lt = lt};
-            return &n->lives[i];
-        }
-    }
-    fail(w, "%s: out of simulated lifetimes", n->name);
-    return NULL;
-}
-
-static void report(struct snode *n, const struct msg *m)
-{
-    struct msg r = *m;
-    r.inc = n->inc;
-    q_push(&n->outbox, &r);
-}
-
-/* Sends a drained report for every lifetime whose drained event is due. */
-static void node_take_drains(struct snode *n)
-{
-    for (int i = 0; i < MAX_LIVES; i++) {
-        struct nlife *l = &n->lives[i];
-        if (!l->used || !kvf_lt_take_drained(l->lt))
-            continue;
-        l->drained = true;
-        if (l->have_token)
-            report(n, &(struct msg){.type = R_DRAINED, .key = l->key, .token = l->token});
-    }
-}
-
-static void drop_chunk(void *ctx, struct kvf_lt_chunk *c)
-{
-    struct world *w = ctx;
-    struct schunk *ch = (struct schunk *)c;
-    if (!ch->used)
-        fail(w, "a dropped chunk was not queued");
-    ch->used = false;
-    w->rooms[ch->room].parts[ch->part].chunks_queued--;
-}
-
 /* ---- ops ----------------------------------------------------------------- */
 
 static bool op_touches(const struct sop *o, int room, int part)
@@ -349,24 +215,26 @@ static bool op_harms(const struct world *w, const struct sop *o, int room, int p
     return !o->neutral[page_node];
 }
 
-static void op_free(struct sop *o)
+void op_free(struct sop *o)
 {
     o->used = false;
 }
 
-static int live_ops(const struct world *w, int *idx, bool quarantined_only)
+/* Live ops whose process runs (a paused node completes nothing); for a
+ * quarantine, only ops counted in a lifetime and not quarantined yet. */
+static int live_ops(const struct world *w, int *idx, bool for_quarantine)
 {
     int n = 0;
     for (int i = 0; i < MAX_OPS; i++) {
-        if (w->ops[i].used && (!quarantined_only || !w->ops[i].quarantined))
+        const struct sop *o = &w->ops[i];
+        if (o->used && !w->nodes[o->node].paused &&
+            (!for_quarantine || (!o->quarantined && !o->unaccounted)))
             idx[n++] = i;
     }
     return n;
 }
 
-static void check_completion(struct world *w, int room);
-
-static void op_retire(struct world *w, struct sop *o, enum kvf_lt_outcome outcome)
+void op_retire(struct world *w, struct sop *o, enum kvf_lt_outcome outcome)
 {
     struct snode *n = &w->nodes[o->node];
     int room = o->room;
@@ -376,7 +244,15 @@ static void op_retire(struct world *w, struct sop *o, enum kvf_lt_outcome outcom
         r->parts[p].failed = true;
         report(n, &(struct msg){.type = R_FAILED, .key = r->key});
     }
-    kvf_lt_op_retire(&o->op, outcome);
+    if (outcome == KVF_LT_DONE_OK && o->src_part >= 0 && o->kind == KVF_LT_OP_TCP_FRAME &&
+        o->peer != o->node)
+        frame_send(w, o);
+    if (o->recv && outcome == KVF_LT_DONE_OK) {
+        w->rooms[room].parts[o->sink_part].frames_in++;
+        w->stats.frames_landed++;
+    }
+    if (!o->unaccounted)
+        kvf_lt_op_retire(&o->op, outcome);
     op_free(o);
     node_take_drains(n);
     check_completion(w, room);
@@ -443,7 +319,7 @@ static void engine_lease_released(struct world *w, const struct kvf_cps_effect *
     }
 }
 
-static void route_effects(struct world *w)
+void route_effects(struct world *w)
 {
     size_t count;
     const struct kvf_cps_effect *fx = kvf_cps_effects_take(w->cps, &count);
@@ -567,7 +443,7 @@ static bool part_has_ops(const struct world *w, int room, int part)
     return false;
 }
 
-static void check_completion(struct world *w, int room)
+void check_completion(struct world *w, int room)
 {
     struct sroom *r = &w->rooms[room];
     if (r->key.generation == 0)
@@ -581,14 +457,14 @@ static void check_completion(struct world *w, int room)
     for (int p = 0; p < r->nparts; p++) {
         struct spart *sp = &r->parts[p];
         struct snode *n = &w->nodes[sp->node];
-        if (!sp->joined || sp->completed_sent || sp->failed || !n->alive)
+        if (!sp->joined || sp->completed_sent || sp->failed || !n->alive || n->paused)
             continue;
         struct nlife *l = life_find(n, r->key);
         if (l == NULL || kvf_lt_state(l->lt) != KVF_LT_OPEN)
             continue;
         bool done = sp->role == KVF_CPS_ROLE_SOURCE
                         ? sp->chunks_sent == sp->chunks_planned && sp->chunks_queued == 0
-                        : sources_done;
+                        : sources_done && sp->frames_in == sp->frames_expected;
         if (!done || part_has_ops(w, room, p))
             continue;
         sp->completed_sent = true;
@@ -750,6 +626,7 @@ static void act_join(struct world *w, const struct action *act)
              (unsigned long long)res.key.room_id, (unsigned long long)res.key.generation);
     r->key = res.key;
     sp->joined = true;
+    sp->inc = n->inc;
     sp->lease_id = res.lease_id;
     sp->ranges[0] = rg;
     sp->nranges = pages > 0 ? 1 : 0;
@@ -801,7 +678,7 @@ static void act_extend(struct world *w, const struct action *act)
     route_effects(w);
 }
 
-static struct sop *op_alloc(struct world *w)
+struct sop *op_alloc(struct world *w)
 {
     for (int i = 0; i < MAX_OPS; i++) {
         if (!w->ops[i].used)
@@ -810,40 +687,50 @@ static struct sop *op_alloc(struct world *w)
     return NULL;
 }
 
-/* A node admits one op for a chunk; -1 when admission refused it. */
-static int admit_op(struct world *w, int node, int ri, int src, int sink, enum kvf_lt_op_kind kind,
-                    int peer)
+/* A node admits one op for a chunk; NULL when admission refused it. */
+struct sop *admit_op(struct world *w, int node, int ri, int src, int sink, enum kvf_lt_op_kind kind,
+                     int peer)
 {
     struct snode *n = &w->nodes[node];
     struct nlife *l = life_find(n, w->rooms[ri].key);
     struct sop *o = op_alloc(w);
     if (l == NULL || o == NULL)
-        return -1;
+        return NULL;
     int rc = kvf_lt_admit(l->lt, &o->op, kind, (uint32_t)peer);
     if (rc != 0) {
         w->stats.ops_refused++;
-        return -1;
+        return NULL;
     }
-    if (l->have_token)
+    if (w->rooms[ri].abort_seen[node])
         fail(w, "I2: %s admitted an op for room %llu:%llu after processing its abort notice",
              n->name, (unsigned long long)w->rooms[ri].key.room_id,
              (unsigned long long)w->rooms[ri].key.generation);
     *o = (struct sop){.used = true,
                       .op = o->op,
+                      .kind = kind,
                       .node = node,
                       .peer = peer,
+                      .peer_inc = w->nodes[peer].inc,
                       .room = ri,
                       .src_part = src,
                       .sink_part = sink};
     for (int i = 0; i < NODES; i++)
         o->neutral[i] = w->nodes[i].fenced_inc[node] == n->inc;
+    /* The sink's node is a newer process or incarnation than the one that
+     * holds those pages: no connection of this op reaches them. */
+    if (src >= 0 && sink >= 0 && peer != node && w->nodes[peer].inc != w->rooms[ri].parts[sink].inc)
+        o->neutral[peer] = true;
+    /* A lease it can reach must not be RELEASED (a peer that fenced this
+     * node, or a newer process of the peer, cannot be reached by it). */
     struct sroom *r = &w->rooms[ri];
-    if (cp_lease_state(w, r, src >= 0 ? src : sink) == KVF_CPS_LEASE_RELEASED ||
-        (sink >= 0 && cp_lease_state(w, r, sink) == KVF_CPS_LEASE_RELEASED))
+    if ((src >= 0 && cp_lease_state(w, r, src) == KVF_CPS_LEASE_RELEASED &&
+         op_harms(w, o, ri, src)) ||
+        (sink >= 0 && cp_lease_state(w, r, sink) == KVF_CPS_LEASE_RELEASED &&
+         op_harms(w, o, ri, sink)))
         fail(w, "I3: %s admitted an op on a RELEASED lease of room %llu:%llu", n->name,
              (unsigned long long)r->key.room_id, (unsigned long long)r->key.generation);
     w->stats.ops_admitted++;
-    return 0;
+    return o;
 }
 
 static void act_submit(struct world *w, const struct action *act)
@@ -855,10 +742,11 @@ static void act_submit(struct world *w, const struct action *act)
     int src = (int)(act->b % (uint32_t)r->nsrc);
     struct spart *sp = &r->parts[src];
     struct snode *n = &w->nodes[sp->node];
-    if (!sp->joined || sp->completed_sent || !n->alive)
+    if (!sp->joined || sp->completed_sent || !n->alive || n->paused)
         return; /* a participant that reported completion submits nothing more */
-    if (cp_node_lost(w, sp->node, n->inc))
-        return; /* it self-fenced before it was declared LOST: admission is shut */
+    if (!n->racing && cp_node_lost(w, sp->node, n->inc))
+        return; /* it self-fenced before it was declared LOST: admission is shut
+                 * (a resumed process may still run before its self-fence) */
     struct nlife *l = life_find(n, r->key);
     if (l == NULL)
         return; /* no room update yet: the node knows no sink lease */
@@ -908,7 +796,8 @@ static void act_sink_op(struct world *w, const struct action *act)
     struct sroom *r = &w->rooms[ri];
     int sink = r->nsrc + (int)(act->b % (uint32_t)r->nsink);
     struct spart *sp = &r->parts[sink];
-    if (!sp->joined || sp->nranges == 0 || sp->completed_sent || !w->nodes[sp->node].alive)
+    if (!sp->joined || sp->nranges == 0 || sp->completed_sent || !w->nodes[sp->node].alive ||
+        w->nodes[sp->node].paused)
         return;
     admit_op(w, sp->node, ri, -1, sink, KVF_LT_OP_CUDA_COPY, sp->node);
 }
@@ -959,79 +848,6 @@ static void act_abort(struct world *w, const struct action *act, bool admin)
         r->token = tok;
     }
     route_effects(w);
-}
-
-/* ---- node agent: messages from the control plane ------------------------- */
-
-static void node_handle(struct world *w, int node, const struct msg *m)
-{
-    struct snode *n = &w->nodes[node];
-    switch (m->type) {
-    case M_ROOM_UPDATE:
-        if (life_find(n, m->key) == NULL && life_open(w, n, m->key) != NULL)
-            check_completion(w, room_by_key(w, m->key));
-        break;
-    case M_ABORT: {
-        struct nlife *l = life_find(n, m->key);
-        if (kvf_token_is_zero(m->token)) {
-            /* A Resync's answer for an ended or forgotten room: close, no
-             * report (kvfence-node does the same). */
-            if (l != NULL) {
-                kvf_lt_close(l->lt, drop_chunk, w);
-                node_take_drains(n);
-            }
-            break;
-        }
-        if (l == NULL) {
-            if (kvf_lt_table_is_late(n->tab, m->key)) {
-                /* Forgotten after it drained: the answer is the same report. */
-                report(n, &(struct msg){.type = R_DRAINED, .key = m->key, .token = m->token});
-                break;
-            }
-            l = life_open(w, n, m->key); /* abort before any metadata */
-            if (l == NULL)
-                break;
-        }
-        l->have_token = true;
-        l->token = m->token;
-        if (l->drained)
-            report(n, &(struct msg){.type = R_DRAINED, .key = m->key, .token = m->token});
-        kvf_lt_close(l->lt, drop_chunk, w);
-        node_take_drains(n);
-        break;
-    }
-    case M_FENCE: {
-        int peer = m->peer;
-        if (peer < 0)
-            break;
-        n->fenced_inc[peer] = m->peer_inc;
-        /* Our queue pairs to the peer go to the error state: every op posted
-         * towards it flushes; quarantined ones are retired by the fence. */
-        for (int i = 0; i < MAX_OPS; i++) {
-            struct sop *o = &w->ops[i];
-            if (o->used && o->node == node && o->peer == peer && peer != node && !o->quarantined)
-                op_retire(w, o, KVF_LT_DONE_FLUSHED);
-        }
-        kvf_lt_table_peer_fenced(n->tab, (uint32_t)peer);
-        for (int i = 0; i < MAX_OPS; i++) {
-            struct sop *o = &w->ops[i];
-            if (o->used && o->node == node && o->peer == peer && peer != node && o->quarantined)
-                op_free(o);
-        }
-        /* Nothing the fenced incarnation does can reach our memory any more. */
-        for (int i = 0; i < MAX_OPS; i++) {
-            struct sop *o = &w->ops[i];
-            if (o->used && o->node == peer && w->nodes[peer].inc == m->peer_inc)
-                o->neutral[node] = true;
-        }
-        node_take_drains(n);
-        w->stats.fences++;
-        report(n, &(struct msg){.type = R_FENCED, .peer = peer, .peer_inc = m->peer_inc});
-        break;
-    }
-    default:
-        fail(w, "a report was delivered to a node");
-    }
 }
 
 static void deliver_report(struct world *w, int node, const struct msg *m)
@@ -1218,131 +1034,46 @@ static void act_bad_join(struct world *w, const struct action *act)
     w->stats.joins_refused++;
 }
 
-/* ---- nodes come and go ---------------------------------------------------- */
-
-static int node_attach(struct world *w, int node, uint64_t witnessed_gone)
-{
-    struct snode *n = &w->nodes[node];
-    struct kvf_cps_pool pool = {
-        .pool_id = 1, .page_size = 4096, .page_count = POOL_PAGES, .key = n->name};
-    struct kvf_cps_node_hello h = {
-        .node_id = n->name,
-        .incarnation = n->inc,
-        .protocol_min = KVF_PROTOCOL_MIN,
-        .protocol_max = KVF_PROTOCOL_MAX,
-        .features = n->old ? KVF_FEATURE_TCP
-                           : (KVF_FEATURE_QUIESCE_V1 | KVF_FEATURE_FENCE_V1 | KVF_FEATURE_TCP |
-                              KVF_FEATURE_RDMA),
-        .pools = &pool,
-        .pool_count = 1,
-        .witnessed_gone = witnessed_gone,
-    };
-    uint32_t version;
-    int rc = kvf_cps_node_attach(w->cps, &h, w->now, &version, NULL);
-    if (rc == 0)
-        n->connected = true;
-    route_effects(w);
-    return rc;
-}
-
-static void node_kill(struct world *w, int node)
-{
-    struct snode *n = &w->nodes[node];
-    if (!n->alive)
-        return;
-    if (n->connected)
-        kvf_cps_node_detach(w->cps, n->name, n->inc, w->now, NULL);
-    for (int i = 0; i < MAX_OPS; i++) {
-        if (w->ops[i].used && w->ops[i].node == node)
-            op_free(&w->ops[i]); /* the process died: its queue pairs went with it */
-    }
-    for (int i = 0; i < MAX_CHUNKS; i++) {
-        if (w->chunks[i].used && w->chunks[i].node == node) {
-            w->chunks[i].used = false;
-            w->rooms[w->chunks[i].room].parts[w->chunks[i].part].chunks_queued--;
-        }
-    }
-    kvf_lt_table_destroy(n->tab);
-    n->tab = NULL;
-    memset(n->lives, 0, sizeof(n->lives));
-    n->inbox.len = n->outbox.len = 0;
-    n->alive = n->connected = false;
-    route_effects(w);
-}
-
-static void node_start(struct world *w, int node)
-{
-    struct snode *n = &w->nodes[node];
-    n->tab = kvf_lt_table_create();
-    if (n->tab == NULL) {
-        fail(w, "kvf_lt_table_create failed");
-        return;
-    }
-    n->inc++;
-    n->alive = true;
-    memset(n->fenced_inc, 0, sizeof(n->fenced_inc));
-    /* It took the host lock its dead predecessor held: it witnesses it. */
-    if (node_attach(w, node, n->inc - 1) != 0)
-        fail(w, "%s could not attach with a new incarnation", n->name);
-}
-
-/* After a re-attach with the same incarnation the node says its whole state
- * (node.proto Resync): its lifetimes, the peers it fenced, its pool. What it
- * says is true at this moment; the core must stay safe with it. */
-static void node_resync(struct world *w, int node)
-{
-    struct snode *n = &w->nodes[node];
-    static struct kvf_cps_resync_lifetime lts[MAX_LIVES];
-    struct kvf_cps_resync_peer peers[NODES];
-    size_t nl = 0, np = 0;
-    for (int i = 0; i < MAX_LIVES; i++) {
-        const struct nlife *l = &n->lives[i];
-        if (!l->used)
-            continue;
-        lts[nl].key = l->key;
-        lts[nl].state = (enum kvf_cps_lifetime_state)kvf_lt_state(l->lt);
-        lts[nl].token = l->have_token ? l->token : (kvf_token){0, 0};
-        lts[nl].ops_in_flight = kvf_lt_inflight(l->lt);
-        nl++;
-    }
-    for (int i = 0; i < NODES; i++) {
-        if (n->fenced_inc[i] != 0) {
-            peers[np].node_id = w->nodes[i].name;
-            peers[np].incarnation = n->fenced_inc[i];
-            np++;
-        }
-    }
-    struct kvf_cps_pool pool = {
-        .pool_id = 1, .page_size = 4096, .page_count = POOL_PAGES, .key = n->name};
-    struct kvf_cps_resync rs = {.lifetimes = lts,
-                                .lifetime_count = nl,
-                                .fenced = peers,
-                                .fenced_count = np,
-                                .pools = &pool,
-                                .pool_count = 1};
-    int rc = kvf_cps_node_resync(w->cps, n->name, n->inc, &rs, w->now, NULL, NULL);
-    if (rc != 0)
-        fail(w, "%s: resync refused: %d", n->name, rc);
-    route_effects(w);
-}
-
-static void act_reconnect(struct world *w, int node)
-{
-    struct snode *n = &w->nodes[node];
-    if (!n->alive || n->connected)
-        return;
-    int rc = node_attach(w, node, 0);
-    if (rc == 0)
-        node_resync(w, node);
-    if (rc != 0) {
-        /* Declared LOST meanwhile: the node must restart with a new
-         * incarnation (its peers fenced the old one). */
-        node_kill(w, node);
-        node_start(w, node);
-    }
-}
-
 /* ---- the step ----------------------------------------------------------- */
+
+/* Before each action: a running node whose session has been down for its
+ * margin fences itself now (its timer fires on time; a resumed node that was
+ * paused past it is the exception: it races, see node_resume). With
+ * MUT_ACK_EARLY the images of the last two steps are kept for the crash. */
+static void before_step(struct world *w)
+{
+    for (int i = 0; i < NODES && !w->failed; i++) {
+        struct snode *n = &w->nodes[i];
+        if (n->alive && !n->paused && !n->connected && n->down && !n->racing &&
+            w->now - n->down_since >= self_fence_after(w))
+            node_self_fence(w, i);
+    }
+    if (w->mutation == MUT_ACK_EARLY) {
+        struct image t = w->img_older;
+        w->img_older = w->img_old;
+        w->img_old = t;
+        if (image_take(w, &w->img_old) != 0)
+            fail(w, "kvf_cps_snapshot failed");
+    }
+}
+
+static void after_step(struct world *w)
+{
+    for (int i = 0; i < NODES && !w->failed; i++)
+        node_maybe_witness(w, i);
+}
+
+/* The first node (from k on) that is alive, runs and has a frame waiting. */
+static int pick_rx_node(const struct world *w, uint32_t k)
+{
+    for (int i = 0; i < NODES; i++) {
+        int node = (int)((k + (uint32_t)i) % NODES);
+        const struct snode *n = &w->nodes[node];
+        if (n->alive && !n->paused && n->nrx > 0)
+            return node;
+    }
+    return -1;
+}
 
 bool world_step(struct world *w, const struct action *act)
 {
@@ -1350,6 +1081,7 @@ bool world_step(struct world *w, const struct action *act)
         return false;
     if (w->trace)
         printf("  %s a=%u b=%u c=%u\n", act_name(act->kind), act->a, act->b, act->c);
+    before_step(w);
     switch ((enum act_kind)act->kind) {
     case ACT_JOIN:
         act_join(w, act);
@@ -1413,13 +1145,9 @@ bool world_step(struct world *w, const struct action *act)
         act_bad_join(w, act);
         break;
     case ACT_DISCONNECT: {
-        struct snode *n = &w->nodes[act->a % NODES];
-        if (n->alive && n->connected) {
-            kvf_cps_node_detach(w->cps, n->name, n->inc, w->now, NULL);
-            n->connected = false;
-            n->inbox.len = 0; /* what was on the wire is gone */
-            route_effects(w);
-        }
+        int node = (int)(act->a % NODES);
+        if (w->nodes[node].alive && w->nodes[node].connected)
+            node_down(w, node);
         break;
     }
     case ACT_RECONNECT:
@@ -1432,6 +1160,8 @@ bool world_step(struct world *w, const struct action *act)
         int node = (int)(act->a % NODES);
         if (!w->nodes[node].alive)
             node_start(w, node);
+        else if (w->mutation == MUT_PAUSED_WITNESSED && w->nodes[node].paused)
+            phantom_start(w, node);
         break;
     }
     case ACT_ADMIN_FENCE:
@@ -1451,9 +1181,63 @@ bool world_step(struct world *w, const struct action *act)
         route_effects(w);
         break;
     }
+    case ACT_PAUSE:
+        node_pause(w, (int)(act->a % NODES));
+        break;
+    case ACT_RESUME:
+        node_resume(w, (int)(act->a % NODES));
+        break;
+    case ACT_RECV: {
+        int node = pick_rx_node(w, act->a);
+        if (node >= 0)
+            node_recv(w, node, act->b % 4 == 0, act->c);
+        break;
+    }
+    case ACT_DUP_FRAME: {
+        int node = pick_rx_node(w, act->a);
+        struct snode *n = node >= 0 ? &w->nodes[node] : NULL;
+        if (n != NULL && n->nrx < RXCAP) {
+            n->rx[n->nrx] = n->rx[act->b % (uint32_t)n->nrx];
+            n->nrx++;
+        }
+        break;
+    }
+    case ACT_DROP_NODE: {
+        int node = pick_node(w, act->a, false);
+        if (node >= 0)
+            q_pop(&w->nodes[node].outbox, NULL);
+        break;
+    }
+    case ACT_REORDER_CP: {
+        int node = pick_node(w, act->a, true);
+        struct queue *q = node >= 0 ? &w->nodes[node].inbox : NULL;
+        if (q != NULL && q->len >= 2) {
+            unsigned k = (q->head + 1 + act->b % (q->len - 1)) % QCAP;
+            struct msg t = q->m[q->head];
+            q->m[q->head] = q->m[k];
+            q->m[k] = t;
+            struct msg m;
+            q_pop(q, &m);
+            node_handle(w, node, &m);
+        }
+        break;
+    }
+    case ACT_SELF_FENCE: {
+        int node = (int)(act->a % NODES);
+        struct snode *n = &w->nodes[node];
+        if (n->alive && !n->paused && !n->connected && n->down &&
+            w->now - n->down_since >= self_fence_after(w))
+            node_self_fence(w, node);
+        break;
+    }
+    case ACT_CP_CRASH:
+        cp_crash(w, act->b);
+        break;
     default:
         break;
     }
+    if (!w->failed)
+        after_step(w);
     if (!w->failed)
         check_invariants(w);
     return !w->failed;
@@ -1468,7 +1252,8 @@ static bool world_settled(struct world *w)
             return false;
     }
     for (int i = 0; i < NODES; i++) {
-        if (w->nodes[i].inbox.len > 0 || w->nodes[i].outbox.len > 0)
+        if (w->nodes[i].inbox.len > 0 || w->nodes[i].outbox.len > 0 || w->nodes[i].nrx > 0 ||
+            w->nodes[i].pending_witness != 0)
             return false;
     }
     for (int ri = 0; ri < w->nrooms; ri++) {
@@ -1484,6 +1269,8 @@ bool world_quiesce(struct world *w)
 {
     for (int iter = 0; iter < 400 && !w->failed; iter++) {
         for (int i = 0; i < NODES; i++) {
+            if (w->nodes[i].paused)
+                node_resume(w, i);
             if (!w->nodes[i].alive)
                 node_start(w, i);
             else if (!w->nodes[i].connected)
@@ -1504,11 +1291,22 @@ bool world_quiesce(struct world *w)
                     moved = true;
                 }
             }
+            for (int i = 0; i < NODES && !w->failed; i++) {
+                while (!w->failed && w->nodes[i].nrx > 0) {
+                    node_recv(w, i, false, 0);
+                    moved = true;
+                }
+            }
             for (int i = 0; i < MAX_OPS; i++) {
                 if (w->ops[i].used) {
                     op_retire(w, &w->ops[i], KVF_LT_DONE_OK);
                     moved = true;
                 }
+            }
+            for (int i = 0; i < NODES && !w->failed; i++) {
+                uint64_t before = w->nodes[i].pending_witness;
+                node_maybe_witness(w, i);
+                moved = moved || before != w->nodes[i].pending_witness;
             }
             if (!moved)
                 break;
@@ -1585,6 +1383,7 @@ struct world *world_create(uint64_t seed, const struct world_opts *opts)
         return NULL;
     w->rng = seed;
     w->trace = opts != NULL && opts->trace;
+    w->mutation = opts != NULL ? opts->mutation : MUT_NONE;
     w->now = KVF_NS_PER_S;
     w->next_bad_id = 1000000;
     for (int i = 0; i <= ROOM_IDS; i++)
@@ -1594,6 +1393,7 @@ struct world *world_create(uint64_t seed, const struct world_opts *opts)
     co.random_fn = world_random;
     co.node_ttl = 2 * KVF_NS_PER_S; /* shorter than the default: more nodes get LOST */
     co.random_ctx = w;
+    w->co = co;
     w->cps = kvf_cps_create(&co);
     if (w->cps == NULL) {
         free(w);
@@ -1615,6 +1415,9 @@ void world_destroy(struct world *w)
     for (int i = 0; i < NODES; i++)
         kvf_lt_table_destroy(w->nodes[i].tab);
     kvf_cps_destroy(w->cps);
+    free(w->img.buf);
+    free(w->img_old.buf);
+    free(w->img_older.buf);
     free(w);
 }
 
@@ -1634,7 +1437,33 @@ const char *act_name(enum act_kind k)
         "join",       "extend",       "submit",      "sink_op",    "complete_ok",  "complete_err",
         "quarantine", "abort",        "admin_abort", "deliver_cp", "deliver_node", "drop_cp",
         "dup_node",   "stale_report", "bad_join",    "disconnect", "reconnect",    "kill",
-        "restart",    "admin_fence",  "tick",
+        "restart",    "admin_fence",  "tick",        "pause",      "resume",       "recv",
+        "dup_frame",  "drop_node",    "reorder_cp",  "self_fence", "cp_crash",
     };
     return (unsigned)k < ACT_KIND_COUNT ? names[k] : "?";
+}
+
+static const char *const mutation_names[MUT_COUNT] = {
+    [MUT_NONE] = "none",
+    [MUT_PAUSED_WITNESSED] = "paused-witnessed",
+    [MUT_RECV_NOT_OP] = "recv-not-op",
+    [MUT_NO_SEQ] = "no-seq",
+    [MUT_ABORT_NO_OPEN] = "abort-no-open",
+    [MUT_NO_REREPORT] = "no-rereport",
+    [MUT_ACK_EARLY] = "ack-early",
+    [MUT_WITNESS_EARLY] = "witness-early",
+};
+
+int world_mutation_by_name(const char *name)
+{
+    for (int m = 0; m < MUT_COUNT; m++) {
+        if (strcmp(mutation_names[m], name) == 0)
+            return m;
+    }
+    return -1;
+}
+
+const char *world_mutation_name(enum world_mutation m)
+{
+    return (unsigned)m < MUT_COUNT ? mutation_names[m] : "?";
 }

@@ -45,6 +45,14 @@ enum act_kind {
     ACT_RESTART,      /* a dead or lost node starts with a new incarnation */
     ACT_ADMIN_FENCE,  /* an operator fences a node */
     ACT_TICK,         /* time passes (small, large or huge steps) */
+    ACT_PAUSE,        /* a node process is paused (SIGSTOP, cgroup freeze, frozen VM) */
+    ACT_RESUME,       /* a paused node process runs again */
+    ACT_RECV,         /* a sink's receiver takes a frame off its socket (maybe not the first) */
+    ACT_DUP_FRAME,    /* a node -> node frame is delivered twice */
+    ACT_DROP_NODE,    /* lose the next node -> control-plane report */
+    ACT_REORDER_CP,   /* deliver a control-plane -> node message out of order */
+    ACT_SELF_FENCE,   /* a node whose session is down past its margin fences itself */
+    ACT_CP_CRASH,     /* the control plane crashes and recovers its state */
     ACT_KIND_COUNT
 };
 
@@ -55,10 +63,42 @@ struct action {
 
 struct world;
 
+/*
+ * Mutations: one rule of the node agent or of the deployment taken out, in the
+ * simulation only (never in the cores), to show that a fault mode matters: with
+ * the mutation the explorer must find a violation within its CI budget, without
+ * it none (ctest explorer_mut_*). Each names the fault mode it needs.
+ */
+enum world_mutation {
+    MUT_NONE = 0,
+    MUT_PAUSED_WITNESSED, /* pause: a paused node is taken for dead and a new
+                           * incarnation witnesses it (a pid probe instead of
+                           * the host lock) while the old process lives */
+    MUT_RECV_NOT_OP,      /* node -> node frames: a receive in progress is not
+                           * an op (checked open, then lands uncounted) */
+    MUT_NO_SEQ,           /* node -> node reordering and duplication: frames
+                           * land without the per-room sequence check */
+    MUT_ABORT_NO_OPEN,    /* control-plane -> node reordering: an abort notice
+                           * for a room the node has no lifetime of is answered
+                           * Drained without opening (and closing) one */
+    MUT_NO_REREPORT,      /* node -> control-plane loss: a drained lifetime
+                           * ignores a repeated notice instead of re-reporting */
+    MUT_ACK_EARLY,        /* control-plane crash: effects leave before they are
+                           * durable (recovery loses the last step) */
+    MUT_WITNESS_EARLY,    /* self-fencing: the Witness of the old incarnation is
+                           * sent before its lifetimes drained */
+    MUT_COUNT
+};
+
 struct world_opts {
     bool with_old_node; /* one node lacks QUIESCE_V1: its rooms must be refused */
     bool trace;         /* print every action and effect (for --replay-seed) */
+    enum world_mutation mutation;
 };
+
+/* The mutation called `name` (as --mutate takes it), or -1. */
+int world_mutation_by_name(const char *name);
+const char *world_mutation_name(enum world_mutation m);
 
 struct world *world_create(uint64_t seed, const struct world_opts *opts);
 void world_destroy(struct world *w);
@@ -81,6 +121,7 @@ struct world_stats {
     uint64_t rooms_created, rooms_completed, rooms_aborted;
     uint64_t ops_admitted, ops_refused, leases_released;
     uint64_t reports_rejected, joins_refused, fences;
+    uint64_t pauses, frames_landed, frames_dropped, self_fences, cp_crashes;
 };
 void world_stats(const struct world *w, struct world_stats *out);
 

@@ -8,12 +8,24 @@
  * buffer until the sink's receiver reads it; the receiver checks its own copy
  * of the lease (admission) and then writes the pages (two steps, a receive in
  * progress in between). The world may pause a node (it takes no step until
- * resumed: what SIGSTOP, a VM pause or a cgroup freeze do), kill a node (its
- * socket buffers go with it; its death is then witnessed on its host), lose
- * and duplicate the control plane's notices (re-sends) and the nodes' reports,
- * and deliver a node's messages out of order. A control-plane crash loses
- * what is in flight and nothing of its state (the log): the same as losses,
- * which the schedule explorer drives with the real log replay.
+ * resumed: what SIGSTOP, a VM pause or a cgroup freeze do) and kill a node (its
+ * socket buffers go with it; its death is then witnessed on its host).
+ *
+ * The network. Every message in flight (a notice to a node, a report to the
+ * control plane) is one bit: "this message is on its way". A receiver takes
+ * any message that is on its way to it, in any order (reordering); the
+ * network may lose any of them (losses, bounded by MAX_LOSSES to keep the
+ * search finite); the control plane re-sends every pending abort notice and
+ * fence, unbounded, as the daemon does, so a node gets a notice again after it
+ * handled it (duplication). A report delivered twice is the same as once:
+ * every report's handling below only sets flags, so the second copy changes
+ * nothing, and one bit stands for any number of copies. A set instead of a
+ * FIFO per link is what makes the search exhaustive on a small machine: a
+ * FIFO of k messages stores every order of them, and the daemons do not rely
+ * on that order for safety (a node takes notices from several threads). A
+ * control-plane crash loses what is in flight and nothing of its state (the
+ * log): the same as losses here; the schedule explorer drives the real log
+ * replay.
  *
  * The invariants, named like the schedule explorer's (tests/explorer):
  *   I1  no lease is RELEASED while a live op touches its pages: a sink frame
@@ -33,6 +45,10 @@
  * fenced by its peers counts as quiescent) and with -DOLD_RECV for a sink
  * whose receive in progress is not an op of the room: spin then finds the
  * paused-sink and the overlapping-receive releases.
+ *
+ * State-space notes: every step is one atomic block and leaves no local
+ * variable behind (loop counters are reset), so a state is the globals and
+ * the processes' loop heads; -DCOLLAPSE compresses it losslessly.
  */
 
 #define NN 3 /* nodes */
@@ -48,17 +64,27 @@
 #define SNK(r)  (2 * (r) + 1)
 #define ROOM(p) ((p) / 2)
 
-mtype = { ABORT, FENCE, DRAINED, DONE, PEERFENCED, SELFFENCED };
-
 byte node_of[NP];
 byte peer_of[NP]; /* the other participant of the room */
 
 /* Control plane: durable (its log), so a crash keeps all of this. */
 byte rstate[NR];
-bool drained[NP], completed[NP], released[NP], pfenced[NP];
+bool drained[NP], completed[NP], released[NP];
+#ifdef OLD_RULE
+bool pfenced[NP]; /* every peer of p's node fenced it (acknowledged) */
+#endif
 bool lost[NN];
 bool witnessed[NN]; /* the node's death, witnessed on its host */
 bool hostproof[NN]; /* the node said it fenced itself */
+
+/* Messages on their way (one bit each, see the network above). */
+bool n_abort[NP];  /* AbortNotice for participant p, to node_of[p] */
+bool n_fence[NP];  /* FencePeer about participant p, to node_of[peer_of[p]] */
+bool r_drained[NP], r_done[NP]; /* reports about participant p */
+#ifdef OLD_RULE
+bool r_pfenced[NP];
+#endif
+bool r_self[NN];   /* node n: "I fenced myself" */
 
 /* Nodes. */
 bool alive[NN], paused[NN];
@@ -73,6 +99,12 @@ bool selffenced[NN];
 
 /* Bounds on what the world does, to keep the state space finite. */
 byte pauses, kills, losses;
+/* -DKILL_NODE=n: only node n may be killed (to split a search in three). */
+#ifdef KILL_NODE
+#define KILLABLE(n) ((n) == KILL_NODE)
+#else
+#define KILLABLE(n) true
+#endif
 #ifndef MAX_PAUSES
 #define MAX_PAUSES 1
 #endif
@@ -89,19 +121,7 @@ byte pauses, kills, losses;
 #define MAX_LOSSES 1
 #endif
 
-chan tonode[NN] = [2] of { mtype, byte }; /* notice, participant */
-chan tocp = [3] of { mtype, byte };       /* report, participant or node */
-
 #define running(n) (alive[n] && !paused[n])
-
-/* A report to the control plane, which the network may lose. */
-inline report(kind, what) {
-    if
-    :: losses < MAX_LOSSES -> losses++
-    :: nfull(tocp) -> tocp ! kind, what
-    :: full(tocp) -> skip /* backed up: dropped; a duplicate notice gets it again */
-    fi
-}
 
 #ifdef OLD_RULE
 #define QUIESCENT(p) (drained[p] || witnessed[node_of[p]] || hostproof[node_of[p]] || \
@@ -113,23 +133,21 @@ inline report(kind, what) {
 inline release_room(r) {
     assert(!released[SRC(r)] && !released[SNK(r)]); /* I4 */
     released[SRC(r)] = true;
-    released[SNK(r)] = true
-}
-
-/* A notice; one that finds the queue full is lost (a re-send brings it). */
-inline notify(n, kind, what) {
-    if
-    :: nfull(tonode[n]) -> tonode[n] ! kind, what
-    :: full(tonode[n]) -> skip
-    fi
+    released[SNK(r)] = true;
+    /* Read only while the room runs: reset, so that states differing only
+     * in them are one state. */
+    drained[SRC(r)] = false; drained[SNK(r)] = false;
+    completed[SRC(r)] = false; completed[SNK(r)] = false
 }
 
 inline abort_room(r) {
     if
     :: rstate[r] == ACTIVE ->
         rstate[r] = ABORTING;
-        notify(node_of[SRC(r)], ABORT, SRC(r));
-        notify(node_of[SNK(r)], ABORT, SNK(r))
+        completed[SRC(r)] = false; /* read only while ACTIVE */
+        completed[SNK(r)] = false;
+        n_abort[SRC(r)] = true;
+        n_abort[SNK(r)] = true
     :: else -> skip
     fi
 }
@@ -143,54 +161,86 @@ inline declare_lost(x) {
     lost[x] = true;
     for (p : 0 .. NP - 1) {
         if
-        :: node_of[p] == x -> abort_room(ROOM(p)); notify(node_of[peer_of[p]], FENCE, p)
+        :: node_of[p] == x -> abort_room(ROOM(p)); n_fence[p] = true
         :: else -> skip
         fi
     }
+    p = 0
 }
 
-inline resend(P) {
-    atomic {
-        rstate[ROOM(P)] == ABORTING && !drained[P] && !(tonode[node_of[P]] ?? [ABORT, P]) ->
-        notify(node_of[P], ABORT, P)
-    }
+/* Take report FLAG (or lose it on the way) and do WHAT with it. */
+#define TAKE(FLAG, WHAT) \
+    atomic { FLAG -> FLAG = false; \
+        if \
+        :: WHAT \
+        :: losses < MAX_LOSSES -> losses++ \
+        fi }
+
+inline on_done(P) {
+    if
+    :: rstate[ROOM(P)] == ACTIVE ->
+        completed[P] = true;
+        if
+        :: completed[peer_of[P]] -> rstate[ROOM(P)] = COMPLETED; release_room(ROOM(P))
+        :: else -> skip
+        fi
+    :: else -> skip
+    fi
 }
+
+/* Re-send a pending notice (a duplicate when the node had it already, the
+ * notice again when it was lost): never bounded, as in the daemon. A fence is
+ * re-sent until acknowledged; under the rule nothing reads the
+ * acknowledgement, so it is re-sent until the connection is closed, after
+ * which a fence changes nothing. */
+#define RESEND_ABORT(P) \
+    atomic { rstate[ROOM(P)] == ABORTING && !drained[P] && !n_abort[P] -> n_abort[P] = true }
+#ifdef OLD_RULE
+#define RESEND_FENCE(P) \
+    atomic { lost[node_of[P]] && !pfenced[P] && !n_fence[P] -> n_fence[P] = true }
+#else
+#define RESEND_FENCE(P) \
+    atomic { lost[node_of[P]] && !conn_closed[ROOM(P)] && !n_fence[P] -> n_fence[P] = true }
+#endif
 
 proctype control()
 {
-    byte p, x;
-    mtype kind;
+    byte p;
 end:
     do
-    :: atomic {
-        tocp ? kind, p ->
-        if
-        :: kind == DRAINED -> drained[p] = true
-        :: kind == DONE && rstate[ROOM(p)] == ACTIVE ->
-            completed[p] = true;
-            if
-            :: completed[peer_of[p]] -> rstate[ROOM(p)] = COMPLETED; release_room(ROOM(p))
-            :: else -> skip
-            fi
-        :: kind == PEERFENCED -> pfenced[p] = true /* p: the fenced participant */
-        :: kind == SELFFENCED -> hostproof[p] = true /* p: the node */
-        :: else -> skip
-        fi
-       }
+    :: TAKE(r_drained[0], drained[0] = (rstate[0] == ABORTING))
+    :: TAKE(r_drained[1], drained[1] = (rstate[0] == ABORTING))
+    :: TAKE(r_drained[2], drained[2] = (rstate[1] == ABORTING))
+    :: TAKE(r_drained[3], drained[3] = (rstate[1] == ABORTING))
+    :: TAKE(r_done[0], on_done(0))
+    :: TAKE(r_done[1], on_done(1))
+    :: TAKE(r_done[2], on_done(2))
+    :: TAKE(r_done[3], on_done(3))
+#ifdef OLD_RULE
+    :: TAKE(r_pfenced[0], pfenced[0] = true)
+    :: TAKE(r_pfenced[1], pfenced[1] = true)
+    :: TAKE(r_pfenced[2], pfenced[2] = true)
+    :: TAKE(r_pfenced[3], pfenced[3] = true)
+#endif
+    :: TAKE(r_self[0], hostproof[0] = true)
+    :: TAKE(r_self[1], hostproof[1] = true)
+    :: TAKE(r_self[2], hostproof[2] = true)
     /* ABORTING -> ABORTED once every participant is quiescent. */
     :: atomic { rstate[0] == ABORTING && QUIESCENT(SRC(0)) && QUIESCENT(SNK(0)) ->
                 rstate[0] = ABORTED; release_room(0) }
     :: atomic { rstate[1] == ABORTING && QUIESCENT(SRC(1)) && QUIESCENT(SNK(1)) ->
                 rstate[1] = ABORTED; release_room(1) }
-    /* Re-send a pending notice (duplicates, and lost ones again): never
-     * bounded, as in the daemon, but only while none is queued. */
-    :: resend(0)
-    :: resend(1)
-    :: resend(2)
-    :: resend(3)
-    :: atomic { !lost[0] && (paused[0] || !alive[0]) -> x = 0; declare_lost(x) }
-    :: atomic { !lost[1] && (paused[1] || !alive[1]) -> x = 1; declare_lost(x) }
-    :: atomic { !lost[2] && (paused[2] || !alive[2]) -> x = 2; declare_lost(x) }
+    :: RESEND_ABORT(0)
+    :: RESEND_ABORT(1)
+    :: RESEND_ABORT(2)
+    :: RESEND_ABORT(3)
+    :: RESEND_FENCE(0)
+    :: RESEND_FENCE(1)
+    :: RESEND_FENCE(2)
+    :: RESEND_FENCE(3)
+    :: atomic { !lost[0] && (paused[0] || !alive[0]) -> declare_lost(0) }
+    :: atomic { !lost[1] && (paused[1] || !alive[1]) -> declare_lost(1) }
+    :: atomic { !lost[2] && (paused[2] || !alive[2]) -> declare_lost(2) }
     od
 }
 
@@ -198,19 +248,26 @@ end:
 
 inline maybe_drained(p) {
     if
-    :: want_drain[p] && ops[p] == 0 && !adm[p] -> report(DRAINED, p)
+    :: want_drain[p] && ops[p] == 0 && !adm[p] -> r_drained[p] = true
     :: else -> skip
     fi
 }
 
+/* A notice on its way to this node may also be lost instead of taken. */
+#define LOSE(FLAG) \
+    :: losses < MAX_LOSSES -> losses++; FLAG = false
+
 /* An abort notice for participant P (the node takes its notices in any order). */
 inline on_abort(P) {
     atomic {
-        running(me) && tonode[me] ?? [ABORT, P] ->
-        tonode[me] ?? ABORT, eval(P);
-        adm[P] = false;
-        want_drain[P] = true;
-        maybe_drained(P)
+        running(me) && node_of[P] == me && n_abort[P] ->
+        if
+        :: n_abort[P] = false;
+           adm[P] = false;
+           want_drain[P] = true;
+           maybe_drained(P)
+        LOSE(n_abort[P])
+        fi
     }
 }
 
@@ -220,14 +277,20 @@ inline on_abort(P) {
  * sink's buffer stay there: closing a socket cannot recall them. */
 inline on_fence(P) {
     atomic {
-        running(me) && tonode[me] ?? [FENCE, P] && (P != SRC(ROOM(P)) || ops[SNK(ROOM(P))] == 0) ->
-        tonode[me] ?? FENCE, eval(P);
-        conn_closed[ROOM(P)] = true;
+        running(me) && node_of[peer_of[P]] == me && n_fence[P] &&
+        (P != SRC(ROOM(P)) || ops[SNK(ROOM(P))] == 0) ->
         if
-        :: P == SRC(ROOM(P)) -> buf[ROOM(P)] = 0
-        :: else -> skip
-        fi;
-        report(PEERFENCED, P)
+        :: n_fence[P] = false;
+           conn_closed[ROOM(P)] = true;
+           if
+           :: P == SRC(ROOM(P)) -> buf[ROOM(P)] = 0
+           :: else -> skip
+           fi
+#ifdef OLD_RULE
+           ; r_pfenced[P] = true
+#endif
+        LOSE(n_fence[P])
+        fi
     }
 }
 
@@ -250,7 +313,7 @@ inline send_end(R) {
         ops[SRC(R)] = 0;
         sent[SRC(R)] = true;
         if
-        :: adm[SRC(R)] -> report(DONE, SRC(R))
+        :: adm[SRC(R)] -> r_done[SRC(R)] = true
         :: else -> maybe_drained(SRC(R))
         fi
     }
@@ -288,7 +351,7 @@ inline recv_end(R) {
         landed[SNK(R)]++;
 #endif
         if
-        :: adm[SNK(R)] && landed[SNK(R)] == 1 -> report(DONE, SNK(R))
+        :: adm[SNK(R)] && landed[SNK(R)] == 1 -> r_done[SNK(R)] = true
         :: else -> maybe_drained(SNK(R))
         fi
     }
@@ -333,8 +396,9 @@ end:
             :: else -> skip
             fi
         }
+        p = 0;
         selffenced[me] = true;
-        report(SELFFENCED, me)
+        r_self[me] = true
        }
     od
 }
@@ -359,11 +423,12 @@ inline kill(x) {
         :: else -> skip
         fi
     }
+    p = 0
 }
 
 proctype world()
 {
-    byte x, p;
+    byte p;
 end:
     do
     :: atomic { PAUSABLE(0) && pauses < MAX_PAUSES && alive[0] -> pauses++; paused[0] = true }
@@ -372,9 +437,9 @@ end:
     :: atomic { paused[0] -> paused[0] = false }
     :: atomic { paused[1] -> paused[1] = false }
     :: atomic { paused[2] -> paused[2] = false }
-    :: atomic { kills < MAX_KILLS && alive[0] -> x = 0; kill(x) }
-    :: atomic { kills < MAX_KILLS && alive[1] -> x = 1; kill(x) }
-    :: atomic { kills < MAX_KILLS && alive[2] -> x = 2; kill(x) }
+    :: atomic { KILLABLE(0) && kills < MAX_KILLS && alive[0] -> kill(0) }
+    :: atomic { KILLABLE(1) && kills < MAX_KILLS && alive[1] -> kill(1) }
+    :: atomic { KILLABLE(2) && kills < MAX_KILLS && alive[2] -> kill(2) }
     /* Its death is witnessed on its host (the lock it held is free). */
     :: atomic { !alive[0] && !witnessed[0] -> witnessed[0] = true }
     :: atomic { !alive[1] && !witnessed[1] -> witnessed[1] = true }

@@ -1,0 +1,606 @@
+/*
+ * world_node.c: the node side of the simulated cluster (world.c): the node
+ * agent's lifetimes and its handling of notices and fences, the lives of node
+ * processes (attach, kill, restart, Resync, reconnect, pause and resume,
+ * self-fence and Witness), node -> node TCP frames (a source's written frame
+ * waits in the sink's socket buffer until the sink's receiver takes it), and
+ * the control plane's crash and recovery, which ends every session.
+ *
+ * Everything here runs on the explorer's one thread, one action at a time;
+ * "threads" of a node (its receiver, its timers) are actions the schedule
+ * interleaves.
+ */
+#include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "world_internal.h"
+
+/* ---- node agent: lifetimes ------------------------------------------------ */
+
+struct nlife *life_find(struct snode *n, kvf_room_key key)
+{
+    for (int i = 0; i < MAX_LIVES; i++) {
+        if (n->lives[i].used && kvf_room_key_eq(n->lives[i].key, key))
+            return &n->lives[i];
+    }
+    return NULL;
+}
+
+static struct nlife *life_open(struct world *w, struct snode *n, kvf_room_key key)
+{
+    struct kvf_lt *lt;
+    if (kvf_lt_table_is_late(n->tab, key))
+        return NULL;
+    int rc = kvf_lt_table_open(n->tab, key, &lt);
+    if (rc != 0) {
+        if (rc != -ESTALE && rc != -EEXIST)
+            fail(w, "%s: kvf_lt_table_open(%llu:%llu) failed: %d", n->name,
+                 (unsigned long long)key.room_id, (unsigned long long)key.generation, rc);
+        return NULL;
+    }
+    for (int i = 0; i < MAX_LIVES; i++) {
+        if (!n->lives[i].used) {
+            n->lives[i] = (struct nlife){.used = true, .inc = n->inc, .key = key, .lt = lt};
+            return &n->lives[i];
+        }
+    }
+    fail(w, "%s: out of simulated lifetimes", n->name);
+    return NULL;
+}
+
+void report(struct snode *n, const struct msg *m)
+{
+    struct msg r = *m;
+    r.inc = n->inc;
+    q_push(&n->outbox, &r);
+}
+
+/* Sends a drained report for every lifetime whose drained event is due. */
+void node_take_drains(struct snode *n)
+{
+    for (int i = 0; i < MAX_LIVES; i++) {
+        struct nlife *l = &n->lives[i];
+        if (!l->used || !kvf_lt_take_drained(l->lt))
+            continue;
+        l->drained = true;
+        /* An older incarnation's lifetime (kept after a self-fence) reports
+         * nothing: the Witness of that incarnation is its proof. */
+        if (l->have_token && l->inc == n->inc)
+            report(n, &(struct msg){.type = R_DRAINED, .key = l->key, .token = l->token});
+    }
+}
+
+static void drop_chunk(void *ctx, struct kvf_lt_chunk *c)
+{
+    struct world *w = ctx;
+    struct schunk *ch = (struct schunk *)c;
+    if (!ch->used)
+        fail(w, "a dropped chunk was not queued");
+    ch->used = false;
+    w->rooms[ch->room].parts[ch->part].chunks_queued--;
+}
+
+/* A source's TCP frame was written: it waits in the sink's socket buffer,
+ * unless the connection is closed (either side fenced the other, the sink's
+ * process is gone or self-fenced since the op was posted). */
+void frame_send(struct world *w, const struct sop *o)
+{
+    struct snode *src = &w->nodes[o->node], *dst = &w->nodes[o->peer];
+    /* The last chunk's status tells the sink how many frames to wait for. */
+    w->rooms[o->room].parts[o->sink_part].frames_expected++;
+    bool closed = !dst->alive || dst->inc != o->peer_inc ||
+                  (src->fenced_inc[o->peer] != 0 && src->fenced_inc[o->peer] == dst->inc) ||
+                  (dst->fenced_inc[o->node] != 0 && dst->fenced_inc[o->node] == src->inc);
+    if (closed || dst->nrx == RXCAP) {
+        w->stats.frames_dropped++;
+        return;
+    }
+    uint64_t seq = ++w->seq_sent[o->room][o->node][o->peer];
+    dst->rx[dst->nrx++] = (struct frame){
+        .room = o->room, .src = o->src_part, .sink = o->sink_part, .from = o->node, .seq = seq};
+}
+
+/* ---- node agent: messages from the control plane ------------------------- */
+
+void node_handle(struct world *w, int node, const struct msg *m)
+{
+    struct snode *n = &w->nodes[node];
+    switch (m->type) {
+    case M_ROOM_UPDATE:
+        if (life_find(n, m->key) == NULL && life_open(w, n, m->key) != NULL)
+            check_completion(w, room_by_key(w, m->key));
+        break;
+    case M_ABORT: {
+        struct nlife *l = life_find(n, m->key);
+        int ri = room_by_key(w, m->key);
+        if (ri >= 0 && !kvf_token_is_zero(m->token))
+            w->rooms[ri].abort_seen[node] = true;
+        if (kvf_token_is_zero(m->token)) {
+            /* A Resync's answer for an ended or forgotten room: close, no
+             * report (kvfence-node does the same). */
+            if (l != NULL) {
+                kvf_lt_close(l->lt, drop_chunk, w);
+                node_take_drains(n);
+            }
+            break;
+        }
+        if (l == NULL) {
+            if (w->mutation == MUT_ABORT_NO_OPEN) {
+                /* Nothing to drain here, says the mutated node, and forgets
+                 * the generation: a room update behind it opens it again. */
+                report(n, &(struct msg){.type = R_DRAINED, .key = m->key, .token = m->token});
+                break;
+            }
+            if (kvf_lt_table_is_late(n->tab, m->key)) {
+                /* Forgotten after it drained: the answer is the same report. */
+                report(n, &(struct msg){.type = R_DRAINED, .key = m->key, .token = m->token});
+                break;
+            }
+            l = life_open(w, n, m->key); /* abort before any metadata */
+            if (l == NULL)
+                break;
+        }
+        l->have_token = true;
+        l->token = m->token;
+        if (l->drained && w->mutation != MUT_NO_REREPORT)
+            report(n, &(struct msg){.type = R_DRAINED, .key = m->key, .token = m->token});
+        kvf_lt_close(l->lt, drop_chunk, w);
+        node_take_drains(n);
+        break;
+    }
+    case M_FENCE: {
+        int peer = m->peer;
+        if (peer < 0)
+            break;
+        n->fenced_inc[peer] = m->peer_inc;
+        /* Our queue pairs to the peer go to the error state: every op posted
+         * towards it flushes; quarantined ones are retired by the fence. */
+        for (int i = 0; i < MAX_OPS; i++) {
+            struct sop *o = &w->ops[i];
+            if (o->used && o->node == node && o->peer == peer && peer != node && !o->quarantined)
+                op_retire(w, o, KVF_LT_DONE_FLUSHED);
+        }
+        kvf_lt_table_peer_fenced(n->tab, (uint32_t)peer);
+        for (int i = 0; i < MAX_OPS; i++) {
+            struct sop *o = &w->ops[i];
+            if (o->used && o->node == node && o->peer == peer && peer != node && o->quarantined)
+                op_free(o);
+        }
+        /* Nothing the fenced incarnation does can reach our memory any more. */
+        for (int i = 0; i < MAX_OPS; i++) {
+            struct sop *o = &w->ops[i];
+            if (o->used && o->node == peer && w->nodes[peer].inc == m->peer_inc)
+                o->neutral[node] = true;
+        }
+        node_take_drains(n);
+        w->stats.fences++;
+        report(n, &(struct msg){.type = R_FENCED, .peer = peer, .peer_inc = m->peer_inc});
+        break;
+    }
+    default:
+        fail(w, "a report was delivered to a node");
+    }
+}
+
+/* ---- nodes come and go ---------------------------------------------------- */
+
+static int node_attach_inc(struct world *w, int node, uint64_t inc, uint64_t witnessed_gone)
+{
+    struct snode *n = &w->nodes[node];
+    struct kvf_cps_pool pool = {
+        .pool_id = 1, .page_size = 4096, .page_count = POOL_PAGES, .key = n->name};
+    struct kvf_cps_node_hello h = {
+        .node_id = n->name,
+        .incarnation = inc,
+        .protocol_min = KVF_PROTOCOL_MIN,
+        .protocol_max = KVF_PROTOCOL_MAX,
+        .features = n->old ? KVF_FEATURE_TCP
+                           : (KVF_FEATURE_QUIESCE_V1 | KVF_FEATURE_FENCE_V1 | KVF_FEATURE_TCP |
+                              KVF_FEATURE_RDMA),
+        .pools = &pool,
+        .pool_count = 1,
+        .witnessed_gone = witnessed_gone,
+    };
+    uint32_t version;
+    int rc = kvf_cps_node_attach(w->cps, &h, w->now, &version, NULL);
+    if (rc == 0 && inc == n->inc) {
+        n->connected = true;
+        n->down = n->racing = false;
+    }
+    route_effects(w);
+    return rc;
+}
+
+static int node_attach(struct world *w, int node, uint64_t witnessed_gone)
+{
+    return node_attach_inc(w, node, w->nodes[node].inc, witnessed_gone);
+}
+
+/* The newest incarnation this node id had (a phantom one included). */
+static uint64_t node_top_inc(const struct snode *n)
+{
+    return n->phantom_inc > n->inc ? n->phantom_inc : n->inc;
+}
+
+/* Nothing a peer posted can land in `node`'s memory any more: its connections
+ * are closed and its memory registrations are gone (death) or its queue pairs
+ * are in error (self-fence). */
+static void neutralise_inbound(struct world *w, int node)
+{
+    for (int i = 0; i < MAX_OPS; i++) {
+        if (w->ops[i].used && w->ops[i].node != node)
+            w->ops[i].neutral[node] = true;
+    }
+}
+
+void node_kill(struct world *w, int node)
+{
+    struct snode *n = &w->nodes[node];
+    if (!n->alive)
+        return;
+    neutralise_inbound(w, node);
+    if (n->connected)
+        kvf_cps_node_detach(w->cps, n->name, n->inc, w->now, NULL);
+    for (int i = 0; i < MAX_OPS; i++) {
+        if (w->ops[i].used && w->ops[i].node == node)
+            op_free(&w->ops[i]); /* the process died: its queue pairs went with it */
+    }
+    for (int i = 0; i < MAX_CHUNKS; i++) {
+        if (w->chunks[i].used && w->chunks[i].node == node) {
+            w->chunks[i].used = false;
+            w->rooms[w->chunks[i].room].parts[w->chunks[i].part].chunks_queued--;
+        }
+    }
+    kvf_lt_table_destroy(n->tab);
+    n->tab = NULL;
+    memset(n->lives, 0, sizeof(n->lives));
+    n->inbox.len = n->outbox.len = 0;
+    n->nrx = 0; /* its socket buffers died with it */
+    n->alive = n->connected = n->paused = n->down = n->racing = false;
+    n->pending_witness = 0; /* the next process witnesses every older one */
+    route_effects(w);
+}
+
+void node_start(struct world *w, int node)
+{
+    struct snode *n = &w->nodes[node];
+    n->tab = kvf_lt_table_create();
+    if (n->tab == NULL) {
+        fail(w, "kvf_lt_table_create failed");
+        return;
+    }
+    n->inc = node_top_inc(n) + 1;
+    n->alive = true;
+    memset(n->fenced_inc, 0, sizeof(n->fenced_inc));
+    /* It took the host lock its dead predecessor held: it witnesses it. */
+    if (node_attach(w, node, n->inc - 1) != 0)
+        fail(w, "%s could not attach with a new incarnation", n->name);
+}
+
+/* After a re-attach with the same incarnation the node says its whole state
+ * (node.proto Resync): its lifetimes, the peers it fenced, its pool. What it
+ * says is true at this moment; the core must stay safe with it. */
+static void node_resync(struct world *w, int node)
+{
+    struct snode *n = &w->nodes[node];
+    static struct kvf_cps_resync_lifetime lts[MAX_LIVES];
+    struct kvf_cps_resync_peer peers[NODES];
+    size_t nl = 0, np = 0;
+    for (int i = 0; i < MAX_LIVES; i++) {
+        const struct nlife *l = &n->lives[i];
+        if (!l->used || l->inc != n->inc)
+            continue; /* an older incarnation's lifetimes are not this one's to report */
+        lts[nl].key = l->key;
+        lts[nl].state = (enum kvf_cps_lifetime_state)kvf_lt_state(l->lt);
+        lts[nl].token = l->have_token ? l->token : (kvf_token){0, 0};
+        lts[nl].ops_in_flight = kvf_lt_inflight(l->lt);
+        nl++;
+    }
+    for (int i = 0; i < NODES; i++) {
+        if (n->fenced_inc[i] != 0) {
+            peers[np].node_id = w->nodes[i].name;
+            peers[np].incarnation = n->fenced_inc[i];
+            np++;
+        }
+    }
+    struct kvf_cps_pool pool = {
+        .pool_id = 1, .page_size = 4096, .page_count = POOL_PAGES, .key = n->name};
+    struct kvf_cps_resync rs = {.lifetimes = lts,
+                                .lifetime_count = nl,
+                                .fenced = peers,
+                                .fenced_count = np,
+                                .pools = &pool,
+                                .pool_count = 1};
+    int rc = kvf_cps_node_resync(w->cps, n->name, n->inc, &rs, w->now, NULL, NULL);
+    if (rc != 0)
+        fail(w, "%s: resync refused: %d", n->name, rc);
+    route_effects(w);
+}
+
+void act_reconnect(struct world *w, int node)
+{
+    struct snode *n = &w->nodes[node];
+    if (!n->alive || n->connected || n->paused)
+        return;
+    if (n->racing) {
+        /* Resumed past its margin: its self-fence is due before any session. */
+        node_self_fence(w, node);
+        return;
+    }
+    int rc = node_attach(w, node, 0);
+    if (rc == 0)
+        node_resync(w, node);
+    else
+        node_self_fence(w, node); /* refused (LOST, or a newer incarnation exists) */
+}
+
+/* ---- pause, self-fence, witness --------------------------------------------- */
+
+/* How long a node's session may be down before it fences itself: node_ttl
+ * minus a margin, by its own clock (docs/state-cores.md, "Self-fencing"). */
+kvf_time_ns self_fence_after(const struct world *w)
+{
+    return w->co.node_ttl - w->co.node_ttl / 4;
+}
+
+void node_down(struct world *w, int node)
+{
+    struct snode *n = &w->nodes[node];
+    if (n->connected) {
+        kvf_cps_node_detach(w->cps, n->name, n->inc, w->now, NULL);
+        n->connected = false;
+        n->inbox.len = 0; /* what was on the wire is gone */
+        route_effects(w);
+    }
+    if (!n->down) {
+        n->down = true;
+        n->down_since = w->now;
+    }
+}
+
+void node_pause(struct world *w, int node)
+{
+    struct snode *n = &w->nodes[node];
+    if (!n->alive || n->paused)
+        return;
+    n->paused = true;
+    w->stats.pauses++;
+    node_down(w, node); /* it sends no heartbeat: the control plane drops the session */
+}
+
+void node_resume(struct world *w, int node)
+{
+    struct snode *n = &w->nodes[node];
+    if (!n->alive || !n->paused)
+        return;
+    n->paused = false;
+    /* Its timers are overdue, but any thread may run first: the receiver may
+     * take what waits in its sockets before the self-fence runs. */
+    n->racing = n->down && w->now - n->down_since >= self_fence_after(w);
+}
+
+/* Retires (flushes) every op `node` posted towards `peer`: its queue pairs to
+ * the peer are in the error state or its connection to the peer is closed.
+ * Receives in progress are joined by the caller, or keep running. */
+static void flush_ops_towards(struct world *w, int node, int peer, bool receives_too)
+{
+    struct snode *n = &w->nodes[node];
+    if (peer == node)
+        return; /* local copies are not stopped by closing connections */
+    for (int i = 0; i < MAX_OPS; i++) {
+        struct sop *o = &w->ops[i];
+        if (o->used && o->node == node && o->peer == peer && peer != node && !o->quarantined &&
+            (receives_too || !o->recv))
+            op_retire(w, o, KVF_LT_DONE_FLUSHED);
+    }
+    kvf_lt_table_peer_fenced(n->tab, (uint32_t)peer);
+    for (int i = 0; i < MAX_OPS; i++) {
+        struct sop *o = &w->ops[i];
+        if (o->used && o->node == node && o->peer == peer && peer != node && o->quarantined)
+            op_free(o);
+    }
+}
+
+/* A node whose session was down for its margin (or that was refused as LOST)
+ * fences itself: admission shut on every lifetime, queued chunks dropped, its
+ * peer connections closed (socket buffers dropped, posted transfers flushed;
+ * receives and local copies in progress keep running), then it comes back as
+ * a new incarnation that keeps the old lifetimes and witnesses the old
+ * incarnation once they all drained (node_maybe_witness). */
+void node_self_fence(struct world *w, int node)
+{
+    struct snode *n = &w->nodes[node];
+    if (!n->alive || n->paused)
+        return;
+    if (n->connected)
+        kvf_cps_node_detach(w->cps, n->name, n->inc, w->now, NULL);
+    n->connected = false;
+    kvf_lt_table_close_all(n->tab, drop_chunk, w);
+    neutralise_inbound(w, node);
+    n->nrx = 0;
+    n->inbox.len = n->outbox.len = 0; /* the old session's queues are gone */
+    for (int peer = 0; peer < NODES; peer++)
+        flush_ops_towards(w, node, peer, false);
+    node_take_drains(n);
+    uint64_t old = node_top_inc(n); /* a phantom incarnation ran nothing here */
+    n->inc = old + 1;
+    n->pending_witness = old;
+    memset(n->fenced_inc, 0, sizeof(n->fenced_inc));
+    w->stats.self_fences++;
+    if (node_attach(w, node, 0) != 0)
+        fail(w, "%s could not attach as a new incarnation after its self-fence", n->name);
+    if (w->mutation == MUT_WITNESS_EARLY && !w->failed) {
+        kvf_cps_node_witness(w->cps, n->name, n->inc, old, w->now, NULL);
+        n->pending_witness = 0;
+        route_effects(w);
+    }
+}
+
+/* A self-fenced node sends Witness for its old incarnation once every
+ * lifetime of it is drained (admission shut for good, nothing in flight). */
+void node_maybe_witness(struct world *w, int node)
+{
+    struct snode *n = &w->nodes[node];
+    if (n->pending_witness == 0 || !n->alive || n->paused || !n->connected)
+        return;
+    for (int i = 0; i < MAX_LIVES; i++) {
+        const struct nlife *l = &n->lives[i];
+        if (l->used && l->inc <= n->pending_witness && kvf_lt_state(l->lt) != KVF_LT_DRAINED)
+            return;
+    }
+    int rc = kvf_cps_node_witness(w->cps, n->name, n->inc, n->pending_witness, w->now, NULL);
+    if (rc != 0)
+        fail(w, "%s: its witness of incarnation %llu was refused: %d", n->name,
+             (unsigned long long)n->pending_witness, rc);
+    n->pending_witness = 0;
+    route_effects(w);
+}
+
+/* MUT_PAUSED_WITNESSED: a supervisor takes the paused process for dead and
+ * starts a new one, which "witnesses" the old incarnation without holding the
+ * host lock (a pid probe, say). The new process never runs here: the core
+ * knows its incarnation; the old, paused process is what resumes. */
+void phantom_start(struct world *w, int node)
+{
+    struct snode *n = &w->nodes[node];
+    uint64_t inc = node_top_inc(n) + 1;
+    n->phantom_inc = inc;
+    node_attach_inc(w, node, inc, inc - 1);
+}
+
+/* ---- node -> node frames ---------------------------------------------------- */
+
+/* The sink's receiver takes a frame off its socket (with `any`, not the first:
+ * reordering), checks its sequence and its lifetime's admission, and lands it
+ * as an op in the sink's pages. */
+void node_recv(struct world *w, int node, bool any, uint32_t pick)
+{
+    struct snode *n = &w->nodes[node];
+    if (n->nrx == 0 || !n->alive || n->paused)
+        return;
+    int idx = any ? (int)(pick % (uint32_t)n->nrx) : 0;
+    struct frame f = n->rx[idx];
+    memmove(&n->rx[idx], &n->rx[idx + 1], (size_t)(n->nrx - idx - 1) * sizeof(n->rx[0]));
+    n->nrx--;
+    struct sroom *r = &w->rooms[f.room];
+    struct nlife *l = life_find(n, r->key);
+    if (l == NULL) {
+        w->stats.frames_dropped++; /* no lifetime: an unknown or late room */
+        return;
+    }
+    if (w->mutation != MUT_NO_SEQ) {
+        enum kvf_lt_seq_verdict v = kvf_lt_peer_seq_check(l->lt, (uint32_t)f.from, f.seq);
+        if (v != KVF_LT_SEQ_OK) {
+            w->stats.frames_dropped++;
+            if (v == KVF_LT_SEQ_GAP && kvf_lt_is_open(l->lt)) {
+                r->parts[f.sink].failed = true; /* a frame is missing: the transfer failed */
+                report(n, &(struct msg){.type = R_FAILED, .key = r->key});
+            }
+            return;
+        }
+    }
+    struct sop *o;
+    if (w->mutation == MUT_RECV_NOT_OP) {
+        o = kvf_lt_is_open(l->lt) ? op_alloc(w) : NULL;
+        if (o != NULL)
+            *o = (struct sop){.used = true,
+                              .unaccounted = true,
+                              .kind = KVF_LT_OP_TCP_FRAME,
+                              .node = node,
+                              .peer = f.from,
+                              .peer_inc = w->nodes[f.from].inc,
+                              .room = f.room,
+                              .src_part = -1,
+                              .sink_part = f.sink};
+    } else {
+        o = admit_op(w, node, f.room, -1, f.sink, KVF_LT_OP_TCP_FRAME, f.from);
+    }
+    if (o == NULL) {
+        w->stats.frames_dropped++; /* refused: the lifetime is shut */
+        return;
+    }
+    o->recv = true;
+    uint64_t *last = &w->seq_landed[f.room][f.from][node];
+    if (f.seq != *last + 1)
+        fail(w,
+             "I8: frame %llu from %s lands in room %llu:%llu on %s after frame %llu (out of "
+             "order or twice)",
+             (unsigned long long)f.seq, w->nodes[f.from].name, (unsigned long long)r->key.room_id,
+             (unsigned long long)r->key.generation, n->name, (unsigned long long)*last);
+    if (f.seq > *last)
+        *last = f.seq;
+}
+
+/* ---- control-plane crash ---------------------------------------------------- */
+
+static int image_write(void *ctx, const void *buf, size_t len)
+{
+    struct image *im = ctx;
+    if (im->len + len > im->cap) {
+        size_t cap = im->cap ? im->cap : 65536;
+        while (cap < im->len + len)
+            cap *= 2;
+        unsigned char *b = realloc(im->buf, cap);
+        if (b == NULL)
+            return -ENOMEM;
+        im->buf = b;
+        im->cap = cap;
+    }
+    memcpy(im->buf + im->len, buf, len);
+    im->len += len;
+    return 0;
+}
+
+int image_take(struct world *w, struct image *im)
+{
+    im->len = 0;
+    return kvf_cps_snapshot(w->cps, w->now, image_write, im);
+}
+
+/* The control plane dies and comes back with what its log holds: every call
+ * whose effects left it (replies are held until the log record is durable).
+ * The core is rebuilt from its own image, as snapshot plus log replay would
+ * rebuild it; every node session is gone and every ATTACHED node is detached
+ * (the service does so right after recovery). */
+void cp_crash(struct world *w, uint32_t back_at_once)
+{
+    struct image *im = &w->img;
+    if (w->mutation == MUT_ACK_EARLY && w->img_older.len > 0)
+        im = &w->img_older; /* the last step's effects left before it was logged */
+    else if (image_take(w, im) != 0) {
+        fail(w, "kvf_cps_snapshot failed");
+        return;
+    }
+    struct kvf_error err;
+    kvf_error_clear(&err);
+    struct kvf_cps *st = kvf_cps_restore(&w->co, im->buf, im->len, w->now, &err);
+    if (st == NULL) {
+        fail(w, "the control plane could not recover its state: %s", err.msg);
+        return;
+    }
+    kvf_cps_destroy(w->cps);
+    w->cps = st;
+    w->stats.cp_crashes++;
+    for (int i = 0; i < NODES; i++) {
+        struct snode *n = &w->nodes[i];
+        kvf_cps_node_detach(w->cps, n->name, n->inc, w->now, NULL);
+        if (n->phantom_inc > n->inc)
+            kvf_cps_node_detach(w->cps, n->name, n->phantom_inc, w->now, NULL);
+        if (n->alive && n->connected) {
+            n->connected = false;
+            n->inbox.len = 0;
+            if (!n->down) {
+                n->down = true;
+                n->down_since = w->now;
+            }
+        }
+    }
+    route_effects(w);
+    /* Most nodes are back within their retry backoff; the others later. */
+    for (int i = 0; i < NODES && !w->failed; i++) {
+        if ((back_at_once >> i) % 4 != 0)
+            act_reconnect(w, i);
+    }
+}
