@@ -8,6 +8,7 @@
 #                              the figures go to BUILD_DIR/chaos-report-<mode>.json
 #
 # BUILD_DIR defaults to ./build. KVF_CONTROL_BIN and KVF_NODE_BIN default to the build's binaries.
+# KVF_CHAOS_LIMIT_S bounds the whole run (140 s short, 900 s long), for bigger sizes.
 # Extra arguments after BUILD_DIR go to pytest (e.g. -k damage). Every test bounds its own waits;
 # the whole run is bounded by `timeout` too.
 set -eu
@@ -21,6 +22,7 @@ case $mode in
   long) : "${KVF_CHAOS_CYCLES:=20}" "${KVF_CHAOS_NODE_ROUNDS:=5}" "${KVF_CHAOS_PAUSED_ATTEMPTS:=4}"; limit=900 ;;
   *) echo "usage: $0 short|long [BUILD_DIR] [pytest args]" >&2; exit 2 ;;
 esac
+: "${KVF_CHAOS_LIMIT_S:=$limit}"  # the whole run's bound, for bigger sizes
 : "${KVF_CONTROL_BIN:=$build/controlplane/kvfence-control}"
 : "${KVF_NODE_BIN:=$build/dataplane/kvfence-node}"
 : "${KVF_CHAOS_REPORT:=$build/chaos-report-$mode.json}"
@@ -35,7 +37,7 @@ tmp=$(mktemp -d /tmp/kvf-chaos-XXXXXX)
 trap 'rm -rf "$tmp"' EXIT
 start=$(date +%s)
 rc=0
-timeout -k 10 "$limit" "$KVF_PYTHON" -m pytest -q -p no:cacheprovider -rxX --basetemp="$tmp" \
+timeout -k 10 "$KVF_CHAOS_LIMIT_S" "$KVF_PYTHON" -m pytest -q -p no:cacheprovider -rxX --basetemp="$tmp" \
   "$here" "$@" || rc=$?
 echo "chaos $mode: rc $rc in $(( $(date +%s) - start )) s; figures in $KVF_CHAOS_REPORT"
 exit $rc

@@ -120,6 +120,8 @@ class Cluster:
 
     def __init__(self, control_bin, node_bin, workdir):
         self.fault_file = str(workdir / "n1.faults")  # n1's --fault-file (off while absent)
+        # n1's --test-local-hold-file: same-node copies wait while it exists
+        self.hold_file = str(workdir / "n1.hold")
         self.workdir = workdir
         self.procs = {}
         self.retired = []  # processes replaced by restart()
@@ -140,7 +142,8 @@ class Cluster:
                                     "--local-socket", self.socks[nid], "--port-file", pf,
                                     "--data-host", "127.0.0.1", "--data-port", "0",
                                     "--drain-timeout-ms", "3000"]
-                                   + (["--fault-file", self.fault_file] if nid == "n1" else []))
+                                   + (["--fault-file", self.fault_file, "--test-local-hold-file",
+                                       self.hold_file] if nid == "n1" else []))
             self._start(nid, self.node_args[nid], workdir)
         for nid in ("n1", "n2"):
             self.procs[nid].wait_lines(str(workdir / (nid + ".port")), 2)
@@ -441,6 +444,195 @@ def _run_round(cl, room_id, victim, sig, rng):
             "victim_waited_s": (round(t_victim - t_lost, 3) if t_victim is not None else None)}
 
 
+def _run_same_host(cl, room_id, rng):
+    """One same-node copy (source rank 0 and sink rank 1 both on n1, the local
+    transport) with n1 paused while copies are held in flight
+    (--test-local-hold-file), then the room aborted and the hold lifted while
+    n1 is still stopped, so that the resumed node finds runnable copies at
+    once. n1 is the room's only node: no peer can fence it, so nothing but a
+    proof from n1 itself (Drained or Witness after SIGCONT) may release either
+    lease; both stay RELEASING, awaiting_host_proof once n1 is LOST. The sink
+    pages are re-armed at the sink lease's release and nothing may write them
+    afterwards. Returns the figures and the violations, in the order seen."""
+    src = cl.pools["n1"]
+    snk = cl.pools["n1-sink"] = Pool(cl.stats, "chaos-n1-sink", cl.node("n1"), 1, PAGE_SIZE,
+                                     POOL_PAGES)
+    violations = []
+    for j in range(PAGES):
+        src.write(j, _pattern(room_id, j))
+    a = cl.ctl.join_room(room_id, Participant("n1", 0, Role.SOURCE), src.pool_id, [(0, PAGES)],
+                         expected_sources=1, expected_sinks=1, retry_s=5.0)
+    b = cl.ctl.join_room(room_id, Participant("n1", 1, Role.SINK), snk.pool_id,
+                         [(SINK_FIRST, PAGES)], expected_sources=1, expected_sinks=1,
+                         retry_s=5.0)
+    cl.admin.wait_room_state(a.room, RoomState.ACTIVE, WAIT_S)
+    role = {a.lease_id: "source", b.lease_id: "sink"}
+
+    def lease_by_id(info, lid):
+        return [p.lease for p in info.participants if p.lease.lease_id == lid][0]
+
+    released = {lid: threading.Event() for lid in role}
+    t_release = {}
+    watch = cl.ctl.watch_leases(lease_ids=sorted(role))
+
+    def follow():
+        try:
+            for ev in watch:
+                if isinstance(ev, kvfence.LeaseReleased) and ev.lease.lease_id in role:
+                    t_release[ev.lease.lease_id] = time.monotonic()
+                    released[ev.lease.lease_id].set()
+                    if len(t_release) == len(role):
+                        return
+        except kvfence.KvfenceError:
+            pass
+
+    follower = threading.Thread(target=follow, daemon=True)
+    follower.start()
+
+    # Hold the copies: every chunk is admitted and its copy queued, not run.
+    with open(cl.hold_file, "w", encoding="ascii"):
+        pass
+    queued_file = cl.hold_file + ".queued"
+    admitted = []
+    hit_after = rng.randint(1, 8)
+    hit = threading.Event()
+    reqs = (ChunkRequest(a.room, seq, 0, src.pool_id, [(j, CHUNK)], "n1", 1, snk.pool_id,
+                         [(SINK_FIRST + j, CHUNK)], last_chunk=False)
+            for seq, j in enumerate(range(0, PAGES - CHUNK, CHUNK), start=1))
+    stream = cl.node("n1").submit_chunks(reqs, window=16)
+
+    def submit():
+        try:
+            for r in stream:
+                admitted.append(r.ok)
+                if len(admitted) == hit_after:
+                    hit.set()
+        except kvfence.KvfenceError:
+            pass
+        hit.set()
+
+    submitter = threading.Thread(target=submit, daemon=True)
+    submitter.start()
+    assert hit.wait(WAIT_S), "no chunk admitted"
+    deadline = time.monotonic() + WAIT_S
+    queued = 0
+    while queued < 1:
+        assert time.monotonic() < deadline, "no copy held:\n" + cl.procs["n1"].log()[-2000:]
+        try:
+            with open(queued_file, "r", encoding="ascii") as f:
+                queued = int(f.read().strip() or 0)
+        except (OSError, ValueError):
+            pass
+        time.sleep(0.01)
+    t_stop = time.monotonic()
+    cl.procs["n1"].kill(signal.SIGSTOP)
+    stream.cancel()
+    # Copies queued at the stop (the held count the node wrote last).
+    with open(queued_file, "r", encoding="ascii") as f:
+        queued = int(f.read().strip() or 0)
+    os.unlink(cl.hold_file)  # a paused n1 sees it only when it resumes: its copies may run
+    ab = cl.ctl.abort_room(a.room, "chaos: n1 paused mid-copy")
+    lease_pages = range(SINK_FIRST, SINK_FIRST + PAGES)
+    stable = [snk.read(pg) for pg in lease_pages]
+    snk.check_canary(_sink_outside(), "right after the SIGSTOP of n1")
+
+    rearmed = {}
+
+    def rearm_sink_if_released(when):
+        if "t" in rearmed or not released[b.lease_id].is_set():
+            return
+        rearmed["landed"] = sum(1 for j in range(PAGES)
+                                if snk.read(SINK_FIRST + j) == _pattern(room_id, j))
+        for pg in lease_pages:
+            snk.write(pg, snk.canary(pg))
+        rearmed["t"] = time.monotonic()
+        rearmed["when"] = when
+
+    # 1. While n1 is paused: no lease is released; once n1 is LOST both wait
+    # for a proof from it (awaiting_host_proof, counted in the stats) for HOLD_S.
+    t_lost = None
+    polls = 0
+    deadline = time.monotonic() + WAIT_S + 10
+    while True:
+        early = [lid for lid in role if released[lid].is_set()]
+        if early:
+            violations.append("%s lease RELEASED %.3f s after the SIGSTOP, n1 still paused (no "
+                              "proof from its host)" % (
+                                  role[early[0]], t_release[early[0]] - t_stop))
+            break
+        now = time.monotonic()
+        if t_lost is None:
+            if cl.admin.node("n1").state == NodeState.LOST:
+                t_lost = now
+            elif now > deadline:
+                violations.append("n1 not LOST %.0f s after its SIGSTOP" % (now - t_stop))
+                break
+        else:
+            info = cl.admin.room(a.room)
+            n_awaiting = cl.admin.stats().get("leases_awaiting_host_proof", 0)
+            polls += 1
+            bad = [(role[lid], lease_by_id(info, lid)) for lid in role
+                   if lease_by_id(info, lid).state != LeaseState.RELEASING
+                   or not lease_by_id(info, lid).awaiting_host_proof]
+            if bad or n_awaiting != 2:
+                violations.append("with n1 LOST and paused: %s (stats: %d awaiting) %.3f s past "
+                                  "LOST" % ("; ".join("%s lease %s awaiting_host_proof=%s" % (
+                                      r, lv.state.name, lv.awaiting_host_proof)
+                                      for r, lv in bad) or "leases held", n_awaiting,
+                                      now - t_lost))
+                break
+            if now - t_lost >= HOLD_S:
+                break
+        time.sleep(0.1)
+    moved = [pg for pg, old in zip(lease_pages, stable) if snk.read(pg) != old]
+    if moved:
+        violations.append("sink pages %s changed while n1 was paused" % moved[:8])
+    rearm_sink_if_released("while n1 was paused")  # only after an early release
+
+    # 2. The proof: SIGCONT; the resumed node drains or self-fences.
+    t_proof = time.monotonic()
+    cl.procs["n1"].kill(signal.SIGCONT)
+    for lid in role:
+        if not released[lid].wait(WAIT_S):
+            violations.append("%s lease not released %.0f s after the SIGCONT: room %s" % (
+                role[lid], WAIT_S, cl.admin.room(a.room)))
+    follower.join(5)
+    watch.cancel()
+    submitter.join(5)
+    rearm_sink_if_released("after the SIGCONT")
+    if cl.admin.room(a.room).state != RoomState.ABORTED:
+        violations.append("room %s after the proof" % cl.admin.room(a.room).state)
+    nlog = cl.procs["n1"].log()
+    proof_kind = "witness" if "witness: incarnation" in nlog else "drained"
+
+    # 3. Nothing writes the released sink pages, nothing outside ever, no source page.
+    time.sleep(SETTLE_S)
+    late = 0
+    if "t" in rearmed:
+        late = snk.check_canary(list(lease_pages),
+                                "%.1f s after the sink lease was RELEASED (re-armed %s)" % (
+                                    time.monotonic() - rearmed["t"], rearmed["when"]))
+    if late:
+        violations.append("%d sink pages written after the sink lease was RELEASED" % late)
+    if snk.check_canary(_sink_outside(), "at the end"):
+        violations.append("sink pages outside the lease changed")
+    changed = [j for j in range(POOL_PAGES)
+               if src.read(j) != (_pattern(room_id, j) if j < PAGES else src.canary(j))]
+    if changed:
+        violations.append("source pages changed: %s" % changed[:8])
+    violations.extend(cl.stats.problems)
+    t_last = max(t_release.values()) if len(t_release) == len(role) else None
+    return {"admitted_before_hit": hit_after, "copies_held_at_stop": queued,
+            "abort_state": ab.state.name, "pages_landed": rearmed.get("landed"),
+            "late_pages": late, "violations": violations, "hold_polls": polls, "proof": proof_kind,
+            "lost_s_after_stop": round(t_lost - t_stop, 3) if t_lost is not None else None,
+            "victim_released_s_after_proof": (round(t_last - t_proof, 3)
+                                              if t_last is not None and t_last >= t_proof
+                                              else None),
+            "victim_waited_s": (round(t_last - t_lost, 3)
+                                if t_last is not None and t_lost is not None else None)}
+
+
 def _stats(xs):
     xs = [x for x in xs if x is not None]
     if not xs:
@@ -448,20 +640,30 @@ def _stats(xs):
     return {"min": min(xs), "median": statistics.median(xs), "max": max(xs)}
 
 
-def _figures(key, runs, n_key):
+def _figures(key, runs, n_key, t0=None, load0=None):
+    """The figures of one case; with t0 (its start, monotonic) and load0
+    (os.getloadavg() then) also its wall time and the load around it."""
     RESULTS[key] = {
         n_key: len(runs),
         "rounds_with_violations": sum(1 for r in runs if r["violations"]),
         "late_pages": [r["late_pages"] for r in runs],
+        "late_pages_total": sum(r["late_pages"] for r in runs),
         "pages_landed": [r["pages_landed"] for r in runs],
-        "pages_landed_before_proof": [r["pages_landed_before_proof"] for r in runs],
         "proof": sorted(set(r["proof"] for r in runs)),
-        "survivor_released_s_after_hit": _stats([r["survivor_released_s_after_hit"]
-                                                 for r in runs]),
         "victim_released_s_after_proof": _stats([r["victim_released_s_after_proof"]
                                                  for r in runs]),
         "victim_waited_s": _stats([r["victim_waited_s"] for r in runs]),
         "first_violations": [r["violations"][:2] for r in runs if r["violations"]][:2]}
+    for k in ("pages_landed_before_proof", "copies_held_at_stop"):
+        if any(k in r for r in runs):
+            RESULTS[key][k] = [r.get(k) for r in runs]
+    for k in ("survivor_released_s_after_hit", "lost_s_after_stop", "attempt_s"):
+        if any(k in r for r in runs):
+            RESULTS[key][k] = _stats([r.get(k) for r in runs])
+    if t0 is not None:
+        RESULTS[key]["wall_s"] = round(time.monotonic() - t0, 1)
+        RESULTS[key]["loadavg_1m_start_end"] = [round(load0[0], 2),
+                                                round(os.getloadavg()[0], 2)]
     figure("node_kill", RESULTS)
 
 
@@ -500,13 +702,40 @@ def test_paused_node_lands_nothing_after_release(cluster_factory, victim):
     pages in about 3 runs of 4 (its receiver raced its self-fence): hence
     several fresh clusters, each of which must keep the rule."""
     attempts = []
+    t0, load0 = time.monotonic(), os.getloadavg()
     for i in range(PAUSED_ATTEMPTS):
+        t = time.monotonic()
         cl = cluster_factory("paused-%s-%d" % (victim, i))
         attempts.append(_run_round(cl, 2000 + i, victim, signal.SIGSTOP,
                                    random.Random(12 + i + 100 * (victim == "n1"))))
         cl.close()
-    _figures("sigstop_%s" % ("source" if victim == "n1" else "sink"), attempts, "attempts")
+        attempts[-1]["attempt_s"] = round(time.monotonic() - t, 3)
+    _figures("sigstop_%s" % ("source" if victim == "n1" else "sink"), attempts, "attempts", t0,
+             load0)
     if victim == "n1":
         RESULTS["sigstop_source"]["frames_posted_on_resume"] = [r["frames_posted_on_resume"]
                                                                 for r in attempts]
+    _check(attempts)
+
+
+def test_paused_node_same_host_copy(cluster_factory):
+    """SIGSTOP of a node copying between two of its own pools (the local
+    transport) with copies held in flight; the room is aborted and the hold
+    lifted while it is paused. Its leases stay RELEASING (awaiting_host_proof
+    once it is LOST: no peer of the room can fence its own memcpy workers)
+    until the resumed node drains or self-fences and its Drained or Witness
+    releases them; nothing lands in the sink pages after their release.
+
+    Without the host-proof rule both leases are released as soon as the node
+    is LOST, while it is paused, and the resumed node's copies can then write
+    the released pages. Several fresh clusters, each must keep the rule."""
+    attempts = []
+    t0, load0 = time.monotonic(), os.getloadavg()
+    for i in range(PAUSED_ATTEMPTS):
+        t = time.monotonic()
+        cl = cluster_factory("paused-local-%d" % i)
+        attempts.append(_run_same_host(cl, 3000 + i, random.Random(300 + i)))
+        cl.close()
+        attempts[-1]["attempt_s"] = round(time.monotonic() - t, 3)
+    _figures("sigstop_same_host_copy", attempts, "attempts", t0, load0)
     _check(attempts)
