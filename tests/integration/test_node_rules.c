@@ -9,11 +9,12 @@
  *   complete. SubmitChunk answers FAILED_PRECONDITION (docs/node.md) and the
  *   room ends ABORTED (n1 reports TransferFailed). Before: ABORTED ("room is
  *   closed on this node") and the room stayed ACTIVE.
- * - A frame the sink refuses: the sink lease is extended while n2 holds its
- *   RoomUpdates back (fault file); n1 knows the new pages and sends them, n2's
- *   copy of the lease lacks them and drops the frame. The room ends ABORTED
- *   (n2 reports TransferFailed) and no byte lands. Before: the frame was
- *   dropped silently and the room stayed ACTIVE.
+ * - ExtendLease is ordered by the protocol: the sink lease grows while n2
+ *   holds its RoomUpdates back (fault file); n1 does not learn the new pages
+ *   until n2 acknowledged them, so it sends nothing n2 could not place, and
+ *   the room completes. Before: n1 learned the pages at once and n2 dropped
+ *   the frame silently (the room stayed ACTIVE). A frame for a room the sink
+ *   has no update for fails the room at once (test_node_peer.c).
  * - Sink completion is a drain proof: two sources write the same sink pages,
  *   one from another node (TCP), one from the sink's own node (a same-node
  *   copy, held in flight with --test-local-hold-file). The remote source's
