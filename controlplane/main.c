@@ -199,6 +199,7 @@ int main(int argc, char **argv)
     opts.tls_cert_path = tls_cert;
     opts.tls_key_path = tls_key;
     opts.tls_client_ca_path = tls_ca;
+    opts.max_receive_bytes = KVF_SVC_REQUEST_MAX; /* refused before any decode */
     kvf_svc_rpc_observer(svc, &opts);
     struct kvf_rpc_server *srv = kvf_rpc_server_create(&opts);
     if (!srv) {

@@ -52,6 +52,9 @@ except ImportError:  # grpc-proto was not installed when the stubs were made
 
 # ---- 1: a change bigger than a log record ------------------------------------
 
+REQUEST_MAX = 2 * 1024 * 1024  # KVF_SVC_REQUEST_MAX (controlplane/service/service.h)
+
+
 
 def test_oversized_join_is_refused_and_later_acks_survive(servers, tmp_path):
     data = tmp_path / "data"
@@ -62,15 +65,23 @@ def test_oversized_join_is_refused_and_later_acks_survive(servers, tmp_path):
     j = _join(ch, 1)
     acked = {1: (j.room.generation, j.lease_id)}
 
-    # 16 MiB - 8 bytes on the wire: under the gRPC limit, over a log record.
-    rq = join_request(2, "n1", types_pb2.ROLE_SOURCE, first=2)
-    rq.engine_capabilities.features.append("")
-    base = rq.ByteSize()
-    rq.engine_capabilities.features[-1] = "x" * (16 * 1024 * 1024 - 8 - base - 4)
-    while rq.ByteSize() > 16 * 1024 * 1024 - 8:
-        rq.engine_capabilities.features[-1] = rq.engine_capabilities.features[-1][:-1]
-    assert rq.ByteSize() == 16 * 1024 * 1024 - 8, rq.ByteSize()
-    big = _refusal(lambda: control(ch).JoinRoom(rq, timeout=4 * RPC_TIMEOUT_S))
+    # The request limit (2 MiB on the wire) is the gRPC server's receive limit:
+    # one byte over it is refused by the transport before any decode, with
+    # RESOURCE_EXHAUSTED; exactly at it, the request is decoded and refused
+    # for its over-long field, naming it.
+    def sized(room_id, size):
+        rq = join_request(room_id, "n1", types_pb2.ROLE_SOURCE, first=room_id)
+        rq.engine_capabilities.features.append("")
+        base = rq.ByteSize()
+        rq.engine_capabilities.features[-1] = "x" * (size - base - 4)
+        while rq.ByteSize() > size:
+            rq.engine_capabilities.features[-1] = rq.engine_capabilities.features[-1][:-1]
+        assert rq.ByteSize() == size, rq.ByteSize()
+        return rq
+
+    over = _refusal(lambda: control(ch).JoinRoom(sized(2, REQUEST_MAX + 1),
+                                                 timeout=4 * RPC_TIMEOUT_S))
+    big = _refusal(lambda: control(ch).JoinRoom(sized(2, REQUEST_MAX), timeout=4 * RPC_TIMEOUT_S))
 
     for room_id in (3, 4, 5):
         j = _join(ch, room_id)
@@ -83,6 +94,8 @@ def test_oversized_join_is_refused_and_later_acks_survive(servers, tmp_path):
     code, details = big
     assert code == grpc.StatusCode.INVALID_ARGUMENT, big
     assert "engine_capabilities.features" in details, big
+    assert over[0] == grpc.StatusCode.RESOURCE_EXHAUSTED, over
+    assert "larger than max" in over[1], over
     assert srv.terminate() == 0, srv.stderr_tail()
 
 
