@@ -196,10 +196,13 @@ def test_refused_requests_are_not_logged(servers, tmp_path):
     acked = {1: (j.room.generation, j.lease_id)}
     before = _wal_bytes(data)
 
-    huge = "n" * 15_000_000
+    # Under the request limit, decoded and refused naming the field; over it,
+    # refused by gRPC before any decode. Neither reaches the log.
+    huge = "n" * 1_000_000
     fence_big = _refusal(lambda: admin(ch).FenceNode(
         control_pb2.FenceNodeRequest(node_id=huge), timeout=4 * RPC_TIMEOUT_S))
-    join_big = _refusal(lambda: _join(ch, 2, node_id="ghost", features=["f" * 15_000_000]))
+    join_big = _refusal(lambda: _join(ch, 2, node_id="ghost", features=["f" * 1_000_000]))
+    join_over = _refusal(lambda: _join(ch, 2, node_id="ghost", features=["f" * 15_000_000]))
     # Refused by the state core: nothing changed, so nothing is logged either.
     join_ghost = _refusal(lambda: _join(ch, 3, node_id="ghost"))
     fence_ghost = _refusal(lambda: admin(ch).FenceNode(
@@ -210,6 +213,7 @@ def test_refused_requests_are_not_logged(servers, tmp_path):
     assert "node_id" in fence_big[1], fence_big
     assert join_big[0] == grpc.StatusCode.INVALID_ARGUMENT, join_big
     assert "engine_capabilities.features" in join_big[1], join_big
+    assert join_over[0] == grpc.StatusCode.RESOURCE_EXHAUSTED, join_over
     assert join_ghost[0] == grpc.StatusCode.NOT_FOUND, join_ghost
     assert fence_ghost[0] == grpc.StatusCode.NOT_FOUND, fence_ghost
 
