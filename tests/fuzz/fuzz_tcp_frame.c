@@ -142,8 +142,10 @@ static bool handshake(int fd)
     memset(hello + 24, 0xa5, 32); /* nonce_c: fixed, the run stays reproducible */
     send_all(fd, hello, sizeof hello);
     uint8_t ch[KVF_TCP_CHALLENGE_SIZE];
-    if (!recv_all(fd, ch, sizeof ch))
+    if (!recv_all(fd, ch, sizeof ch)) {
+        perror("fuzz_tcp_frame: no challenge");
         return false;
+    }
     uint8_t mac[32];
     handshake_mac("kvfence tcp v2 acceptor", hello, ch + 4, mac);
     if (ch[0] != (uint8_t)KVF_TCP_MAGIC_CHALLENGE || CRYPTO_memcmp(mac, ch + 36, 32) != 0)
@@ -155,25 +157,37 @@ static bool handshake(int fd)
     return true;
 }
 
+/* A connection to the transport; with `shake`, one that finished the
+ * handshake. A valid hello that gets no challenge is retried (a loaded
+ * machine can hit the 5 s receive timeout once), three misses abort. */
+static int connect_to_transport(bool shake)
+{
+    for (int attempt = 0; attempt < 3; attempt++) {
+        int fd = socket(AF_INET, SOCK_STREAM, 0);
+        if (fd < 0)
+            abort();
+        struct sockaddr_in a = {.sin_family = AF_INET, .sin_port = htons(port)};
+        a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+        if (connect(fd, (struct sockaddr *)&a, sizeof a) != 0) {
+            perror("fuzz_tcp_frame: connect");
+            abort();
+        }
+        struct timeval tv = {.tv_sec = 5};
+        setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
+        if (!shake || handshake(fd))
+            return fd;
+        close(fd);
+    }
+    abort(); /* a valid hello from the known peer was refused, three times */
+}
+
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 {
     if (!tp)
         start();
     if (size == 0)
         return 0;
-    int fd = socket(AF_INET, SOCK_STREAM, 0);
-    if (fd < 0)
-        abort();
-    struct sockaddr_in a = {.sin_family = AF_INET, .sin_port = htons(port)};
-    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-    if (connect(fd, (struct sockaddr *)&a, sizeof a) != 0) {
-        perror("fuzz_tcp_frame: connect");
-        abort();
-    }
-    struct timeval tv = {.tv_sec = 5};
-    setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
-    if (!(data[0] & 1) && !handshake(fd))
-        abort(); /* a valid hello from the known peer was refused */
+    int fd = connect_to_transport(!(data[0] & 1));
     send_all(fd, data + 1, size - 1);
     shutdown(fd, SHUT_WR);
     /* The receiver closes its end when it is done with the connection. */
