@@ -95,6 +95,8 @@ static void send_all(int fd, const uint8_t *p, size_t len)
 {
     while (len) {
         ssize_t n = send(fd, p, len, MSG_NOSIGNAL);
+        if (n < 0 && errno == EINTR)
+            continue; /* libFuzzer's SIGALRM (its -timeout watchdog) */
         if (n <= 0)
             return; /* the receiver closed: a malformed frame */
         p += n;
@@ -106,6 +108,8 @@ static bool recv_all(int fd, uint8_t *p, size_t len)
 {
     while (len) {
         ssize_t n = recv(fd, p, len, 0);
+        if (n < 0 && errno == EINTR)
+            continue;
         if (n <= 0)
             return false;
         p += n;
@@ -158,27 +162,31 @@ static bool handshake(int fd)
 }
 
 /* A connection to the transport; with `shake`, one that finished the
- * handshake. A valid hello that gets no challenge is retried (a loaded
- * machine can hit the 5 s receive timeout once), three misses abort. */
+ * handshake (a valid hello from the known peer must get its challenge).
+ * Every call here may see EINTR: libFuzzer's -timeout watchdog is a
+ * SIGALRM every few seconds. */
 static int connect_to_transport(bool shake)
 {
-    for (int attempt = 0; attempt < 3; attempt++) {
+    for (;;) {
         int fd = socket(AF_INET, SOCK_STREAM, 0);
         if (fd < 0)
             abort();
         struct sockaddr_in a = {.sin_family = AF_INET, .sin_port = htons(port)};
         a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
         if (connect(fd, (struct sockaddr *)&a, sizeof a) != 0) {
+            if (errno == EINTR) { /* the connect goes on in the background: start over */
+                close(fd);
+                continue;
+            }
             perror("fuzz_tcp_frame: connect");
             abort();
         }
         struct timeval tv = {.tv_sec = 5};
         setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
-        if (!shake || handshake(fd))
-            return fd;
-        close(fd);
+        if (shake && !handshake(fd))
+            abort(); /* a valid hello from the known peer was refused */
+        return fd;
     }
-    abort(); /* a valid hello from the known peer was refused, three times */
 }
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
@@ -192,7 +200,10 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     shutdown(fd, SHUT_WR);
     /* The receiver closes its end when it is done with the connection. */
     uint8_t buf[64];
-    while (recv(fd, buf, sizeof buf, 0) > 0) {
+    for (;;) {
+        ssize_t n = recv(fd, buf, sizeof buf, 0);
+        if (n == 0 || (n < 0 && errno != EINTR))
+            break;
     }
     /* Both sides are done: close with a reset, so that this end leaves no
      * TIME_WAIT behind. A thousand connections a second would otherwise use
