@@ -19,6 +19,8 @@ it starts is killed at teardown (the `servers` fixture of conftest.py).
 """
 
 import os
+import shutil
+import subprocess
 
 import grpc
 import pytest
@@ -40,6 +42,7 @@ from kvf_store import (
     repair as _repair,
     serve as _serve,
     small_tmpfs,
+    split_segment as _split_segment,
     wait_refused_start as _wait_refused_start,
     wal_bytes as _wal_bytes,
 )
@@ -181,6 +184,47 @@ def test_missing_segment_after_snapshot_refuses_start(servers, tmp_path, control
     assert "dropped" in r.stdout + r.stderr, r.stdout + r.stderr
     srv = _serve(servers, data, *args)
     assert srv.terminate() == 0, srv.stderr_tail()
+
+
+def test_repair_from_the_first_segment_syncs_the_directory(servers, tmp_path, control_bin):
+    """The log starts past seq 1 (its first segment deleted, no snapshot), so
+    --repair-wal removes every segment and starts the log anew: the removals
+    must be durable (fsync of the data dir) before the new first segment is
+    created. Seen with strace; skipped without it."""
+    strace = shutil.which("strace")
+    if strace is None:
+        pytest.skip("needs strace to see the fsync")
+    data = tmp_path / "data"
+    srv = _serve(servers, data, *QUIET_TIMERS)
+    ch = srv.channel()
+    node = FakeNode(ch, "n1")
+    node.recv("welcome")
+    for room_id in range(1, 21):
+        _join(ch, room_id)
+    node.close()
+    assert srv.terminate() == 0, srv.stderr_tail()
+    names = _split_segment(data, [8, 14])
+    os.unlink(data / names[0])
+
+    trace = tmp_path / "repair.strace"
+    r = subprocess.run(
+        [strace, "-f", "-qq", "-o", str(trace), "-e",
+         "trace=openat,unlink,unlinkat,fsync,fdatasync", control_bin, "--data-dir", str(data),
+         "--repair-wal"],
+        stdin=subprocess.DEVNULL, capture_output=True, text=True, timeout=60)
+    assert r.returncode == 0, r.stdout + r.stderr
+    calls = [line.split(None, 1)[1] for line in trace.read_text().splitlines()
+             if len(line.split(None, 1)) == 2]
+    dir_fds = {c.rsplit("=", 1)[1].strip() for c in calls
+               if c.startswith("openat(") and '"%s"' % data in c and "O_DIRECTORY" in c}
+    assert dir_fds, calls
+    removed = [i for i, c in enumerate(calls) if c.startswith("unlink") and any(
+        n in c for n in names[1:])]
+    assert len(removed) == len(names) - 1, (names, calls)
+    created = next(i for i, c in enumerate(calls) if c.startswith("openat(") and "O_CREAT" in c
+                   and "wal-" in c and i > removed[-1])
+    between = calls[removed[-1] + 1:created]
+    assert any(c.startswith("fsync(%s)" % fd) for c in between for fd in dir_fds), between
 
 
 # ---- 3: refusals are not logged ---------------------------------------------------
