@@ -6,8 +6,9 @@
  * SIGTERM, then: health NOT_SERVING, server shutdown with a 2 s grace, state
  * thread stopped, everything freed, exit 0. If the write-ahead log cannot be
  * written (--data-dir on a full or failing disk), the service turns
- * NOT_SERVING and refuses every call at once, and the process shuts down the
- * same way and exits with status 3 (KVF_SVC_EXIT_STORE_FAILED): fail-stop,
+ * NOT_SERVING and refuses every call at once, stays up so for a second
+ * (STORE_FAILED_LINGER_MS) so that probes see it, then shuts down the same way
+ * and exits with status 3 (KVF_SVC_EXIT_STORE_FAILED): fail-stop,
  * for a supervisor (Kubernetes) to restart it once the disk is fixed.
  * --repair-wal checks and repairs the log of --data-dir and exits. Logs are JSON lines on stderr.
  * Prometheus metrics (docs/metrics.md) are served over HTTP on
@@ -20,6 +21,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 #include <unistd.h>
 
 #include "http.h"
@@ -34,6 +36,12 @@
 #define DEFAULT_LISTEN    "127.0.0.1:7070"
 #define DEFAULT_METRICS   "127.0.0.1:9464"
 #define SHUTDOWN_GRACE_MS 2000u
+/* After the log failed, the server stays up this long before it shuts down,
+ * answering health NOT_SERVING and every call UNAVAILABLE ("free space ...
+ * and restart"): a probe, and a caller that asks again, learn why instead of
+ * finding the port closing. Nothing is acknowledged or released meanwhile
+ * (the service refuses everything); SIGTERM or SIGINT ends the wait. */
+#define STORE_FAILED_LINGER_MS 1000u
 
 static int write_port_file(const char *path, int port)
 {
@@ -213,6 +221,7 @@ int main(int argc, char **argv)
     opts.tls_cert_path = tls_cert;
     opts.tls_key_path = tls_key;
     opts.tls_client_ca_path = tls_ca;
+    opts.max_receive_bytes = KVF_SVC_REQUEST_MAX; /* refused before any decode */
     kvf_svc_rpc_observer(svc, &opts);
     struct kvf_rpc_server *srv = kvf_rpc_server_create(&opts);
     if (!srv) {
@@ -290,9 +299,17 @@ int main(int argc, char **argv)
         }
     }
     if (sig == SIGUSR1) {
-        kvf_log("error", "the write-ahead log failed: shutting down, exit status %d",
-                KVF_SVC_EXIT_STORE_FAILED);
+        kvf_log("error",
+                "the write-ahead log failed: NOT_SERVING, shutting down in %u ms, exit status %d",
+                STORE_FAILED_LINGER_MS, KVF_SVC_EXIT_STORE_FAILED);
         rc = KVF_SVC_EXIT_STORE_FAILED;
+        struct timespec linger = {.tv_sec = STORE_FAILED_LINGER_MS / 1000,
+                                  .tv_nsec = (STORE_FAILED_LINGER_MS % 1000) * 1000000L};
+        sigset_t stop;
+        sigemptyset(&stop);
+        sigaddset(&stop, SIGINT);
+        sigaddset(&stop, SIGTERM);
+        (void)sigtimedwait(&stop, NULL, &linger); /* a signal or the timeout */
     } else if (sig) {
         kvf_log("info", "got %s: shutting down", sig == SIGINT ? "SIGINT" : "SIGTERM");
     }

@@ -120,6 +120,7 @@ struct kvf_rpc_server {
     char *listen_addr;
     unsigned n_threads;
     size_t max_message;
+    size_t max_receive;                       /* <= max_message */
     char *pem_cert, *pem_key, *pem_client_ca; /* NULL when plaintext */
     struct srv_method *methods;
     /* The observer (rpc_server.h); fixed after create. */
@@ -1227,6 +1228,9 @@ struct kvf_rpc_server *kvf_rpc_server_create(const struct kvf_rpc_server_opts *o
         rpc_log("server: max_message_bytes %zu is over 2 GiB", srv->max_message);
         goto err_free_pems;
     }
+    srv->max_receive = opts->max_receive_bytes && opts->max_receive_bytes < srv->max_message
+                           ? opts->max_receive_bytes
+                           : srv->max_message;
     srv->threads = calloc(srv->n_threads, sizeof(*srv->threads));
     if (!srv->threads)
         goto err_free_pems;
@@ -1346,7 +1350,7 @@ int kvf_rpc_server_start(struct kvf_rpc_server *srv)
     args[0].value.integer = 0;
     args[1].type = GRPC_ARG_INTEGER;
     args[1].key = (char *)GRPC_ARG_MAX_RECEIVE_MESSAGE_LENGTH;
-    args[1].value.integer = (int)srv->max_message;
+    args[1].value.integer = (int)srv->max_receive;
     args[2].type = GRPC_ARG_INTEGER;
     args[2].key = (char *)GRPC_ARG_MAX_SEND_MESSAGE_LENGTH;
     args[2].value.integer = (int)srv->max_message;

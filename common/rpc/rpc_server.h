@@ -40,6 +40,11 @@ struct kvf_rpc_server_opts {
     unsigned cq_threads;
     /* Largest message accepted or sent; 0 = KVF_RPC_DEFAULT_MAX_MESSAGE. */
     size_t max_message_bytes;
+    /* Largest message received, when smaller than max_message_bytes (0: the
+     * same). gRPC itself refuses a bigger one with RESOURCE_EXHAUSTED before
+     * any handler sees a byte of it, so set it to the largest request the
+     * service takes: an oversized request then costs no decode at all. */
+    size_t max_receive_bytes;
     /* TLS: both set = TLS, both NULL = plaintext. PEM file paths. */
     const char *tls_cert_path;
     const char *tls_key_path;

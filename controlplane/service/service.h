@@ -50,6 +50,12 @@ struct kvf_svc_opts {
 /* Exit status of kvfence-control when its log cannot be written. */
 #define KVF_SVC_EXIT_STORE_FAILED 3
 
+/* The largest request or node message the service takes (bytes on the wire).
+ * kvfence-control gives it to the gRPC server as its receive limit
+ * (kvf_rpc_server_opts.max_receive_bytes), so a bigger one is refused with
+ * RESOURCE_EXHAUSTED by the transport, before it is decoded. */
+#define KVF_SVC_REQUEST_MAX (2u << 20)
+
 /* kvfence-control --repair-wal: checks the log in `data_dir` and, where a
  * record is damaged or missing, copies the affected files to a backup folder
  * in it and cuts the log at the damage. Prints what it did (and how many

@@ -241,7 +241,7 @@ int kvf_svc_find_lease(const struct kvf_cps *cps, kvf_room_key key, uint64_t lea
 #define KVF_SVC_FEATURE_NAME_MAX 64u
 #define KVF_SVC_PAGE_TOKEN_MAX   32u
 #define KVF_SVC_FILTER_MAX       16u /* state filters of the listings */
-#define KVF_SVC_CHANGE_MAX       (2u << 20)
+#define KVF_SVC_CHANGE_MAX       KVF_SVC_REQUEST_MAX
 
 /* "<field>: longer than <max> bytes" (-EINVAL) if `s` is; 0 otherwise. */
 int kvf_svc_check_len(const char *field, const char *s, size_t max, struct kvf_error *err);

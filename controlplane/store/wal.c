@@ -37,6 +37,12 @@
  * record with the wrong seq, a gap between segments, a sealed last segment or
  * a snapshot with no segment after it is corruption or a lost file: recovery
  * fails with -EIO naming the file, offset and seq, and nothing is changed.
+ * Which damage can be torn is a property of its kind (enum wal_damage,
+ * wal_damage_can_be_torn), never of a message's words. One exception keeps an
+ * intact log startable: a seal whose write failed (the store stops at once
+ * then) leaves at most a seal's bytes after the last record of a segment
+ * that is not the last; recovery accepts it if those bytes are the seal's own
+ * (or zeros) and the next segment chains on, and logs it.
  * With opts.repair (kvfence-control --repair-wal) it instead copies the files
  * it would change to repair-<UTC time>/ in the data dir, cuts the log at the
  * damage (later segments deleted), reports how many records that dropped,
@@ -1140,13 +1146,13 @@ static int wal_replay_segment(struct wal *w, uint64_t first, bool is_last, struc
     r->expect = first;
 
     size_t off = WAL_SEG_HDR;
-    const char *bad = NULL;
+    enum wal_damage bad = WAL_DAMAGE_NONE;
     char detail[64] = "";
     bool sealed = false;
     while (off < m.size) {
         size_t left = m.size - off;
         if (left < WAL_REC_HDR) {
-            bad = "short record header";
+            bad = WAL_DAMAGE_SHORT_HEADER;
             break;
         }
         const unsigned char *h = m.p + off;
@@ -1154,32 +1160,32 @@ static int wal_replay_segment(struct wal *w, uint64_t first, bool is_last, struc
         uint64_t seq = get_u64(h + 8);
         if (len == WAL_SEAL_LEN) {
             if (get_u32(h + 4) != record_crc(seq, NULL, 0)) {
-                bad = "CRC mismatch";
+                bad = WAL_DAMAGE_CRC;
             } else if (seq != r->expect) {
-                bad = "seal with a seq gap";
+                bad = WAL_DAMAGE_SEAL_GAP;
                 snprintf(detail, sizeof(detail), " (expected %" PRIu64 ", found %" PRIu64 ")",
                          r->expect, seq);
             } else if (left != WAL_REC_HDR) {
-                bad = "bytes after the seal";
+                bad = WAL_DAMAGE_AFTER_SEAL;
             } else {
                 sealed = true;
             }
             break;
         }
         if (len > WAL_RECORD_HARD_MAX) {
-            bad = "record length out of range";
+            bad = WAL_DAMAGE_BAD_LENGTH;
             break;
         }
         if ((size_t)len > left - WAL_REC_HDR) {
-            bad = "short payload";
+            bad = WAL_DAMAGE_SHORT_PAYLOAD;
             break;
         }
         if (get_u32(h + 4) != record_crc(seq, h + WAL_REC_HDR, len)) {
-            bad = "CRC mismatch";
+            bad = WAL_DAMAGE_CRC;
             break;
         }
         if (seq != r->expect) {
-            bad = "seq gap";
+            bad = WAL_DAMAGE_SEQ_GAP;
             snprintf(detail, sizeof(detail), " (expected %" PRIu64 ", found %" PRIu64 ")",
                      r->expect, seq);
             break;
@@ -1203,15 +1209,26 @@ static int wal_replay_segment(struct wal *w, uint64_t first, bool is_last, struc
         off += WAL_REC_HDR + len;
     }
     *size_p = off;
-    if (bad == NULL && !(sealed && is_last))
+    if (bad != WAL_DAMAGE_NONE && !is_last &&
+        wal_is_torn_seal(m.p + off, m.size - off, r->expect)) {
+        /* The seal's write failed (the store stopped there): the segment is
+         * whole, and the next one must start at r->expect (checked next). */
+        wal_log(w, KVF_STORE_LOG_WARN,
+                "%s/%s: %zu bytes of a seal cut short at offset %zu (its write failed); the "
+                "records before it are intact",
+                w->dir, name, m.size - off, off);
+        bad = WAL_DAMAGE_NONE;
+    }
+    if (bad == WAL_DAMAGE_NONE && !(sealed && is_last))
         goto out;
+    const char *bad_text = wal_damage_text(bad);
 
     /* What is wrong here: a torn tail (cut), or corruption or a lost file? */
     size_t later_off = 0;
     uint64_t later_seq = 0;
-    bool later = bad != NULL && wal_find_later(m.p, m.size, off, r->expect, &later_off, &later_seq);
-    bool torn = bad != NULL && is_last && !later && strncmp(bad, "seq gap", 7) != 0 &&
-                strncmp(bad, "seal", 4) != 0;
+    bool later = bad != WAL_DAMAGE_NONE &&
+                 wal_find_later(m.p, m.size, off, r->expect, &later_off, &later_seq);
+    bool torn = is_last && !later && wal_damage_can_be_torn(bad);
     if (!torn) {
         char what[200];
         if (sealed)
@@ -1223,12 +1240,12 @@ static int wal_replay_segment(struct wal *w, uint64_t first, bool is_last, struc
             snprintf(what, sizeof(what),
                      "%s%s at offset %zu (seq %" PRIu64 " expected there; last good seq %" PRIu64
                      "), yet a valid record (seq %" PRIu64 ") follows at offset %zu",
-                     bad, detail, off, r->expect, r->last, later_seq, later_off);
+                     bad_text, detail, off, r->expect, r->last, later_seq, later_off);
         else
             snprintf(what, sizeof(what),
                      "%s%s at offset %zu (seq %" PRIu64 " expected there; last good seq %" PRIu64
                      ") in a segment that is not the last",
-                     bad, detail, off, r->expect, r->last);
+                     bad_text, detail, off, r->expect, r->last);
         if (!w->opts.repair) {
             /* The full story in the store's log (the error message is short). */
             wal_log(w, KVF_STORE_LOG_ERROR,
@@ -1279,7 +1296,7 @@ static int wal_replay_segment(struct wal *w, uint64_t first, bool is_last, struc
     info->tail_cut_offset = off;
     info->tail_good_seq = r->last;
     snprintf(info->tail_file, sizeof(info->tail_file), "%s", name);
-    snprintf(info->tail_reason, sizeof(info->tail_reason), "%s%s", bad, detail);
+    snprintf(info->tail_reason, sizeof(info->tail_reason), "%s%s", bad_text, detail);
     if (ftruncate(fd, (off_t)off) != 0 || fsync(fd) != 0) {
         rc = kvf_error_set(err, -errno, "%s/%s: cannot cut the torn tail: %s", w->dir, name,
                            strerror(errno));
@@ -1288,7 +1305,7 @@ static int wal_replay_segment(struct wal *w, uint64_t first, bool is_last, struc
     wal_log(w, KVF_STORE_LOG_WARN,
             "%s/%s: %s%s at offset %zu: cut %zu bytes of torn or corrupt tail; last good "
             "record is seq %" PRIu64,
-            w->dir, name, bad, detail, off, m.size - off, r->last);
+            w->dir, name, bad_text, detail, off, m.size - off, r->last);
 out:
     wal_unmap(&m);
     close(fd);
@@ -1499,6 +1516,12 @@ static int wal_recover(struct kvf_store *s, kvf_store_snapshot_fn on_snapshot,
                         rc = kvf_error_set(err, -errno, "%s/%s: unlink: %s", w->dir, name,
                                            strerror(errno));
                 }
+            if (rc == 0 && start == 0) {
+                /* The removals must be durable before the log starts anew. */
+                rc = wal_sync_dir(w);
+                if (rc != 0)
+                    kvf_error_set(err, rc, "%s: fsync: %s", w->dir, strerror(-rc));
+            }
             if (rc != 0)
                 goto out_free_listing;
             l.nsegs = start;

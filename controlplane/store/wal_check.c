@@ -50,6 +50,66 @@ uint32_t wal_record_crc(uint64_t seq, const void *payload, size_t len)
     return len > 0 ? kvf_crc32c(crc, payload, len) : crc;
 }
 
+const char *wal_damage_text(enum wal_damage d)
+{
+    switch (d) {
+    case WAL_DAMAGE_NONE:
+        return "no damage";
+    case WAL_DAMAGE_SHORT_HEADER:
+        return "short record header";
+    case WAL_DAMAGE_BAD_LENGTH:
+        return "record length out of range";
+    case WAL_DAMAGE_SHORT_PAYLOAD:
+        return "short payload";
+    case WAL_DAMAGE_CRC:
+        return "CRC mismatch";
+    case WAL_DAMAGE_SEQ_GAP:
+        return "seq gap";
+    case WAL_DAMAGE_SEAL_GAP:
+        return "seal with a seq gap";
+    case WAL_DAMAGE_AFTER_SEAL:
+        return "bytes after the seal";
+    }
+    return "unknown damage";
+}
+
+bool wal_damage_can_be_torn(enum wal_damage d)
+{
+    switch (d) {
+    case WAL_DAMAGE_SHORT_HEADER:
+    case WAL_DAMAGE_BAD_LENGTH:
+    case WAL_DAMAGE_SHORT_PAYLOAD:
+    case WAL_DAMAGE_CRC:
+        return true;
+    case WAL_DAMAGE_NONE:
+    case WAL_DAMAGE_SEQ_GAP:
+    case WAL_DAMAGE_SEAL_GAP:
+    case WAL_DAMAGE_AFTER_SEAL:
+        return false;
+    }
+    return false;
+}
+
+bool wal_is_torn_seal(const unsigned char *p, size_t len, uint64_t next_seq)
+{
+    if (len == 0 || len > WAL_REC_HDR)
+        return false;
+    unsigned char seal[WAL_REC_HDR];
+    uint32_t crc = wal_record_crc(next_seq, NULL, 0);
+    for (int i = 0; i < 4; i++) {
+        seal[i] = (unsigned char)(WAL_SEAL_LEN >> (8 * i));
+        seal[4 + i] = (unsigned char)(crc >> (8 * i));
+    }
+    for (int i = 0; i < 8; i++)
+        seal[8 + i] = (unsigned char)(next_seq >> (8 * i));
+    if (len == WAL_REC_HDR && memcmp(p, seal, len) == 0)
+        return false; /* a whole seal is no torn one */
+    for (size_t i = 0; i < len; i++)
+        if (p[i] != seal[i] && p[i] != 0)
+            return false;
+    return true;
+}
+
 enum wal_rec_kind wal_rec_at(const unsigned char *p, size_t size, size_t off, uint64_t *seq_p,
                              size_t *next_p)
 {

@@ -24,6 +24,33 @@ enum wal_rec_kind {
     WAL_REC_SEAL = 2,
 };
 
+/* Why the walk of a segment stopped before its end. */
+enum wal_damage {
+    WAL_DAMAGE_NONE = 0,
+    WAL_DAMAGE_SHORT_HEADER,  /* fewer bytes left than a record header */
+    WAL_DAMAGE_BAD_LENGTH,    /* a length no record can have */
+    WAL_DAMAGE_SHORT_PAYLOAD, /* the payload runs past the end of the file */
+    WAL_DAMAGE_CRC,           /* a record or seal whose CRC does not verify */
+    WAL_DAMAGE_SEQ_GAP,       /* a record that verifies, with the wrong seq */
+    WAL_DAMAGE_SEAL_GAP,      /* a seal that verifies, naming the wrong seq */
+    WAL_DAMAGE_AFTER_SEAL,    /* bytes after a seal */
+};
+
+/* The words the logs and errors use for `d` ("CRC mismatch"). */
+const char *wal_damage_text(enum wal_damage d);
+
+/* Whether an append cut short by a crash can leave `d` at the end of the last
+ * segment. A record that verifies with the wrong seq, and anything about a
+ * seal, cannot: a seal is written only after the next segment is durable, and
+ * nothing is written after it. */
+bool wal_damage_can_be_torn(enum wal_damage d);
+
+/* Whether `p[0, len)`, the bytes after the last record of a segment that is
+ * not the last, is a seal naming `next_seq` whose write was cut short: at
+ * most a seal's size, every byte either the seal's own or zero, and not the
+ * whole seal. The log is intact then (the next segment chains on). */
+bool wal_is_torn_seal(const unsigned char *p, size_t len, uint64_t next_seq);
+
 uint32_t wal_get_u32(const unsigned char *p);
 uint64_t wal_get_u64(const unsigned char *p);
 uint32_t wal_record_crc(uint64_t seq, const void *payload, size_t len);

@@ -375,6 +375,11 @@ static void seeds_tcp(void)
     b_le(&b, 0, 2);
     b_le(&b, 0x1111, 8);
     b_le(&b, 0x5553, 8);
+    for (int i = 0; i < 32; i++) /* nonce_c */
+        b_u8(&b, (uint8_t)i);
+    b_le(&b, KVF_TCP_MAGIC_PROOF, 4); /* a proof the acceptor refuses */
+    for (int i = 0; i < 32; i++)
+        b_u8(&b, 0);
     tcp_frame(&b, 1, 1, 5, 1, 0, 512);
     seed("fuzz_tcp_frame", "own-hello", b.b, b.n);
 }

@@ -10,8 +10,9 @@
 #include <stddef.h>
 #include <stdint.h>
 
-/* A directory of this process's own (under $TMPDIR, default /tmp), created on
- * first use and reused; never NULL (aborts when it cannot be made). */
+/* A directory of this process's own (under $TMPDIR, else /dev/shm if
+ * writable, else /tmp), created on first use, reused, and removed with its
+ * contents at exit; never NULL (aborts when it cannot be made). */
 const char *fz_scratch_dir(void);
 
 /* Writes `len` bytes to `path` (created or truncated); aborts on failure. */

@@ -19,6 +19,8 @@ it starts is killed at teardown (the `servers` fixture of conftest.py).
 """
 
 import os
+import shutil
+import subprocess
 
 import grpc
 import pytest
@@ -40,6 +42,7 @@ from kvf_store import (
     repair as _repair,
     serve as _serve,
     small_tmpfs,
+    split_segment as _split_segment,
     wait_refused_start as _wait_refused_start,
     wal_bytes as _wal_bytes,
 )
@@ -52,6 +55,9 @@ except ImportError:  # grpc-proto was not installed when the stubs were made
 
 # ---- 1: a change bigger than a log record ------------------------------------
 
+REQUEST_MAX = 2 * 1024 * 1024  # KVF_SVC_REQUEST_MAX (controlplane/service/service.h)
+
+
 
 def test_oversized_join_is_refused_and_later_acks_survive(servers, tmp_path):
     data = tmp_path / "data"
@@ -62,15 +68,23 @@ def test_oversized_join_is_refused_and_later_acks_survive(servers, tmp_path):
     j = _join(ch, 1)
     acked = {1: (j.room.generation, j.lease_id)}
 
-    # 16 MiB - 8 bytes on the wire: under the gRPC limit, over a log record.
-    rq = join_request(2, "n1", types_pb2.ROLE_SOURCE, first=2)
-    rq.engine_capabilities.features.append("")
-    base = rq.ByteSize()
-    rq.engine_capabilities.features[-1] = "x" * (16 * 1024 * 1024 - 8 - base - 4)
-    while rq.ByteSize() > 16 * 1024 * 1024 - 8:
-        rq.engine_capabilities.features[-1] = rq.engine_capabilities.features[-1][:-1]
-    assert rq.ByteSize() == 16 * 1024 * 1024 - 8, rq.ByteSize()
-    big = _refusal(lambda: control(ch).JoinRoom(rq, timeout=4 * RPC_TIMEOUT_S))
+    # The request limit (2 MiB on the wire) is the gRPC server's receive limit:
+    # one byte over it is refused by the transport before any decode, with
+    # RESOURCE_EXHAUSTED; exactly at it, the request is decoded and refused
+    # for its over-long field, naming it.
+    def sized(room_id, size):
+        rq = join_request(room_id, "n1", types_pb2.ROLE_SOURCE, first=room_id)
+        rq.engine_capabilities.features.append("")
+        base = rq.ByteSize()
+        rq.engine_capabilities.features[-1] = "x" * (size - base - 4)
+        while rq.ByteSize() > size:
+            rq.engine_capabilities.features[-1] = rq.engine_capabilities.features[-1][:-1]
+        assert rq.ByteSize() == size, rq.ByteSize()
+        return rq
+
+    over = _refusal(lambda: control(ch).JoinRoom(sized(2, REQUEST_MAX + 1),
+                                                 timeout=4 * RPC_TIMEOUT_S))
+    big = _refusal(lambda: control(ch).JoinRoom(sized(2, REQUEST_MAX), timeout=4 * RPC_TIMEOUT_S))
 
     for room_id in (3, 4, 5):
         j = _join(ch, room_id)
@@ -83,6 +97,8 @@ def test_oversized_join_is_refused_and_later_acks_survive(servers, tmp_path):
     code, details = big
     assert code == grpc.StatusCode.INVALID_ARGUMENT, big
     assert "engine_capabilities.features" in details, big
+    assert over[0] == grpc.StatusCode.RESOURCE_EXHAUSTED, over
+    assert "larger than max" in over[1], over
     assert srv.terminate() == 0, srv.stderr_tail()
 
 
@@ -170,6 +186,47 @@ def test_missing_segment_after_snapshot_refuses_start(servers, tmp_path, control
     assert srv.terminate() == 0, srv.stderr_tail()
 
 
+def test_repair_from_the_first_segment_syncs_the_directory(servers, tmp_path, control_bin):
+    """The log starts past seq 1 (its first segment deleted, no snapshot), so
+    --repair-wal removes every segment and starts the log anew: the removals
+    must be durable (fsync of the data dir) before the new first segment is
+    created. Seen with strace; skipped without it."""
+    strace = shutil.which("strace")
+    if strace is None:
+        pytest.skip("needs strace to see the fsync")
+    data = tmp_path / "data"
+    srv = _serve(servers, data, *QUIET_TIMERS)
+    ch = srv.channel()
+    node = FakeNode(ch, "n1")
+    node.recv("welcome")
+    for room_id in range(1, 21):
+        _join(ch, room_id)
+    node.close()
+    assert srv.terminate() == 0, srv.stderr_tail()
+    names = _split_segment(data, [8, 14])
+    os.unlink(data / names[0])
+
+    trace = tmp_path / "repair.strace"
+    r = subprocess.run(
+        [strace, "-f", "-qq", "-o", str(trace), "-e",
+         "trace=openat,unlink,unlinkat,fsync,fdatasync", control_bin, "--data-dir", str(data),
+         "--repair-wal"],
+        stdin=subprocess.DEVNULL, capture_output=True, text=True, timeout=60)
+    assert r.returncode == 0, r.stdout + r.stderr
+    calls = [line.split(None, 1)[1] for line in trace.read_text().splitlines()
+             if len(line.split(None, 1)) == 2]
+    dir_fds = {c.rsplit("=", 1)[1].strip() for c in calls
+               if c.startswith("openat(") and '"%s"' % data in c and "O_DIRECTORY" in c}
+    assert dir_fds, calls
+    removed = [i for i, c in enumerate(calls) if c.startswith("unlink") and any(
+        n in c for n in names[1:])]
+    assert len(removed) == len(names) - 1, (names, calls)
+    created = next(i for i, c in enumerate(calls) if c.startswith("openat(") and "O_CREAT" in c
+                   and "wal-" in c and i > removed[-1])
+    between = calls[removed[-1] + 1:created]
+    assert any(c.startswith("fsync(%s)" % fd) for c in between for fd in dir_fds), between
+
+
 # ---- 3: refusals are not logged ---------------------------------------------------
 
 
@@ -183,10 +240,13 @@ def test_refused_requests_are_not_logged(servers, tmp_path):
     acked = {1: (j.room.generation, j.lease_id)}
     before = _wal_bytes(data)
 
-    huge = "n" * 15_000_000
+    # Under the request limit, decoded and refused naming the field; over it,
+    # refused by gRPC before any decode. Neither reaches the log.
+    huge = "n" * 1_000_000
     fence_big = _refusal(lambda: admin(ch).FenceNode(
         control_pb2.FenceNodeRequest(node_id=huge), timeout=4 * RPC_TIMEOUT_S))
-    join_big = _refusal(lambda: _join(ch, 2, node_id="ghost", features=["f" * 15_000_000]))
+    join_big = _refusal(lambda: _join(ch, 2, node_id="ghost", features=["f" * 1_000_000]))
+    join_over = _refusal(lambda: _join(ch, 2, node_id="ghost", features=["f" * 15_000_000]))
     # Refused by the state core: nothing changed, so nothing is logged either.
     join_ghost = _refusal(lambda: _join(ch, 3, node_id="ghost"))
     fence_ghost = _refusal(lambda: admin(ch).FenceNode(
@@ -197,6 +257,7 @@ def test_refused_requests_are_not_logged(servers, tmp_path):
     assert "node_id" in fence_big[1], fence_big
     assert join_big[0] == grpc.StatusCode.INVALID_ARGUMENT, join_big
     assert "engine_capabilities.features" in join_big[1], join_big
+    assert join_over[0] == grpc.StatusCode.RESOURCE_EXHAUSTED, join_over
     assert join_ghost[0] == grpc.StatusCode.NOT_FOUND, join_ghost
     assert fence_ghost[0] == grpc.StatusCode.NOT_FOUND, fence_ghost
 

@@ -643,6 +643,45 @@ static void unary_large_message_round_trip(void **state)
     free(req);
 }
 
+/* max_receive_bytes: a request one byte over it is refused by gRPC itself
+ * (RESOURCE_EXHAUSTED) and never reaches a handler; one at it does; replies
+ * may still be as big as max_message_bytes. */
+static int setup_small_receive(void **state)
+{
+    if (setup(state) != 0)
+        return -1;
+    struct fixture *f = *state;
+    struct kvf_rpc_server_opts o;
+    kvf_rpc_server_opts_init(&o);
+    o.cq_threads = 2;
+    o.max_receive_bytes = 1024;
+    o.on_call_done = observe_call;
+    o.observer_ctx = f;
+    start_with(f, &o, NULL);
+    return 0;
+}
+
+static void unary_over_receive_limit_refused_before_handler(void **state)
+{
+    struct fixture *f = *state;
+    uint8_t req[1025];
+    memset(req, 'r', sizeof(req));
+    uint8_t *resp = NULL;
+    size_t resp_len = 0;
+    struct kvf_rpc_status st;
+    assert_int_equal(kvf_rpc_unary(f->ch, M_ECHO, req, sizeof(req), 5000, &resp, &resp_len, &st),
+                     -EREMOTEIO);
+    assert_int_equal(st.code, KVF_GRPC_RESOURCE_EXHAUSTED);
+    print_message("refused: %s\n", st.message);
+    assert_null(resp);
+    pthread_mutex_lock(&f->mu);
+    assert_string_equal(f->peer, ""); /* echo_handler never ran */
+    pthread_mutex_unlock(&f->mu);
+    assert_int_equal(kvf_rpc_unary(f->ch, M_ECHO, req, 1024, 5000, &resp, &resp_len, &st), 0);
+    assert_int_equal(resp_len, 1024);
+    free(resp);
+}
+
 static void unary_metadata_reaches_handler(void **state)
 {
     struct fixture *f = *state;
@@ -1089,6 +1128,8 @@ int main(void)
         cmocka_unit_test_setup_teardown(unary_observer_sees_method_code_latency, setup_observed,
                                         teardown),
         cmocka_unit_test_setup_teardown(unary_large_message_round_trip, setup_plain, teardown),
+        cmocka_unit_test_setup_teardown(unary_over_receive_limit_refused_before_handler,
+                                        setup_small_receive, teardown),
         cmocka_unit_test_setup_teardown(unary_metadata_reaches_handler, setup_plain, teardown),
         cmocka_unit_test_setup_teardown(server_streaming_in_order, setup_plain, teardown),
         cmocka_unit_test_setup_teardown(bidi_echo_in_order, setup_plain, teardown),

@@ -791,6 +791,76 @@ static void test_missing_last_segment(void **state)
     wal_test_rmtree(dir);
 }
 
+/* Issue 14: a seal whose write failed leaves part of it (or nothing) after the
+ * last record of a segment that has a successor; the store stopped there, so
+ * every record is intact and the log must start, with every record. Bytes
+ * that are not the seal's own stay corruption. */
+static void test_torn_seal_is_not_corruption(void **state)
+{
+    (void)state;
+    for (off_t cut = 1; cut < 16; cut += 7) {
+        char *dir = make_log(200, 4096);
+        char names[16][64];
+        int nseg = wal_test_list_files(dir, "wal-", names, 16);
+        assert_true(nseg >= 3);
+        off_t size = wal_test_file_size(dir, names[0]);
+        wal_test_truncate(dir, names[0], size - cut); /* 16 - cut bytes of the seal left */
+        struct collect c = {0};
+        struct kvf_store_recovery info;
+        struct kvf_store *s = open_store(dir, 4096, &c, &info);
+        check_range(&c, 1, 200);
+        assert_false(info.tail_cut);
+        append_sync(s, 201);
+        kvf_store_destroy(s);
+        collect_free(&c);
+        s = open_store(dir, 4096, &c, &info);
+        check_range(&c, 1, 201);
+        kvf_store_destroy(s);
+        collect_free(&c);
+        wal_test_rmtree(dir);
+    }
+    /* The same cut seal with a flipped byte in its length: refused. */
+    char *dir = make_log(200, 4096);
+    char names[16][64];
+    assert_true(wal_test_list_files(dir, "wal-", names, 16) >= 3);
+    off_t size = wal_test_file_size(dir, names[0]);
+    wal_test_truncate(dir, names[0], size - 8);
+    wal_test_flip_byte(dir, names[0], size - 16 + 1);
+    struct collect c = {0};
+    struct kvf_store *s = create_store(dir, 4096, NULL);
+    struct kvf_error err = {0};
+    assert_int_equal(kvf_store_recover(s, NULL, collect_record, &c, NULL, &err), -EIO);
+    print_message("refused: %s\n", err.msg);
+    assert_non_null(strstr(err.msg, names[0]));
+    kvf_store_destroy(s);
+    collect_free(&c);
+    wal_test_rmtree(dir);
+}
+
+/* Issue 14: a sealed last segment with bytes after its seal is no torn tail
+ * (nothing is written after a seal): refused, the seal is not cut away. */
+static void test_bytes_after_seal_of_last_segment(void **state)
+{
+    (void)state;
+    char *dir = make_log(200, 4096);
+    char names[16][64];
+    int nseg = wal_test_list_files(dir, "wal-", names, 16);
+    assert_true(nseg >= 3);
+    wal_test_unlink(dir, names[nseg - 1]);
+    off_t size = wal_test_file_size(dir, names[nseg - 2]);
+    wal_test_append_zeros(dir, names[nseg - 2], 5);
+    struct collect c = {0};
+    struct kvf_store *s = create_store(dir, 4096, NULL);
+    struct kvf_error err = {0};
+    assert_int_equal(kvf_store_recover(s, NULL, collect_record, &c, NULL, &err), -EIO);
+    print_message("refused: %s\n", err.msg);
+    assert_non_null(strstr(err.msg, names[nseg - 2]));
+    assert_int_equal(wal_test_file_size(dir, names[nseg - 2]), size + 5); /* nothing cut */
+    kvf_store_destroy(s);
+    collect_free(&c);
+    wal_test_rmtree(dir);
+}
+
 /* Issue 14: a snapshot with every segment after it deleted is refused. */
 static void test_snapshot_without_segment(void **state)
 {
@@ -1076,6 +1146,8 @@ int main(void)
         cmocka_unit_test(test_corrupt_mid_last_segment),
         cmocka_unit_test(test_zero_tail_is_torn),
         cmocka_unit_test(test_missing_last_segment),
+        cmocka_unit_test(test_torn_seal_is_not_corruption),
+        cmocka_unit_test(test_bytes_after_seal_of_last_segment),
         cmocka_unit_test(test_snapshot_without_segment),
         cmocka_unit_test(test_corrupt_snapshot),
         cmocka_unit_test(test_new_cluster),
