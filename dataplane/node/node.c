@@ -1719,9 +1719,10 @@ void kvf_node_destroy(struct kvf_node *n)
         node_log("info", NULL,
                  "data port: %" PRIu64 " connections accepted, %" PRIu64 " refused (%" PRIu64
                  " bad hello or proof, %" PRIu64 " not introduced or fenced, %" PRIu64
-                 " timed out, %" PRIu64 " over the caps), %" PRIu64 " outbound handshakes failed",
+                 " timed out, %" PRIu64 " over the caps, %" PRIu64
+                 " out of memory or threads), %" PRIu64 " outbound handshakes failed",
                  ts.conns_accepted, ts.conns_refused, ts.conns_bad_hello, ts.conns_unknown,
-                 ts.conns_timed_out, ts.conns_over_cap, ts.handshakes_failed);
+                 ts.conns_timed_out, ts.conns_over_cap, ts.conns_no_resource, ts.handshakes_failed);
     }
     kvf_transport_destroy(n->tcp);
     n->tcp = NULL;

@@ -1344,6 +1344,7 @@ void kvf_transport_tcp_stats(const struct kvf_transport *base, struct kvf_transp
     LOAD(conns_unknown);
     LOAD(conns_timed_out);
     LOAD(conns_over_cap);
+    LOAD(conns_no_resource);
     LOAD(handshakes_failed);
     LOAD(connects_started);
     LOAD(connects_failed);

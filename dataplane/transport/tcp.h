@@ -195,6 +195,7 @@ struct kvf_transport_tcp_stats {
     uint64_t conns_timed_out;    /*   no complete handshake within hello_timeout_ms */
     uint64_t conns_over_cap;     /*   evicted for a newer one (max_pending), or the peer had
                                       KVF_TCP_MAX_RX_PER_PEER receivers already */
+    uint64_t conns_no_resource;  /*   proven, but no memory or receiver thread for it */
     uint64_t handshakes_failed;  /* outbound: the acceptor's challenge missing or wrong */
     uint64_t connects_started;   /* outbound connects begun (kvf_transport_tcp_connect) */
     uint64_t connects_failed;    /* outbound connects that never reached the peer, all reasons: */

@@ -80,6 +80,9 @@ static void pend_refuse(struct tcp *t, struct tcp_pending *pd, enum tcp_refusal 
     case REFUSE_OVER_CAP:
         CNT_ADD(t, conns_over_cap, 1);
         break;
+    case REFUSE_NO_RESOURCE:
+        CNT_ADD(t, conns_no_resource, 1);
+        break;
     }
     refuse_log(t, pd->fd, text, pd->state >= PEND_CHALLENGE ? pd->peer : TCP_NO_PEER);
     tcp_close_abortive(pd->fd);
@@ -142,7 +145,7 @@ static void pend_admit(struct tcp *t, struct tcp_pending *pd)
     if (!rx || !scratch || fl < 0 || fcntl(pd->fd, F_SETFL, fl & ~O_NONBLOCK) != 0) {
         free(rx);
         free(scratch);
-        pend_refuse(t, pd, REFUSE_OVER_CAP, "out of memory (or fcntl failed)");
+        pend_refuse(t, pd, REFUSE_NO_RESOURCE, "out of memory (or fcntl failed)");
         return;
     }
     tcp_set_nodelay(pd->fd);
@@ -165,7 +168,7 @@ static void pend_admit(struct tcp *t, struct tcp_pending *pd)
         kind = REFUSE_OVER_CAP;
     } else if (pthread_create(&rx->thread, NULL, tcp_rx_main, rx) != 0) {
         why = "cannot start a receiver thread";
-        kind = REFUSE_OVER_CAP;
+        kind = REFUSE_NO_RESOURCE;
     } else {
         p->nrx++;
         rx->next = t->rx_list;

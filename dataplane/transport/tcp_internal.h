@@ -110,6 +110,7 @@ enum tcp_refusal {
     REFUSE_UNKNOWN,
     REFUSE_TIMED_OUT,
     REFUSE_OVER_CAP,
+    REFUSE_NO_RESOURCE,
 };
 
 struct tcp_counters {
@@ -127,6 +128,7 @@ struct tcp_counters {
     atomic_uint_fast64_t conns_unknown;
     atomic_uint_fast64_t conns_timed_out;
     atomic_uint_fast64_t conns_over_cap;
+    atomic_uint_fast64_t conns_no_resource;
     atomic_uint_fast64_t handshakes_failed;
     atomic_uint_fast64_t connects_started;
     atomic_uint_fast64_t connects_failed;

@@ -873,6 +873,50 @@ static void test_dead_connection_replaced(void **state)
     free(p);
 }
 
+/* pthread_create fails with EAGAIN off the main thread while
+ * `fail_thread_create` is set: the test binary is linked with
+ * -Wl,--wrap=pthread_create (CMakeLists.txt), and off the main thread the
+ * transport creates only the data port's receiver threads. */
+static atomic_bool fail_thread_create;
+static pthread_t main_thread;
+int __real_pthread_create(pthread_t *th, const pthread_attr_t *attr, void *(*fn)(void *),
+                          void *arg);
+int __wrap_pthread_create(pthread_t *th, const pthread_attr_t *attr, void *(*fn)(void *),
+                          void *arg);
+int __wrap_pthread_create(pthread_t *th, const pthread_attr_t *attr, void *(*fn)(void *), void *arg)
+{
+    if (atomic_load(&fail_thread_create) && !pthread_equal(pthread_self(), main_thread))
+        return EAGAIN;
+    return __real_pthread_create(th, attr, fn, arg);
+}
+
+/* A connection that proved the secret but for which the data port cannot
+ * start a receiver thread is refused and counted as a lack of resources,
+ * not as over a cap (no cap was reached). */
+static void test_no_receiver_thread_is_counted_as_no_resource(void **state)
+{
+    (void)state;
+    struct pair *p = calloc(1, sizeof(*p));
+    assert_non_null(p);
+    node_init(&p->a, NODE_A);
+    node_init(&p->b, NODE_B);
+    pair_introduce(p, SECRET, SECRET);
+    atomic_store(&fail_thread_create, true);
+    assert_int_equal(
+        kvf_transport_tcp_connect(p->a.t, A_PEER_B, "127.0.0.1", kvf_transport_tcp_port(p->b.t)),
+        0);
+    WAIT_STAT(p->b.t, conns_refused, 1);
+    atomic_store(&fail_thread_create, false);
+    struct kvf_transport_tcp_stats s;
+    kvf_transport_tcp_stats(p->b.t, &s);
+    assert_int_equal(s.conns_accepted, 0);
+    assert_int_equal(s.conns_no_resource, 1);
+    assert_int_equal(s.conns_over_cap, 0);
+    node_fini(&p->a);
+    node_fini(&p->b);
+    free(p);
+}
+
 /* The wake descriptor (transport.h): readable once a frame completes, so a
  * poller sleeps in poll(2) instead of on a timer; cleared and polled empty,
  * it stays quiet until the next completion. */
@@ -1558,6 +1602,7 @@ static void test_post_checks_arguments(void **state)
 
 int main(void)
 {
+    main_thread = pthread_self();
     const struct CMUnitTest tests[] = {
         cmocka_unit_test_setup_teardown(test_transfer_byte_exact, pair_setup, pair_teardown),
         cmocka_unit_test_setup_teardown(test_frame_events_end_with_idle, pair_setup, pair_teardown),
@@ -1584,6 +1629,7 @@ int main(void)
         cmocka_unit_test_setup_teardown(test_skip_keeps_other_rooms_in_order, pair_setup,
                                         pair_teardown),
         cmocka_unit_test_setup_teardown(test_post_checks_arguments, pair_setup, pair_teardown),
+        cmocka_unit_test(test_no_receiver_thread_is_counted_as_no_resource),
         cmocka_unit_test_setup_teardown(test_removed_pool_lands_nowhere, pair_setup, pair_teardown),
         cmocka_unit_test_setup_teardown(test_pool_removed_during_check_lands_nowhere, pair_setup,
                                         pair_teardown),
