@@ -3,7 +3,7 @@
  *
  * A room is named by the router's 63-bit room id; the control plane adds a
  * generation so that a reused id never matches an old room's messages
- * (DESIGN.md §1). Generations come from one counter per control plane, so they
+ * (docs/design.md §1). Generations come from one counter per control plane, so they
  * only grow, across ids and across restarts (the counter is part of the
  * durable state).
  *
@@ -53,7 +53,7 @@ typedef uint64_t kvf_time_ns;
 #define KVF_NS_PER_MS 1000000ull
 #define KVF_NS_PER_S  1000000000ull
 
-/* Protocol versions this build speaks (DESIGN.md §5). */
+/* Protocol versions this build speaks (docs/design.md §5). */
 #define KVF_PROTOCOL_MIN 1u
 #define KVF_PROTOCOL_MAX 1u
 

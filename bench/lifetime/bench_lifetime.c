@@ -1,5 +1,5 @@
 /*
- * bench_lifetime.c: cost of lifetime accounting (DESIGN.md §8: under 50 ns per
+ * bench_lifetime.c: cost of lifetime accounting (docs/design.md §8: under 50 ns per
  * op admitted and retired on one thread, and no lock shared between rooms).
  *
  * Three runs, each timed with CLOCK_MONOTONIC around a loop of admit + retire:

@@ -1,6 +1,6 @@
 /*
  * bench_wal.c: the embedded WAL store (controlplane/store) on this machine's
- * disk: group commit and recovery (DESIGN.md §8: WAL recovery of 100,000 rooms
+ * disk: group commit and recovery (docs/design.md §8: WAL recovery of 100,000 rooms
  * in under 2 s).
  *
  * Runs, each in a fresh directory:

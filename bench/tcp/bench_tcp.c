@@ -1,6 +1,6 @@
 /*
  * bench_tcp.c: TCP transport throughput against a plain socket stream on
- * loopback (DESIGN.md §8: at least 90% for 1 MiB chunks).
+ * loopback (docs/design.md §8: at least 90% for 1 MiB chunks).
  *
  * For each chunk size (64 KiB and 1 MiB), in one process:
  *   plain     a writer thread send()s the chunks on one loopback TCP

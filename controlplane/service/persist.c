@@ -11,7 +11,7 @@
  * restores the newest snapshot (a kvf_cps_snapshot() image) and replays the
  * records after it through the same code, feeding the recorded random bytes
  * back, so every room, lease, token and pending notice comes back exactly, and
- * re-sent notices carry the same tokens (DESIGN.md §2.9).
+ * re-sent notices carry the same tokens (docs/design.md §2.9).
  *
  * An RPC that changed state answers only once its record is durable: the
  * reply is held and sent from the store's completion callback. The effects of

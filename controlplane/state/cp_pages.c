@@ -1,5 +1,5 @@
 /*
- * cp_pages.c: the per-pool page index that enforces DESIGN.md §2.3, "a page is
+ * cp_pages.c: the per-pool page index that enforces docs/design.md §2.3, "a page is
  * in at most one write lease at a time, and never in a write lease of one room
  * and a read lease of another".
  *

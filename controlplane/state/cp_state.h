@@ -9,7 +9,7 @@
  * and the random source for tokens and jitter comes in through the options.
  * What must happen in the world (a notice to send, an engine to tell) comes out
  * as effects that the caller drains with kvf_cps_effects_take() after each
- * call. The rules where DESIGN.md is silent are in docs/state-cores.md.
+ * call. The rules where docs/design.md is silent are in docs/state-cores.md.
  *
  * DESIGN: one kvf_cps object is owned by one thread (the control plane's state
  * thread, or a test). Nothing here is thread-safe and nothing blocks. Every

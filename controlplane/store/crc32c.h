@@ -3,7 +3,7 @@
  * in software with slicing-by-8 tables. It checksums the records and snapshots
  * of the store (wal.c). No SSE 4.2 instruction is used, so the result is the
  * same on every machine; about 1-2 GB/s on one core, enough to replay a 64 MiB
- * segment well inside the recovery budget (DESIGN.md §8).
+ * segment well inside the recovery budget (docs/design.md §8).
  *
  * DESIGN: pure functions over the caller's bytes; the tables are built once
  * (pthread_once) and then only read, so any thread may call.

@@ -1,5 +1,5 @@
 /*
- * store.h: the durable store of the control plane (DESIGN.md §2.9 "Nothing lost
+ * store.h: the durable store of the control plane (docs/design.md §2.9 "Nothing lost
  * on restart").
  *
  * The service turns every state change into one record (protobuf-c bytes; the

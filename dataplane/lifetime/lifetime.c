@@ -149,7 +149,7 @@ void kvf_lt_op_quarantine(struct kvf_lt_op *op)
     op->quarantined = LT_OP_QUARANTINED;
     lt->quarantined++;
     lt_table_quarantine(lt->table, op);
-    /* A failed op dooms the room (DESIGN.md invariant 6): shut admission now. The
+    /* A failed op dooms the room (docs/design.md §2.6): shut admission now. The
      * op is still counted, so this cannot be the drain. */
     atomic_fetch_or_explicit(&lt->word, LT_WORD_CLOSED, memory_order_acq_rel);
 }

@@ -32,7 +32,7 @@
 struct kvf_lt;
 struct kvf_lt_table;
 
-/* What kind of native work an op is (DESIGN.md §1, "operation"). */
+/* What kind of native work an op is (docs/design.md §1, "operation"). */
 enum kvf_lt_op_kind {
     KVF_LT_OP_RDMA_WR = 0,   /* a posted RDMA work request */
     KVF_LT_OP_TCP_FRAME = 1, /* a TCP frame being written, or received into pages */

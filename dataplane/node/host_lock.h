@@ -1,6 +1,6 @@
 /*
  * host_lock.h: the node's exclusive lock on its host, the witness of its
- * predecessors' death (DESIGN.md §4, "Lost node"; docs/node.md, "Host lock").
+ * predecessors' death (docs/design.md §4, "Lost node"; docs/node.md, "Host lock").
  *
  * kvfence-node holds an exclusive flock(2) on one file of its run directory
  * for its whole life; the file says which incarnation holds it. The kernel

@@ -14,7 +14,7 @@
  * The checks and the admission of a chunk are node_submit_chunk, which the
  * pipelined SubmitChunks stream (submit_stream.c) calls too.
  * Admission is per frame, just before its post: a frame is never posted for a
- * room whose admission is closed (DESIGN.md §2.2). A chunk is admitted or
+ * room whose admission is closed (docs/design.md §2.2). A chunk is admitted or
  * refused as a whole only when its first frame is; if admission closes or a
  * post fails part way, the frames already posted run to completion (they are
  * counted in the lifetime), the chunk counts as failed and the node reports

@@ -5,7 +5,7 @@
  * session thread (control_session.c); and the NodeLocal service on a unix
  * socket (local_svc.c).
  *
- * The rules it follows are DESIGN.md §3-4 and docs/state-cores.md ("Node
+ * The rules it follows are docs/design.md §3-4 and docs/state-cores.md ("Node
  * lifetime core"); what this version does and leaves out is at the top of
  * node.c.
  *

@@ -6,7 +6,7 @@
  * peer endpoint it sends to. Every ZeroMQ message is exactly one frame holding
  * one serialized kvfence.v1.PeerFrame (api/kvfence/v1/peer.proto).
  *
- * What the channel guarantees (DESIGN.md §2.8, notes/domain.md R10, R11, R13):
+ * What the channel guarantees (docs/design.md §2.8, races R10, R11, R13):
  * - Frames of two messages never interleave: only the channel's owner thread
  *   touches its sockets; other threads hand it whole, packed messages.
  * - Every envelope carries a sequence number per (room-generation, sender,

@@ -1,5 +1,5 @@
 /*
- * pool.h: the memory pools an engine registers with its node (DESIGN.md §1,
+ * pool.h: the memory pools an engine registers with its node (docs/design.md §1,
  * "pool"): `page_size` bytes x `page_count` pages of host shared memory (a
  * POSIX shm object the engine created) or of CUDA device memory (an allocation
  * the engine exported with cudaIpcGetMemHandle). The node maps the memory once

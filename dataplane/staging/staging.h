@@ -26,7 +26,7 @@
  *    that writes into the ring (told the watermark) never reuses a region an
  *    aborted room still owns.
  *
- * Lifetime accounting of copies (DESIGN.md §2.1-2.2), as for transports: the
+ * Lifetime accounting of copies (docs/design.md §2.1-2.2), as for transports: the
  * caller admits each copy's op (kvf_lt_admit, kind KVF_LT_OP_CUDA_COPY) before
  * kvf_staging_copy_async; from a successful submit on, the copy belongs to the
  * engine until kvf_staging_poll hands it back, with its op already retired and

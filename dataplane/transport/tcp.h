@@ -7,7 +7,7 @@
  * pool: through a host bounce buffer and kvf_pool_write), but only
  * after the receiver checked the frame's header against the pool and asked
  * the node (the `check` callback) whether the room-generation's sink lease
- * covers the pages and its admission is open (DESIGN.md §2.3).
+ * covers the pages and its admission is open (docs/design.md §2.3).
  *
  * Wire format (all integers little-endian; version 2). This is a fixed binary
  * header, not protobuf (peer.proto points here): a fixed size is read with one

@@ -10,9 +10,9 @@
  *   poll         reap up to `max` completions, never blocking;
  *   fence_peer   make it impossible for a peer to touch this node's memory and
  *                for this node's queued writes to reach it; returns only once
- *                that is true (DESIGN.md §1, "fenced").
+ *                that is true (docs/design.md §1, "fenced").
  *
- * Lifetime accounting (DESIGN.md §2.1-2.2): the caller admits every op in the
+ * Lifetime accounting (docs/design.md §2.1-2.2): the caller admits every op in the
  * room's lifetime (kvf_lt_admit, kind KVF_LT_OP_TCP_FRAME or KVF_LT_OP_RDMA_WR,
  * towards x->peer) BEFORE post_write, into the struct kvf_lt_op embedded in
  * the xfer. From a successful post_write on, the transport owns that op and

@@ -1,6 +1,6 @@
 /*
  * test_node_channels.c: kvfence-node's data channels admit only the peer
- * incarnations the control plane introduced (issue 13; DESIGN.md §4,
+ * incarnations the control plane introduced (issue 13; docs/design.md §4,
  * "Identity"). Each test starts one kvfence-control and two kvfence-node
  * processes (n1: source, n2: sink) on 127.0.0.1 (node_harness.c) and plays a
  * third party that knows everything public: both node ids and incarnations and

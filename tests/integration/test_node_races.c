@@ -344,7 +344,7 @@ static void test_abort_between_chunks_keeps_source_pages(void **state)
 
 /* Room `k` ended ABORTED with the live peer's lease released, while the lost
  * node's own lease stays RELEASING: its pages wait for a proof from its host
- * (its Drained or its witnessed death; DESIGN.md §4), whatever the clock does. */
+ * (its Drained or its witnessed death; docs/design.md §4), whatever the clock does. */
 static void wait_aborted_lost_lease_waits(struct fx *f, kvf_room_key k)
 {
     int64_t end = nh_now_ms() + WAIT_MS;

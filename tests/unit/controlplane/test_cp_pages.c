@@ -1,7 +1,7 @@
 /*
  * test_cp_pages.c: page leases in the control-plane state core.
  *
- * DESIGN.md §2.3: a page is in at most one write lease at a time and never in
+ * docs/design.md §2.3: a page is in at most one write lease at a time and never in
  * a write lease of one room and a read lease of another; every page lies in
  * its pool. Source pages stay held until their room is released (R8), also
  * the pages that chunked prefill added with lease_extend. Bad input (fields,

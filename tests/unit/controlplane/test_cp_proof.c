@@ -1,6 +1,6 @@
 /*
  * test_cp_proof.c: pages on a host are released only on a proof from that
- * host (DESIGN.md §4, "Lost node"; issue 12).
+ * host (docs/design.md §4, "Lost node"; issue 12).
  *
  * Peers' fences prove that a LOST node can no longer touch the peers' pages;
  * they prove nothing about its own host, where a paused process resumes and

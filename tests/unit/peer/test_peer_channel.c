@@ -3,7 +3,7 @@
  *
  * Two channels ("node-a" and "node-b") live in one process, introduced to
  * each other with their peer keys; every test sends from A to B and checks
- * what B delivered and what it dropped (DESIGN.md §2.8, notes/domain.md R10,
+ * what B delivered and what it dropped (docs/design.md §2.8, races R10,
  * R11, R13). Issue 13: sockets that are not an introduced incarnation's (no
  * CURVE, a key of their own, or an introduced key that claims another sender)
  * get nothing delivered. Nothing sleeps for correctness: each wait
