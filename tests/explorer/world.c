@@ -1,8 +1,8 @@
 /*
  * world.c: the simulated cluster that the schedule explorer drives.
  *
- * Real parts: the control-plane core (kvf_cps) and one lifetime table
- * (kvf_lt_table) per node. Simulated parts: engines (page allocators), node
+ * Real parts: the control-plane core (kvf_cps) and one node rules core
+ * (kvf_ncore, with its lifetime table) per node. Simulated parts: engines (page allocators), node
  * agents (what kvfence-node does on a notice, a completion, a fence, a lost
  * session), native ops in flight, the node -> node connections that carry TCP
  * frames, and the links between nodes and the control plane. See world.h for
@@ -53,20 +53,21 @@
  * And at the end (world_quiesce): every room terminal, every lease released,
  * every page back with its engine, every lifetime drained.
  *
- * The node side and a node core. The node agent is the set of functions in
- * world_node.c (and admit_op, op_retire, check_completion here) that hold the
- * lifetime table: life_open/life_find,
- * node_handle (notices and fences), node_recv (frames), admit_op/op_retire
- * (ops), check_completion, node_self_fence/node_maybe_witness and node_resync.
- * They read and write struct snode only, and talk to the rest of the world
- * through three narrow channels: report() (to the control plane), frame_send()
- * (to a peer) and the sop array (native ops). A pure node core (rooms,
- * lifetimes, completion and drain rules) replaces them by holding one core per
- * snode instead of the lifetime table: each of those functions becomes one
- * call into the core with the same input, and the core's effects are routed
- * like the control plane's (route_effects): reports into the outbox, frames
- * into the peer's rx buffer, native ops into the sop array. The invariants,
- * the faults and the mutations do not change.
+ * The node side is the node core. Each snode holds a kvf_ncore, and the node
+ * agent (world_node.c, and admit_op, op_retire and check_completion here)
+ * only feeds it what kvfence-node feeds it: room updates (kvf_ncore_room_open,
+ * kvf_ncore_room_members), abort notices (kvf_ncore_room_abort/_end), every
+ * point where a room may have drained (kvf_ncore_room_check), sink progress
+ * (kvf_ncore_sink_ready) and participant completion (kvf_ncore_part_completed),
+ * chunks (kvf_ncore_chunk_state/_order; a queued chunk holds its room), the end
+ * of each turn (kvf_ncore_collect) and peer slots (kvf_ncore_peer_get, _ref,
+ * _unref, _fenced, _peers_reset). The core's effects are routed like the
+ * control plane's (node_apply, as route_effects): reports into the outbox,
+ * ROOM_FREE frees the simulated room. What stays simulated is what the daemon
+ * has around its core: native ops (the sop array, retired into the core's
+ * lifetimes), sockets (frame_send, and node_recv with the TCP transport's
+ * per-stream sequence check), and the links to the control plane (report()).
+ * No lifetime call is made here that the daemon does not make.
  */
 #include "world.h"
 
@@ -483,6 +484,8 @@ void check_completion(struct world *w, int room)
                 .rx_inflight = (uint32_t)(kvf_lt_inflight_kind(l->cr.lt, KVF_LT_OP_TCP_FRAME) +
                                           kvf_lt_inflight_kind(l->cr.lt, KVF_LT_OP_CUDA_COPY)),
             };
+            if (w->mutation == MUT_SINK_RX_UNCOUNTED)
+                s.rx_inflight = 0;
             done = kvf_ncore_sink_ready(&s);
         }
         if (!done)
@@ -1515,6 +1518,7 @@ static const char *const mutation_names[MUT_COUNT] = {
     [MUT_NO_REREPORT] = "no-rereport",
     [MUT_ACK_EARLY] = "ack-early",
     [MUT_WITNESS_EARLY] = "witness-early",
+    [MUT_SINK_RX_UNCOUNTED] = "sink-rx-uncounted",
 };
 
 int world_mutation_by_name(const char *name)
