@@ -818,7 +818,7 @@ static void act_submit(struct world *w, const struct action *act)
             rc = kvf_ncore_chunk_order(n->core, &q);
         node_apply(w, sp->node);
         if (rc != 0) {
-            w->stats.ops_refused++;
+            w->stats.chunks_refused++;
             return;
         }
         l->pair_seq[sink] = seq;

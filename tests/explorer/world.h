@@ -128,6 +128,9 @@ struct world_stats {
     uint64_t ops_admitted, ops_refused, leases_released;
     uint64_t reports_rejected, joins_refused, fences;
     uint64_t pauses, frames_landed, frames_dropped, self_fences, cp_crashes;
+    /* The node cores: chunks they refused, rooms they forgot, notices for a
+     * forgotten room answered Drained, peer slots recycled. */
+    uint64_t chunks_refused, rooms_forgotten, late_answers, peers_recycled;
 };
 void world_stats(const struct world *w, struct world_stats *out);
 

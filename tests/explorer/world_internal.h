@@ -29,7 +29,7 @@
 #define MAX_CHUNKS 256
 #define QCAP       1024
 #define RXCAP      32 /* frames one node's sockets hold */
-#define MAX_SLOTS  64 /* peer slots of a node core (its max_peers) */
+#define MAX_SLOTS  64 /* peer slots of a node core (its max_peers, the daemon's default) */
 #define RETAIN     4  /* terminal rooms a node core keeps (small: forgetting is exercised) */
 
 enum msg_type {

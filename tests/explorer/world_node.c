@@ -156,6 +156,7 @@ void node_apply(struct world *w, int node)
                 fail(w, "%s: the node core freed a held room", n->name);
             peer_refs_drop(n, l);
             l->used = false;
+            w->stats.rooms_forgotten++;
             break;
         case KVF_NCORE_FX_PEER_RECYCLE:
             for (int i = 0; i < MAX_OPS; i++) {
@@ -166,6 +167,7 @@ void node_apply(struct world *w, int node)
             }
             if (fx.peer < MAX_SLOTS)
                 n->slot_node[fx.peer] = 0;
+            w->stats.peers_recycled++;
             break;
         }
     }
@@ -298,6 +300,7 @@ static void node_abort_notice(struct world *w, int node, const struct msg *m)
     if (l == NULL) {
         /* Late (forgotten after it drained): never runs anything here again,
          * drained by construction; the answer is the same report. */
+        w->stats.late_answers++;
         report(n, &(struct msg){.type = R_DRAINED, .key = m->key, .token = m->token});
         return;
     }
