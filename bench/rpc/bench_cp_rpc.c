@@ -289,7 +289,7 @@ static void node_send(struct node *n, const Kvfence__V1__NodeMessage *m)
     pthread_mutex_unlock(&n->send_mu);
     if (buf != stackbuf)
         free(buf);
-    if (rc != 0)
+    if (rc != 0 && !atomic_load(&g_stop)) /* at the end the sessions close under the readers */
         die("node %s: send on the session failed: %s", n->id, strerror(-rc));
 }
 
@@ -318,6 +318,20 @@ static void node_answer_abort(struct node *n, const Kvfence__V1__AbortNotice *an
     Kvfence__V1__NodeMessage m = KVFENCE__V1__NODE_MESSAGE__INIT;
     m.msg_case = KVFENCE__V1__NODE_MESSAGE__MSG_DRAINED;
     m.drained = &d;
+    node_send(n, &m);
+}
+
+/* As a real node does once it applied an update: the control plane tells
+ * the room's other nodes this node's leases only after it (node.proto
+ * RoomUpdateAck), so the lifecycle measured includes the acks. */
+static void node_ack_update(struct node *n, const Kvfence__V1__RoomUpdate *ru)
+{
+    Kvfence__V1__RoomUpdateAck a = KVFENCE__V1__ROOM_UPDATE_ACK__INIT;
+    a.room = ru->room;
+    a.version = ru->version;
+    Kvfence__V1__NodeMessage m = KVFENCE__V1__NODE_MESSAGE__INIT;
+    m.msg_case = KVFENCE__V1__NODE_MESSAGE__MSG_ROOM_UPDATE_ACK;
+    m.room_update_ack = &a;
     node_send(n, &m);
 }
 
@@ -357,6 +371,7 @@ static void *node_reader(void *arg)
             break;
         case KVFENCE__V1__CONTROL_MESSAGE__MSG_ROOM_UPDATE:
             atomic_fetch_add(&n->room_updates, 1);
+            node_ack_update(n, cm->room_update);
             break;
         case KVFENCE__V1__CONTROL_MESSAGE__MSG_ABORT_NOTICE:
             atomic_fetch_add(&n->abort_notices, 1);

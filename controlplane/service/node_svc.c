@@ -164,6 +164,34 @@ struct room_update_buf {
     Kvfence__V1__PeerNode **peerp;
 };
 
+/* One PeerNode per distinct node other than the addressee, with what its
+ * Hello said. */
+static void add_peer(struct room_update_buf *b, struct kvf_svc_ctx *ctx,
+                     const struct kvf_cps_participant_view *pv, const char *addressee)
+{
+    bool seen = strcmp(pv->node_id, addressee) == 0;
+    for (size_t k = 0; k < b->npeers && !seen; k++)
+        seen = strcmp(b->peerv[k].node_id, pv->node_id) == 0;
+    if (seen)
+        return;
+    Kvfence__V1__PeerNode *p = &b->peerv[b->npeers];
+    kvfence__v1__peer_node__init(p);
+    p->node_id = (char *)pv->node_id;
+    p->incarnation = pv->incarnation;
+    struct node_sess *s = registry_find(ctx->sessions, pv->node_id);
+    if (s != NULL && s->incarnation == pv->incarnation && s->hello != NULL) {
+        p->n_endpoints = s->hello->n_endpoints;
+        p->endpoints = s->hello->endpoints;
+        p->capabilities = s->hello->capabilities;
+        /* The introduction (docs/security.md, "Data channels"): the
+         * addressee admits this incarnation on its data channels by this
+         * public key alone. Kept with the session only, never logged to
+         * disk: every incarnation says it again in its Hello. */
+        p->peer_key = s->hello->peer_key;
+    }
+    b->peerp[b->npeers++] = p;
+}
+
 static void room_update_free(struct room_update_buf *b)
 {
     for (size_t i = 0; b->lb != NULL && i < b->nmembers; i++)
@@ -177,9 +205,14 @@ static void room_update_free(struct room_update_buf *b)
 }
 
 /* The room's leases and the endpoints of its nodes other than `addressee`,
- * as one RoomUpdate. */
+ * as RoomUpdate `version`. The addressee's own leases go in whole; another
+ * node's only as far as that node acknowledged them (the core's `published`):
+ * the order that makes a frame for pages its receiver does not know a
+ * protocol violation (docs/state-cores.md, "Ordered room updates"). Every
+ * other node is introduced (PeerNode) from the first update on. */
 static int room_update_build(struct room_update_buf *b, struct kvf_svc_ctx *ctx, kvf_room_key key,
-                             const char *addressee)
+                             const char *addressee, uint64_t addressee_incarnation,
+                             uint64_t version)
 {
     memset(b, 0, sizeof(*b));
     struct kvf_cps_room_view v;
@@ -198,6 +231,13 @@ static int room_update_build(struct room_update_buf *b, struct kvf_svc_ctx *ctx,
         struct kvf_cps_participant_view pv;
         if (kvf_cps_room_participant(ctx->cps, v.key, i, &pv) != 0)
             continue;
+        bool own = strcmp(pv.node_id, addressee) == 0 && pv.incarnation == addressee_incarnation;
+        if (!own && !pv.published) {
+            add_peer(b, ctx, &pv, addressee);
+            continue;
+        }
+        if (!own)
+            pv.range_count = pv.published_range_count;
         if (kvf_svc_lease_fill(&b->lb[b->nmembers], v.key, &pv) != 0)
             return -ENOMEM;
         Kvfence__V1__RoomMember *m = &b->mv[b->nmembers];
@@ -212,28 +252,7 @@ static int room_update_build(struct room_update_buf *b, struct kvf_svc_ctx *ctx,
         m->node_incarnation = pv.incarnation;
         b->mp[b->nmembers] = m;
         b->nmembers++;
-        /* One PeerNode per distinct other node, with what its Hello said. */
-        bool seen = strcmp(pv.node_id, addressee) == 0;
-        for (size_t k = 0; k < b->npeers && !seen; k++)
-            seen = strcmp(b->peerv[k].node_id, pv.node_id) == 0;
-        if (seen)
-            continue;
-        Kvfence__V1__PeerNode *p = &b->peerv[b->npeers];
-        kvfence__v1__peer_node__init(p);
-        p->node_id = (char *)pv.node_id;
-        p->incarnation = pv.incarnation;
-        struct node_sess *s = registry_find(ctx->sessions, pv.node_id);
-        if (s != NULL && s->incarnation == pv.incarnation && s->hello != NULL) {
-            p->n_endpoints = s->hello->n_endpoints;
-            p->endpoints = s->hello->endpoints;
-            p->capabilities = s->hello->capabilities;
-            /* The introduction (docs/security.md, "Data channels"): the
-             * addressee admits this incarnation on its data channels by this
-             * public key alone. Kept with the session only, never logged to
-             * disk: every incarnation says it again in its Hello. */
-            p->peer_key = s->hello->peer_key;
-        }
-        b->peerp[b->npeers++] = p;
+        add_peer(b, ctx, &pv, addressee);
     }
     kvfence__v1__control_message__init(&b->cm);
     kvfence__v1__room_update__init(&b->ru);
@@ -248,15 +267,17 @@ static int room_update_build(struct room_update_buf *b, struct kvf_svc_ctx *ctx,
     b->ru.members = b->mp;
     b->ru.n_peers = b->npeers;
     b->ru.peers = b->peerp;
+    b->ru.version = version;
     b->cm.msg_case = KVFENCE__V1__CONTROL_MESSAGE__MSG_ROOM_UPDATE;
     b->cm.room_update = &b->ru;
     return 0;
 }
 
-static void send_room_update(struct kvf_svc_ctx *ctx, struct node_sess *s, kvf_room_key key)
+static void send_room_update(struct kvf_svc_ctx *ctx, struct node_sess *s, kvf_room_key key,
+                             uint64_t version)
 {
     struct room_update_buf b;
-    int rc = room_update_build(&b, ctx, key, s->node_id);
+    int rc = room_update_build(&b, ctx, key, s->node_id, s->incarnation, version);
     if (rc == 0)
         sess_send(s, &b.cm);
     else if (rc == -ENOMEM)
@@ -380,7 +401,7 @@ void kvf_svc_route_effect(struct kvf_svc_ctx *ctx, const struct kvf_cps_effect *
     switch (e->kind) {
     case KVF_CPS_FX_ROOM_UPDATE:
         if ((s = addressee(ctx, e)) != NULL)
-            send_room_update(ctx, s, e->key);
+            send_room_update(ctx, s, e->key, e->version);
         break;
     case KVF_CPS_FX_ABORT_NOTICE:
         if ((s = addressee(ctx, e)) != NULL) {
@@ -461,33 +482,6 @@ static int pools_from_wire(Kvfence__V1__Pool *const *in, size_t n, struct kvf_cp
         out[i].key = in[i]->pool_key; /* "" when absent */
     }
     *out_p = out;
-    return 0;
-}
-
-/* Re-sends the leases of every live room of a node that came back, since room
- * updates are not kept pending by the core. O(rooms): re-attach is rare. */
-struct resync_ctx {
-    struct kvf_svc_ctx *ctx;
-    struct node_sess *s;
-};
-
-static int resync_room(void *vctx, const struct kvf_cps_room_view *v)
-{
-    struct resync_ctx *rc = vctx;
-    /* ACTIVE rooms, and ABORTING ones that were ACTIVE (every participant
-     * joined): an ABORTING room that never got all its participants never
-     * sent a page address, and must not now. */
-    bool was_active = v->participant_count == (size_t)v->expected_sources + v->expected_sinks;
-    if (v->state != KVF_CPS_ROOM_ACTIVE && !(v->state == KVF_CPS_ROOM_ABORTING && was_active))
-        return 0;
-    for (size_t i = 0; i < v->participant_count; i++) {
-        struct kvf_cps_participant_view pv;
-        if (kvf_cps_room_participant(rc->ctx->cps, v->key, i, &pv) == 0 &&
-            strcmp(pv.node_id, rc->s->node_id) == 0 && pv.incarnation == rc->s->incarnation) {
-            send_room_update(rc->ctx, rc->s, v->key);
-            break;
-        }
-    }
     return 0;
 }
 
@@ -633,8 +627,8 @@ static void handle_hello(struct kvf_svc_ctx *ctx, struct node_sess *s, Kvfence__
     kvf_log_node("info", s->node_id, s->incarnation,
                  "node %s incarnation %" PRIu64 " attached, protocol %" PRIu32, s->node_id,
                  s->incarnation, version);
-    struct resync_ctx rctx = {ctx, s};
-    kvf_cps_room_foreach(ctx->cps, resync_room, &rctx);
+    /* The room updates this node has not acknowledged (all of them after a
+     * recovery) were emitted by the core at attach and follow the Welcome. */
     maybe_request_resync(ctx, s);
 }
 
@@ -746,6 +740,14 @@ static int apply_report(struct kvf_svc_ctx *ctx, const char *node_id, uint64_t i
                                            key, tok, now, err);
         break;
     }
+    case KVFENCE__V1__NODE_MESSAGE__MSG_ROOM_UPDATE_ACK:
+        what = "room_update_ack";
+        if (!key_from_wire(m->room_update_ack->room, &key))
+            rc = kvf_error_set(err, -EINVAL, "room_update_ack.room: missing");
+        else
+            rc = kvf_cps_room_update_acked(ctx->cps, node_id, incarnation, key,
+                                           m->room_update_ack->version, now, err);
+        break;
     case KVFENCE__V1__NODE_MESSAGE__MSG_WITNESS:
         what = "witness";
         rc = kvf_cps_node_witness(ctx->cps, node_id, incarnation, m->witness->gone_incarnation, now,
@@ -850,7 +852,11 @@ static void handle_report(struct kvf_svc_ctx *ctx, struct node_sess *s,
     const char *what;
     kvf_svc_persist_begin(ctx);
     int rc = apply_report(ctx, s->node_id, s->incarnation, m, now, &key, &what, &err);
-    log_command(ctx, KVF_SVC_REC_NODE_MSG, now, s->node_id, s->incarnation, raw, raw_len);
+    /* A room update ack is not logged: it says what the node's memory holds,
+     * which a restarted control plane asks again rather than assumes
+     * (docs/state-cores.md, "Ordered room updates"). */
+    if (m->msg_case != KVFENCE__V1__NODE_MESSAGE__MSG_ROOM_UPDATE_ACK)
+        log_command(ctx, KVF_SVC_REC_NODE_MSG, now, s->node_id, s->incarnation, raw, raw_len);
     /* A refused report changes nothing and is counted by the core (stale,
      * tokenless, late): log it; the session goes on. */
     if (rc != 0)

@@ -555,6 +555,7 @@ static int reattach(struct kvf_cps *st, struct cp_node *node, const struct kvf_c
     for (struct cp_rnode *rn = node->rnodes; rn != NULL; rn = rn->node_next) {
         if (rn->notice_pending)
             cp_notice_resend_now(st, rn, now);
+        cp_room_update_reattach(st, rn);
     }
     for (struct cp_fence *f = node->fence_reqs; f != NULL; f = f->req_next)
         cp_fence_fire(st, f, now);

@@ -90,13 +90,102 @@ static void lease_release(struct kvf_cps *st, struct cp_part *part)
     fx->role = (enum kvf_cps_role)part->role;
 }
 
+/*
+ * Room updates are ordered by acknowledgements, not by time (docs/state-cores.md,
+ * "Ordered room updates"). Every update sent to a node gets the room's next
+ * version; the update carries the node's own leases as they are and the other
+ * nodes' leases only as far as those nodes acknowledged them. When a node
+ * acknowledges the newest update it was sent, its leases are published and
+ * every other node of the room gets a new update with them.
+ */
+static void room_update_emit(struct kvf_cps *st, struct cp_rnode *rn)
+{
+    struct kvf_cps_effect *fx = cp_fx_push(st, KVF_CPS_FX_ROOM_UPDATE);
+    fx->key = rn->room->key;
+    cp_fx_set_node(fx, rn->node);
+    fx->version = rn->update_sent;
+}
+
+static void room_update_send(struct kvf_cps *st, struct cp_rnode *rn)
+{
+    rn->update_sent = ++rn->room->update_version;
+    room_update_emit(st, rn);
+}
+
+/* The room went ACTIVE: each node learns its own leases and its peers. */
 static void room_updates(struct kvf_cps *st, struct cp_room *room)
 {
-    for (uint32_t i = 0; i < room->nrnodes; i++) {
-        struct kvf_cps_effect *fx = cp_fx_push(st, KVF_CPS_FX_ROOM_UPDATE);
-        fx->key = room->key;
-        cp_fx_set_node(fx, room->rnodes[i]->node);
+    for (uint32_t i = 0; i < room->nrnodes; i++)
+        room_update_send(st, room->rnodes[i]);
+}
+
+void cp_room_update_reattach(struct kvf_cps *st, struct cp_rnode *rn)
+{
+    struct cp_room *room = rn->room;
+    bool was_active =
+        room->nsources == room->expected_sources && room->nsinks == room->expected_sinks;
+    if (!was_active || (room->state != KVF_CPS_ROOM_ACTIVE && room->state != KVF_CPS_ROOM_ABORTING))
+        return;
+    /* The same version again (the node answers a duplicate again), or a new
+     * one after a restore, where nothing is known acknowledged. */
+    if (rn->update_sent == 0)
+        room_update_send(st, rn);
+    else
+        room_update_emit(st, rn);
+}
+
+int kvf_cps_room_update_acked(struct kvf_cps *st, const char *node_id, uint64_t incarnation,
+                              kvf_room_key key, uint64_t version, kvf_time_ns now,
+                              struct kvf_error *err)
+{
+    (void)now;
+    struct cp_node *node;
+    int rc = cp_node_for_report(st, node_id, incarnation, &node, err);
+    if (rc != 0)
+        return rc;
+    struct cp_room *room = cp_map_get(&st->rooms, key.room_id);
+    struct cp_rnode *rn = NULL;
+    if (room != NULL && room->key.generation == key.generation)
+        rn = cp_room_rnode(room, node);
+    if (rn == NULL) {
+        st->stats.reports_unknown++;
+        return kvf_error_set(err, -ENOENT,
+                             "room_update_ack.room: node %s has no room %" PRIu64 ":%" PRIu64,
+                             node_id, key.room_id, key.generation);
     }
+    if (version == 0 || version > rn->update_sent) {
+        st->stats.reports_stale++;
+        return kvf_error_set(err, -ESTALE,
+                             "room_update_ack.version: %" PRIu64 " was not sent to node %s "
+                             "(last sent %" PRIu64 ")",
+                             version, node_id, rn->update_sent);
+    }
+    /* A duplicate, an update a newer one replaced (its ack follows), or a
+     * room past ACTIVE (nothing left to publish): nothing to do. */
+    if (version <= rn->update_acked || version < rn->update_sent ||
+        room->state != KVF_CPS_ROOM_ACTIVE) {
+        st->stats.acks_ignored++;
+        return 0;
+    }
+    if (cp_fx_reserve(st, room->nrnodes) != 0)
+        return kvf_error_set(err, -ENOMEM, "out of memory");
+    rn->update_acked = version;
+    /* The newest update sent to this node carried its leases as they are
+     * now (any change since would have sent a newer one). */
+    bool changed = false;
+    for (uint32_t i = 0; i < room->nparts; i++) {
+        struct cp_part *p = room->parts[i];
+        if (p->rn != rn || (p->published && p->pub_nranges == p->nranges))
+            continue;
+        p->published = true;
+        p->pub_nranges = p->nranges;
+        changed = true;
+    }
+    for (uint32_t i = 0; changed && i < room->nrnodes; i++) {
+        if (room->rnodes[i] != rn)
+            room_update_send(st, room->rnodes[i]);
+    }
+    return 0;
 }
 
 bool cp_rnode_host_proven(const struct cp_rnode *rn)
@@ -807,8 +896,9 @@ int kvf_cps_lease_extend(struct kvf_cps *st, kvf_room_key key, uint64_t lease_id
         return rc;
     memcpy(part->ranges + part->nranges, ranges, range_count * sizeof(*ranges));
     part->nranges = (uint32_t)total;
+    /* The lease's own node first; the others once it acknowledged. */
     if (room->state == KVF_CPS_ROOM_ACTIVE)
-        room_updates(st, room);
+        room_update_send(st, part->rn);
     return 0;
 }
 

@@ -282,6 +282,8 @@ int kvf_cps_room_participant(const struct kvf_cps *st, kvf_room_key key, size_t 
     v->awaiting_host_proof = cp_part_awaiting(p);
     v->ranges = p->ranges;
     v->range_count = p->nranges;
+    v->published = p->published;
+    v->published_range_count = p->published ? p->pub_nranges : 0;
     return 0;
 }
 

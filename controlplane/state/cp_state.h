@@ -321,6 +321,24 @@ int kvf_cps_report_completed(struct kvf_cps *st, const char *node_id, uint64_t i
                              kvf_room_key key, uint32_t rank, enum kvf_cps_role role,
                              kvf_time_ns now, struct kvf_error *err);
 
+/*
+ * Node `node_id` applied the room update of `key` (exact generation) with
+ * `version` (kvf_cps_effect.version of its KVF_CPS_FX_ROOM_UPDATE). When that
+ * is the newest update the node was sent and the room is ACTIVE, the node's
+ * leases as that update carried them are published: every other node of the
+ * room is sent a new update that includes them. Until then an update to
+ * another node leaves them out (participant view `published`), so no source
+ * learns sink pages that the sink's node does not know yet, and no node
+ * learns a member before its node knows the room (docs/state-cores.md,
+ * "Ordered room updates"). A duplicate, an ack of an update a newer one
+ * replaced, or one for a room no longer ACTIVE: 0, nothing changes, counted
+ * (stats acks_ignored). A version never sent to that node: -ESTALE; a room
+ * the node is not in: -ENOENT; both counted like other refused reports.
+ */
+int kvf_cps_room_update_acked(struct kvf_cps *st, const char *node_id, uint64_t incarnation,
+                              kvf_room_key key, uint64_t version, kvf_time_ns now,
+                              struct kvf_error *err);
+
 /* A node reports a failed transfer: the room aborts (all or nothing). */
 int kvf_cps_report_failed(struct kvf_cps *st, const char *node_id, uint64_t incarnation,
                           kvf_room_key key, kvf_time_ns now, kvf_token *token_p,
@@ -371,9 +389,10 @@ kvf_time_ns kvf_cps_next_deadline(const struct kvf_cps *st);
 /* ---- effects ------------------------------------------------------------- */
 
 enum kvf_cps_effect_kind {
-    KVF_CPS_FX_ROOM_UPDATE = 1,  /* to node: the room's leases (read them with kvf_cps_room_get) */
-    KVF_CPS_FX_ABORT_NOTICE = 2, /* to node: AbortNotice{key, token}; attempt counts re-sends */
-    KVF_CPS_FX_FENCE_PEER = 3,   /* to node: fence peer_node at peer_incarnation */
+    KVF_CPS_FX_ROOM_UPDATE = 1,    /* to node: the room's leases (read them with kvf_cps_room_get:
+                                      its own all, other nodes' as far as `published`), `version` */
+    KVF_CPS_FX_ABORT_NOTICE = 2,   /* to node: AbortNotice{key, token}; attempt counts re-sends */
+    KVF_CPS_FX_FENCE_PEER = 3,     /* to node: fence peer_node at peer_incarnation */
     KVF_CPS_FX_LEASE_RELEASED = 4, /* tell the engine: lease_id of key is RELEASED */
     KVF_CPS_FX_ROOM_STATE = 5,     /* watchers: key moved old_state -> new_state */
     KVF_CPS_FX_NODE_STATE = 6,     /* node moved to new_state */
@@ -390,6 +409,7 @@ struct kvf_cps_effect {
     kvf_token token;   /* ABORT_NOTICE */
     uint32_t attempt;  /* ABORT_NOTICE, FENCE_PEER: 0 first send, then re-sends */
     uint64_t lease_id; /* LEASE_RELEASED */
+    uint64_t version;  /* ROOM_UPDATE: the node answers kvf_cps_room_update_acked with it */
     uint32_t rank;     /* LEASE_RELEASED: the lease's participant */
     enum kvf_cps_role role;
     int old_state; /* ROOM_STATE / NODE_STATE */
@@ -431,6 +451,11 @@ struct kvf_cps_participant_view {
     bool awaiting_host_proof;
     const struct kvf_cps_page_range *ranges; /* valid until the next mutating call */
     size_t range_count;
+    /* What the room's other nodes may be told of this lease: its node
+     * acknowledged an update that carried it, with its first
+     * `published_range_count` ranges (kvf_cps_room_update_acked). */
+    bool published;
+    size_t published_range_count;
 };
 
 struct kvf_cps_room_view {
@@ -486,6 +511,10 @@ struct kvf_cps_stats {
     /* RELEASING leases of terminal rooms, waiting for a proof from their
      * node's host (participant view awaiting_host_proof). */
     uint64_t leases_awaiting_host_proof;
+    /* Room update acks that changed nothing: duplicates, acks of an update a
+     * newer one replaced, acks for a room no longer ACTIVE. Not in the
+     * snapshot. */
+    uint64_t acks_ignored;
 };
 
 void kvf_cps_stats_get(const struct kvf_cps *st, struct kvf_cps_stats *stats_p);

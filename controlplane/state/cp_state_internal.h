@@ -137,6 +137,12 @@ struct cp_rnode {
     bool drained;
     bool notice_pending;
     uint32_t attempt; /* of the last notice sent */
+    /* Room updates (docs/state-cores.md, "Ordered room updates"): the version
+     * of the last update sent to this node and the last one it acknowledged.
+     * Not in the snapshot: after a restore both are 0 and the update is asked
+     * again when the node re-attaches. */
+    uint64_t update_sent;
+    uint64_t update_acked;
     struct cp_timer timer;
 };
 
@@ -150,6 +156,11 @@ struct cp_part {
     uint8_t role;        /* enum kvf_cps_role */
     uint8_t lease_state; /* enum kvf_cps_lease_state */
     bool completed;
+    /* Known to the room's other nodes: its node acknowledged an update that
+     * carried the lease, with its first `pub_nranges` ranges (a lease only
+     * grows by appending ranges). Not in the snapshot (see update_sent). */
+    bool published;
+    uint32_t pub_nranges;
     uint64_t lease_id;
     struct cp_pool *pool;
     struct kvf_cps_page_range *ranges;
@@ -168,6 +179,7 @@ struct cp_room {
     uint32_t nsources, nsinks, ncompleted;
     uint32_t pmin, pmax; /* common protocol range of the participants so far */
     kvf_time_ns created_at, state_since;
+    uint64_t update_version; /* the last room update version minted */
     struct cp_timer timer;
     struct cp_part **parts;
     uint32_t nparts, capparts;
@@ -270,6 +282,10 @@ void cp_rnode_host_proof(struct kvf_cps *st, struct cp_rnode *rn, kvf_time_ns no
 /* A lease RELEASING in a terminal room: waiting for its host's proof. */
 bool cp_part_awaiting(const struct cp_part *p);
 void cp_room_timer_fire(struct kvf_cps *st, struct cp_room *room, kvf_time_ns now);
+/* `rn`'s node re-attached: sends its room update again (a room that went
+ * ACTIVE, still ACTIVE or ABORTING): the same version, or a new one when
+ * none was sent since a restore. */
+void cp_room_update_reattach(struct kvf_cps *st, struct cp_rnode *rn);
 void cp_notice_fire(struct kvf_cps *st, struct cp_rnode *rn, kvf_time_ns now);
 /* Sends the notice of `rn` now as the next attempt (re-attach). */
 void cp_notice_resend_now(struct kvf_cps *st, struct cp_rnode *rn, kvf_time_ns now);

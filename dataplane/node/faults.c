@@ -52,6 +52,7 @@ static const struct fault_key fault_keys[] = {
     {"hold_stream", CFG_OFF(hold_stream), 1},
     {"hold_room_update", CFG_OFF(hold_room_update), 1},
     {"drop_room_update", CFG_OFF(drop_room_update), UINT64_MAX},
+    {"ack_drop_room_update", CFG_OFF(ack_drop_room_update), UINT64_MAX},
     {"drop_abort", CFG_OFF(drop_abort), UINT64_MAX},
     {"drop_fence", CFG_OFF(drop_fence), UINT64_MAX},
     {"drop_drained", CFG_OFF(drop_drained), UINT64_MAX},
@@ -387,6 +388,15 @@ bool node_fault_drop_control(struct kvf_node *n, int msg_case)
     if (!take(cnt))
         return false;
     node_log("warn", NULL, "fault: dropped a %s (%" PRIu64 " more to drop)", what, *cnt);
+    return true;
+}
+
+bool node_fault_ack_drop_room_update(struct kvf_node *n)
+{
+    if (!n->faults || !take(&n->faults->cfg.ack_drop_room_update))
+        return false;
+    node_log("warn", NULL, "fault: acknowledged a RoomUpdate and dropped it (%" PRIu64 " more)",
+             n->faults->cfg.ack_drop_room_update);
     return true;
 }
 

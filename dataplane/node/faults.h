@@ -23,6 +23,10 @@
  *   drop_room_update=N   drop the next N RoomUpdates (lost: the control
  *                        plane sends a room's update again only when it
  *                        changes or the node re-attaches);
+ *   ack_drop_room_update=N  acknowledge the next N RoomUpdates (Ack and
+ *                        RoomUpdateAck) and drop them unapplied: a node that
+ *                        breaks the order, so that a peer's frame or envelope
+ *                        reaches it for a room it does not know;
  *   drop_abort=N         drop the next N AbortNotice notices;
  *   drop_fence=N         drop the next N FencePeer notices;
  *   drop_drained=N       do not send the next N Drained reports;
@@ -63,6 +67,7 @@ struct node_fault_cfg {
     uint64_t hold_stream;      /* 0 or 1 */
     uint64_t hold_room_update; /* 0 or 1 */
     uint64_t drop_room_update, drop_abort, drop_fence;
+    uint64_t ack_drop_room_update;
     uint64_t drop_drained, drop_completed, drop_peer_fenced;
     uint64_t peer_drop, peer_dup, peer_delay, peer_delay_after;
     uint64_t rdma_hold;     /* 0 or 1 */
@@ -99,6 +104,10 @@ void node_faults_tick(struct kvf_node *n);
 /* True when the control message of `msg_case` (Kvfence__V1__ControlMessage)
  * must be dropped (counts it). */
 bool node_fault_drop_control(struct kvf_node *n, int msg_case);
+
+/* True when the RoomUpdate must be acknowledged and dropped unapplied
+ * (ack_drop_room_update; counts it). */
+bool node_fault_ack_drop_room_update(struct kvf_node *n);
 
 /* True when the SubmitChunks request `j` (JOB_SUBMIT_STREAM) is kept back
  * (hold_stream): the job is then the fault module's until it runs. */

@@ -163,6 +163,19 @@ static struct node_member *member_find(struct node_room *r, const char *node_id,
     return NULL;
 }
 
+/* Whether `node_id` is a node the room's update introduced none of whose
+ * members is known here yet (published once it acknowledged the room). */
+static bool sink_unpublished(const struct node_room *r, const char *node_id)
+{
+    bool introduced = false;
+    for (size_t i = 0; i < r->nintro && !introduced; i++)
+        introduced = strcmp(r->intro[i].node_id, node_id) == 0;
+    for (size_t i = 0; introduced && i < r->nmembers; i++)
+        if (strcmp(r->members[i].node_id, node_id) == 0)
+            return false;
+    return introduced;
+}
+
 static uint64_t pages_of(Kvfence__V1__PageRange **rv, size_t n)
 {
     uint64_t s = 0;
@@ -342,6 +355,7 @@ int node_submit_chunk(struct kvf_node *n, const Kvfence__V1__SubmitChunkRequest 
         .src_completed = src && src->completed,
         .src_failed = src && src->failed,
         .sink_known = sink != NULL,
+        .sink_unpublished = !sink && r->have_update && sink_unpublished(r, sink_node),
         .pair_exists = pair != NULL,
         .pair_last_submitted = pair && pair->last_submitted,
         .pair_last_seq = pair ? pair->last_seq : 0,

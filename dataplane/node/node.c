@@ -331,6 +331,22 @@ static void send_ack(struct kvf_node *n, uint64_t notice_id)
     node_ctl_send(n, &m);
 }
 
+/* The update is applied: the control plane may now publish this node's
+ * members of the room to the room's other nodes (node.proto RoomUpdateAck). */
+static void send_room_update_ack(struct kvf_node *n, kvf_room_key key, uint64_t version)
+{
+    Kvfence__V1__RoomKey k = KVFENCE__V1__ROOM_KEY__INIT;
+    k.room_id = key.room_id;
+    k.generation = key.generation;
+    Kvfence__V1__RoomUpdateAck a = KVFENCE__V1__ROOM_UPDATE_ACK__INIT;
+    a.room = &k;
+    a.version = version;
+    Kvfence__V1__NodeMessage m = KVFENCE__V1__NODE_MESSAGE__INIT;
+    m.msg_case = KVFENCE__V1__NODE_MESSAGE__MSG_ROOM_UPDATE_ACK;
+    m.room_update_ack = &a;
+    node_ctl_send(n, &m);
+}
+
 static void send_heartbeat(struct kvf_node *n)
 {
     uint32_t open = 0;
@@ -485,6 +501,7 @@ static void room_free(struct kvf_node *n, struct node_room *r)
              n->opts.retain_rooms);
     node_peer_close_room(n, r); /* frees statuses still held, if any */
     members_free(r->members, r->nmembers);
+    free(r->intro);
     node_pairs_free(r);
     peer_refs_drop(n, r);
     free(r);
@@ -744,9 +761,27 @@ static kvf_room_key key_of(const Kvfence__V1__RoomKey *k)
     return key;
 }
 
+/* Whether the update names member `m` (same node, rank and role). */
+static bool member_in_update(const struct node_member *m, const Kvfence__V1__RoomUpdate *ru)
+{
+    for (size_t i = 0; i < ru->n_members; i++) {
+        const Kvfence__V1__Lease *l = ru->members[i]->lease;
+        if (l && l->participant && l->participant->rank == m->rank &&
+            (int)l->participant->role == m->role &&
+            strcmp(l->participant->node_id ? l->participant->node_id : "", m->node_id) == 0)
+            return true;
+    }
+    return false;
+}
+
 static void on_room_update(struct kvf_node *n, const Kvfence__V1__RoomUpdate *ru)
 {
     kvf_room_key key = key_of(ru->room);
+    if (node_fault_ack_drop_room_update(n)) { /* a node that breaks the order (tests) */
+        send_ack(n, ru->notice_id);
+        send_room_update_ack(n, key, ru->version);
+        return;
+    }
     struct node_room *r = node_room_find(n, key);
     if (!r && (n->stop_requested || kvf_lt_table_is_late(n->lts, key))) {
         node_log("info", &key, "late or refused room update ignored");
@@ -757,8 +792,13 @@ static void on_room_update(struct kvf_node *n, const Kvfence__V1__RoomUpdate *ru
         send_ack(n, ru->notice_id);
         return;
     }
-    size_t cnt = ru->n_members;
-    struct node_member *mv = calloc(cnt ? cnt : 1, sizeof *mv);
+    /* An update names another node's members only as far as that node
+     * acknowledged them (a control plane that restarted asks again): a
+     * member known here and missing from the update is kept. */
+    size_t cnt = ru->n_members, kept = 0;
+    for (size_t o = 0; o < r->nmembers; o++)
+        kept += !member_in_update(&r->members[o], ru);
+    struct node_member *mv = calloc(cnt + kept ? cnt + kept : 1, sizeof *mv);
     if (!mv) {
         node_log("error", &key, "out of memory for the room update");
         return; /* no ack: the control plane re-sends */
@@ -807,6 +847,13 @@ static void on_room_update(struct kvf_node *n, const Kvfence__V1__RoomUpdate *ru
             }
         }
     }
+    for (size_t o = 0; o < r->nmembers; o++) {
+        if (member_in_update(&r->members[o], ru))
+            continue;
+        mv[cnt++] = r->members[o]; /* moved: the old array gives up its buffers */
+        r->members[o].ranges = NULL;
+        r->members[o].landed_map = NULL;
+    }
     /* The room names these peer incarnations now: their slots are not
      * recycled while it lives (the old names are let go below). */
     uint32_t *refs = calloc(ru->n_peers ? ru->n_peers : 1, sizeof *refs);
@@ -834,18 +881,37 @@ static void on_room_update(struct kvf_node *n, const Kvfence__V1__RoomUpdate *ru
         ndone += mv[i].local && mv[i].completed;
     }
     kvf_ncore_room_members(n->core, &r->core, nlocal, ndone);
+    struct node_intro *intro = calloc(ru->n_peers ? ru->n_peers : 1, sizeof *intro);
+    size_t nintro = 0;
+    for (size_t i = 0; intro && i < ru->n_peers; i++) {
+        if (!ru->peers[i]->node_id)
+            continue;
+        snprintf(intro[nintro].node_id, sizeof intro[nintro].node_id, "%s", ru->peers[i]->node_id);
+        intro[nintro++].incarnation = ru->peers[i]->incarnation;
+    }
     bool had_update = r->have_update;
     int old_state = r->state;
     pthread_rwlock_wrlock(&n->rooms_lock);
     struct node_member *old = r->members;
     size_t oldn = r->nmembers;
+    struct node_intro *old_intro = r->intro;
     r->members = mv;
     r->nmembers = cnt;
+    if (intro) {
+        r->intro = intro;
+        r->nintro = nintro;
+        old_intro = old_intro == intro ? NULL : old_intro;
+    } else {
+        old_intro = NULL; /* out of memory: keep the earlier introductions */
+    }
     r->have_update = true;
     pthread_rwlock_unlock(&n->rooms_lock);
     members_free(old, oldn);
-    node_log("info", &key, "room update: %zu members, %zu peers", cnt, ru->n_peers);
+    free(old_intro);
+    node_log("info", &key, "room update %" PRIu64 ": %zu members, %zu peers", ru->version, cnt,
+             ru->n_peers);
     send_ack(n, ru->notice_id);
+    send_room_update_ack(n, key, ru->version);
     if (!r->core.aborting)
         r->state = (int)ru->state;
     /* A re-sent update changes nothing: no event for it. */
@@ -1025,8 +1091,10 @@ static int tcp_check(void *ctx, uint32_t peer, kvf_room_key room, uint32_t pool_
     bool outside = false; /* the room's source sent pages this node's sink lease lacks */
     pthread_rwlock_rdlock(&n->rooms_lock);
     struct node_room *r = node_room_find(n, room);
-    if ((!r || (!r->have_update && !r->core.aborting)) && peer < NODE_MAX_PEERS)
-        rc = -EAGAIN; /* the source knew the room first: the receiver asks again */
+    /* A room not known here: the control plane never tells a source the
+     * sink's pages before this node acknowledged them, so this is a protocol
+     * violation, refused at once; the owner fails the room. */
+    bool unknown = (!r || (!r->have_update && !r->core.aborting)) && peer < NODE_MAX_PEERS;
     if (r && r->have_update && peer < NODE_MAX_PEERS) {
         const struct node_peer *from = &n->peers[peer];
         bool from_source = false;
@@ -1049,7 +1117,7 @@ static int tcp_check(void *ctx, uint32_t peer, kvf_room_key room, uint32_t pool_
      * never land, so the sink can never complete. The owner fails the room
      * (TransferFailed: the control plane aborts it, the abort token drains
      * it) instead of leaving it ACTIVE. */
-    if (outside)
+    if (outside || unknown)
         tcp_on_frame(n, peer, room, pool_id, first_page, page_count, 0, -ENOENT, false);
     return rc;
 }
@@ -1120,9 +1188,37 @@ static void tcp_on_frame(void *ctx, uint32_t peer, kvf_room_key room, uint32_t p
         rx_batch_flush(); /* the owner acts on these now */
 }
 
+void node_fail_unknown_room(struct kvf_node *n, kvf_room_key key, const char *why)
+{
+    struct node_room *r = node_room_find(n, key);
+    if (kvf_lt_table_is_late(n->lts, key) || (r && (r->have_update || r->core.aborting)))
+        return; /* closed here, or known by now: the usual rules apply */
+    Kvfence__V1__RoomKey k = KVFENCE__V1__ROOM_KEY__INIT;
+    k.room_id = key.room_id;
+    k.generation = key.generation;
+    Kvfence__V1__TransferFailed f = KVFENCE__V1__TRANSFER_FAILED__INIT;
+    f.room = &k;
+    f.reason = (char *)why;
+    f.role = KVFENCE__V1__ROLE__ROLE_SINK;
+    Kvfence__V1__NodeMessage m = KVFENCE__V1__NODE_MESSAGE__INIT;
+    m.msg_case = KVFENCE__V1__NODE_MESSAGE__MSG_TRANSFER_FAILED;
+    m.transfer_failed = &f;
+    node_ctl_send(n, &m);
+    node_log("warn", &key, "transfer failed: %s", why);
+}
+
 static void on_frame(struct kvf_node *n, const struct node_job *j)
 {
     struct node_room *r = node_room_find(n, j->room);
+    if ((!r || !r->have_update) && j->status == -ENOENT && j->bytes == 0) {
+        char why[NODE_ID_MAX + 96];
+        snprintf(why, sizeof why,
+                 "tcp frame from %s for a room this node does not know: refused (protocol "
+                 "violation)",
+                 j->peer < n->npeers ? n->peers[j->peer].node_id : "?");
+        node_fail_unknown_room(n, j->room, why);
+        return;
+    }
     if (!r)
         return;
     struct node_member *m = sink_member_of(r, j->pool_id, j->first_page, j->page_count);
@@ -1176,6 +1272,11 @@ struct kvf_transport *node_tcp_create(struct kvf_node *n, uint64_t incarnation, 
 {
     struct kvf_transport_tcp_opts to;
     kvf_transport_tcp_opts_init(&to);
+    /* No wait for a room or a peer not known here: the control plane tells a
+     * source a sink's pages only after the sink's node acknowledged them,
+     * and introduces every peer in the first update (docs/node.md, "Ordered
+     * room updates"), so a frame or hello that finds neither is refused. */
+    to.check_wait_ms = 0;
     to.node_id = tcp_id_of(n->node_id, incarnation);
     to.bind_host = n->data_host;
     to.port = port;
@@ -1636,6 +1737,7 @@ void kvf_node_destroy(struct kvf_node *n)
     while (r) {
         struct node_room *next = r->next;
         members_free(r->members, r->nmembers);
+        free(r->intro);
         node_pairs_free(r);
         free(r->peer_refs);
         free(r);

@@ -112,6 +112,11 @@ struct node_member {
     bool rx_closed;
 };
 
+struct node_intro {
+    char node_id[NODE_ID_MAX + 1];
+    uint64_t incarnation;
+};
+
 /* Owner thread: one source rank's transfer to one sink rank (peer_link.c). */
 struct node_pair {
     uint32_t src_rank;
@@ -144,6 +149,11 @@ struct node_room {
     struct node_member *members;
     size_t nmembers;
     bool have_update; /* a RoomUpdate arrived (members known) */
+    /* The peer incarnations the room's update introduced (with `members`):
+     * the peer channel accepts their envelopes before their members are
+     * published here (docs/node.md, "Ordered room updates"). */
+    struct node_intro *intro;
+    size_t nintro;
     /* Owner thread only. */
     int state;           /* Kvfence__V1__RoomState last learned */
     int abort_reason;    /* Kvfence__V1__AbortReason */
@@ -394,6 +404,13 @@ bool node_ranges_cover(const struct node_range *rv, size_t nr, uint32_t first, u
 
 struct kvf_transport *node_tcp_create(struct kvf_node *n, uint64_t incarnation, uint16_t port);
 void node_poll_completions(struct kvf_node *n);
+
+/* A frame or peer envelope for a room this node has no update for: the
+ * control plane's order (a member is published only after its node
+ * acknowledged it) makes that a protocol violation. Sends TransferFailed for
+ * the room at once, unless the room is closed here (late) or known by now.
+ * Owner thread. */
+void node_fail_unknown_room(struct kvf_node *n, kvf_room_key key, const char *why);
 
 /* control_session.c */
 int node_session_start(struct kvf_node *n);

@@ -12,8 +12,13 @@
  * the TCP receivers' check: ACCEPT for a room with members whose admission is
  * open here and whose members include the sender's node id and incarnation;
  * LATE for a room this node closed (aborting, completed, drained) or an older
- * generation of an id it knows; UNKNOWN otherwise (a stranger, or no update
- * within PEER_WAIT_UPDATE_MS for a room not seen yet).
+ * generation of an id it knows; UNKNOWN otherwise (a stranger, or a room not
+ * known here). The control plane introduces every peer of a room in the
+ * node's first update and tells a source the sink's pages only after the
+ * sink's node acknowledged that update, so a sender never knows a room
+ * before this node does: an envelope for a room not known here is a
+ * protocol violation, dropped at once, and the owner fails the room
+ * (TransferFailed). Nothing waits for an update.
  * A delivered envelope is copied into a PEER_MSG job; the owner checks the
  * room again (it may have been aborted meanwhile: then nothing reaches Watch).
  * An OUT_OF_ORDER drop (a lost message) becomes a PEER_GAP job: the owner
@@ -67,9 +72,15 @@ static enum kvf_peer_verdict verdict_of(struct kvf_node *n, kvf_room_key key, co
     } else if (r->peer_closed) {
         v = KVF_PEER_LATE;
     } else if (r->have_update) {
+        /* A member, or a node the update introduced (its members may be
+         * published here after its first envelope). */
         for (size_t i = 0; i < r->nmembers; i++)
             if (r->members[i].incarnation == sender_incarnation &&
                 strcmp(r->members[i].node_id, sender) == 0)
+                v = KVF_PEER_ACCEPT;
+        for (size_t i = 0; i < r->nintro; i++)
+            if (r->intro[i].incarnation == sender_incarnation &&
+                strcmp(r->intro[i].node_id, sender) == 0)
                 v = KVF_PEER_ACCEPT;
     } else {
         /* Published by the owner's RoomUpdate, its members not yet: the
@@ -80,32 +91,34 @@ static enum kvf_peer_verdict verdict_of(struct kvf_node *n, kvf_room_key key, co
     return v;
 }
 
-/* A source sends its aux and status once its frames are in the socket; the
- * sink's RoomUpdate may still be on its way then (the TCP receivers wait for
- * it too). Dropping the envelope as UNKNOWN would fail the room (the next
- * one is a sequence gap), so an envelope for a room this node has not seen
- * yet waits for the update, bounded like the TCP receivers' wait; the
- * channel's deliveries pause meanwhile. */
-#define PEER_WAIT_UPDATE_MS 2000
-
+/* One look, no wait (see the top of this file): a room not known here
+ * fails at once. */
 static enum kvf_peer_verdict peer_accept(void *ctx, kvf_room_key key, const char *sender,
                                          uint64_t sender_incarnation)
 {
     struct kvf_node *n = ctx;
-    int64_t deadline = node_now_ms() + PEER_WAIT_UPDATE_MS;
-    for (bool logged = false;; logged = true) {
-        bool unseen;
-        enum kvf_peer_verdict v = verdict_of(n, key, sender, sender_incarnation, &unseen);
-        if (!unseen || atomic_load(&n->peer_stopping) || node_now_ms() >= deadline)
+    bool unseen;
+    enum kvf_peer_verdict v = verdict_of(n, key, sender, sender_incarnation, &unseen);
+    if (unseen && v == KVF_PEER_UNKNOWN && !atomic_load(&n->peer_stopping)) {
+        struct node_job *j = calloc(1, sizeof *j);
+        struct node_peer_msg *pm = calloc(1, sizeof *pm + 1);
+        if (!j || !pm) {
+            free(j);
+            free(pm);
             return v;
-        if (!logged) /* the tests wait for this line (docs/node.md) */
-            node_log("info", &key,
-                     "peer channel: a message from %s for a room not known here yet: waiting "
-                     "up to %d ms for its RoomUpdate",
-                     sender, PEER_WAIT_UPDATE_MS);
-        struct timespec ts = {0, 2 * 1000000L};
-        nanosleep(&ts, NULL);
+        }
+        snprintf(pm->sender, sizeof pm->sender, "%s", sender);
+        snprintf(pm->error, sizeof pm->error,
+                 "peer channel: a message from %s for a room this node does not know: refused "
+                 "(protocol violation)",
+                 sender);
+        j->kind = JOB_PEER_GAP;
+        j->room = key;
+        j->pmsg = pm;
+        if (node_post(n, j) != 0)
+            node_job_free(j);
     }
+    return v;
 }
 
 static void peer_on_message(void *ctx, const Kvfence__V1__PeerEnvelope *env)
@@ -471,6 +484,10 @@ static void done_pending_free(struct node_room *r)
 
 void node_peer_gap(struct kvf_node *n, struct node_job *j)
 {
+    if (j->pmsg && j->pmsg->error[0]) { /* an envelope for a room not known here */
+        node_fail_unknown_room(n, j->room, j->pmsg->error);
+        return;
+    }
     struct node_room *r = node_room_find(n, j->room);
     if (!r)
         return;

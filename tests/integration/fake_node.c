@@ -59,7 +59,24 @@ static int recv_raw(struct kvf_rpc_client_stream *cs, int64_t timeout_ms,
 int fake_node_recv(struct fake_node *n, int64_t timeout_ms, Kvfence__V1__ControlMessage **msg_p,
                    struct kvf_rpc_status *st)
 {
-    return recv_raw(n->cs, timeout_ms, msg_p, st);
+    int rc = recv_raw(n->cs, timeout_ms, msg_p, st);
+    if (rc == 0 && (*msg_p)->msg_case == KVFENCE__V1__CONTROL_MESSAGE__MSG_ROOM_UPDATE &&
+        (*msg_p)->room_update->room) {
+        /* As a real node does once it applied the update: without it the
+         * control plane never tells the room's other nodes this node's
+         * members (node.proto RoomUpdateAck). */
+        Kvfence__V1__RoomKey k = KVFENCE__V1__ROOM_KEY__INIT;
+        k.room_id = (*msg_p)->room_update->room->room_id;
+        k.generation = (*msg_p)->room_update->room->generation;
+        Kvfence__V1__RoomUpdateAck a = KVFENCE__V1__ROOM_UPDATE_ACK__INIT;
+        a.room = &k;
+        a.version = (*msg_p)->room_update->version;
+        Kvfence__V1__NodeMessage m = KVFENCE__V1__NODE_MESSAGE__INIT;
+        m.msg_case = KVFENCE__V1__NODE_MESSAGE__MSG_ROOM_UPDATE_ACK;
+        m.room_update_ack = &a;
+        (void)fake_node_send(n, &m); /* a closed stream shows at the next recv */
+    }
+    return rc;
 }
 
 int fake_node_open(struct kvf_rpc_channel *ch, const struct fake_node_hello *hello,

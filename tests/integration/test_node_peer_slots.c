@@ -61,6 +61,35 @@ static int teardown(void **state)
     return rc;
 }
 
+/* n1 learns n2's sink lease only once n2 acknowledged the RoomUpdate that
+ * carries it (docs/state-cores.md, "Ordered room updates"), and the fake n2
+ * acknowledges an update when it reads it: read n2's stream until n1's
+ * probe says it knows the sink (nh_wait_node_knows: FAILED_PRECONDITION for
+ * a source rank in no lease, UNAVAILABLE before). */
+static void n1_learns_n2_sink(struct fx *f, kvf_room_key k, uint32_t page)
+{
+    struct nh_chunk probe = {.source_rank = 99,
+                             .seq = 1,
+                             .source_pool = f->p1.pool_id,
+                             .sink_node = "n2",
+                             .sink_pool = FAKE_NODE_POOL_ID,
+                             .sfirst = {0},
+                             .dfirst = {page},
+                             .count = {1}};
+    int64_t end = nh_now_ms() + WAIT_MS;
+    for (;;) {
+        struct kvf_rpc_status st;
+        int code = nh_submit(f->n1.local, k, &probe, &st);
+        if (code == KVF_GRPC_FAILED_PRECONDITION)
+            return;
+        if (code != KVF_GRPC_UNAVAILABLE || nh_now_ms() > end)
+            fail_msg("n1 does not learn n2's sink: %d %s", code, st.message);
+        Kvfence__V1__ControlMessage *m = NULL;
+        if (fake_node_recv(f->n2, 10, &m, &st) == 0)
+            kvfence__v1__control_message__free_unpacked(m, NULL);
+    }
+}
+
 /* Whether every other node fenced n2's participant in room `k`. */
 static bool n2_fenced(struct fx *f, kvf_room_key k)
 {
@@ -93,7 +122,7 @@ static void test_fence_peer_never_runs_out_of_slots(void **state)
         uint32_t page = (uint32_t)inc;
         kvf_room_key k = nh_join_pair(f->ch, 1000 + inc, "n1", f->p1.pool_id, page, "n2",
                                       FAKE_NODE_POOL_ID, page, 1, WAIT_MS);
-        nh_wait_node_knows(&f->n1, k, f->p1.pool_id, "n2", FAKE_NODE_POOL_ID, page, WAIT_MS);
+        n1_learns_n2_sink(f, k, page);
 
         /* n2 restarts: n2@inc is LOST, n1 must fence it. */
         fake_node_vanish(f->n2);

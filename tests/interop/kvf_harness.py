@@ -224,6 +224,14 @@ class FakeNode:
     def _read(self):
         try:
             for msg in self.call:
+                if msg.WhichOneof("msg") == "room_update":
+                    # As a real node does once it applied the update: the
+                    # control plane tells the room's other nodes this node's
+                    # members only after it (node.proto RoomUpdateAck).
+                    u = msg.room_update
+                    self.send(
+                        room_update_ack=node_pb2.RoomUpdateAck(room=u.room, version=u.version)
+                    )
                 if self.auto_drain and msg.WhichOneof("msg") == "abort_notice":
                     n = msg.abort_notice
                     self.send(

@@ -343,6 +343,11 @@ int kvf_ncore_chunk_state(struct kvf_ncore *c, struct kvf_ncore_room *r,
                       k.room_id, k.generation);
     if (!q->have_update)
         return refuse(c, -EAGAIN, "%s", "no room update on this node yet: retry");
+    if (!q->sink_known && q->sink_unpublished)
+        return refuse(c, -EAGAIN,
+                      "sink: node %s has not acknowledged the room yet, its pages are not "
+                      "known here: retry",
+                      sink_node);
     if (!q->src_local)
         return refuse(c, -EPROTO, "source_rank: no source participant %u on this node",
                       q->src_rank);

@@ -175,11 +175,15 @@ int kvf_ncore_part_completed(struct kvf_ncore *c, struct kvf_ncore_room *r, uint
 
 /* What the caller's room says about a SubmitChunk (its members and pairs). */
 struct kvf_ncore_chunk {
-    bool have_update;         /* a RoomUpdate arrived */
-    bool src_local;           /* a source participant of src_rank is on this node */
-    bool src_completed;       /* ... and it reported Completed */
-    bool src_failed;          /* ... and it reported TransferFailed already */
-    bool sink_known;          /* a sink participant (sink_node, sink_rank) is in the room */
+    bool have_update;   /* a RoomUpdate arrived */
+    bool src_local;     /* a source participant of src_rank is on this node */
+    bool src_completed; /* ... and it reported Completed */
+    bool src_failed;    /* ... and it reported TransferFailed already */
+    bool sink_known;    /* a sink participant (sink_node, sink_rank) is in the room */
+    /* Not known, but sink_node is a node the room's update introduced and
+     * none of its members is known here yet: the control plane publishes them
+     * once that node acknowledged its own update (retry, -EAGAIN). */
+    bool sink_unpublished;
     bool pair_exists;         /* the pair (src_rank, sink) had a chunk */
     bool pair_last_submitted; /* ... and its last one */
     uint64_t pair_last_seq;

@@ -253,7 +253,12 @@ static void chunked_prefill_extend_adds_pages_and_updates_peers(void **state)
     assert_int_equal(kvf_cps_lease_extend(f->st, key, src.lease_id, &chunk2, 1, f->now, &f->err),
                      0);
     fx_collect(f);
+    /* The lease's own node first; n2 once n1 acknowledged the new pages. */
     assert_int_equal(fx_count(f, KVF_CPS_FX_ROOM_UPDATE, "n1"), 1);
+    assert_int_equal(fx_count(f, KVF_CPS_FX_ROOM_UPDATE, "n2"), 0);
+    uint64_t v = fx_find(f, KVF_CPS_FX_ROOM_UPDATE, "n1", 0)->version;
+    assert_int_equal(kvf_cps_room_update_acked(f->st, "n1", 1, key, v, f->now, &f->err), 0);
+    fx_collect(f);
     assert_int_equal(fx_count(f, KVF_CPS_FX_ROOM_UPDATE, "n2"), 1);
     assert_int_equal(kvf_cps_room_participant(f->st, key, 0, &src), 0);
     assert_int_equal(src.range_count, 2);

@@ -730,6 +730,141 @@ static void many_rooms_stay_small_and_independent(void **state)
     fixture_free(f);
 }
 
+/* ---- ordered room updates (docs/state-cores.md) ---------------------------- */
+
+/* The version of the last room update to `node` collected, 0 if none. */
+static uint64_t last_update(const struct fixture *f, const char *node)
+{
+    size_t n = fx_count(f, KVF_CPS_FX_ROOM_UPDATE, node);
+    return n ? fx_find(f, KVF_CPS_FX_ROOM_UPDATE, node, n - 1)->version : 0;
+}
+
+static int ack(struct fixture *f, const char *node, kvf_room_key key, uint64_t version)
+{
+    int rc = kvf_cps_room_update_acked(f->st, node, 1, key, version, f->now, &f->err);
+    fx_collect(f);
+    return rc;
+}
+
+static struct kvf_cps_participant_view member(const struct fixture *f, kvf_room_key key, size_t i)
+{
+    struct kvf_cps_participant_view v;
+    assert_int_equal(kvf_cps_room_participant(f->st, key, i, &v), 0);
+    return v;
+}
+
+static void sink_lease_reaches_source_node_only_after_sink_node_acked(void **state)
+{
+    (void)state;
+    struct fixture *f = fixture_new(NULL);
+    fx_reset(f);
+    kvf_room_key key = join_pair(f, 21); /* n1 source (index 0), n2 sink (index 1) */
+    fx_collect(f);
+    /* Each node learns its own lease first; nobody's is published yet. */
+    assert_int_equal(fx_count(f, KVF_CPS_FX_ROOM_UPDATE, "n1"), 1);
+    assert_int_equal(fx_count(f, KVF_CPS_FX_ROOM_UPDATE, "n2"), 1);
+    assert_false(member(f, key, 0).published);
+    assert_false(member(f, key, 1).published);
+    uint64_t v1 = last_update(f, "n1"), v2 = last_update(f, "n2");
+    assert_true(v1 > 0 && v2 > 0 && v1 != v2);
+
+    /* The source's node acknowledges: the sink's node is told the source;
+     * the source's node still knows no sink pages. */
+    fx_reset(f);
+    assert_int_equal(ack(f, "n1", key, v1), 0);
+    assert_true(member(f, key, 0).published);
+    assert_false(member(f, key, 1).published);
+    assert_int_equal(fx_count(f, KVF_CPS_FX_ROOM_UPDATE, "n1"), 0);
+    assert_int_equal(fx_count(f, KVF_CPS_FX_ROOM_UPDATE, "n2"), 1);
+    uint64_t v2b = last_update(f, "n2");
+    assert_true(v2b > v2);
+
+    /* n2 acknowledges its first update: a newer one replaced it, nothing. */
+    fx_reset(f);
+    struct kvf_cps_stats s0, s1;
+    kvf_cps_stats_get(f->st, &s0);
+    assert_int_equal(ack(f, "n2", key, v2), 0);
+    assert_false(member(f, key, 1).published);
+    assert_int_equal(fx_count(f, KVF_CPS_FX_ROOM_UPDATE, NULL), 0);
+    kvf_cps_stats_get(f->st, &s1);
+    assert_int_equal(s1.acks_ignored, s0.acks_ignored + 1);
+
+    /* n2 acknowledges the newest: now (and only now) n1 learns the sink. */
+    assert_int_equal(ack(f, "n2", key, v2b), 0);
+    struct kvf_cps_participant_view sink = member(f, key, 1);
+    assert_true(sink.published);
+    assert_int_equal(sink.published_range_count, 1);
+    assert_int_equal(fx_count(f, KVF_CPS_FX_ROOM_UPDATE, "n1"), 1);
+    assert_int_equal(fx_count(f, KVF_CPS_FX_ROOM_UPDATE, "n2"), 0);
+
+    /* n1 acks that update: its own lease did not change, nothing is sent. */
+    uint64_t v1b = last_update(f, "n1");
+    fx_reset(f);
+    assert_int_equal(ack(f, "n1", key, v1b), 0);
+    assert_int_equal(fx_count(f, KVF_CPS_FX_ROOM_UPDATE, NULL), 0);
+    assert_int_equal(ack(f, "n1", key, 0), -ESTALE);
+    /* A duplicate is ignored and counted; a version never sent is stale. */
+    kvf_cps_stats_get(f->st, &s0);
+    assert_int_equal(ack(f, "n2", key, v2b), 0);
+    kvf_cps_stats_get(f->st, &s1);
+    assert_int_equal(s1.acks_ignored, s0.acks_ignored + 1);
+    assert_int_equal(ack(f, "n2", key, 999), -ESTALE);
+    kvf_cps_stats_get(f->st, &s0);
+    assert_int_equal(s0.reports_stale, s1.reports_stale + 1);
+    assert_int_equal(fx_count(f, KVF_CPS_FX_ROOM_UPDATE, NULL), 0);
+    /* From a node not in the room, or for another generation: unknown. */
+    assert_int_equal(attach(f, "n3", 1), 0);
+    assert_int_equal(ack(f, "n3", key, 1), -ENOENT);
+    kvf_room_key other = {key.room_id, key.generation + 1};
+    assert_int_equal(ack(f, "n2", other, v2b), -ENOENT);
+    fixture_free(f);
+}
+
+static void extended_sink_pages_reach_source_node_only_after_sink_node_acked(void **state)
+{
+    (void)state;
+    struct fixture *f = fixture_new(NULL);
+    kvf_room_key key = join_pair(f, 22);
+    fx_collect(f);
+    /* Both nodes acknowledge whatever they are sent until nothing moves. */
+    for (int round = 0; round < 4; round++) {
+        uint64_t a = last_update(f, "n1"), b = last_update(f, "n2");
+        fx_reset(f);
+        (void)ack(f, "n1", key, a);
+        (void)ack(f, "n2", key, b);
+    }
+    assert_true(member(f, key, 1).published);
+    assert_int_equal(member(f, key, 1).published_range_count, 1);
+
+    /* ExtendLease of the sink: only the sink's node is told. */
+    fx_reset(f);
+    struct kvf_cps_page_range more = {600, 4};
+    uint64_t sink_lease = member(f, key, 1).lease_id;
+    assert_int_equal(kvf_cps_lease_extend(f->st, key, sink_lease, &more, 1, f->now, &f->err), 0);
+    fx_collect(f);
+    assert_int_equal(fx_count(f, KVF_CPS_FX_ROOM_UPDATE, "n1"), 0);
+    assert_int_equal(fx_count(f, KVF_CPS_FX_ROOM_UPDATE, "n2"), 1);
+    assert_int_equal(member(f, key, 1).range_count, 2);
+    assert_int_equal(member(f, key, 1).published_range_count, 1); /* not for n1 yet */
+
+    /* The sink's node re-attaches before it acknowledged: asked again, same
+     * version. */
+    uint64_t v = last_update(f, "n2");
+    fx_reset(f);
+    assert_int_equal(kvf_cps_node_detach(f->st, "n2", 1, f->now, &f->err), 0);
+    assert_int_equal(attach(f, "n2", 1), 0);
+    fx_collect(f);
+    assert_int_equal(fx_count(f, KVF_CPS_FX_ROOM_UPDATE, "n2"), 1);
+    assert_int_equal(last_update(f, "n2"), v);
+    assert_int_equal(fx_count(f, KVF_CPS_FX_ROOM_UPDATE, "n1"), 0);
+
+    fx_reset(f);
+    assert_int_equal(ack(f, "n2", key, v), 0);
+    assert_int_equal(member(f, key, 1).published_range_count, 2);
+    assert_int_equal(fx_count(f, KVF_CPS_FX_ROOM_UPDATE, "n1"), 1);
+    fixture_free(f);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -753,6 +888,8 @@ int main(void)
         cmocka_unit_test(tombstone_expires_after_ttl),
         cmocka_unit_test(repeated_join_is_idempotent_other_lease_refused),
         cmocka_unit_test(many_rooms_stay_small_and_independent),
+        cmocka_unit_test(sink_lease_reaches_source_node_only_after_sink_node_acked),
+        cmocka_unit_test(extended_sink_pages_reach_source_node_only_after_sink_node_acked),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
