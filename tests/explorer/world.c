@@ -263,6 +263,32 @@ void op_retire(struct world *w, struct sop *o, enum kvf_lt_outcome outcome)
 
 /* ---- effects -------------------------------------------------------------- */
 
+/* The sim parts whose leases a room update sent now to `node` carries: its
+ * own, and the other nodes' once the control plane published them. */
+static uint32_t update_parts(const struct world *w, int ri, int node)
+{
+    uint32_t mask = 0;
+    if (ri < 0)
+        return 0;
+    const struct sroom *r = &w->rooms[ri];
+    struct kvf_cps_room_view v;
+    if (kvf_cps_room_get(w->cps, r->key, &v) != 0)
+        return 0;
+    for (size_t i = 0; i < v.participant_count; i++) {
+        struct kvf_cps_participant_view pv;
+        if (kvf_cps_room_participant(w->cps, r->key, i, &pv) != 0)
+            continue;
+        for (int p = 0; p < r->nparts; p++) {
+            const struct spart *sp = &r->parts[p];
+            if (sp->rank == pv.rank && sp->role == pv.role &&
+                strcmp(w->nodes[sp->node].name, pv.node_id) == 0 &&
+                (sp->node == node || pv.published))
+                mask |= 1u << p;
+        }
+    }
+    return mask;
+}
+
 static bool legal_transition(int from, int to)
 {
     switch (from) {
@@ -347,7 +373,10 @@ void route_effects(struct world *w)
                      "update",
                      (unsigned long long)e->key.room_id, (unsigned long long)e->key.generation);
             if (reachable)
-                q_push(&n->inbox, &(struct msg){.type = M_ROOM_UPDATE, .key = e->key});
+                q_push(&n->inbox, &(struct msg){.type = M_ROOM_UPDATE,
+                                                .key = e->key,
+                                                .version = e->version,
+                                                .published = update_parts(w, ri, node)});
             break;
         }
         case KVF_CPS_FX_ABORT_NOTICE: {
@@ -804,7 +833,8 @@ static void act_submit(struct world *w, const struct action *act)
             .src_local = true,
             .src_completed = sp->completed_sent,
             .src_failed = sp->failed,
-            .sink_known = true,
+            .sink_known = (l->known_parts >> sink) & 1,
+            .sink_unpublished = !((l->known_parts >> sink) & 1),
             .pair_exists = l->pair_seq[sink] != 0,
             .pair_last_submitted = false,
             .pair_last_seq = l->pair_seq[sink],
@@ -924,6 +954,9 @@ static void deliver_report(struct world *w, int node, const struct msg *m)
         break;
     case R_FAILED:
         rc = kvf_cps_report_failed(w->cps, n->name, m->inc, m->key, w->now, &tok, NULL);
+        break;
+    case R_UPDATE_ACK:
+        rc = kvf_cps_room_update_acked(w->cps, n->name, m->inc, m->key, m->version, w->now, NULL);
         break;
     case R_FENCED:
         if (m->peer >= 0)

@@ -40,6 +40,7 @@ enum msg_type {
     R_COMPLETED,
     R_FAILED,
     R_FENCED,
+    R_UPDATE_ACK, /* RoomUpdateAck{key, version} */
 };
 
 struct msg {
@@ -50,7 +51,9 @@ struct msg {
     int role;
     int peer;
     uint64_t peer_inc;
-    uint64_t inc; /* sender's incarnation (reports) */
+    uint64_t inc;       /* sender's incarnation (reports) */
+    uint64_t version;   /* M_ROOM_UPDATE, R_UPDATE_ACK */
+    uint32_t published; /* M_ROOM_UPDATE: sim parts whose leases it carries (bit p) */
 };
 
 struct queue {
@@ -93,6 +96,7 @@ struct nlife {
     struct kvf_ncore_room cr;
     bool have_update;             /* a room update arrived (not only an abort) */
     uint64_t pair_seq[MAX_PARTS]; /* per sink part: the last chunk_seq admitted */
+    uint32_t known_parts;         /* parts whose leases a room update told it (bit p) */
     uint32_t peer_refs[NODES];    /* peer slots the room references */
     int npeer_refs;
     bool rereport_muted; /* MUT_NO_REREPORT: this notice's Drained is dropped */

@@ -269,7 +269,11 @@ static void node_room_update(struct world *w, int node, const struct msg *m)
     }
     kvf_ncore_room_members(n->core, &l->cr, nlocal, ndone);
     l->have_update = true;
+    l->known_parts |= m->published;
     node_apply(w, node);
+    /* Applied: the control plane may now publish this node's leases to the
+     * room's other nodes (node.c's RoomUpdateAck). */
+    report(n, &(struct msg){.type = R_UPDATE_ACK, .key = m->key, .version = m->version});
     check_completion(w, ri);
 }
 
