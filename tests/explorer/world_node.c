@@ -1,6 +1,7 @@
 /*
  * world_node.c: the node side of the simulated cluster (world.c): the node
- * agent's lifetimes and its handling of notices and fences, the lives of node
+ * agent, which feeds each node's core (kvf_ncore) room updates, notices and
+ * fences and routes its effects (node_apply), the lives of node
  * processes (attach, kill, restart, Resync, reconnect, pause and resume,
  * self-fence and Witness), node -> node TCP frames (a source's written frame
  * waits in the sink's socket buffer until the sink's receiver takes it), and
@@ -63,7 +64,7 @@ void report(struct snode *n, const struct msg *m)
 
 /* The slot the node core gives (node `peer`, incarnation `inc`), remembered
  * so that closing every connection to a node finds all its slots. */
-static int peer_slot(struct world *w, int node, int peer, uint64_t inc, uint32_t *idx_p)
+int node_peer_slot(struct world *w, int node, int peer, uint64_t inc, uint32_t *idx_p)
 {
     struct snode *n = &w->nodes[node];
     int rc = kvf_ncore_peer_get(n->core, w->nodes[peer].name, inc, idx_p, NULL);
@@ -80,11 +81,6 @@ static int peer_slot(struct world *w, int node, int peer, uint64_t inc, uint32_t
     n->slot_node[*idx_p] = peer + 1;
     n->slot_inc[*idx_p] = inc;
     return 0;
-}
-
-int node_peer_slot(struct world *w, int node, int peer, uint64_t inc, uint32_t *idx_p)
-{
-    return peer_slot(w, node, peer, inc, idx_p);
 }
 
 static void peer_refs_drop(struct snode *n, struct nlife *l)
@@ -262,7 +258,7 @@ static void node_room_update(struct world *w, int node, const struct msg *m)
                      n->slot_inc[l->peer_refs[k]] == sp->inc;
         uint32_t idx;
         if (!known && !l->cr.drained_seen && sp->node != node && l->npeer_refs < NODES * 2 &&
-            peer_slot(w, node, sp->node, sp->inc, &idx) == 0) {
+            node_peer_slot(w, node, sp->node, sp->inc, &idx) == 0) {
             kvf_ncore_peer_ref(n->core, idx);
             l->peer_refs[l->npeer_refs++] = idx;
         }
@@ -331,7 +327,7 @@ void node_handle(struct world *w, int node, const struct msg *m)
         if (peer < 0)
             break;
         uint32_t slot;
-        if (peer_slot(w, node, peer, m->peer_inc, &slot) != 0)
+        if (node_peer_slot(w, node, peer, m->peer_inc, &slot) != 0)
             break;
         n->fenced_inc[peer] = m->peer_inc;
         /* Our queue pairs to the peer go to the error state: every op posted
