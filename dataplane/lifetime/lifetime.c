@@ -1,8 +1,7 @@
 /*
  * lifetime.c: one room-generation's lifetime on a node: admission, in-flight
- * accounting, the drained event, queued chunks, staging buffers and the peer
- * message sequence check. The table that names lifetimes by room key, remembers
- * forgotten generations and fences peers is in lifetime_table.c.
+ * accounting, the drained event, queued chunks and staging buffers. The table that names lifetimes
+ * by room key, remembers forgotten generations and fences peers is in lifetime_table.c.
  *
  * DESIGN: admission and retirement are the hot path and may run on any thread.
  * They touch one atomic 64-bit word per lifetime: bit 63 says admission is
@@ -14,8 +13,8 @@
  * "drained". A retiring thread touches nothing of the lifetime after its
  * fetch_sub, because the owner may free the lifetime as soon as it is drained.
  * Per-kind counts are relaxed atomics next to the word (statistics; the word is
- * the proof). Everything else (chunk queue, quarantine, staging flags, peer
- * sequence numbers, the taken-drained flag) belongs to the owner thread.
+ * the proof). Everything else (chunk queue, quarantine, staging flags, the
+ * taken-drained flag) belongs to the owner thread.
  */
 #include <assert.h>
 #include <errno.h>
@@ -48,7 +47,6 @@ void lt_free(struct kvf_lt *lt)
 {
     if (lt == NULL)
         return;
-    free(lt->seq);
     free(lt);
 }
 
@@ -258,37 +256,6 @@ bool kvf_lt_staging_transport_done(struct kvf_lt_staging *s, bool *drained_p)
 bool kvf_lt_staging_copy_done(struct kvf_lt_staging *s, bool *drained_p)
 {
     return lt_staging_side_done(s, &s->copy_done, s->transport_done, drained_p);
-}
-
-/* ---- peer message ordering ----------------------------------------------- */
-
-enum kvf_lt_seq_verdict kvf_lt_peer_seq_check(struct kvf_lt *lt, uint32_t peer, uint64_t seq)
-{
-    struct lt_peer_seq *e = NULL;
-    for (size_t i = 0; i < lt->seq_count; i++) {
-        if (lt->seq[i].peer == peer) {
-            e = &lt->seq[i];
-            break;
-        }
-    }
-    if (e == NULL) {
-        if (lt->seq_count == lt->seq_cap) {
-            size_t cap = lt->seq_cap ? lt->seq_cap * 2 : 4;
-            struct lt_peer_seq *grown = realloc(lt->seq, cap * sizeof(*grown));
-            if (grown == NULL)
-                return KVF_LT_SEQ_GAP; /* cannot track it: drop, never deliver unchecked */
-            lt->seq = grown;
-            lt->seq_cap = cap;
-        }
-        e = &lt->seq[lt->seq_count++];
-        e->peer = peer;
-        e->next = 1;
-    }
-    if (seq == e->next) {
-        e->next++;
-        return KVF_LT_SEQ_OK;
-    }
-    return seq < e->next ? KVF_LT_SEQ_DUPLICATE : KVF_LT_SEQ_GAP;
 }
 
 /* ---- names --------------------------------------------------------------- */

@@ -239,21 +239,6 @@ int kvf_lt_staging_acquire(struct kvf_lt *lt, struct kvf_lt_staging *s, uint32_t
 bool kvf_lt_staging_transport_done(struct kvf_lt_staging *s, bool *drained_p);
 bool kvf_lt_staging_copy_done(struct kvf_lt_staging *s, bool *drained_p);
 
-/* ---- peer message ordering (R11, R13, invariant 8) ------------------------ */
-
-enum kvf_lt_seq_verdict {
-    KVF_LT_SEQ_OK = 0,        /* the next expected message: deliver */
-    KVF_LT_SEQ_DUPLICATE = 1, /* already seen: drop and count */
-    KVF_LT_SEQ_GAP = 2,       /* a message is missing before it: drop and count */
-};
-
-/* Checks the per-room sequence number of a message from `peer` (numbers start at
- * 1 per room, peer and direction) and advances on OK. Below the expected number
- * (0 included) is DUPLICATE, above it is GAP (not advanced). If the core cannot
- * allocate room to track a new peer it answers GAP: the message is dropped,
- * never delivered unchecked. Owner thread. */
-enum kvf_lt_seq_verdict kvf_lt_peer_seq_check(struct kvf_lt *lt, uint32_t peer, uint64_t seq);
-
 const char *kvf_lt_state_name(enum kvf_lt_state s);
 const char *kvf_lt_op_kind_name(enum kvf_lt_op_kind k);
 

@@ -30,12 +30,6 @@
  * default (see lifetime_table.c, "forgotten memory"). */
 #define LT_FORGOTTEN_CAP_DEFAULT 65536u
 
-/* One (peer, next expected sequence number) pair. */
-struct lt_peer_seq {
-    uint32_t peer;
-    uint64_t next;
-};
-
 struct kvf_lt {
     /* ---- any thread ---- */
     alignas(LT_CACHE_LINE) _Atomic uint64_t word;
@@ -48,9 +42,6 @@ struct kvf_lt {
     bool drained_taken;
     struct kvf_lt_chunk *chunk_head; /* FIFO of queued chunks */
     struct kvf_lt_chunk *chunk_tail;
-    struct lt_peer_seq *seq; /* small array, linear search */
-    size_t seq_count;
-    size_t seq_cap;
 };
 
 /* What the table remembers about one room id. */

@@ -250,6 +250,10 @@ int main(int argc, char **argv)
         sum.frames_dropped += st.frames_dropped;
         sum.self_fences += st.self_fences;
         sum.cp_crashes += st.cp_crashes;
+        sum.chunks_refused += st.chunks_refused;
+        sum.rooms_forgotten += st.rooms_forgotten;
+        sum.late_answers += st.late_answers;
+        sum.peers_recycled += st.peers_recycled;
         if (!ok && expect_violation) {
             /* The mutation was caught: that is the pass of this run. */
             printf("explorer: mutation %s caught after %" PRIu64 " steps (seed %" PRIu64
@@ -296,6 +300,9 @@ int main(int argc, char **argv)
            " dropped (closed, late, out of order, duplicate); self-fences %" PRIu64
            "; control-plane crashes %" PRIu64 "\n",
            sum.pauses, sum.frames_landed, sum.frames_dropped, sum.self_fences, sum.cp_crashes);
+    printf("explorer: node cores: %" PRIu64 " chunks refused, %" PRIu64 " rooms forgotten, %" PRIu64
+           " notices for a forgotten room answered, %" PRIu64 " peer slots recycled\n",
+           sum.chunks_refused, sum.rooms_forgotten, sum.late_answers, sum.peers_recycled);
     /* The plain closing line CI reads. */
     printf("%" PRIu64 " passed, 0 failed\n", seeds);
     return 0;

@@ -1,8 +1,8 @@
 /*
  * world.c: the simulated cluster that the schedule explorer drives.
  *
- * Real parts: the control-plane core (kvf_cps) and one lifetime table
- * (kvf_lt_table) per node. Simulated parts: engines (page allocators), node
+ * Real parts: the control-plane core (kvf_cps) and one node rules core
+ * (kvf_ncore, with its lifetime table) per node. Simulated parts: engines (page allocators), node
  * agents (what kvfence-node does on a notice, a completion, a fence, a lost
  * session), native ops in flight, the node -> node connections that carry TCP
  * frames, and the links between nodes and the control plane. See world.h for
@@ -46,26 +46,28 @@
  *   I5 stale, tokenless and foreign reports change nothing;
  *   I7 a room with a participant lacking QUIESCE_V1 never sends a room update;
  *   I8 the frames from one node to another for one room land in the order
- *      they were sent, each once;
+ *      they were sent, each at most once (one the receiver refused is lost:
+ *      the sink's completion rule sees its bytes missing);
  *   room states move only along the state machine (OPENING -> ACTIVE ->
  *   COMPLETED, or -> ABORTING -> ABORTED).
  * And at the end (world_quiesce): every room terminal, every lease released,
  * every page back with its engine, every lifetime drained.
  *
- * The node side and a node core. The node agent is the set of functions in
- * world_node.c (and admit_op, op_retire, check_completion here) that hold the
- * lifetime table: life_open/life_find,
- * node_handle (notices and fences), node_recv (frames), admit_op/op_retire
- * (ops), check_completion, node_self_fence/node_maybe_witness and node_resync.
- * They read and write struct snode only, and talk to the rest of the world
- * through three narrow channels: report() (to the control plane), frame_send()
- * (to a peer) and the sop array (native ops). A pure node core (rooms,
- * lifetimes, completion and drain rules) replaces them by holding one core per
- * snode instead of the lifetime table: each of those functions becomes one
- * call into the core with the same input, and the core's effects are routed
- * like the control plane's (route_effects): reports into the outbox, frames
- * into the peer's rx buffer, native ops into the sop array. The invariants,
- * the faults and the mutations do not change.
+ * The node side is the node core. Each snode holds a kvf_ncore, and the node
+ * agent (world_node.c, and admit_op, op_retire and check_completion here)
+ * only feeds it what kvfence-node feeds it: room updates (kvf_ncore_room_open,
+ * kvf_ncore_room_members), abort notices (kvf_ncore_room_abort/_end), every
+ * point where a room may have drained (kvf_ncore_room_check), sink progress
+ * (kvf_ncore_sink_ready) and participant completion (kvf_ncore_part_completed),
+ * chunks (kvf_ncore_chunk_state/_order; a queued chunk holds its room), the end
+ * of each turn (kvf_ncore_collect) and peer slots (kvf_ncore_peer_get, _ref,
+ * _unref, _fenced, _peers_reset). The core's effects are routed like the
+ * control plane's (node_apply, as route_effects): reports into the outbox,
+ * ROOM_FREE frees the simulated room. What stays simulated is what the daemon
+ * has around its core: native ops (the sop array, retired into the core's
+ * lifetimes), sockets (frame_send, and node_recv with the TCP transport's
+ * per-stream sequence check), and the links to the control plane (report()).
+ * No lifetime call is made here that the daemon does not make.
  */
 #include "world.h"
 
@@ -253,12 +255,39 @@ void op_retire(struct world *w, struct sop *o, enum kvf_lt_outcome outcome)
     }
     if (!o->unaccounted)
         kvf_lt_op_retire(&o->op, outcome);
+    int node = o->node;
     op_free(o);
-    node_take_drains(n);
+    node_take_drains(w, node);
     check_completion(w, room);
 }
 
 /* ---- effects -------------------------------------------------------------- */
+
+/* The sim parts whose leases a room update sent now to `node` carries: its
+ * own, and the other nodes' once the control plane published them. */
+static uint32_t update_parts(const struct world *w, int ri, int node)
+{
+    uint32_t mask = 0;
+    if (ri < 0)
+        return 0;
+    const struct sroom *r = &w->rooms[ri];
+    struct kvf_cps_room_view v;
+    if (kvf_cps_room_get(w->cps, r->key, &v) != 0)
+        return 0;
+    for (size_t i = 0; i < v.participant_count; i++) {
+        struct kvf_cps_participant_view pv;
+        if (kvf_cps_room_participant(w->cps, r->key, i, &pv) != 0)
+            continue;
+        for (int p = 0; p < r->nparts; p++) {
+            const struct spart *sp = &r->parts[p];
+            if (sp->rank == pv.rank && sp->role == pv.role &&
+                strcmp(w->nodes[sp->node].name, pv.node_id) == 0 &&
+                (sp->node == node || pv.published))
+                mask |= 1u << p;
+        }
+    }
+    return mask;
+}
 
 static bool legal_transition(int from, int to)
 {
@@ -344,7 +373,10 @@ void route_effects(struct world *w)
                      "update",
                      (unsigned long long)e->key.room_id, (unsigned long long)e->key.generation);
             if (reachable)
-                q_push(&n->inbox, &(struct msg){.type = M_ROOM_UPDATE, .key = e->key});
+                q_push(&n->inbox, &(struct msg){.type = M_ROOM_UPDATE,
+                                                .key = e->key,
+                                                .version = e->version,
+                                                .published = update_parts(w, ri, node)});
             break;
         }
         case KVF_CPS_FX_ABORT_NOTICE: {
@@ -443,6 +475,12 @@ static bool part_has_ops(const struct world *w, int room, int part)
     return false;
 }
 
+/* A local participant is complete when the node core says so: a sink by its
+ * completion rule (kvf_ncore_sink_ready: here one "page", covered once every
+ * source completed; each frame landed is named by its source's status; no
+ * receive or local copy of the room in flight), a source once every chunk it
+ * planned started and its ops finished. The core reports Completed and
+ * closes admission after the last local participant. */
 void check_completion(struct world *w, int room)
 {
     struct sroom *r = &w->rooms[room];
@@ -460,16 +498,30 @@ void check_completion(struct world *w, int room)
         if (!sp->joined || sp->completed_sent || sp->failed || !n->alive || n->paused)
             continue;
         struct nlife *l = life_find(n, r->key);
-        if (l == NULL || kvf_lt_state(l->lt) != KVF_LT_OPEN)
+        if (l == NULL || !l->have_update || kvf_lt_state(l->cr.lt) != KVF_LT_OPEN)
             continue;
-        bool done = sp->role == KVF_CPS_ROLE_SOURCE
-                        ? sp->chunks_sent == sp->chunks_planned && sp->chunks_queued == 0
-                        : sources_done && sp->frames_in == sp->frames_expected;
-        if (!done || part_has_ops(w, room, p))
+        bool done;
+        if (sp->role == KVF_CPS_ROLE_SOURCE) {
+            done = sp->chunks_sent == sp->chunks_planned && sp->chunks_queued == 0 &&
+                   !part_has_ops(w, room, p);
+        } else {
+            struct kvf_ncore_sink s = {
+                .pages = 1,
+                .pages_landed = sources_done ? 1 : 0,
+                .bytes_landed = (uint64_t)sp->frames_in,
+                .status_bytes = sources_done ? (uint64_t)sp->frames_expected : 0,
+                .rx_inflight = (uint32_t)(kvf_lt_inflight_kind(l->cr.lt, KVF_LT_OP_TCP_FRAME) +
+                                          kvf_lt_inflight_kind(l->cr.lt, KVF_LT_OP_CUDA_COPY)),
+            };
+            if (w->mutation == MUT_SINK_RX_UNCOUNTED)
+                s.rx_inflight = 0;
+            done = kvf_ncore_sink_ready(&s);
+        }
+        if (!done)
             continue;
-        sp->completed_sent = true;
-        report(n, &(struct msg){
-                      .type = R_COMPLETED, .key = r->key, .rank = sp->rank, .role = sp->role});
+        if (kvf_ncore_part_completed(n->core, &l->cr, sp->rank, sp->role == KVF_CPS_ROLE_SINK) != 0)
+            continue; /* aborting: nothing completes */
+        node_apply(w, sp->node);
         if (sp->role == KVF_CPS_ROLE_SOURCE)
             check_completion(w, room);
     }
@@ -689,14 +741,15 @@ struct sop *op_alloc(struct world *w)
 
 /* A node admits one op for a chunk; NULL when admission refused it. */
 struct sop *admit_op(struct world *w, int node, int ri, int src, int sink, enum kvf_lt_op_kind kind,
-                     int peer)
+                     int peer, uint64_t peer_inc)
 {
     struct snode *n = &w->nodes[node];
     struct nlife *l = life_find(n, w->rooms[ri].key);
     struct sop *o = op_alloc(w);
-    if (l == NULL || o == NULL)
+    uint32_t slot;
+    if (l == NULL || o == NULL || node_peer_slot(w, node, peer, peer_inc, &slot) != 0)
         return NULL;
-    int rc = kvf_lt_admit(l->lt, &o->op, kind, (uint32_t)peer);
+    int rc = kvf_lt_admit(l->cr.lt, &o->op, kind, slot);
     if (rc != 0) {
         w->stats.ops_refused++;
         return NULL;
@@ -710,7 +763,7 @@ struct sop *admit_op(struct world *w, int node, int ri, int src, int sink, enum 
                       .kind = kind,
                       .node = node,
                       .peer = peer,
-                      .peer_inc = w->nodes[peer].inc,
+                      .peer_inc = peer_inc,
                       .room = ri,
                       .src_part = src,
                       .sink_part = sink};
@@ -750,31 +803,67 @@ static void act_submit(struct world *w, const struct action *act)
     struct nlife *l = life_find(n, r->key);
     if (l == NULL)
         return; /* no room update yet: the node knows no sink lease */
-    /* A queued chunk starts first; else a new chunk is queued or started. */
-    struct kvf_lt_chunk *qc = kvf_lt_dequeue_chunk(l->lt);
+    /* A queued chunk starts first (a chunk of a room whose admission shut
+     * is dropped by the staging queue); else a new chunk is queued or
+     * started, as the node core admits it. */
+    struct schunk *qc = NULL;
+    for (int i = 0; i < MAX_CHUNKS && qc == NULL; i++) {
+        if (w->chunks[i].used && w->chunks[i].node == sp->node && w->chunks[i].room == ri)
+            qc = &w->chunks[i];
+    }
     int sink;
     if (qc != NULL) {
-        struct schunk *ch = (struct schunk *)qc;
-        ch->used = false;
-        r->parts[ch->part].chunks_queued--;
-        src = ch->part;
-        sink = ch->sink;
+        bool open = kvf_lt_is_open(l->cr.lt);
+        src = qc->part;
+        sink = qc->sink;
+        qc->used = false;
+        r->parts[qc->part].chunks_queued--;
+        kvf_ncore_room_release(&l->cr);
+        if (!open)
+            return;
     } else {
         if (sp->chunks_sent >= sp->chunks_planned)
             return;
         sink = r->nsrc + (int)(act->c % (uint32_t)r->nsink);
         if (!r->parts[sink].joined || r->parts[sink].nranges == 0)
             return; /* a dummy sink receives nothing */
+        uint64_t seq = l->pair_seq[sink] + 1;
+        struct kvf_ncore_chunk q = {
+            .have_update = l->have_update,
+            .src_local = true,
+            .src_completed = sp->completed_sent,
+            .src_failed = sp->failed,
+            .sink_known = (l->known_parts >> sink) & 1,
+            .sink_unpublished = !((l->known_parts >> sink) & 1),
+            .pair_exists = l->pair_seq[sink] != 0,
+            .pair_last_submitted = false,
+            .pair_last_seq = l->pair_seq[sink],
+            .seq = seq,
+            .src_rank = sp->rank,
+            .sink_rank = r->parts[sink].rank,
+            .sink_node = w->nodes[r->parts[sink].node].name,
+        };
+        int rc = kvf_ncore_chunk_state(n->core, &l->cr, &q);
+        if (rc == 0)
+            rc = kvf_ncore_chunk_order(n->core, &q);
+        node_apply(w, sp->node);
+        if (rc != 0) {
+            w->stats.chunks_refused++;
+            return;
+        }
+        l->pair_seq[sink] = seq;
         sp->chunks_sent++;
         if (act->c % 4 == 0) {
             for (int i = 0; i < MAX_CHUNKS; i++) {
                 if (!w->chunks[i].used) {
-                    w->chunks[i] = (struct schunk){
-                        .used = true, .node = sp->node, .room = ri, .part = src, .sink = sink};
-                    if (kvf_lt_queue_chunk(l->lt, &w->chunks[i].c) != 0)
-                        w->chunks[i].used = false;
-                    else
-                        sp->chunks_queued++;
+                    w->chunks[i] = (struct schunk){.used = true,
+                                                   .node = sp->node,
+                                                   .room = ri,
+                                                   .part = src,
+                                                   .sink = sink,
+                                                   .life = l};
+                    kvf_ncore_room_hold(&l->cr);
+                    sp->chunks_queued++;
                     return;
                 }
             }
@@ -785,7 +874,7 @@ static void act_submit(struct world *w, const struct action *act)
     if (n->fenced_inc[peer] != 0 && n->fenced_inc[peer] == w->nodes[peer].inc)
         return; /* this node fenced that peer: its queue pairs are in error */
     enum kvf_lt_op_kind kind = act->b % 2 ? KVF_LT_OP_RDMA_WR : KVF_LT_OP_TCP_FRAME;
-    admit_op(w, sp->node, ri, src, sink, kind, peer);
+    admit_op(w, sp->node, ri, src, sink, kind, peer, w->nodes[peer].inc);
 }
 
 static void act_sink_op(struct world *w, const struct action *act)
@@ -799,7 +888,7 @@ static void act_sink_op(struct world *w, const struct action *act)
     if (!sp->joined || sp->nranges == 0 || sp->completed_sent || !w->nodes[sp->node].alive ||
         w->nodes[sp->node].paused)
         return;
-    admit_op(w, sp->node, ri, -1, sink, KVF_LT_OP_CUDA_COPY, sp->node);
+    admit_op(w, sp->node, ri, -1, sink, KVF_LT_OP_CUDA_COPY, sp->node, w->nodes[sp->node].inc);
 }
 
 static void act_complete(struct world *w, const struct action *act, enum kvf_lt_outcome outcome)
@@ -865,6 +954,9 @@ static void deliver_report(struct world *w, int node, const struct msg *m)
         break;
     case R_FAILED:
         rc = kvf_cps_report_failed(w->cps, n->name, m->inc, m->key, w->now, &tok, NULL);
+        break;
+    case R_UPDATE_ACK:
+        rc = kvf_cps_room_update_acked(w->cps, n->name, m->inc, m->key, m->version, w->now, NULL);
         break;
     case R_FENCED:
         if (m->peer >= 0)
@@ -1057,10 +1149,15 @@ static void before_step(struct world *w)
     }
 }
 
+/* The end of a turn of every running node's owner loop: the core forgets
+ * terminal rooms beyond its count; a self-fenced node may witness. */
 static void after_step(struct world *w)
 {
-    for (int i = 0; i < NODES && !w->failed; i++)
+    for (int i = 0; i < NODES && !w->failed; i++) {
+        if (w->nodes[i].alive && !w->nodes[i].paused)
+            node_collect(w, i);
         node_maybe_witness(w, i);
+    }
 }
 
 /* The first node (from k on) that is alive, runs and has a frame waiting. */
@@ -1305,6 +1402,8 @@ bool world_quiesce(struct world *w)
             }
             for (int i = 0; i < NODES && !w->failed; i++) {
                 uint64_t before = w->nodes[i].pending_witness;
+                if (w->nodes[i].alive && !w->nodes[i].paused)
+                    node_collect(w, i);
                 node_maybe_witness(w, i);
                 moved = moved || before != w->nodes[i].pending_witness;
             }
@@ -1363,11 +1462,11 @@ bool world_quiesce(struct world *w)
         if (n->alive) {
             for (int k = 0; k < MAX_LIVES; k++) {
                 struct nlife *l = &n->lives[k];
-                if (l->used && kvf_lt_state(l->lt) != KVF_LT_OPEN &&
-                    kvf_lt_state(l->lt) != KVF_LT_DRAINED)
+                if (l->used && kvf_lt_state(l->cr.lt) != KVF_LT_OPEN &&
+                    kvf_lt_state(l->cr.lt) != KVF_LT_DRAINED)
                     fail(w, "liveness: %s lifetime %llu:%llu is %s", n->name,
                          (unsigned long long)l->key.room_id, (unsigned long long)l->key.generation,
-                         kvf_lt_state_name(kvf_lt_state(l->lt)));
+                         kvf_lt_state_name(kvf_lt_state(l->cr.lt)));
             }
         }
     }
@@ -1413,7 +1512,7 @@ void world_destroy(struct world *w)
     if (w == NULL)
         return;
     for (int i = 0; i < NODES; i++)
-        kvf_lt_table_destroy(w->nodes[i].tab);
+        kvf_ncore_destroy(w->nodes[i].core); /* and its lifetime table */
     kvf_cps_destroy(w->cps);
     free(w->img.buf);
     free(w->img_old.buf);
@@ -1452,6 +1551,7 @@ static const char *const mutation_names[MUT_COUNT] = {
     [MUT_NO_REREPORT] = "no-rereport",
     [MUT_ACK_EARLY] = "ack-early",
     [MUT_WITNESS_EARLY] = "witness-early",
+    [MUT_SINK_RX_UNCOUNTED] = "sink-rx-uncounted",
 };
 
 int world_mutation_by_name(const char *name)

@@ -2,12 +2,13 @@
  * world.h: a simulated kvfence cluster for the schedule explorer.
  *
  * The world holds one real control-plane core (kvf_cps) and, per simulated
- * node, one real lifetime table (kvf_lt_table). Around them it simulates what
- * has no real part in a unit test: the engines (page allocators that free pages
- * only when told RELEASED), the node agents (what kvfence-node does with a
- * notice, a completion, a fence), the native ops in flight (each one holding
- * real kvf_lt_op accounting), and the unreliable links between nodes and the
- * control plane (messages dropped, duplicated or delayed).
+ * node, one real node rules core (kvf_ncore, which owns the node's lifetime
+ * table). Around them it simulates what has no real part in a unit test: the
+ * engines (page allocators that free pages only when told RELEASED), the node
+ * agents (what kvfence-node feeds its core and does with its effects), the
+ * native ops in flight (each one holding real kvf_lt_op accounting), and the
+ * unreliable links between nodes and the control plane (messages dropped,
+ * duplicated or delayed).
  *
  * A schedule is a list of actions. Each action carries raw random numbers that
  * the world maps onto whatever exists at that moment (the k-th live op, the
@@ -65,28 +66,33 @@ struct world;
 
 /*
  * Mutations: one rule of the node agent or of the deployment taken out, in the
- * simulation only (never in the cores), to show that a fault mode matters: with
- * the mutation the explorer must find a violation within its CI budget, without
- * it none (ctest explorer_mut_*). Each names the fault mode it needs.
+ * simulation only (never in the cores: a rule of a core is taken out by
+ * changing what the simulation feeds it or does with its effects), to show that a fault mode
+ * matters: with the mutation the explorer must find a violation within its CI budget, without it
+ * none (ctest explorer_mut_*). Each names the fault mode it needs.
  */
 enum world_mutation {
     MUT_NONE = 0,
-    MUT_PAUSED_WITNESSED, /* pause: a paused node is taken for dead and a new
-                           * incarnation witnesses it (a pid probe instead of
-                           * the host lock) while the old process lives */
-    MUT_RECV_NOT_OP,      /* node -> node frames: a receive in progress is not
-                           * an op (checked open, then lands uncounted) */
-    MUT_NO_SEQ,           /* node -> node reordering and duplication: frames
-                           * land without the per-room sequence check */
-    MUT_ABORT_NO_OPEN,    /* control-plane -> node reordering: an abort notice
-                           * for a room the node has no lifetime of is answered
-                           * Drained without opening (and closing) one */
-    MUT_NO_REREPORT,      /* node -> control-plane loss: a drained lifetime
-                           * ignores a repeated notice instead of re-reporting */
-    MUT_ACK_EARLY,        /* control-plane crash: effects leave before they are
-                           * durable (recovery loses the last step) */
-    MUT_WITNESS_EARLY,    /* self-fencing: the Witness of the old incarnation is
-                           * sent before its lifetimes drained */
+    MUT_PAUSED_WITNESSED,  /* pause: a paused node is taken for dead and a new
+                            * incarnation witnesses it (a pid probe instead of
+                            * the host lock) while the old process lives */
+    MUT_RECV_NOT_OP,       /* node -> node frames: a receive in progress is not
+                            * an op (checked open, then lands uncounted) */
+    MUT_NO_SEQ,            /* node -> node reordering and duplication: frames
+                            * land without the transport's sequence check */
+    MUT_ABORT_NO_OPEN,     /* control-plane -> node reordering: an abort notice
+                            * for a room the node has no lifetime of is answered
+                            * Drained without opening (and closing) one */
+    MUT_NO_REREPORT,       /* node -> control-plane loss: a drained room ignores
+                            * a repeated notice (the node core's Drained for it
+                            * is dropped) instead of re-reporting */
+    MUT_ACK_EARLY,         /* control-plane crash: effects leave before they are
+                            * durable (recovery loses the last step) */
+    MUT_WITNESS_EARLY,     /* self-fencing: the Witness of the old incarnation is
+                            * sent before its lifetimes drained */
+    MUT_SINK_RX_UNCOUNTED, /* node -> node frames: the node core's sink rule is
+                            * not told of the receives in flight (its input
+                            * rx_inflight is 0) */
     MUT_COUNT
 };
 
@@ -122,6 +128,9 @@ struct world_stats {
     uint64_t ops_admitted, ops_refused, leases_released;
     uint64_t reports_rejected, joins_refused, fences;
     uint64_t pauses, frames_landed, frames_dropped, self_fences, cp_crashes;
+    /* The node cores: chunks they refused, rooms they forgot, notices for a
+     * forgotten room answered Drained, peer slots recycled. */
+    uint64_t chunks_refused, rooms_forgotten, late_answers, peers_recycled;
 };
 void world_stats(const struct world *w, struct world_stats *out);
 

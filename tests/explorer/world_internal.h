@@ -14,6 +14,7 @@
 
 #include "cp_state.h"
 #include "lifetime.h"
+#include "node_core.h"
 #include "world.h"
 
 #define NODES      5 /* n0..n3, and n4 which may lack QUIESCE_V1 */
@@ -28,6 +29,8 @@
 #define MAX_CHUNKS 256
 #define QCAP       1024
 #define RXCAP      32 /* frames one node's sockets hold */
+#define MAX_SLOTS  64 /* peer slots of a node core (its max_peers, the daemon's default) */
+#define RETAIN     4  /* terminal rooms a node core keeps (small: forgetting is exercised) */
 
 enum msg_type {
     M_ROOM_UPDATE,
@@ -37,6 +40,7 @@ enum msg_type {
     R_COMPLETED,
     R_FAILED,
     R_FENCED,
+    R_UPDATE_ACK, /* RoomUpdateAck{key, version} */
 };
 
 struct msg {
@@ -47,7 +51,9 @@ struct msg {
     int role;
     int peer;
     uint64_t peer_inc;
-    uint64_t inc; /* sender's incarnation (reports) */
+    uint64_t inc;       /* sender's incarnation (reports) */
+    uint64_t version;   /* M_ROOM_UPDATE, R_UPDATE_ACK */
+    uint32_t published; /* M_ROOM_UPDATE: sim parts whose leases it carries (bit p) */
 };
 
 struct queue {
@@ -81,26 +87,36 @@ struct sroom {
     bool abort_seen[NODES]; /* the node processed an abort notice of this room */
 };
 
+/* The node's room: the node core's record (which holds the lifetime) and
+ * what the node agent hangs on it. */
 struct nlife {
     bool used;
     uint64_t inc; /* the node incarnation that opened it */
     kvf_room_key key;
-    struct kvf_lt *lt;
-    bool have_token, drained;
-    kvf_token token;
+    struct kvf_ncore_room cr;
+    bool have_update;             /* a room update arrived (not only an abort) */
+    uint64_t pair_seq[MAX_PARTS]; /* per sink part: the last chunk_seq admitted */
+    uint32_t known_parts;         /* parts whose leases a room update told it (bit p) */
+    uint32_t peer_refs[NODES];    /* peer slots the room references */
+    int npeer_refs;
+    bool rereport_muted; /* MUT_NO_REREPORT: this notice's Drained is dropped */
 };
 
+/* A chunk in a source node's staging queue (the daemon's local_svc queue):
+ * it holds its room in the node core until it starts or is dropped. */
 struct schunk {
-    struct kvf_lt_chunk c; /* first: recovered by cast */
     bool used;
     int node, room, part, sink;
+    struct nlife *life;
 };
 
 /* A frame on a node -> node connection: written by a source's TCP op, in the
  * sink's kernel socket buffer until the sink's receiver takes it. */
 struct frame {
     int room, src, sink, from;
-    uint64_t seq; /* per room, sending node and receiving node, from 1 */
+    uint64_t from_inc; /* the sender's incarnation: its stream */
+    uint64_t seq;      /* per room, sending node and receiving node, from 1 (I8) */
+    uint64_t conn_seq; /* per stream, from 1: what the transport checks */
 };
 
 struct snode {
@@ -117,7 +133,17 @@ struct snode {
                                * knows and no process runs */
     struct frame rx[RXCAP];
     int nrx;
-    struct kvf_lt_table *tab;
+    /* Its connections to peers (one TCP stream each way, numbered as the
+     * transport numbers its frames): the next sequence number a sender
+     * writes, the next one a receiver expects, and whether the receiver
+     * closed the stream on a bad sequence (frames after it are lost). */
+    uint64_t conn_tx[NODES], conn_rx[NODES];
+    uint64_t conn_tx_inc[NODES], conn_rx_inc[NODES]; /* the peer incarnation of each stream */
+    bool conn_broken[NODES];                         /* receiver side, per sending peer */
+    struct kvf_ncore *core;   /* the node's rules: rooms, lifetimes, peer slots */
+    struct kvf_lt_table *tab; /* the core's lifetime table */
+    int slot_node[MAX_SLOTS]; /* the core's peer slots: node + 1 (0 = not taken here) */
+    uint64_t slot_inc[MAX_SLOTS];
     struct nlife lives[MAX_LIVES];
     struct queue inbox, outbox;
     uint32_t page_owner[POOL_PAGES]; /* room * MAX_PARTS + part + 1, 0 = free */
@@ -175,11 +201,14 @@ void route_effects(struct world *w);
 void check_completion(struct world *w, int room);
 struct sop *op_alloc(struct world *w);
 struct sop *admit_op(struct world *w, int node, int ri, int src, int sink, enum kvf_lt_op_kind kind,
-                     int peer);
+                     int peer, uint64_t peer_inc);
 struct nlife *life_find(struct snode *n, kvf_room_key key);
 void report(struct snode *n, const struct msg *m);
-void node_take_drains(struct snode *n);
+void node_take_drains(struct world *w, int node);
+void node_apply(struct world *w, int node);
+void node_collect(struct world *w, int node);
 void frame_send(struct world *w, const struct sop *o);
+int node_peer_slot(struct world *w, int node, int peer, uint64_t inc, uint32_t *idx_p);
 void node_handle(struct world *w, int node, const struct msg *m);
 void node_kill(struct world *w, int node);
 void node_start(struct world *w, int node);

@@ -468,43 +468,6 @@ static void forgotten_memory_is_bounded_and_stays_late(void **state)
     assert_int_equal(f->t->forgotten_count, 2); /* a live id is not forgotten-only */
 }
 
-/* ---- peer ordering (R11, invariant 8) -------------------------------------- */
-
-static void peer_sequence_in_order_duplicate_and_gap(void **state)
-{
-    struct fixture *f = *state;
-    assert_int_equal(kvf_lt_peer_seq_check(f->lt, PEER_A, 1), KVF_LT_SEQ_OK);
-    assert_int_equal(kvf_lt_peer_seq_check(f->lt, PEER_A, 2), KVF_LT_SEQ_OK);
-    assert_int_equal(kvf_lt_peer_seq_check(f->lt, PEER_A, 2), KVF_LT_SEQ_DUPLICATE);
-    assert_int_equal(kvf_lt_peer_seq_check(f->lt, PEER_A, 1), KVF_LT_SEQ_DUPLICATE);
-    assert_int_equal(kvf_lt_peer_seq_check(f->lt, PEER_A, 4), KVF_LT_SEQ_GAP);
-    assert_int_equal(kvf_lt_peer_seq_check(f->lt, PEER_A, 3), KVF_LT_SEQ_OK); /* gap not taken */
-    assert_int_equal(kvf_lt_peer_seq_check(f->lt, PEER_A, 4), KVF_LT_SEQ_OK);
-    assert_int_equal(kvf_lt_peer_seq_check(f->lt, PEER_A, 0), KVF_LT_SEQ_DUPLICATE);
-}
-
-static void peer_sequence_is_independent_per_peer_and_per_room(void **state)
-{
-    struct fixture *f = *state;
-    struct kvf_lt *other;
-    assert_int_equal(kvf_lt_table_open(f->t, key(8, 11), &other), 0);
-    assert_int_equal(kvf_lt_peer_seq_check(f->lt, PEER_A, 1), KVF_LT_SEQ_OK);
-    assert_int_equal(kvf_lt_peer_seq_check(f->lt, PEER_A, 2), KVF_LT_SEQ_OK);
-    /* Peer B starts at 1 in the same room. */
-    assert_int_equal(kvf_lt_peer_seq_check(f->lt, PEER_B, 2), KVF_LT_SEQ_GAP);
-    assert_int_equal(kvf_lt_peer_seq_check(f->lt, PEER_B, 1), KVF_LT_SEQ_OK);
-    /* Another room from peer A starts at 1 too. */
-    assert_int_equal(kvf_lt_peer_seq_check(other, PEER_A, 3), KVF_LT_SEQ_GAP);
-    assert_int_equal(kvf_lt_peer_seq_check(other, PEER_A, 1), KVF_LT_SEQ_OK);
-    assert_int_equal(kvf_lt_peer_seq_check(f->lt, PEER_A, 3), KVF_LT_SEQ_OK);
-    /* Many peers (the array grows). */
-    for (uint32_t p = 10; p < 50; p++)
-        assert_int_equal(kvf_lt_peer_seq_check(f->lt, p, 1), KVF_LT_SEQ_OK);
-    for (uint32_t p = 10; p < 50; p++)
-        assert_int_equal(kvf_lt_peer_seq_check(f->lt, p, 1), KVF_LT_SEQ_DUPLICATE);
-    assert_int_equal(kvf_lt_peer_seq_check(f->lt, PEER_B, 2), KVF_LT_SEQ_OK);
-}
-
 /* ---- teardown (R12) -------------------------------------------------------- */
 
 static void teardown_waits_for_every_lifetime_to_drain(void **state)
@@ -730,8 +693,6 @@ int main(void)
         T(late_messages_after_abort_are_recognised),
         T(new_generation_of_a_reused_id_is_not_late),
         T(forgotten_memory_is_bounded_and_stays_late),
-        T(peer_sequence_in_order_duplicate_and_gap),
-        T(peer_sequence_is_independent_per_peer_and_per_room),
         T(teardown_waits_for_every_lifetime_to_drain),
         T(teardown_is_refused_while_a_lifetime_is_open),
         T(admission_after_close_is_refused_for_every_kind),
