@@ -258,6 +258,21 @@ static int lifetime_wire(enum kvf_lt_state s)
     }
 }
 
+/* Whether every node the room's update introduced has a member known here:
+ * the control plane publishes a node's leases only after that node
+ * acknowledged the room (docs/node.md, "Ordered room updates"). */
+static bool all_published(const struct node_room *r)
+{
+    for (size_t i = 0; i < r->nintro; i++) {
+        bool known = false;
+        for (size_t j = 0; j < r->nmembers && !known; j++)
+            known = strcmp(r->members[j].node_id, r->intro[i].node_id) == 0;
+        if (!known)
+            return false;
+    }
+    return true;
+}
+
 static uint8_t *pack_room_state(const struct node_room *r, size_t *len_p)
 {
     Kvfence__V1__RoomKey k = KVFENCE__V1__ROOM_KEY__INIT;
@@ -265,6 +280,11 @@ static uint8_t *pack_room_state(const struct node_room *r, size_t *len_p)
     k.generation = r->key.generation;
     Kvfence__V1__NodeRoomEvent re = KVFENCE__V1__NODE_ROOM_EVENT__INIT;
     re.state = (Kvfence__V1__RoomState)r->state;
+    /* ACTIVE on this node means its engines may submit: every participant's
+     * lease is known here. Until the last node is published the room is
+     * still OPENING for this node's watchers. */
+    if (r->state == KVFENCE__V1__ROOM_STATE__ROOM_STATE_ACTIVE && !all_published(r))
+        re.state = KVFENCE__V1__ROOM_STATE__ROOM_STATE_OPENING;
     re.lifetime = (Kvfence__V1__LifetimeState)lifetime_wire(kvf_lt_state(r->core.lt));
     re.reason = (Kvfence__V1__AbortReason)r->abort_reason;
     Kvfence__V1__NodeEvent ev = KVFENCE__V1__NODE_EVENT__INIT;

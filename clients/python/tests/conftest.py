@@ -154,6 +154,23 @@ class Cluster:
         self._clients.append(c)
         return c
 
+    def set_faults(self, node_id, text, timeout=10.0):
+        """Writes the node's fault file (docs/node.md, "Fault injection")
+        atomically and waits until the node logged that it loaded it."""
+        proc = self.nodes[node_id][0]
+        log = lambda: open(proc.log_path, "rb").read().count(b"fault: config loaded")
+        before = log()
+        path = os.path.join(str(self.workdir), node_id + ".faults")
+        with open(path + ".tmp", "w", encoding="utf-8") as f:
+            f.write(text)
+        os.rename(path + ".tmp", path)
+        deadline = time.monotonic() + timeout
+        while log() <= before:
+            if time.monotonic() > deadline:
+                pytest.fail("%s did not load its fault file %r:\n%s" %
+                            (node_id, text, _log_tail(proc.log_path)))
+            time.sleep(0.005)
+
     def close_clients(self):
         for c in self._clients:
             c.close()
@@ -184,7 +201,9 @@ def cluster(tmp_path):
             pf = str(tmp_path / (nid + ".port"))
             p = Proc(nid, [node_bin, "--control", address, "--node-id", nid, "--local-socket",
                            sock, "--port-file", pf, "--data-host", "127.0.0.1", "--data-port", "0",
-                           "--drain-timeout-ms", "3000"], tmp_path)
+                           "--drain-timeout-ms", "3000",
+                           # No faults while the file is absent (Cluster.set_faults).
+                           "--fault-file", str(tmp_path / (nid + ".faults"))], tmp_path)
             procs.append(p)
             nodes[nid] = (p, sock)
         for nid, (p, sock) in nodes.items():

@@ -3,6 +3,7 @@ real nodes (conftest.py): watch (aux bytes and transfer_done at the sink,
 chunk_done at the source, filter errors), submit_chunks (pipelined, in order,
 a refused chunk does not end the stream) and unregister_pool."""
 import os
+import threading
 
 import grpc
 import pytest
@@ -82,6 +83,47 @@ def test_unregister_pool(cluster):
     n1.unregister_pool(pid)
     with pytest.raises(kvfence.NotFound):
         n1.unregister_pool(pid)
+
+
+def test_watch_says_active_only_once_every_sink_is_known(cluster):
+    """A room the control plane made ACTIVE is ACTIVE on n1's Watch only once
+    n1 knows the sink's lease: n2 holds its RoomUpdates (unacknowledged), so
+    the control plane does not publish n2's lease to n1. An engine that waits
+    for ACTIVE on its node and then submits is never refused."""
+    ctl, admin, n1 = cluster.control(), cluster.admin(), cluster.node("n1")
+    cluster.set_faults("n2", "hold_room_update=1\n")
+    a, b = join_pair(cluster, ctl, 511, src_ranges=[(0, 2)], snk_ranges=[(16, 2)])
+    admin.wait_room_state(a.room, RoomState.ACTIVE, WAIT_S)
+    states = []
+    seen_active = threading.Event()
+    w = n1.watch(rooms=[a.room], timeout=WAIT_S)
+
+    def read():
+        for ev in w:
+            if isinstance(ev, kvfence.NodeRoomState) and ev.room == a.room:
+                states.append(ev.state)
+                if ev.state == RoomState.ACTIVE:
+                    seen_active.set()
+                    return
+
+    reader = threading.Thread(target=read, daemon=True)
+    reader.start()
+    try:
+        # However long n2 holds, n1 does not report the room ACTIVE.
+        assert not seen_active.wait(0.7), states
+        cluster.set_faults("n2", "hold_room_update=0\n")
+        assert seen_active.wait(WAIT_S), states
+    finally:
+        w.close()
+        reader.join(WAIT_S)
+    assert states[-1] == RoomState.ACTIVE and RoomState.ACTIVE not in states[:-1], states
+    p1, p2 = cluster.pools["n1"].pool_id, cluster.pools["n2"].pool_id
+    # No retry: ACTIVE on the node means the sink is known.
+    n1.submit_chunk(a.room, 1, source_rank=0, source_pool_id=p1, source_ranges=[(0, 2)],
+                    sink_node_id="n2", sink_rank=0, sink_pool_id=p2, sink_ranges=[(16, 2)],
+                    last_chunk=True)
+    ctl.complete_room(a.room, SRC)
+    admin.wait_room_state(a.room, RoomState.COMPLETED, WAIT_S)
 
 
 def test_submit_chunks_pipelines_in_order_and_the_room_completes(cluster):
