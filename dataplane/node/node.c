@@ -243,7 +243,7 @@ static struct node_member *local_part(struct node_room *r, uint32_t rank, bool s
 
 static void room_free(struct kvf_node *n, struct node_room *r);
 static void peer_refs_drop(struct kvf_node *n, struct node_room *r);
-static void node_peer_recycle(struct kvf_node *n, uint32_t idx);
+static void node_peer_recycle(struct kvf_node *n, uint32_t idx, bool fence);
 
 /* What each effect of the rules core means for the daemon (node_core.h). */
 void node_core_apply(struct kvf_node *n)
@@ -280,7 +280,7 @@ void node_core_apply(struct kvf_node *n)
             room_free(n, r);
             break;
         case KVF_NCORE_FX_PEER_RECYCLE:
-            node_peer_recycle(n, fx.peer);
+            node_peer_recycle(n, fx.peer, fx.fence);
             break;
         case KVF_NCORE_FX_SEND_FAILED: {
             struct node_member *m = local_part(r, fx.rank, fx.sink);
@@ -679,11 +679,20 @@ bool node_find_peer(const struct kvf_node *n, const char *node_id, uint64_t inca
 
 /* The core gives slot `idx` to a new incarnation: the old one was fenced
  * and no room names it any more; its transport state goes. */
-static void node_peer_recycle(struct kvf_node *n, uint32_t idx)
+static void node_peer_recycle(struct kvf_node *n, uint32_t idx, bool fence)
 {
     struct node_peer *p = &n->peers[idx];
-    node_log("info", NULL, "peer slot %u: fenced %s incarnation %" PRIu64 " forgotten", idx,
-             p->node_id, p->incarnation);
+    if (fence && !p->fenced) {
+        /* No room talks to it; the transports forget only a fenced peer. */
+        int frc = node_xport_fence_peer(n, idx);
+        if (frc != 0)
+            node_log("warn", NULL, "peer slot %u: fencing %s incarnation %" PRIu64 ": %s", idx,
+                     p->node_id, p->incarnation, strerror(-frc));
+        if (n->peerch)
+            (void)kvf_peer_channel_forget_peer(n->peerch, p->node_id, p->incarnation);
+    }
+    node_log("info", NULL, "peer slot %u: %s %s incarnation %" PRIu64 " forgotten", idx,
+             fence ? "unreferenced" : "fenced", p->node_id, p->incarnation);
     int rc = kvf_transport_tcp_forget_peer(n->tcp, idx);
     if (rc != 0)
         node_log("warn", NULL, "peer slot %u: the transport kept the old peer: %s", idx,

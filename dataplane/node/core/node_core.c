@@ -452,11 +452,20 @@ int kvf_ncore_peer_get(struct kvf_ncore *c, const char *node_id, uint64_t incarn
     for (uint32_t i = 0; i < c->opts.max_peers && pick == UINT32_MAX; i++)
         if (c->peers[i].fenced && c->peers[i].refs == 0)
             pick = i;
+    for (uint32_t i = 0; i < c->opts.max_peers && pick == UINT32_MAX; i++)
+        if (c->peers[i].refs == 0 && c->peers[i].incarnation < incarnation &&
+            strcmp(c->peers[i].node_id, node_id) == 0)
+            pick = i;
+    for (uint32_t i = 0; i < c->opts.max_peers && pick == UINT32_MAX; i++)
+        if (c->peers[i].refs == 0)
+            pick = i;
     if (pick == UINT32_MAX)
         return refuse(c, -E2BIG, "%s", "every peer slot holds a live or referenced incarnation");
     struct ncore_peer *p = &c->peers[pick];
     if (p->used) {
-        fx_push(c, KVF_NCORE_FX_PEER_RECYCLE, NULL)->peer = pick;
+        struct kvf_ncore_fx *fx = fx_push(c, KVF_NCORE_FX_PEER_RECYCLE, NULL);
+        fx->peer = pick;
+        fx->fence = !p->fenced;
         c->peers_recycled++;
     }
     memset(p, 0, sizeof *p);

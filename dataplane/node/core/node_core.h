@@ -88,6 +88,7 @@ struct kvf_ncore_fx {
     uint32_t rank;
     bool sink; /* SEND_COMPLETED: the role */
     uint32_t peer;
+    bool fence;       /* PEER_RECYCLE: the old incarnation was never fenced here: fence it first */
     char reason[128]; /* SEND_FAILED */
 };
 
@@ -238,11 +239,14 @@ int kvf_ncore_peer_find(const struct kvf_ncore *c, const char *node_id, uint64_t
                         uint32_t *idx_p);
 
 /* The slot of (node_id, incarnation), taken if new: a free slot, else the
- * lowest slot of a fenced incarnation that no room references
- * (PEER_RECYCLE is emitted for it first: the caller drops the old peer's
- * transport state before it uses the slot). *fresh_p (may be NULL): the
- * slot is new to this incarnation. -EINVAL for an empty or overlong id,
- * -E2BIG when every slot is live or referenced. */
+ * lowest slot that no room references: first one of a fenced incarnation,
+ * then one of an older incarnation of the same node (it restarted or fenced
+ * itself; no room will name it again), then any (a peer no live room talks
+ * to; it gets a slot again when a room names it). PEER_RECYCLE is emitted
+ * for it first: the caller drops the old peer's transport state before it
+ * uses the slot, and fences it first when fx.fence says it was not fenced. *fresh_p (may be NULL):
+ * the slot is new to this incarnation. -EINVAL for an empty or overlong id, -E2BIG when every slot
+ * is live or referenced. */
 int kvf_ncore_peer_get(struct kvf_ncore *c, const char *node_id, uint64_t incarnation,
                        uint32_t *idx_p, bool *fresh_p);
 

@@ -258,6 +258,48 @@ static void test_peer_slots_recycle_fenced_unreferenced(void **state)
     kvf_ncore_destroy(c);
 }
 
+/* A peer that restarts or fences itself is never fenced here (no FencePeer
+ * names it when no live room shares it), and a peer no room talks to any
+ * more needs no slot: unreferenced slots are recycled too, an older
+ * incarnation of the same node first, and the caller is told to fence them
+ * before it forgets them. */
+static void test_peer_slots_recycle_unfenced_unreferenced(void **state)
+{
+    (void)state;
+    struct kvf_ncore *c = core_new(8, 3);
+    uint32_t idx, held, other;
+    struct kvf_ncore_fx f;
+    assert_int_equal(kvf_ncore_peer_get(c, "live", 1, &held, NULL), 0);
+    kvf_ncore_peer_ref(c, held);
+    assert_int_equal(kvf_ncore_peer_get(c, "n3", 1, &other, NULL), 0);
+    /* 100 restarts of n2, none fenced here, in the one slot left over. */
+    uint32_t n2_slot = UINT32_MAX;
+    for (uint64_t inc = 1; inc <= 100; inc++) {
+        assert_int_equal(kvf_ncore_peer_get(c, "n2", inc, &idx, NULL), 0);
+        if (inc > 1) {
+            f = expect_fx(c, KVF_NCORE_FX_PEER_RECYCLE);
+            assert_int_equal(f.peer, idx);
+            assert_true(f.fence);
+            assert_int_equal(idx, n2_slot); /* its own old slot, not n3's */
+        }
+        expect_no_fx(c);
+        n2_slot = idx;
+    }
+    assert_int_equal(kvf_ncore_peer_find(c, "n3", 1, &idx), 0);
+    /* A new peer takes an unreferenced slot (n3: no room names it). */
+    kvf_ncore_peer_ref(c, n2_slot);
+    assert_int_equal(kvf_ncore_peer_get(c, "n4", 1, &idx, NULL), 0);
+    assert_int_equal(idx, other);
+    f = expect_fx(c, KVF_NCORE_FX_PEER_RECYCLE);
+    assert_true(f.fence);
+    expect_no_fx(c);
+    /* Every slot referenced: refused, nothing recycled. */
+    kvf_ncore_peer_ref(c, idx);
+    assert_int_equal(kvf_ncore_peer_get(c, "n5", 1, &idx, NULL), -E2BIG);
+    expect_no_fx(c);
+    kvf_ncore_destroy(c);
+}
+
 static void test_effect_queue_grows(void **state)
 {
     (void)state;
@@ -393,6 +435,7 @@ int main(void)
         cmocka_unit_test(test_sink_ready_rule),
         cmocka_unit_test(test_retention_is_bounded_oldest_first),
         cmocka_unit_test(test_peer_slots_recycle_fenced_unreferenced),
+        cmocka_unit_test(test_peer_slots_recycle_unfenced_unreferenced),
         cmocka_unit_test(test_effect_queue_grows),
         cmocka_unit_test(test_chunk_rules),
         cmocka_unit_test(test_held_room_is_not_forgotten),
