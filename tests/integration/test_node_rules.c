@@ -222,6 +222,53 @@ static void test_extended_sink_pages_reach_source_after_sink(void **state)
     nh_check_pool(&f->p2, nh_canary2, 16, 8, nh_canary1, 0, "sink pool");
 }
 
+/* The source's node may learn the sink's lease (the sink's node acknowledged
+ * it) before the sink's node learns the source's members (the control plane
+ * publishes those after the source's node acknowledged). A frame that arrives
+ * in between comes from a node the room introduced and lands. n1 holds its
+ * updates until n2 applied its own, then n2 holds the update that would name
+ * n1's source while n1's frame arrives. Before: n2 dropped the frame
+ * silently (not from a known source) and the room stayed ACTIVE. */
+static void test_frame_before_source_is_published_lands(void **state)
+{
+    struct fx *f = *state;
+    const char *args[] = {"--threads", "2", "--resend-ms", "200", NULL};
+    nh_control_start(&f->cp, &f->ch, args);
+    nh_tmpdir(f->dir, sizeof f->dir, "rules");
+    assert_int_equal(
+        nh_node_start(&f->n1, f->dir, "n1", "n1", f->cp.target, NULL, NH_LOG_FILE | NH_FAULT_FILE),
+        0);
+    assert_int_equal(
+        nh_node_start(&f->n2, f->dir, "n2", "n2", f->cp.target, NULL, NH_LOG_FILE | NH_FAULT_FILE),
+        0);
+    assert_int_equal(nh_pool_create(&f->p1, "rules", "n1", PAGE_SIZE, PAGE_COUNT, nh_canary1), 0);
+    assert_int_equal(nh_pool_create(&f->p2, "rules", "n2", PAGE_SIZE, PAGE_COUNT, nh_canary2), 0);
+    f->p1.pool_id = nh_register_pool(&f->n1, &f->p1);
+    f->p2.pool_id = nh_register_pool(&f->n2, &f->p2);
+
+    nh_set_faults(&f->n1, "hold_room_update=1\n", WAIT_MS);
+    kvf_room_key k = nh_join(f->ch, 704, 1, 1, "n1", 0, KVFENCE__V1__ROLE__ROLE_SOURCE,
+                             f->p1.pool_id, 0, 4, WAIT_MS, NULL);
+    (void)nh_join(f->ch, 704, 1, 1, "n2", 0, KVFENCE__V1__ROLE__ROLE_SINK, f->p2.pool_id, 16, 4,
+                  WAIT_MS, NULL);
+    nh_wait_room_state(f->ch, k, KVFENCE__V1__ROOM_STATE__ROOM_STATE_ACTIVE, WAIT_MS);
+    nh_wait_node_knows(&f->n2, k, f->p2.pool_id, "n2", f->p2.pool_id, 16, WAIT_MS);
+    /* n1 has not acknowledged yet, so n2's update naming n1's source comes
+     * only after n1 lets its updates through: n2 holds it. */
+    nh_set_faults(&f->n2, "hold_room_update=1\n", WAIT_MS);
+    nh_set_faults(&f->n1, "hold_room_update=0\n", WAIT_MS);
+    nh_wait_node_knows(&f->n1, k, f->p1.pool_id, "n2", f->p2.pool_id, 16, WAIT_MS);
+    nh_wait_log(&f->n2, "fault: holding a RoomUpdate", NULL, 1, WAIT_MS);
+    struct kvf_rpc_status st;
+    int code = submit(f, k, 0, 1, 0, 16, 4, 0, &st);
+    if (code != KVF_GRPC_OK)
+        fail_msg("SubmitChunk: %d %s", code, st.message);
+    nh_sleep_ms(300); /* the frame reaches n2 while it holds the update */
+    nh_set_faults(&f->n2, "hold_room_update=0\n", WAIT_MS);
+    nh_wait_room_state(f->ch, k, KVFENCE__V1__ROOM_STATE__ROOM_STATE_COMPLETED, WAIT_MS);
+    nh_check_pool(&f->p2, nh_canary2, 16, 4, nh_canary1, 0, "sink pool");
+}
+
 static void test_ended_rooms_are_freed_beyond_retention(void **state)
 {
     struct fx *f = *state;
@@ -353,6 +400,8 @@ int main(void)
         cmocka_unit_test_setup_teardown(test_chunk_for_new_pair_after_source_completed_fails_room,
                                         setup, teardown),
         cmocka_unit_test_setup_teardown(test_extended_sink_pages_reach_source_after_sink, setup,
+                                        teardown),
+        cmocka_unit_test_setup_teardown(test_frame_before_source_is_published_lands, setup,
                                         teardown),
         cmocka_unit_test_setup_teardown(test_sink_waits_for_op_in_flight_into_its_pages, setup,
                                         teardown),
