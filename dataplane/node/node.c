@@ -447,7 +447,6 @@ static struct node_room *room_open(struct kvf_node *n, kvf_room_key key)
         free(r);
         return NULL;
     }
-    r->lt = r->core.lt;
     r->key = key;
     r->incarnation = n->incarnation;
     pthread_rwlock_wrlock(&n->rooms_lock);
@@ -538,15 +537,19 @@ void node_check_sink_complete(struct kvf_node *n, struct node_room *r, struct no
      * frames for this sink. The count is the room's (its TCP sends and
      * staging copies too): conservative, and every completion re-checks
      * (node_local_completion, on_frame). */
-    pthread_rwlock_wrlock(&n->rooms_lock);
     struct kvf_ncore_sink s = {
         .pages = m->pages,
         .pages_landed = m->pages_landed,
         .bytes_landed = m->bytes_landed,
         .status_bytes = m->status_bytes,
-        .rx_inflight = (uint32_t)(kvf_lt_inflight_kind(r->core.lt, KVF_LT_OP_TCP_FRAME) +
-                                  kvf_lt_inflight_kind(r->core.lt, KVF_LT_OP_CUDA_COPY)),
     };
+    /* Called for every landed frame: the lock is taken only once the pages
+     * and the statuses say yes (they change on this thread only). */
+    if (!kvf_ncore_sink_ready(&s))
+        return;
+    pthread_rwlock_wrlock(&n->rooms_lock);
+    s.rx_inflight = (uint32_t)(kvf_lt_inflight_kind(r->core.lt, KVF_LT_OP_TCP_FRAME) +
+                               kvf_lt_inflight_kind(r->core.lt, KVF_LT_OP_CUDA_COPY));
     bool ready = kvf_ncore_sink_ready(&s);
     if (ready)
         m->rx_closed = true;

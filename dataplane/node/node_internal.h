@@ -144,7 +144,6 @@ struct node_room {
      * Drained went out. Written by the core only; the owner reads it (and
      * receivers read core.lt under rooms_lock). */
     struct kvf_ncore_room core;
-    struct kvf_lt *lt; /* core.lt, for the transport files (xport.c, rdma_link.c) */
     /* Replaced by the owner under rooms_lock (write); read by receivers. */
     struct node_member *members;
     size_t nmembers;

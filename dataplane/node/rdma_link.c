@@ -923,7 +923,7 @@ static void pump_queue(struct kvf_node *n, struct squeue *sq)
         unsigned k = 0;
         int arc = 0;
         for (struct node_frame *f = f0; f && f->chunk == ch && k < room; f = f->pnext) {
-            arc = kvf_lt_admit(r->lt, &f->x.op, KVF_LT_OP_RDMA_WR, peer);
+            arc = kvf_lt_admit(r->core.lt, &f->x.op, KVF_LT_OP_RDMA_WR, peer);
             if (arc != 0)
                 break;
             xs[k++] = &f->x;

@@ -313,7 +313,7 @@ static void pump(struct kvf_node *n)
         struct node_frame *f = xp->pend_head;
         struct node_room *r = f->chunk->room;
         struct kvf_staging_buf *buf;
-        int rc = kvf_staging_ring_acquire(xp->ring, r->lt, f->x.peer, &buf);
+        int rc = kvf_staging_ring_acquire(xp->ring, r->core.lt, f->x.peer, &buf);
         if (rc == -EAGAIN)
             return; /* every buffer is owned: wait for a completion */
         xp->pend_head = f->pnext;
@@ -332,7 +332,7 @@ static void pump(struct kvf_node *n)
         f->copy.len = f->x.len;
         f->copy.buf = buf;
         f->copy.user = f;
-        rc = kvf_lt_admit(r->lt, &f->copy.op, KVF_LT_OP_CUDA_COPY, f->x.peer);
+        rc = kvf_lt_admit(r->core.lt, &f->copy.op, KVF_LT_OP_CUDA_COPY, f->x.peer);
         if (rc == 0) {
             rc = kvf_staging_copy_async(xp->eng, &f->copy);
             if (rc != 0 && kvf_lt_op_cancel(&f->copy.op))
@@ -374,7 +374,7 @@ static void copy_done(struct kvf_node *n, struct kvf_stage_copy *c)
     int rc = c->status;
     if (rc == 0) {
         f->x.src = f->buf->data;
-        rc = kvf_lt_admit(r->lt, &f->x.op, f->kind, f->x.peer);
+        rc = kvf_lt_admit(r->core.lt, &f->x.op, f->kind, f->x.peer);
         if (rc == 0) {
             rc = kvf_transport_post_write(f->t, &f->x);
             if (rc != 0 && kvf_lt_op_cancel(&f->x.op))

@@ -67,7 +67,6 @@ static struct node_room *add_room(struct kvf_node *n, uint64_t room_id, uint64_t
     r->key = (kvf_room_key){room_id, 1};
     r->incarnation = inc;
     assert_int_equal(kvf_ncore_room_open(n->core, &r->core, r->key, r), 0);
-    r->lt = r->core.lt;
     r->next = n->rooms;
     n->rooms = r;
     return r;
@@ -81,7 +80,7 @@ static void close_room(struct kvf_node *n, struct node_room *r, bool aborted)
         kvf_ncore_room_abort(n->core, &r->core, (kvf_token){r->key.room_id, ~r->key.room_id}, 0);
     else
         kvf_ncore_room_end(n->core, &r->core);
-    assert_int_equal(kvf_lt_state(r->lt), KVF_LT_DRAINED);
+    assert_int_equal(kvf_lt_state(r->core.lt), KVF_LT_DRAINED);
     struct kvf_ncore_fx fx;
     while (kvf_ncore_fx_take(n->core, &fx))
         ;
