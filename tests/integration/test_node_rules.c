@@ -69,13 +69,14 @@ static int teardown(void **state)
     return rc;
 }
 
-static void fx_start_with(struct fx *f, const char *const *extra)
+/* Control plane, n1 (`n1_flags`: with NH_FAULT_FILE when the test needs
+ * it) and n2 (with a fault file), a registered pool on each. */
+static void fx_start_flags(struct fx *f, const char *const *extra, unsigned n1_flags)
 {
     const char *args[] = {"--threads", "2", "--resend-ms", "200", NULL};
     nh_control_start(&f->cp, &f->ch, args);
     nh_tmpdir(f->dir, sizeof f->dir, "rules");
-    assert_int_equal(nh_node_start(&f->n1, f->dir, "n1", "n1", f->cp.target, extra, NH_LOG_FILE),
-                     0);
+    assert_int_equal(nh_node_start(&f->n1, f->dir, "n1", "n1", f->cp.target, extra, n1_flags), 0);
     assert_int_equal(
         nh_node_start(&f->n2, f->dir, "n2", "n2", f->cp.target, extra, NH_LOG_FILE | NH_FAULT_FILE),
         0);
@@ -83,6 +84,11 @@ static void fx_start_with(struct fx *f, const char *const *extra)
     assert_int_equal(nh_pool_create(&f->p2, "rules", "n2", PAGE_SIZE, PAGE_COUNT, nh_canary2), 0);
     f->p1.pool_id = nh_register_pool(&f->n1, &f->p1);
     f->p2.pool_id = nh_register_pool(&f->n2, &f->p2);
+}
+
+static void fx_start_with(struct fx *f, const char *const *extra)
+{
+    fx_start_flags(f, extra, NH_LOG_FILE);
 }
 
 static void fx_start(struct fx *f)
@@ -232,19 +238,7 @@ static void test_extended_sink_pages_reach_source_after_sink(void **state)
 static void test_frame_before_source_is_published_lands(void **state)
 {
     struct fx *f = *state;
-    const char *args[] = {"--threads", "2", "--resend-ms", "200", NULL};
-    nh_control_start(&f->cp, &f->ch, args);
-    nh_tmpdir(f->dir, sizeof f->dir, "rules");
-    assert_int_equal(
-        nh_node_start(&f->n1, f->dir, "n1", "n1", f->cp.target, NULL, NH_LOG_FILE | NH_FAULT_FILE),
-        0);
-    assert_int_equal(
-        nh_node_start(&f->n2, f->dir, "n2", "n2", f->cp.target, NULL, NH_LOG_FILE | NH_FAULT_FILE),
-        0);
-    assert_int_equal(nh_pool_create(&f->p1, "rules", "n1", PAGE_SIZE, PAGE_COUNT, nh_canary1), 0);
-    assert_int_equal(nh_pool_create(&f->p2, "rules", "n2", PAGE_SIZE, PAGE_COUNT, nh_canary2), 0);
-    f->p1.pool_id = nh_register_pool(&f->n1, &f->p1);
-    f->p2.pool_id = nh_register_pool(&f->n2, &f->p2);
+    fx_start_flags(f, NULL, NH_LOG_FILE | NH_FAULT_FILE);
 
     nh_set_faults(&f->n1, "hold_room_update=1\n", WAIT_MS);
     kvf_room_key k = nh_join(f->ch, 704, 1, 1, "n1", 0, KVFENCE__V1__ROLE__ROLE_SOURCE,
