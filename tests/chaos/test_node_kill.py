@@ -225,6 +225,35 @@ def _lease(info, nid):
     return [p.lease for p in info.participants if p.participant.node_id == nid][0]
 
 
+def submit_until_hit(cl, rng, room, src, snk, sink_node, sink_rank):
+    """Streams every chunk of the room from n1's source rank 0 to the sink on
+    a thread; returns once 1 to 8 of them were admitted (the moment a test
+    hits the node): the list of their answers, the thread, the stream and
+    how many were admitted before the hit."""
+    admitted = []
+    hit_after = rng.randint(1, 8)
+    hit = threading.Event()
+    reqs = (ChunkRequest(room, seq, 0, src.pool_id, [(j, CHUNK)], sink_node, sink_rank,
+                         snk.pool_id, [(SINK_FIRST + j, CHUNK)], last_chunk=False)
+            for seq, j in enumerate(range(0, PAGES - CHUNK, CHUNK), start=1))
+    stream = cl.node("n1").submit_chunks(reqs, window=16)
+
+    def submit():
+        try:
+            for r in stream:
+                admitted.append(r.ok)
+                if len(admitted) == hit_after:
+                    hit.set()
+        except kvfence.KvfenceError:
+            pass
+        hit.set()
+
+    submitter = threading.Thread(target=submit, daemon=True)
+    submitter.start()
+    assert hit.wait(WAIT_S), "no chunk admitted"
+    return admitted, submitter, stream, hit_after
+
+
 def _run_round(cl, room_id, victim, sig, rng):
     """One transfer with `victim` hit by `sig` mid-way, then the proof from
     its host (SIGKILL: a restarted node; SIGSTOP: SIGCONT). Returns the
@@ -282,27 +311,7 @@ def _run_round(cl, room_id, victim, sig, rng):
         while "fault: config loaded" not in cl.procs["n1"].log():
             assert time.monotonic() < deadline, cl.procs["n1"].log()[-2000:]
             time.sleep(0.01)
-    admitted = []
-    hit_after = rng.randint(1, 8)
-    hit = threading.Event()
-    reqs = (ChunkRequest(a.room, seq, 0, src.pool_id, [(j, CHUNK)], "n2", 0, snk.pool_id,
-                         [(SINK_FIRST + j, CHUNK)], last_chunk=False)
-            for seq, j in enumerate(range(0, PAGES - CHUNK, CHUNK), start=1))
-    stream = cl.node("n1").submit_chunks(reqs, window=16)
-
-    def submit():
-        try:
-            for r in stream:
-                admitted.append(r.ok)
-                if len(admitted) == hit_after:
-                    hit.set()
-        except kvfence.KvfenceError:
-            pass
-        hit.set()
-
-    submitter = threading.Thread(target=submit, daemon=True)
-    submitter.start()
-    assert hit.wait(WAIT_S), "no chunk admitted"
+    admitted, submitter, stream, hit_after = submit_until_hit(cl, rng, a.room, src, snk, "n2", 0)
     t_hit = time.monotonic()
     cl.procs[victim].kill(sig)
     if sig == signal.SIGSTOP:
@@ -493,27 +502,7 @@ def _run_same_host(cl, room_id, rng):
     with open(cl.hold_file, "w", encoding="ascii"):
         pass
     queued_file = cl.hold_file + ".queued"
-    admitted = []
-    hit_after = rng.randint(1, 8)
-    hit = threading.Event()
-    reqs = (ChunkRequest(a.room, seq, 0, src.pool_id, [(j, CHUNK)], "n1", 1, snk.pool_id,
-                         [(SINK_FIRST + j, CHUNK)], last_chunk=False)
-            for seq, j in enumerate(range(0, PAGES - CHUNK, CHUNK), start=1))
-    stream = cl.node("n1").submit_chunks(reqs, window=16)
-
-    def submit():
-        try:
-            for r in stream:
-                admitted.append(r.ok)
-                if len(admitted) == hit_after:
-                    hit.set()
-        except kvfence.KvfenceError:
-            pass
-        hit.set()
-
-    submitter = threading.Thread(target=submit, daemon=True)
-    submitter.start()
-    assert hit.wait(WAIT_S), "no chunk admitted"
+    admitted, submitter, stream, hit_after = submit_until_hit(cl, rng, a.room, src, snk, "n1", 1)
     deadline = time.monotonic() + WAIT_S
     queued = 0
     while queued < 1:
