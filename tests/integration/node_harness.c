@@ -609,6 +609,27 @@ void nh_abort_room(struct kvf_rpc_channel *ch, kvf_room_key k, const char *detai
         fail_msg("AbortRoom: %d %s", code, st.message);
 }
 
+void nh_extend_lease(struct kvf_rpc_channel *ch, kvf_room_key k, uint64_t lease_id, uint32_t first,
+                     uint32_t count)
+{
+    Kvfence__V1__RoomKey rk = KVFENCE__V1__ROOM_KEY__INIT;
+    rk.room_id = k.room_id;
+    rk.generation = k.generation;
+    Kvfence__V1__PageRange pr = KVFENCE__V1__PAGE_RANGE__INIT;
+    pr.first = first;
+    pr.count = count;
+    Kvfence__V1__PageRange *prs[1] = {&pr};
+    Kvfence__V1__ExtendLeaseRequest ex = KVFENCE__V1__EXTEND_LEASE_REQUEST__INIT;
+    ex.room = &rk;
+    ex.lease_id = lease_id;
+    ex.n_ranges = 1;
+    ex.ranges = prs;
+    struct kvf_rpc_status st;
+    int code = nh_call(ch, "/kvfence.v1.Control/ExtendLease", &ex.base, NULL, NULL, &st);
+    if (code != KVF_GRPC_OK)
+        fail_msg("ExtendLease: %d %s", code, st.message);
+}
+
 int nh_submit(struct kvf_rpc_channel *local, kvf_room_key k, const struct nh_chunk *c,
               struct kvf_rpc_status *st)
 {

@@ -214,6 +214,11 @@ int nh_wait_room_state(struct kvf_rpc_channel *ch, kvf_room_key k, Kvfence__V1__
 /* Control.AbortRoom with `detail`; fails the test unless OK. */
 void nh_abort_room(struct kvf_rpc_channel *ch, kvf_room_key k, const char *detail);
 
+/* Control.ExtendLease of `lease_id` in `k` by pages [first, first + count);
+ * fails the test unless OK. */
+void nh_extend_lease(struct kvf_rpc_channel *ch, kvf_room_key k, uint64_t lease_id, uint32_t first,
+                     uint32_t count);
+
 /* One NodeLocal.SubmitChunk: `n` (1..4) ranges, source pages [sfirst[i],
  * +count[i]) -> sink pages [dfirst[i], +count[i]). */
 struct nh_chunk {

@@ -191,21 +191,8 @@ static void test_extended_sink_pages_reach_source_after_sink(void **state)
     nh_wait_node_knows(&f->n2, k, f->p2.pool_id, "n2", f->p2.pool_id, 16, WAIT_MS);
 
     nh_set_faults(&f->n2, "hold_room_update=1\n", WAIT_MS);
-    Kvfence__V1__RoomKey rk = KVFENCE__V1__ROOM_KEY__INIT;
-    rk.room_id = k.room_id;
-    rk.generation = k.generation;
-    Kvfence__V1__PageRange pr = KVFENCE__V1__PAGE_RANGE__INIT;
-    pr.first = 20;
-    pr.count = 4;
-    Kvfence__V1__PageRange *prs[1] = {&pr};
-    Kvfence__V1__ExtendLeaseRequest ex = KVFENCE__V1__EXTEND_LEASE_REQUEST__INIT;
-    ex.room = &rk;
-    ex.lease_id = sink_lease;
-    ex.n_ranges = 1;
-    ex.ranges = prs;
+    nh_extend_lease(f->ch, k, sink_lease, 20, 4);
     struct kvf_rpc_status st;
-    assert_int_equal(nh_call(f->ch, "/kvfence.v1.Control/ExtendLease", &ex.base, NULL, NULL, &st),
-                     KVF_GRPC_OK);
     nh_wait_log(&f->n2, "fault: holding a RoomUpdate", NULL, 1, WAIT_MS);
 
     /* However long n2 holds, n1 does not know pages 20..23. */

@@ -823,20 +823,7 @@ static void test_extended_lease_version_unavailable_then_ok(void **state)
     assert_int_equal(code, KVF_GRPC_UNAVAILABLE);
     assert_non_null(strstr(st.message, "source_lease_pages"));
     /* Extend to 8 pages and submit the new pages at once with the version. */
-    Kvfence__V1__RoomKey rk = KVFENCE__V1__ROOM_KEY__INIT;
-    rk.room_id = k.room_id;
-    rk.generation = k.generation;
-    Kvfence__V1__PageRange pr = KVFENCE__V1__PAGE_RANGE__INIT;
-    pr.first = 4;
-    pr.count = 4;
-    Kvfence__V1__PageRange *prs[1] = {&pr};
-    Kvfence__V1__ExtendLeaseRequest ex = KVFENCE__V1__EXTEND_LEASE_REQUEST__INIT;
-    ex.room = &rk;
-    ex.lease_id = lease;
-    ex.n_ranges = 1;
-    ex.ranges = prs;
-    assert_int_equal(nh_call(f->ch, "/kvfence.v1.Control/ExtendLease", &ex.base, NULL, NULL, &st),
-                     KVF_GRPC_OK);
+    nh_extend_lease(f->ch, k, lease, 4, 4);
     int64_t end = nh_now_ms() + WAIT_MS;
     int unavailable = 0;
     while ((code = submit_v(f, &f->n1, k, 0, 1, 0, 16, 8, true, 8, &st)) == KVF_GRPC_UNAVAILABLE &&
