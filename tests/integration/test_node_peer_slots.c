@@ -43,6 +43,7 @@ struct fx {
     struct nh_node n1;
     struct nh_pool p1;
     struct fake_node *n2;
+    struct fake_node *peers[INCARNATIONS]; /* test_unreferenced_peers_are_recycled */
 };
 
 static int setup(void **state)
@@ -53,7 +54,11 @@ static int setup(void **state)
 static int teardown(void **state)
 {
     struct fx *f = *state;
-    fake_node_vanish(f->n2);
+    if (f->n2)
+        fake_node_vanish(f->n2);
+    for (unsigned i = 0; i < INCARNATIONS; i++)
+        if (f->peers[i])
+            fake_node_vanish(f->peers[i]);
     struct nh_node *nodes[] = {&f->n1};
     struct nh_pool *pools[] = {&f->p1};
     int rc = nh_teardown(&f->cp, f->ch, nodes, 1, 20000, pools, 1, f->dir);
@@ -66,12 +71,13 @@ static int teardown(void **state)
  * acknowledges an update when it reads it: read n2's stream until n1's
  * probe says it knows the sink (nh_wait_node_knows: FAILED_PRECONDITION for
  * a source rank in no lease, UNAVAILABLE before). */
-static void n1_learns_n2_sink(struct fx *f, kvf_room_key k, uint32_t page)
+static void n1_learns_sink(struct fx *f, struct fake_node *sink, const char *sink_id,
+                           kvf_room_key k, uint32_t page)
 {
     struct nh_chunk probe = {.source_rank = 99,
                              .seq = 1,
                              .source_pool = f->p1.pool_id,
-                             .sink_node = "n2",
+                             .sink_node = sink_id,
                              .sink_pool = FAKE_NODE_POOL_ID,
                              .sfirst = {0},
                              .dfirst = {page},
@@ -83,9 +89,9 @@ static void n1_learns_n2_sink(struct fx *f, kvf_room_key k, uint32_t page)
         if (code == KVF_GRPC_FAILED_PRECONDITION)
             return;
         if (code != KVF_GRPC_UNAVAILABLE || nh_now_ms() > end)
-            fail_msg("n1 does not learn n2's sink: %d %s", code, st.message);
+            fail_msg("n1 does not learn %s's sink: %d %s", sink_id, code, st.message);
         Kvfence__V1__ControlMessage *m = NULL;
-        if (fake_node_recv(f->n2, 10, &m, &st) == 0)
+        if (fake_node_recv(sink, 10, &m, &st) == 0)
             kvfence__v1__control_message__free_unpacked(m, NULL);
     }
 }
@@ -122,7 +128,7 @@ static void test_fence_peer_never_runs_out_of_slots(void **state)
         uint32_t page = (uint32_t)inc;
         kvf_room_key k = nh_join_pair(f->ch, 1000 + inc, "n1", f->p1.pool_id, page, "n2",
                                       FAKE_NODE_POOL_ID, page, 1, WAIT_MS);
-        n1_learns_n2_sink(f, k, page);
+        n1_learns_sink(f, f->n2, "n2", k, page);
 
         /* n2 restarts: n2@inc is LOST, n1 must fence it. */
         fake_node_vanish(f->n2);
@@ -142,10 +148,43 @@ static void test_fence_peer_never_runs_out_of_slots(void **state)
     assert_int_equal(nh_log_count(&f->n1, "cannot fence peer", NULL), 0);
 }
 
+/* Peers that no live room names need no slot, fenced or not: 80 nodes
+ * (more than the 64 slots), each the sink of one room with n1 that is
+ * aborted at once; n1's lifetime drains (nothing in flight), so the room
+ * names its peer no more, while the control plane never asks n1 to fence
+ * anyone (every node stays attached; the rooms wait for the fakes' Drained).
+ * n1 must still learn every new peer. Before, only a fenced peer's slot was
+ * recycled: from the 65th node on n1 logged "cannot add peer" and never
+ * learned the sink. */
+static void test_unreferenced_peers_are_recycled(void **state)
+{
+    struct fx *f = *state;
+    const char *args[] = {"--threads", "2", "--resend-ms", "100", NULL};
+    nh_control_start(&f->cp, &f->ch, args);
+    nh_tmpdir(f->dir, sizeof f->dir, "slots");
+    assert_int_equal(nh_node_start(&f->n1, f->dir, "n1", "n1", f->cp.target, NULL, NH_LOG_FILE), 0);
+    assert_int_equal(nh_pool_create(&f->p1, "slots", "n1", PAGE_SIZE, PAGE_COUNT, nh_canary1), 0);
+    f->p1.pool_id = nh_register_pool(&f->n1, &f->p1);
+    for (unsigned i = 0; i < INCARNATIONS; i++) {
+        char id[16];
+        snprintf(id, sizeof id, "p%u", i);
+        f->peers[i] = fake_node_attach(f->ch, id, 1);
+        assert_non_null(f->peers[i]);
+        uint32_t page = i + 1;
+        kvf_room_key k = nh_join_pair(f->ch, 2000 + i, "n1", f->p1.pool_id, page, id,
+                                      FAKE_NODE_POOL_ID, page, 1, WAIT_MS);
+        n1_learns_sink(f, f->peers[i], id, k, page);
+        nh_abort_room(f->ch, k, "the next peer");
+    }
+    assert_int_equal(nh_log_count(&f->n1, "cannot add peer", NULL), 0);
+    assert_true(nh_log_count(&f->n1, "unreferenced", NULL) > 0);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test_setup_teardown(test_fence_peer_never_runs_out_of_slots, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_unreferenced_peers_are_recycled, setup, teardown),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
