@@ -892,6 +892,8 @@ static int chunk_req_make(struct chunk_req *cr, const struct kvf_chunk *chunk, c
     cr->req.last_chunk = chunk->last_chunk;
     cr->req.aux.data = (uint8_t *)chunk->aux;
     cr->req.aux.len = chunk->aux_len;
+    cr->req.source_lease_pages = chunk->source_lease_pages;
+    cr->req.sink_lease_pages = chunk->sink_lease_pages;
     return 0;
 }
 

@@ -409,6 +409,13 @@ static void test_chunk_complete_and_release(void **state)
 
     struct kvf_page_range s = {0, 8}, d = {16, 8};
     struct kvf_chunk c = chunk_of(f, src.room, 0, 1, &s, &d, true);
+    /* A sink lease version newer than the node's copy (as right after an
+     * ExtendLease): UNAVAILABLE naming the field, nothing admitted. */
+    c.sink_lease_pages = 9;
+    assert_int_equal(kvf_submit_chunk(f->n1.nc, &c, &st), -KVF_STATUS_UNAVAILABLE);
+    assert_non_null(strstr(st.message, "sink_lease_pages"));
+    c.sink_lease_pages = 8;
+    c.source_lease_pages = 8;
     int rc = kvf_submit_chunk(f->n1.nc, &c, &st);
     if (rc)
         fail_msg("kvf_submit_chunk: %s %s", kvf_status_name(rc), st.message);

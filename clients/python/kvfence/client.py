@@ -261,6 +261,11 @@ class Lease:
         """Every page index of the lease, in lease order."""
         return [p for r in self.ranges for p in r.pages]
 
+    def page_count(self) -> int:
+        """How many pages the lease holds: its version (a lease only grows),
+        for submit_chunk's source_lease_pages / sink_lease_pages."""
+        return sum(r.count for r in self.ranges)
+
     @classmethod
     def _from(cls, m: types_pb2.Lease) -> "Lease":
         return cls(m.lease_id, RoomKey._from(m.room), Participant._from(m.participant), m.pool_id,
@@ -421,6 +426,8 @@ class ChunkRequest:
     sink_ranges: RangesLike
     last_chunk: bool = False
     aux: bytes = b""
+    source_lease_pages: int = 0
+    sink_lease_pages: int = 0
 
     def _pb(self) -> node_pb2.SubmitChunkRequest:
         return node_pb2.SubmitChunkRequest(
@@ -428,7 +435,8 @@ class ChunkRequest:
             source_pool_id=self.source_pool_id, source_ranges=_ranges(self.source_ranges),
             sink_node_id=self.sink_node_id, sink_rank=self.sink_rank,
             sink_pool_id=self.sink_pool_id, sink_ranges=_ranges(self.sink_ranges),
-            last_chunk=self.last_chunk, aux=self.aux)
+            last_chunk=self.last_chunk, aux=self.aux,
+            source_lease_pages=self.source_lease_pages, sink_lease_pages=self.sink_lease_pages)
 
 
 _CODE_BY_NUMBER: Dict[int, grpc.StatusCode] = {c.value[0]: c for c in grpc.StatusCode}
@@ -1102,16 +1110,23 @@ class NodeClient(_Client):
                      source_pool_id: int, source_ranges: RangesLike, sink_node_id: str,
                      sink_rank: int, sink_pool_id: int, sink_ranges: RangesLike,
                      last_chunk: bool = False, aux: bytes = b"", timeout: Optional[float] = None,
-                     retry_unavailable_s: float = 0.0) -> int:
+                     retry_unavailable_s: float = 0.0, source_lease_pages: int = 0,
+                     sink_lease_pages: int = 0) -> int:
         """Submits one chunk (source pages on this node -> sink pages on
         `sink_node_id`); returns its chunk_seq once admitted (queued or
         posted, not done). retry_unavailable_s > 0 retries UNAVAILABLE (the
-        node has not yet received the room's update) for that long."""
+        node has not yet received the room's update) for that long.
+        source_lease_pages / sink_lease_pages: the page count of each lease
+        as the caller knows it (Lease.page_count() after extend_lease, 0:
+        not given). Name them after an extend_lease: this node learns the
+        extension only once the lease's own node acknowledged it, and until
+        then it answers UNAVAILABLE (retried) instead of FAILED_PRECONDITION."""
         req = node_pb2.SubmitChunkRequest(
             room=room._pb(), chunk_seq=chunk_seq, source_rank=source_rank,
             source_pool_id=source_pool_id, source_ranges=_ranges(source_ranges),
             sink_node_id=sink_node_id, sink_rank=sink_rank, sink_pool_id=sink_pool_id,
-            sink_ranges=_ranges(sink_ranges), last_chunk=last_chunk, aux=aux)
+            sink_ranges=_ranges(sink_ranges), last_chunk=last_chunk, aux=aux,
+            source_lease_pages=source_lease_pages, sink_lease_pages=sink_lease_pages)
         deadline = time.monotonic() + retry_unavailable_s
         while True:
             try:

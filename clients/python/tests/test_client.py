@@ -24,11 +24,41 @@ def join_pair(cl, ctl, room_id, src_ranges=((0, 8),), snk_ranges=((16, 8),)):
     return a, b
 
 
-def submit(cl, node, room, seq, src, dst, last):
+def submit(cl, node, room, seq, src, dst, last, retry_s=WAIT_S, **versions):
     return node.submit_chunk(room, seq, source_rank=0, source_pool_id=cl.pools["n1"].pool_id,
                              source_ranges=src, sink_node_id="n2", sink_rank=0,
                              sink_pool_id=cl.pools["n2"].pool_id, sink_ranges=dst,
-                             last_chunk=last, retry_unavailable_s=WAIT_S)
+                             last_chunk=last, retry_unavailable_s=retry_s, **versions)
+
+
+def test_extended_sink_pages_named_wait_for_the_sink_node(cluster):
+    """The sink's node holds its RoomUpdates (fault hold_room_update), so the
+    source's node does not know the extension yet: a chunk naming the sink
+    lease's new version is UNAVAILABLE, one naming none is refused; once the
+    update goes through, the named chunk is admitted and the room completes."""
+    ctl, n1 = cluster.control(), cluster.node("n1")
+    a, b = join_pair(cluster, ctl, 102, src_ranges=[(0, 8)], snk_ranges=[(16, 4)])
+    assert submit(cluster, n1, a.room, 1, [(0, 4)], [(16, 4)], False) == 1
+    cluster.set_faults("n2", "hold_room_update=1\n")
+    lb = ctl.extend_lease(b.room, b.lease_id, [(20, 4)])
+    assert lb.page_count() == 8
+    with pytest.raises(kvfence.errors.Unavailable, match="sink_lease_pages"):
+        submit(cluster, n1, a.room, 2, [(4, 4)], [(20, 4)], True, retry_s=0,
+               sink_lease_pages=lb.page_count())
+    with pytest.raises(kvfence.errors.FailedPrecondition, match="sink_ranges"):
+        submit(cluster, n1, a.room, 2, [(4, 4)], [(20, 4)], True, retry_s=0)
+    cluster.set_faults("n2", "hold_room_update=0\n")
+    assert submit(cluster, n1, a.room, 2, [(4, 4)], [(20, 4)], True,
+                  sink_lease_pages=lb.page_count()) == 2
+    assert ctl.complete_room(a.room, SRC) in (RoomState.ACTIVE, RoomState.COMPLETED)
+    released = ctl.wait_all_released([a.lease_id, b.lease_id], WAIT_S)
+    assert {l.state for l in released.values()} == {LeaseState.RELEASED}
+    assert admin_state(cluster, a.room) == RoomState.COMPLETED
+    assert bytes(cluster.pools["n2"].buf[16 * 4096:24 * 4096]) == canary(1, 0, 8)
+
+
+def admin_state(cluster, room):
+    return cluster.admin().room(room).state
 
 
 def test_join_extend_transfer_complete_release(cluster):
@@ -41,7 +71,10 @@ def test_join_extend_transfer_complete_release(cluster):
     lb = ctl.extend_lease(b.room, b.lease_id, [(20, 4)])
     assert lb.pages() == list(range(16, 24)) and lb.mode == kvfence.LeaseMode.WRITE
     assert submit(cluster, n1, a.room, 1, [(0, 4)], [(16, 4)], False) == 1
-    assert submit(cluster, n1, a.room, 2, [(4, 4)], [(20, 4)], True) == 2
+    # n1 learns the sink's new pages only once n2 acknowledged them: naming
+    # the versions makes a late update UNAVAILABLE (retried), not refused.
+    assert submit(cluster, n1, a.room, 2, [(4, 4)], [(20, 4)], True,
+                  source_lease_pages=la.page_count(), sink_lease_pages=lb.page_count()) == 2
     assert ctl.complete_room(a.room, SRC) in (RoomState.ACTIVE, RoomState.COMPLETED)
     released = ctl.wait_all_released([a.lease_id, b.lease_id], WAIT_S)
     assert {l.state for l in released.values()} == {LeaseState.RELEASED}

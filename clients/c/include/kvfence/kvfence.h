@@ -405,11 +405,18 @@ struct kvf_chunk {
     bool last_chunk;
     const void *aux; /* last chunk only, at most 1 MiB */
     size_t aux_len;
+    /* Optional lease versions (0: not given): the page count of the source
+     * and sink leases as the caller knows them, e.g. after kvf_extend_lease.
+     * A node learns an extension only once the lease's own node acknowledged
+     * it; naming the version turns that wait into UNAVAILABLE (retry). */
+    uint64_t source_lease_pages;
+    uint64_t sink_lease_pages;
 };
 
 /* Submits a chunk; returns once the node admitted it. UNAVAILABLE: the node
- * does not know the room yet (retry); FAILED_PRECONDITION: pages outside the
- * leases; ABORTED: the room is aborting. */
+ * does not know the room yet, or its copy of a lease is older than the
+ * version named (retry); FAILED_PRECONDITION: pages outside the leases;
+ * ABORTED: the room is aborting. */
 KVF_PUBLIC int kvf_submit_chunk(kvf_node_client *n, const struct kvf_chunk *chunk,
                                 struct kvf_status *st);
 
