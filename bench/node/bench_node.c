@@ -18,7 +18,9 @@
  *          itself (the leases hold one frame more than is sent);
  *   ops    chunks of one page each (one frame, one lifetime op per side)
  *          from T threads, a room each (same --submit mode); ops/s from the
- *          first submit until the last room is COMPLETED.
+ *          first submit until the last room is COMPLETED;
+ *   rss    (only with --only rss) N rooms of one page each, T threads with
+ *          rooms one after another; both nodes' RSS at every tenth.
  *
  * Honesty: every configuration checks the sink pool byte for byte against
  * the source (tput, ops) or frame by frame (abort: each frame landed whole or
@@ -28,7 +30,8 @@
  * named) on failure.
  *
  * Usage: bench_node [--mib N] [--reps R] [--abort-reps R] [--ops N]
- *                   [--threads T] [--rooms R] [--only tput|abort|ops]
+ *                   [--threads T] [--rooms R] [--only tput|abort|ops|rss]
+ *                   [--rss-rooms N]
  *                   [--submit stream|unary] [--window W<=64]
  *                   [--control BIN] [--node BIN]
  */
@@ -478,7 +481,7 @@ static bool g_synced;
 static atomic_bool g_stop;
 static struct kvf_rpc_client_stream *g_watch;
 static pthread_t g_watch_th;
-static uint64_t g_next_room = 1;
+static atomic_uint_fast64_t g_next_room = 1;
 
 static void *watch_main(void *arg)
 {
@@ -512,14 +515,14 @@ static void *watch_main(void *arg)
             g_synced = true;
         } else if (ev->event_case == KVFENCE__V1__LEASE_EVENT__EVENT_RELEASED) {
             const Kvfence__V1__Lease *l = ev->released;
-            if (l->room && l->room->room_id < MAX_ROOMS) {
-                g_rooms[l->room->room_id].releases++;
-                g_rooms[l->room->room_id].last_release_ns = t;
+            if (l->room) {
+                g_rooms[l->room->room_id % MAX_ROOMS].releases++;
+                g_rooms[l->room->room_id % MAX_ROOMS].last_release_ns = t;
             }
         } else if (ev->event_case == KVFENCE__V1__LEASE_EVENT__EVENT_ROOM_STATE) {
             const Kvfence__V1__RoomStateChange *rs = ev->room_state;
-            if (rs->room && rs->room->room_id < MAX_ROOMS) {
-                struct room_ev *re = &g_rooms[rs->room->room_id];
+            if (rs->room) {
+                struct room_ev *re = &g_rooms[rs->room->room_id % MAX_ROOMS];
                 if (rs->new_state == KVFENCE__V1__ROOM_STATE__ROOM_STATE_COMPLETED)
                     re->completed_ns = t;
                 else if (rs->new_state == KVFENCE__V1__ROOM_STATE__ROOM_STATE_ABORTED)
@@ -570,10 +573,11 @@ static struct room_ev wait_room(uint64_t id, bool (*pred)(const struct room_ev *
     struct timespec dl;
     clock_gettime(CLOCK_REALTIME, &dl);
     dl.tv_sec += ROOM_WAIT_MS / 1000;
+    struct room_ev *re = &g_rooms[id % MAX_ROOMS];
     pthread_mutex_lock(&g_wmu);
-    while (!pred(&g_rooms[id])) {
-        if (pthread_cond_timedwait(&g_wcv, &g_wmu, &dl) == ETIMEDOUT && !pred(&g_rooms[id])) {
-            struct room_ev e = g_rooms[id];
+    while (!pred(re)) {
+        if (pthread_cond_timedwait(&g_wcv, &g_wmu, &dl) == ETIMEDOUT && !pred(re)) {
+            struct room_ev e = *re;
             pthread_mutex_unlock(&g_wmu);
             die("room %" PRIu64 " not %s after %d ms (watch saw: completed %d, aborting %d, "
                 "aborted %d, %u leases released)",
@@ -581,7 +585,7 @@ static struct room_ev wait_room(uint64_t id, bool (*pred)(const struct room_ev *
                 e.releases);
         }
     }
-    struct room_ev e = g_rooms[id];
+    struct room_ev e = *re;
     pthread_mutex_unlock(&g_wmu);
     return e;
 }
@@ -605,9 +609,12 @@ static bool is_released(const struct room_ev *e)
  * sink on n2 (the same pages of pool 2), ACTIVE and known to both nodes. */
 static kvf_room_key room_open(uint32_t first, uint32_t count)
 {
-    uint64_t id = g_next_room++;
-    if (id >= MAX_ROOMS)
-        die("more than %d rooms in one run", MAX_ROOMS - 1);
+    /* Room events live in a ring of MAX_ROOMS slots: far more than rooms in
+     * flight at once (one per thread), so a slot is free when reused. */
+    uint64_t id = atomic_fetch_add(&g_next_room, 1);
+    pthread_mutex_lock(&g_wmu);
+    g_rooms[id % MAX_ROOMS] = (struct room_ev){0};
+    pthread_mutex_unlock(&g_wmu);
     struct joined a = join(id, "n1", KVFENCE__V1__ROLE__ROLE_SOURCE, g_p1.pool_id, first, count);
     struct joined b = join(id, "n2", KVFENCE__V1__ROLE__ROLE_SINK, g_p2.pool_id, first, count);
     if (a.key.generation != b.key.generation ||
@@ -987,6 +994,94 @@ static void bench_ops(uint32_t ops, int max_threads, int reps)
     }
 }
 
+/* ---- 4: memory over many rooms ---------------------------------------------------- */
+
+/* VmRSS of a process in KiB, from /proc; -1 when unreadable. */
+static long rss_kib(pid_t pid)
+{
+    char path[64], line[256];
+    snprintf(path, sizeof path, "/proc/%d/status", (int)pid);
+    FILE *f = fopen(path, "r");
+    if (!f)
+        return -1;
+    long kib = -1;
+    while (fgets(line, sizeof line, f))
+        if (sscanf(line, "VmRSS: %ld kB", &kib) == 1)
+            break;
+    fclose(f);
+    return kib;
+}
+
+struct rss_thread {
+    pthread_t th;
+    uint32_t page; /* this thread's page in both pools */
+    uint64_t rooms;
+};
+
+static atomic_uint_fast64_t g_rooms_done;
+
+/* Rooms one after another on one page: open (both nodes know it), one
+ * chunk of one page with last_chunk, COMPLETED, both leases RELEASED (only
+ * then may the next room lease the page), the sink page checked. */
+static void *rss_main(void *arg)
+{
+    struct rss_thread *o = arg;
+    for (uint64_t i = 0; i < o->rooms && !atomic_load(&g_failed); i++) {
+        kvf_room_key k = room_open(o->page, 1);
+        fill(g_p1.mem + (size_t)o->page * PAGE, PAGE, k.room_id);
+        struct kvf_rpc_status st;
+        int code = submit(&g_n1, k, 0, 1, o->page, o->page, 1, true, &st);
+        if (code != KVF_GRPC_OK)
+            die("SubmitChunk of room %" PRIu64 ": %s: %s", k.room_id, kvf_grpc_code_name(code),
+                st.message);
+        (void)wait_room(k.room_id, is_completed, "COMPLETED");
+        (void)wait_room(k.room_id, is_released, "RELEASED");
+        check_same((size_t)o->page * PAGE, PAGE, "rss run");
+        atomic_fetch_add(&g_rooms_done, 1);
+    }
+    return NULL;
+}
+
+/* Node memory over `total` rooms from `nt` threads: both nodes' RSS at every
+ * tenth of the run. The node keeps terminal rooms for a bounded count
+ * (--retain-rooms) and frees them, so after the warm-up RSS must stay flat. */
+static void bench_rss(uint64_t total, int nt)
+{
+    printf("\n[4] node RSS over %" PRIu64 " rooms (1 page each, %d threads, rooms one after "
+           "another per thread)\n",
+           total, nt);
+    printf("%10s %10s %12s %12s %10s\n", "rooms", "seconds", "n1 RSS MiB", "n2 RSS MiB", "rooms/s");
+    struct rss_thread th[MAX_THREADS];
+    uint64_t t0 = now_ns();
+    printf("%10d %10.1f %12.1f %12.1f %10s\n", 0, 0.0, rss_kib(g_n1.pid) / 1024.0,
+           rss_kib(g_n2.pid) / 1024.0, "-");
+    for (int t = 0; t < nt; t++) {
+        th[t] = (struct rss_thread){.page = (uint32_t)t,
+                                    .rooms = total / (uint64_t)nt +
+                                             ((uint64_t)t < total % (uint64_t)nt ? 1 : 0)};
+        if (pthread_create(&th[t].th, NULL, rss_main, &th[t]) != 0)
+            die("pthread_create failed");
+    }
+    uint64_t step = total / 10 ? total / 10 : 1, next = step, last_n = 0, last_t = t0;
+    while (next <= total) {
+        uint64_t done = atomic_load(&g_rooms_done);
+        if (done < next) {
+            sleep_ms(20);
+            continue;
+        }
+        uint64_t t = now_ns();
+        printf("%10" PRIu64 " %10.1f %12.1f %12.1f %10.0f\n", done, (double)(t - t0) / 1e9,
+               rss_kib(g_n1.pid) / 1024.0, rss_kib(g_n2.pid) / 1024.0,
+               (double)(done - last_n) / ((double)(t - last_t) / 1e9));
+        fflush(stdout);
+        last_n = done;
+        last_t = t;
+        next += step;
+    }
+    for (int t = 0; t < nt; t++)
+        pthread_join(th[t].th, NULL);
+}
+
 /* Latency floors of one SubmitChunk call (1 thread): refused by n1's gRPC
  * handler itself (chunk_seq 0: INVALID_ARGUMENT, no owner thread), and
  * refused by the owner thread after the room lookup (a source rank with no
@@ -1038,6 +1133,7 @@ int main(int argc, char **argv)
     size_t mib = 256;
     int reps = 5, abort_reps = 50, max_threads = 4, tput_rooms = 1;
     uint32_t ops = 20000;
+    uint64_t rss_rooms = 100000;
     const char *only = NULL;
     for (int i = 1; i < argc; i += 2) { /* "--name value" pairs */
         const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
@@ -1053,6 +1149,8 @@ int main(int argc, char **argv)
             ops = (uint32_t)strtoul(v, NULL, 10);
         else if (strcmp(a, "--rooms") == 0)
             tput_rooms = atoi(v);
+        else if (strcmp(a, "--rss-rooms") == 0)
+            rss_rooms = strtoull(v, NULL, 10);
         else if (strcmp(a, "--threads") == 0)
             max_threads = atoi(v);
         else if (strcmp(a, "--only") == 0)
@@ -1070,8 +1168,8 @@ int main(int argc, char **argv)
             goto usage;
     }
     if (mib == 0 || reps <= 0 || reps > 64 || abort_reps <= 0 || ops == 0 || max_threads <= 0 ||
-        max_threads > MAX_THREADS || tput_rooms <= 0 || tput_rooms > MAX_THREADS || g_window <= 0 ||
-        g_window > 64)
+        rss_rooms == 0 || max_threads > MAX_THREADS || tput_rooms <= 0 ||
+        tput_rooms > MAX_THREADS || g_window <= 0 || g_window > 64)
         goto usage;
     signal(SIGPIPE, SIG_IGN);
 
@@ -1118,6 +1216,8 @@ int main(int argc, char **argv)
         bench_ops(ops, max_threads, reps);
         bench_call_floor(2000);
     }
+    if (only && strcmp(only, "rss") == 0) /* long: only when asked for */
+        bench_rss(rss_rooms, max_threads);
 
     /* Teardown: the daemons must stop cleanly (exit 0 on SIGTERM). */
     atomic_store(&g_stop, true);
@@ -1141,9 +1241,9 @@ int main(int argc, char **argv)
     return 0;
 
 usage:
-    fprintf(stderr,
-            "usage: bench_node [--mib N<=256] [--reps R<=64] [--abort-reps R] [--ops N] "
-            "[--threads T<=16] [--rooms R<=16] [--only tput|abort|ops] [--submit stream|unary] "
-            "[--window W<=64] [--control BIN] [--node BIN]\n");
+    fprintf(stderr, "usage: bench_node [--mib N<=256] [--reps R<=64] [--abort-reps R] [--ops N] "
+                    "[--threads T<=16] [--rooms R<=16] [--only tput|abort|ops|rss] [--rss-rooms N] "
+                    "[--submit stream|unary] "
+                    "[--window W<=64] [--control BIN] [--node BIN]\n");
     return 2;
 }
