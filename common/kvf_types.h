@@ -18,6 +18,10 @@
 /* Largest room id the router may mint (63 bits). */
 #define KVF_ROOM_ID_MAX ((uint64_t)INT64_MAX)
 
+/* Longest node id, in bytes (ids are 1..KVF_NODE_ID_MAX bytes): one limit for
+ * the control plane's state, its service and certificate checks, and the node. */
+#define KVF_NODE_ID_MAX 128
+
 /* One room-generation. Generation 0 is never minted: it means "unknown". */
 typedef struct kvf_room_key {
     uint64_t room_id;

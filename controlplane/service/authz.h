@@ -28,6 +28,7 @@
 
 #include <stdbool.h>
 
+#include "kvf_types.h"
 #include "rpc_server.h"
 
 enum kvf_authz_role {
@@ -43,7 +44,7 @@ struct kvf_authz_opts {
     const char *admin_names;   /* comma-separated; NULL: "spiffe://kvfence/admin" */
 };
 
-#define KVF_AUTHZ_NODE_ID_MAX 128
+#define KVF_AUTHZ_NODE_ID_MAX KVF_NODE_ID_MAX
 
 /* What one caller may do. */
 struct kvf_authz_peer {

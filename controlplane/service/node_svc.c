@@ -518,8 +518,8 @@ static void maybe_request_resync(struct kvf_svc_ctx *ctx, struct node_sess *s)
 static int apply_hello(struct kvf_svc_ctx *ctx, const Kvfence__V1__Hello *h, kvf_time_ns now,
                        uint32_t *version_p, struct kvf_error *err)
 {
-    if (h->node_id == NULL || h->node_id[0] == '\0' || strlen(h->node_id) > 128)
-        return kvf_error_set(err, -EINVAL, "hello.node_id: must be 1..128 bytes");
+    if (h->node_id == NULL || h->node_id[0] == '\0' || strlen(h->node_id) > KVF_NODE_ID_MAX)
+        return kvf_error_set(err, -EINVAL, "hello.node_id: must be 1..%d bytes", KVF_NODE_ID_MAX);
     if (h->capabilities == NULL)
         return kvf_error_set(err, -EINVAL, "hello.capabilities: missing");
     struct kvf_cps_pool *pools;

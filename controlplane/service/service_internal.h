@@ -236,8 +236,8 @@ int kvf_svc_find_lease(const struct kvf_cps *cps, kvf_room_key key, uint64_t lea
  * is INVALID_ARGUMENT naming the field; KVF_SVC_CHANGE_MAX bounds the bytes of
  * any request or node message that may be logged (far below the log's record
  * limit, 16 MiB). */
-#define KVF_SVC_ID_MAX           128u /* node ids */
-#define KVF_SVC_FEATURES_MAX     32u  /* capability feature names */
+#define KVF_SVC_ID_MAX           ((size_t)KVF_NODE_ID_MAX) /* node ids */
+#define KVF_SVC_FEATURES_MAX     32u                       /* capability feature names */
 #define KVF_SVC_FEATURE_NAME_MAX 64u
 #define KVF_SVC_PAGE_TOKEN_MAX   32u
 #define KVF_SVC_FILTER_MAX       16u /* state filters of the listings */

@@ -24,7 +24,7 @@
 #include "cp_map.h"
 #include "cp_state.h"
 
-#define CP_NODE_ID_MAX 128
+#define CP_NODE_ID_MAX KVF_NODE_ID_MAX
 
 #define cp_container_of(ptr, type, member) ((type *)(void *)((char *)(ptr)-offsetof(type, member)))
 
