@@ -115,8 +115,8 @@ int main(int argc, char **argv)
            (unsigned long long)kvf_lt_inflight(a), (unsigned long long)kvf_lt_inflight(b),
            (unsigned long long)failures);
 
-    kvf_lt_close(a, NULL, NULL);
-    kvf_lt_close(b, NULL, NULL);
+    kvf_lt_close(a);
+    kvf_lt_close(b);
     kvf_lt_table_destroy(t);
     return failures == 0 ? 0 : 1;
 }

@@ -174,8 +174,8 @@ static double run(const uint8_t *src, uint8_t *pool, uint64_t ops, unsigned wind
 
     kvf_transport_destroy(a);
     kvf_transport_destroy(b);
-    kvf_lt_close(la, NULL, NULL);
-    kvf_lt_close(lb, NULL, NULL);
+    kvf_lt_close(la);
+    kvf_lt_close(lb);
     kvf_lt_table_destroy(ta);
     kvf_lt_table_destroy(tb);
     pthread_rwlock_destroy(&s.lock);

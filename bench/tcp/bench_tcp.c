@@ -256,8 +256,8 @@ static double run_transport(const uint8_t *src, uint8_t *pool, size_t chunk, uin
     kvf_transport_destroy(b);
     free(free_list);
     free(x);
-    kvf_lt_close(la, NULL, NULL);
-    kvf_lt_close(lb, NULL, NULL);
+    kvf_lt_close(la);
+    kvf_lt_close(lb);
     kvf_lt_table_destroy(ta);
     kvf_lt_table_destroy(tb);
     if (failed)

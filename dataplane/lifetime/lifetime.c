@@ -1,6 +1,6 @@
 /*
  * lifetime.c: one room-generation's lifetime on a node: admission, in-flight
- * accounting, the drained event, queued chunks and staging buffers. The table that names lifetimes
+ * accounting, the drained event and staging buffers. The table that names lifetimes
  * by room key, remembers forgotten generations and fences peers is in lifetime_table.c.
  *
  * DESIGN: admission and retirement are the hot path and may run on any thread.
@@ -13,7 +13,7 @@
  * "drained". A retiring thread touches nothing of the lifetime after its
  * fetch_sub, because the owner may free the lifetime as soon as it is drained.
  * Per-kind counts are relaxed atomics next to the word (statistics; the word is
- * the proof). Everything else (chunk queue, quarantine, staging flags, the
+ * the proof). Everything else (quarantine, staging flags, the
  * taken-drained flag) belongs to the owner thread.
  */
 #include <assert.h>
@@ -157,51 +157,9 @@ void lt_op_mark_fenced(struct kvf_lt_op *op)
     op->quarantined = LT_OP_FENCED;
 }
 
-int kvf_lt_queue_chunk(struct kvf_lt *lt, struct kvf_lt_chunk *chunk)
-{
-    if (atomic_load_explicit(&lt->word, memory_order_relaxed) & LT_WORD_CLOSED)
-        return -ECANCELED;
-    chunk->next = NULL;
-    if (lt->chunk_tail != NULL)
-        lt->chunk_tail->next = chunk;
-    else
-        lt->chunk_head = chunk;
-    lt->chunk_tail = chunk;
-    return 0;
-}
-
-struct kvf_lt_chunk *kvf_lt_dequeue_chunk(struct kvf_lt *lt)
-{
-    struct kvf_lt_chunk *c = lt->chunk_head;
-    if (c == NULL || (atomic_load_explicit(&lt->word, memory_order_relaxed) & LT_WORD_CLOSED))
-        return NULL;
-    lt->chunk_head = c->next;
-    if (lt->chunk_head == NULL)
-        lt->chunk_tail = NULL;
-    c->next = NULL;
-    return c;
-}
-
-bool lt_has_queued_chunks(const struct kvf_lt *lt)
-{
-    return lt->chunk_head != NULL;
-}
-
-bool kvf_lt_close(struct kvf_lt *lt, void (*drop_fn)(void *ctx, struct kvf_lt_chunk *c), void *ctx)
+bool kvf_lt_close(struct kvf_lt *lt)
 {
     uint64_t prev = atomic_fetch_or_explicit(&lt->word, LT_WORD_CLOSED, memory_order_acq_rel);
-    /* Drop whatever is queued even when a quarantine shut admission first. Read
-     * `next` before drop_fn frees the chunk. */
-    struct kvf_lt_chunk *c = lt->chunk_head;
-    lt->chunk_head = NULL;
-    lt->chunk_tail = NULL;
-    while (c != NULL) {
-        struct kvf_lt_chunk *next = c->next;
-        c->next = NULL;
-        if (drop_fn != NULL)
-            drop_fn(ctx, c);
-        c = next;
-    }
     if (prev & LT_WORD_CLOSED)
         return false;
     return prev == 0;

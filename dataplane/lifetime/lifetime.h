@@ -2,8 +2,8 @@
  * lifetime.h: the node lifetime core (admission, in-flight accounting, drain).
  *
  * A node keeps one lifetime per room-generation. The lifetime decides whether a
- * new op may start (admission), counts every native op in flight by kind, holds
- * the chunks queued for the room, and says exactly once when the room is
+ * new op may start (admission), counts every native op in flight by kind, and
+ * says exactly once when the room is
  * drained: admission closed and nothing in flight, proven by completions. It
  * does no I/O and reads no clock; the transports and staging engines call in
  * when they post and when they reap. The rules are in docs/state-cores.md.
@@ -70,14 +70,6 @@ struct kvf_lt_op {
 };
 
 /*
- * A chunk queued for a room before any native call (the transfer pipeline's
- * record). Embedded in the caller's chunk struct; the core only links it.
- */
-struct kvf_lt_chunk {
-    struct kvf_lt_chunk *next;
-};
-
-/*
  * A staging buffer used by one transfer: it goes back to its ring only when
  * both the transport op and the copy that use it completed (R9).
  */
@@ -110,8 +102,7 @@ int kvf_lt_table_open(struct kvf_lt_table *t, kvf_room_key key, struct kvf_lt **
 struct kvf_lt *kvf_lt_table_find(struct kvf_lt_table *t, kvf_room_key key);
 
 /* Frees a lifetime that is DRAINED (the control plane said the room is
- * terminal). -ENOENT if unknown; -EBUSY if it is not drained, or if chunks are
- * still queued (a quarantine shut admission but no kvf_lt_close dropped them).
+ * terminal). -ENOENT if unknown; -EBUSY if it is not drained.
  * The generation is remembered so that later messages for it are recognised as
  * late (kvf_lt_table_is_late). */
 int kvf_lt_table_forget(struct kvf_lt_table *t, kvf_room_key key);
@@ -125,10 +116,9 @@ int kvf_lt_table_forget(struct kvf_lt_table *t, kvf_room_key key);
  * known is not late. */
 bool kvf_lt_table_is_late(const struct kvf_lt_table *t, kvf_room_key key);
 
-/* Closes admission on every lifetime (node shutdown). Queued chunks are handed
- * to `drop_fn`. Returns the number of lifetimes that drained because of it. */
-size_t kvf_lt_table_close_all(struct kvf_lt_table *t,
-                              void (*drop_fn)(void *ctx, struct kvf_lt_chunk *c), void *ctx);
+/* Closes admission on every lifetime (node shutdown). Returns the number of
+ * lifetimes that drained because of it. */
+size_t kvf_lt_table_close_all(struct kvf_lt_table *t);
 
 /* True when memory may be deregistered: every lifetime is DRAINED (none open,
  * closed with ops, or quarantined). */
@@ -185,9 +175,8 @@ bool kvf_lt_op_retire(struct kvf_lt_op *op, enum kvf_lt_outcome outcome);
  * and the lifetime is QUARANTINED until the op's terminal completion
  * (kvf_lt_op_retire) or a fence of its peer (kvf_lt_table_peer_fenced).
  * Owner thread. A failed op dooms the room, so this also shuts admission at
- * once (no drained event here: the op is still counted); queued chunks stay
- * queued, cannot be dequeued, and are dropped by the kvf_lt_close of the abort
- * notice that follows. A repeated call is ignored. A STAGING op is never
+ * once (no drained event here: the op is still counted). A repeated call is
+ * ignored. A STAGING op is never
  * quarantined (the call is ignored): a fence does not stop the copy into a
  * staging buffer, so the buffer waits for both of its done calls; quarantine
  * the transport or copy op instead.
@@ -201,21 +190,13 @@ void kvf_lt_op_quarantine(struct kvf_lt_op *op);
  */
 bool kvf_lt_op_cancel(struct kvf_lt_op *op);
 
-/* Queues a chunk (no native call yet). -ECANCELED when admission is closed. */
-int kvf_lt_queue_chunk(struct kvf_lt *lt, struct kvf_lt_chunk *chunk);
-
-/* Takes the oldest queued chunk to start it, or NULL (also once admission is
- * closed). Owner thread, like queueing. */
-struct kvf_lt_chunk *kvf_lt_dequeue_chunk(struct kvf_lt *lt);
-
 /*
  * Closes admission (abort notice, shutdown). Idempotent: a second close changes
- * nothing and returns false. Every queued chunk is handed to `drop_fn`, oldest
- * first, to be freed without any native call (also when a quarantine shut
- * admission before); with a NULL `drop_fn` they are only unlinked. Returns true
- * when the lifetime drained right here (nothing was in flight). Owner thread.
+ * nothing and returns false. Returns true when the lifetime drained right here
+ * (nothing was in flight). Owner thread. (Chunks not yet posted are the node's:
+ * its rules core refuses them once the room is closed; nothing is queued here.)
  */
-bool kvf_lt_close(struct kvf_lt *lt, void (*drop_fn)(void *ctx, struct kvf_lt_chunk *c), void *ctx);
+bool kvf_lt_close(struct kvf_lt *lt);
 
 /*
  * Owner thread: returns true exactly once over the lifetime's life, on the

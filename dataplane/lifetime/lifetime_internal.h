@@ -40,8 +40,6 @@ struct kvf_lt {
     struct kvf_lt_table *table;
     uint64_t quarantined; /* ops of this lifetime on the table's quarantine list */
     bool drained_taken;
-    struct kvf_lt_chunk *chunk_head; /* FIFO of queued chunks */
-    struct kvf_lt_chunk *chunk_tail;
 };
 
 /* What the table remembers about one room id. */
@@ -69,9 +67,8 @@ struct kvf_lt *lt_create(struct kvf_lt_table *t, kvf_room_key key);
 void lt_free(struct kvf_lt *lt);
 
 /* lifetime.c: marks an op that a peer fence retired, so that a stray later
- * retire of it is ignored; says whether chunks are still queued. */
+ * retire of it is ignored. */
 void lt_op_mark_fenced(struct kvf_lt_op *op);
-bool lt_has_queued_chunks(const struct kvf_lt *lt);
 
 /* lifetime_table.c: links a quarantined op on its table's list, and unlinks it. */
 void lt_table_unquarantine(struct kvf_lt_table *t, struct kvf_lt_op *op);

@@ -199,7 +199,7 @@ int kvf_lt_table_forget(struct kvf_lt_table *t, kvf_room_key key)
     struct kvf_lt *lt = lt_table_lookup(t, key);
     if (lt == NULL)
         return -ENOENT;
-    if (kvf_lt_state(lt) != KVF_LT_DRAINED || lt_has_queued_chunks(lt))
+    if (kvf_lt_state(lt) != KVF_LT_DRAINED)
         return -EBUSY;
     kvf_map_del_room(&t->lifetimes, key);
     struct lt_id *id = lt_id_lookup(t, key.room_id);
@@ -224,14 +224,13 @@ bool kvf_lt_table_is_late(const struct kvf_lt_table *t, kvf_room_key key)
     return id != NULL && key.generation <= id->max_generation;
 }
 
-size_t kvf_lt_table_close_all(struct kvf_lt_table *t,
-                              void (*drop_fn)(void *ctx, struct kvf_lt_chunk *c), void *ctx)
+size_t kvf_lt_table_close_all(struct kvf_lt_table *t)
 {
     size_t drained = 0;
     size_t pos = 0;
     struct kvf_lt *lt;
     while ((lt = kvf_map_next(&t->lifetimes, &pos)) != NULL) {
-        if (kvf_lt_close(lt, drop_fn, ctx))
+        if (kvf_lt_close(lt))
             drained++;
     }
     return drained;

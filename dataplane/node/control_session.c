@@ -329,7 +329,7 @@ void node_self_fence(struct kvf_node *n, const char *why)
     for (struct node_room *r = n->rooms; r && was_open; r = r->next)
         if (kvf_lt_state(r->core.lt) == KVF_LT_OPEN)
             was_open[k++] = r;
-    (void)kvf_lt_table_close_all(n->lts, NULL, NULL);
+    (void)kvf_lt_table_close_all(n->lts);
     for (size_t i = 0; i < k; i++)
         node_watch_room_state(n, was_open[i]);
     free(was_open);

@@ -1394,7 +1394,7 @@ static void run_job_kind(struct kvf_node *n, struct node_job *j)
         if (!n->stop_requested) {
             n->stop_requested = true;
             n->stop_deadline_ms = node_now_ms() + (int64_t)n->opts.drain_timeout_ms;
-            size_t d = kvf_lt_table_close_all(n->lts, NULL, NULL);
+            size_t d = kvf_lt_table_close_all(n->lts);
             node_log("info", NULL,
                      "stopping: admission closed on %zu lifetimes (%zu drained at once)",
                      kvf_lt_table_count(n->lts), d);

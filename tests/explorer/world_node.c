@@ -609,7 +609,7 @@ void node_self_fence(struct world *w, int node)
     if (n->connected)
         kvf_cps_node_detach(w->cps, n->name, n->inc, w->now, NULL);
     n->connected = false;
-    kvf_lt_table_close_all(n->tab, NULL, NULL);
+    kvf_lt_table_close_all(n->tab);
     for (int i = 0; i < MAX_CHUNKS; i++) {
         if (w->chunks[i].used && w->chunks[i].node == node)
             chunk_unqueue(w, &w->chunks[i]); /* its staging queue is dropped */

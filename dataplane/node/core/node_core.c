@@ -256,7 +256,7 @@ void kvf_ncore_room_abort(struct kvf_ncore *c, struct kvf_ncore_room *r, kvf_tok
     r->token = token;
     r->notice_id = notice_id;
     close_peers(c, r);
-    (void)kvf_lt_close(r->lt, NULL, NULL);
+    (void)kvf_lt_close(r->lt);
     if (first)
         fx_push(c, KVF_NCORE_FX_ROOM_ABORTING, r);
     if (kvf_lt_state(r->lt) != KVF_LT_DRAINED)
@@ -270,7 +270,7 @@ void kvf_ncore_room_abort(struct kvf_ncore *c, struct kvf_ncore_room *r, kvf_tok
 void kvf_ncore_room_end(struct kvf_ncore *c, struct kvf_ncore_room *r)
 {
     r->ended = true;
-    (void)kvf_lt_close(r->lt, NULL, NULL);
+    (void)kvf_lt_close(r->lt);
     kvf_ncore_room_check(c, r);
 }
 
@@ -296,7 +296,7 @@ int kvf_ncore_part_completed(struct kvf_ncore *c, struct kvf_ncore_room *r, uint
     /* Every local participant is complete: nothing may start for the room. */
     r->ended = true;
     close_peers(c, r);
-    (void)kvf_lt_close(r->lt, NULL, NULL);
+    (void)kvf_lt_close(r->lt);
     kvf_ncore_room_check(c, r);
     return 0;
 }

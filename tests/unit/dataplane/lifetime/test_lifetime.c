@@ -29,26 +29,6 @@ static kvf_room_key key(uint64_t room_id, uint64_t generation)
 }
 
 /* A chunk as the transfer pipeline would embed it. */
-struct test_chunk {
-    struct kvf_lt_chunk link;
-    int index;
-};
-
-/* Records the chunks a close handed back, in order. */
-struct drop_log {
-    int count;
-    int order[16];
-};
-
-static void record_drop(void *ctx, struct kvf_lt_chunk *c)
-{
-    struct drop_log *log = ctx;
-    struct test_chunk *tc =
-        (struct test_chunk *)(void *)((char *)c - offsetof(struct test_chunk, link));
-    assert_true(log->count < 16);
-    log->order[log->count++] = tc->index;
-}
-
 struct fixture {
     struct kvf_lt_table *t;
     struct kvf_lt *lt;
@@ -95,7 +75,7 @@ static void blocked_native_write_then_abort_drains_only_after_last_retire(void *
     assert_ptr_equal(w1.lt, f->lt);
     assert_true(kvf_lt_is_open(f->lt));
 
-    assert_false(kvf_lt_close(f->lt, NULL, NULL));
+    assert_false(kvf_lt_close(f->lt));
     assert_int_equal(kvf_lt_state(f->lt), KVF_LT_CLOSED);
     assert_false(kvf_lt_is_open(f->lt));
     assert_int_equal(kvf_lt_inflight(f->lt), 2);
@@ -120,16 +100,14 @@ abort_between_metadata_and_first_chunk_drains_at_once_and_refuses_admission(void
 {
     struct fixture *f = *state;
     assert_false(kvf_lt_take_drained(f->lt)); /* open: nothing to take */
-    assert_true(kvf_lt_close(f->lt, NULL, NULL));
+    assert_true(kvf_lt_close(f->lt));
     assert_int_equal(kvf_lt_state(f->lt), KVF_LT_DRAINED);
     assert_true(kvf_lt_take_drained(f->lt));
 
     struct kvf_lt_op op;
     struct kvf_lt_staging s;
-    struct test_chunk c = {.index = 1};
     assert_int_equal(kvf_lt_admit(f->lt, &op, KVF_LT_OP_TCP_FRAME, PEER_A), -ECANCELED);
     assert_int_equal(kvf_lt_staging_acquire(f->lt, &s, PEER_A), -ECANCELED);
-    assert_int_equal(kvf_lt_queue_chunk(f->lt, &c.link), -ECANCELED);
     assert_int_equal(kvf_lt_inflight(f->lt), 0);
     assert_true(kvf_lt_table_is_late(f->t, key(7, 10)));
 }
@@ -144,7 +122,7 @@ static void abort_before_metadata_makes_the_later_metadata_late(void **state)
     assert_false(kvf_lt_table_is_late(f->t, k));
     struct kvf_lt *lt;
     assert_int_equal(kvf_lt_table_open(f->t, k, &lt), 0);
-    assert_true(kvf_lt_close(lt, NULL, NULL));
+    assert_true(kvf_lt_close(lt));
     assert_true(kvf_lt_take_drained(lt));
     assert_false(kvf_lt_take_drained(lt));
     /* The room update arrives now. */
@@ -154,37 +132,6 @@ static void abort_before_metadata_makes_the_later_metadata_late(void **state)
     assert_int_equal(kvf_lt_table_forget(f->t, k), 0);
     assert_true(kvf_lt_table_is_late(f->t, k));
     assert_int_equal(kvf_lt_table_open(f->t, k, &again), -ESTALE);
-}
-
-/* Chunks still queued at abort are handed back in order to be freed without
- * any native call; nothing can be dequeued or queued afterwards. */
-static void chunks_queued_at_abort_are_dropped_in_order_without_native_call(void **state)
-{
-    struct fixture *f = *state;
-    struct test_chunk c[4];
-    for (int i = 0; i < 4; i++) {
-        c[i].index = i;
-        assert_int_equal(kvf_lt_queue_chunk(f->lt, &c[i].link), 0);
-    }
-    /* The pipeline starts chunk 0 (admitted, native call made). */
-    assert_ptr_equal(kvf_lt_dequeue_chunk(f->lt), &c[0].link);
-    struct kvf_lt_op op;
-    assert_int_equal(kvf_lt_admit(f->lt, &op, KVF_LT_OP_RDMA_WR, PEER_A), 0);
-
-    struct drop_log log = {0};
-    assert_false(kvf_lt_close(f->lt, record_drop, &log));
-    assert_int_equal(log.count, 3);
-    assert_int_equal(log.order[0], 1);
-    assert_int_equal(log.order[1], 2);
-    assert_int_equal(log.order[2], 3);
-    assert_null(kvf_lt_dequeue_chunk(f->lt));
-    assert_int_equal(kvf_lt_queue_chunk(f->lt, &c[1].link), -ECANCELED);
-
-    /* Only the started chunk's op counts. */
-    assert_int_equal(kvf_lt_inflight(f->lt), 1);
-    assert_true(kvf_lt_op_retire(&op, KVF_LT_DONE_FLUSHED));
-    assert_true(kvf_lt_take_drained(f->lt));
-    assert_int_equal(log.count, 3); /* nothing dropped twice */
 }
 
 /* R4: one sibling op ends in error while another is still running. The error
@@ -197,7 +144,7 @@ static void one_sibling_fails_while_another_is_held_no_drain_until_it_retires(vo
     assert_int_equal(kvf_lt_admit(f->lt, &layer1, KVF_LT_OP_CUDA_COPY, PEER_A), 0);
 
     assert_false(kvf_lt_op_retire(&layer0, KVF_LT_DONE_ERROR));
-    assert_false(kvf_lt_close(f->lt, NULL, NULL)); /* the failure aborts the room */
+    assert_false(kvf_lt_close(f->lt)); /* the failure aborts the room */
     assert_not_drained(f->t, f->lt);
     assert_int_equal(kvf_lt_inflight_kind(f->lt, KVF_LT_OP_CUDA_COPY), 1);
 
@@ -217,7 +164,7 @@ static void error_return_with_work_posted_is_quarantined_until_terminal_completi
     assert_false(kvf_lt_is_open(f->lt));
     struct kvf_lt_op late;
     assert_int_equal(kvf_lt_admit(f->lt, &late, KVF_LT_OP_RDMA_WR, PEER_A), -ECANCELED);
-    assert_false(kvf_lt_close(f->lt, NULL, NULL)); /* the abort notice that follows */
+    assert_false(kvf_lt_close(f->lt)); /* the abort notice that follows */
     assert_int_equal(kvf_lt_state(f->lt), KVF_LT_QUARANTINED);
     assert_not_drained(f->t, f->lt);
 
@@ -236,7 +183,7 @@ static void quarantined_op_is_retired_by_the_fence_of_its_peer_only(void **state
     struct kvf_lt_op op;
     assert_int_equal(kvf_lt_admit(f->lt, &op, KVF_LT_OP_TCP_FRAME, PEER_A), 0);
     kvf_lt_op_quarantine(&op);
-    assert_false(kvf_lt_close(f->lt, NULL, NULL));
+    assert_false(kvf_lt_close(f->lt));
 
     assert_int_equal(kvf_lt_table_peer_fenced(f->t, PEER_B), 0);
     assert_int_equal(kvf_lt_state(f->lt), KVF_LT_QUARANTINED);
@@ -279,7 +226,7 @@ static void flush_completions_on_fence_retire_normally(void **state)
     struct kvf_lt_op posted[3];
     for (int i = 0; i < 3; i++)
         assert_int_equal(kvf_lt_admit(f->lt, &posted[i], KVF_LT_OP_RDMA_WR, PEER_A), 0);
-    assert_false(kvf_lt_close(f->lt, NULL, NULL));
+    assert_false(kvf_lt_close(f->lt));
     assert_int_equal(kvf_lt_table_peer_fenced(f->t, PEER_A), 0); /* none quarantined */
     assert_int_equal(kvf_lt_inflight(f->lt), 3); /* the fence alone proves nothing here */
     assert_false(kvf_lt_op_retire(&posted[0], KVF_LT_DONE_FLUSHED));
@@ -295,20 +242,20 @@ static void duplicate_close_is_idempotent_and_drains_once(void **state)
     struct fixture *f = *state;
     struct kvf_lt_op op;
     assert_int_equal(kvf_lt_admit(f->lt, &op, KVF_LT_OP_TCP_FRAME, PEER_A), 0);
-    assert_false(kvf_lt_close(f->lt, NULL, NULL));
-    assert_false(kvf_lt_close(f->lt, NULL, NULL));
+    assert_false(kvf_lt_close(f->lt));
+    assert_false(kvf_lt_close(f->lt));
     assert_int_equal(kvf_lt_inflight(f->lt), 1);
     assert_true(kvf_lt_op_retire(&op, KVF_LT_DONE_OK));
-    assert_false(kvf_lt_close(f->lt, NULL, NULL)); /* after the drain too */
+    assert_false(kvf_lt_close(f->lt)); /* after the drain too */
     assert_true(kvf_lt_take_drained(f->lt));
-    assert_false(kvf_lt_close(f->lt, NULL, NULL));
+    assert_false(kvf_lt_close(f->lt));
     assert_false(kvf_lt_take_drained(f->lt));
 
     /* A fresh lifetime closed twice: the first close is the drain, not the second. */
     struct kvf_lt *fresh;
     assert_int_equal(kvf_lt_table_open(f->t, key(9, 12), &fresh), 0);
-    assert_true(kvf_lt_close(fresh, NULL, NULL));
-    assert_false(kvf_lt_close(fresh, NULL, NULL));
+    assert_true(kvf_lt_close(fresh));
+    assert_false(kvf_lt_close(fresh));
     assert_true(kvf_lt_take_drained(fresh));
     assert_false(kvf_lt_take_drained(fresh));
 }
@@ -321,7 +268,7 @@ static void staging_abort_with_rdma_in_flight(struct fixture *f, bool transport_
     bool drained = true;
     assert_int_equal(kvf_lt_staging_acquire(f->lt, &s, PEER_A), 0);
     assert_int_equal(kvf_lt_inflight_kind(f->lt, KVF_LT_OP_STAGING), 1);
-    assert_false(kvf_lt_close(f->lt, NULL, NULL)); /* abort while RDMA lands in the buffer */
+    assert_false(kvf_lt_close(f->lt)); /* abort while RDMA lands in the buffer */
 
     if (transport_first)
         assert_false(kvf_lt_staging_transport_done(&s, &drained));
@@ -376,7 +323,7 @@ static void fence_never_releases_a_staging_buffer(void **state)
     struct kvf_lt_staging s;
     assert_int_equal(kvf_lt_staging_acquire(f->lt, &s, PEER_A), 0);
     kvf_lt_op_quarantine(&s.op); /* ignored for STAGING */
-    assert_false(kvf_lt_close(f->lt, NULL, NULL));
+    assert_false(kvf_lt_close(f->lt));
     assert_int_equal(kvf_lt_table_peer_fenced(f->t, PEER_A), 0);
     assert_not_drained(f->t, f->lt);
     assert_false(kvf_lt_staging_transport_done(&s, NULL));
@@ -393,7 +340,7 @@ static void late_messages_after_abort_are_recognised(void **state)
     assert_false(kvf_lt_table_is_late(f->t, k)); /* open: current */
     struct kvf_lt_op op;
     assert_int_equal(kvf_lt_admit(f->lt, &op, KVF_LT_OP_RDMA_WR, PEER_A), 0);
-    assert_false(kvf_lt_close(f->lt, NULL, NULL));
+    assert_false(kvf_lt_close(f->lt));
     assert_true(kvf_lt_table_is_late(f->t, k)); /* closed */
     assert_true(kvf_lt_op_retire(&op, KVF_LT_DONE_OK));
     assert_true(kvf_lt_table_is_late(f->t, k)); /* drained */
@@ -416,7 +363,7 @@ static void new_generation_of_a_reused_id_is_not_late(void **state)
     struct fixture *f = *state;
     struct kvf_lt_op old_op;
     assert_int_equal(kvf_lt_admit(f->lt, &old_op, KVF_LT_OP_RDMA_WR, PEER_A), 0);
-    assert_false(kvf_lt_close(f->lt, NULL, NULL));
+    assert_false(kvf_lt_close(f->lt));
 
     struct kvf_lt *reused;
     assert_int_equal(kvf_lt_table_open(f->t, key(7, 25), &reused), 0);
@@ -433,7 +380,7 @@ static void new_generation_of_a_reused_id_is_not_late(void **state)
     assert_false(kvf_lt_table_is_late(f->t, key(7, 25)));
     assert_true(kvf_lt_table_is_late(f->t, key(7, 10)));
     /* And after both are forgotten, a third generation is still welcome. */
-    assert_true(kvf_lt_close(reused, NULL, NULL));
+    assert_true(kvf_lt_close(reused));
     assert_int_equal(kvf_lt_table_forget(f->t, key(7, 25)), 0);
     assert_false(kvf_lt_table_is_late(f->t, key(7, 26)));
     struct kvf_lt *third;
@@ -446,12 +393,12 @@ static void forgotten_memory_is_bounded_and_stays_late(void **state)
 {
     struct fixture *f = *state;
     lt_table_set_forgotten_cap(f->t, 2);
-    assert_true(kvf_lt_close(f->lt, NULL, NULL));
+    assert_true(kvf_lt_close(f->lt));
     assert_int_equal(kvf_lt_table_forget(f->t, key(7, 10)), 0);
     for (uint64_t id = 100; id < 104; id++) {
         struct kvf_lt *lt;
         assert_int_equal(kvf_lt_table_open(f->t, key(id, id), &lt), 0);
-        assert_true(kvf_lt_close(lt, NULL, NULL));
+        assert_true(kvf_lt_close(lt));
         assert_int_equal(kvf_lt_table_forget(f->t, key(id, id)), 0);
     }
     assert_int_equal(f->t->forgotten_count, 2);
@@ -483,9 +430,8 @@ static void teardown_waits_for_every_lifetime_to_drain(void **state)
     assert_int_equal(kvf_lt_table_count(f->t), 3);
 
     /* Node SIGTERM: close everything. Only the idle open one drains at once. */
-    struct drop_log log = {0};
     assert_false(kvf_lt_table_can_teardown(f->t));
-    assert_int_equal(kvf_lt_table_close_all(f->t, record_drop, &log), 1);
+    assert_int_equal(kvf_lt_table_close_all(f->t), 1);
     assert_int_equal(kvf_lt_state(f->lt), KVF_LT_DRAINED);
     assert_int_equal(kvf_lt_state(closed_busy), KVF_LT_CLOSED);
     assert_int_equal(kvf_lt_state(quarantined), KVF_LT_QUARANTINED);
@@ -496,7 +442,7 @@ static void teardown_waits_for_every_lifetime_to_drain(void **state)
     assert_int_equal(kvf_lt_table_forget(f->t, key(9, 12)), -EBUSY);
     assert_int_equal(kvf_lt_table_peer_fenced(f->t, PEER_B), 1);
     assert_true(kvf_lt_table_can_teardown(f->t));
-    assert_int_equal(kvf_lt_table_close_all(f->t, record_drop, &log), 0); /* idempotent */
+    assert_int_equal(kvf_lt_table_close_all(f->t), 0); /* idempotent */
     assert_int_equal(kvf_lt_table_forget(f->t, key(8, 11)), 0);
     assert_int_equal(kvf_lt_table_forget(f->t, key(8, 11)), -ENOENT);
     assert_int_equal(kvf_lt_table_count(f->t), 2);
@@ -507,7 +453,7 @@ static void teardown_is_refused_while_a_lifetime_is_open(void **state)
     struct fixture *f = *state;
     assert_false(kvf_lt_table_can_teardown(f->t)); /* open, even with nothing in flight */
     assert_int_equal(kvf_lt_table_forget(f->t, key(7, 10)), -EBUSY);
-    assert_true(kvf_lt_close(f->lt, NULL, NULL));
+    assert_true(kvf_lt_close(f->lt));
     assert_true(kvf_lt_table_can_teardown(f->t));
     struct kvf_lt_table *empty = kvf_lt_table_create();
     assert_non_null(empty);
@@ -521,7 +467,7 @@ static void teardown_is_refused_while_a_lifetime_is_open(void **state)
 static void admission_after_close_is_refused_for_every_kind(void **state)
 {
     struct fixture *f = *state;
-    assert_true(kvf_lt_close(f->lt, NULL, NULL));
+    assert_true(kvf_lt_close(f->lt));
     for (int k = 0; k < KVF_LT_OP_KIND_COUNT; k++) {
         struct kvf_lt_op op;
         assert_int_equal(kvf_lt_admit(f->lt, &op, (enum kvf_lt_op_kind)k, PEER_A), -ECANCELED);
@@ -575,7 +521,7 @@ static void cancel_undoes_an_admission(void **state)
     assert_int_equal(kvf_lt_admit(f->lt, &refused, KVF_LT_OP_RDMA_WR, PEER_A), 0);
     assert_false(kvf_lt_op_cancel(&refused));
     assert_int_equal(kvf_lt_inflight_kind(f->lt, KVF_LT_OP_RDMA_WR), 1);
-    assert_false(kvf_lt_close(f->lt, NULL, NULL));
+    assert_false(kvf_lt_close(f->lt));
     assert_not_drained(f->t, f->lt);
     assert_true(kvf_lt_op_retire(&posted, KVF_LT_DONE_OK));
     assert_true(kvf_lt_take_drained(f->lt));
@@ -585,32 +531,24 @@ static void cancel_undoes_an_admission(void **state)
     struct kvf_lt_op op;
     assert_int_equal(kvf_lt_table_open(f->t, key(8, 11), &other), 0);
     assert_int_equal(kvf_lt_admit(other, &op, KVF_LT_OP_TCP_FRAME, PEER_A), 0);
-    assert_false(kvf_lt_close(other, NULL, NULL));
+    assert_false(kvf_lt_close(other));
     assert_true(kvf_lt_op_cancel(&op));
     assert_true(kvf_lt_take_drained(other));
 }
 
-/* A quarantine shuts admission at once; the chunks still queued wait for the
- * abort notice's close, which drops them; forget refuses while they are queued. */
-static void quarantine_shuts_admission_and_close_still_drops_queued_chunks(void **state)
+/* A quarantine shuts admission at once (no new op starts after the failure);
+ * the abort notice's close that follows is not a new drain. */
+static void quarantine_shuts_admission_and_a_later_close_is_no_new_drain(void **state)
 {
     struct fixture *f = *state;
-    struct test_chunk c[2] = {{.index = 0}, {.index = 1}};
-    assert_int_equal(kvf_lt_queue_chunk(f->lt, &c[0].link), 0);
-    assert_int_equal(kvf_lt_queue_chunk(f->lt, &c[1].link), 0);
-    struct kvf_lt_op op;
+    struct kvf_lt_op op, late;
     assert_int_equal(kvf_lt_admit(f->lt, &op, KVF_LT_OP_RDMA_WR, PEER_A), 0);
     kvf_lt_op_quarantine(&op);
-    assert_null(kvf_lt_dequeue_chunk(f->lt)); /* no chunk starts after the failure */
+    assert_int_equal(kvf_lt_admit(f->lt, &late, KVF_LT_OP_TCP_FRAME, PEER_A), -ECANCELED);
+    assert_int_equal(kvf_lt_table_forget(f->t, key(7, 10)), -EBUSY); /* the op is counted */
     assert_true(kvf_lt_op_retire(&op, KVF_LT_DONE_ERROR));
     assert_int_equal(kvf_lt_state(f->lt), KVF_LT_DRAINED);
-    assert_int_equal(kvf_lt_table_forget(f->t, key(7, 10)), -EBUSY); /* chunks still held */
-
-    struct drop_log log = {0};
-    assert_false(kvf_lt_close(f->lt, record_drop, &log)); /* already shut: not a new drain */
-    assert_int_equal(log.count, 2);
-    assert_int_equal(log.order[0], 0);
-    assert_int_equal(log.order[1], 1);
+    assert_false(kvf_lt_close(f->lt)); /* already shut: not a new drain */
     assert_true(kvf_lt_take_drained(f->lt));
     assert_int_equal(kvf_lt_table_forget(f->t, key(7, 10)), 0);
 }
@@ -650,7 +588,7 @@ static void table_holds_many_rooms(void **state)
         assert_non_null(lt);
         assert_true(kvf_room_key_eq(kvf_lt_key(lt), key(i * 0x10001, 100 + i)));
     }
-    assert_int_equal(kvf_lt_table_close_all(f->t, NULL, NULL), 5001);
+    assert_int_equal(kvf_lt_table_close_all(f->t), 5001);
     for (uint64_t i = 1; i <= 5000; i++)
         assert_int_equal(kvf_lt_table_forget(f->t, key(i * 0x10001, 100 + i)), 0);
     assert_int_equal(kvf_lt_table_count(f->t), 1);
@@ -679,7 +617,6 @@ int main(void)
         T(blocked_native_write_then_abort_drains_only_after_last_retire),
         T(abort_between_metadata_and_first_chunk_drains_at_once_and_refuses_admission),
         T(abort_before_metadata_makes_the_later_metadata_late),
-        T(chunks_queued_at_abort_are_dropped_in_order_without_native_call),
         T(one_sibling_fails_while_another_is_held_no_drain_until_it_retires),
         T(error_return_with_work_posted_is_quarantined_until_terminal_completion),
         T(quarantined_op_is_retired_by_the_fence_of_its_peer_only),
@@ -698,7 +635,7 @@ int main(void)
         T(admission_after_close_is_refused_for_every_kind),
         T(inflight_is_counted_per_kind),
         T(cancel_undoes_an_admission),
-        T(quarantine_shuts_admission_and_close_still_drops_queued_chunks),
+        T(quarantine_shuts_admission_and_a_later_close_is_no_new_drain),
         T(table_open_refuses_duplicate_and_stale_generations),
         T(table_holds_many_rooms),
         cmocka_unit_test(names_are_stable),

@@ -76,7 +76,7 @@ static void run_once(void)
             continue;
         }
         if (i % 2 == 0) {
-            assert_true(kvf_lt_close(lt, NULL, NULL));
+            assert_true(kvf_lt_close(lt));
             assert_int_equal(kvf_lt_table_forget(t, key(i, i)), 0);
         }
     }

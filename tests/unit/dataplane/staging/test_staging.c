@@ -74,8 +74,8 @@ static void fixture_free(struct fixture *f)
 {
     assert_int_equal(kvf_staging_destroy(f->eng), 0);
     assert_int_equal(kvf_staging_ring_destroy(f->ring), 0);
-    kvf_lt_close(f->a, NULL, NULL);
-    kvf_lt_close(f->b, NULL, NULL);
+    kvf_lt_close(f->a);
+    kvf_lt_close(f->b);
     assert_true(kvf_lt_table_can_teardown(f->t));
     kvf_lt_table_destroy(f->t);
     free(f);
@@ -187,7 +187,7 @@ static void r9_abort_in_flight(enum order order)
     submit_copy(f, f->a, &c, buf, src, sizeof(src));
     /* The RDMA write of the buffer is "posted" too (simulated: its transport
      * side is reported later), and the room aborts. */
-    assert_false(kvf_lt_close(f->a, NULL, NULL));
+    assert_false(kvf_lt_close(f->a));
     assert_int_equal(kvf_lt_state(f->a), KVF_LT_CLOSED);
 
     /* Late staging request for the aborted room: refused, ring unchanged. */
@@ -275,7 +275,7 @@ static void test_r9_watermark_never_passes_owned(void **state)
     struct kvf_stage_copy ca, cb;
     submit_copy(f, f->a, &ca, ba, src, sizeof(src));
     submit_copy(f, f->b, &cb, bb, src, sizeof(src));
-    assert_false(kvf_lt_close(f->a, NULL, NULL));
+    assert_false(kvf_lt_close(f->a));
 
     /* Room b finishes everything. */
     assert_int_equal(kvf_staging_fake_complete(f->eng, &cb, 0), 0);
@@ -457,7 +457,7 @@ static void test_host_engine_byte_exact(void **state)
     free(dst);
     assert_int_equal(kvf_staging_ring_destroy(ring), 0);
     assert_int_equal(kvf_staging_destroy(eng), 0);
-    assert_true(kvf_lt_close(lt, NULL, NULL));
+    assert_true(kvf_lt_close(lt));
     kvf_lt_table_destroy(t);
 }
 
@@ -651,7 +651,7 @@ static void test_cuda_engine(void **state)
     assert_int_equal(kvf_staging_ring_destroy(ring), 0);
     kvf_staging_cuda_host_free(pinned);
     assert_int_equal(kvf_staging_destroy(eng), 0);
-    kvf_lt_close(lt, NULL, NULL);
+    kvf_lt_close(lt);
     kvf_lt_table_destroy(t);
 }
 #endif

@@ -194,7 +194,7 @@ static void hold_keeps_ops_counted_until_release_in_order(void **state)
     struct kvf_completion c[4];
     assert_int_equal(poll_all(f, c, 4), 0);
     /* Closing admission does not drain while ops are held. */
-    assert_false(kvf_lt_close(f->lt, NULL, NULL));
+    assert_false(kvf_lt_close(f->lt));
     struct kvf_fault_stats st;
     kvf_transport_fault_stats(f->t, &st);
     assert_int_equal(st.held, 2);
@@ -244,7 +244,7 @@ static void error_nth_completes_error_while_sibling_held(void **state)
     assert_int_equal(post(f, 0, 1), 0);
     assert_int_equal(post(f, 1, 1), 0);
     assert_int_equal(f->inner.nposted, 0);
-    assert_false(kvf_lt_close(f->lt, NULL, NULL));
+    assert_false(kvf_lt_close(f->lt));
     struct kvf_completion c[4];
     assert_int_equal(poll_all(f, c, 4), 1);
     assert_ptr_equal(c[0].xfer, &f->x[0]);

@@ -167,7 +167,7 @@ static void test_accounting_and_drain(void **state)
         assert_true(now_ms() < end);
     assert_int_equal(kvf_lt_inflight(f->lt), 4);
     /* Close with everything in flight: the last retirement drains. */
-    assert_false(kvf_lt_close(f->lt, NULL, NULL));
+    assert_false(kvf_lt_close(f->lt));
     struct kvf_completion c[4];
     reap(f, 4, c);
     for (unsigned i = 0; i < 4; i++) {
@@ -312,7 +312,7 @@ static void test_fence_flushes_queued_and_refuses_later_posts(void **state)
     assert_int_equal(stats(f).queued, 3);
     assert_int_equal(kvf_transport_fence_peer(f->t, SELF), 0);
     assert_int_equal(kvf_transport_fence_peer(f->t, SELF), 0); /* idempotent */
-    assert_int_equal(kvf_lt_close(f->lt, NULL, NULL), false);
+    assert_int_equal(kvf_lt_close(f->lt), false);
     struct kvf_completion c[3];
     reap(f, 3, c);
     for (unsigned i = 0; i < 3; i++) {
@@ -383,7 +383,7 @@ static void test_destroy_retires_queued_writes(void **state)
     kvf_transport_local_set_hold(f->t, true);
     for (unsigned i = 0; i < 4; i++)
         assert_int_equal(post(f, i, (size_t)i * PAGE, 40 + i, 1), 0);
-    assert_false(kvf_lt_close(f->lt, NULL, NULL));
+    assert_false(kvf_lt_close(f->lt));
     assert_int_equal(kvf_lt_inflight(f->lt), 4);
     kvf_transport_destroy(f->t);
     f->t = NULL;

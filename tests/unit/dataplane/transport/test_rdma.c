@@ -99,8 +99,8 @@ static int teardown(void **state)
     kvf_verbs_fake_stats(f->fake, &st);
     assert_int_equal(st.objects_live, 0); /* every verbs object freed */
     kvf_verbs_fake_destroy(f->fake);
-    (void)kvf_lt_close(f->lt_a, NULL, NULL);
-    (void)kvf_lt_close(f->lt_b, NULL, NULL);
+    (void)kvf_lt_close(f->lt_a);
+    (void)kvf_lt_close(f->lt_b);
     assert_true(kvf_lt_table_can_teardown(f->tab)); /* destroy left nothing counted */
     kvf_lt_table_destroy(f->tab);
     free(f->pool);
@@ -181,7 +181,7 @@ static void test_accounting(void **state)
     }
     assert_int_equal(kvf_lt_inflight(f->lt_a), 0);
     assert_int_equal(kvf_transport_rdma_outstanding(f->t, PEER, 0), 0);
-    assert_true(kvf_lt_close(f->lt_a, NULL, NULL));
+    assert_true(kvf_lt_close(f->lt_a));
     assert_int_equal(kvf_lt_state(f->lt_a), KVF_LT_DRAINED);
 }
 
@@ -228,7 +228,7 @@ static void test_error_completion_siblings(void **state)
     struct fx *f = *state;
     for (unsigned i = 0; i < 3; i++)
         post(f, i, ROOM_A);
-    assert_false(kvf_lt_close(f->lt_a, NULL, NULL)); /* abort: ops still in flight */
+    assert_false(kvf_lt_close(f->lt_a)); /* abort: ops still in flight */
 
     assert_int_equal(kvf_verbs_fake_complete(f->fake, qpn_of(f, ROOM_A), 1, IBV_WC_REM_ACCESS_ERR),
                      1);
@@ -255,7 +255,7 @@ static void test_error_completion_siblings(void **state)
     xc->sink_pool = POOL_ID;
     xc->page_count = 1;
     assert_int_equal(kvf_transport_post_write(f->t, xc), -EIO);
-    assert_true(kvf_lt_close(lt_c, NULL, NULL) == false);
+    assert_true(kvf_lt_close(lt_c) == false);
     assert_true(kvf_lt_op_cancel(&xc->op));
 
     /* The device flushes the WRs behind the error: now it drains. */
@@ -295,7 +295,7 @@ static void test_post_fails_mid_chain(void **state)
     for (unsigned i = posted; i < 5; i++)
         assert_false(kvf_lt_op_cancel(&xs[i]->op));
     assert_int_equal(kvf_lt_inflight(f->lt_a), 2); /* the posted part stays counted */
-    assert_false(kvf_lt_close(f->lt_a, NULL, NULL));
+    assert_false(kvf_lt_close(f->lt_a));
     assert_int_equal(kvf_lt_state(f->lt_a), KVF_LT_CLOSED);
 
     assert_int_equal(kvf_verbs_fake_complete(f->fake, qpn_of(f, ROOM_A), 2, IBV_WC_SUCCESS), 2);
@@ -323,8 +323,8 @@ static void test_fence(void **state)
     }
     /* One of them had already finished, unpolled. */
     assert_int_equal(kvf_verbs_fake_complete(f->fake, qpn_of(f, ROOM_A), 1, IBV_WC_SUCCESS), 1);
-    assert_false(kvf_lt_close(f->lt_a, NULL, NULL));
-    assert_false(kvf_lt_close(f->lt_b, NULL, NULL));
+    assert_false(kvf_lt_close(f->lt_a));
+    assert_false(kvf_lt_close(f->lt_b));
 
     assert_int_equal(kvf_transport_fence_peer(f->t, PEER), 0);
     /* When it returns: QPs in ERR, nothing outstanding on the device or here. */
@@ -369,7 +369,7 @@ static void test_fence(void **state)
     x->page_count = 1;
     assert_int_equal(kvf_transport_post_write(f->t, x), -ESTALE);
     assert_false(kvf_lt_op_cancel(&x->op));
-    assert_true(kvf_lt_close(lt_c, NULL, NULL));
+    assert_true(kvf_lt_close(lt_c));
     assert_int_equal(kvf_transport_fence_peer(f->t, PEER), 0);
     assert_int_equal(kvf_transport_fence_peer(f->t, 100000), -ENOENT);
     assert_int_equal(kvf_transport_rdma_local_info(f->t, PEER, &f->local), -ESTALE);

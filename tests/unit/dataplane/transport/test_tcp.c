@@ -245,7 +245,7 @@ static void node_fini(struct node *n)
     /* Every frame event was followed by on_idle, in batches within bounds. */
     assert_int_equal(atomic_load(&n->since_idle), 0);
     assert_true(atomic_load(&n->max_batch) <= KVF_TCP_IDLE_FRAMES);
-    (void)kvf_lt_close(n->lt, NULL, NULL);
+    (void)kvf_lt_close(n->lt);
     assert_int_equal(kvf_lt_inflight(n->lt), 0);
     assert_true(kvf_lt_table_can_teardown(n->tab));
     kvf_lt_table_destroy(n->tab);
@@ -450,7 +450,7 @@ static void test_transfer_byte_exact(void **state)
     assert_int_equal(atomic_load(&p->b.landed_bytes_sum), bytes_sum);
 
     /* Draining the sink's lifetime: closed with nothing in flight. */
-    assert_true(kvf_lt_close(p->b.lt, NULL, NULL));
+    assert_true(kvf_lt_close(p->b.lt));
     assert_true(kvf_lt_take_drained(p->b.lt));
     free(x);
     free(src);
@@ -529,7 +529,7 @@ static void test_refused_frames_land_nowhere(void **state)
     assert_int_equal(s.frames_malformed, 0);
     assert_int_equal(s.frames_received, 1);
     assert_int_equal(kvf_lt_inflight(other), 0);
-    (void)kvf_lt_close(other, NULL, NULL);
+    (void)kvf_lt_close(other);
     free(src);
 }
 
@@ -1105,8 +1105,8 @@ static void test_fence_sink_side_mid_stream(void **state)
     assert_int_equal(kvf_transport_poll(p->a.t, 1, &c), 0);
 
     /* Both lifetimes drain on close, with nothing in flight. */
-    assert_true(kvf_lt_close(p->a.lt, NULL, NULL));
-    assert_true(kvf_lt_close(p->b.lt, NULL, NULL));
+    assert_true(kvf_lt_close(p->a.lt));
+    assert_true(kvf_lt_close(p->b.lt));
 
     /* Fenced stays fenced: no posts, no reconnects. */
     struct kvf_xfer y;
@@ -1155,7 +1155,7 @@ static void test_fence_source_side_flushes(void **state)
     assert_true(r.by_outcome[KVF_LT_DONE_FLUSHED] > FRAMES / 2);
     assert_int_equal(r.by_outcome[KVF_LT_DONE_ERROR], 0);
     assert_int_equal(kvf_lt_inflight(p->a.lt), 0);
-    assert_true(kvf_lt_close(p->a.lt, NULL, NULL));
+    assert_true(kvf_lt_close(p->a.lt));
     assert_true(kvf_lt_take_drained(p->a.lt));
     assert_int_equal(kvf_transport_post_write(p->a.t, &x[0]), -ESTALE);
 
@@ -1240,7 +1240,7 @@ static void test_closed_lifetime_skips_queued_frames(void **state)
     gate_wait_held(p);
 
     /* The abort: admission closes on the source; ops are still in flight. */
-    assert_false(kvf_lt_close(p->a.lt, NULL, NULL));
+    assert_false(kvf_lt_close(p->a.lt));
     assert_int_equal(kvf_lt_inflight(p->a.lt), FRAMES);
     gate_open(p);
 
@@ -1294,7 +1294,7 @@ static void test_closed_lifetime_skips_queued_frames(void **state)
     assert_int_equal(s.frames_malformed + s.frames_cut, 0);
     struct reaped r = {0};
     reap(p->a.t, 1, &r); /* the marker */
-    assert_true(kvf_lt_close(kvf_lt_table_find(p->a.tab, OTHER_ROOM), NULL, NULL));
+    assert_true(kvf_lt_close(kvf_lt_table_find(p->a.tab, OTHER_ROOM)));
     assert_int_equal(kvf_lt_inflight(p->b.lt), 0);
     free(x);
     free(tail);
@@ -1327,7 +1327,7 @@ static void test_skip_keeps_other_rooms_in_order(void **state)
             post(&p->a, &x[2 * i + 1], ROOM, small + (size_t)i * PAGE, PAGE, 16 + i, 1, 0), 0);
     }
     gate_wait_held(p);
-    assert_false(kvf_lt_close(closing, NULL, NULL));
+    assert_false(kvf_lt_close(closing));
     gate_open(p);
 
     struct reaped r = {0};

@@ -130,7 +130,7 @@ static void side_fini(struct side *s)
     assert_int_equal(st.objects_live, 0);
     kvf_verbs_fake_destroy(s->fake);
     for (unsigned i = 0; i < 2; i++)
-        (void)kvf_lt_close(s->lt[i], NULL, NULL);
+        (void)kvf_lt_close(s->lt[i]);
     assert_true(kvf_lt_table_can_teardown(s->tab));
     kvf_lt_table_destroy(s->tab);
     free(s->mem);
@@ -225,7 +225,7 @@ static unsigned poll_until(struct fx *f, unsigned want)
 
 static void close_drained(struct side *s, unsigned room)
 {
-    assert_true(kvf_lt_close(s->lt[room], NULL, NULL));
+    assert_true(kvf_lt_close(s->lt[room]));
     assert_int_equal(kvf_lt_state(s->lt[room]), KVF_LT_DRAINED);
 }
 
@@ -762,7 +762,7 @@ static int child_main(int sock)
     kvf_transport_destroy(b.t);
     kvf_verbs_fake_destroy(b.fake);
     for (unsigned i = 0; i < 2; i++)
-        (void)kvf_lt_close(b.lt[i], NULL, NULL);
+        (void)kvf_lt_close(b.lt[i]);
     kvf_lt_table_destroy(b.tab);
     free(b.mem);
     return code;
