@@ -19,7 +19,7 @@
 # Every other option goes to demo.py (--rooms, --abort-share, --tp, --pages-min,
 # --pages-max, --page-size, --chunks, --concurrency, --seed, --json; see
 # demo.py --help). Exit status: the demo's (0: every room terminal, 0
-# corrupted pages).
+# corrupted pages, no room stuck until the demo's 10 s watchdog aborted it).
 #
 # Ctrl-C (or TERM) stops everything: the demo, the nodes, then the control
 # plane (SIGTERM, SIGKILL after 10 s), and removes the temporary directory and
