@@ -1210,6 +1210,13 @@ void node_rdma_notice_in(struct kvf_node *n, struct node_room *r, struct node_me
                  r->members[i].rank == pm->source_rank &&
                  r->members[i].incarnation == pm->sender_incarnation &&
                  strcmp(r->members[i].node_id, pm->sender) == 0;
+    /* As for a TCP frame (tcp_check): a node the room's update introduced may
+     * write before its members are published here (its node learned this
+     * sink once this node acknowledged; docs/node.md, "Ordered room
+     * updates"). The sink lease checks below still apply. */
+    for (size_t i = 0; i < r->nintro && !src_ok; i++)
+        src_ok = r->intro[i].incarnation == pm->sender_incarnation &&
+                 strcmp(r->intro[i].node_id, pm->sender) == 0;
     if (!src_ok) {
         notice_refused(n, r, m, pm, "the sender is not that source of the room");
         return;

@@ -469,6 +469,44 @@ static void test_rdma_abort_with_writes_held(void **state)
     assert_int_equal(rdma_stat(&f->n1, "notices_sent="), 1);
 }
 
+/* The RDMA twin of test_node_rules' test_frame_before_source_is_published_lands:
+ * n2 applied its own update (n1 introduced, n1's members not yet published
+ * there: n1 has not acknowledged) when n1's RDMA writes and chunk notice
+ * arrive. n1 is a node the room introduced, so the notice counts (the sink
+ * lease check still applies) and the room completes. Before: n2 refused the
+ * notice ("the sender is not that source of the room") and failed the room;
+ * seen under load in the ASan suite as a TRANSFER_FAILED abort. */
+static void test_rdma_notice_before_source_is_published_lands(void **state)
+{
+    struct fx *f = *state;
+    fx_start(f, "fake");
+    warm_up_link(f, 900);
+    nh_seed_fill(&f->p1, 0, 8, 901);
+
+    nh_set_faults(&f->n1, "hold_room_update=1\n", WAIT_MS);
+    kvf_room_key k = nh_join(f->ch, 902, 1, 1, "n1", 0, KVFENCE__V1__ROLE__ROLE_SOURCE,
+                             f->p1.pool_id, 0, 8, WAIT_MS, NULL);
+    (void)nh_join(f->ch, 902, 1, 1, "n2", 0, KVFENCE__V1__ROLE__ROLE_SINK, f->p2.pool_id, 16, 8,
+                  WAIT_MS, NULL);
+    nh_wait_room_state(f->ch, k, KVFENCE__V1__ROOM_STATE__ROOM_STATE_ACTIVE, WAIT_MS);
+    nh_wait_log(&f->n2, "room update", &k, 1, WAIT_MS);
+    /* n2's next update (naming n1's source) waits for n1's ack: n2 holds it. */
+    nh_set_faults(&f->n2, "hold_room_update=1\n", WAIT_MS);
+    nh_set_faults(&f->n1, "hold_room_update=0\n", WAIT_MS);
+    nh_wait_node_knows(&f->n1, k, f->p1.pool_id, "n2", f->p2.pool_id, 16, WAIT_MS);
+    nh_wait_log(&f->n2, "fault: holding a RoomUpdate", NULL, 1, WAIT_MS);
+    submit_ok(f, k, 1, 0, 16, 8, true, NULL, 0);
+    nh_sleep_ms(300); /* the writes and the notice reach n2 while it holds the update */
+    assert_int_equal(nh_log_count(&f->n2, "transfer failed", &k), 0);
+    nh_set_faults(&f->n2, "hold_room_update=0\n", WAIT_MS);
+    nh_wait_room_state(f->ch, k, KVFENCE__V1__ROOM_STATE__ROOM_STATE_COMPLETED, WAIT_MS);
+    nh_seed_check(&f->p2, 16, 8, 901, 0);
+    struct nh_node *nodes[] = {&f->n1, &f->n2};
+    assert_int_equal(nh_nodes_stop(nodes, 2, 20000), 0);
+    assert_int_equal(rdma_stat(&f->n2, "notices_refused="), 0);
+    assert_true(rdma_stat(&f->n2, "notices_in=") >= 1); /* this room came over RDMA */
+}
+
 static void test_rdma_kill9_source_with_writes_outstanding(void **state)
 {
     struct fx *f = *state;
@@ -878,6 +916,8 @@ int main(void)
         cmocka_unit_test_setup_teardown(test_rdma_room_lands_byte_exact, setup, teardown),
         cmocka_unit_test_setup_teardown(test_rdma_off_peer_gets_tcp, setup, teardown),
         cmocka_unit_test_setup_teardown(test_rdma_abort_with_writes_held, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_rdma_notice_before_source_is_published_lands, setup,
+                                        teardown),
         cmocka_unit_test_setup_teardown(test_rdma_kill9_source_with_writes_outstanding, setup,
                                         teardown),
         cmocka_unit_test_setup_teardown(test_rdma_pool_registered_after_link, setup, teardown),
