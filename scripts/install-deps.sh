@@ -29,6 +29,8 @@ packages=(
     unzip
     # TLS tests make throwaway certificates with the openssl command
     openssl
+    # the store's repair test watches its fsyncs with strace
+    strace
 )
 # tests/deploy also runs Node.js and npm. Debian's nodejs and npm only when no
 # `node` is on PATH: a machine that has another Node.js keeps it.
