@@ -1,7 +1,8 @@
 /*
  * lifetime.c: one room-generation's lifetime on a node: admission, in-flight
- * accounting, the drained event and staging buffers. The table that names lifetimes
- * by room key, remembers forgotten generations and fences peers is in lifetime_table.c.
+ * accounting, the drained event and staging buffers. The table that names
+ * lifetimes by room key, remembers forgotten generations and fences peers is in
+ * lifetime_table.c.
  *
  * DESIGN: admission and retirement are the hot path and may run on any thread.
  * They touch one atomic 64-bit word per lifetime: bit 63 says admission is
@@ -13,8 +14,8 @@
  * "drained". A retiring thread touches nothing of the lifetime after its
  * fetch_sub, because the owner may free the lifetime as soon as it is drained.
  * Per-kind counts are relaxed atomics next to the word (statistics; the word is
- * the proof). Everything else (quarantine, staging flags, the
- * taken-drained flag) belongs to the owner thread.
+ * the proof). Everything else (quarantine, staging flags, the taken-drained
+ * flag) belongs to the owner thread.
  */
 #include <assert.h>
 #include <errno.h>

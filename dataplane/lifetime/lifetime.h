@@ -3,8 +3,8 @@
  *
  * A node keeps one lifetime per room-generation. The lifetime decides whether a
  * new op may start (admission), counts every native op in flight by kind, and
- * says exactly once when the room is
- * drained: admission closed and nothing in flight, proven by completions. It
+ * says exactly once when the room is drained: admission closed and nothing in
+ * flight, proven by completions. It
  * does no I/O and reads no clock; the transports and staging engines call in
  * when they post and when they reap. The rules are in docs/state-cores.md.
  *
@@ -176,10 +176,9 @@ bool kvf_lt_op_retire(struct kvf_lt_op *op, enum kvf_lt_outcome outcome);
  * (kvf_lt_op_retire) or a fence of its peer (kvf_lt_table_peer_fenced).
  * Owner thread. A failed op dooms the room, so this also shuts admission at
  * once (no drained event here: the op is still counted). A repeated call is
- * ignored. A STAGING op is never
- * quarantined (the call is ignored): a fence does not stop the copy into a
- * staging buffer, so the buffer waits for both of its done calls; quarantine
- * the transport or copy op instead.
+ * ignored. A STAGING op is never quarantined (the call is ignored): a fence
+ * does not stop the copy into a staging buffer, so the buffer waits for both
+ * of its done calls; quarantine the transport or copy op instead.
  */
 void kvf_lt_op_quarantine(struct kvf_lt_op *op);
 
