@@ -58,7 +58,6 @@
 #include <inttypes.h>
 #include <limits.h>
 #include <poll.h>
-#include <stdarg.h>
 #include <stddef.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -68,9 +67,7 @@
 #include <unistd.h>
 
 #include "faults.h"
-#include "kvf_clock.h"
 #include "kvf_error.h"
-#include "kvf_log.h"
 #include "rdma_link.h"
 #include "tcp.h"
 #include "xport.h"
@@ -78,24 +75,6 @@
 /* The fault file is re-read, and faults held by time released, at this
  * pace while --fault-file is set (tests only). */
 #define OWNER_FAULT_TICK_MS 5
-
-/* ---- logging ----------------------------------------------------------------- */
-
-void node_log(const char *level, const kvf_room_key *room, const char *fmt, ...)
-{
-    enum kvf_log_level lvl = KVF_LOG_ERROR; /* an unknown level is never dropped */
-    (void)kvf_log_level_parse(level, &lvl);
-    struct kvf_log_fields fields = {.room = room};
-    va_list ap;
-    va_start(ap, fmt);
-    kvf_log_emitv(lvl, &fields, fmt, ap);
-    va_end(ap);
-}
-
-int64_t node_now_ms(void)
-{
-    return kvf_clock_mono_ms();
-}
 
 /* ---- pools (minimal shm mapping; dataplane/pool replaces it) ------------------ */
 

@@ -44,6 +44,7 @@
 #include "local_access.h"
 #include "node.h"
 #include "node_core.h"
+#include "node_log.h"
 #include "peer_channel.h"
 #include "pool.h"
 #include "rpc_client.h"
@@ -56,11 +57,6 @@
 #define NODE_FRAME_MAX  (256u * 1024u) /* largest TCP frame payload */
 #define NODE_POLL_BATCH 64
 #define NODE_RESYNC_MAX 4096 /* lifetimes in one Resync message (more: more messages) */
-
-/* ---- logging ----------------------------------------------------------------- */
-
-void node_log(const char *level, const kvf_room_key *room, const char *fmt, ...)
-    __attribute__((format(printf, 3, 4)));
 
 /* ---- pools ------------------------------------------------------------------- */
 
@@ -358,7 +354,6 @@ struct kvf_node {
 /* node.c */
 int node_post(struct kvf_node *n, struct node_job *j);
 void node_job_free(struct node_job *j);
-int64_t node_now_ms(void);
 int node_ctl_send(struct kvf_node *n, const Kvfence__V1__NodeMessage *m);
 struct node_room *node_room_find(struct kvf_node *n, kvf_room_key key);
 void node_check_drained(struct kvf_node *n, struct node_room *r);
