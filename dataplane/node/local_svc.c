@@ -124,15 +124,8 @@ void node_local_register_pool(struct kvf_node *n, struct node_job *j)
 
     Kvfence__V1__Pool pool;
     node_pool_to_wire(p, &pool);
-    Kvfence__V1__Pool *pp = &pool;
     /* The control plane learns the pool now, or from the next Hello. */
-    Kvfence__V1__PoolUpdate pu = KVFENCE__V1__POOL_UPDATE__INIT;
-    pu.n_upserted = 1;
-    pu.upserted = &pp;
-    Kvfence__V1__NodeMessage m = KVFENCE__V1__NODE_MESSAGE__INIT;
-    m.msg_case = KVFENCE__V1__NODE_MESSAGE__MSG_POOL_UPDATE;
-    m.pool_update = &pu;
-    node_ctl_send(n, &m);
+    node_session_send_pool_added(n, &pool);
 
     Kvfence__V1__RegisterPoolResponse resp = KVFENCE__V1__REGISTER_POOL_RESPONSE__INIT;
     resp.pool = &pool;
@@ -285,7 +278,7 @@ static void source_failed(struct kvf_node *n, struct node_chunk *ch, const char 
     if (!src || src->failed)
         return;
     src->failed = true;
-    node_send_transfer_failed(n, ch->room, src->rank, src->role, why);
+    node_session_send_transfer_failed(n, ch->room, src->rank, src->role, why);
 }
 
 /* A refused (or partly admitted) chunk: its code and message. */

@@ -1,7 +1,9 @@
 /*
  * node.c: the owner thread of kvfence-node: the lifetime table, the room map,
- * the registered pools, the TCP transport's control side and the send side of
- * the control-plane session.
+ * the registered pools, the TCP transport's control side and the self-fence.
+ * The control-plane protocol (receiving, the session's own messages, every
+ * report sent) is control_session.c's: node.c hands it a table of what the
+ * owner does (struct node_session_ops) and calls its senders.
  *
  * SCOPE OF THIS VERSION (the first vertical slice):
  * - transfers over TCP, or the local transport for a sink on this node, with
@@ -15,7 +17,8 @@
  *   messages (rdma_link.c; no staging messages);
  * - lifetimes are never forgotten while the process runs (one small record per
  *   room), so that every late message for a room stays recognisable;
- * - Resync and self-fencing after node_ttl without a session: control_session.c.
+ * - Resync and the decision to self-fence after node_ttl without a session:
+ *   control_session.c; the self-fence itself: node_self_fence here.
  *
  * Completion rules (documented decisions):
  * - a source participant is Completed once every (source, sink) pair it
@@ -66,6 +69,8 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "control_session.h"
+#include "devpool.h"
 #include "faults.h"
 #include "kvf_error.h"
 #include "rdma_link.h"
@@ -141,63 +146,7 @@ static int node_post_list(struct kvf_node *n, struct node_job *head, struct node
     return rc;
 }
 
-/* ---- sending to the control plane ------------------------------------------- */
-
-int node_ctl_send(struct kvf_node *n, const Kvfence__V1__NodeMessage *m)
-{
-    if (!n->session)
-        return -ENOTCONN;
-    if (node_fault_drop_report(n, (int)m->msg_case))
-        return 0; /* as if sent and lost */
-    size_t len = kvfence__v1__node_message__get_packed_size(m);
-    uint8_t *buf = malloc(len ? len : 1);
-    if (!buf)
-        return -ENOMEM;
-    kvfence__v1__node_message__pack(m, buf);
-    int rc = kvf_rpc_client_stream_send(n->session, buf, len);
-    free(buf);
-    return rc;
-}
-
-void node_send_drained(struct kvf_node *n, struct node_room *r)
-{
-    Kvfence__V1__RoomKey k = KVFENCE__V1__ROOM_KEY__INIT;
-    k.room_id = r->key.room_id;
-    k.generation = r->key.generation;
-    Kvfence__V1__AbortToken t = KVFENCE__V1__ABORT_TOKEN__INIT;
-    t.hi = r->core.token.hi;
-    t.lo = r->core.token.lo;
-    Kvfence__V1__Drained d = KVFENCE__V1__DRAINED__INIT;
-    d.room = &k;
-    d.token = &t;
-    d.notice_id = r->core.notice_id;
-    /* A lifetime of an incarnation this process gave up (self-fence): its
-     * token, sent to that incarnation only, proves it. */
-    d.incarnation = r->incarnation != n->incarnation ? r->incarnation : 0;
-    Kvfence__V1__NodeMessage m = KVFENCE__V1__NODE_MESSAGE__INIT;
-    m.msg_case = KVFENCE__V1__NODE_MESSAGE__MSG_DRAINED;
-    m.drained = &d;
-    int rc = node_ctl_send(n, &m);
-    node_log("info", &r->key, "drained%s", rc == 0 ? "" : " (not sent: no session)");
-}
-
-void node_send_completed(struct kvf_node *n, struct node_room *r, struct node_member *mb)
-{
-    Kvfence__V1__RoomKey k = KVFENCE__V1__ROOM_KEY__INIT;
-    k.room_id = r->key.room_id;
-    k.generation = r->key.generation;
-    Kvfence__V1__Completed c = KVFENCE__V1__COMPLETED__INIT;
-    c.room = &k;
-    c.rank = mb->rank;
-    c.role = (Kvfence__V1__Role)mb->role;
-    Kvfence__V1__NodeMessage m = KVFENCE__V1__NODE_MESSAGE__INIT;
-    m.msg_case = KVFENCE__V1__NODE_MESSAGE__MSG_COMPLETED;
-    m.completed = &c;
-    int rc = node_ctl_send(n, &m);
-    node_log("info", &r->key, "participant rank %u %s completed%s", mb->rank,
-             mb->role == KVFENCE__V1__ROLE__ROLE_SOURCE ? "source" : "sink",
-             rc == 0 ? "" : " (report waits for the session)");
-}
+/* ---- completions and the rules core's effects -------------------------------- */
 
 void node_part_completed(struct kvf_node *n, struct node_room *r, struct node_member *mb)
 {
@@ -240,12 +189,12 @@ void node_core_apply(struct kvf_node *n)
                 node_session_maybe_witness(n);
             break;
         case KVF_NCORE_FX_SEND_DRAINED:
-            node_send_drained(n, r);
+            node_session_send_drained(n, r);
             break;
         case KVF_NCORE_FX_SEND_COMPLETED: {
             struct node_member *m = local_part(r, fx.rank, fx.sink);
             if (m)
-                node_send_completed(n, r, m);
+                node_session_send_completed(n, r, m);
             break;
         }
         case KVF_NCORE_FX_CLOSE_PEERS:
@@ -265,7 +214,7 @@ void node_core_apply(struct kvf_node *n)
             struct node_member *m = local_part(r, fx.rank, fx.sink);
             if (m)
                 m->failed = true;
-            node_send_transfer_failed(
+            node_session_send_transfer_failed(
                 n, r, fx.rank,
                 fx.sink ? KVFENCE__V1__ROLE__ROLE_SINK : KVFENCE__V1__ROLE__ROLE_SOURCE, fx.reason);
             break;
@@ -278,94 +227,6 @@ void node_core_collect(struct kvf_node *n)
 {
     if (kvf_ncore_collect(n->core) > 0)
         node_core_apply(n);
-}
-
-void node_send_transfer_failed(struct kvf_node *n, struct node_room *r, uint32_t rank, int role,
-                               const char *reason)
-{
-    if (r->core.aborting)
-        return; /* the room is failing already */
-    Kvfence__V1__RoomKey k = KVFENCE__V1__ROOM_KEY__INIT;
-    k.room_id = r->key.room_id;
-    k.generation = r->key.generation;
-    Kvfence__V1__TransferFailed f = KVFENCE__V1__TRANSFER_FAILED__INIT;
-    f.room = &k;
-    f.reason = (char *)reason;
-    f.rank = rank;
-    f.role = (Kvfence__V1__Role)role;
-    Kvfence__V1__NodeMessage m = KVFENCE__V1__NODE_MESSAGE__INIT;
-    m.msg_case = KVFENCE__V1__NODE_MESSAGE__MSG_TRANSFER_FAILED;
-    m.transfer_failed = &f;
-    node_ctl_send(n, &m);
-    node_log("warn", &r->key, "transfer failed: %s", reason);
-}
-
-static void send_ack(struct kvf_node *n, uint64_t notice_id)
-{
-    Kvfence__V1__Ack a = KVFENCE__V1__ACK__INIT;
-    a.notice_id = notice_id;
-    Kvfence__V1__NodeMessage m = KVFENCE__V1__NODE_MESSAGE__INIT;
-    m.msg_case = KVFENCE__V1__NODE_MESSAGE__MSG_ACK;
-    m.ack = &a;
-    node_ctl_send(n, &m);
-}
-
-/* The update is applied: the control plane may now publish this node's
- * members of the room to the room's other nodes (node.proto RoomUpdateAck). */
-static void send_room_update_ack(struct kvf_node *n, kvf_room_key key, uint64_t version)
-{
-    Kvfence__V1__RoomKey k = KVFENCE__V1__ROOM_KEY__INIT;
-    k.room_id = key.room_id;
-    k.generation = key.generation;
-    Kvfence__V1__RoomUpdateAck a = KVFENCE__V1__ROOM_UPDATE_ACK__INIT;
-    a.room = &k;
-    a.version = version;
-    Kvfence__V1__NodeMessage m = KVFENCE__V1__NODE_MESSAGE__INIT;
-    m.msg_case = KVFENCE__V1__NODE_MESSAGE__MSG_ROOM_UPDATE_ACK;
-    m.room_update_ack = &a;
-    node_ctl_send(n, &m);
-}
-
-static void send_heartbeat(struct kvf_node *n)
-{
-    uint32_t open = 0;
-    uint64_t ops = 0;
-    for (struct node_room *r = n->rooms; r; r = r->next) {
-        if (kvf_lt_state(r->core.lt) != KVF_LT_DRAINED)
-            open++;
-        ops += kvf_lt_inflight(r->core.lt);
-    }
-    Kvfence__V1__Heartbeat h = KVFENCE__V1__HEARTBEAT__INIT;
-    h.seq = ++n->hb_seq;
-    h.open_lifetimes = open;
-    h.ops_in_flight = ops;
-    Kvfence__V1__NodeMessage m = KVFENCE__V1__NODE_MESSAGE__INIT;
-    m.msg_case = KVFENCE__V1__NODE_MESSAGE__MSG_HEARTBEAT;
-    m.heartbeat = &h;
-    node_ctl_send(n, &m);
-}
-
-void node_pool_to_wire(const struct node_pool *p, Kvfence__V1__Pool *pv)
-{
-    kvfence__v1__pool__init(pv);
-    pv->pool_id = p->id;
-    pv->pool_key = (char *)p->key;
-    bool cuda = p->pool && kvf_pool_kind(p->pool) == KVF_POOL_CUDA_IPC;
-    pv->kind = cuda ? KVFENCE__V1__POOL_KIND__POOL_KIND_CUDA_IPC
-                    : KVFENCE__V1__POOL_KIND__POOL_KIND_HOST_SHM;
-    pv->cuda_device = cuda ? kvf_pool_device(p->pool) : 0;
-    pv->page_size = p->page_size;
-    pv->page_count = p->page_count;
-    pv->owner_rank = p->rank;
-    pv->base_addr = (uint64_t)(uintptr_t)p->base;
-}
-
-void node_pools_to_wire(struct kvf_node *n, Kvfence__V1__Pool *pv, Kvfence__V1__Pool **pp)
-{
-    for (uint32_t i = 0; i < n->npools; i++) {
-        node_pool_to_wire(&n->pools[i], &pv[i]);
-        pp[i] = &pv[i];
-    }
 }
 
 /* ---- rooms ------------------------------------------------------------------- */
@@ -769,18 +630,18 @@ static void on_room_update(struct kvf_node *n, const Kvfence__V1__RoomUpdate *ru
 {
     kvf_room_key key = key_of(ru->room);
     if (node_fault_ack_drop_room_update(n)) { /* a node that breaks the order (tests) */
-        send_ack(n, ru->notice_id);
-        send_room_update_ack(n, key, ru->version);
+        node_session_send_ack(n, ru->notice_id);
+        node_session_send_room_update_ack(n, key, ru->version);
         return;
     }
     struct node_room *r = node_room_find(n, key);
     if (!r && (n->stop_requested || kvf_lt_table_is_late(n->lts, key))) {
         node_log("info", &key, "late or refused room update ignored");
-        send_ack(n, ru->notice_id);
+        node_session_send_ack(n, ru->notice_id);
         return;
     }
     if (!r && !(r = room_open(n, key))) {
-        send_ack(n, ru->notice_id);
+        node_session_send_ack(n, ru->notice_id);
         return;
     }
     /* An update names another node's members only as far as that node
@@ -901,8 +762,8 @@ static void on_room_update(struct kvf_node *n, const Kvfence__V1__RoomUpdate *ru
     free(old_intro);
     node_log("info", &key, "room update %" PRIu64 ": %zu members, %zu peers", ru->version, cnt,
              ru->n_peers);
-    send_ack(n, ru->notice_id);
-    send_room_update_ack(n, key, ru->version);
+    node_session_send_ack(n, ru->notice_id);
+    node_session_send_room_update_ack(n, key, ru->version);
     if (!r->core.aborting)
         r->state = (int)ru->state;
     /* A re-sent update changes nothing: no event for it. */
@@ -939,7 +800,7 @@ static void on_abort_notice(struct kvf_node *n, const Kvfence__V1__AbortNotice *
         tmp.key = key;
         tmp.core.token = tok;
         tmp.core.notice_id = an->notice_id;
-        node_send_drained(n, &tmp);
+        node_session_send_drained(n, &tmp);
         return;
     }
     if (!r->core.aborting) {
@@ -982,58 +843,225 @@ static void on_fence_peer(struct kvf_node *n, const Kvfence__V1__FencePeer *fp)
     node_poll_completions(n);
     for (struct node_room *r = n->rooms; r; r = r->next)
         node_check_drained(n, r);
-    Kvfence__V1__PeerFenced pf = KVFENCE__V1__PEER_FENCED__INIT;
-    pf.node_id = (char *)id;
-    pf.incarnation = fp->incarnation;
-    pf.notice_id = fp->notice_id;
-    Kvfence__V1__NodeMessage m = KVFENCE__V1__NODE_MESSAGE__INIT;
-    m.msg_case = KVFENCE__V1__NODE_MESSAGE__MSG_PEER_FENCED;
-    m.peer_fenced = &pf;
-    node_ctl_send(n, &m);
+    node_session_send_peer_fenced(n, id, fp->incarnation, fp->notice_id);
 }
 
-static void on_control_msg(struct kvf_node *n, const Kvfence__V1__ControlMessage *cm)
+/* ---- the owner, as the control session sees it (control_session.h) ---------- */
+
+/* The self-fence (control_session.h, ops->self_fence; a LOST refusal): fences
+ * every peer, closes every lifetime and takes a new incarnation with no
+ * peers and no lifetimes, the same pools. Owner thread. */
+static void node_self_fence(struct kvf_node *n, const char *why)
 {
-    if (node_fault_drop_control(n, (int)cm->msg_case))
-        return; /* unacknowledged: the control plane sends it again */
-    switch (cm->msg_case) {
-    case KVFENCE__V1__CONTROL_MESSAGE__MSG_WELCOME:
-        n->session_welcomed = true;
-        n->hb_interval_ms =
-            cm->welcome->heartbeat_interval_ms ? cm->welcome->heartbeat_interval_ms : 1000;
-        n->next_hb_ms = node_now_ms() + (int64_t)n->hb_interval_ms;
-        node_log("info", NULL, "attached to control plane %s (protocol %u)",
-                 cm->welcome->control_plane_id ? cm->welcome->control_plane_id : "?",
-                 cm->welcome->negotiated_version);
+    uint64_t old = n->incarnation;
+    node_session_give_up(n); /* nothing more is said as this incarnation */
+    pthread_mutex_lock(&n->qlock);
+    n->welcomed = false;
+    pthread_mutex_unlock(&n->qlock);
+
+    /* Admission first: nothing new starts while the peers are fenced. The
+     * engines watching a room that was open see it close. */
+    size_t open = 0;
+    for (struct node_room *r = n->rooms; r; r = r->next)
+        open += kvf_lt_state(r->core.lt) == KVF_LT_OPEN;
+    struct node_room **was_open = calloc(open ? open : 1, sizeof *was_open);
+    size_t k = 0;
+    for (struct node_room *r = n->rooms; r && was_open; r = r->next)
+        if (kvf_lt_state(r->core.lt) == KVF_LT_OPEN)
+            was_open[k++] = r;
+    (void)kvf_lt_table_close_all(n->lts, NULL, NULL);
+    for (size_t i = 0; i < k; i++)
+        node_watch_room_state(n, was_open[i]);
+    free(was_open);
+    uint32_t fenced = 0;
+    for (uint32_t i = 0; i < n->npeers; i++) {
+        if (n->peers[i].fenced)
+            continue;
+        int rc = node_xport_fence_peer(n, i); /* every transport; held faults flushed too */
+        if (rc != 0) {
+            node_log("error", NULL, "self-fence: cannot fence peer %s: %s", n->peers[i].node_id,
+                     strerror(-rc));
+            continue;
+        }
+        n->peers[i].fenced = true;
+        (void)kvf_lt_table_peer_fenced(n->lts, i);
+        fenced++;
+    }
+    /* Same-node copies: flushed or waited for, and a fresh local transport
+     * whose peer indices start over with the peer table below. */
+    int lrc = node_xport_renew_local(n);
+    if (lrc != 0)
+        node_log("error", NULL, "self-fence: local transport: %s", strerror(-lrc));
+    node_poll_completions(n);
+    size_t undrained = 0;
+    for (struct node_room *r = n->rooms; r; r = r->next) {
+        node_check_drained(n, r);
+        undrained += kvf_lt_state(r->core.lt) != KVF_LT_DRAINED;
+    }
+
+    /* A new incarnation with nothing in it: a fresh TCP identity (peers know
+     * the old one as fenced), the same pools, no peers. */
+    struct timespec ts;
+    clock_gettime(CLOCK_REALTIME, &ts);
+    uint64_t inc = (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
+    if (inc <= old)
+        inc = old + 1;
+    /* The new transport exists before the old one goes, so that the node
+     * always has one (its peers all fenced if it must stay the old one). */
+    struct kvf_transport *fresh = node_tcp_create(n, inc, 0);
+    if (!fresh) {
+        node_log("error", NULL,
+                 "self-fence: cannot create a tcp transport for a new incarnation: stopping "
+                 "(every peer stays fenced)");
+        atomic_store(&n->fatal, -EIO);
         pthread_mutex_lock(&n->qlock);
-        n->welcomed = true;
-        n->welcomes++;
-        n->welcomed_port = n->data_port;
         pthread_cond_broadcast(&n->qdone);
         pthread_mutex_unlock(&n->qlock);
-        node_session_on_welcome(n, cm->welcome);
-        break;
-    case KVFENCE__V1__CONTROL_MESSAGE__MSG_RESYNC_REQUEST:
-        node_session_send_resync(n,
-                                 cm->resync_request->reason ? cm->resync_request->reason : "asked");
-        break;
-    case KVFENCE__V1__CONTROL_MESSAGE__MSG_HEARTBEAT_ACK:
-        n->cp_acks_heartbeats = true; /* the contact itself is noted in run_job */
-        break;
-    case KVFENCE__V1__CONTROL_MESSAGE__MSG_ROOM_UPDATE:
-        on_room_update(n, cm->room_update);
-        break;
-    case KVFENCE__V1__CONTROL_MESSAGE__MSG_ABORT_NOTICE:
-        on_abort_notice(n, cm->abort_notice);
-        break;
-    case KVFENCE__V1__CONTROL_MESSAGE__MSG_FENCE_PEER:
-        on_fence_peer(n, cm->fence_peer);
-        break;
-    default:
-        break; /* unknown to this version */
+        return;
     }
+    node_faults_unwrap(n);
+    kvf_transport_destroy(n->tcp);
+    n->tcp = fresh;
+    if (n->opts.data_port != 0) {
+        /* A fixed data port (firewalls, host ports): take it back. */
+        struct kvf_transport *fixed = node_tcp_create(n, inc, n->opts.data_port);
+        if (fixed) {
+            kvf_transport_destroy(n->tcp);
+            n->tcp = fixed;
+        } else {
+            node_log("warn", NULL, "self-fence: data port %u not free again: using %u",
+                     n->opts.data_port, kvf_transport_tcp_port(n->tcp));
+        }
+    }
+    n->data_port = kvf_transport_tcp_port(n->tcp);
+    if (node_faults_wrap(n) != 0)
+        node_log("error", NULL, "self-fence: fault injection off: out of memory");
+    for (uint32_t i = 0; i < n->npools; i++) {
+        int rc = node_devpool_add_tcp(n->tcp, &n->pools[i]);
+        if (rc != 0)
+            node_log("error", NULL, "self-fence: pool %u not re-added to tcp: %s", n->pools[i].id,
+                     strerror(-rc));
+    }
+    node_peers_reset(n);
+    /* New keys for the new incarnation: the old pair secrets and the old
+     * CURVE key die with it. */
+    struct kvf_peer_keypair fresh_keys;
+    if (kvf_peer_keypair_generate(&fresh_keys) != 0) {
+        node_log("error", NULL, "self-fence: no peer keys for the new incarnation: stopping");
+        atomic_store(&n->fatal, -EIO);
+        pthread_mutex_lock(&n->qlock);
+        pthread_cond_broadcast(&n->qdone);
+        pthread_mutex_unlock(&n->qlock);
+        return;
+    }
+    kvf_peer_keypair_wipe(&n->keys);
+    n->keys = fresh_keys;
+    kvf_peer_keypair_wipe(&fresh_keys);
+    n->incarnation = old == inc ? inc + 1 : inc;
+    int prc = node_peer_renew(n); /* stamped with the new incarnation */
+    if (prc != 0) {
+        node_log("error", NULL, "self-fence: peer channel for the new incarnation: %s: stopping",
+                 strerror(-prc));
+        atomic_store(&n->fatal, prc);
+        pthread_mutex_lock(&n->qlock);
+        pthread_cond_broadcast(&n->qdone);
+        pthread_mutex_unlock(&n->qlock);
+    }
+    node_session_new_incarnation(n, old); /* witnessed once its lifetimes drained */
+    n->self_fences++;
+    /* The host lock names the live incarnation. */
+    if (n->host_lock_fd >= 0 && node_host_lock_record(n->host_lock_fd, n->incarnation) != 0)
+        node_log("warn", NULL, "self-fence: host lock %s: cannot record incarnation %" PRIu64,
+                 n->host_lock_path, n->incarnation);
+    node_log("warn", NULL,
+             "self-fence: %s: fenced %u peers, closed admission on %zu open lifetimes (%zu not "
+             "drained); incarnation %" PRIu64 " is given up, re-attaching as incarnation %" PRIu64
+             " with no lifetimes",
+             why, fenced, open, undrained, old, n->incarnation);
 }
 
+static int session_post_message(void *ctx, struct kvf_rpc_client_stream *cs,
+                                Kvfence__V1__ControlMessage *cm)
+{
+    struct kvf_node *n = ctx;
+    struct node_job *j = calloc(1, sizeof *j);
+    if (!j)
+        return -ENOMEM;
+    j->kind = JOB_CONTROL_MSG;
+    j->cm = cm;
+    j->stream = cs; /* the owner drops messages of a stream it gave up */
+    int rc = node_post(n, j);
+    if (rc != 0) {
+        j->cm = NULL; /* the caller's again */
+        node_job_free(j);
+    }
+    return rc;
+}
+
+static bool session_post_event(void *ctx, enum node_session_event ev,
+                               struct kvf_rpc_client_stream *cs)
+{
+    struct kvf_node *n = ctx;
+    struct node_job j;
+    memset(&j, 0, sizeof j);
+    j.kind = ev == NODE_SESSION_OPEN     ? JOB_SESSION_OPEN
+             : ev == NODE_SESSION_CLOSED ? JOB_SESSION_CLOSED
+                                         : JOB_SESSION_LOST;
+    j.stream = cs;
+    j.sync = true;
+    return node_post(n, &j) == 0;
+}
+
+static void session_refused(void *ctx, int err)
+{
+    struct kvf_node *n = ctx;
+    atomic_store(&n->fatal, err);
+    pthread_mutex_lock(&n->qlock);
+    pthread_cond_broadcast(&n->qdone);
+    pthread_mutex_unlock(&n->qlock);
+}
+
+static void session_welcomed(void *ctx)
+{
+    struct kvf_node *n = ctx;
+    pthread_mutex_lock(&n->qlock);
+    n->welcomed = true;
+    n->welcomes++;
+    n->welcomed_port = n->data_port;
+    pthread_cond_broadcast(&n->qdone);
+    pthread_mutex_unlock(&n->qlock);
+}
+
+static void session_room_update(void *ctx, const Kvfence__V1__RoomUpdate *ru)
+{
+    on_room_update(ctx, ru);
+}
+
+static void session_abort_notice(void *ctx, const Kvfence__V1__AbortNotice *an)
+{
+    on_abort_notice(ctx, an);
+}
+
+static void session_fence_peer(void *ctx, const Kvfence__V1__FencePeer *fp)
+{
+    on_fence_peer(ctx, fp);
+}
+
+static void session_self_fence(void *ctx, const char *why)
+{
+    node_self_fence(ctx, why);
+}
+
+static const struct node_session_ops node_session_ops = {
+    .post_message = session_post_message,
+    .post_event = session_post_event,
+    .refused = session_refused,
+    .welcomed = session_welcomed,
+    .room_update = session_room_update,
+    .abort_notice = session_abort_notice,
+    .fence_peer = session_fence_peer,
+    .self_fence = session_self_fence,
+};
 /* ---- TCP receive side (receiver threads) --------------------------------------- */
 
 bool node_ranges_cover(const struct node_range *rv, size_t nr, uint32_t first, uint32_t count)
@@ -1192,18 +1220,7 @@ void node_fail_unknown_room(struct kvf_node *n, kvf_room_key key, const char *wh
     struct node_room *r = node_room_find(n, key);
     if (kvf_lt_table_is_late(n->lts, key) || (r && (r->have_update || r->core.aborting)))
         return; /* closed here, or known by now: the usual rules apply */
-    Kvfence__V1__RoomKey k = KVFENCE__V1__ROOM_KEY__INIT;
-    k.room_id = key.room_id;
-    k.generation = key.generation;
-    Kvfence__V1__TransferFailed f = KVFENCE__V1__TRANSFER_FAILED__INIT;
-    f.room = &k;
-    f.reason = (char *)why;
-    f.role = KVFENCE__V1__ROLE__ROLE_SINK;
-    Kvfence__V1__NodeMessage m = KVFENCE__V1__NODE_MESSAGE__INIT;
-    m.msg_case = KVFENCE__V1__NODE_MESSAGE__MSG_TRANSFER_FAILED;
-    m.transfer_failed = &f;
-    node_ctl_send(n, &m);
-    node_log("warn", &key, "transfer failed: %s", why);
+    node_session_send_room_failed(n, key, why);
 }
 
 static void on_frame(struct kvf_node *n, const struct node_job *j)
@@ -1238,7 +1255,7 @@ static void on_frame(struct kvf_node *n, const struct node_job *j)
             j->page_count);
         if (sink && !sink->failed) {
             sink->failed = true;
-            node_send_transfer_failed(n, r, sink->rank, sink->role, why);
+            node_session_send_transfer_failed(n, r, sink->rank, sink->role, why);
         } else if (!sink) {
             node_log("error", &r->key, "%s (no local sink in that pool to report it)", why);
         }
@@ -1257,7 +1274,7 @@ static void on_frame(struct kvf_node *n, const struct node_job *j)
             char why[NODE_ID_MAX + 96];
             snprintf(why, sizeof why, "tcp receive from %s cut: %s",
                      j->peer < n->npeers ? n->peers[j->peer].node_id : "?", strerror(-j->status));
-            node_send_transfer_failed(n, r, m->rank, m->role, why);
+            node_session_send_transfer_failed(n, r, m->rank, m->role, why);
         }
     }
     /* A receive retired: a sink that waited for it may complete now. */
@@ -1306,34 +1323,19 @@ static void run_job_kind(struct kvf_node *n, struct node_job *j)
 {
     switch (j->kind) {
     case JOB_SESSION_OPEN:
-        n->session = j->stream;
-        n->session_welcomed = false;
-        n->hb_seq = 0;
-        if (node_session_send_hello(n, j->stream) == 0) {
-            /* Completions reported while the session was down are said again. */
-            for (struct node_room *r = n->rooms; r; r = r->next)
-                for (size_t i = 0;
-                     i < r->nmembers && !r->core.aborting && r->incarnation == n->incarnation; i++)
-                    if (r->members[i].local && r->members[i].completed)
-                        node_send_completed(n, r, &r->members[i]);
-        }
+        node_session_opened(n, j->stream);
         break;
     case JOB_SESSION_CLOSED:
-        if (n->session == j->stream) {
-            n->session = NULL;
-            n->session_welcomed = false;
-        }
+        node_session_closed(n, j->stream);
         break;
     case JOB_CONTROL_MSG:
-        if (j->stream != n->session)
+        if (!node_session_is_current(n, j->stream))
             break; /* a stream given up by a self-fence */
         if (node_fault_hold_control(n, j)) {
             j->kept = true; /* posted again when the hold ends */
             break;
         }
-        on_control_msg(n, j->cm);
-        if (n->session_welcomed)
-            n->last_contact_ms = node_now_ms();
+        node_session_on_message(n, j->cm);
         break;
     case JOB_UNREGISTER_POOL:
         node_local_unregister_pool(n, j);
@@ -1397,9 +1399,7 @@ static int owner_timeout(struct kvf_node *n)
 {
     int64_t now = node_now_ms();
     int64_t at = INT64_MAX;
-    if (n->session && n->session_welcomed)
-        at = min64(at, n->next_hb_ms);
-    at = min64(at, node_session_next_ms(n));
+    at = min64(at, node_session_next_ms(n)); /* heartbeat, self-fence */
     if (n->stop_requested)
         at = min64(at, n->stop_deadline_ms);
     at = min64(at, node_xport_next_ms(n, now));
@@ -1458,11 +1458,7 @@ static void *owner_main(void *arg)
         node_faults_tick(n);
         node_poll_completions(n);
         int64_t now = node_now_ms();
-        node_session_tick(n, now);
-        if (n->session && n->session_welcomed && now >= n->next_hb_ms) {
-            send_heartbeat(n);
-            n->next_hb_ms = now + (int64_t)n->hb_interval_ms;
-        }
+        node_session_tick(n, now); /* heartbeat, self-fence */
         node_health_update(n);
         if (n->stop_requested) {
             bool done = kvf_lt_table_can_teardown(n->lts);
@@ -1471,10 +1467,7 @@ static void *owner_main(void *arg)
                 if (!done)
                     node_log("error", NULL, "drain timeout: lifetimes still undrained at stop");
                 node_rdma_close_all(n, "node shutting down");
-                if (n->session) {
-                    send_heartbeat(n);
-                    kvf_rpc_client_stream_half_close(n->session); /* deregister */
-                }
+                node_session_goodbye(n);
                 break;
             }
         }
@@ -1622,7 +1615,7 @@ struct kvf_node *kvf_node_start(const struct kvf_node_opts *opts)
     n->owner_started = true;
     if (node_local_start(n) != 0)
         goto err_destroy;
-    if (node_session_start(n) != 0)
+    if (node_session_start(n, &node_session_ops, n) != 0)
         goto err_destroy;
     char z85[KVF_PEER_Z85_SIZE];
     kvf_peer_key_z85(n->keys.pub, z85);

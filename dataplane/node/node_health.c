@@ -54,8 +54,7 @@ void node_health_update(struct kvf_node *n)
 {
     if (!n->health)
         return;
-    bool serving =
-        n->session && n->session_welcomed && !n->stop_requested && atomic_load(&n->fatal) == 0;
+    bool serving = node_session_up(n) && !n->stop_requested && atomic_load(&n->fatal) == 0;
     if (serving == n->health_serving)
         return;
     n->health_serving = serving;

@@ -38,6 +38,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "control_session.h"
 #include "kvf_types.h"
 #include "kvfence/v1/node.pb-c.h"
 #include "lifetime.h"
@@ -317,7 +318,9 @@ struct kvf_node {
     size_t room_index_cap;
     size_t room_count;
 
-    /* Control session thread. */
+    /* Control session thread, and the owner as it sees it (control_session.h). */
+    const struct node_session_ops *session_ops;
+    void *session_ctx;
     struct kvf_rpc_channel *channel;
     pthread_t session_thread;
     bool session_started;
@@ -354,17 +357,8 @@ struct kvf_node {
 /* node.c */
 int node_post(struct kvf_node *n, struct node_job *j);
 void node_job_free(struct node_job *j);
-int node_ctl_send(struct kvf_node *n, const Kvfence__V1__NodeMessage *m);
 struct node_room *node_room_find(struct kvf_node *n, kvf_room_key key);
 void node_check_drained(struct kvf_node *n, struct node_room *r);
-/* Reports r's Drained with its token (under r's incarnation when this process
- * gave that one up). Owner thread. */
-void node_send_drained(struct kvf_node *n, struct node_room *r);
-void node_send_transfer_failed(struct kvf_node *n, struct node_room *r, uint32_t rank, int role,
-                               const char *reason);
-/* Sends Completed for local participant `m` (again after a re-attach);
- * decides nothing. */
-void node_send_completed(struct kvf_node *n, struct node_room *r, struct node_member *m);
 /* Local participant `m` is complete: the core decides what follows (the
  * report, closing the room once every local participant is). Owner. */
 void node_part_completed(struct kvf_node *n, struct node_room *r, struct node_member *m);
@@ -390,8 +384,6 @@ int node_ensure_peer(struct kvf_node *n, const char *node_id, uint64_t incarnati
                      uint32_t *idx_p);
 /* Self-fence: the new incarnation starts with no peers. Owner thread. */
 void node_peers_reset(struct kvf_node *n);
-void node_pool_to_wire(const struct node_pool *p, Kvfence__V1__Pool *pv);
-void node_pools_to_wire(struct kvf_node *n, Kvfence__V1__Pool *pv, Kvfence__V1__Pool **pp);
 struct node_pool *node_pool_find(struct kvf_node *n, uint32_t id); /* NULL: not registered */
 /* Every page of [first, first + count) lies in one of the ranges. */
 bool node_ranges_cover(const struct node_range *rv, size_t nr, uint32_t first, uint32_t count);
@@ -406,35 +398,7 @@ void node_poll_completions(struct kvf_node *n);
  * Owner thread. */
 void node_fail_unknown_room(struct kvf_node *n, kvf_room_key key, const char *why);
 
-/* control_session.c */
-int node_session_start(struct kvf_node *n);
-/* Owner: a Welcome arrived (liveness, Resync after a re-attach). */
-void node_session_on_welcome(struct kvf_node *n, const Kvfence__V1__Welcome *w);
-/* Once every lifetime of the incarnations this process gave up is drained,
- * sends Witness{gone_incarnation} on a welcomed session, once. Owner thread. */
-void node_session_maybe_witness(struct kvf_node *n);
-/* Owner: sends Resync (every lifetime of this incarnation, fenced peers, pools). */
-void node_session_send_resync(struct kvf_node *n, const char *why);
-
-/* The Resync of the current incarnation handed to `send` (node_ctl_send; a
- * test's own): every lifetime to report (not DRAINED, or DRAINED by an abort
- * notice), the undrained first, newest first, in messages of at most
- * NODE_RESYNC_MAX lifetimes (at least one message); each carries the pools,
- * the first the fenced peers. 0, -ENOMEM, or the first failed send's error;
- * *lifetimes_p / *messages_p: what was sent. Owner thread. */
-typedef int (*node_resync_send_fn)(struct kvf_node *n, const Kvfence__V1__NodeMessage *m);
-int node_resync_emit(struct kvf_node *n, node_resync_send_fn send, size_t *lifetimes_p,
-                     size_t *messages_p);
-/* Owner, every loop: self-fences once the session is gone for node_ttl. */
-void node_session_tick(struct kvf_node *n, int64_t now_ms);
-/* When node_session_tick will act next (node_now_ms time), INT64_MAX when it
- * has no deadline: the owner loop sleeps until then at most. */
-int64_t node_session_next_ms(const struct kvf_node *n);
-/* Owner: fences every peer, closes every lifetime and takes a new incarnation. */
-void node_self_fence(struct kvf_node *n, const char *why);
-void node_session_join(struct kvf_node *n);
-/* Owner thread: builds and sends Hello on `cs`. */
-int node_session_send_hello(struct kvf_node *n, struct kvf_rpc_client_stream *cs);
+/* control_session.c: control_session.h */
 
 /* local_svc.c */
 int node_local_start(struct kvf_node *n);

@@ -494,7 +494,7 @@ void node_peer_gap(struct kvf_node *n, struct node_job *j)
     char why[200];
     snprintf(why, sizeof why, "peer channel: a message from %s was lost (sequence gap)",
              j->pmsg ? j->pmsg->sender : "?");
-    node_send_transfer_failed(n, r, j->member, KVFENCE__V1__ROLE__ROLE_SINK, why);
+    node_session_send_transfer_failed(n, r, j->member, KVFENCE__V1__ROLE__ROLE_SINK, why);
 }
 
 /* ---- source side (owner) ----------------------------------------------------------- */
@@ -626,6 +626,6 @@ void node_pair_chunk_done(struct kvf_node *n, struct node_room *r, struct node_p
                  rc == -EHOSTUNREACH ? "no PEER_ZMQ endpoint announced" : strerror(-rc));
         snprintf(why, sizeof why, "peer channel: cannot send aux/status to %s: %s", p->sink_node,
                  p->error);
-        node_send_transfer_failed(n, r, p->src_rank, KVFENCE__V1__ROLE__ROLE_SOURCE, why);
+        node_session_send_transfer_failed(n, r, p->src_rank, KVFENCE__V1__ROLE__ROLE_SOURCE, why);
     }
 }

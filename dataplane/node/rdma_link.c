@@ -66,6 +66,7 @@
 #include <string.h>
 #include <time.h>
 
+#include "devpool.h"
 #include "faults.h"
 #include "kvfence/v1/types.pb-c.h"
 #include "peer_channel.h"
@@ -1180,7 +1181,7 @@ static void notice_refused(struct kvf_node *n, struct node_room *r, struct node_
              pm->sender, pm->source_rank, pm->chunk_seq, what);
     node_log("error", &r->key, "%s", why);
     m->failed = true;
-    node_send_transfer_failed(n, r, m->rank, m->role, why);
+    node_session_send_transfer_failed(n, r, m->rank, m->role, why);
 }
 
 void node_rdma_notice_in(struct kvf_node *n, struct node_room *r, struct node_member *m,
@@ -1191,7 +1192,7 @@ void node_rdma_notice_in(struct kvf_node *n, struct node_room *r, struct node_me
         /* Cannot happen from a well-behaved source: we never linked. */
         node_log("error", &r->key, "chunk notice from %s while RDMA is off here", pm->sender);
         m->failed = true;
-        node_send_transfer_failed(n, r, m->rank, m->role, "chunk notice without RDMA");
+        node_session_send_transfer_failed(n, r, m->rank, m->role, "chunk notice without RDMA");
         return;
     }
     if (pm->transport != KVFENCE__V1__TRANSPORT_KIND__TRANSPORT_KIND_RDMA) {

@@ -7,7 +7,7 @@
  * The TCP transport is also the node's receive side (it lands the frames of
  * its peers in the pools), so it is made with the node (node_tcp_create, its
  * port announced in the Hello) and replaced by the self-fence with the new
- * incarnation's identity (control_session.c); its start, stop and renew slots
+ * incarnation's identity (node.c, node_self_fence); its start, stop and renew slots
  * here have nothing to do.
  *
  * Connects never block the owner thread: kvf_transport_tcp_connect starts a
