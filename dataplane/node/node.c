@@ -1307,6 +1307,42 @@ struct kvf_transport *node_tcp_create(struct kvf_node *n, uint64_t incarnation, 
     return kvf_transport_tcp_create(&to);
 }
 
+/* ---- what the fault module may do (faults.h) -------------------------------- */
+
+static void fault_run_stream(void *ctx, struct node_job *j)
+{
+    node_substream_run(ctx, j);
+}
+
+static int fault_repost(void *ctx, struct node_job *j)
+{
+    return node_post(ctx, j);
+}
+
+static void fault_job_free(void *ctx, struct node_job *j)
+{
+    (void)ctx;
+    node_job_free(j);
+}
+
+static void fault_rdma_hold(void *ctx, bool on)
+{
+    node_rdma_set_hold(ctx, on); /* no-op before RDMA started */
+}
+
+static void fault_rdma_hold_odd(void *ctx, bool on)
+{
+    node_rdma_set_hold_odd(ctx, on);
+}
+
+static const struct node_fault_hooks node_fault_hooks = {
+    .run_stream = fault_run_stream,
+    .repost = fault_repost,
+    .job_free = fault_job_free,
+    .rdma_hold = fault_rdma_hold,
+    .rdma_hold_odd = fault_rdma_hold_odd,
+};
+
 /* ---- the owner loop ------------------------------------------------------------ */
 
 static void run_job_kind(struct kvf_node *n, struct node_job *j);
@@ -1603,7 +1639,8 @@ struct kvf_node *kvf_node_start(const struct kvf_node_opts *opts)
         goto err_destroy;
     n->data_port = kvf_transport_tcp_port(n->tcp);
     n->tcp_io = n->tcp;
-    if (opts->fault_file && opts->fault_file[0] && node_faults_start(n, opts->fault_file) != 0)
+    if (opts->fault_file && opts->fault_file[0] &&
+        node_faults_start(n, opts->fault_file, &node_fault_hooks, n) != 0)
         goto err_destroy;
     if (node_xport_start(n) != 0)
         goto err_destroy;
