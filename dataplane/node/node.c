@@ -85,67 +85,6 @@
 
 /* ---- job queue ----------------------------------------------------------------- */
 
-void node_job_free(struct node_job *j)
-{
-    if (!j)
-        return;
-    if (j->cm)
-        kvfence__v1__control_message__free_unpacked(j->cm, NULL);
-    if (j->reg)
-        kvfence__v1__register_pool_request__free_unpacked(j->reg, NULL);
-    if (j->submit)
-        kvfence__v1__submit_chunk_request__free_unpacked(j->submit, NULL);
-    if (j->sub)
-        node_substream_put(j->sub);
-    free(j->pmsg);
-    free(j);
-}
-
-/* Under qlock: appends head..tail (linked by next) to the owner's queue and
- * wakes it. -ESHUTDOWN once the owner has exited (nothing is queued). */
-static int node_queue_locked(struct kvf_node *n, struct node_job *head, struct node_job *tail)
-{
-    if (n->owner_exit)
-        return -ESHUTDOWN;
-    tail->next = NULL;
-    if (n->qtail) {
-        n->qtail->next = head;
-    } else {
-        /* The owner takes the whole queue at once: it empties it, so a post
-         * to an empty queue is the only one that must wake it. */
-        n->qhead = head;
-        kvf_wake_signal(n->qwake);
-    }
-    n->qtail = tail;
-    return 0;
-}
-
-/* Posts `j`. A synchronous job (j->sync) is waited for and stays the
- * caller's; an asynchronous one belongs to the owner from a 0 return on.
- * -ESHUTDOWN once the owner has exited (the job stays the caller's). */
-int node_post(struct kvf_node *n, struct node_job *j)
-{
-    pthread_mutex_lock(&n->qlock);
-    int rc = node_queue_locked(n, j, j);
-    if (rc == 0 && j->sync) {
-        while (!j->done && !n->owner_exit)
-            pthread_cond_wait(&n->qdone, &n->qlock);
-        rc = j->done ? 0 : -ESHUTDOWN;
-    }
-    pthread_mutex_unlock(&n->qlock);
-    return rc;
-}
-
-/* Posts the asynchronous jobs head..tail (linked by next) with one wake-up.
- * -ESHUTDOWN once the owner has exited (the jobs stay the caller's). */
-static int node_post_list(struct kvf_node *n, struct node_job *head, struct node_job *tail)
-{
-    pthread_mutex_lock(&n->qlock);
-    int rc = node_queue_locked(n, head, tail);
-    pthread_mutex_unlock(&n->qlock);
-    return rc;
-}
-
 /* ---- completions and the rules core's effects -------------------------------- */
 
 void node_part_completed(struct kvf_node *n, struct node_room *r, struct node_member *mb)
@@ -231,23 +170,6 @@ void node_core_collect(struct kvf_node *n)
 
 /* ---- rooms ------------------------------------------------------------------- */
 
-/* Any thread holding rooms_lock, or the owner. */
-static size_t room_bucket(kvf_room_key key, size_t cap)
-{
-    uint64_t h = key.room_id * 0x9e3779b97f4a7c15ull ^ key.generation * 0xc2b2ae3d27d4eb4full;
-    return (size_t)(h ^ (h >> 32)) & (cap - 1);
-}
-
-struct node_room *node_room_find(struct kvf_node *n, kvf_room_key key)
-{
-    if (!n->room_index_cap)
-        return NULL;
-    for (struct node_room *r = n->room_index[room_bucket(key, n->room_index_cap)]; r; r = r->hnext)
-        if (kvf_room_key_eq(r->key, key))
-            return r;
-    return NULL;
-}
-
 /* Grows the index, if needed, so that one more room keeps it at about one
  * room per bucket; -ENOMEM leaves it as it was. Owner thread. */
 static int room_index_reserve(struct kvf_node *n)
@@ -259,7 +181,7 @@ static int room_index_reserve(struct kvf_node *n)
             return -ENOMEM;
         pthread_rwlock_wrlock(&n->rooms_lock);
         for (struct node_room *o = n->rooms; o; o = o->next) {
-            size_t b = room_bucket(o->key, cap);
+            size_t b = node_room_bucket(o->key, cap);
             o->hnext = idx[b];
             idx[b] = o;
         }
@@ -290,7 +212,7 @@ static struct node_room *room_open(struct kvf_node *n, kvf_room_key key)
     r->key = key;
     r->incarnation = n->incarnation;
     pthread_rwlock_wrlock(&n->rooms_lock);
-    size_t b = room_bucket(key, n->room_index_cap);
+    size_t b = node_room_bucket(key, n->room_index_cap);
     r->hnext = n->room_index[b];
     n->room_index[b] = r;
     n->room_count++;
@@ -325,7 +247,7 @@ static void peer_refs_drop(struct kvf_node *n, struct node_room *r)
 static void room_free(struct kvf_node *n, struct node_room *r)
 {
     pthread_rwlock_wrlock(&n->rooms_lock);
-    struct node_room **pp = &n->room_index[room_bucket(r->key, n->room_index_cap)];
+    struct node_room **pp = &n->room_index[node_room_bucket(r->key, n->room_index_cap)];
     while (*pp && *pp != r)
         pp = &(*pp)->hnext;
     if (*pp)
@@ -350,14 +272,6 @@ void node_check_drained(struct kvf_node *n, struct node_room *r)
 {
     kvf_ncore_room_check(n->core, &r->core);
     node_core_apply(n);
-}
-
-struct node_pool *node_pool_find(struct kvf_node *n, uint32_t id)
-{
-    for (uint32_t i = 0; i < n->npools; i++)
-        if (n->pools[i].id == id)
-            return &n->pools[i];
-    return NULL;
 }
 
 /* A local sink whose every lease page was covered, and whose landed bytes
@@ -483,16 +397,6 @@ static void node_member_landed(struct kvf_node *n, struct node_room *r, struct n
     node_check_sink_complete(n, r, m);
 }
 
-struct node_member *node_local_sink(struct node_room *r, uint32_t rank)
-{
-    for (size_t i = 0; i < r->nmembers; i++) {
-        struct node_member *m = &r->members[i];
-        if (m->local && m->rank == rank && m->role == KVFENCE__V1__ROLE__ROLE_SINK)
-            return m;
-    }
-    return NULL;
-}
-
 void node_sink_landed(struct kvf_node *n, struct node_room *r, uint32_t rank, uint32_t first_page,
                       uint32_t page_count, uint64_t bytes)
 {
@@ -512,12 +416,6 @@ static uint64_t tcp_id_of(const char *node_id, uint64_t incarnation)
     }
     h ^= incarnation * 0x9e3779b97f4a7c15ull;
     return h ? h : 1;
-}
-
-bool node_find_peer(const struct kvf_node *n, const char *node_id, uint64_t incarnation,
-                    uint32_t *idx_p)
-{
-    return kvf_ncore_peer_find(n->core, node_id, incarnation, idx_p) == 0;
 }
 
 /* The core gives slot `idx` to a new incarnation: the old one was fenced
@@ -1063,25 +961,6 @@ static const struct node_session_ops node_session_ops = {
     .self_fence = session_self_fence,
 };
 /* ---- TCP receive side (receiver threads) --------------------------------------- */
-
-bool node_ranges_cover(const struct node_range *rv, size_t nr, uint32_t first, uint32_t count)
-{
-    /* Every page of [first, first + count) lies in one of the ranges. */
-    uint64_t p = first, end = (uint64_t)first + count;
-    while (p < end) {
-        bool hit = false;
-        for (size_t i = 0; i < nr; i++) {
-            if (p >= rv[i].first && p < (uint64_t)rv[i].first + rv[i].count) {
-                p = (uint64_t)rv[i].first + rv[i].count;
-                hit = true;
-                break;
-            }
-        }
-        if (!hit)
-            return false;
-    }
-    return true;
-}
 
 /* The local sink member whose lease in `pool_id` covers the pages (a page is
  * in at most one write lease, so there is at most one), as the room's members

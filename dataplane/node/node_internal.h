@@ -46,6 +46,7 @@
 #include "node.h"
 #include "node_core.h"
 #include "node_log.h"
+#include "node_owner.h"
 #include "peer_channel.h"
 #include "pool.h"
 #include "rpc_client.h"
@@ -227,7 +228,10 @@ struct node_job {
     Kvfence__V1__RegisterPoolRequest *reg;   /* owned */
     Kvfence__V1__SubmitChunkRequest *submit; /* owned */
     struct node_substream *sub;              /* SUBMIT_STREAM (a reference) */
-    bool kept;         /* run_job kept it (faults.c hold_stream): not freed after */
+    bool kept; /* run_job kept it (faults.c hold_stream): not freed after */
+    /* Frees what the poster attached beyond the fields above (submit_stream.c:
+     * its reference on `sub`); NULL: nothing. Called by node_job_free. */
+    void (*release)(struct node_job *j);
     uint32_t pool_id;  /* UNREGISTER_POOL; FRAME: the frame's pool */
     kvf_room_key room; /* FRAME */
     uint32_t peer;
@@ -355,9 +359,6 @@ struct kvf_node {
 };
 
 /* node.c */
-int node_post(struct kvf_node *n, struct node_job *j);
-void node_job_free(struct node_job *j);
-struct node_room *node_room_find(struct kvf_node *n, kvf_room_key key);
 void node_check_drained(struct kvf_node *n, struct node_room *r);
 /* Local participant `m` is complete: the core decides what follows (the
  * report, closing the room once every local participant is). Owner. */
@@ -368,15 +369,10 @@ void node_core_apply(struct kvf_node *n);
 /* Frees the rooms the core forgot (retention); call where no room pointer
  * is held (the end of a job). Owner thread. */
 void node_core_collect(struct kvf_node *n);
-/* This incarnation's sink member of rank `rank` in `r`, or NULL. */
-struct node_member *node_local_sink(struct node_room *r, uint32_t rank);
 /* `bytes` landed in pages [first_page, first_page + page_count) of local sink
  * `rank`'s lease (local transport); may complete it. */
 void node_sink_landed(struct kvf_node *n, struct node_room *r, uint32_t rank, uint32_t first_page,
                       uint32_t page_count, uint64_t bytes);
-/* The peer slot of (node_id, incarnation): true and *idx_p, or false (none). */
-bool node_find_peer(const struct kvf_node *n, const char *node_id, uint64_t incarnation,
-                    uint32_t *idx_p);
 /* The slot of (node_id, incarnation), added to the TCP transport if new; a
  * slot of a fenced incarnation no room names is recycled (node_core.h).
  * 0, -E2BIG (every slot live or named), or the transport's error. */
@@ -384,9 +380,6 @@ int node_ensure_peer(struct kvf_node *n, const char *node_id, uint64_t incarnati
                      uint32_t *idx_p);
 /* Self-fence: the new incarnation starts with no peers. Owner thread. */
 void node_peers_reset(struct kvf_node *n);
-struct node_pool *node_pool_find(struct kvf_node *n, uint32_t id); /* NULL: not registered */
-/* Every page of [first, first + count) lies in one of the ranges. */
-bool node_ranges_cover(const struct node_range *rv, size_t nr, uint32_t first, uint32_t count);
 
 struct kvf_transport *node_tcp_create(struct kvf_node *n, uint64_t incarnation, uint16_t port);
 void node_poll_completions(struct kvf_node *n);

@@ -63,6 +63,12 @@ void node_substream_put(struct node_substream *s)
     }
 }
 
+/* A SUBMIT_STREAM job is freed (node_job_free): its reference goes. */
+static void job_release(struct node_job *j)
+{
+    node_substream_put(j->sub);
+}
+
 /* watch_lock held. */
 static void end_locked(struct node_substream *s, int code, const char *msg)
 {
@@ -141,6 +147,7 @@ static void s_on_message(void *ctx, struct kvf_rpc_stream *stream, const uint8_t
         j->kind = JOB_SUBMIT_STREAM;
         j->submit = r;
         j->sub = s;
+        j->release = job_release;
         atomic_fetch_add(&s->refs, 1);
         if (node_post(n, j) != 0)
             refused = "node shutting down";
