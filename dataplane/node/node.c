@@ -81,13 +81,39 @@
  * pace while --fault-file is set (tests only). */
 #define OWNER_FAULT_TICK_MS 5
 
-/* ---- pools (minimal shm mapping; dataplane/pool replaces it) ------------------ */
+/* The owner's actions: the other modules reach them through node_owner.h
+ * (struct node_owner_ops, owner_ops below); node.c calls them directly. */
+static void owner_part_completed(struct kvf_node *n, struct node_room *r, struct node_member *m);
+static void owner_core_apply(struct kvf_node *n);
+static void owner_check_drained(struct kvf_node *n, struct node_room *r);
+static void owner_check_sink_complete(struct kvf_node *n, struct node_room *r,
+                                      struct node_member *m);
+static void owner_check_sinks(struct kvf_node *n, struct node_room *r);
+static void owner_sink_landed(struct kvf_node *n, struct node_room *r, uint32_t rank,
+                              uint32_t first_page, uint32_t page_count, uint64_t bytes);
+static int owner_ensure_peer(struct kvf_node *n, const char *node_id, uint64_t incarnation,
+                             uint32_t *idx_p);
+static void owner_fail_unknown_room(struct kvf_node *n, kvf_room_key key, const char *why);
+static void node_core_collect(struct kvf_node *n);
+static void node_peers_reset(struct kvf_node *n);
+static void node_poll_completions(struct kvf_node *n);
+static struct kvf_transport *node_tcp_create(struct kvf_node *n, uint64_t incarnation,
+                                             uint16_t port);
 
-/* ---- job queue ----------------------------------------------------------------- */
+static const struct node_owner_ops owner_ops = {
+    .part_completed = owner_part_completed,
+    .core_apply = owner_core_apply,
+    .check_drained = owner_check_drained,
+    .check_sink_complete = owner_check_sink_complete,
+    .check_sinks = owner_check_sinks,
+    .sink_landed = owner_sink_landed,
+    .ensure_peer = owner_ensure_peer,
+    .fail_unknown_room = owner_fail_unknown_room,
+};
 
 /* ---- completions and the rules core's effects -------------------------------- */
 
-void node_part_completed(struct kvf_node *n, struct node_room *r, struct node_member *mb)
+static void owner_part_completed(struct kvf_node *n, struct node_room *r, struct node_member *mb)
 {
     if (mb->completed)
         return;
@@ -95,7 +121,7 @@ void node_part_completed(struct kvf_node *n, struct node_room *r, struct node_me
                                  mb->role == KVFENCE__V1__ROLE__ROLE_SINK) != 0)
         return; /* aborting: nothing completes */
     mb->completed = true;
-    node_core_apply(n);
+    owner_core_apply(n);
 }
 
 /* The local participant of `r` the core named in a SEND_COMPLETED effect. */
@@ -113,7 +139,7 @@ static void peer_refs_drop(struct kvf_node *n, struct node_room *r);
 static void node_peer_recycle(struct kvf_node *n, uint32_t idx, bool fence);
 
 /* What each effect of the rules core means for the daemon (node_core.h). */
-void node_core_apply(struct kvf_node *n)
+static void owner_core_apply(struct kvf_node *n)
 {
     struct kvf_ncore_fx fx;
     while (kvf_ncore_fx_take(n->core, &fx)) {
@@ -162,10 +188,10 @@ void node_core_apply(struct kvf_node *n)
     }
 }
 
-void node_core_collect(struct kvf_node *n)
+static void node_core_collect(struct kvf_node *n)
 {
     if (kvf_ncore_collect(n->core) > 0)
-        node_core_apply(n);
+        owner_core_apply(n);
 }
 
 /* ---- rooms ------------------------------------------------------------------- */
@@ -268,16 +294,17 @@ static void room_free(struct kvf_node *n, struct node_room *r)
     free(r);
 }
 
-void node_check_drained(struct kvf_node *n, struct node_room *r)
+static void owner_check_drained(struct kvf_node *n, struct node_room *r)
 {
     kvf_ncore_room_check(n->core, &r->core);
-    node_core_apply(n);
+    owner_core_apply(n);
 }
 
 /* A local sink whose every lease page was covered, and whose landed bytes
  * are all named by ok TransferStatus messages, is complete (see the top of
  * this file). */
-void node_check_sink_complete(struct kvf_node *n, struct node_room *r, struct node_member *m)
+static void owner_check_sink_complete(struct kvf_node *n, struct node_room *r,
+                                      struct node_member *m)
 {
     if (!m->local || m->role != KVFENCE__V1__ROLE__ROLE_SINK || m->completed || r->core.aborting)
         return;
@@ -310,14 +337,14 @@ void node_check_sink_complete(struct kvf_node *n, struct node_room *r, struct no
     pthread_rwlock_unlock(&n->rooms_lock);
     if (ready) {
         node_peer_sink_done(n, r, m);
-        node_part_completed(n, r, m);
+        owner_part_completed(n, r, m);
     }
 }
 
-void node_check_sinks(struct kvf_node *n, struct node_room *r)
+static void owner_check_sinks(struct kvf_node *n, struct node_room *r)
 {
     for (size_t i = 0; i < r->nmembers; i++)
-        node_check_sink_complete(n, r, &r->members[i]);
+        owner_check_sink_complete(n, r, &r->members[i]);
 }
 
 /* The span [first, end) of `m`'s ranges. */
@@ -394,11 +421,11 @@ static void node_member_landed(struct kvf_node *n, struct node_room *r, struct n
     if (p && bytes == (uint64_t)page_count * p->page_size &&
         mark_landed(m, first_page, page_count) != 0)
         node_log("error", &r->key, "out of memory for the sink's page map");
-    node_check_sink_complete(n, r, m);
+    owner_check_sink_complete(n, r, m);
 }
 
-void node_sink_landed(struct kvf_node *n, struct node_room *r, uint32_t rank, uint32_t first_page,
-                      uint32_t page_count, uint64_t bytes)
+static void owner_sink_landed(struct kvf_node *n, struct node_room *r, uint32_t rank,
+                              uint32_t first_page, uint32_t page_count, uint64_t bytes)
 {
     struct node_member *m = node_local_sink(r, rank);
     if (m)
@@ -441,7 +468,7 @@ static void node_peer_recycle(struct kvf_node *n, uint32_t idx, bool fence)
     memset(p, 0, sizeof *p);
 }
 
-void node_peers_reset(struct kvf_node *n)
+static void node_peers_reset(struct kvf_node *n)
 {
     for (struct node_room *r = n->rooms; r; r = r->next)
         peer_refs_drop(n, r);
@@ -450,12 +477,13 @@ void node_peers_reset(struct kvf_node *n)
     n->npeers = 0;
 }
 
-int node_ensure_peer(struct kvf_node *n, const char *node_id, uint64_t incarnation, uint32_t *idx_p)
+static int owner_ensure_peer(struct kvf_node *n, const char *node_id, uint64_t incarnation,
+                             uint32_t *idx_p)
 {
     uint32_t i;
     bool fresh;
     int rc = kvf_ncore_peer_get(n->core, node_id, incarnation, &i, &fresh);
-    node_core_apply(n); /* a recycled slot's old peer goes first */
+    owner_core_apply(n); /* a recycled slot's old peer goes first */
     if (rc != 0)
         return rc;
     if (!fresh) {
@@ -611,7 +639,7 @@ static void on_room_update(struct kvf_node *n, const Kvfence__V1__RoomUpdate *ru
     for (size_t i = 0; i < ru->n_peers; i++) {
         const Kvfence__V1__PeerNode *pn = ru->peers[i];
         uint32_t idx;
-        if (!pn->node_id || node_ensure_peer(n, pn->node_id, pn->incarnation, &idx) != 0) {
+        if (!pn->node_id || owner_ensure_peer(n, pn->node_id, pn->incarnation, &idx) != 0) {
             node_log("warn", &key, "cannot add peer %s", pn->node_id ? pn->node_id : "?");
             continue;
         }
@@ -668,7 +696,7 @@ static void on_room_update(struct kvf_node *n, const Kvfence__V1__RoomUpdate *ru
     if (!r->core.drained_seen && (!had_update || r->state != old_state || cnt != oldn))
         node_watch_room_state(n, r);
     for (size_t i = 0; i < r->nmembers; i++)
-        node_check_sink_complete(n, r, &r->members[i]);
+        owner_check_sink_complete(n, r, &r->members[i]);
 }
 
 static void on_abort_notice(struct kvf_node *n, const Kvfence__V1__AbortNotice *an)
@@ -684,7 +712,7 @@ static void on_abort_notice(struct kvf_node *n, const Kvfence__V1__AbortNotice *
         node_log("info", &key, "tokenless abort notice (room ended or unknown): admission closed");
         if (r) {
             kvf_ncore_room_end(n->core, &r->core);
-            node_core_apply(n);
+            owner_core_apply(n);
         }
         return;
     }
@@ -708,10 +736,10 @@ static void on_abort_notice(struct kvf_node *n, const Kvfence__V1__AbortNotice *
     /* The core closes admission and the peer channel, and reports Drained
      * once proven (again for a repeated notice). */
     kvf_ncore_room_abort(n->core, &r->core, tok, an->notice_id);
-    node_core_apply(n);
+    owner_core_apply(n);
 }
 
-void node_poll_completions(struct kvf_node *n)
+static void node_poll_completions(struct kvf_node *n)
 {
     node_xport_poll(n); /* every transport, and staging */
 }
@@ -720,7 +748,7 @@ static void on_fence_peer(struct kvf_node *n, const Kvfence__V1__FencePeer *fp)
 {
     const char *id = fp->node_id ? fp->node_id : "";
     uint32_t idx;
-    int rc = node_ensure_peer(n, id, fp->incarnation, &idx);
+    int rc = owner_ensure_peer(n, id, fp->incarnation, &idx);
     if (rc == 0 && !n->peers[idx].fenced) {
         rc = node_xport_fence_peer(n, idx); /* every transport (RDMA: QPs to ERR, WRs back) */
         if (rc == 0) {
@@ -740,7 +768,7 @@ static void on_fence_peer(struct kvf_node *n, const Kvfence__V1__FencePeer *fp)
     }
     node_poll_completions(n);
     for (struct node_room *r = n->rooms; r; r = r->next)
-        node_check_drained(n, r);
+        owner_check_drained(n, r);
     node_session_send_peer_fenced(n, id, fp->incarnation, fp->notice_id);
 }
 
@@ -793,7 +821,7 @@ static void node_self_fence(struct kvf_node *n, const char *why)
     node_poll_completions(n);
     size_t undrained = 0;
     for (struct node_room *r = n->rooms; r; r = r->next) {
-        node_check_drained(n, r);
+        owner_check_drained(n, r);
         undrained += kvf_lt_state(r->core.lt) != KVF_LT_DRAINED;
     }
 
@@ -1094,7 +1122,7 @@ static void tcp_on_frame(void *ctx, uint32_t peer, kvf_room_key room, uint32_t p
         rx_batch_flush(); /* the owner acts on these now */
 }
 
-void node_fail_unknown_room(struct kvf_node *n, kvf_room_key key, const char *why)
+static void owner_fail_unknown_room(struct kvf_node *n, kvf_room_key key, const char *why)
 {
     struct node_room *r = node_room_find(n, key);
     if (kvf_lt_table_is_late(n->lts, key) || (r && (r->have_update || r->core.aborting)))
@@ -1111,7 +1139,7 @@ static void on_frame(struct kvf_node *n, const struct node_job *j)
                  "tcp frame from %s for a room this node does not know: refused (protocol "
                  "violation)",
                  j->peer < n->npeers ? n->peers[j->peer].node_id : "?");
-        node_fail_unknown_room(n, j->room, why);
+        owner_fail_unknown_room(n, j->room, why);
         return;
     }
     if (!r)
@@ -1157,13 +1185,14 @@ static void on_frame(struct kvf_node *n, const struct node_job *j)
         }
     }
     /* A receive retired: a sink that waited for it may complete now. */
-    node_check_sinks(n, r);
+    owner_check_sinks(n, r);
     if (j->drained)
-        node_check_drained(n, r);
+        owner_check_drained(n, r);
 }
 
 /* The TCP transport of incarnation `incarnation` (its id in TCP hellos). */
-struct kvf_transport *node_tcp_create(struct kvf_node *n, uint64_t incarnation, uint16_t port)
+static struct kvf_transport *node_tcp_create(struct kvf_node *n, uint64_t incarnation,
+                                             uint16_t port)
 {
     struct kvf_transport_tcp_opts to;
     kvf_transport_tcp_opts_init(&to);
@@ -1295,7 +1324,7 @@ static void run_job_kind(struct kvf_node *n, struct node_job *j)
                      "stopping: admission closed on %zu lifetimes (%zu drained at once)",
                      kvf_lt_table_count(n->lts), d);
             for (struct node_room *r = n->rooms; r; r = r->next)
-                node_check_drained(n, r);
+                owner_check_drained(n, r);
         }
         break;
     }
@@ -1471,6 +1500,7 @@ struct kvf_node *kvf_node_start(const struct kvf_node_opts *opts)
     struct kvf_node *n = calloc(1, sizeof *n);
     if (!n)
         return NULL;
+    n->owner_ops = &owner_ops; /* node_owner.h: how the other modules reach the owner */
     n->opts = *opts;
     snprintf(n->node_id, sizeof n->node_id, "%s", opts->node_id);
     snprintf(n->local_socket, sizeof n->local_socket, "%s", opts->local_socket);

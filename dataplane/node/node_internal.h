@@ -250,6 +250,7 @@ struct node_job {
 /* ---- the node ---------------------------------------------------------------- */
 
 struct kvf_node {
+    const struct node_owner_ops *owner_ops; /* node.c's actions (node_owner.h) */
     struct kvf_node_opts opts;
     char node_id[NODE_ID_MAX + 1];
     char local_socket[256];
@@ -358,38 +359,7 @@ struct kvf_node {
     struct node_substream *substreams;              /* SubmitChunks streams (submit_stream.c) */
 };
 
-/* node.c */
-void node_check_drained(struct kvf_node *n, struct node_room *r);
-/* Local participant `m` is complete: the core decides what follows (the
- * report, closing the room once every local participant is). Owner. */
-void node_part_completed(struct kvf_node *n, struct node_room *r, struct node_member *m);
-/* Applies every effect the rules core emitted (node_core.h). Owner thread;
- * call after each core call (node_check_drained does). */
-void node_core_apply(struct kvf_node *n);
-/* Frees the rooms the core forgot (retention); call where no room pointer
- * is held (the end of a job). Owner thread. */
-void node_core_collect(struct kvf_node *n);
-/* `bytes` landed in pages [first_page, first_page + page_count) of local sink
- * `rank`'s lease (local transport); may complete it. */
-void node_sink_landed(struct kvf_node *n, struct node_room *r, uint32_t rank, uint32_t first_page,
-                      uint32_t page_count, uint64_t bytes);
-/* The slot of (node_id, incarnation), added to the TCP transport if new; a
- * slot of a fenced incarnation no room names is recycled (node_core.h).
- * 0, -E2BIG (every slot live or named), or the transport's error. */
-int node_ensure_peer(struct kvf_node *n, const char *node_id, uint64_t incarnation,
-                     uint32_t *idx_p);
-/* Self-fence: the new incarnation starts with no peers. Owner thread. */
-void node_peers_reset(struct kvf_node *n);
-
-struct kvf_transport *node_tcp_create(struct kvf_node *n, uint64_t incarnation, uint16_t port);
-void node_poll_completions(struct kvf_node *n);
-
-/* A frame or peer envelope for a room this node has no update for: the
- * control plane's order (a member is published only after its node
- * acknowledged it) makes that a protocol violation. Sends TransferFailed for
- * the room at once, unless the room is closed here (late) or known by now.
- * Owner thread. */
-void node_fail_unknown_room(struct kvf_node *n, kvf_room_key key, const char *why);
+/* node.c: the owner's actions are reached through node_owner.h. */
 
 /* control_session.c: control_session.h */
 
@@ -453,11 +423,6 @@ void node_pairs_free(struct node_room *r);
 /* Owner: sink `m` is about to report Completed: the transfer_done events held
  * for it go out now, in arrival order. */
 void node_peer_sink_done(struct kvf_node *n, struct node_room *r, const struct node_member *m);
-/* Owner: a local sink whose lease is full and accounted for, with no
- * receive in flight, is complete (kvf_ncore_sink_ready decides). */
-void node_check_sink_complete(struct kvf_node *n, struct node_room *r, struct node_member *m);
-/* Owner: node_check_sink_complete for every local sink of `r`. */
-void node_check_sinks(struct kvf_node *n, struct node_room *r);
 
 /* watch.c */
 int node_watch_register(struct kvf_node *n);  /* before the NodeLocal server starts */

@@ -1,7 +1,8 @@
 /*
  * node_owner.c: the owner's API for the modules it runs (node_owner.h): its
- * job queue and the read-only queries of its tables. node.c, the owner
- * thread, takes the jobs and runs them.
+ * job queue, the read-only queries of its tables, and the calls to its
+ * actions through the table node.c filled (struct node_owner_ops). node.c,
+ * the owner thread, takes the jobs and runs them.
  *
  * DESIGN (threads): node_post and node_post_list run on any thread (under
  * qlock); the owner takes the whole queue at once, so only a post to an
@@ -141,4 +142,47 @@ bool node_ranges_cover(const struct node_range *rv, size_t nr, uint32_t first, u
             return false;
     }
     return true;
+}
+
+/* ---- the owner's actions, through its table -------------------------------------- */
+
+void node_part_completed(struct kvf_node *n, struct node_room *r, struct node_member *m)
+{
+    n->owner_ops->part_completed(n, r, m);
+}
+
+void node_core_apply(struct kvf_node *n)
+{
+    n->owner_ops->core_apply(n);
+}
+
+void node_check_drained(struct kvf_node *n, struct node_room *r)
+{
+    n->owner_ops->check_drained(n, r);
+}
+
+void node_check_sink_complete(struct kvf_node *n, struct node_room *r, struct node_member *m)
+{
+    n->owner_ops->check_sink_complete(n, r, m);
+}
+
+void node_check_sinks(struct kvf_node *n, struct node_room *r)
+{
+    n->owner_ops->check_sinks(n, r);
+}
+
+void node_sink_landed(struct kvf_node *n, struct node_room *r, uint32_t rank, uint32_t first_page,
+                      uint32_t page_count, uint64_t bytes)
+{
+    n->owner_ops->sink_landed(n, r, rank, first_page, page_count, bytes);
+}
+
+int node_ensure_peer(struct kvf_node *n, const char *node_id, uint64_t incarnation, uint32_t *idx_p)
+{
+    return n->owner_ops->ensure_peer(n, node_id, incarnation, idx_p);
+}
+
+void node_fail_unknown_room(struct kvf_node *n, kvf_room_key key, const char *why)
+{
+    n->owner_ops->fail_unknown_room(n, key, why);
 }

@@ -1,9 +1,11 @@
 /*
  * node_owner.h: the owner's API for the modules it runs (NodeLocal handlers,
  * Watch and SubmitChunks streams, the peer and RDMA links, the transports'
- * node side): post a job to the owner thread, and the read-only queries of
- * the owner's tables. It names no module above it: the owner runs the jobs
- * (node.c), the queue and the queries live in node_owner.c.
+ * node side): post a job to the owner thread, the read-only queries of the
+ * owner's tables, and the owner's actions for the handlers it runs on its
+ * thread. It names no module above it: the owner runs the jobs and fills the
+ * table of its actions (node.c); the queue, the queries and the calls
+ * through the table live in node_owner.c.
  */
 #ifndef KVF_NODE_OWNER_H
 #define KVF_NODE_OWNER_H
@@ -48,5 +50,52 @@ bool node_find_peer(const struct kvf_node *n, const char *node_id, uint64_t inca
                     uint32_t *idx_p);
 /* Every page of [first, first + count) lies in one of the ranges. Any thread. */
 bool node_ranges_cover(const struct node_range *rv, size_t nr, uint32_t first, uint32_t count);
+
+/* ---- the owner's actions (owner thread) ------------------------------------------ */
+
+/* What the owner does for the handlers it runs on its thread (a chunk
+ * submitted, a frame or a completion landed, a peer envelope delivered).
+ * node.c fills the table at start (struct kvf_node.owner_ops); the
+ * functions below call through it, so that no module names node.c. */
+struct node_owner_ops {
+    void (*part_completed)(struct kvf_node *n, struct node_room *r, struct node_member *m);
+    void (*core_apply)(struct kvf_node *n);
+    void (*check_drained)(struct kvf_node *n, struct node_room *r);
+    void (*check_sink_complete)(struct kvf_node *n, struct node_room *r, struct node_member *m);
+    void (*check_sinks)(struct kvf_node *n, struct node_room *r);
+    void (*sink_landed)(struct kvf_node *n, struct node_room *r, uint32_t rank, uint32_t first_page,
+                        uint32_t page_count, uint64_t bytes);
+    int (*ensure_peer)(struct kvf_node *n, const char *node_id, uint64_t incarnation,
+                       uint32_t *idx_p);
+    void (*fail_unknown_room)(struct kvf_node *n, kvf_room_key key, const char *why);
+};
+
+/* Local participant `m` is complete: the core decides what follows (the
+ * report, closing the room once every local participant is). */
+void node_part_completed(struct kvf_node *n, struct node_room *r, struct node_member *m);
+/* Applies every effect the rules core emitted (node_core.h); call after each
+ * core call (node_check_drained does). */
+void node_core_apply(struct kvf_node *n);
+/* Tells the core that `r` may have drained, and applies what follows. */
+void node_check_drained(struct kvf_node *n, struct node_room *r);
+/* A local sink whose lease is full and accounted for, with no receive in
+ * flight, is complete (kvf_ncore_sink_ready decides). */
+void node_check_sink_complete(struct kvf_node *n, struct node_room *r, struct node_member *m);
+/* node_check_sink_complete for every local sink of `r`. */
+void node_check_sinks(struct kvf_node *n, struct node_room *r);
+/* `bytes` landed in pages [first_page, first_page + page_count) of local sink
+ * `rank`'s lease (local transport, RDMA); may complete it. */
+void node_sink_landed(struct kvf_node *n, struct node_room *r, uint32_t rank, uint32_t first_page,
+                      uint32_t page_count, uint64_t bytes);
+/* The slot of (node_id, incarnation), added to the TCP transport if new; a
+ * slot of a fenced incarnation no room names is recycled (node_core.h).
+ * 0, -E2BIG (every slot live or named), or the transport's error. */
+int node_ensure_peer(struct kvf_node *n, const char *node_id, uint64_t incarnation,
+                     uint32_t *idx_p);
+/* A frame or peer envelope for a room this node has no update for: the
+ * control plane's order (a member is published only after its node
+ * acknowledged it) makes that a protocol violation. Sends TransferFailed for
+ * the room at once, unless the room is closed here (late) or known by now. */
+void node_fail_unknown_room(struct kvf_node *n, kvf_room_key key, const char *why);
 
 #endif /* KVF_NODE_OWNER_H */
