@@ -629,15 +629,6 @@ void node_local_completion(struct kvf_node *n, const struct kvf_completion *c)
 
 /* ---- handlers (CQ threads) ------------------------------------------------------ */
 
-void node_post_or_fail(struct kvf_node *n, struct node_job *j)
-{
-    if (node_post(n, j) != 0) {
-        kvf_rpc_call_fail(j->call, KVF_GRPC_UNAVAILABLE, "node shutting down");
-        j->call = NULL;
-        node_job_free(j);
-    }
-}
-
 static void h_register_pool(void *ctx, struct kvf_rpc_call *call, const uint8_t *req, size_t len)
 {
     struct kvf_node *n = ctx;
@@ -728,7 +719,7 @@ static void h_submit_chunk(void *ctx, struct kvf_rpc_call *call, const uint8_t *
     node_post_or_fail(n, j);
 }
 
-int node_local_start(struct kvf_node *n)
+int node_local_start(struct kvf_node *n, const node_local_register_fn *extra, size_t nextra)
 {
     char dir[256];
     snprintf(dir, sizeof dir, "%s", n->local_socket);
@@ -761,14 +752,8 @@ int node_local_start(struct kvf_node *n)
     if (rc == 0)
         rc = kvf_rpc_server_add_unary(n->local_srv, "/kvfence.v1.NodeLocal/SubmitChunk",
                                       h_submit_chunk, n);
-    if (rc == 0)
-        rc = node_substream_register(n); /* SubmitChunks */
-    if (rc == 0)
-        rc = node_watch_register(n);
-    if (rc == 0)
-        rc = node_pool_admin_register(n); /* UnregisterPool */
-    if (rc == 0)
-        rc = node_health_register(n); /* grpc.health.v1.Health */
+    for (size_t i = 0; rc == 0 && i < nextra; i++)
+        rc = extra[i](n); /* SubmitChunks, Watch, UnregisterPool, Health (node.c) */
     if (rc == 0) {
         rc = kvf_rpc_server_start(n->local_srv);
         if (rc > 0)
@@ -808,6 +793,5 @@ void node_local_stop(struct kvf_node *n)
     kvf_rpc_server_shutdown(n->local_srv, 1000);
     kvf_rpc_server_destroy(n->local_srv);
     n->local_srv = NULL;
-    node_health_free(n);
     (void)unlink(n->local_socket);
 }

@@ -138,6 +138,17 @@ static void room_free(struct kvf_node *n, struct node_room *r);
 static void peer_refs_drop(struct kvf_node *n, struct node_room *r);
 static void node_peer_recycle(struct kvf_node *n, uint32_t idx, bool fence);
 
+/* The core's ROOM_DRAINED effect, once per room: the peer channel says LATE
+ * for it and forgets its sequence state (later messages are LATE), and the
+ * watchers see DRAINED. */
+static void room_drained(struct kvf_node *n, struct node_room *r)
+{
+    node_peer_close_room(n, r);
+    if (n->peerch)
+        (void)kvf_peer_forget_room(n->peerch, r->key);
+    node_watch_room_state(n, r);
+}
+
 /* What each effect of the rules core means for the daemon (node_core.h). */
 static void owner_core_apply(struct kvf_node *n)
 {
@@ -149,7 +160,7 @@ static void owner_core_apply(struct kvf_node *n)
             /* Admission is shut for good and nothing is in flight: the room
              * sends to no peer again, so it holds no peer slot. */
             peer_refs_drop(n, r);
-            node_room_drained(n, r);
+            room_drained(n, r);
             if (r->incarnation != n->incarnation)
                 node_session_maybe_witness(n);
             break;
@@ -1559,7 +1570,13 @@ struct kvf_node *kvf_node_start(const struct kvf_node_opts *opts)
     if (pthread_create(&n->owner, NULL, owner_main, n) != 0)
         goto err_destroy;
     n->owner_started = true;
-    if (node_local_start(n) != 0)
+    static const node_local_register_fn local_services[] = {
+        node_substream_register,  /* SubmitChunks */
+        node_watch_register,      /* Watch */
+        node_pool_admin_register, /* UnregisterPool */
+        node_health_register,     /* grpc.health.v1.Health */
+    };
+    if (node_local_start(n, local_services, sizeof local_services / sizeof local_services[0]) != 0)
         goto err_destroy;
     if (node_session_start(n, &node_session_ops, n) != 0)
         goto err_destroy;
@@ -1638,6 +1655,7 @@ int kvf_node_stop(struct kvf_node *n)
     atomic_store(&n->stopping, true);
     node_session_join(n);
     node_local_stop(n);
+    node_health_free(n);
     node_watch_free_all(n);
     return rc;
 }

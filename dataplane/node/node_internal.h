@@ -364,12 +364,16 @@ struct kvf_node {
 /* control_session.c: control_session.h */
 
 /* local_svc.c */
-int node_local_start(struct kvf_node *n);
+/* Registers one more service of the NodeLocal server before it starts. */
+typedef int (*node_local_register_fn)(struct kvf_node *n);
+/* Starts the NodeLocal server: RegisterPool and SubmitChunk, then `extra`
+ * (the other modules' services, in order), on the local socket and its fd
+ * socket. 0 or -errno (logged). */
+int node_local_start(struct kvf_node *n, const node_local_register_fn *extra, size_t nextra);
+/* Stops the server (the services' state is freed by their modules after). */
 void node_local_stop(struct kvf_node *n);
 void node_local_register_pool(struct kvf_node *n, struct node_job *j); /* owner */
 void node_local_submit_chunk(struct kvf_node *n, struct node_job *j);  /* owner */
-/* Posts a unary call's job; on shutdown fails the call UNAVAILABLE and frees the job. */
-void node_post_or_fail(struct kvf_node *n, struct node_job *j);
 /* A SubmitChunk(s) request's outcome: 0 or a negative errno with the
  * message naming the field, and the status code node_local_status() maps
  * it to. */
@@ -431,9 +435,6 @@ void node_watch_end_all(struct kvf_node *n);  /* after the owner exited */
 void node_watch_free_all(struct kvf_node *n); /* after the server stopped */
 /* Owner: events. */
 void node_watch_room_state(struct kvf_node *n, struct node_room *r);
-/* Owner: emits the DRAINED room_state and lets the peer channel forget the
- * room; called once per room, for the core's ROOM_DRAINED effect. */
-void node_room_drained(struct kvf_node *n, struct node_room *r);
 /* transport: Kvfence__V1__TransportKind, how the chunk's bytes travelled. */
 void node_watch_chunk_done(struct kvf_node *n, struct node_room *r, uint32_t src_rank,
                            uint32_t sink_rank, uint64_t seq, bool ok, const char *error,

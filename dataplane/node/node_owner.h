@@ -32,6 +32,9 @@ int node_post(struct kvf_node *n, struct node_job *j);
 /* Posts the asynchronous jobs head..tail (linked by next) with one wake-up.
  * -ESHUTDOWN once the owner has exited (the jobs stay the caller's). */
 int node_post_list(struct kvf_node *n, struct node_job *head, struct node_job *tail);
+/* Posts a unary NodeLocal call's job (j->call set); on shutdown fails the
+ * call UNAVAILABLE and frees the job. */
+void node_post_or_fail(struct kvf_node *n, struct node_job *j);
 /* Frees `j` and what it owns (decoded requests, a peer message, and what
  * j->release frees). NULL is fine. */
 void node_job_free(struct node_job *j);

@@ -23,7 +23,7 @@
  * room again (it may have been aborted meanwhile: then nothing reaches Watch).
  * An OUT_OF_ORDER drop (a lost message) becomes a PEER_GAP job: the owner
  * reports TransferFailed for the room. When a room's lifetime drained the
- * owner asks the channel to forget its sequence state (node_room_drained).
+ * owner asks the channel to forget its sequence state (room_drained, node.c).
  *
  * Pairs: chunk_seq, last_chunk and aux are per (source rank, sink rank)
  * (node.proto SubmitChunkRequest). A pair's AuxData (when its last chunk

@@ -377,16 +377,6 @@ void node_watch_room_state(struct kvf_node *n, struct node_room *r)
     free(buf);
 }
 
-void node_room_drained(struct kvf_node *n, struct node_room *r)
-{
-    /* The core decided it, once (KVF_NCORE_FX_ROOM_DRAINED). */
-    node_peer_close_room(n, r);
-    /* The channel's sequence state of the room goes; later messages are LATE. */
-    if (n->peerch)
-        (void)kvf_peer_forget_room(n->peerch, r->key);
-    node_watch_room_state(n, r);
-}
-
 void node_watch_chunk_done(struct kvf_node *n, struct node_room *r, uint32_t src_rank,
                            uint32_t sink_rank, uint64_t seq, bool ok, const char *error,
                            int transport)
