@@ -226,12 +226,12 @@ static int send_hello(struct kvf_node *n)
     Kvfence__V1__CapabilitySet caps = KVFENCE__V1__CAPABILITY_SET__INIT;
     caps.protocol_min = KVF_PROTOCOL_MIN;
     caps.protocol_max = KVF_PROTOCOL_MAX;
-    caps.n_features = node_xport_features(n, features, 8);
+    caps.n_features = n->session_ops->features(n->session_ctx, features, 8);
     caps.features = (char **)features;
 
     /* The transports' endpoints (xport_registry.h), then the node's own. */
     struct node_xport_endpoint xep[4];
-    size_t nx = node_xport_endpoints(n, xep, 4);
+    size_t nx = n->session_ops->endpoints(n->session_ctx, xep, 4);
     char local_addr[300];
     snprintf(local_addr, sizeof local_addr, "unix:%s", n->local_socket);
     Kvfence__V1__Endpoint ep[6];

@@ -33,6 +33,7 @@ struct kvf_node;
 struct kvf_rpc_client_stream;
 struct node_member;
 struct node_room;
+struct node_xport_endpoint;
 
 /* What the session thread tells the owner about its stream. */
 enum node_session_event {
@@ -61,6 +62,10 @@ struct node_session_ops {
     void (*room_update)(void *ctx, const Kvfence__V1__RoomUpdate *ru);
     void (*abort_notice)(void *ctx, const Kvfence__V1__AbortNotice *an);
     void (*fence_peer)(void *ctx, const Kvfence__V1__FencePeer *fp);
+    /* Owner: what the Hello announces of the transports (xport.h): their
+     * feature names and endpoints, at most `max` of each; how many. */
+    size_t (*features)(void *ctx, const char **out, size_t max);
+    size_t (*endpoints)(void *ctx, struct node_xport_endpoint *out, size_t max);
     /* Owner: the session went silent for node_ttl: fence every peer, close
      * every lifetime, take a new incarnation (node_session_new_incarnation). */
     void (*self_fence)(void *ctx, const char *why);

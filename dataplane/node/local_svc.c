@@ -596,7 +596,7 @@ static void frame_end(struct kvf_node *n, struct node_frame *f, bool ok, int sta
         chunk_end(n, ch);
 }
 
-void node_frame_end(struct kvf_node *n, struct node_frame *f, bool ok)
+void node_local_frame_end(struct kvf_node *n, struct node_frame *f, bool ok)
 {
     frame_end(n, f, ok, 0);
 }

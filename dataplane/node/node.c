@@ -109,6 +109,8 @@ static const struct node_owner_ops owner_ops = {
     .sink_landed = owner_sink_landed,
     .ensure_peer = owner_ensure_peer,
     .fail_unknown_room = owner_fail_unknown_room,
+    .frame_end = node_local_frame_end, /* local_svc.c */
+    .completion = node_local_completion,
 };
 
 /* ---- completions and the rules core's effects -------------------------------- */
@@ -328,7 +330,7 @@ static void owner_check_sink_complete(struct kvf_node *n, struct node_room *r,
      * lock the count cannot grow, and rx_closed makes the check refuse later
      * frames for this sink. The count is the room's (its TCP sends and
      * staging copies too): conservative, and every completion re-checks
-     * (node_local_completion, on_frame). */
+     * (node_completion, on_frame). */
     struct kvf_ncore_sink s = {
         .pages = m->pages,
         .pages_landed = m->pages_landed,
@@ -989,6 +991,16 @@ static void session_self_fence(void *ctx, const char *why)
     node_self_fence(ctx, why);
 }
 
+static size_t session_features(void *ctx, const char **out, size_t max)
+{
+    return node_xport_features(ctx, out, max);
+}
+
+static size_t session_endpoints(void *ctx, struct node_xport_endpoint *out, size_t max)
+{
+    return node_xport_endpoints(ctx, out, max);
+}
+
 static const struct node_session_ops node_session_ops = {
     .post_message = session_post_message,
     .post_event = session_post_event,
@@ -997,6 +1009,8 @@ static const struct node_session_ops node_session_ops = {
     .room_update = session_room_update,
     .abort_notice = session_abort_notice,
     .fence_peer = session_fence_peer,
+    .features = session_features,
+    .endpoints = session_endpoints,
     .self_fence = session_self_fence,
 };
 /* ---- TCP receive side (receiver threads) --------------------------------------- */
@@ -1512,6 +1526,7 @@ struct kvf_node *kvf_node_start(const struct kvf_node_opts *opts)
     if (!n)
         return NULL;
     n->owner_ops = &owner_ops; /* node_owner.h: how the other modules reach the owner */
+    n->chunk_notice_in = node_rdma_notice_in; /* what peer_link hands a ChunkNotice to */
     n->opts = *opts;
     snprintf(n->node_id, sizeof n->node_id, "%s", opts->node_id);
     snprintf(n->local_socket, sizeof n->local_socket, "%s", opts->local_socket);

@@ -350,6 +350,11 @@ struct kvf_node {
     struct kvf_peer_keypair keys; /* this incarnation's peer keys (peer_keys.h); owner thread */
     char peer_ep[96];             /* ours, announced in Hello */
     atomic_bool peer_stopping;    /* admission stops waiting for room updates */
+    /* Who takes a delivered ChunkNotice for a local sink (owner thread): the
+     * RDMA link's node_rdma_notice_in, set by node.c, so that the peer link
+     * does not call up into it. */
+    void (*chunk_notice_in)(struct kvf_node *n, struct node_room *r, struct node_member *m,
+                            const struct node_peer_msg *pm);
 
     /* NodeLocal.Watch streams (watch.c). */
     pthread_mutex_t watch_lock;
@@ -395,8 +400,10 @@ const char *node_submit_shape(const Kvfence__V1__SubmitChunkRequest *r);
  * 0 or o->code (both SubmitChunk and SubmitChunks answer from it). */
 int node_submit_chunk(struct kvf_node *n, const Kvfence__V1__SubmitChunkRequest *req,
                       struct node_submit_out *o);
-/* Owner: one transport completion. */
+/* Owner: one transport completion (the table's `completion`, node_owner.h). */
 void node_local_completion(struct kvf_node *n, const struct kvf_completion *c);
+/* Owner: a frame ended (the table's `frame_end`, node_owner.h). */
+void node_local_frame_end(struct kvf_node *n, struct node_frame *f, bool ok);
 
 /* peer_link.c */
 int node_peer_start(struct kvf_node *n);

@@ -195,3 +195,13 @@ void node_fail_unknown_room(struct kvf_node *n, kvf_room_key key, const char *wh
 {
     n->owner_ops->fail_unknown_room(n, key, why);
 }
+
+void node_frame_end(struct kvf_node *n, struct node_frame *f, bool ok)
+{
+    n->owner_ops->frame_end(n, f, ok);
+}
+
+void node_completion(struct kvf_node *n, const struct kvf_completion *c)
+{
+    n->owner_ops->completion(n, c);
+}

@@ -16,7 +16,9 @@
 
 #include "kvf_types.h"
 
+struct kvf_completion;
 struct kvf_node;
+struct node_frame;
 struct node_job;
 struct node_member;
 struct node_pool;
@@ -71,6 +73,10 @@ struct node_owner_ops {
     int (*ensure_peer)(struct kvf_node *n, const char *node_id, uint64_t incarnation,
                        uint32_t *idx_p);
     void (*fail_unknown_room)(struct kvf_node *n, kvf_room_key key, const char *why);
+    /* The submit path's completion handlers (local_svc.c): what the
+     * transports' node side hands back. */
+    void (*frame_end)(struct kvf_node *n, struct node_frame *f, bool ok);
+    void (*completion)(struct kvf_node *n, const struct kvf_completion *c);
 };
 
 /* Local participant `m` is complete: the core decides what follows (the
@@ -100,5 +106,11 @@ int node_ensure_peer(struct kvf_node *n, const char *node_id, uint64_t incarnati
  * acknowledged it) makes that a protocol violation. Sends TransferFailed for
  * the room at once, unless the room is closed here (late) or known by now. */
 void node_fail_unknown_room(struct kvf_node *n, kvf_room_key key, const char *why);
+/* A frame ended (its ops retired, its buffer returned); frees the chunk after
+ * its last frame. A transport's frame that never went out ends here too. */
+void node_frame_end(struct kvf_node *n, struct node_frame *f, bool ok);
+/* One completion of a transport: the frame's op retires, a local sink may
+ * land pages, the chunk may end. */
+void node_completion(struct kvf_node *n, const struct kvf_completion *c);
 
 #endif /* KVF_NODE_OWNER_H */

@@ -429,7 +429,7 @@ void node_peer_msg(struct kvf_node *n, struct node_job *j)
         return;
     }
     if (pm->body == KVFENCE__V1__PEER_ENVELOPE__BODY_CHUNK_NOTICE) {
-        node_rdma_notice_in(n, r, m, pm);
+        n->chunk_notice_in(n, r, m, pm); /* the RDMA link's (node.c set it) */
         return;
     }
     if (pm->body == KVFENCE__V1__PEER_ENVELOPE__BODY_AUX_DATA) {

@@ -73,6 +73,7 @@
 #include "rdma.h"
 #include "verbs.h"
 #include "xport.h"
+#include "xport_class.h"
 #include "xport_registry.h"
 
 enum rlink_state {
@@ -996,7 +997,7 @@ static void reap(struct kvf_node *n)
     while ((got = kvf_transport_poll(n->rdma->t, NODE_POLL_BATCH, c)) > 0)
         for (int i = 0; i < got; i++) {
             error = error || c[i].outcome == KVF_LT_DONE_ERROR;
-            node_local_completion(n, &c[i]);
+            node_completion(n, &c[i]);
         }
     if (error)
         links_check(n);

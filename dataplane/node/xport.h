@@ -74,10 +74,6 @@ void node_xport_stop(struct kvf_node *n);
  * (logged) and no transport keeps it. */
 int node_xport_add_pool(struct kvf_node *n, const struct node_pool *p);
 
-/* The transports' view of a registered pool (transport.h add_pool): host
- * pages, or a device pool written through the pool. */
-void node_xport_pool_desc(const struct node_pool *p, struct kvf_transport_pool *out);
-
 /* A pool is unregistered (every lifetime that could use it drained): no
  * transport writes into it once this returns. */
 void node_xport_remove_pool(struct kvf_node *n, uint32_t pool_id);
@@ -143,9 +139,5 @@ struct node_xport_endpoint {
     char address[128];
 };
 size_t node_xport_endpoints(const struct kvf_node *n, struct node_xport_endpoint *out, size_t max);
-
-/* local_svc.c: a frame ended (its ops retired, its buffer returned). Frees
- * the chunk after its last frame. */
-void node_frame_end(struct kvf_node *n, struct node_frame *f, bool ok);
 
 #endif /* KVF_NODE_XPORT_H */

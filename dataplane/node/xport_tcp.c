@@ -25,6 +25,7 @@
 #include "kvfence/v1/types.pb-c.h"
 #include "tcp.h"
 #include "xport.h"
+#include "xport_class.h"
 #include "xport_registry.h"
 
 static int tcp_add_pool(struct kvf_node *n, const struct node_pool *p)
@@ -76,7 +77,7 @@ static void tcp_poll(struct kvf_node *n)
     int got;
     while ((got = kvf_transport_poll(n->tcp_io, NODE_POLL_BATCH, c)) > 0)
         for (int i = 0; i < got; i++)
-            node_local_completion(n, &c[i]);
+            node_completion(n, &c[i]);
 }
 
 static struct kvf_transport *tcp_waker(struct kvf_node *n)
