@@ -41,7 +41,8 @@
 #include "kvf_error.h"
 #include "kvf_types.h"
 #include "kvf_version.h"
-#include "node_internal.h"
+#include "node_log.h"
+#include "node_types.h"
 #include "xport.h"
 
 #define RECV_SLICE_MS            200

@@ -16,7 +16,7 @@
  * decodes and posts (ops->post_*), and on a refusal calls ops->refused.
  * Everything else here runs on the owner thread, which alone sends: the
  * reports for one room leave in the order the node decided them. The
- * session's fields live in struct kvf_node (node_internal.h) and are written
+ * session's fields live in struct kvf_node (node_types.h) and are written
  * here only, on the owner thread, except `reset_stream` (atomic).
  */
 #ifndef KVF_NODE_CONTROL_SESSION_H

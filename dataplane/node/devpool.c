@@ -21,6 +21,8 @@
 
 #include "local.h"
 #include "tcp.h"
+#include "local_access.h"
+#include "node_log.h"
 
 const char *node_devpool_check_cuda_request(const Kvfence__V1__RegisterPoolRequest *r)
 {

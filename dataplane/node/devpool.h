@@ -18,7 +18,7 @@
 #include <stdbool.h>
 #include <stddef.h>
 
-#include "node_internal.h"
+#include "node_types.h"
 
 /* Opens the memory of `req` into *pool_p. 0, or a gRPC code with `msg`
  * naming the field (cuda_ipc.ipc_handle, cuda_ipc.device, host_shm...). With

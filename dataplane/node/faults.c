@@ -12,7 +12,8 @@
 #include <string.h>
 #include <sys/stat.h>
 
-#include "node_internal.h"
+#include "node_log.h"
+#include "node_types.h"
 #include "peer_channel.h"
 
 #define FAULT_FILE_MAX 4096

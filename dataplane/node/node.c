@@ -42,7 +42,7 @@
  * - once every local participant of a room has completed, the node closes
  *   the room's admission: nothing may start for it afterwards.
  *
- * DESIGN (threads): see node_internal.h. The owner loop sleeps in poll(2)
+ * DESIGN (threads): see node_types.h. The owner loop sleeps in poll(2)
  * on wake descriptors: the job queue's eventfd (written by a post to an empty
  * queue) and each transport's (written when a completion lands on its empty
  * list), until the next deadline the node knows (heartbeat, self-fence, stop,
@@ -54,7 +54,15 @@
  * the node decided them.
  */
 #include "host_lock.h"
-#include "node_internal.h"
+#include "local_svc.h"
+#include "node_health.h"
+#include "node_log.h"
+#include "node_owner.h"
+#include "node_types.h"
+#include "peer_link.h"
+#include "pool_admin.h"
+#include "submit_stream.h"
+#include "watch.h"
 
 #include <errno.h>
 #include <fcntl.h>

@@ -25,7 +25,10 @@
 
 #include "health.h"
 #include "health_rpc.h"
-#include "node_internal.h"
+#include "control_session.h"
+#include "node_health.h"
+#include "node_log.h"
+#include "node_types.h"
 
 #define NODE_LOCAL_SERVICE "kvfence.v1.NodeLocal"
 

@@ -15,7 +15,7 @@
 #include <errno.h>
 #include <stdlib.h>
 
-#include "node_internal.h"
+#include "node_types.h"
 #include "transport.h"
 
 /* ---- job queue ----------------------------------------------------------------- */

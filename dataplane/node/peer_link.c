@@ -44,7 +44,12 @@
 #include <openssl/crypto.h>
 
 #include "kvf_error.h"
-#include "node_internal.h"
+#include "control_session.h"
+#include "node_log.h"
+#include "node_owner.h"
+#include "node_types.h"
+#include "peer_link.h"
+#include "watch.h"
 #include "rdma_link.h"
 #include "tcp.h"
 

@@ -22,7 +22,11 @@
 
 #include "devpool.h"
 #include "kvf_error.h"
-#include "node_internal.h"
+#include "control_session.h"
+#include "node_log.h"
+#include "node_owner.h"
+#include "node_types.h"
+#include "pool_admin.h"
 #include "tcp.h"
 #include "xport.h"
 

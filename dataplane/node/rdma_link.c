@@ -75,6 +75,11 @@
 #include "xport.h"
 #include "xport_class.h"
 #include "xport_registry.h"
+#include "control_session.h"
+#include "node_log.h"
+#include "node_owner.h"
+#include "peer_link.h"
+#include "watch.h"
 
 enum rlink_state {
     RL_NONE = 0,

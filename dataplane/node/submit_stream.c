@@ -37,7 +37,10 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "node_internal.h"
+#include "local_svc.h"
+#include "node_owner.h"
+#include "node_types.h"
+#include "submit_stream.h"
 
 #define SUBSTREAM_WINDOW 64 /* a client's bound: requests sent, result not received */
 /* Above the client's bound, the node counts at most one result the client

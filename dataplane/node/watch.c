@@ -39,7 +39,10 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "node_internal.h"
+#include "node_log.h"
+#include "node_owner.h"
+#include "node_types.h"
+#include "watch.h"
 
 #define WATCH_QUEUE_MAX  256 /* unwritten events per watcher (an aux: <= 1 MiB) */
 #define WATCH_MAX        64  /* watchers per node */

@@ -36,6 +36,8 @@
 #include "devpool.h"
 #include "xport_internal.h"
 #include "xport_registry.h"
+#include "node_log.h"
+#include "node_owner.h"
 
 #define STAGE_POLL_BATCH 64
 #define STAGE_POLL_MS    1

@@ -20,7 +20,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#include "node_internal.h"
+#include "node_types.h"
 #include "staging.h"
 
 struct node_chunk;

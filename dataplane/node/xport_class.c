@@ -5,7 +5,7 @@
 #include "xport_class.h"
 
 #include "devpool.h"
-#include "node_internal.h"
+#include "node_types.h"
 #include "transport.h"
 
 int node_xport_nop_start(struct kvf_node *n)

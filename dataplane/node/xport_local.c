@@ -26,6 +26,8 @@
 #include "xport_internal.h"
 #include "xport_class.h"
 #include "xport_registry.h"
+#include "node_log.h"
+#include "node_owner.h"
 
 #define HOLD_CHECK_MS 5
 

@@ -25,7 +25,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#include "node_internal.h"
+#include "node_types.h"
 
 struct node_chunk;
 struct node_route;

@@ -27,6 +27,8 @@
 #include "xport.h"
 #include "xport_class.h"
 #include "xport_registry.h"
+#include "node_log.h"
+#include "node_owner.h"
 
 static int tcp_add_pool(struct kvf_node *n, const struct node_pool *p)
 {
