@@ -1,24 +1,30 @@
 /*
  * control_session.c: the node's session with kvfence-control
- * (NodeSession/Attach), the receive side.
+ * (NodeSession/Attach): the whole control-plane protocol of the node
+ * (control_session.h), receiving, dispatching and sending.
  *
  * The session thread opens the bidirectional stream, hands it to the owner
  * thread (which sends Hello and everything after it: only the owner sends),
  * then receives ControlMessages and posts each one to the owner in arrival
- * order. When the stream ends it tells the owner to stop sending on it, waits
- * for that to be done, frees the stream and reconnects with backoff (100 ms,
- * doubling, capped at 2 s), re-sending Hello with the same incarnation. A
- * refusal with FAILED_PRECONDITION (no common protocol, an older incarnation)
- * cannot be cured by retrying: it is logged and made the node's fatal error,
- * and main exits non-zero; except a refusal of a LOST incarnation, after
- * which the node self-fences and attaches as a new incarnation.
+ * order; the owner hands each back to node_session_on_message, which handles
+ * the session's own (Welcome, ResyncRequest, HeartbeatAck) and passes the
+ * notices that change rooms and peers to the owner's ops. Everything the
+ * node reports (Drained, Completed, TransferFailed, acks, pool updates) is
+ * built and sent here, on the owner thread. The owner is reached only through
+ * its struct node_session_ops, given at node_session_start. When the stream ends it tells the owner
+ * to stop sending on it, waits for that to be done, frees the stream and reconnects with backoff
+ * (100 ms, doubling, capped at 2 s), re-sending Hello with the same incarnation. A refusal with
+ * FAILED_PRECONDITION (no common protocol, an older incarnation) cannot be cured by retrying: it is
+ * logged and made the node's fatal error, and main exits non-zero; except a refusal of a LOST
+ * incarnation, after which the node self-fences and attaches as a new incarnation.
  *
  * Liveness (owner thread): the control plane answers every heartbeat. A node
  * that heard nothing on a welcomed session for node_ttl minus a margin (a
  * fifth of it, at most 2 s) (the stream broke,
  * or the control plane stopped reading it) knows it is, or is about to be,
  * declared LOST and fenced by its peers: it fences every peer itself, closes
- * every lifetime and takes a new, empty incarnation (node_self_fence). After
+ * every lifetime and takes a new, empty incarnation (ops->self_fence: the
+ * owner does it, node.c). After
  * a re-attach with the same incarnation, and on ResyncRequest, it sends
  * Resync: every lifetime of this incarnation, its fenced peers, its pools.
  */
@@ -29,15 +35,14 @@
 #include <string.h>
 #include <time.h>
 
-#include "kvf_error.h"
-#include "kvf_types.h"
+#include "control_session.h"
 #include "devpool.h"
 #include "faults.h"
-#include "host_lock.h"
+#include "kvf_error.h"
+#include "kvf_types.h"
 #include "kvf_version.h"
-#include "node_internal.h"
-#include "rdma_link.h"
-#include "tcp.h"
+#include "node_log.h"
+#include "node_types.h"
 #include "xport.h"
 
 #define RECV_SLICE_MS            200
@@ -45,19 +50,189 @@
 #define BACKOFF_MAX_MS           2000
 #define SELF_FENCE_MARGIN_MAX_MS 2000 /* self-fence this long before node_ttl, at most */
 
-int node_session_send_hello(struct kvf_node *n, struct kvf_rpc_client_stream *cs)
+/* ---- sending ------------------------------------------------------------------ */
+
+int node_session_send(struct kvf_node *n, const Kvfence__V1__NodeMessage *m)
 {
-    (void)cs; /* n->session is cs: node_ctl_send uses it */
+    if (!n->session)
+        return -ENOTCONN;
+    if (node_fault_drop_report(n, (int)m->msg_case))
+        return 0; /* as if sent and lost */
+    size_t len = kvfence__v1__node_message__get_packed_size(m);
+    uint8_t *buf = malloc(len ? len : 1);
+    if (!buf)
+        return -ENOMEM;
+    kvfence__v1__node_message__pack(m, buf);
+    int rc = kvf_rpc_client_stream_send(n->session, buf, len);
+    free(buf);
+    return rc;
+}
+
+void node_session_send_drained(struct kvf_node *n, const struct node_room *r)
+{
+    Kvfence__V1__RoomKey k = KVFENCE__V1__ROOM_KEY__INIT;
+    k.room_id = r->key.room_id;
+    k.generation = r->key.generation;
+    Kvfence__V1__AbortToken t = KVFENCE__V1__ABORT_TOKEN__INIT;
+    t.hi = r->core.token.hi;
+    t.lo = r->core.token.lo;
+    Kvfence__V1__Drained d = KVFENCE__V1__DRAINED__INIT;
+    d.room = &k;
+    d.token = &t;
+    d.notice_id = r->core.notice_id;
+    /* A lifetime of an incarnation this process gave up (self-fence): its
+     * token, sent to that incarnation only, proves it. */
+    d.incarnation = r->incarnation != n->incarnation ? r->incarnation : 0;
+    Kvfence__V1__NodeMessage m = KVFENCE__V1__NODE_MESSAGE__INIT;
+    m.msg_case = KVFENCE__V1__NODE_MESSAGE__MSG_DRAINED;
+    m.drained = &d;
+    int rc = node_session_send(n, &m);
+    node_log("info", &r->key, "drained%s", rc == 0 ? "" : " (not sent: no session)");
+}
+
+void node_session_send_completed(struct kvf_node *n, const struct node_room *r,
+                                 const struct node_member *mb)
+{
+    Kvfence__V1__RoomKey k = KVFENCE__V1__ROOM_KEY__INIT;
+    k.room_id = r->key.room_id;
+    k.generation = r->key.generation;
+    Kvfence__V1__Completed c = KVFENCE__V1__COMPLETED__INIT;
+    c.room = &k;
+    c.rank = mb->rank;
+    c.role = (Kvfence__V1__Role)mb->role;
+    Kvfence__V1__NodeMessage m = KVFENCE__V1__NODE_MESSAGE__INIT;
+    m.msg_case = KVFENCE__V1__NODE_MESSAGE__MSG_COMPLETED;
+    m.completed = &c;
+    int rc = node_session_send(n, &m);
+    node_log("info", &r->key, "participant rank %u %s completed%s", mb->rank,
+             mb->role == KVFENCE__V1__ROLE__ROLE_SOURCE ? "source" : "sink",
+             rc == 0 ? "" : " (report waits for the session)");
+}
+
+static void send_failed(struct kvf_node *n, kvf_room_key key, uint32_t rank, int role,
+                        const char *reason)
+{
+    Kvfence__V1__RoomKey k = KVFENCE__V1__ROOM_KEY__INIT;
+    k.room_id = key.room_id;
+    k.generation = key.generation;
+    Kvfence__V1__TransferFailed f = KVFENCE__V1__TRANSFER_FAILED__INIT;
+    f.room = &k;
+    f.reason = (char *)reason;
+    f.rank = rank;
+    f.role = (Kvfence__V1__Role)role;
+    Kvfence__V1__NodeMessage m = KVFENCE__V1__NODE_MESSAGE__INIT;
+    m.msg_case = KVFENCE__V1__NODE_MESSAGE__MSG_TRANSFER_FAILED;
+    m.transfer_failed = &f;
+    node_session_send(n, &m);
+    node_log("warn", &key, "transfer failed: %s", reason);
+}
+
+void node_session_send_transfer_failed(struct kvf_node *n, const struct node_room *r, uint32_t rank,
+                                       int role, const char *reason)
+{
+    if (r->core.aborting)
+        return; /* the room is failing already */
+    send_failed(n, r->key, rank, role, reason);
+}
+
+void node_session_send_room_failed(struct kvf_node *n, kvf_room_key key, const char *reason)
+{
+    send_failed(n, key, 0, KVFENCE__V1__ROLE__ROLE_SINK, reason);
+}
+
+void node_session_send_ack(struct kvf_node *n, uint64_t notice_id)
+{
+    Kvfence__V1__Ack a = KVFENCE__V1__ACK__INIT;
+    a.notice_id = notice_id;
+    Kvfence__V1__NodeMessage m = KVFENCE__V1__NODE_MESSAGE__INIT;
+    m.msg_case = KVFENCE__V1__NODE_MESSAGE__MSG_ACK;
+    m.ack = &a;
+    node_session_send(n, &m);
+}
+
+void node_session_send_room_update_ack(struct kvf_node *n, kvf_room_key key, uint64_t version)
+{
+    Kvfence__V1__RoomKey k = KVFENCE__V1__ROOM_KEY__INIT;
+    k.room_id = key.room_id;
+    k.generation = key.generation;
+    Kvfence__V1__RoomUpdateAck a = KVFENCE__V1__ROOM_UPDATE_ACK__INIT;
+    a.room = &k;
+    a.version = version;
+    Kvfence__V1__NodeMessage m = KVFENCE__V1__NODE_MESSAGE__INIT;
+    m.msg_case = KVFENCE__V1__NODE_MESSAGE__MSG_ROOM_UPDATE_ACK;
+    m.room_update_ack = &a;
+    node_session_send(n, &m);
+}
+
+void node_session_send_peer_fenced(struct kvf_node *n, const char *node_id, uint64_t incarnation,
+                                   uint64_t notice_id)
+{
+    Kvfence__V1__PeerFenced pf = KVFENCE__V1__PEER_FENCED__INIT;
+    pf.node_id = (char *)node_id;
+    pf.incarnation = incarnation;
+    pf.notice_id = notice_id;
+    Kvfence__V1__NodeMessage m = KVFENCE__V1__NODE_MESSAGE__INIT;
+    m.msg_case = KVFENCE__V1__NODE_MESSAGE__MSG_PEER_FENCED;
+    m.peer_fenced = &pf;
+    node_session_send(n, &m);
+}
+
+void node_session_send_pool_added(struct kvf_node *n, const Kvfence__V1__Pool *added)
+{
+    Kvfence__V1__Pool *pp = (Kvfence__V1__Pool *)added;
+    Kvfence__V1__PoolUpdate pu = KVFENCE__V1__POOL_UPDATE__INIT;
+    pu.n_upserted = 1;
+    pu.upserted = &pp;
+    Kvfence__V1__NodeMessage m = KVFENCE__V1__NODE_MESSAGE__INIT;
+    m.msg_case = KVFENCE__V1__NODE_MESSAGE__MSG_POOL_UPDATE;
+    m.pool_update = &pu;
+    node_session_send(n, &m); /* or the next Hello / Resync says it */
+}
+
+void node_session_send_pool_removed(struct kvf_node *n, uint32_t removed_id)
+{
+    uint32_t ids[1] = {removed_id};
+    Kvfence__V1__PoolUpdate pu = KVFENCE__V1__POOL_UPDATE__INIT;
+    pu.n_removed_pool_ids = 1;
+    pu.removed_pool_ids = ids;
+    Kvfence__V1__NodeMessage m = KVFENCE__V1__NODE_MESSAGE__INIT;
+    m.msg_case = KVFENCE__V1__NODE_MESSAGE__MSG_POOL_UPDATE;
+    m.pool_update = &pu;
+    node_session_send(n, &m); /* or the next Hello / Resync says it */
+}
+
+static void send_heartbeat(struct kvf_node *n)
+{
+    uint32_t open = 0;
+    uint64_t ops = 0;
+    for (struct node_room *r = n->rooms; r; r = r->next) {
+        if (kvf_lt_state(r->core.lt) != KVF_LT_DRAINED)
+            open++;
+        ops += kvf_lt_inflight(r->core.lt);
+    }
+    Kvfence__V1__Heartbeat h = KVFENCE__V1__HEARTBEAT__INIT;
+    h.seq = ++n->hb_seq;
+    h.open_lifetimes = open;
+    h.ops_in_flight = ops;
+    Kvfence__V1__NodeMessage m = KVFENCE__V1__NODE_MESSAGE__INIT;
+    m.msg_case = KVFENCE__V1__NODE_MESSAGE__MSG_HEARTBEAT;
+    m.heartbeat = &h;
+    node_session_send(n, &m);
+}
+
+/* Builds and sends Hello on the current stream. */
+static int send_hello(struct kvf_node *n)
+{
     const char *features[8];
     Kvfence__V1__CapabilitySet caps = KVFENCE__V1__CAPABILITY_SET__INIT;
     caps.protocol_min = KVF_PROTOCOL_MIN;
     caps.protocol_max = KVF_PROTOCOL_MAX;
-    caps.n_features = node_xport_features(n, features, 8);
+    caps.n_features = n->session_ops->features(n->session_ctx, features, 8);
     caps.features = (char **)features;
 
     /* The transports' endpoints (xport_registry.h), then the node's own. */
     struct node_xport_endpoint xep[4];
-    size_t nx = node_xport_endpoints(n, xep, 4);
+    size_t nx = n->session_ops->endpoints(n->session_ctx, xep, 4);
     char local_addr[300];
     snprintf(local_addr, sizeof local_addr, "unix:%s", n->local_socket);
     Kvfence__V1__Endpoint ep[6];
@@ -97,7 +272,7 @@ int node_session_send_hello(struct kvf_node *n, struct kvf_rpc_client_stream *cs
     Kvfence__V1__NodeMessage m = KVFENCE__V1__NODE_MESSAGE__INIT;
     m.msg_case = KVFENCE__V1__NODE_MESSAGE__MSG_HELLO;
     m.hello = &h;
-    int rc = node_ctl_send(n, &m);
+    int rc = node_session_send(n, &m);
     if (rc != 0)
         node_log("warn", NULL, "hello not sent: %s", strerror(-rc));
     return rc;
@@ -216,7 +391,7 @@ void node_session_send_resync(struct kvf_node *n, const char *why)
     if (!n->session)
         return;
     size_t nlt = 0, nmsg = 0;
-    int rc = node_resync_emit(n, node_ctl_send, &nlt, &nmsg);
+    int rc = node_resync_emit(n, node_session_send, &nlt, &nmsg);
     node_log(rc == 0 ? "info" : "warn", NULL,
              "resync (%s): %zu lifetimes in %zu messages, %u pools%s%s", why, nlt, nmsg, n->npools,
              rc == 0 ? "" : ": not all sent: ", rc == 0 ? "" : strerror(-rc));
@@ -224,7 +399,7 @@ void node_session_send_resync(struct kvf_node *n, const char *why)
 
 /* ---- liveness and self-fencing --------------------------------------------------- */
 
-void node_session_on_welcome(struct kvf_node *n, const Kvfence__V1__Welcome *w)
+static void on_welcome(struct kvf_node *n, const Kvfence__V1__Welcome *w)
 {
     n->node_ttl_ms = w->node_ttl_ms;
     n->cp_acks_heartbeats = false; /* learnt from the first HeartbeatAck */
@@ -242,7 +417,7 @@ void node_session_on_welcome(struct kvf_node *n, const Kvfence__V1__Welcome *w)
      * their incarnation, then witness them once all are drained. */
     for (struct node_room *r = n->rooms; r; r = r->next)
         if (r->incarnation != n->incarnation && r->core.aborting && r->core.drained_sent)
-            node_send_drained(n, r);
+            node_session_send_drained(n, r);
     node_session_maybe_witness(n);
 }
 
@@ -259,7 +434,7 @@ void node_session_maybe_witness(struct kvf_node *n)
     Kvfence__V1__NodeMessage m = KVFENCE__V1__NODE_MESSAGE__INIT;
     m.msg_case = KVFENCE__V1__NODE_MESSAGE__MSG_WITNESS;
     m.witness = &w;
-    if (node_ctl_send(n, &m) != 0)
+    if (node_session_send(n, &m) != 0)
         return; /* the next welcome tries again */
     n->retired_witness_sent = true;
     if (n->retired_incarnation > n->witnessed_gone)
@@ -272,16 +447,19 @@ void node_session_maybe_witness(struct kvf_node *n)
 
 int64_t node_session_next_ms(const struct kvf_node *n)
 {
+    int64_t hb = n->session && n->session_welcomed ? n->next_hb_ms : INT64_MAX;
     if (n->node_ttl_ms == 0 || n->last_contact_ms == 0)
-        return INT64_MAX;
+        return hb;
     if (n->session && n->session_welcomed && !n->cp_acks_heartbeats)
-        return INT64_MAX; /* the open stream counts: nothing to decide */
+        return hb; /* the open stream counts: nothing to decide */
     int64_t ttl = (int64_t)n->node_ttl_ms;
     int64_t margin = ttl / 5 < SELF_FENCE_MARGIN_MAX_MS ? ttl / 5 : SELF_FENCE_MARGIN_MAX_MS;
-    return n->last_contact_ms + ttl - margin;
+    int64_t fence = n->last_contact_ms + ttl - margin;
+    return fence < hb ? fence : hb;
 }
 
-void node_session_tick(struct kvf_node *n, int64_t now_ms)
+/* Self-fences once the session is gone for node_ttl (minus the margin). */
+static void check_liveness(struct kvf_node *n, int64_t now_ms)
 {
     if (n->node_ttl_ms == 0 || n->last_contact_ms == 0)
         return; /* never welcomed in this incarnation: nothing to fence */
@@ -303,146 +481,124 @@ void node_session_tick(struct kvf_node *n, int64_t now_ms)
              "no word from the control plane for %" PRId64 " ms (node_ttl %u ms, margin %" PRId64
              " ms)",
              silent, n->node_ttl_ms, margin);
-    node_self_fence(n, why);
+    n->session_ops->self_fence(n->session_ctx, why);
 }
 
-void node_self_fence(struct kvf_node *n, const char *why)
+void node_session_tick(struct kvf_node *n, int64_t now_ms)
 {
-    uint64_t old = n->incarnation;
+    check_liveness(n, now_ms);
+    if (n->session && n->session_welcomed && now_ms >= n->next_hb_ms) {
+        send_heartbeat(n);
+        n->next_hb_ms = now_ms + (int64_t)n->hb_interval_ms;
+    }
+}
+
+void node_session_goodbye(struct kvf_node *n)
+{
+    if (n->session) {
+        send_heartbeat(n);
+        kvf_rpc_client_stream_half_close(n->session); /* deregister */
+    }
+}
+
+bool node_session_up(const struct kvf_node *n)
+{
+    return n->session && n->session_welcomed;
+}
+
+void node_session_give_up(struct kvf_node *n)
+{
     /* The control plane has declared (or will declare) this incarnation LOST:
      * nothing more is said as it. The session thread drops its stream. */
     if (n->session)
         atomic_store(&n->reset_stream, n->session);
     n->session = NULL;
     n->session_welcomed = false;
-    pthread_mutex_lock(&n->qlock);
-    n->welcomed = false;
-    pthread_mutex_unlock(&n->qlock);
+}
 
-    /* Admission first: nothing new starts while the peers are fenced. The
-     * engines watching a room that was open see it close. */
-    size_t open = 0;
-    for (struct node_room *r = n->rooms; r; r = r->next)
-        open += kvf_lt_state(r->core.lt) == KVF_LT_OPEN;
-    struct node_room **was_open = calloc(open ? open : 1, sizeof *was_open);
-    size_t k = 0;
-    for (struct node_room *r = n->rooms; r && was_open; r = r->next)
-        if (kvf_lt_state(r->core.lt) == KVF_LT_OPEN)
-            was_open[k++] = r;
-    (void)kvf_lt_table_close_all(n->lts);
-    for (size_t i = 0; i < k; i++)
-        node_watch_room_state(n, was_open[i]);
-    free(was_open);
-    uint32_t fenced = 0;
-    for (uint32_t i = 0; i < n->npeers; i++) {
-        if (n->peers[i].fenced)
-            continue;
-        int rc = node_xport_fence_peer(n, i); /* every transport; held faults flushed too */
-        if (rc != 0) {
-            node_log("error", NULL, "self-fence: cannot fence peer %s: %s", n->peers[i].node_id,
-                     strerror(-rc));
-            continue;
-        }
-        n->peers[i].fenced = true;
-        (void)kvf_lt_table_peer_fenced(n->lts, i);
-        fenced++;
-    }
-    /* Same-node copies: flushed or waited for, and a fresh local transport
-     * whose peer indices start over with the peer table below. */
-    int lrc = node_xport_renew_local(n);
-    if (lrc != 0)
-        node_log("error", NULL, "self-fence: local transport: %s", strerror(-lrc));
-    node_poll_completions(n);
-    size_t undrained = 0;
-    for (struct node_room *r = n->rooms; r; r = r->next) {
-        node_check_drained(n, r);
-        undrained += kvf_lt_state(r->core.lt) != KVF_LT_DRAINED;
-    }
-
-    /* A new incarnation with nothing in it: a fresh TCP identity (peers know
-     * the old one as fenced), the same pools, no peers. */
-    struct timespec ts;
-    clock_gettime(CLOCK_REALTIME, &ts);
-    uint64_t inc = (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
-    if (inc <= old)
-        inc = old + 1;
-    /* The new transport exists before the old one goes, so that the node
-     * always has one (its peers all fenced if it must stay the old one). */
-    struct kvf_transport *fresh = node_tcp_create(n, inc, 0);
-    if (!fresh) {
-        node_log("error", NULL,
-                 "self-fence: cannot create a tcp transport for a new incarnation: stopping "
-                 "(every peer stays fenced)");
-        atomic_store(&n->fatal, -EIO);
-        pthread_mutex_lock(&n->qlock);
-        pthread_cond_broadcast(&n->qdone);
-        pthread_mutex_unlock(&n->qlock);
-        return;
-    }
-    node_faults_unwrap(n);
-    kvf_transport_destroy(n->tcp);
-    n->tcp = fresh;
-    if (n->opts.data_port != 0) {
-        /* A fixed data port (firewalls, host ports): take it back. */
-        struct kvf_transport *fixed = node_tcp_create(n, inc, n->opts.data_port);
-        if (fixed) {
-            kvf_transport_destroy(n->tcp);
-            n->tcp = fixed;
-        } else {
-            node_log("warn", NULL, "self-fence: data port %u not free again: using %u",
-                     n->opts.data_port, kvf_transport_tcp_port(n->tcp));
-        }
-    }
-    n->data_port = kvf_transport_tcp_port(n->tcp);
-    if (node_faults_wrap(n) != 0)
-        node_log("error", NULL, "self-fence: fault injection off: out of memory");
-    for (uint32_t i = 0; i < n->npools; i++) {
-        int rc = node_devpool_add_tcp(n->tcp, &n->pools[i]);
-        if (rc != 0)
-            node_log("error", NULL, "self-fence: pool %u not re-added to tcp: %s", n->pools[i].id,
-                     strerror(-rc));
-    }
-    node_peers_reset(n);
-    /* New keys for the new incarnation: the old pair secrets and the old
-     * CURVE key die with it. */
-    struct kvf_peer_keypair fresh_keys;
-    if (kvf_peer_keypair_generate(&fresh_keys) != 0) {
-        node_log("error", NULL, "self-fence: no peer keys for the new incarnation: stopping");
-        atomic_store(&n->fatal, -EIO);
-        pthread_mutex_lock(&n->qlock);
-        pthread_cond_broadcast(&n->qdone);
-        pthread_mutex_unlock(&n->qlock);
-        return;
-    }
-    kvf_peer_keypair_wipe(&n->keys);
-    n->keys = fresh_keys;
-    kvf_peer_keypair_wipe(&fresh_keys);
-    n->incarnation = old == inc ? inc + 1 : inc;
-    int prc = node_peer_renew(n); /* stamped with the new incarnation */
-    if (prc != 0) {
-        node_log("error", NULL, "self-fence: peer channel for the new incarnation: %s: stopping",
-                 strerror(-prc));
-        atomic_store(&n->fatal, prc);
-        pthread_mutex_lock(&n->qlock);
-        pthread_cond_broadcast(&n->qdone);
-        pthread_mutex_unlock(&n->qlock);
-    }
+void node_session_new_incarnation(struct kvf_node *n, uint64_t old)
+{
     n->welcomed_before = false;
     n->last_contact_ms = 0;
     n->cp_acks_heartbeats = false;
-    n->self_fences++;
-    /* The host lock names the live incarnation; the old one is witnessed once
-     * its lifetimes are all drained (node_session_maybe_witness). */
+    /* The old incarnation is witnessed once its lifetimes are all drained
+     * (node_session_maybe_witness). */
     n->retired_incarnation = old;
     n->retired_witness_sent = false;
-    if (n->host_lock_fd >= 0 && node_host_lock_record(n->host_lock_fd, n->incarnation) != 0)
-        node_log("warn", NULL, "self-fence: host lock %s: cannot record incarnation %" PRIu64,
-                 n->host_lock_path, n->incarnation);
-    node_log("warn", NULL,
-             "self-fence: %s: fenced %u peers, closed admission on %zu open lifetimes (%zu not "
-             "drained); incarnation %" PRIu64 " is given up, re-attaching as incarnation %" PRIu64
-             " with no lifetimes",
-             why, fenced, open, undrained, old, n->incarnation);
+}
+
+/* ---- the owner's side of the stream ----------------------------------------------- */
+
+void node_session_opened(struct kvf_node *n, struct kvf_rpc_client_stream *cs)
+{
+    n->session = cs;
+    n->session_welcomed = false;
+    n->hb_seq = 0;
+    if (send_hello(n) != 0)
+        return;
+    /* Completions reported while the session was down are said again. */
+    for (struct node_room *r = n->rooms; r; r = r->next)
+        for (size_t i = 0; i < r->nmembers && !r->core.aborting && r->incarnation == n->incarnation;
+             i++)
+            if (r->members[i].local && r->members[i].completed)
+                node_session_send_completed(n, r, &r->members[i]);
+}
+
+void node_session_closed(struct kvf_node *n, struct kvf_rpc_client_stream *cs)
+{
+    if (n->session == cs) {
+        n->session = NULL;
+        n->session_welcomed = false;
+    }
+}
+
+bool node_session_is_current(const struct kvf_node *n, const struct kvf_rpc_client_stream *cs)
+{
+    return cs == n->session;
+}
+
+static void dispatch(struct kvf_node *n, const Kvfence__V1__ControlMessage *cm)
+{
+    const struct node_session_ops *ops = n->session_ops;
+    switch (cm->msg_case) {
+    case KVFENCE__V1__CONTROL_MESSAGE__MSG_WELCOME:
+        n->session_welcomed = true;
+        n->hb_interval_ms =
+            cm->welcome->heartbeat_interval_ms ? cm->welcome->heartbeat_interval_ms : 1000;
+        n->next_hb_ms = node_now_ms() + (int64_t)n->hb_interval_ms;
+        node_log("info", NULL, "attached to control plane %s (protocol %u)",
+                 cm->welcome->control_plane_id ? cm->welcome->control_plane_id : "?",
+                 cm->welcome->negotiated_version);
+        ops->welcomed(n->session_ctx);
+        on_welcome(n, cm->welcome);
+        break;
+    case KVFENCE__V1__CONTROL_MESSAGE__MSG_RESYNC_REQUEST:
+        node_session_send_resync(n,
+                                 cm->resync_request->reason ? cm->resync_request->reason : "asked");
+        break;
+    case KVFENCE__V1__CONTROL_MESSAGE__MSG_HEARTBEAT_ACK:
+        n->cp_acks_heartbeats = true; /* the contact itself is noted below */
+        break;
+    case KVFENCE__V1__CONTROL_MESSAGE__MSG_ROOM_UPDATE:
+        ops->room_update(n->session_ctx, cm->room_update);
+        break;
+    case KVFENCE__V1__CONTROL_MESSAGE__MSG_ABORT_NOTICE:
+        ops->abort_notice(n->session_ctx, cm->abort_notice);
+        break;
+    case KVFENCE__V1__CONTROL_MESSAGE__MSG_FENCE_PEER:
+        ops->fence_peer(n->session_ctx, cm->fence_peer);
+        break;
+    default:
+        break; /* unknown to this version */
+    }
+}
+
+void node_session_on_message(struct kvf_node *n, const Kvfence__V1__ControlMessage *cm)
+{
+    if (!node_fault_drop_control(n, (int)cm->msg_case))
+        dispatch(n, cm); /* (dropped: unacknowledged, the control plane sends it again) */
+    if (n->session_welcomed)
+        n->last_contact_ms = node_now_ms();
 }
 
 static void sleep_interruptible(struct kvf_node *n, int ms)
@@ -455,16 +611,11 @@ static void sleep_interruptible(struct kvf_node *n, int ms)
     }
 }
 
-/* Posts a synchronous session job; false when the owner is gone. */
-static bool post_session_job(struct kvf_node *n, enum node_job_kind kind,
-                             struct kvf_rpc_client_stream *cs)
+/* Posts a session event and waits for the owner; false when it is gone. */
+static bool post_event(struct kvf_node *n, enum node_session_event ev,
+                       struct kvf_rpc_client_stream *cs)
 {
-    struct node_job j;
-    memset(&j, 0, sizeof j);
-    j.kind = kind;
-    j.stream = cs;
-    j.sync = true;
-    return node_post(n, &j) == 0;
+    return n->session_ops->post_event(n->session_ctx, ev, cs);
 }
 
 /* The channel to kvfence-control, with the TLS files as they are now. */
@@ -514,7 +665,7 @@ static void *session_main(void *arg)
             sleep_interruptible(n, backoff);
             continue;
         }
-        if (!post_session_job(n, JOB_SESSION_OPEN, cs)) {
+        if (!post_event(n, NODE_SESSION_OPEN, cs)) {
             kvf_rpc_client_stream_close(cs);
             break;
         }
@@ -550,18 +701,13 @@ static void *session_main(void *arg)
             }
             if (cm->msg_case == KVFENCE__V1__CONTROL_MESSAGE__MSG_WELCOME)
                 backoff = BACKOFF_MIN_MS;
-            struct node_job *j = calloc(1, sizeof *j);
-            if (!j) {
+            /* The owner drops messages of a stream it gave up. Not posted
+             * (out of memory, the owner gone): the control plane re-sends
+             * its notices. */
+            if (n->session_ops->post_message(n->session_ctx, cs, cm) != 0)
                 kvfence__v1__control_message__free_unpacked(cm, NULL);
-                continue; /* the control plane re-sends notices */
-            }
-            j->kind = JOB_CONTROL_MSG;
-            j->cm = cm;
-            j->stream = cs; /* the owner drops messages of a stream it gave up */
-            if (node_post(n, j) != 0)
-                node_job_free(j);
         }
-        bool owner_alive = post_session_job(n, JOB_SESSION_CLOSED, cs);
+        bool owner_alive = post_event(n, NODE_SESSION_CLOSED, cs);
         struct kvf_rpc_client_stream *gone = cs; /* never match a later stream at this address */
         atomic_compare_exchange_strong(&n->reset_stream, &gone, NULL);
         kvf_rpc_client_stream_close(cs);
@@ -571,21 +717,14 @@ static void *session_main(void *arg)
              * peers fence it. Never pretend to be it: self-fence and come
              * back as a new incarnation (node.proto, Attach). */
             node_log("warn", NULL, "control plane refused this incarnation: %s", st.message);
-            struct node_job j;
-            memset(&j, 0, sizeof j);
-            j.kind = JOB_SESSION_LOST;
-            j.sync = true;
-            if (node_post(n, &j) != 0)
+            if (!post_event(n, NODE_SESSION_LOST, NULL))
                 break;
             backoff = BACKOFF_MIN_MS;
             continue;
         }
         if (st.code == KVF_GRPC_FAILED_PRECONDITION) {
             node_log("error", NULL, "control plane refused the node: %s", st.message);
-            atomic_store(&n->fatal, -EPERM);
-            pthread_mutex_lock(&n->qlock);
-            pthread_cond_broadcast(&n->qdone);
-            pthread_mutex_unlock(&n->qlock);
+            n->session_ops->refused(n->session_ctx, -EPERM);
             break;
         }
         if (!owner_alive || atomic_load(&n->stopping))
@@ -598,8 +737,10 @@ static void *session_main(void *arg)
     return NULL;
 }
 
-int node_session_start(struct kvf_node *n)
+int node_session_start(struct kvf_node *n, const struct node_session_ops *ops, void *ctx)
 {
+    n->session_ops = ops;
+    n->session_ctx = ctx;
     n->channel = session_channel(n);
     if (!n->channel)
         return -EIO;

@@ -21,6 +21,8 @@
 
 #include "local.h"
 #include "tcp.h"
+#include "local_access.h"
+#include "node_log.h"
 
 const char *node_devpool_check_cuda_request(const Kvfence__V1__RegisterPoolRequest *r)
 {
@@ -167,4 +169,28 @@ void node_devpool_log_stats(const struct node_pool *p)
              "device pool %u (%s): writes=%" PRIu64 " write_bytes=%" PRIu64 " reads=%" PRIu64
              " read_bytes=%" PRIu64,
              p->id, node_devpool_kind_name(p), st.writes, st.write_bytes, st.reads, st.read_bytes);
+}
+/* ---- wire form ---------------------------------------------------------------- */
+
+void node_pool_to_wire(const struct node_pool *p, Kvfence__V1__Pool *pv)
+{
+    kvfence__v1__pool__init(pv);
+    pv->pool_id = p->id;
+    pv->pool_key = (char *)p->key;
+    bool cuda = p->pool && kvf_pool_kind(p->pool) == KVF_POOL_CUDA_IPC;
+    pv->kind = cuda ? KVFENCE__V1__POOL_KIND__POOL_KIND_CUDA_IPC
+                    : KVFENCE__V1__POOL_KIND__POOL_KIND_HOST_SHM;
+    pv->cuda_device = cuda ? kvf_pool_device(p->pool) : 0;
+    pv->page_size = p->page_size;
+    pv->page_count = p->page_count;
+    pv->owner_rank = p->rank;
+    pv->base_addr = (uint64_t)(uintptr_t)p->base;
+}
+
+void node_pools_to_wire(struct kvf_node *n, Kvfence__V1__Pool *pv, Kvfence__V1__Pool **pp)
+{
+    for (uint32_t i = 0; i < n->npools; i++) {
+        node_pool_to_wire(&n->pools[i], &pv[i]);
+        pp[i] = &pv[i];
+    }
 }

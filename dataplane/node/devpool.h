@@ -1,8 +1,8 @@
 /*
  * devpool.h: device memory pools in kvfence-node (docs/node.md, "Device
  * pools"): opening a RegisterPool request's memory (host shm, CUDA IPC, or
- * the tests' fake device pool), handing device pools to the transports, and
- * their copy statistics.
+ * the tests' fake device pool), handing device pools to the transports,
+ * their copy statistics, and a pool's wire form (Pool).
  *
  * Device pages (kvf_pool_is_device) are touched only through kvf_pool_read /
  * kvf_pool_write: the TCP receiver lands a frame through a host bounce
@@ -18,7 +18,7 @@
 #include <stdbool.h>
 #include <stddef.h>
 
-#include "node_internal.h"
+#include "node_types.h"
 
 /* Opens the memory of `req` into *pool_p. 0, or a gRPC code with `msg`
  * naming the field (cuda_ipc.ipc_handle, cuda_ipc.device, host_shm...). With
@@ -53,5 +53,12 @@ const char *node_devpool_kind_name(const struct node_pool *p);
 /* Logs the device-pool copy counts of `p` (nothing for a host pool):
  * "device pool N: writes=W write_bytes=B reads=R read_bytes=B". */
 void node_devpool_log_stats(const struct node_pool *p);
+
+/* Pool `p` as node.proto's Pool (pool_key points into `p`: valid while it
+ * is registered). */
+void node_pool_to_wire(const struct node_pool *p, Kvfence__V1__Pool *pv);
+/* Every registered pool of `n`: pv[i] filled, pp[i] = &pv[i] (both of
+ * NODE_MAX_POOLS entries). Owner thread. */
+void node_pools_to_wire(struct kvf_node *n, Kvfence__V1__Pool *pv, Kvfence__V1__Pool **pp);
 
 #endif /* KVF_NODE_DEVPOOL_H */

@@ -12,9 +12,9 @@
 #include <string.h>
 #include <sys/stat.h>
 
-#include "node_internal.h"
+#include "node_log.h"
+#include "node_types.h"
 #include "peer_channel.h"
-#include "rdma_link.h"
 
 #define FAULT_FILE_MAX 4096
 
@@ -34,6 +34,8 @@ struct node_faults {
     uint64_t nheld;
     struct node_job *held_cm, *held_cm_tail; /* RoomUpdates (hold_room_update) */
     uint64_t nheld_cm;
+    const struct node_fault_hooks *hooks; /* the owner's (faults.h) */
+    void *hooks_ctx;
 };
 
 /* ---- parsing ------------------------------------------------------------------ */
@@ -199,11 +201,11 @@ static void apply(struct kvf_node *n, const struct node_fault_cfg *c, const char
     kvf_transport_fault_set(n->tcp_io, &c->xport);
     if (n->faults->rdma_applied != (c->rdma_hold != 0)) {
         n->faults->rdma_applied = c->rdma_hold != 0;
-        node_rdma_set_hold(n, n->faults->rdma_applied); /* no-op before RDMA started */
+        n->faults->hooks->rdma_hold(n->faults->hooks_ctx, n->faults->rdma_applied);
     }
     if (n->faults->odd_applied != (c->rdma_hold_odd != 0)) {
         n->faults->odd_applied = c->rdma_hold_odd != 0;
-        node_rdma_set_hold_odd(n, n->faults->odd_applied);
+        n->faults->hooks->rdma_hold_odd(n->faults->hooks_ctx, n->faults->odd_applied);
     }
     n->faults->peer_pending = c->peer_keys;
     apply_peer(n);
@@ -251,11 +253,14 @@ static void reload(struct kvf_node *n)
     apply(n, &c, "loaded");
 }
 
-int node_faults_start(struct kvf_node *n, const char *path)
+int node_faults_start(struct kvf_node *n, const char *path, const struct node_fault_hooks *hooks,
+                      void *ctx)
 {
     struct node_faults *f = calloc(1, sizeof *f);
     if (!f)
         return -ENOMEM;
+    f->hooks = hooks;
+    f->hooks_ctx = ctx;
     snprintf(f->path, sizeof f->path, "%s", path);
     struct kvf_transport *w = kvf_transport_fault_create(n->tcp, fault_log, n);
     if (!w) {
@@ -279,8 +284,8 @@ static void release_held(struct kvf_node *n)
     while (f->held) {
         struct node_job *j = f->held;
         f->held = j->next;
-        node_substream_run(n, j);
-        node_job_free(j);
+        f->hooks->run_stream(f->hooks_ctx, j);
+        f->hooks->job_free(f->hooks_ctx, j);
     }
     f->held_tail = NULL;
     f->nheld = 0;
@@ -298,8 +303,8 @@ static void release_held_cm(struct kvf_node *n)
         struct node_job *j = f->held_cm;
         f->held_cm = j->next;
         j->kept = false;
-        if (node_post(n, j) != 0)
-            node_job_free(j); /* the owner is exiting */
+        if (f->hooks->repost(f->hooks_ctx, j) != 0)
+            f->hooks->job_free(f->hooks_ctx, j); /* the owner is exiting */
     }
     f->held_cm_tail = NULL;
     f->nheld_cm = 0;
@@ -461,15 +466,16 @@ void node_faults_stop(struct kvf_node *n)
 {
     if (!n->faults)
         return;
-    while (n->faults->held) { /* not run: the owner is gone (it runs them at stop) */
-        struct node_job *j = n->faults->held;
-        n->faults->held = j->next;
-        node_job_free(j);
+    struct node_faults *f = n->faults;
+    while (f->held) { /* not run: the owner is gone (it runs them at stop) */
+        struct node_job *j = f->held;
+        f->held = j->next;
+        f->hooks->job_free(f->hooks_ctx, j);
     }
-    while (n->faults->held_cm) {
-        struct node_job *j = n->faults->held_cm;
-        n->faults->held_cm = j->next;
-        node_job_free(j);
+    while (f->held_cm) {
+        struct node_job *j = f->held_cm;
+        f->held_cm = j->next;
+        f->hooks->job_free(f->hooks_ctx, j);
     }
     kvf_transport_destroy(n->tcp_io);
     n->tcp_io = n->tcp;

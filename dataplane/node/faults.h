@@ -45,7 +45,10 @@
  * Every fault that fires is logged ("fault: ...").
  *
  * DESIGN: owner thread only (the file check runs in the owner loop; the
- * control messages and reports pass through the owner thread).
+ * control messages and reports pass through the owner thread). The module
+ * is a hook table's user: what it does to jobs and to the RDMA fabric goes
+ * through the struct node_fault_hooks the owner gave it, so it sits below
+ * every module it acts on.
  */
 #ifndef KVF_NODE_FAULTS_H
 #define KVF_NODE_FAULTS_H
@@ -93,9 +96,27 @@ void node_fault_peer(const struct node_fault_cfg *cfg, struct kvf_peer_fault *ou
 void node_faults_unwrap(struct kvf_node *n);
 int node_faults_wrap(struct kvf_node *n);
 
+/* What the fault module may do to the rest of the node, given by the owner
+ * (node.c) at start: the module calls nothing above it directly. Every slot
+ * is set; `ctx` is passed back. Owner thread. */
+struct node_fault_hooks {
+    /* Runs a held SubmitChunks request (JOB_SUBMIT_STREAM) now. */
+    void (*run_stream)(void *ctx, struct node_job *j);
+    /* Puts a held job back on the owner's queue: 0, or -ESHUTDOWN (the owner
+     * is exiting; the job stays the caller's). */
+    int (*repost)(void *ctx, struct node_job *j);
+    /* Frees a job and what it owns. */
+    void (*job_free)(void *ctx, struct node_job *j);
+    /* The fake RDMA fabric's hold switches, rdma_hold and rdma_hold_odd
+     * (no-ops before RDMA started). */
+    void (*rdma_hold)(void *ctx, bool on);
+    void (*rdma_hold_odd)(void *ctx, bool on);
+};
+
 /* Wraps n->tcp in the fault transport and sets n->tcp_io to it; reads the
- * file once. 0 or -ENOMEM. */
-int node_faults_start(struct kvf_node *n, const char *path);
+ * file once. `hooks` is kept (not copied). 0 or -ENOMEM. */
+int node_faults_start(struct kvf_node *n, const char *path, const struct node_fault_hooks *hooks,
+                      void *ctx);
 
 /* Owner loop: reloads the file when it changed (at most every
  * NODE_FAULT_CHECK_MS). */

@@ -36,7 +36,8 @@
 
 #include "kvf_error.h"
 #include "kvf_fdpass.h"
-#include "node_internal.h"
+#include "node_log.h"
+#include "node_types.h"
 
 #define GATE_MAX    64
 #define GATE_TTL_MS 30000

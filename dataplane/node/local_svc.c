@@ -44,7 +44,14 @@
 #include "devpool.h"
 #include "kvf_error.h"
 #include "kvf_fdpass.h"
-#include "node_internal.h"
+#include "control_session.h"
+#include "local_access.h"
+#include "local_svc.h"
+#include "node_log.h"
+#include "node_owner.h"
+#include "node_types.h"
+#include "peer_link.h"
+#include "watch.h"
 #include "rdma.h"
 #include "rdma_link.h"
 #include "tcp.h"
@@ -124,15 +131,8 @@ void node_local_register_pool(struct kvf_node *n, struct node_job *j)
 
     Kvfence__V1__Pool pool;
     node_pool_to_wire(p, &pool);
-    Kvfence__V1__Pool *pp = &pool;
     /* The control plane learns the pool now, or from the next Hello. */
-    Kvfence__V1__PoolUpdate pu = KVFENCE__V1__POOL_UPDATE__INIT;
-    pu.n_upserted = 1;
-    pu.upserted = &pp;
-    Kvfence__V1__NodeMessage m = KVFENCE__V1__NODE_MESSAGE__INIT;
-    m.msg_case = KVFENCE__V1__NODE_MESSAGE__MSG_POOL_UPDATE;
-    m.pool_update = &pu;
-    node_ctl_send(n, &m);
+    node_session_send_pool_added(n, &pool);
 
     Kvfence__V1__RegisterPoolResponse resp = KVFENCE__V1__REGISTER_POOL_RESPONSE__INIT;
     resp.pool = &pool;
@@ -285,7 +285,7 @@ static void source_failed(struct kvf_node *n, struct node_chunk *ch, const char 
     if (!src || src->failed)
         return;
     src->failed = true;
-    node_send_transfer_failed(n, ch->room, src->rank, src->role, why);
+    node_session_send_transfer_failed(n, ch->room, src->rank, src->role, why);
 }
 
 /* A refused (or partly admitted) chunk: its code and message. */
@@ -603,7 +603,7 @@ static void frame_end(struct kvf_node *n, struct node_frame *f, bool ok, int sta
         chunk_end(n, ch);
 }
 
-void node_frame_end(struct kvf_node *n, struct node_frame *f, bool ok)
+void node_local_frame_end(struct kvf_node *n, struct node_frame *f, bool ok)
 {
     frame_end(n, f, ok, 0);
 }
@@ -635,15 +635,6 @@ void node_local_completion(struct kvf_node *n, const struct kvf_completion *c)
 }
 
 /* ---- handlers (CQ threads) ------------------------------------------------------ */
-
-void node_post_or_fail(struct kvf_node *n, struct node_job *j)
-{
-    if (node_post(n, j) != 0) {
-        kvf_rpc_call_fail(j->call, KVF_GRPC_UNAVAILABLE, "node shutting down");
-        j->call = NULL;
-        node_job_free(j);
-    }
-}
 
 static void h_register_pool(void *ctx, struct kvf_rpc_call *call, const uint8_t *req, size_t len)
 {
@@ -735,7 +726,7 @@ static void h_submit_chunk(void *ctx, struct kvf_rpc_call *call, const uint8_t *
     node_post_or_fail(n, j);
 }
 
-int node_local_start(struct kvf_node *n)
+int node_local_start(struct kvf_node *n, const node_local_register_fn *extra, size_t nextra)
 {
     char dir[256];
     snprintf(dir, sizeof dir, "%s", n->local_socket);
@@ -768,14 +759,8 @@ int node_local_start(struct kvf_node *n)
     if (rc == 0)
         rc = kvf_rpc_server_add_unary(n->local_srv, "/kvfence.v1.NodeLocal/SubmitChunk",
                                       h_submit_chunk, n);
-    if (rc == 0)
-        rc = node_substream_register(n); /* SubmitChunks */
-    if (rc == 0)
-        rc = node_watch_register(n);
-    if (rc == 0)
-        rc = node_pool_admin_register(n); /* UnregisterPool */
-    if (rc == 0)
-        rc = node_health_register(n); /* grpc.health.v1.Health */
+    for (size_t i = 0; rc == 0 && i < nextra; i++)
+        rc = extra[i](n); /* SubmitChunks, Watch, UnregisterPool, Health (node.c) */
     if (rc == 0) {
         rc = kvf_rpc_server_start(n->local_srv);
         if (rc > 0)
@@ -815,6 +800,5 @@ void node_local_stop(struct kvf_node *n)
     kvf_rpc_server_shutdown(n->local_srv, 1000);
     kvf_rpc_server_destroy(n->local_srv);
     n->local_srv = NULL;
-    node_health_free(n);
     (void)unlink(n->local_socket);
 }

@@ -1,7 +1,9 @@
 /*
  * node.c: the owner thread of kvfence-node: the lifetime table, the room map,
- * the registered pools, the TCP transport's control side and the send side of
- * the control-plane session.
+ * the registered pools, the TCP transport's control side and the self-fence.
+ * The control-plane protocol (receiving, the session's own messages, every
+ * report sent) is control_session.c's: node.c hands it a table of what the
+ * owner does (struct node_session_ops) and calls its senders.
  *
  * SCOPE OF THIS VERSION (the first vertical slice):
  * - transfers over TCP, or the local transport for a sink on this node, with
@@ -15,7 +17,8 @@
  *   messages (rdma_link.c; no staging messages);
  * - lifetimes are never forgotten while the process runs (one small record per
  *   room), so that every late message for a room stays recognisable;
- * - Resync and self-fencing after node_ttl without a session: control_session.c.
+ * - Resync and the decision to self-fence after node_ttl without a session:
+ *   control_session.c; the self-fence itself: node_self_fence here.
  *
  * Completion rules (documented decisions):
  * - a source participant is Completed once every (source, sink) pair it
@@ -39,7 +42,7 @@
  * - once every local participant of a room has completed, the node closes
  *   the room's admission: nothing may start for it afterwards.
  *
- * DESIGN (threads): see node_internal.h. The owner loop sleeps in poll(2)
+ * DESIGN (threads): see node_types.h. The owner loop sleeps in poll(2)
  * on wake descriptors: the job queue's eventfd (written by a post to an empty
  * queue) and each transport's (written when a completion lands on its empty
  * list), until the next deadline the node knows (heartbeat, self-fence, stop,
@@ -51,14 +54,21 @@
  * the node decided them.
  */
 #include "host_lock.h"
-#include "node_internal.h"
+#include "local_svc.h"
+#include "node_health.h"
+#include "node_log.h"
+#include "node_owner.h"
+#include "node_types.h"
+#include "peer_link.h"
+#include "pool_admin.h"
+#include "submit_stream.h"
+#include "watch.h"
 
 #include <errno.h>
 #include <fcntl.h>
 #include <inttypes.h>
 #include <limits.h>
 #include <poll.h>
-#include <stdarg.h>
 #include <stddef.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -67,10 +77,10 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "control_session.h"
+#include "devpool.h"
 #include "faults.h"
-#include "kvf_clock.h"
 #include "kvf_error.h"
-#include "kvf_log.h"
 #include "rdma_link.h"
 #include "tcp.h"
 #include "xport.h"
@@ -79,148 +89,41 @@
  * pace while --fault-file is set (tests only). */
 #define OWNER_FAULT_TICK_MS 5
 
-/* ---- logging ----------------------------------------------------------------- */
+/* The owner's actions: the other modules reach them through node_owner.h
+ * (struct node_owner_ops, owner_ops below); node.c calls them directly. */
+static void owner_part_completed(struct kvf_node *n, struct node_room *r, struct node_member *m);
+static void owner_core_apply(struct kvf_node *n);
+static void owner_check_drained(struct kvf_node *n, struct node_room *r);
+static void owner_check_sink_complete(struct kvf_node *n, struct node_room *r,
+                                      struct node_member *m);
+static void owner_check_sinks(struct kvf_node *n, struct node_room *r);
+static void owner_sink_landed(struct kvf_node *n, struct node_room *r, uint32_t rank,
+                              uint32_t first_page, uint32_t page_count, uint64_t bytes);
+static int owner_ensure_peer(struct kvf_node *n, const char *node_id, uint64_t incarnation,
+                             uint32_t *idx_p);
+static void owner_fail_unknown_room(struct kvf_node *n, kvf_room_key key, const char *why);
+static void node_core_collect(struct kvf_node *n);
+static void node_peers_reset(struct kvf_node *n);
+static void node_poll_completions(struct kvf_node *n);
+static struct kvf_transport *node_tcp_create(struct kvf_node *n, uint64_t incarnation,
+                                             uint16_t port);
 
-void node_log(const char *level, const kvf_room_key *room, const char *fmt, ...)
-{
-    enum kvf_log_level lvl = KVF_LOG_ERROR; /* an unknown level is never dropped */
-    (void)kvf_log_level_parse(level, &lvl);
-    struct kvf_log_fields fields = {.room = room};
-    va_list ap;
-    va_start(ap, fmt);
-    kvf_log_emitv(lvl, &fields, fmt, ap);
-    va_end(ap);
-}
+static const struct node_owner_ops owner_ops = {
+    .part_completed = owner_part_completed,
+    .core_apply = owner_core_apply,
+    .check_drained = owner_check_drained,
+    .check_sink_complete = owner_check_sink_complete,
+    .check_sinks = owner_check_sinks,
+    .sink_landed = owner_sink_landed,
+    .ensure_peer = owner_ensure_peer,
+    .fail_unknown_room = owner_fail_unknown_room,
+    .frame_end = node_local_frame_end, /* local_svc.c */
+    .completion = node_local_completion,
+};
 
-int64_t node_now_ms(void)
-{
-    return kvf_clock_mono_ms();
-}
+/* ---- completions and the rules core's effects -------------------------------- */
 
-/* ---- pools (minimal shm mapping; dataplane/pool replaces it) ------------------ */
-
-/* ---- job queue ----------------------------------------------------------------- */
-
-void node_job_free(struct node_job *j)
-{
-    if (!j)
-        return;
-    if (j->cm)
-        kvfence__v1__control_message__free_unpacked(j->cm, NULL);
-    if (j->reg)
-        kvfence__v1__register_pool_request__free_unpacked(j->reg, NULL);
-    if (j->submit)
-        kvfence__v1__submit_chunk_request__free_unpacked(j->submit, NULL);
-    if (j->sub)
-        node_substream_put(j->sub);
-    free(j->pmsg);
-    free(j);
-}
-
-/* Under qlock: appends head..tail (linked by next) to the owner's queue and
- * wakes it. -ESHUTDOWN once the owner has exited (nothing is queued). */
-static int node_queue_locked(struct kvf_node *n, struct node_job *head, struct node_job *tail)
-{
-    if (n->owner_exit)
-        return -ESHUTDOWN;
-    tail->next = NULL;
-    if (n->qtail) {
-        n->qtail->next = head;
-    } else {
-        /* The owner takes the whole queue at once: it empties it, so a post
-         * to an empty queue is the only one that must wake it. */
-        n->qhead = head;
-        kvf_wake_signal(n->qwake);
-    }
-    n->qtail = tail;
-    return 0;
-}
-
-/* Posts `j`. A synchronous job (j->sync) is waited for and stays the
- * caller's; an asynchronous one belongs to the owner from a 0 return on.
- * -ESHUTDOWN once the owner has exited (the job stays the caller's). */
-int node_post(struct kvf_node *n, struct node_job *j)
-{
-    pthread_mutex_lock(&n->qlock);
-    int rc = node_queue_locked(n, j, j);
-    if (rc == 0 && j->sync) {
-        while (!j->done && !n->owner_exit)
-            pthread_cond_wait(&n->qdone, &n->qlock);
-        rc = j->done ? 0 : -ESHUTDOWN;
-    }
-    pthread_mutex_unlock(&n->qlock);
-    return rc;
-}
-
-/* Posts the asynchronous jobs head..tail (linked by next) with one wake-up.
- * -ESHUTDOWN once the owner has exited (the jobs stay the caller's). */
-static int node_post_list(struct kvf_node *n, struct node_job *head, struct node_job *tail)
-{
-    pthread_mutex_lock(&n->qlock);
-    int rc = node_queue_locked(n, head, tail);
-    pthread_mutex_unlock(&n->qlock);
-    return rc;
-}
-
-/* ---- sending to the control plane ------------------------------------------- */
-
-int node_ctl_send(struct kvf_node *n, const Kvfence__V1__NodeMessage *m)
-{
-    if (!n->session)
-        return -ENOTCONN;
-    if (node_fault_drop_report(n, (int)m->msg_case))
-        return 0; /* as if sent and lost */
-    size_t len = kvfence__v1__node_message__get_packed_size(m);
-    uint8_t *buf = malloc(len ? len : 1);
-    if (!buf)
-        return -ENOMEM;
-    kvfence__v1__node_message__pack(m, buf);
-    int rc = kvf_rpc_client_stream_send(n->session, buf, len);
-    free(buf);
-    return rc;
-}
-
-void node_send_drained(struct kvf_node *n, struct node_room *r)
-{
-    Kvfence__V1__RoomKey k = KVFENCE__V1__ROOM_KEY__INIT;
-    k.room_id = r->key.room_id;
-    k.generation = r->key.generation;
-    Kvfence__V1__AbortToken t = KVFENCE__V1__ABORT_TOKEN__INIT;
-    t.hi = r->core.token.hi;
-    t.lo = r->core.token.lo;
-    Kvfence__V1__Drained d = KVFENCE__V1__DRAINED__INIT;
-    d.room = &k;
-    d.token = &t;
-    d.notice_id = r->core.notice_id;
-    /* A lifetime of an incarnation this process gave up (self-fence): its
-     * token, sent to that incarnation only, proves it. */
-    d.incarnation = r->incarnation != n->incarnation ? r->incarnation : 0;
-    Kvfence__V1__NodeMessage m = KVFENCE__V1__NODE_MESSAGE__INIT;
-    m.msg_case = KVFENCE__V1__NODE_MESSAGE__MSG_DRAINED;
-    m.drained = &d;
-    int rc = node_ctl_send(n, &m);
-    node_log("info", &r->key, "drained%s", rc == 0 ? "" : " (not sent: no session)");
-}
-
-void node_send_completed(struct kvf_node *n, struct node_room *r, struct node_member *mb)
-{
-    Kvfence__V1__RoomKey k = KVFENCE__V1__ROOM_KEY__INIT;
-    k.room_id = r->key.room_id;
-    k.generation = r->key.generation;
-    Kvfence__V1__Completed c = KVFENCE__V1__COMPLETED__INIT;
-    c.room = &k;
-    c.rank = mb->rank;
-    c.role = (Kvfence__V1__Role)mb->role;
-    Kvfence__V1__NodeMessage m = KVFENCE__V1__NODE_MESSAGE__INIT;
-    m.msg_case = KVFENCE__V1__NODE_MESSAGE__MSG_COMPLETED;
-    m.completed = &c;
-    int rc = node_ctl_send(n, &m);
-    node_log("info", &r->key, "participant rank %u %s completed%s", mb->rank,
-             mb->role == KVFENCE__V1__ROLE__ROLE_SOURCE ? "source" : "sink",
-             rc == 0 ? "" : " (report waits for the session)");
-}
-
-void node_part_completed(struct kvf_node *n, struct node_room *r, struct node_member *mb)
+static void owner_part_completed(struct kvf_node *n, struct node_room *r, struct node_member *mb)
 {
     if (mb->completed)
         return;
@@ -228,7 +131,7 @@ void node_part_completed(struct kvf_node *n, struct node_room *r, struct node_me
                                  mb->role == KVFENCE__V1__ROLE__ROLE_SINK) != 0)
         return; /* aborting: nothing completes */
     mb->completed = true;
-    node_core_apply(n);
+    owner_core_apply(n);
 }
 
 /* The local participant of `r` the core named in a SEND_COMPLETED effect. */
@@ -245,8 +148,19 @@ static void room_free(struct kvf_node *n, struct node_room *r);
 static void peer_refs_drop(struct kvf_node *n, struct node_room *r);
 static void node_peer_recycle(struct kvf_node *n, uint32_t idx, bool fence);
 
+/* The core's ROOM_DRAINED effect, once per room: the peer channel says LATE
+ * for it and forgets its sequence state (later messages are LATE), and the
+ * watchers see DRAINED. */
+static void room_drained(struct kvf_node *n, struct node_room *r)
+{
+    node_peer_close_room(n, r);
+    if (n->peerch)
+        (void)kvf_peer_forget_room(n->peerch, r->key);
+    node_watch_room_state(n, r);
+}
+
 /* What each effect of the rules core means for the daemon (node_core.h). */
-void node_core_apply(struct kvf_node *n)
+static void owner_core_apply(struct kvf_node *n)
 {
     struct kvf_ncore_fx fx;
     while (kvf_ncore_fx_take(n->core, &fx)) {
@@ -256,17 +170,17 @@ void node_core_apply(struct kvf_node *n)
             /* Admission is shut for good and nothing is in flight: the room
              * sends to no peer again, so it holds no peer slot. */
             peer_refs_drop(n, r);
-            node_room_drained(n, r);
+            room_drained(n, r);
             if (r->incarnation != n->incarnation)
                 node_session_maybe_witness(n);
             break;
         case KVF_NCORE_FX_SEND_DRAINED:
-            node_send_drained(n, r);
+            node_session_send_drained(n, r);
             break;
         case KVF_NCORE_FX_SEND_COMPLETED: {
             struct node_member *m = local_part(r, fx.rank, fx.sink);
             if (m)
-                node_send_completed(n, r, m);
+                node_session_send_completed(n, r, m);
             break;
         }
         case KVF_NCORE_FX_CLOSE_PEERS:
@@ -286,7 +200,7 @@ void node_core_apply(struct kvf_node *n)
             struct node_member *m = local_part(r, fx.rank, fx.sink);
             if (m)
                 m->failed = true;
-            node_send_transfer_failed(
+            node_session_send_transfer_failed(
                 n, r, fx.rank,
                 fx.sink ? KVFENCE__V1__ROLE__ROLE_SINK : KVFENCE__V1__ROLE__ROLE_SOURCE, fx.reason);
             break;
@@ -295,118 +209,13 @@ void node_core_apply(struct kvf_node *n)
     }
 }
 
-void node_core_collect(struct kvf_node *n)
+static void node_core_collect(struct kvf_node *n)
 {
     if (kvf_ncore_collect(n->core) > 0)
-        node_core_apply(n);
-}
-
-void node_send_transfer_failed(struct kvf_node *n, struct node_room *r, uint32_t rank, int role,
-                               const char *reason)
-{
-    if (r->core.aborting)
-        return; /* the room is failing already */
-    Kvfence__V1__RoomKey k = KVFENCE__V1__ROOM_KEY__INIT;
-    k.room_id = r->key.room_id;
-    k.generation = r->key.generation;
-    Kvfence__V1__TransferFailed f = KVFENCE__V1__TRANSFER_FAILED__INIT;
-    f.room = &k;
-    f.reason = (char *)reason;
-    f.rank = rank;
-    f.role = (Kvfence__V1__Role)role;
-    Kvfence__V1__NodeMessage m = KVFENCE__V1__NODE_MESSAGE__INIT;
-    m.msg_case = KVFENCE__V1__NODE_MESSAGE__MSG_TRANSFER_FAILED;
-    m.transfer_failed = &f;
-    node_ctl_send(n, &m);
-    node_log("warn", &r->key, "transfer failed: %s", reason);
-}
-
-static void send_ack(struct kvf_node *n, uint64_t notice_id)
-{
-    Kvfence__V1__Ack a = KVFENCE__V1__ACK__INIT;
-    a.notice_id = notice_id;
-    Kvfence__V1__NodeMessage m = KVFENCE__V1__NODE_MESSAGE__INIT;
-    m.msg_case = KVFENCE__V1__NODE_MESSAGE__MSG_ACK;
-    m.ack = &a;
-    node_ctl_send(n, &m);
-}
-
-/* The update is applied: the control plane may now publish this node's
- * members of the room to the room's other nodes (node.proto RoomUpdateAck). */
-static void send_room_update_ack(struct kvf_node *n, kvf_room_key key, uint64_t version)
-{
-    Kvfence__V1__RoomKey k = KVFENCE__V1__ROOM_KEY__INIT;
-    k.room_id = key.room_id;
-    k.generation = key.generation;
-    Kvfence__V1__RoomUpdateAck a = KVFENCE__V1__ROOM_UPDATE_ACK__INIT;
-    a.room = &k;
-    a.version = version;
-    Kvfence__V1__NodeMessage m = KVFENCE__V1__NODE_MESSAGE__INIT;
-    m.msg_case = KVFENCE__V1__NODE_MESSAGE__MSG_ROOM_UPDATE_ACK;
-    m.room_update_ack = &a;
-    node_ctl_send(n, &m);
-}
-
-static void send_heartbeat(struct kvf_node *n)
-{
-    uint32_t open = 0;
-    uint64_t ops = 0;
-    for (struct node_room *r = n->rooms; r; r = r->next) {
-        if (kvf_lt_state(r->core.lt) != KVF_LT_DRAINED)
-            open++;
-        ops += kvf_lt_inflight(r->core.lt);
-    }
-    Kvfence__V1__Heartbeat h = KVFENCE__V1__HEARTBEAT__INIT;
-    h.seq = ++n->hb_seq;
-    h.open_lifetimes = open;
-    h.ops_in_flight = ops;
-    Kvfence__V1__NodeMessage m = KVFENCE__V1__NODE_MESSAGE__INIT;
-    m.msg_case = KVFENCE__V1__NODE_MESSAGE__MSG_HEARTBEAT;
-    m.heartbeat = &h;
-    node_ctl_send(n, &m);
-}
-
-void node_pool_to_wire(const struct node_pool *p, Kvfence__V1__Pool *pv)
-{
-    kvfence__v1__pool__init(pv);
-    pv->pool_id = p->id;
-    pv->pool_key = (char *)p->key;
-    bool cuda = p->pool && kvf_pool_kind(p->pool) == KVF_POOL_CUDA_IPC;
-    pv->kind = cuda ? KVFENCE__V1__POOL_KIND__POOL_KIND_CUDA_IPC
-                    : KVFENCE__V1__POOL_KIND__POOL_KIND_HOST_SHM;
-    pv->cuda_device = cuda ? kvf_pool_device(p->pool) : 0;
-    pv->page_size = p->page_size;
-    pv->page_count = p->page_count;
-    pv->owner_rank = p->rank;
-    pv->base_addr = (uint64_t)(uintptr_t)p->base;
-}
-
-void node_pools_to_wire(struct kvf_node *n, Kvfence__V1__Pool *pv, Kvfence__V1__Pool **pp)
-{
-    for (uint32_t i = 0; i < n->npools; i++) {
-        node_pool_to_wire(&n->pools[i], &pv[i]);
-        pp[i] = &pv[i];
-    }
+        owner_core_apply(n);
 }
 
 /* ---- rooms ------------------------------------------------------------------- */
-
-/* Any thread holding rooms_lock, or the owner. */
-static size_t room_bucket(kvf_room_key key, size_t cap)
-{
-    uint64_t h = key.room_id * 0x9e3779b97f4a7c15ull ^ key.generation * 0xc2b2ae3d27d4eb4full;
-    return (size_t)(h ^ (h >> 32)) & (cap - 1);
-}
-
-struct node_room *node_room_find(struct kvf_node *n, kvf_room_key key)
-{
-    if (!n->room_index_cap)
-        return NULL;
-    for (struct node_room *r = n->room_index[room_bucket(key, n->room_index_cap)]; r; r = r->hnext)
-        if (kvf_room_key_eq(r->key, key))
-            return r;
-    return NULL;
-}
 
 /* Grows the index, if needed, so that one more room keeps it at about one
  * room per bucket; -ENOMEM leaves it as it was. Owner thread. */
@@ -419,7 +228,7 @@ static int room_index_reserve(struct kvf_node *n)
             return -ENOMEM;
         pthread_rwlock_wrlock(&n->rooms_lock);
         for (struct node_room *o = n->rooms; o; o = o->next) {
-            size_t b = room_bucket(o->key, cap);
+            size_t b = node_room_bucket(o->key, cap);
             o->hnext = idx[b];
             idx[b] = o;
         }
@@ -450,7 +259,7 @@ static struct node_room *room_open(struct kvf_node *n, kvf_room_key key)
     r->key = key;
     r->incarnation = n->incarnation;
     pthread_rwlock_wrlock(&n->rooms_lock);
-    size_t b = room_bucket(key, n->room_index_cap);
+    size_t b = node_room_bucket(key, n->room_index_cap);
     r->hnext = n->room_index[b];
     n->room_index[b] = r;
     n->room_count++;
@@ -485,7 +294,7 @@ static void peer_refs_drop(struct kvf_node *n, struct node_room *r)
 static void room_free(struct kvf_node *n, struct node_room *r)
 {
     pthread_rwlock_wrlock(&n->rooms_lock);
-    struct node_room **pp = &n->room_index[room_bucket(r->key, n->room_index_cap)];
+    struct node_room **pp = &n->room_index[node_room_bucket(r->key, n->room_index_cap)];
     while (*pp && *pp != r)
         pp = &(*pp)->hnext;
     if (*pp)
@@ -506,24 +315,17 @@ static void room_free(struct kvf_node *n, struct node_room *r)
     free(r);
 }
 
-void node_check_drained(struct kvf_node *n, struct node_room *r)
+static void owner_check_drained(struct kvf_node *n, struct node_room *r)
 {
     kvf_ncore_room_check(n->core, &r->core);
-    node_core_apply(n);
-}
-
-struct node_pool *node_pool_find(struct kvf_node *n, uint32_t id)
-{
-    for (uint32_t i = 0; i < n->npools; i++)
-        if (n->pools[i].id == id)
-            return &n->pools[i];
-    return NULL;
+    owner_core_apply(n);
 }
 
 /* A local sink whose every lease page was covered, and whose landed bytes
  * are all named by ok TransferStatus messages, is complete (see the top of
  * this file). */
-void node_check_sink_complete(struct kvf_node *n, struct node_room *r, struct node_member *m)
+static void owner_check_sink_complete(struct kvf_node *n, struct node_room *r,
+                                      struct node_member *m)
 {
     if (!m->local || m->role != KVFENCE__V1__ROLE__ROLE_SINK || m->completed || r->core.aborting)
         return;
@@ -536,7 +338,7 @@ void node_check_sink_complete(struct kvf_node *n, struct node_room *r, struct no
      * lock the count cannot grow, and rx_closed makes the check refuse later
      * frames for this sink. The count is the room's (its TCP sends and
      * staging copies too): conservative, and every completion re-checks
-     * (node_local_completion, on_frame). */
+     * (node_completion, on_frame). */
     struct kvf_ncore_sink s = {
         .pages = m->pages,
         .pages_landed = m->pages_landed,
@@ -556,14 +358,14 @@ void node_check_sink_complete(struct kvf_node *n, struct node_room *r, struct no
     pthread_rwlock_unlock(&n->rooms_lock);
     if (ready) {
         node_peer_sink_done(n, r, m);
-        node_part_completed(n, r, m);
+        owner_part_completed(n, r, m);
     }
 }
 
-void node_check_sinks(struct kvf_node *n, struct node_room *r)
+static void owner_check_sinks(struct kvf_node *n, struct node_room *r)
 {
     for (size_t i = 0; i < r->nmembers; i++)
-        node_check_sink_complete(n, r, &r->members[i]);
+        owner_check_sink_complete(n, r, &r->members[i]);
 }
 
 /* The span [first, end) of `m`'s ranges. */
@@ -640,21 +442,11 @@ static void node_member_landed(struct kvf_node *n, struct node_room *r, struct n
     if (p && bytes == (uint64_t)page_count * p->page_size &&
         mark_landed(m, first_page, page_count) != 0)
         node_log("error", &r->key, "out of memory for the sink's page map");
-    node_check_sink_complete(n, r, m);
+    owner_check_sink_complete(n, r, m);
 }
 
-struct node_member *node_local_sink(struct node_room *r, uint32_t rank)
-{
-    for (size_t i = 0; i < r->nmembers; i++) {
-        struct node_member *m = &r->members[i];
-        if (m->local && m->rank == rank && m->role == KVFENCE__V1__ROLE__ROLE_SINK)
-            return m;
-    }
-    return NULL;
-}
-
-void node_sink_landed(struct kvf_node *n, struct node_room *r, uint32_t rank, uint32_t first_page,
-                      uint32_t page_count, uint64_t bytes)
+static void owner_sink_landed(struct kvf_node *n, struct node_room *r, uint32_t rank,
+                              uint32_t first_page, uint32_t page_count, uint64_t bytes)
 {
     struct node_member *m = node_local_sink(r, rank);
     if (m)
@@ -672,12 +464,6 @@ static uint64_t tcp_id_of(const char *node_id, uint64_t incarnation)
     }
     h ^= incarnation * 0x9e3779b97f4a7c15ull;
     return h ? h : 1;
-}
-
-bool node_find_peer(const struct kvf_node *n, const char *node_id, uint64_t incarnation,
-                    uint32_t *idx_p)
-{
-    return kvf_ncore_peer_find(n->core, node_id, incarnation, idx_p) == 0;
 }
 
 /* The core gives slot `idx` to a new incarnation: the old one was fenced
@@ -703,7 +489,7 @@ static void node_peer_recycle(struct kvf_node *n, uint32_t idx, bool fence)
     memset(p, 0, sizeof *p);
 }
 
-void node_peers_reset(struct kvf_node *n)
+static void node_peers_reset(struct kvf_node *n)
 {
     for (struct node_room *r = n->rooms; r; r = r->next)
         peer_refs_drop(n, r);
@@ -712,12 +498,13 @@ void node_peers_reset(struct kvf_node *n)
     n->npeers = 0;
 }
 
-int node_ensure_peer(struct kvf_node *n, const char *node_id, uint64_t incarnation, uint32_t *idx_p)
+static int owner_ensure_peer(struct kvf_node *n, const char *node_id, uint64_t incarnation,
+                             uint32_t *idx_p)
 {
     uint32_t i;
     bool fresh;
     int rc = kvf_ncore_peer_get(n->core, node_id, incarnation, &i, &fresh);
-    node_core_apply(n); /* a recycled slot's old peer goes first */
+    owner_core_apply(n); /* a recycled slot's old peer goes first */
     if (rc != 0)
         return rc;
     if (!fresh) {
@@ -790,18 +577,18 @@ static void on_room_update(struct kvf_node *n, const Kvfence__V1__RoomUpdate *ru
 {
     kvf_room_key key = key_of(ru->room);
     if (node_fault_ack_drop_room_update(n)) { /* a node that breaks the order (tests) */
-        send_ack(n, ru->notice_id);
-        send_room_update_ack(n, key, ru->version);
+        node_session_send_ack(n, ru->notice_id);
+        node_session_send_room_update_ack(n, key, ru->version);
         return;
     }
     struct node_room *r = node_room_find(n, key);
     if (!r && (n->stop_requested || kvf_lt_table_is_late(n->lts, key))) {
         node_log("info", &key, "late or refused room update ignored");
-        send_ack(n, ru->notice_id);
+        node_session_send_ack(n, ru->notice_id);
         return;
     }
     if (!r && !(r = room_open(n, key))) {
-        send_ack(n, ru->notice_id);
+        node_session_send_ack(n, ru->notice_id);
         return;
     }
     /* An update names another node's members only as far as that node
@@ -873,7 +660,7 @@ static void on_room_update(struct kvf_node *n, const Kvfence__V1__RoomUpdate *ru
     for (size_t i = 0; i < ru->n_peers; i++) {
         const Kvfence__V1__PeerNode *pn = ru->peers[i];
         uint32_t idx;
-        if (!pn->node_id || node_ensure_peer(n, pn->node_id, pn->incarnation, &idx) != 0) {
+        if (!pn->node_id || owner_ensure_peer(n, pn->node_id, pn->incarnation, &idx) != 0) {
             node_log("warn", &key, "cannot add peer %s", pn->node_id ? pn->node_id : "?");
             continue;
         }
@@ -922,15 +709,15 @@ static void on_room_update(struct kvf_node *n, const Kvfence__V1__RoomUpdate *ru
     free(old_intro);
     node_log("info", &key, "room update %" PRIu64 ": %zu members, %zu peers", ru->version, cnt,
              ru->n_peers);
-    send_ack(n, ru->notice_id);
-    send_room_update_ack(n, key, ru->version);
+    node_session_send_ack(n, ru->notice_id);
+    node_session_send_room_update_ack(n, key, ru->version);
     if (!r->core.aborting)
         r->state = (int)ru->state;
     /* A re-sent update changes nothing: no event for it. */
     if (!r->core.drained_seen && (!had_update || r->state != old_state || cnt != oldn))
         node_watch_room_state(n, r);
     for (size_t i = 0; i < r->nmembers; i++)
-        node_check_sink_complete(n, r, &r->members[i]);
+        owner_check_sink_complete(n, r, &r->members[i]);
 }
 
 static void on_abort_notice(struct kvf_node *n, const Kvfence__V1__AbortNotice *an)
@@ -946,7 +733,7 @@ static void on_abort_notice(struct kvf_node *n, const Kvfence__V1__AbortNotice *
         node_log("info", &key, "tokenless abort notice (room ended or unknown): admission closed");
         if (r) {
             kvf_ncore_room_end(n->core, &r->core);
-            node_core_apply(n);
+            owner_core_apply(n);
         }
         return;
     }
@@ -960,7 +747,7 @@ static void on_abort_notice(struct kvf_node *n, const Kvfence__V1__AbortNotice *
         tmp.key = key;
         tmp.core.token = tok;
         tmp.core.notice_id = an->notice_id;
-        node_send_drained(n, &tmp);
+        node_session_send_drained(n, &tmp);
         return;
     }
     if (!r->core.aborting) {
@@ -970,10 +757,10 @@ static void on_abort_notice(struct kvf_node *n, const Kvfence__V1__AbortNotice *
     /* The core closes admission and the peer channel, and reports Drained
      * once proven (again for a repeated notice). */
     kvf_ncore_room_abort(n->core, &r->core, tok, an->notice_id);
-    node_core_apply(n);
+    owner_core_apply(n);
 }
 
-void node_poll_completions(struct kvf_node *n)
+static void node_poll_completions(struct kvf_node *n)
 {
     node_xport_poll(n); /* every transport, and staging */
 }
@@ -982,7 +769,7 @@ static void on_fence_peer(struct kvf_node *n, const Kvfence__V1__FencePeer *fp)
 {
     const char *id = fp->node_id ? fp->node_id : "";
     uint32_t idx;
-    int rc = node_ensure_peer(n, id, fp->incarnation, &idx);
+    int rc = owner_ensure_peer(n, id, fp->incarnation, &idx);
     if (rc == 0 && !n->peers[idx].fenced) {
         rc = node_xport_fence_peer(n, idx); /* every transport (RDMA: QPs to ERR, WRs back) */
         if (rc == 0) {
@@ -1002,79 +789,239 @@ static void on_fence_peer(struct kvf_node *n, const Kvfence__V1__FencePeer *fp)
     }
     node_poll_completions(n);
     for (struct node_room *r = n->rooms; r; r = r->next)
-        node_check_drained(n, r);
-    Kvfence__V1__PeerFenced pf = KVFENCE__V1__PEER_FENCED__INIT;
-    pf.node_id = (char *)id;
-    pf.incarnation = fp->incarnation;
-    pf.notice_id = fp->notice_id;
-    Kvfence__V1__NodeMessage m = KVFENCE__V1__NODE_MESSAGE__INIT;
-    m.msg_case = KVFENCE__V1__NODE_MESSAGE__MSG_PEER_FENCED;
-    m.peer_fenced = &pf;
-    node_ctl_send(n, &m);
+        owner_check_drained(n, r);
+    node_session_send_peer_fenced(n, id, fp->incarnation, fp->notice_id);
 }
 
-static void on_control_msg(struct kvf_node *n, const Kvfence__V1__ControlMessage *cm)
+/* ---- the owner, as the control session sees it (control_session.h) ---------- */
+
+/* The self-fence (control_session.h, ops->self_fence; a LOST refusal): fences
+ * every peer, closes every lifetime and takes a new incarnation with no
+ * peers and no lifetimes, the same pools. Owner thread. */
+static void node_self_fence(struct kvf_node *n, const char *why)
 {
-    if (node_fault_drop_control(n, (int)cm->msg_case))
-        return; /* unacknowledged: the control plane sends it again */
-    switch (cm->msg_case) {
-    case KVFENCE__V1__CONTROL_MESSAGE__MSG_WELCOME:
-        n->session_welcomed = true;
-        n->hb_interval_ms =
-            cm->welcome->heartbeat_interval_ms ? cm->welcome->heartbeat_interval_ms : 1000;
-        n->next_hb_ms = node_now_ms() + (int64_t)n->hb_interval_ms;
-        node_log("info", NULL, "attached to control plane %s (protocol %u)",
-                 cm->welcome->control_plane_id ? cm->welcome->control_plane_id : "?",
-                 cm->welcome->negotiated_version);
+    uint64_t old = n->incarnation;
+    node_session_give_up(n); /* nothing more is said as this incarnation */
+    pthread_mutex_lock(&n->qlock);
+    n->welcomed = false;
+    pthread_mutex_unlock(&n->qlock);
+
+    /* Admission first: nothing new starts while the peers are fenced. The
+     * engines watching a room that was open see it close. */
+    size_t open = 0;
+    for (struct node_room *r = n->rooms; r; r = r->next)
+        open += kvf_lt_state(r->core.lt) == KVF_LT_OPEN;
+    struct node_room **was_open = calloc(open ? open : 1, sizeof *was_open);
+    size_t k = 0;
+    for (struct node_room *r = n->rooms; r && was_open; r = r->next)
+        if (kvf_lt_state(r->core.lt) == KVF_LT_OPEN)
+            was_open[k++] = r;
+    (void)kvf_lt_table_close_all(n->lts);
+    for (size_t i = 0; i < k; i++)
+        node_watch_room_state(n, was_open[i]);
+    free(was_open);
+    uint32_t fenced = 0;
+    for (uint32_t i = 0; i < n->npeers; i++) {
+        if (n->peers[i].fenced)
+            continue;
+        int rc = node_xport_fence_peer(n, i); /* every transport; held faults flushed too */
+        if (rc != 0) {
+            node_log("error", NULL, "self-fence: cannot fence peer %s: %s", n->peers[i].node_id,
+                     strerror(-rc));
+            continue;
+        }
+        n->peers[i].fenced = true;
+        (void)kvf_lt_table_peer_fenced(n->lts, i);
+        fenced++;
+    }
+    /* Same-node copies: flushed or waited for, and a fresh local transport
+     * whose peer indices start over with the peer table below. */
+    int lrc = node_xport_renew_local(n);
+    if (lrc != 0)
+        node_log("error", NULL, "self-fence: local transport: %s", strerror(-lrc));
+    node_poll_completions(n);
+    size_t undrained = 0;
+    for (struct node_room *r = n->rooms; r; r = r->next) {
+        owner_check_drained(n, r);
+        undrained += kvf_lt_state(r->core.lt) != KVF_LT_DRAINED;
+    }
+
+    /* A new incarnation with nothing in it: a fresh TCP identity (peers know
+     * the old one as fenced), the same pools, no peers. */
+    struct timespec ts;
+    clock_gettime(CLOCK_REALTIME, &ts);
+    uint64_t inc = (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
+    if (inc <= old)
+        inc = old + 1;
+    /* The new transport exists before the old one goes, so that the node
+     * always has one (its peers all fenced if it must stay the old one). */
+    struct kvf_transport *fresh = node_tcp_create(n, inc, 0);
+    if (!fresh) {
+        node_log("error", NULL,
+                 "self-fence: cannot create a tcp transport for a new incarnation: stopping "
+                 "(every peer stays fenced)");
+        atomic_store(&n->fatal, -EIO);
         pthread_mutex_lock(&n->qlock);
-        n->welcomed = true;
-        n->welcomes++;
-        n->welcomed_port = n->data_port;
         pthread_cond_broadcast(&n->qdone);
         pthread_mutex_unlock(&n->qlock);
-        node_session_on_welcome(n, cm->welcome);
-        break;
-    case KVFENCE__V1__CONTROL_MESSAGE__MSG_RESYNC_REQUEST:
-        node_session_send_resync(n,
-                                 cm->resync_request->reason ? cm->resync_request->reason : "asked");
-        break;
-    case KVFENCE__V1__CONTROL_MESSAGE__MSG_HEARTBEAT_ACK:
-        n->cp_acks_heartbeats = true; /* the contact itself is noted in run_job */
-        break;
-    case KVFENCE__V1__CONTROL_MESSAGE__MSG_ROOM_UPDATE:
-        on_room_update(n, cm->room_update);
-        break;
-    case KVFENCE__V1__CONTROL_MESSAGE__MSG_ABORT_NOTICE:
-        on_abort_notice(n, cm->abort_notice);
-        break;
-    case KVFENCE__V1__CONTROL_MESSAGE__MSG_FENCE_PEER:
-        on_fence_peer(n, cm->fence_peer);
-        break;
-    default:
-        break; /* unknown to this version */
+        return;
     }
-}
-
-/* ---- TCP receive side (receiver threads) --------------------------------------- */
-
-bool node_ranges_cover(const struct node_range *rv, size_t nr, uint32_t first, uint32_t count)
-{
-    /* Every page of [first, first + count) lies in one of the ranges. */
-    uint64_t p = first, end = (uint64_t)first + count;
-    while (p < end) {
-        bool hit = false;
-        for (size_t i = 0; i < nr; i++) {
-            if (p >= rv[i].first && p < (uint64_t)rv[i].first + rv[i].count) {
-                p = (uint64_t)rv[i].first + rv[i].count;
-                hit = true;
-                break;
-            }
+    node_faults_unwrap(n);
+    kvf_transport_destroy(n->tcp);
+    n->tcp = fresh;
+    if (n->opts.data_port != 0) {
+        /* A fixed data port (firewalls, host ports): take it back. */
+        struct kvf_transport *fixed = node_tcp_create(n, inc, n->opts.data_port);
+        if (fixed) {
+            kvf_transport_destroy(n->tcp);
+            n->tcp = fixed;
+        } else {
+            node_log("warn", NULL, "self-fence: data port %u not free again: using %u",
+                     n->opts.data_port, kvf_transport_tcp_port(n->tcp));
         }
-        if (!hit)
-            return false;
     }
-    return true;
+    n->data_port = kvf_transport_tcp_port(n->tcp);
+    if (node_faults_wrap(n) != 0)
+        node_log("error", NULL, "self-fence: fault injection off: out of memory");
+    for (uint32_t i = 0; i < n->npools; i++) {
+        int rc = node_devpool_add_tcp(n->tcp, &n->pools[i]);
+        if (rc != 0)
+            node_log("error", NULL, "self-fence: pool %u not re-added to tcp: %s", n->pools[i].id,
+                     strerror(-rc));
+    }
+    node_peers_reset(n);
+    /* New keys for the new incarnation: the old pair secrets and the old
+     * CURVE key die with it. */
+    struct kvf_peer_keypair fresh_keys;
+    if (kvf_peer_keypair_generate(&fresh_keys) != 0) {
+        node_log("error", NULL, "self-fence: no peer keys for the new incarnation: stopping");
+        atomic_store(&n->fatal, -EIO);
+        pthread_mutex_lock(&n->qlock);
+        pthread_cond_broadcast(&n->qdone);
+        pthread_mutex_unlock(&n->qlock);
+        return;
+    }
+    kvf_peer_keypair_wipe(&n->keys);
+    n->keys = fresh_keys;
+    kvf_peer_keypair_wipe(&fresh_keys);
+    n->incarnation = old == inc ? inc + 1 : inc;
+    int prc = node_peer_renew(n); /* stamped with the new incarnation */
+    if (prc != 0) {
+        node_log("error", NULL, "self-fence: peer channel for the new incarnation: %s: stopping",
+                 strerror(-prc));
+        atomic_store(&n->fatal, prc);
+        pthread_mutex_lock(&n->qlock);
+        pthread_cond_broadcast(&n->qdone);
+        pthread_mutex_unlock(&n->qlock);
+    }
+    node_session_new_incarnation(n, old); /* witnessed once its lifetimes drained */
+    n->self_fences++;
+    /* The host lock names the live incarnation. */
+    if (n->host_lock_fd >= 0 && node_host_lock_record(n->host_lock_fd, n->incarnation) != 0)
+        node_log("warn", NULL, "self-fence: host lock %s: cannot record incarnation %" PRIu64,
+                 n->host_lock_path, n->incarnation);
+    node_log("warn", NULL,
+             "self-fence: %s: fenced %u peers, closed admission on %zu open lifetimes (%zu not "
+             "drained); incarnation %" PRIu64 " is given up, re-attaching as incarnation %" PRIu64
+             " with no lifetimes",
+             why, fenced, open, undrained, old, n->incarnation);
 }
+
+static int session_post_message(void *ctx, struct kvf_rpc_client_stream *cs,
+                                Kvfence__V1__ControlMessage *cm)
+{
+    struct kvf_node *n = ctx;
+    struct node_job *j = calloc(1, sizeof *j);
+    if (!j)
+        return -ENOMEM;
+    j->kind = JOB_CONTROL_MSG;
+    j->cm = cm;
+    j->stream = cs; /* the owner drops messages of a stream it gave up */
+    int rc = node_post(n, j);
+    if (rc != 0) {
+        j->cm = NULL; /* the caller's again */
+        node_job_free(j);
+    }
+    return rc;
+}
+
+static bool session_post_event(void *ctx, enum node_session_event ev,
+                               struct kvf_rpc_client_stream *cs)
+{
+    struct kvf_node *n = ctx;
+    struct node_job j;
+    memset(&j, 0, sizeof j);
+    j.kind = ev == NODE_SESSION_OPEN     ? JOB_SESSION_OPEN
+             : ev == NODE_SESSION_CLOSED ? JOB_SESSION_CLOSED
+                                         : JOB_SESSION_LOST;
+    j.stream = cs;
+    j.sync = true;
+    return node_post(n, &j) == 0;
+}
+
+static void session_refused(void *ctx, int err)
+{
+    struct kvf_node *n = ctx;
+    atomic_store(&n->fatal, err);
+    pthread_mutex_lock(&n->qlock);
+    pthread_cond_broadcast(&n->qdone);
+    pthread_mutex_unlock(&n->qlock);
+}
+
+static void session_welcomed(void *ctx)
+{
+    struct kvf_node *n = ctx;
+    pthread_mutex_lock(&n->qlock);
+    n->welcomed = true;
+    n->welcomes++;
+    n->welcomed_port = n->data_port;
+    pthread_cond_broadcast(&n->qdone);
+    pthread_mutex_unlock(&n->qlock);
+}
+
+static void session_room_update(void *ctx, const Kvfence__V1__RoomUpdate *ru)
+{
+    on_room_update(ctx, ru);
+}
+
+static void session_abort_notice(void *ctx, const Kvfence__V1__AbortNotice *an)
+{
+    on_abort_notice(ctx, an);
+}
+
+static void session_fence_peer(void *ctx, const Kvfence__V1__FencePeer *fp)
+{
+    on_fence_peer(ctx, fp);
+}
+
+static void session_self_fence(void *ctx, const char *why)
+{
+    node_self_fence(ctx, why);
+}
+
+static size_t session_features(void *ctx, const char **out, size_t max)
+{
+    return node_xport_features(ctx, out, max);
+}
+
+static size_t session_endpoints(void *ctx, struct node_xport_endpoint *out, size_t max)
+{
+    return node_xport_endpoints(ctx, out, max);
+}
+
+static const struct node_session_ops node_session_ops = {
+    .post_message = session_post_message,
+    .post_event = session_post_event,
+    .refused = session_refused,
+    .welcomed = session_welcomed,
+    .room_update = session_room_update,
+    .abort_notice = session_abort_notice,
+    .fence_peer = session_fence_peer,
+    .features = session_features,
+    .endpoints = session_endpoints,
+    .self_fence = session_self_fence,
+};
+/* ---- TCP receive side (receiver threads) --------------------------------------- */
 
 /* The local sink member whose lease in `pool_id` covers the pages (a page is
  * in at most one write lease, so there is at most one), as the room's members
@@ -1208,23 +1155,12 @@ static void tcp_on_frame(void *ctx, uint32_t peer, kvf_room_key room, uint32_t p
         rx_batch_flush(); /* the owner acts on these now */
 }
 
-void node_fail_unknown_room(struct kvf_node *n, kvf_room_key key, const char *why)
+static void owner_fail_unknown_room(struct kvf_node *n, kvf_room_key key, const char *why)
 {
     struct node_room *r = node_room_find(n, key);
     if (kvf_lt_table_is_late(n->lts, key) || (r && (r->have_update || r->core.aborting)))
         return; /* closed here, or known by now: the usual rules apply */
-    Kvfence__V1__RoomKey k = KVFENCE__V1__ROOM_KEY__INIT;
-    k.room_id = key.room_id;
-    k.generation = key.generation;
-    Kvfence__V1__TransferFailed f = KVFENCE__V1__TRANSFER_FAILED__INIT;
-    f.room = &k;
-    f.reason = (char *)why;
-    f.role = KVFENCE__V1__ROLE__ROLE_SINK;
-    Kvfence__V1__NodeMessage m = KVFENCE__V1__NODE_MESSAGE__INIT;
-    m.msg_case = KVFENCE__V1__NODE_MESSAGE__MSG_TRANSFER_FAILED;
-    m.transfer_failed = &f;
-    node_ctl_send(n, &m);
-    node_log("warn", &key, "transfer failed: %s", why);
+    node_session_send_room_failed(n, key, why);
 }
 
 static void on_frame(struct kvf_node *n, const struct node_job *j)
@@ -1236,7 +1172,7 @@ static void on_frame(struct kvf_node *n, const struct node_job *j)
                  "tcp frame from %s for a room this node does not know: refused (protocol "
                  "violation)",
                  j->peer < n->npeers ? n->peers[j->peer].node_id : "?");
-        node_fail_unknown_room(n, j->room, why);
+        owner_fail_unknown_room(n, j->room, why);
         return;
     }
     if (!r)
@@ -1259,7 +1195,7 @@ static void on_frame(struct kvf_node *n, const struct node_job *j)
             j->page_count);
         if (sink && !sink->failed) {
             sink->failed = true;
-            node_send_transfer_failed(n, r, sink->rank, sink->role, why);
+            node_session_send_transfer_failed(n, r, sink->rank, sink->role, why);
         } else if (!sink) {
             node_log("error", &r->key, "%s (no local sink in that pool to report it)", why);
         }
@@ -1278,17 +1214,18 @@ static void on_frame(struct kvf_node *n, const struct node_job *j)
             char why[NODE_ID_MAX + 96];
             snprintf(why, sizeof why, "tcp receive from %s cut: %s",
                      j->peer < n->npeers ? n->peers[j->peer].node_id : "?", strerror(-j->status));
-            node_send_transfer_failed(n, r, m->rank, m->role, why);
+            node_session_send_transfer_failed(n, r, m->rank, m->role, why);
         }
     }
     /* A receive retired: a sink that waited for it may complete now. */
-    node_check_sinks(n, r);
+    owner_check_sinks(n, r);
     if (j->drained)
-        node_check_drained(n, r);
+        owner_check_drained(n, r);
 }
 
 /* The TCP transport of incarnation `incarnation` (its id in TCP hellos). */
-struct kvf_transport *node_tcp_create(struct kvf_node *n, uint64_t incarnation, uint16_t port)
+static struct kvf_transport *node_tcp_create(struct kvf_node *n, uint64_t incarnation,
+                                             uint16_t port)
 {
     struct kvf_transport_tcp_opts to;
     kvf_transport_tcp_opts_init(&to);
@@ -1311,6 +1248,42 @@ struct kvf_transport *node_tcp_create(struct kvf_node *n, uint64_t incarnation, 
     return kvf_transport_tcp_create(&to);
 }
 
+/* ---- what the fault module may do (faults.h) -------------------------------- */
+
+static void fault_run_stream(void *ctx, struct node_job *j)
+{
+    node_substream_run(ctx, j);
+}
+
+static int fault_repost(void *ctx, struct node_job *j)
+{
+    return node_post(ctx, j);
+}
+
+static void fault_job_free(void *ctx, struct node_job *j)
+{
+    (void)ctx;
+    node_job_free(j);
+}
+
+static void fault_rdma_hold(void *ctx, bool on)
+{
+    node_rdma_set_hold(ctx, on); /* no-op before RDMA started */
+}
+
+static void fault_rdma_hold_odd(void *ctx, bool on)
+{
+    node_rdma_set_hold_odd(ctx, on);
+}
+
+static const struct node_fault_hooks node_fault_hooks = {
+    .run_stream = fault_run_stream,
+    .repost = fault_repost,
+    .job_free = fault_job_free,
+    .rdma_hold = fault_rdma_hold,
+    .rdma_hold_odd = fault_rdma_hold_odd,
+};
+
 /* ---- the owner loop ------------------------------------------------------------ */
 
 static void run_job_kind(struct kvf_node *n, struct node_job *j);
@@ -1327,34 +1300,19 @@ static void run_job_kind(struct kvf_node *n, struct node_job *j)
 {
     switch (j->kind) {
     case JOB_SESSION_OPEN:
-        n->session = j->stream;
-        n->session_welcomed = false;
-        n->hb_seq = 0;
-        if (node_session_send_hello(n, j->stream) == 0) {
-            /* Completions reported while the session was down are said again. */
-            for (struct node_room *r = n->rooms; r; r = r->next)
-                for (size_t i = 0;
-                     i < r->nmembers && !r->core.aborting && r->incarnation == n->incarnation; i++)
-                    if (r->members[i].local && r->members[i].completed)
-                        node_send_completed(n, r, &r->members[i]);
-        }
+        node_session_opened(n, j->stream);
         break;
     case JOB_SESSION_CLOSED:
-        if (n->session == j->stream) {
-            n->session = NULL;
-            n->session_welcomed = false;
-        }
+        node_session_closed(n, j->stream);
         break;
     case JOB_CONTROL_MSG:
-        if (j->stream != n->session)
+        if (!node_session_is_current(n, j->stream))
             break; /* a stream given up by a self-fence */
         if (node_fault_hold_control(n, j)) {
             j->kept = true; /* posted again when the hold ends */
             break;
         }
-        on_control_msg(n, j->cm);
-        if (n->session_welcomed)
-            n->last_contact_ms = node_now_ms();
+        node_session_on_message(n, j->cm);
         break;
     case JOB_UNREGISTER_POOL:
         node_local_unregister_pool(n, j);
@@ -1399,7 +1357,7 @@ static void run_job_kind(struct kvf_node *n, struct node_job *j)
                      "stopping: admission closed on %zu lifetimes (%zu drained at once)",
                      kvf_lt_table_count(n->lts), d);
             for (struct node_room *r = n->rooms; r; r = r->next)
-                node_check_drained(n, r);
+                owner_check_drained(n, r);
         }
         break;
     }
@@ -1418,9 +1376,7 @@ static int owner_timeout(struct kvf_node *n)
 {
     int64_t now = node_now_ms();
     int64_t at = INT64_MAX;
-    if (n->session && n->session_welcomed)
-        at = min64(at, n->next_hb_ms);
-    at = min64(at, node_session_next_ms(n));
+    at = min64(at, node_session_next_ms(n)); /* heartbeat, self-fence */
     if (n->stop_requested)
         at = min64(at, n->stop_deadline_ms);
     at = min64(at, node_xport_next_ms(n, now));
@@ -1479,11 +1435,7 @@ static void *owner_main(void *arg)
         node_faults_tick(n);
         node_poll_completions(n);
         int64_t now = node_now_ms();
-        node_session_tick(n, now);
-        if (n->session && n->session_welcomed && now >= n->next_hb_ms) {
-            send_heartbeat(n);
-            n->next_hb_ms = now + (int64_t)n->hb_interval_ms;
-        }
+        node_session_tick(n, now); /* heartbeat, self-fence */
         node_health_update(n);
         if (n->stop_requested) {
             bool done = kvf_lt_table_can_teardown(n->lts);
@@ -1492,10 +1444,7 @@ static void *owner_main(void *arg)
                 if (!done)
                     node_log("error", NULL, "drain timeout: lifetimes still undrained at stop");
                 node_rdma_close_all(n, "node shutting down");
-                if (n->session) {
-                    send_heartbeat(n);
-                    kvf_rpc_client_stream_half_close(n->session); /* deregister */
-                }
+                node_session_goodbye(n);
                 break;
             }
         }
@@ -1584,6 +1533,8 @@ struct kvf_node *kvf_node_start(const struct kvf_node_opts *opts)
     struct kvf_node *n = calloc(1, sizeof *n);
     if (!n)
         return NULL;
+    n->owner_ops = &owner_ops; /* node_owner.h: how the other modules reach the owner */
+    n->chunk_notice_in = node_rdma_notice_in; /* what peer_link hands a ChunkNotice to */
     n->opts = *opts;
     snprintf(n->node_id, sizeof n->node_id, "%s", opts->node_id);
     snprintf(n->local_socket, sizeof n->local_socket, "%s", opts->local_socket);
@@ -1631,7 +1582,8 @@ struct kvf_node *kvf_node_start(const struct kvf_node_opts *opts)
         goto err_destroy;
     n->data_port = kvf_transport_tcp_port(n->tcp);
     n->tcp_io = n->tcp;
-    if (opts->fault_file && opts->fault_file[0] && node_faults_start(n, opts->fault_file) != 0)
+    if (opts->fault_file && opts->fault_file[0] &&
+        node_faults_start(n, opts->fault_file, &node_fault_hooks, n) != 0)
         goto err_destroy;
     if (node_xport_start(n) != 0)
         goto err_destroy;
@@ -1641,9 +1593,15 @@ struct kvf_node *kvf_node_start(const struct kvf_node_opts *opts)
     if (pthread_create(&n->owner, NULL, owner_main, n) != 0)
         goto err_destroy;
     n->owner_started = true;
-    if (node_local_start(n) != 0)
+    static const node_local_register_fn local_services[] = {
+        node_substream_register,  /* SubmitChunks */
+        node_watch_register,      /* Watch */
+        node_pool_admin_register, /* UnregisterPool */
+        node_health_register,     /* grpc.health.v1.Health */
+    };
+    if (node_local_start(n, local_services, sizeof local_services / sizeof local_services[0]) != 0)
         goto err_destroy;
-    if (node_session_start(n) != 0)
+    if (node_session_start(n, &node_session_ops, n) != 0)
         goto err_destroy;
     char z85[KVF_PEER_Z85_SIZE];
     kvf_peer_key_z85(n->keys.pub, z85);
@@ -1720,6 +1678,7 @@ int kvf_node_stop(struct kvf_node *n)
     atomic_store(&n->stopping, true);
     node_session_join(n);
     node_local_stop(n);
+    node_health_free(n);
     node_watch_free_all(n);
     return rc;
 }

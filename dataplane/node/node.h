@@ -2,7 +2,7 @@
  * node.h: kvfence-node's data-plane worker (kvf_node_*): the owner thread that
  * holds the lifetime table, the room map, the registered pools, the TCP
  * transport and the state of the session with the control plane; the control
- * session thread (control_session.c); and the NodeLocal service on a unix
+ * session (control_session.c: its thread and the protocol); and the NodeLocal service on a unix
  * socket (local_svc.c).
  *
  * The rules it follows are docs/design.md §3-4 and docs/state-cores.md ("Node

@@ -25,7 +25,10 @@
 
 #include "health.h"
 #include "health_rpc.h"
-#include "node_internal.h"
+#include "control_session.h"
+#include "node_health.h"
+#include "node_log.h"
+#include "node_types.h"
 
 #define NODE_LOCAL_SERVICE "kvfence.v1.NodeLocal"
 
@@ -54,8 +57,7 @@ void node_health_update(struct kvf_node *n)
 {
     if (!n->health)
         return;
-    bool serving =
-        n->session && n->session_welcomed && !n->stop_requested && atomic_load(&n->fatal) == 0;
+    bool serving = node_session_up(n) && !n->stop_requested && atomic_load(&n->fatal) == 0;
     if (serving == n->health_serving)
         return;
     n->health_serving = serving;

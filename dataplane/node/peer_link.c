@@ -23,7 +23,7 @@
  * room again (it may have been aborted meanwhile: then nothing reaches Watch).
  * An OUT_OF_ORDER drop (a lost message) becomes a PEER_GAP job: the owner
  * reports TransferFailed for the room. When a room's lifetime drained the
- * owner asks the channel to forget its sequence state (node_room_drained).
+ * owner asks the channel to forget its sequence state (room_drained, node.c).
  *
  * Pairs: chunk_seq, last_chunk and aux are per (source rank, sink rank)
  * (node.proto SubmitChunkRequest). A pair's AuxData (when its last chunk
@@ -44,7 +44,12 @@
 #include <openssl/crypto.h>
 
 #include "kvf_error.h"
-#include "node_internal.h"
+#include "control_session.h"
+#include "node_log.h"
+#include "node_owner.h"
+#include "node_types.h"
+#include "peer_link.h"
+#include "watch.h"
 #include "rdma_link.h"
 #include "tcp.h"
 
@@ -429,7 +434,7 @@ void node_peer_msg(struct kvf_node *n, struct node_job *j)
         return;
     }
     if (pm->body == KVFENCE__V1__PEER_ENVELOPE__BODY_CHUNK_NOTICE) {
-        node_rdma_notice_in(n, r, m, pm);
+        n->chunk_notice_in(n, r, m, pm); /* the RDMA link's (node.c set it) */
         return;
     }
     if (pm->body == KVFENCE__V1__PEER_ENVELOPE__BODY_AUX_DATA) {
@@ -494,7 +499,7 @@ void node_peer_gap(struct kvf_node *n, struct node_job *j)
     char why[200];
     snprintf(why, sizeof why, "peer channel: a message from %s was lost (sequence gap)",
              j->pmsg ? j->pmsg->sender : "?");
-    node_send_transfer_failed(n, r, j->member, KVFENCE__V1__ROLE__ROLE_SINK, why);
+    node_session_send_transfer_failed(n, r, j->member, KVFENCE__V1__ROLE__ROLE_SINK, why);
 }
 
 /* ---- source side (owner) ----------------------------------------------------------- */
@@ -626,6 +631,6 @@ void node_pair_chunk_done(struct kvf_node *n, struct node_room *r, struct node_p
                  rc == -EHOSTUNREACH ? "no PEER_ZMQ endpoint announced" : strerror(-rc));
         snprintf(why, sizeof why, "peer channel: cannot send aux/status to %s: %s", p->sink_node,
                  p->error);
-        node_send_transfer_failed(n, r, p->src_rank, KVFENCE__V1__ROLE__ROLE_SOURCE, why);
+        node_session_send_transfer_failed(n, r, p->src_rank, KVFENCE__V1__ROLE__ROLE_SOURCE, why);
     }
 }

@@ -22,7 +22,11 @@
 
 #include "devpool.h"
 #include "kvf_error.h"
-#include "node_internal.h"
+#include "control_session.h"
+#include "node_log.h"
+#include "node_owner.h"
+#include "node_types.h"
+#include "pool_admin.h"
 #include "tcp.h"
 #include "xport.h"
 
@@ -63,14 +67,7 @@ void node_local_unregister_pool(struct kvf_node *n, struct node_job *j)
     node_log("info", NULL, "pool %u unregistered (rank %u, %u pages of %u bytes)", id, gone.rank,
              gone.page_count, gone.page_size);
 
-    uint32_t ids[1] = {id};
-    Kvfence__V1__PoolUpdate pu = KVFENCE__V1__POOL_UPDATE__INIT;
-    pu.n_removed_pool_ids = 1;
-    pu.removed_pool_ids = ids;
-    Kvfence__V1__NodeMessage m = KVFENCE__V1__NODE_MESSAGE__INIT;
-    m.msg_case = KVFENCE__V1__NODE_MESSAGE__MSG_POOL_UPDATE;
-    m.pool_update = &pu;
-    node_ctl_send(n, &m); /* or the next Hello / Resync says it */
+    node_session_send_pool_removed(n, id); /* or the next Hello / Resync says it */
 
     Kvfence__V1__UnregisterPoolResponse resp = KVFENCE__V1__UNREGISTER_POOL_RESPONSE__INIT;
     uint8_t buf[8];

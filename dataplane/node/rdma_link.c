@@ -66,13 +66,20 @@
 #include <string.h>
 #include <time.h>
 
+#include "devpool.h"
 #include "faults.h"
 #include "kvfence/v1/types.pb-c.h"
 #include "peer_channel.h"
 #include "rdma.h"
 #include "verbs.h"
 #include "xport.h"
+#include "xport_class.h"
 #include "xport_registry.h"
+#include "control_session.h"
+#include "node_log.h"
+#include "node_owner.h"
+#include "peer_link.h"
+#include "watch.h"
 
 enum rlink_state {
     RL_NONE = 0,
@@ -995,7 +1002,7 @@ static void reap(struct kvf_node *n)
     while ((got = kvf_transport_poll(n->rdma->t, NODE_POLL_BATCH, c)) > 0)
         for (int i = 0; i < got; i++) {
             error = error || c[i].outcome == KVF_LT_DONE_ERROR;
-            node_local_completion(n, &c[i]);
+            node_completion(n, &c[i]);
         }
     if (error)
         links_check(n);
@@ -1180,7 +1187,7 @@ static void notice_refused(struct kvf_node *n, struct node_room *r, struct node_
              pm->sender, pm->source_rank, pm->chunk_seq, what);
     node_log("error", &r->key, "%s", why);
     m->failed = true;
-    node_send_transfer_failed(n, r, m->rank, m->role, why);
+    node_session_send_transfer_failed(n, r, m->rank, m->role, why);
 }
 
 void node_rdma_notice_in(struct kvf_node *n, struct node_room *r, struct node_member *m,
@@ -1191,7 +1198,7 @@ void node_rdma_notice_in(struct kvf_node *n, struct node_room *r, struct node_me
         /* Cannot happen from a well-behaved source: we never linked. */
         node_log("error", &r->key, "chunk notice from %s while RDMA is off here", pm->sender);
         m->failed = true;
-        node_send_transfer_failed(n, r, m->rank, m->role, "chunk notice without RDMA");
+        node_session_send_transfer_failed(n, r, m->rank, m->role, "chunk notice without RDMA");
         return;
     }
     if (pm->transport != KVFENCE__V1__TRANSPORT_KIND__TRANSPORT_KIND_RDMA) {

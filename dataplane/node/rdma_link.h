@@ -17,7 +17,7 @@
 #include <stdbool.h>
 #include <stdint.h>
 
-#include "node_internal.h"
+#include "node_types.h"
 
 struct node_chunk;
 struct node_route;

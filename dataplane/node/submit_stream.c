@@ -37,7 +37,10 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "node_internal.h"
+#include "local_svc.h"
+#include "node_owner.h"
+#include "node_types.h"
+#include "submit_stream.h"
 
 #define SUBSTREAM_WINDOW 64 /* a client's bound: requests sent, result not received */
 /* Above the client's bound, the node counts at most one result the client
@@ -61,6 +64,12 @@ void node_substream_put(struct node_substream *s)
         kvf_rpc_stream_unref(s->stream);
         free(s);
     }
+}
+
+/* A SUBMIT_STREAM job is freed (node_job_free): its reference goes. */
+static void job_release(struct node_job *j)
+{
+    node_substream_put(j->sub);
 }
 
 /* watch_lock held. */
@@ -141,6 +150,7 @@ static void s_on_message(void *ctx, struct kvf_rpc_stream *stream, const uint8_t
         j->kind = JOB_SUBMIT_STREAM;
         j->submit = r;
         j->sub = s;
+        j->release = job_release;
         atomic_fetch_add(&s->refs, 1);
         if (node_post(n, j) != 0)
             refused = "node shutting down";

@@ -39,7 +39,10 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "node_internal.h"
+#include "node_log.h"
+#include "node_owner.h"
+#include "node_types.h"
+#include "watch.h"
 
 #define WATCH_QUEUE_MAX  256 /* unwritten events per watcher (an aux: <= 1 MiB) */
 #define WATCH_MAX        64  /* watchers per node */
@@ -375,16 +378,6 @@ void node_watch_room_state(struct kvf_node *n, struct node_room *r)
         return;
     broadcast(n, r, EV_ROOM, 0, buf, len);
     free(buf);
-}
-
-void node_room_drained(struct kvf_node *n, struct node_room *r)
-{
-    /* The core decided it, once (KVF_NCORE_FX_ROOM_DRAINED). */
-    node_peer_close_room(n, r);
-    /* The channel's sequence state of the room goes; later messages are LATE. */
-    if (n->peerch)
-        (void)kvf_peer_forget_room(n->peerch, r->key);
-    node_watch_room_state(n, r);
 }
 
 void node_watch_chunk_done(struct kvf_node *n, struct node_room *r, uint32_t src_rank,

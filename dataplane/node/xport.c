@@ -36,6 +36,8 @@
 #include "devpool.h"
 #include "xport_internal.h"
 #include "xport_registry.h"
+#include "node_log.h"
+#include "node_owner.h"
 
 #define STAGE_POLL_BATCH 64
 #define STAGE_POLL_MS    1
@@ -151,16 +153,6 @@ int node_xport_add_pool(struct kvf_node *n, const struct node_pool *p)
         while (k-- > 0)
             node_xport_classes[k]->remove_pool(n, p->id);
     return rc;
-}
-
-void node_xport_pool_desc(const struct node_pool *p, struct kvf_transport_pool *out)
-{
-    bool dev = node_devpool_is(p);
-    *out = (struct kvf_transport_pool){.id = p->id,
-                                       .base = dev ? NULL : p->base,
-                                       .dev = dev ? p->pool : NULL,
-                                       .page_size = p->page_size,
-                                       .page_count = p->page_count};
 }
 
 void node_xport_remove_pool(struct kvf_node *n, uint32_t pool_id)

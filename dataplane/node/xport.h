@@ -20,7 +20,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#include "node_internal.h"
+#include "node_types.h"
 #include "staging.h"
 
 struct node_chunk;
@@ -73,10 +73,6 @@ void node_xport_stop(struct kvf_node *n);
 /* A pool was registered: every transport may write into it. 0, or -errno
  * (logged) and no transport keeps it. */
 int node_xport_add_pool(struct kvf_node *n, const struct node_pool *p);
-
-/* The transports' view of a registered pool (transport.h add_pool): host
- * pages, or a device pool written through the pool. */
-void node_xport_pool_desc(const struct node_pool *p, struct kvf_transport_pool *out);
 
 /* A pool is unregistered (every lifetime that could use it drained): no
  * transport writes into it once this returns. */
@@ -143,9 +139,5 @@ struct node_xport_endpoint {
     char address[128];
 };
 size_t node_xport_endpoints(const struct kvf_node *n, struct node_xport_endpoint *out, size_t max);
-
-/* local_svc.c: a frame ended (its ops retired, its buffer returned). Frees
- * the chunk after its last frame. */
-void node_frame_end(struct kvf_node *n, struct node_frame *f, bool ok);
 
 #endif /* KVF_NODE_XPORT_H */

@@ -24,7 +24,10 @@
 #include "kvf_file.h"
 #include "local.h"
 #include "xport_internal.h"
+#include "xport_class.h"
 #include "xport_registry.h"
+#include "node_log.h"
+#include "node_owner.h"
 
 #define HOLD_CHECK_MS 5
 
@@ -125,7 +128,7 @@ static void local_poll(struct kvf_node *n)
     int got;
     while ((got = kvf_transport_poll(xp->local, NODE_POLL_BATCH, c)) > 0)
         for (int i = 0; i < got; i++)
-            node_local_completion(n, &c[i]);
+            node_completion(n, &c[i]);
 }
 
 /* Self-fencing: fences this node's own peer index: queued copies complete

@@ -25,7 +25,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#include "node_internal.h"
+#include "node_types.h"
 
 struct node_chunk;
 struct node_route;
@@ -69,7 +69,7 @@ struct node_xport_class {
      * -errno (the old state stays, fenced). */
     int (*renew)(struct kvf_node *n);
 
-    /* Owner loop: hands the completions back (node_local_completion) and
+    /* Owner loop: hands the completions back (node_completion) and
      * starts what waited. Never blocks. */
     void (*poll)(struct kvf_node *n);
 
@@ -97,12 +97,8 @@ extern const struct node_xport_class node_xport_local_class; /* xport_local.c */
 extern const struct node_xport_class node_xport_rdma_class;  /* rdma_link.c */
 extern const struct node_xport_class node_xport_tcp_class;   /* xport_tcp.c */
 
-/* Slot helpers for classes that have nothing to do there. */
-int node_xport_nop_start(struct kvf_node *n);
-void node_xport_nop_stop(struct kvf_node *n);
-int node_xport_nop_peer(struct kvf_node *n, uint32_t peer);
-int node_xport_nop_renew(struct kvf_node *n);
-int64_t node_xport_never(struct kvf_node *n, int64_t now);
-bool node_xport_no_endpoint(const struct kvf_node *n, int *kind_p, char *addr, size_t addr_len);
+/* What the classes share (their no-op slots, the pool descriptor) is in
+ * xport_class.h, below them, so that this table and the classes do not call
+ * each other. */
 
 #endif /* KVF_NODE_XPORT_REGISTRY_H */

@@ -7,7 +7,7 @@
  * The TCP transport is also the node's receive side (it lands the frames of
  * its peers in the pools), so it is made with the node (node_tcp_create, its
  * port announced in the Hello) and replaced by the self-fence with the new
- * incarnation's identity (control_session.c); its start, stop and renew slots
+ * incarnation's identity (node.c, node_self_fence); its start, stop and renew slots
  * here have nothing to do.
  *
  * Connects never block the owner thread: kvf_transport_tcp_connect starts a
@@ -25,7 +25,10 @@
 #include "kvfence/v1/types.pb-c.h"
 #include "tcp.h"
 #include "xport.h"
+#include "xport_class.h"
 #include "xport_registry.h"
+#include "node_log.h"
+#include "node_owner.h"
 
 static int tcp_add_pool(struct kvf_node *n, const struct node_pool *p)
 {
@@ -76,7 +79,7 @@ static void tcp_poll(struct kvf_node *n)
     int got;
     while ((got = kvf_transport_poll(n->tcp_io, NODE_POLL_BATCH, c)) > 0)
         for (int i = 0; i < got; i++)
-            node_local_completion(n, &c[i]);
+            node_completion(n, &c[i]);
 }
 
 static struct kvf_transport *tcp_waker(struct kvf_node *n)
