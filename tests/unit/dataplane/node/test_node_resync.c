@@ -22,7 +22,8 @@
 
 #include <cmocka.h>
 
-#include "node_internal.h"
+#include "control_session.h"
+#include "node_types.h"
 
 #define INC 7u
 
