@@ -473,6 +473,10 @@ static int tx_connect_finish(struct tcp_tx *tx)
 static void *tx_connect_failed(struct tcp_tx *tx, int rc)
 {
     struct tcp *t = tx->t;
+    /* The connection is marked failed before it is counted: whoever sees the
+     * counter move sees the posts to this peer fail too. */
+    (void)shutdown(tx->fd, SHUT_RDWR);
+    tx_fail(tx, NULL, rc == -ECANCELED ? -ECANCELED : rc);
     if (rc != -ECANCELED) {
         CNT_ADD(t, connects_failed, 1);
         if (rc == -ETIMEDOUT)
@@ -483,8 +487,6 @@ static void *tx_connect_failed(struct tcp_tx *tx, int rc)
                 host, ntohs(tx->addr.sin_port), strerror(-rc),
                 rc == -ETIMEDOUT ? " (no answer within connect_timeout_ms)" : "");
     }
-    (void)shutdown(tx->fd, SHUT_RDWR);
-    tx_fail(tx, NULL, rc == -ECANCELED ? -ECANCELED : rc);
     return NULL;
 }
 
@@ -506,6 +508,10 @@ static void *tx_main(void *arg)
         pthread_mutex_lock(&tx->lock);
         bool fenced = tx->stop;
         pthread_mutex_unlock(&tx->lock);
+        /* Tell the acceptor at once; the descriptor is closed after the join.
+         * Failed before counted, as in tx_connect_failed. */
+        (void)shutdown(tx->fd, SHUT_RDWR);
+        tx_fail(tx, NULL, hs == -EACCES ? -EACCES : -EIO);
         if (!fenced) {
             CNT_ADD(t, handshakes_failed, 1);
             kvf_log(
@@ -513,9 +519,6 @@ static void *tx_main(void *arg)
                 tx->peer,
                 hs == -EACCES ? "the challenge does not prove the pair's secret" : strerror(-hs));
         }
-        /* Tell the acceptor at once; the descriptor is closed after the join. */
-        (void)shutdown(tx->fd, SHUT_RDWR);
-        tx_fail(tx, NULL, hs == -EACCES ? -EACCES : -EIO);
         return NULL;
     }
     for (;;) {
