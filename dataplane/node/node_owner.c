@@ -20,10 +20,24 @@
 
 /* ---- job queue ----------------------------------------------------------------- */
 
+struct node_job *node_job_new(void (*run)(struct kvf_node *n, void *arg), void *arg,
+                              void (*free_arg)(void *arg))
+{
+    struct node_job *j = calloc(1, sizeof *j);
+    if (!j)
+        return NULL;
+    j->run = run;
+    j->arg = arg;
+    j->free_arg = free_arg;
+    return j;
+}
+
 void node_job_free(struct node_job *j)
 {
     if (!j)
         return;
+    if (j->free_arg)
+        j->free_arg(j->arg);
     if (j->cm)
         kvfence__v1__control_message__free_unpacked(j->cm, NULL);
     if (j->reg)

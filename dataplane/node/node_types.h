@@ -220,16 +220,33 @@ enum node_job_kind {
     JOB_PEER_LINK,       /* rdma_link.c: a link message (packed, in pmsg->data) */
 };
 
+/* A job: what another thread asks the owner thread to do (node_owner.h).
+ * The poster builds its own argument; the owner calls run(n, arg) and then
+ * free_arg(arg). A job dropped without running (the owner stopped, or the
+ * post was refused) has free_arg called all the same, so the argument is
+ * freed exactly once on every path; free_arg also answers what the
+ * argument still owes (a unary call not yet completed fails UNAVAILABLE). */
 struct node_job {
-    enum node_job_kind kind;
     struct node_job *next;
+    void (*run)(struct kvf_node *n, void *arg); /* owner thread */
+    void *arg;
+    void (*free_arg)(void *arg); /* NULL: nothing to free */
+    /* Test faults (faults.h): asked before run; true when the fault module
+     * kept the job (it runs, reposts or frees it later). NULL: never held. */
+    bool (*hold)(struct kvf_node *n, struct node_job *j);
+    bool kept; /* hold kept it: not freed after */
+    /* Synchronous jobs: the poster waits for `done`; the job and its
+     * argument stay the poster's (on its stack). */
+    bool sync;
+    bool done;
+    /* The kinds not yet converted to run/arg (0 when run is set). */
+    enum node_job_kind kind;
     struct kvf_rpc_client_stream *stream;    /* SESSION_OPEN / CLOSED, CONTROL_MSG */
     Kvfence__V1__ControlMessage *cm;         /* CONTROL_MSG (owned) */
     struct kvf_rpc_call *call;               /* REGISTER_POOL / SUBMIT_CHUNK */
     Kvfence__V1__RegisterPoolRequest *reg;   /* owned */
     Kvfence__V1__SubmitChunkRequest *submit; /* owned */
     struct node_substream *sub;              /* SUBMIT_STREAM (a reference) */
-    bool kept; /* run_job kept it (faults.c hold_stream): not freed after */
     /* Frees what the poster attached beyond the fields above (submit_stream.c:
      * its reference on `sub`); NULL: nothing. Called by node_job_free. */
     void (*release)(struct node_job *j);
@@ -243,9 +260,6 @@ struct node_job {
     int status;
     bool drained;
     struct node_peer_msg *pmsg; /* PEER_MSG (owned); PEER_GAP uses room, peer, member */
-    /* Synchronous jobs: the poster waits for `done`. */
-    bool sync;
-    bool done;
 };
 
 /* ---- the node ---------------------------------------------------------------- */
