@@ -1320,10 +1320,7 @@ static struct kvf_transport *node_tcp_create(struct kvf_node *n, uint64_t incarn
 
 static void fault_run_stream(void *ctx, struct node_job *j)
 {
-    if (j->run)
-        j->run(ctx, j->arg);
-    else
-        node_substream_run(ctx, j);
+    j->run(ctx, j->arg); /* not freed: the fault module frees it after */
 }
 
 static int fault_repost(void *ctx, struct node_job *j)
@@ -1391,22 +1388,6 @@ static void run_job(struct kvf_node *n, struct node_job *j)
 static void run_job_kind(struct kvf_node *n, struct node_job *j)
 {
     switch (j->kind) {
-    case JOB_UNREGISTER_POOL:
-        node_local_unregister_pool(n, j);
-        break;
-    case JOB_REGISTER_POOL:
-        node_local_register_pool(n, j);
-        break;
-    case JOB_SUBMIT_CHUNK:
-        node_local_submit_chunk(n, j);
-        break;
-    case JOB_SUBMIT_STREAM:
-        if (node_fault_hold_stream(n, j)) {
-            j->kept = true; /* the fault module runs and frees it */
-            break;
-        }
-        node_substream_run(n, j);
-        break;
     case JOB_PEER_MSG:
         node_peer_msg(n, j);
         break;
@@ -1415,9 +1396,6 @@ static void run_job_kind(struct kvf_node *n, struct node_job *j)
         break;
     case JOB_PEER_LINK:
         node_rdma_link_job(n, j);
-        break;
-    case JOB_WATCH_ADD:
-        node_watch_snapshot(n);
         break;
     default:
         break;
@@ -1520,10 +1498,8 @@ static void *owner_main(void *arg)
     while (list) {
         struct node_job *j = list;
         list = j->next;
-        if (j->call)
-            kvf_rpc_call_fail(j->call, KVF_GRPC_UNAVAILABLE, "node shutting down");
         if (!j->sync)
-            node_job_free(j);
+            node_job_free(j); /* free_arg answers what it owes (a call: UNAVAILABLE) */
     }
     pthread_cond_broadcast(&n->qdone);
     pthread_mutex_unlock(&n->qlock);

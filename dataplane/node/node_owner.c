@@ -97,11 +97,8 @@ int node_post_list(struct kvf_node *n, struct node_job *head, struct node_job *t
 
 void node_post_or_fail(struct kvf_node *n, struct node_job *j)
 {
-    if (node_post(n, j) != 0) {
-        kvf_rpc_call_fail(j->call, KVF_GRPC_UNAVAILABLE, "node shutting down");
-        j->call = NULL;
-        node_job_free(j);
-    }
+    if (node_post(n, j) != 0)
+        node_job_free(j); /* its free_arg fails the call it still holds */
 }
 
 /* ---- read-only queries --------------------------------------------------------- */

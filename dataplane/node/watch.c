@@ -69,6 +69,13 @@ static void watcher_free(struct node_watcher *w)
 
 /* ---- stream callbacks (CQ threads) ----------------------------------------------------- */
 
+/* Owner thread: a new watcher's job (no argument): the snapshots due go out. */
+static void watch_add_run(struct kvf_node *n, void *arg)
+{
+    (void)arg;
+    node_watch_snapshot(n);
+}
+
 static void w_on_open(void *ctx, struct kvf_rpc_stream *stream, const uint8_t *req, size_t len)
 {
     struct kvf_node *n = ctx;
@@ -136,14 +143,11 @@ static void w_on_open(void *ctx, struct kvf_rpc_stream *stream, const uint8_t *r
     kvf_rpc_stream_set_user(stream, w);
     pthread_mutex_unlock(&n->watch_lock);
 
-    struct node_job *j = calloc(1, sizeof *j);
+    struct node_job *j = node_job_new(watch_add_run, NULL, NULL);
     const char *refused = j ? NULL : "out of memory";
-    if (j) {
-        j->kind = JOB_WATCH_ADD;
-        if (node_post(n, j) != 0) {
-            free(j);
-            refused = "node shutting down";
-        }
+    if (j && node_post(n, j) != 0) {
+        node_job_free(j);
+        refused = "node shutting down";
     }
     if (refused) {
         /* The watcher stays listed until on_closed frees it. */
