@@ -1354,8 +1354,6 @@ static const struct node_fault_hooks node_fault_hooks = {
 
 /* ---- the owner loop ------------------------------------------------------------ */
 
-static void run_job_kind(struct kvf_node *n, struct node_job *j);
-
 /* kvf_node_stop's job: admission closes everywhere; the loop ends once
  * every lifetime drained, or at the drain timeout. */
 static void stop_run(struct kvf_node *n, void *arg)
@@ -1378,28 +1376,9 @@ static void run_job(struct kvf_node *n, struct node_job *j)
 {
     if (j->hold && j->hold(n, j))
         j->kept = true; /* the fault module's now: it runs, reposts or frees it */
-    else if (j->run)
-        j->run(n, j->arg);
     else
-        run_job_kind(n, j);
+        j->run(n, j->arg);
     node_core_collect(n);
-}
-
-static void run_job_kind(struct kvf_node *n, struct node_job *j)
-{
-    switch (j->kind) {
-    case JOB_PEER_MSG:
-        node_peer_msg(n, j);
-        break;
-    case JOB_PEER_GAP:
-        node_peer_gap(n, j);
-        break;
-    case JOB_PEER_LINK:
-        node_rdma_link_job(n, j);
-        break;
-    default:
-        break;
-    }
 }
 
 static int64_t min64(int64_t a, int64_t b)
@@ -1572,6 +1551,7 @@ struct kvf_node *kvf_node_start(const struct kvf_node_opts *opts)
         return NULL;
     n->owner_ops = &owner_ops; /* node_owner.h: how the other modules reach the owner */
     n->chunk_notice_in = node_rdma_notice_in; /* what peer_link hands a ChunkNotice to */
+    n->link_msg_in = node_rdma_link_msg;      /* and a link message */
     n->opts = *opts;
     snprintf(n->node_id, sizeof n->node_id, "%s", opts->node_id);
     snprintf(n->local_socket, sizeof n->local_socket, "%s", opts->local_socket);

@@ -38,15 +38,6 @@ void node_job_free(struct node_job *j)
         return;
     if (j->free_arg)
         j->free_arg(j->arg);
-    if (j->cm)
-        kvfence__v1__control_message__free_unpacked(j->cm, NULL);
-    if (j->reg)
-        kvfence__v1__register_pool_request__free_unpacked(j->reg, NULL);
-    if (j->submit)
-        kvfence__v1__submit_chunk_request__free_unpacked(j->submit, NULL);
-    if (j->release)
-        j->release(j); /* what the poster attached (submit_stream.c: a stream reference) */
-    free(j->pmsg);
     free(j);
 }
 

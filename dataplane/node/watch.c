@@ -16,7 +16,7 @@
  *   statuses, i.e. every chunk arrived, then sent just before its Completed.
  * A stream starts with one room_state per matching room whose lifetime has
  * not drained (its current state), sent by the owner when it runs the
- * WATCH_ADD job; live events reach a watcher only after its snapshot.
+ * new watcher's job; live events reach a watcher only after its snapshot.
  *
  * Filters: rooms (generation 0: any generation of the id), ranks (local
  * ranks: a chunk_done's source rank, an aux's or transfer_done's sink rank;
