@@ -313,8 +313,7 @@ static void release_held_cm(struct kvf_node *n)
 bool node_fault_hold_control(struct kvf_node *n, struct node_job *j)
 {
     struct node_faults *f = n->faults;
-    if (!f || !j->cm || j->cm->msg_case != KVFENCE__V1__CONTROL_MESSAGE__MSG_ROOM_UPDATE ||
-        (!f->cfg.hold_room_update && !f->held_cm))
+    if (!f || (!f->cfg.hold_room_update && !f->held_cm))
         return false;
     j->next = NULL;
     if (f->held_cm_tail)

@@ -100,7 +100,7 @@ int node_faults_wrap(struct kvf_node *n);
  * (node.c) at start: the module calls nothing above it directly. Every slot
  * is set; `ctx` is passed back. Owner thread. */
 struct node_fault_hooks {
-    /* Runs a held SubmitChunks request (JOB_SUBMIT_STREAM) now. */
+    /* Runs a held SubmitChunks request's job now (not freed). */
     void (*run_stream)(void *ctx, struct node_job *j);
     /* Puts a held job back on the owner's queue: 0, or -ESHUTDOWN (the owner
      * is exiting; the job stays the caller's). */
@@ -130,13 +130,13 @@ bool node_fault_drop_control(struct kvf_node *n, int msg_case);
  * (ack_drop_room_update; counts it). */
 bool node_fault_ack_drop_room_update(struct kvf_node *n);
 
-/* True when the SubmitChunks request `j` (JOB_SUBMIT_STREAM) is kept back
+/* True when the SubmitChunks request's job `j` is kept back
  * (hold_stream): the job is then the fault module's until it runs. */
 bool node_fault_hold_stream(struct kvf_node *n, struct node_job *j);
 
-/* True when the control message job `j` (JOB_CONTROL_MSG) is a RoomUpdate
- * kept back (hold_room_update): the job is then the fault module's; it is
- * posted again, in order, once the hold ends. */
+/* True when the RoomUpdate's job `j` (its poster asks only for RoomUpdates)
+ * is kept back (hold_room_update): the job is then the fault module's; it
+ * is posted again, in order, once the hold ends. */
 bool node_fault_hold_control(struct kvf_node *n, struct node_job *j);
 
 /* True when the report of `msg_case` (Kvfence__V1__NodeMessage) must not be

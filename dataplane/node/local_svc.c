@@ -10,7 +10,8 @@
  *
  * DESIGN: the handlers run on gRPC CQ threads; they decode and check the
  * request's shape only, then post a job. The owner thread does the rest
- * (node_local_register_pool, node_local_submit_chunk) and completes the call.
+ * (register_pool_run, submit_chunk_run) and completes the call; a job dropped
+ * unrun fails its call UNAVAILABLE when its argument is freed.
  * The checks and the admission of a chunk are node_submit_chunk, which the
  * pipelined SubmitChunks stream (submit_stream.c) calls too.
  * Admission is per frame, just before its post: a frame is never posted for a
@@ -61,26 +62,59 @@
 
 /* ---- replies ------------------------------------------------------------------ */
 
-static void fail(struct node_job *j, int code, const char *fmt, ...)
+/* A unary call's job argument: the decoded request, and the call until it
+ * is answered. Freed after the owner ran it, or dropped unrun (the owner
+ * stopped, or refused the post): then the call fails UNAVAILABLE. */
+struct register_job {
+    struct kvf_rpc_call *call; /* NULL once answered */
+    Kvfence__V1__RegisterPoolRequest *reg;
+};
+
+struct submit_job {
+    struct kvf_rpc_call *call; /* NULL once answered */
+    Kvfence__V1__SubmitChunkRequest *submit;
+};
+
+static void fail(struct kvf_rpc_call **call, int code, const char *fmt, ...)
     __attribute__((format(printf, 3, 4)));
-static void fail(struct node_job *j, int code, const char *fmt, ...)
+static void fail(struct kvf_rpc_call **call, int code, const char *fmt, ...)
 {
     char msg[256];
     va_list ap;
     va_start(ap, fmt);
     vsnprintf(msg, sizeof msg, fmt, ap);
     va_end(ap);
-    kvf_rpc_call_fail(j->call, code, msg);
-    j->call = NULL;
+    kvf_rpc_call_fail(*call, code, msg);
+    *call = NULL;
+}
+
+static void register_job_free(void *arg)
+{
+    struct register_job *j = arg;
+    if (j->call)
+        kvf_rpc_call_fail(j->call, KVF_GRPC_UNAVAILABLE, "node shutting down");
+    kvfence__v1__register_pool_request__free_unpacked(j->reg, NULL);
+    free(j);
+}
+
+static void submit_job_free(void *arg)
+{
+    struct submit_job *j = arg;
+    if (j->call)
+        kvf_rpc_call_fail(j->call, KVF_GRPC_UNAVAILABLE, "node shutting down");
+    kvfence__v1__submit_chunk_request__free_unpacked(j->submit, NULL);
+    free(j);
 }
 
 /* ---- RegisterPool ------------------------------------------------------------- */
 
-void node_local_register_pool(struct kvf_node *n, struct node_job *j)
+/* Owner thread: a RegisterPool job. */
+static void register_pool_run(struct kvf_node *n, void *arg)
 {
+    struct register_job *j = arg;
     const Kvfence__V1__RegisterPoolRequest *req = j->reg;
     if (n->npools >= NODE_MAX_POOLS) {
-        fail(j, KVF_GRPC_RESOURCE_EXHAUSTED, "pools per node: limit %u", NODE_MAX_POOLS);
+        fail(&j->call, KVF_GRPC_RESOURCE_EXHAUSTED, "pools per node: limit %u", NODE_MAX_POOLS);
         return;
     }
     struct node_pool *p = &n->pools[n->npools];
@@ -88,7 +122,7 @@ void node_local_register_pool(struct kvf_node *n, struct node_job *j)
     char why[300];
     int rc = node_devpool_open(n, req, &p->pool, p->key, sizeof p->key, why, sizeof why);
     if (rc != 0) {
-        fail(j, rc, "%s", why);
+        fail(&j->call, rc, "%s", why);
         return;
     }
     p->base = kvf_pool_page(p->pool, 0);
@@ -103,8 +137,8 @@ void node_local_register_pool(struct kvf_node *n, struct node_job *j)
     for (uint32_t i = 0; i < n->npools && p->key[0]; i++) {
         if (strcmp(n->pools[i].key, p->key) == 0) {
             kvf_pool_close(p->pool);
-            fail(j, KVF_GRPC_ALREADY_EXISTS, "pool_key: memory '%s' is already pool %u", p->key,
-                 n->pools[i].id);
+            fail(&j->call, KVF_GRPC_ALREADY_EXISTS, "pool_key: memory '%s' is already pool %u",
+                 p->key, n->pools[i].id);
             return;
         }
     }
@@ -115,7 +149,7 @@ void node_local_register_pool(struct kvf_node *n, struct node_job *j)
     rc = node_xport_add_pool(n, p); /* every transport, or none */
     if (rc != 0) {
         kvf_pool_close(p->pool);
-        fail(j, KVF_GRPC_INTERNAL, "a transport refused the pool: %s", strerror(-rc));
+        fail(&j->call, KVF_GRPC_INTERNAL, "a transport refused the pool: %s", strerror(-rc));
         return;
     }
     n->next_pool_id++;
@@ -141,7 +175,7 @@ void node_local_register_pool(struct kvf_node *n, struct node_job *j)
     size_t len = kvfence__v1__register_pool_response__get_packed_size(&resp);
     uint8_t *buf = malloc(len ? len : 1);
     if (buf == NULL) {
-        fail(j, KVF_GRPC_RESOURCE_EXHAUSTED, "out of memory answering RegisterPool");
+        fail(&j->call, KVF_GRPC_RESOURCE_EXHAUSTED, "out of memory answering RegisterPool");
         return;
     }
     kvfence__v1__register_pool_response__pack(&resp, buf);
@@ -523,8 +557,10 @@ int node_submit_chunk(struct kvf_node *n, const Kvfence__V1__SubmitChunkRequest 
     return 0;
 }
 
-void node_local_submit_chunk(struct kvf_node *n, struct node_job *j)
+/* Owner thread: a SubmitChunk job. */
+static void submit_chunk_run(struct kvf_node *n, void *arg)
 {
+    struct submit_job *j = arg;
     struct node_submit_out o;
     if (node_submit_chunk(n, j->submit, &o) != 0) {
         kvf_rpc_call_fail(j->call, o.code, o.msg);
@@ -671,15 +707,16 @@ static void h_register_pool(void *ctx, struct kvf_rpc_call *call, const uint8_t 
         kvf_rpc_call_fail(call, code, why);
         return;
     }
-    struct node_job *j = calloc(1, sizeof *j);
+    struct register_job *a = calloc(1, sizeof *a);
+    struct node_job *j = a ? node_job_new(register_pool_run, a, register_job_free) : NULL;
     if (!j) {
+        free(a);
         kvfence__v1__register_pool_request__free_unpacked(r, NULL);
         kvf_rpc_call_fail(call, KVF_GRPC_RESOURCE_EXHAUSTED, "out of memory");
         return;
     }
-    j->kind = JOB_REGISTER_POOL;
-    j->call = call;
-    j->reg = r;
+    a->call = call;
+    a->reg = r;
     node_post_or_fail(n, j);
 }
 
@@ -714,15 +751,16 @@ static void h_submit_chunk(void *ctx, struct kvf_rpc_call *call, const uint8_t *
         kvf_rpc_call_fail(call, KVF_GRPC_INVALID_ARGUMENT, why);
         return;
     }
-    struct node_job *j = calloc(1, sizeof *j);
+    struct submit_job *a = calloc(1, sizeof *a);
+    struct node_job *j = a ? node_job_new(submit_chunk_run, a, submit_job_free) : NULL;
     if (!j) {
+        free(a);
         kvfence__v1__submit_chunk_request__free_unpacked(r, NULL);
         kvf_rpc_call_fail(call, KVF_GRPC_RESOURCE_EXHAUSTED, "out of memory");
         return;
     }
-    j->kind = JOB_SUBMIT_CHUNK;
-    j->call = call;
-    j->submit = r;
+    a->call = call;
+    a->submit = r;
     node_post_or_fail(n, j);
 }
 

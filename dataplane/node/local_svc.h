@@ -23,8 +23,6 @@ typedef int (*node_local_register_fn)(struct kvf_node *n);
 int node_local_start(struct kvf_node *n, const node_local_register_fn *extra, size_t nextra);
 /* Stops the server (the services' state is freed by their modules after). */
 void node_local_stop(struct kvf_node *n);
-void node_local_register_pool(struct kvf_node *n, struct node_job *j); /* owner */
-void node_local_submit_chunk(struct kvf_node *n, struct node_job *j);  /* owner */
 /* A SubmitChunk(s) request's outcome: 0 or a negative errno with the
  * message naming the field, and the status code node_local_status() maps
  * it to. */

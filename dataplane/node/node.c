@@ -927,22 +927,73 @@ static void node_self_fence(struct kvf_node *n, const char *why)
              why, fenced, open, undrained, old, n->incarnation);
 }
 
+/* A received control message, for the owner thread. */
+struct control_msg_job {
+    struct kvf_rpc_client_stream *stream; /* the owner drops messages of a stream it gave up */
+    Kvfence__V1__ControlMessage *cm;      /* owned */
+};
+
+static void control_msg_run(struct kvf_node *n, void *arg)
+{
+    const struct control_msg_job *a = arg;
+    if (!node_session_is_current(n, a->stream))
+        return; /* a stream given up by a self-fence */
+    node_session_on_message(n, a->cm);
+}
+
+static void control_msg_free(void *arg)
+{
+    struct control_msg_job *a = arg;
+    if (a->cm)
+        kvfence__v1__control_message__free_unpacked(a->cm, NULL);
+    free(a);
+}
+
+/* A RoomUpdate's job (hold_room_update): kept back by the fault module
+ * unless its stream was given up (then it runs, and drops it). */
+static bool control_msg_hold(struct kvf_node *n, struct node_job *j)
+{
+    const struct control_msg_job *a = j->arg;
+    return node_session_is_current(n, a->stream) && node_fault_hold_control(n, j);
+}
+
 static int session_post_message(void *ctx, struct kvf_rpc_client_stream *cs,
                                 Kvfence__V1__ControlMessage *cm)
 {
     struct kvf_node *n = ctx;
-    struct node_job *j = calloc(1, sizeof *j);
-    if (!j)
+    struct control_msg_job *a = calloc(1, sizeof *a);
+    struct node_job *j = a ? node_job_new(control_msg_run, a, control_msg_free) : NULL;
+    if (!j) {
+        free(a);
         return -ENOMEM;
-    j->kind = JOB_CONTROL_MSG;
-    j->cm = cm;
-    j->stream = cs; /* the owner drops messages of a stream it gave up */
+    }
+    a->cm = cm;
+    a->stream = cs;
+    if (cm->msg_case == KVFENCE__V1__CONTROL_MESSAGE__MSG_ROOM_UPDATE)
+        j->hold = control_msg_hold;
     int rc = node_post(n, j);
     if (rc != 0) {
-        j->cm = NULL; /* the caller's again */
+        a->cm = NULL; /* the caller's again */
         node_job_free(j);
     }
     return rc;
+}
+
+/* The session's stream events: synchronous jobs, their argument the stream. */
+static void session_open_run(struct kvf_node *n, void *arg)
+{
+    node_session_opened(n, arg);
+}
+
+static void session_closed_run(struct kvf_node *n, void *arg)
+{
+    node_session_closed(n, arg);
+}
+
+static void session_lost_run(struct kvf_node *n, void *arg)
+{
+    (void)arg;
+    node_self_fence(n, "the control plane refused this incarnation as LOST");
 }
 
 static bool session_post_event(void *ctx, enum node_session_event ev,
@@ -951,10 +1002,10 @@ static bool session_post_event(void *ctx, enum node_session_event ev,
     struct kvf_node *n = ctx;
     struct node_job j;
     memset(&j, 0, sizeof j);
-    j.kind = ev == NODE_SESSION_OPEN     ? JOB_SESSION_OPEN
-             : ev == NODE_SESSION_CLOSED ? JOB_SESSION_CLOSED
-                                         : JOB_SESSION_LOST;
-    j.stream = cs;
+    j.run = ev == NODE_SESSION_OPEN     ? session_open_run
+            : ev == NODE_SESSION_CLOSED ? session_closed_run
+                                        : session_lost_run;
+    j.arg = cs;
     j.sync = true;
     return node_post(n, &j) == 0;
 }
@@ -1108,7 +1159,7 @@ static void rx_batch_flush(void)
     if (node_post_list(rx_batch.n, head, rx_batch.tail) != 0) {
         while (head) {
             struct node_job *next = head->next;
-            free(head);
+            node_job_free(head);
             head = next;
         }
     }
@@ -1120,6 +1171,20 @@ static void tcp_on_idle(void *ctx)
     rx_batch_flush();
 }
 
+/* A TCP frame that landed or was cut, for the owner thread (on_frame). */
+struct frame_job {
+    kvf_room_key room;
+    uint32_t peer;
+    uint32_t pool_id;                /* the frame's pool */
+    uint32_t first_page, page_count; /* its pages (its sink member is found by pool and pages
+                                        on the owner thread) */
+    uint64_t bytes;
+    int status;
+    bool drained;
+};
+
+static void on_frame(struct kvf_node *n, void *arg);
+
 /* The frame's own coordinates go to the owner thread: nothing is carried
  * from check to here, since two connections of one peer (a reconnect) may
  * overlap and a RoomUpdate may replace the members in between. */
@@ -1130,20 +1195,21 @@ static void tcp_on_frame(void *ctx, uint32_t peer, kvf_room_key room, uint32_t p
     struct kvf_node *n = ctx;
     if (rx_batch.head && rx_batch.n != n)
         rx_batch_flush(); /* not expected: a receiver serves one node */
-    struct node_job *j = calloc(1, sizeof *j);
+    struct frame_job *fe = calloc(1, sizeof *fe);
+    struct node_job *j = fe ? node_job_new(on_frame, fe, free) : NULL;
     if (!j) {
+        free(fe);
         node_log("error", &room, "out of memory posting a frame event: lost");
         return;
     }
-    j->kind = JOB_FRAME;
-    j->room = room;
-    j->peer = peer;
-    j->pool_id = pool_id;
-    j->first_page = first_page;
-    j->page_count = page_count;
-    j->bytes = bytes;
-    j->status = status;
-    j->drained = drained;
+    fe->room = room;
+    fe->peer = peer;
+    fe->pool_id = pool_id;
+    fe->first_page = first_page;
+    fe->page_count = page_count;
+    fe->bytes = bytes;
+    fe->status = status;
+    fe->drained = drained;
     j->next = NULL;
     if (rx_batch.head)
         rx_batch.tail->next = j;
@@ -1163,36 +1229,37 @@ static void owner_fail_unknown_room(struct kvf_node *n, kvf_room_key key, const 
     node_session_send_room_failed(n, key, why);
 }
 
-static void on_frame(struct kvf_node *n, const struct node_job *j)
+static void on_frame(struct kvf_node *n, void *arg)
 {
-    struct node_room *r = node_room_find(n, j->room);
-    if ((!r || !r->have_update) && j->status == -ENOENT && j->bytes == 0) {
+    const struct frame_job *fe = arg;
+    struct node_room *r = node_room_find(n, fe->room);
+    if ((!r || !r->have_update) && fe->status == -ENOENT && fe->bytes == 0) {
         char why[NODE_ID_MAX + 96];
         snprintf(why, sizeof why,
                  "tcp frame from %s for a room this node does not know: refused (protocol "
                  "violation)",
-                 j->peer < n->npeers ? n->peers[j->peer].node_id : "?");
-        owner_fail_unknown_room(n, j->room, why);
+                 fe->peer < n->npeers ? n->peers[fe->peer].node_id : "?");
+        owner_fail_unknown_room(n, fe->room, why);
         return;
     }
     if (!r)
         return;
-    struct node_member *m = sink_member_of(r, j->pool_id, j->first_page, j->page_count);
-    if (!m && j->status == -ENOENT) {
+    struct node_member *m = sink_member_of(r, fe->pool_id, fe->first_page, fe->page_count);
+    if (!m && fe->status == -ENOENT) {
         /* Refused by the check: this node's copy of the sink lease lacks the
          * pages (an ExtendLease whose RoomUpdate is not here, or a source
          * that is wrong). The room fails through the token path. */
         struct node_member *sink = NULL;
         for (size_t i = 0; i < r->nmembers && !sink; i++)
             if (r->members[i].local && r->members[i].role == KVFENCE__V1__ROLE__ROLE_SINK &&
-                r->members[i].pool_id == j->pool_id)
+                r->members[i].pool_id == fe->pool_id)
                 sink = &r->members[i];
         char why[NODE_ID_MAX + 128];
         snprintf(
             why, sizeof why,
             "tcp frame from %s for pool %u pages %u+%u refused: outside this node's sink lease",
-            j->peer < n->npeers ? n->peers[j->peer].node_id : "?", j->pool_id, j->first_page,
-            j->page_count);
+            fe->peer < n->npeers ? n->peers[fe->peer].node_id : "?", fe->pool_id, fe->first_page,
+            fe->page_count);
         if (sink && !sink->failed) {
             sink->failed = true;
             node_session_send_transfer_failed(n, r, sink->rank, sink->role, why);
@@ -1205,21 +1272,22 @@ static void on_frame(struct kvf_node *n, const struct node_job *j)
          * go uncounted, so the sink cannot complete: say why here. */
         node_log("error", &r->key,
                  "tcp frame (pool %u, pages %u+%u, status %d) matches no local sink member",
-                 j->pool_id, j->first_page, j->page_count, j->status);
+                 fe->pool_id, fe->first_page, fe->page_count, fe->status);
     } else {
-        if (j->status == 0) {
-            node_member_landed(n, r, m, j->first_page, j->page_count, j->bytes);
+        if (fe->status == 0) {
+            node_member_landed(n, r, m, fe->first_page, fe->page_count, fe->bytes);
         } else {
             m->failed = true;
             char why[NODE_ID_MAX + 96];
             snprintf(why, sizeof why, "tcp receive from %s cut: %s",
-                     j->peer < n->npeers ? n->peers[j->peer].node_id : "?", strerror(-j->status));
+                     fe->peer < n->npeers ? n->peers[fe->peer].node_id : "?",
+                     strerror(-fe->status));
             node_session_send_transfer_failed(n, r, m->rank, m->role, why);
         }
     }
     /* A receive retired: a sink that waited for it may complete now. */
     owner_check_sinks(n, r);
-    if (j->drained)
+    if (fe->drained)
         owner_check_drained(n, r);
 }
 
@@ -1252,7 +1320,7 @@ static struct kvf_transport *node_tcp_create(struct kvf_node *n, uint64_t incarn
 
 static void fault_run_stream(void *ctx, struct node_job *j)
 {
-    node_substream_run(ctx, j);
+    j->run(ctx, j->arg); /* not freed: the fault module frees it after */
 }
 
 static int fault_repost(void *ctx, struct node_job *j)
@@ -1286,81 +1354,31 @@ static const struct node_fault_hooks node_fault_hooks = {
 
 /* ---- the owner loop ------------------------------------------------------------ */
 
-static void run_job_kind(struct kvf_node *n, struct node_job *j);
+/* kvf_node_stop's job: admission closes everywhere; the loop ends once
+ * every lifetime drained, or at the drain timeout. */
+static void stop_run(struct kvf_node *n, void *arg)
+{
+    (void)arg;
+    if (n->stop_requested)
+        return;
+    n->stop_requested = true;
+    n->stop_deadline_ms = node_now_ms() + (int64_t)n->opts.drain_timeout_ms;
+    size_t d = kvf_lt_table_close_all(n->lts);
+    node_log("info", NULL, "stopping: admission closed on %zu lifetimes (%zu drained at once)",
+             kvf_lt_table_count(n->lts), d);
+    for (struct node_room *r = n->rooms; r; r = r->next)
+        owner_check_drained(n, r);
+}
 
 /* One job, then the rooms the core forgot are freed: no room pointer is
  * held between jobs. */
 static void run_job(struct kvf_node *n, struct node_job *j)
 {
-    run_job_kind(n, j);
+    if (j->hold && j->hold(n, j))
+        j->kept = true; /* the fault module's now: it runs, reposts or frees it */
+    else
+        j->run(n, j->arg);
     node_core_collect(n);
-}
-
-static void run_job_kind(struct kvf_node *n, struct node_job *j)
-{
-    switch (j->kind) {
-    case JOB_SESSION_OPEN:
-        node_session_opened(n, j->stream);
-        break;
-    case JOB_SESSION_CLOSED:
-        node_session_closed(n, j->stream);
-        break;
-    case JOB_CONTROL_MSG:
-        if (!node_session_is_current(n, j->stream))
-            break; /* a stream given up by a self-fence */
-        if (node_fault_hold_control(n, j)) {
-            j->kept = true; /* posted again when the hold ends */
-            break;
-        }
-        node_session_on_message(n, j->cm);
-        break;
-    case JOB_UNREGISTER_POOL:
-        node_local_unregister_pool(n, j);
-        break;
-    case JOB_SESSION_LOST:
-        node_self_fence(n, "the control plane refused this incarnation as LOST");
-        break;
-    case JOB_REGISTER_POOL:
-        node_local_register_pool(n, j);
-        break;
-    case JOB_SUBMIT_CHUNK:
-        node_local_submit_chunk(n, j);
-        break;
-    case JOB_SUBMIT_STREAM:
-        if (node_fault_hold_stream(n, j)) {
-            j->kept = true; /* the fault module runs and frees it */
-            break;
-        }
-        node_substream_run(n, j);
-        break;
-    case JOB_FRAME:
-        on_frame(n, j);
-        break;
-    case JOB_PEER_MSG:
-        node_peer_msg(n, j);
-        break;
-    case JOB_PEER_GAP:
-        node_peer_gap(n, j);
-        break;
-    case JOB_PEER_LINK:
-        node_rdma_link_job(n, j);
-        break;
-    case JOB_WATCH_ADD:
-        node_watch_snapshot(n);
-        break;
-    case JOB_STOP:
-        if (!n->stop_requested) {
-            n->stop_requested = true;
-            n->stop_deadline_ms = node_now_ms() + (int64_t)n->opts.drain_timeout_ms;
-            size_t d = kvf_lt_table_close_all(n->lts);
-            node_log("info", NULL,
-                     "stopping: admission closed on %zu lifetimes (%zu drained at once)",
-                     kvf_lt_table_count(n->lts), d);
-            for (struct node_room *r = n->rooms; r; r = r->next)
-                owner_check_drained(n, r);
-        }
-        break;
-    }
 }
 
 static int64_t min64(int64_t a, int64_t b)
@@ -1459,10 +1477,8 @@ static void *owner_main(void *arg)
     while (list) {
         struct node_job *j = list;
         list = j->next;
-        if (j->call)
-            kvf_rpc_call_fail(j->call, KVF_GRPC_UNAVAILABLE, "node shutting down");
         if (!j->sync)
-            node_job_free(j);
+            node_job_free(j); /* free_arg answers what it owes (a call: UNAVAILABLE) */
     }
     pthread_cond_broadcast(&n->qdone);
     pthread_mutex_unlock(&n->qlock);
@@ -1535,6 +1551,7 @@ struct kvf_node *kvf_node_start(const struct kvf_node_opts *opts)
         return NULL;
     n->owner_ops = &owner_ops; /* node_owner.h: how the other modules reach the owner */
     n->chunk_notice_in = node_rdma_notice_in; /* what peer_link hands a ChunkNotice to */
+    n->link_msg_in = node_rdma_link_msg;      /* and a link message */
     n->opts = *opts;
     snprintf(n->node_id, sizeof n->node_id, "%s", opts->node_id);
     snprintf(n->local_socket, sizeof n->local_socket, "%s", opts->local_socket);
@@ -1663,7 +1680,7 @@ int kvf_node_stop(struct kvf_node *n)
         /* Synchronous, on the stack: a stop needs no allocation. */
         struct node_job j;
         memset(&j, 0, sizeof j);
-        j.kind = JOB_STOP;
+        j.run = stop_run;
         j.sync = true;
         (void)node_post(n, &j);
         pthread_join(n->owner, NULL);

@@ -20,19 +20,24 @@
 
 /* ---- job queue ----------------------------------------------------------------- */
 
+struct node_job *node_job_new(void (*run)(struct kvf_node *n, void *arg), void *arg,
+                              void (*free_arg)(void *arg))
+{
+    struct node_job *j = calloc(1, sizeof *j);
+    if (!j)
+        return NULL;
+    j->run = run;
+    j->arg = arg;
+    j->free_arg = free_arg;
+    return j;
+}
+
 void node_job_free(struct node_job *j)
 {
     if (!j)
         return;
-    if (j->cm)
-        kvfence__v1__control_message__free_unpacked(j->cm, NULL);
-    if (j->reg)
-        kvfence__v1__register_pool_request__free_unpacked(j->reg, NULL);
-    if (j->submit)
-        kvfence__v1__submit_chunk_request__free_unpacked(j->submit, NULL);
-    if (j->release)
-        j->release(j); /* what the poster attached (submit_stream.c: a stream reference) */
-    free(j->pmsg);
+    if (j->free_arg)
+        j->free_arg(j->arg);
     free(j);
 }
 
@@ -83,11 +88,8 @@ int node_post_list(struct kvf_node *n, struct node_job *head, struct node_job *t
 
 void node_post_or_fail(struct kvf_node *n, struct node_job *j)
 {
-    if (node_post(n, j) != 0) {
-        kvf_rpc_call_fail(j->call, KVF_GRPC_UNAVAILABLE, "node shutting down");
-        j->call = NULL;
-        node_job_free(j);
-    }
+    if (node_post(n, j) != 0)
+        node_job_free(j); /* its free_arg fails the call it still holds */
 }
 
 /* ---- read-only queries --------------------------------------------------------- */

@@ -34,11 +34,16 @@ int node_post(struct kvf_node *n, struct node_job *j);
 /* Posts the asynchronous jobs head..tail (linked by next) with one wake-up.
  * -ESHUTDOWN once the owner has exited (the jobs stay the caller's). */
 int node_post_list(struct kvf_node *n, struct node_job *head, struct node_job *tail);
-/* Posts a unary NodeLocal call's job (j->call set); on shutdown fails the
- * call UNAVAILABLE and frees the job. */
+/* Posts a unary NodeLocal call's job; on shutdown frees it, and its
+ * free_arg fails the call UNAVAILABLE ("node shutting down"). */
 void node_post_or_fail(struct kvf_node *n, struct node_job *j);
-/* Frees `j` and what it owns (decoded requests, a peer message, and what
- * j->release frees). NULL is fine. */
+/* A new asynchronous job: the owner calls run(n, arg), then free_arg(arg)
+ * (NULL: nothing to free). NULL when out of memory: `arg` stays the
+ * caller's. */
+struct node_job *node_job_new(void (*run)(struct kvf_node *n, void *arg), void *arg,
+                              void (*free_arg)(void *arg));
+/* Frees `j` and its argument (free_arg), whether it ran or not: a job that
+ * is dropped or refused is freed here too. NULL is fine. */
 void node_job_free(struct node_job *j);
 
 /* ---- read-only queries (owner thread, unless said) -------------------------------- */

@@ -7,21 +7,21 @@
  * DESIGN (threads): the owner thread (node.c, owner_main) alone touches the
  * lifetime table, the rooms' mutable fields, the pools list, the transport's
  * control calls (add_peer, connect, fence_peer, poll) and the session stream's
- * send side. Everyone else posts a struct node_job to its queue
- * (node_owner.h; the session through the ops node.c gave it):
- *   - the control session thread: SESSION_OPEN (send Hello on this stream),
- *     CONTROL_MSG (one decoded ControlMessage), SESSION_CLOSED (stop sending;
- *     the session thread waits for the owner's answer before it frees the
- *     stream);
- *   - NodeLocal handlers (gRPC CQ threads): REGISTER_POOL, SUBMIT_CHUNK; the
- *     owner completes the call;
- *   - TCP receiver threads: FRAME (an admitted frame landed or was cut);
- *   - the peer channel's thread (peer_link.c): PEER_MSG (a delivered AuxData,
- *     TransferStatus or ChunkNotice, copied), PEER_GAP (an OUT_OF_ORDER drop),
- *     PEER_LINK (an RDMA link message, packed: rdma_link.c);
- *   - NodeLocal.Watch streams (watch.c): WATCH_ADD (send the snapshot);
- *   - NodeLocal.SubmitChunks streams (submit_stream.c): SUBMIT_STREAM (one
- *     request; the owner queues its result on the stream).
+ * send side. Everyone else posts a struct node_job (a run function, its
+ * argument and the argument's free function) to its queue (node_owner.h; the
+ * session through the ops node.c gave it):
+ *   - the control session thread: a stream opened (send Hello on it), one
+ *     decoded ControlMessage, a stream closed (stop sending; the session
+ *     thread waits for the owner's answer before it frees the stream);
+ *   - NodeLocal handlers (gRPC CQ threads): RegisterPool, SubmitChunk,
+ *     UnregisterPool; the owner completes the call;
+ *   - TCP receiver threads: a frame event (an admitted frame landed or was cut);
+ *   - the peer channel's thread (peer_link.c): a delivered AuxData,
+ *     TransferStatus or ChunkNotice (copied), a gap (an OUT_OF_ORDER drop), an
+ *     RDMA link message (packed: rdma_link.c);
+ *   - NodeLocal.Watch streams (watch.c): a new watcher (send the snapshot);
+ *   - NodeLocal.SubmitChunks streams (submit_stream.c): one request (the owner
+ *     queues its result on the stream).
  * Watchers live in a list under `watch_lock` (CQ threads add and remove them;
  * the owner sends their events under it: sends only queue, never block).
  * SubmitChunks streams are listed under it the same way.
@@ -182,7 +182,7 @@ struct node_peer {
     uint8_t key[KVF_PEER_KEY_SIZE];
 };
 
-/* A delivered peer envelope, copied for the owner (PEER_MSG). */
+/* A delivered peer envelope, copied for the owner (peer_link.c's job). */
 struct node_peer_msg {
     struct node_peer_msg *next; /* done_pending */
     kvf_room_key room;
@@ -203,47 +203,23 @@ struct node_peer_msg {
 
 /* ---- jobs -------------------------------------------------------------------- */
 
-enum node_job_kind {
-    JOB_SESSION_OPEN = 1,
-    JOB_SESSION_CLOSED,
-    JOB_CONTROL_MSG,
-    JOB_REGISTER_POOL,
-    JOB_SUBMIT_CHUNK,
-    JOB_FRAME,
-    JOB_STOP,
-    JOB_PEER_MSG,
-    JOB_PEER_GAP,
-    JOB_WATCH_ADD,
-    JOB_UNREGISTER_POOL, /* pool_admin.c */
-    JOB_SESSION_LOST,    /* the control plane refused this incarnation as LOST */
-    JOB_SUBMIT_STREAM,   /* submit_stream.c: one SubmitChunks request */
-    JOB_PEER_LINK,       /* rdma_link.c: a link message (packed, in pmsg->data) */
-};
-
+/* A job: what another thread asks the owner thread to do (node_owner.h).
+ * The poster builds its own argument; the owner calls run(n, arg) and then
+ * free_arg(arg). A job dropped without running (the owner stopped, or the
+ * post was refused) has free_arg called all the same, so the argument is
+ * freed exactly once on every path; free_arg also answers what the
+ * argument still owes (a unary call not yet completed fails UNAVAILABLE). */
 struct node_job {
-    enum node_job_kind kind;
     struct node_job *next;
-    struct kvf_rpc_client_stream *stream;    /* SESSION_OPEN / CLOSED, CONTROL_MSG */
-    Kvfence__V1__ControlMessage *cm;         /* CONTROL_MSG (owned) */
-    struct kvf_rpc_call *call;               /* REGISTER_POOL / SUBMIT_CHUNK */
-    Kvfence__V1__RegisterPoolRequest *reg;   /* owned */
-    Kvfence__V1__SubmitChunkRequest *submit; /* owned */
-    struct node_substream *sub;              /* SUBMIT_STREAM (a reference) */
-    bool kept; /* run_job kept it (faults.c hold_stream): not freed after */
-    /* Frees what the poster attached beyond the fields above (submit_stream.c:
-     * its reference on `sub`); NULL: nothing. Called by node_job_free. */
-    void (*release)(struct node_job *j);
-    uint32_t pool_id;  /* UNREGISTER_POOL; FRAME: the frame's pool */
-    kvf_room_key room; /* FRAME */
-    uint32_t peer;
-    uint32_t member;                 /* PEER_GAP: the sink rank */
-    uint32_t first_page, page_count; /* FRAME: the frame's pages (its sink member is found by
-                                        pool and pages on the owner thread) */
-    uint64_t bytes;
-    int status;
-    bool drained;
-    struct node_peer_msg *pmsg; /* PEER_MSG (owned); PEER_GAP uses room, peer, member */
-    /* Synchronous jobs: the poster waits for `done`. */
+    void (*run)(struct kvf_node *n, void *arg); /* owner thread */
+    void *arg;
+    void (*free_arg)(void *arg); /* NULL: nothing to free */
+    /* Test faults (faults.h): asked before run; true when the fault module
+     * kept the job (it runs, reposts or frees it later). NULL: never held. */
+    bool (*hold)(struct kvf_node *n, struct node_job *j);
+    bool kept; /* hold kept it: not freed after */
+    /* Synchronous jobs: the poster waits for `done`; the job and its
+     * argument stay the poster's (on its stack). */
     bool sync;
     bool done;
 };
@@ -356,6 +332,9 @@ struct kvf_node {
      * does not call up into it. */
     void (*chunk_notice_in)(struct kvf_node *n, struct node_room *r, struct node_member *m,
                             const struct node_peer_msg *pm);
+    /* Who takes a delivered link message (owner thread): the RDMA link's
+     * node_rdma_link_msg, set by node.c, for the same reason. */
+    void (*link_msg_in)(struct kvf_node *n, const struct node_peer_msg *pm);
 
     /* NodeLocal.Watch streams (watch.c). */
     pthread_mutex_t watch_lock;

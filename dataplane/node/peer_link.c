@@ -5,7 +5,7 @@
  * envelopes against its room map and hands the delivered ones to the owner
  * thread, which turns them into Watch events and sink completion. It also
  * carries ChunkNotice (an RDMA chunk landed, rdma_link.c) and the RDMA link
- * messages, which the channel thread only packs into JOB_PEER_LINK jobs.
+ * messages, which the channel thread only packs into jobs for the owner.
  *
  * DESIGN (threads): the channel's callbacks run on the channel's own thread.
  * Admission (peer_accept) reads the room map under rooms_lock (read), like
@@ -19,9 +19,9 @@
  * before this node does: an envelope for a room not known here is a
  * protocol violation, dropped at once, and the owner fails the room
  * (TransferFailed). Nothing waits for an update.
- * A delivered envelope is copied into a PEER_MSG job; the owner checks the
+ * A delivered envelope is copied into a job (peer_msg_run); the owner checks the
  * room again (it may have been aborted meanwhile: then nothing reaches Watch).
- * An OUT_OF_ORDER drop (a lost message) becomes a PEER_GAP job: the owner
+ * An OUT_OF_ORDER drop (a lost message) becomes a job (peer_gap_run): the owner
  * reports TransferFailed for the room. When a room's lifetime drained the
  * owner asks the channel to forget its sequence state (room_drained, node.c).
  *
@@ -96,6 +96,49 @@ static enum kvf_peer_verdict verdict_of(struct kvf_node *n, kvf_room_key key, co
     return v;
 }
 
+/* ---- jobs for the owner thread ------------------------------------------------------ */
+
+/* A delivered envelope (peer_msg_run), a link message (peer_link_run) or a
+ * message lost or refused (peer_gap_run), for the owner thread. */
+struct peer_job {
+    kvf_room_key room;
+    uint32_t member;          /* a gap: the sink rank, for the report */
+    struct node_peer_msg *pm; /* owned (a gap: may be NULL); NULL once the owner kept it */
+};
+
+static void peer_msg_run(struct kvf_node *n, void *arg);
+static void peer_gap_run(struct kvf_node *n, void *arg);
+
+/* The RDMA link takes link messages (node.c set n->link_msg_in). */
+static void peer_link_run(struct kvf_node *n, void *arg)
+{
+    const struct peer_job *a = arg;
+    n->link_msg_in(n, a->pm);
+}
+
+static void peer_job_free(void *arg)
+{
+    struct peer_job *a = arg;
+    free(a->pm);
+    free(a);
+}
+
+/* A job of `run` with a new argument; NULL when out of memory. */
+static struct node_job *peer_job_new(void (*run)(struct kvf_node *n, void *arg), kvf_room_key room,
+                                     uint32_t member, struct node_peer_msg *pm)
+{
+    struct peer_job *a = calloc(1, sizeof *a);
+    struct node_job *j = a ? node_job_new(run, a, peer_job_free) : NULL;
+    if (!j) {
+        free(a);
+        return NULL;
+    }
+    a->room = room;
+    a->member = member;
+    a->pm = pm;
+    return j;
+}
+
 /* One look, no wait (see the top of this file): a room not known here
  * fails at once. */
 static enum kvf_peer_verdict peer_accept(void *ctx, kvf_room_key key, const char *sender,
@@ -105,10 +148,9 @@ static enum kvf_peer_verdict peer_accept(void *ctx, kvf_room_key key, const char
     bool unseen;
     enum kvf_peer_verdict v = verdict_of(n, key, sender, sender_incarnation, &unseen);
     if (unseen && v == KVF_PEER_UNKNOWN && !atomic_load(&n->peer_stopping)) {
-        struct node_job *j = calloc(1, sizeof *j);
         struct node_peer_msg *pm = calloc(1, sizeof *pm + 1);
-        if (!j || !pm) {
-            free(j);
+        struct node_job *j = pm ? peer_job_new(peer_gap_run, key, 0, pm) : NULL;
+        if (!j) {
             free(pm);
             return v;
         }
@@ -117,9 +159,6 @@ static enum kvf_peer_verdict peer_accept(void *ctx, kvf_room_key key, const char
                  "peer channel: a message from %s for a room this node does not know: refused "
                  "(protocol violation)",
                  sender);
-        j->kind = JOB_PEER_GAP;
-        j->room = key;
-        j->pmsg = pm;
         if (node_post(n, j) != 0)
             node_job_free(j);
     }
@@ -137,10 +176,9 @@ static void peer_on_message(void *ctx, const Kvfence__V1__PeerEnvelope *env)
         len = env->chunk_notice->n_sink_ranges * sizeof(struct node_range);
     else if (env->body_case != KVFENCE__V1__PEER_ENVELOPE__BODY_TRANSFER_STATUS)
         return; /* StagingWatermark: not used in this version */
-    struct node_job *j = calloc(1, sizeof *j);
     struct node_peer_msg *pm = calloc(1, sizeof *pm + (len ? len : 1));
-    if (!j || !pm) {
-        free(j);
+    struct node_job *j = pm ? peer_job_new(peer_msg_run, key, 0, pm) : NULL;
+    if (!j) {
         free(pm);
         node_log("error", &key, "out of memory for a peer message from %s: lost",
                  env->sender_node_id);
@@ -180,9 +218,6 @@ static void peer_on_message(void *ctx, const Kvfence__V1__PeerEnvelope *env)
         pm->bytes = t->bytes;
         snprintf(pm->error, sizeof pm->error, "%s", t->error ? t->error : "");
     }
-    j->kind = JOB_PEER_MSG;
-    j->room = key;
-    j->pmsg = pm;
     if (node_post(n, j) != 0)
         node_job_free(j); /* stopping */
 }
@@ -193,10 +228,9 @@ static void peer_on_link(void *ctx, const Kvfence__V1__LinkMessage *msg)
 {
     struct kvf_node *n = ctx;
     size_t len = kvfence__v1__link_message__get_packed_size(msg);
-    struct node_job *j = calloc(1, sizeof *j);
     struct node_peer_msg *pm = calloc(1, sizeof *pm + (len ? len : 1));
-    if (!j || !pm) {
-        free(j);
+    struct node_job *j = pm ? peer_job_new(peer_link_run, (kvf_room_key){0, 0}, 0, pm) : NULL;
+    if (!j) {
         free(pm);
         node_log("error", NULL, "out of memory for a link message: lost");
         return;
@@ -204,8 +238,6 @@ static void peer_on_link(void *ctx, const Kvfence__V1__LinkMessage *msg)
     snprintf(pm->sender, sizeof pm->sender, "%s", msg->sender_node_id ? msg->sender_node_id : "");
     pm->sender_incarnation = msg->sender_incarnation;
     pm->len = kvfence__v1__link_message__pack(msg, pm->data);
-    j->kind = JOB_PEER_LINK;
-    j->pmsg = pm;
     if (node_post(n, j) != 0)
         node_job_free(j);
 }
@@ -234,17 +266,16 @@ static void peer_on_drop(void *ctx, enum kvf_peer_drop_reason reason,
              kvf_peer_drop_reason_name(reason));
     if (reason != KVF_PEER_DROP_OUT_OF_ORDER || !env)
         return;
-    struct node_job *j = calloc(1, sizeof *j);
-    if (!j)
-        return;
-    j->kind = JOB_PEER_GAP;
-    j->room = key;
-    j->member = sink_rank_of(env); /* the sink rank, for the report */
     struct node_peer_msg *pm = calloc(1, sizeof *pm + 1);
+    /* The sink rank, for the report. */
+    struct node_job *j = peer_job_new(peer_gap_run, key, sink_rank_of(env), pm);
+    if (!j) {
+        free(pm);
+        return;
+    }
     if (pm)
         snprintf(pm->sender, sizeof pm->sender, "%s",
                  env->sender_node_id ? env->sender_node_id : "?");
-    j->pmsg = pm;
     if (node_post(n, j) != 0)
         node_job_free(j);
 }
@@ -417,9 +448,11 @@ void node_peer_close_room(struct kvf_node *n, struct node_room *r)
 
 /* ---- sink side (owner) ------------------------------------------------------------- */
 
-void node_peer_msg(struct kvf_node *n, struct node_job *j)
+/* A delivered envelope for a local sink. */
+static void peer_msg_run(struct kvf_node *n, void *arg)
 {
-    const struct node_peer_msg *pm = j->pmsg;
+    struct peer_job *j = arg;
+    const struct node_peer_msg *pm = j->pm;
     struct node_room *r = node_room_find(n, pm->room);
     /* Aborted (or closed) since the channel admitted it: nothing reaches Watch. */
     if (!r || r->core.aborting || kvf_lt_state(r->core.lt) != KVF_LT_OPEN) {
@@ -458,8 +491,8 @@ void node_peer_msg(struct kvf_node *n, struct node_job *j)
     struct node_peer_msg **tail = &r->done_pending;
     while (*tail)
         tail = &(*tail)->next;
-    *tail = j->pmsg;
-    j->pmsg = NULL;
+    *tail = j->pm;
+    j->pm = NULL; /* the room's now */
     node_check_sink_complete(n, r, m);
 }
 
@@ -487,10 +520,12 @@ static void done_pending_free(struct node_room *r)
     }
 }
 
-void node_peer_gap(struct kvf_node *n, struct node_job *j)
+/* A message lost (sequence gap) or for a room not known here. */
+static void peer_gap_run(struct kvf_node *n, void *arg)
 {
-    if (j->pmsg && j->pmsg->error[0]) { /* an envelope for a room not known here */
-        node_fail_unknown_room(n, j->room, j->pmsg->error);
+    const struct peer_job *j = arg;
+    if (j->pm && j->pm->error[0]) { /* an envelope for a room not known here */
+        node_fail_unknown_room(n, j->room, j->pm->error);
         return;
     }
     struct node_room *r = node_room_find(n, j->room);
@@ -498,7 +533,7 @@ void node_peer_gap(struct kvf_node *n, struct node_job *j)
         return;
     char why[200];
     snprintf(why, sizeof why, "peer channel: a message from %s was lost (sequence gap)",
-             j->pmsg ? j->pmsg->sender : "?");
+             j->pm ? j->pm->sender : "?");
     node_session_send_transfer_failed(n, r, j->member, KVFENCE__V1__ROLE__ROLE_SINK, why);
 }
 

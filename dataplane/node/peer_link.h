@@ -21,8 +21,6 @@ int node_peer_renew(struct kvf_node *n);
 void node_peer_learn(struct kvf_node *n, struct node_peer *p, const Kvfence__V1__PeerNode *pn);
 /* Owner: the peer channel must now say LATE for `r`. */
 void node_peer_close_room(struct kvf_node *n, struct node_room *r);
-void node_peer_msg(struct kvf_node *n, struct node_job *j); /* owner: PEER_MSG */
-void node_peer_gap(struct kvf_node *n, struct node_job *j); /* owner: PEER_GAP */
 /* Owner: queues `env` (room, receiver filled in here) for the pair's sink node. */
 int node_peer_send_env(struct kvf_node *n, struct node_room *r, const struct node_pair *p,
                        Kvfence__V1__PeerEnvelope *env);

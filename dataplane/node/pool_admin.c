@@ -12,7 +12,7 @@
  * (PoolUpdate.removed_pool_ids).
  *
  * DESIGN: the handler runs on a gRPC CQ thread and only decodes; the owner
- * thread checks, removes and answers (node_local_unregister_pool).
+ * thread checks, removes and answers (unregister_pool_run).
  */
 #include <errno.h>
 #include <inttypes.h>
@@ -30,8 +30,25 @@
 #include "tcp.h"
 #include "xport.h"
 
-void node_local_unregister_pool(struct kvf_node *n, struct node_job *j)
+/* An UnregisterPool call's job argument: the pool, and the call until it is
+ * answered (dropped unrun: it fails UNAVAILABLE when freed). */
+struct unregister_job {
+    struct kvf_rpc_call *call; /* NULL once answered */
+    uint32_t pool_id;
+};
+
+static void unregister_job_free(void *arg)
 {
+    struct unregister_job *j = arg;
+    if (j->call)
+        kvf_rpc_call_fail(j->call, KVF_GRPC_UNAVAILABLE, "node shutting down");
+    free(j);
+}
+
+/* Owner thread: checks, removes and answers. */
+static void unregister_pool_run(struct kvf_node *n, void *arg)
+{
+    struct unregister_job *j = arg;
     uint32_t id = j->pool_id;
     struct node_pool *p = node_pool_find(n, id);
     if (!p) {
@@ -93,14 +110,15 @@ static void h_unregister_pool(void *ctx, struct kvf_rpc_call *call, const uint8_
         kvf_rpc_call_fail(call, KVF_GRPC_INVALID_ARGUMENT, "pool_id: must be >= 1");
         return;
     }
-    struct node_job *j = calloc(1, sizeof *j);
+    struct unregister_job *a = calloc(1, sizeof *a);
+    struct node_job *j = a ? node_job_new(unregister_pool_run, a, unregister_job_free) : NULL;
     if (!j) {
+        free(a);
         kvf_rpc_call_fail(call, KVF_GRPC_RESOURCE_EXHAUSTED, "out of memory");
         return;
     }
-    j->kind = JOB_UNREGISTER_POOL;
-    j->call = call;
-    j->pool_id = id;
+    a->call = call;
+    a->pool_id = id;
     node_post_or_fail(n, j);
 }
 

@@ -11,7 +11,6 @@
 
 #include "node_types.h"
 
-int node_pool_admin_register(struct kvf_node *n);                        /* adds UnregisterPool */
-void node_local_unregister_pool(struct kvf_node *n, struct node_job *j); /* owner */
+int node_pool_admin_register(struct kvf_node *n); /* adds UnregisterPool */
 
 #endif /* KVF_NODE_POOL_ADMIN_H */

@@ -833,14 +833,13 @@ static void link_msg(struct kvf_node *n, const Kvfence__V1__LinkMessage *m)
     }
 }
 
-void node_rdma_link_job(struct kvf_node *n, struct node_job *j)
+void node_rdma_link_msg(struct kvf_node *n, const struct node_peer_msg *pm)
 {
-    if (!j->pmsg)
+    if (!pm)
         return;
-    Kvfence__V1__LinkMessage *m =
-        kvfence__v1__link_message__unpack(NULL, j->pmsg->len, j->pmsg->data);
+    Kvfence__V1__LinkMessage *m = kvfence__v1__link_message__unpack(NULL, pm->len, pm->data);
     if (!m) {
-        node_log("warn", NULL, "link message from %s: undecodable", j->pmsg->sender);
+        node_log("warn", NULL, "link message from %s: undecodable", pm->sender);
         return;
     }
     link_msg(n, m);

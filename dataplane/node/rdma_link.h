@@ -9,7 +9,7 @@
  * DESIGN (threads): the RDMA transport has one owner thread (rdma.h): every
  * function here runs on the node's owner thread (or, for start and stop,
  * while it does not run). The peer channel's thread only packs a received
- * link message into a JOB_PEER_LINK job.
+ * link message into a job for the owner.
  */
 #ifndef KVF_NODE_RDMA_LINK_H
 #define KVF_NODE_RDMA_LINK_H
@@ -69,8 +69,10 @@ void node_rdma_set_hold(struct kvf_node *n, bool hold);
  * peer linked now; QP 0 runs (a test of the per-QP slice FIFOs). */
 void node_rdma_set_hold_odd(struct kvf_node *n, bool hold);
 
-/* JOB_PEER_LINK: a link message (packed LinkMessage in j->pmsg). */
-void node_rdma_link_job(struct kvf_node *n, struct node_job *j);
+/* Owner: a link message the peer channel delivered (a packed LinkMessage in
+ * pm->data, pm->len bytes); peer_link.c's job calls it through
+ * n->link_msg_in. */
+void node_rdma_link_msg(struct kvf_node *n, const struct node_peer_msg *pm);
 
 /* How the bytes of `ch` travel (Kvfence__V1__TransportKind): RDMA, LOCAL
  * (same node) or TCP. */

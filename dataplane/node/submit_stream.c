@@ -8,7 +8,7 @@
  * flight.
  *
  * Order: gRPC delivers one stream's messages one at a time (the next read is
- * posted after on_message returns), on_message posts one SUBMIT_STREAM job
+ * posted after on_message returns), on_message posts one job
  * per request, and the owner runs jobs first in, first out: requests are
  * admitted and answered in the order sent. The owner answers each with
  * node_submit_chunk (local_svc.c), the function the unary SubmitChunk uses:
@@ -37,6 +37,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "faults.h"
 #include "local_svc.h"
 #include "node_owner.h"
 #include "node_types.h"
@@ -66,10 +67,29 @@ void node_substream_put(struct node_substream *s)
     }
 }
 
-/* A SUBMIT_STREAM job is freed (node_job_free): its reference goes. */
-static void job_release(struct node_job *j)
+/* One SubmitChunks request for the owner thread: the decoded request (NULL:
+ * undecodable, answered in order) and a reference on its stream. */
+struct substream_job {
+    struct node_substream *sub;
+    Kvfence__V1__SubmitChunkRequest *submit;
+};
+
+/* The job is freed (run or dropped): the request and its reference go. */
+static void substream_job_free(void *arg)
 {
-    node_substream_put(j->sub);
+    struct substream_job *a = arg;
+    if (a->submit)
+        kvfence__v1__submit_chunk_request__free_unpacked(a->submit, NULL);
+    node_substream_put(a->sub);
+    free(a);
+}
+
+static void substream_job_run(struct kvf_node *n, void *arg);
+
+/* hold_stream (faults.h): the fault module may keep the request back. */
+static bool substream_job_hold(struct kvf_node *n, struct node_job *j)
+{
+    return node_fault_hold_stream(n, j);
 }
 
 /* watch_lock held. */
@@ -142,15 +162,16 @@ static void s_on_message(void *ctx, struct kvf_rpc_stream *stream, const uint8_t
     /* NULL (undecodable) is answered in order by the owner. */
     Kvfence__V1__SubmitChunkRequest *r =
         kvfence__v1__submit_chunk_request__unpack(NULL, len, len ? msg : empty);
-    struct node_job *j = calloc(1, sizeof *j);
+    struct substream_job *a = calloc(1, sizeof *a);
+    struct node_job *j = a ? node_job_new(substream_job_run, a, substream_job_free) : NULL;
     const char *refused = NULL;
     if (!j) {
+        free(a);
         refused = "out of memory";
     } else {
-        j->kind = JOB_SUBMIT_STREAM;
-        j->submit = r;
-        j->sub = s;
-        j->release = job_release;
+        a->submit = r;
+        a->sub = s;
+        j->hold = substream_job_hold;
         atomic_fetch_add(&s->refs, 1);
         if (node_post(n, j) != 0)
             refused = "node shutting down";
@@ -213,8 +234,10 @@ int node_substream_register(struct kvf_node *n)
 
 /* ---- the owner ------------------------------------------------------------------------------ */
 
-void node_substream_run(struct kvf_node *n, struct node_job *j)
+/* One request: its result is queued on the stream, in order. */
+static void substream_job_run(struct kvf_node *n, void *arg)
 {
+    const struct substream_job *j = arg;
     struct node_substream *s = j->sub;
     struct node_submit_out o = {KVF_GRPC_OK, "", 0};
     const char *why = NULL;

@@ -11,9 +11,7 @@
 
 #include "node_types.h"
 
-int node_substream_register(struct kvf_node *n); /* adds SubmitChunks */
-/* Owner: SUBMIT_STREAM. */
-void node_substream_run(struct kvf_node *n, struct node_job *j);
+int node_substream_register(struct kvf_node *n);   /* adds SubmitChunks */
 void node_substream_put(struct node_substream *s); /* drops a job's reference */
 void node_substream_end_all(struct kvf_node *n);   /* after the owner exited */
 

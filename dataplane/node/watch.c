@@ -16,7 +16,7 @@
  *   statuses, i.e. every chunk arrived, then sent just before its Completed.
  * A stream starts with one room_state per matching room whose lifetime has
  * not drained (its current state), sent by the owner when it runs the
- * WATCH_ADD job; live events reach a watcher only after its snapshot.
+ * new watcher's job; live events reach a watcher only after its snapshot.
  *
  * Filters: rooms (generation 0: any generation of the id), ranks (local
  * ranks: a chunk_done's source rank, an aux's or transfer_done's sink rank;
@@ -68,6 +68,13 @@ static void watcher_free(struct node_watcher *w)
 }
 
 /* ---- stream callbacks (CQ threads) ----------------------------------------------------- */
+
+/* Owner thread: a new watcher's job (no argument): the snapshots due go out. */
+static void watch_add_run(struct kvf_node *n, void *arg)
+{
+    (void)arg;
+    node_watch_snapshot(n);
+}
 
 static void w_on_open(void *ctx, struct kvf_rpc_stream *stream, const uint8_t *req, size_t len)
 {
@@ -136,14 +143,11 @@ static void w_on_open(void *ctx, struct kvf_rpc_stream *stream, const uint8_t *r
     kvf_rpc_stream_set_user(stream, w);
     pthread_mutex_unlock(&n->watch_lock);
 
-    struct node_job *j = calloc(1, sizeof *j);
+    struct node_job *j = node_job_new(watch_add_run, NULL, NULL);
     const char *refused = j ? NULL : "out of memory";
-    if (j) {
-        j->kind = JOB_WATCH_ADD;
-        if (node_post(n, j) != 0) {
-            free(j);
-            refused = "node shutting down";
-        }
+    if (j && node_post(n, j) != 0) {
+        node_job_free(j);
+        refused = "node shutting down";
     }
     if (refused) {
         /* The watcher stays listed until on_closed frees it. */

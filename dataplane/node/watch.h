@@ -12,7 +12,7 @@
 #include "node_types.h"
 
 int node_watch_register(struct kvf_node *n);  /* before the NodeLocal server starts */
-void node_watch_snapshot(struct kvf_node *n); /* owner: WATCH_ADD */
+void node_watch_snapshot(struct kvf_node *n); /* owner: a new watcher's job */
 void node_watch_end_all(struct kvf_node *n);  /* after the owner exited */
 void node_watch_free_all(struct kvf_node *n); /* after the server stopped */
 /* Owner: events. */
