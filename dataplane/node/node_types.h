@@ -54,7 +54,7 @@
 #include "rpc_server.h"
 #include "transport.h"
 
-#define NODE_ID_MAX     128
+#define NODE_ID_MAX     KVF_NODE_ID_MAX
 #define NODE_MAX_POOLS  64
 #define NODE_MAX_PEERS  64
 #define NODE_FRAME_MAX  (256u * 1024u) /* largest TCP frame payload */
