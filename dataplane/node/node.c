@@ -1107,19 +1107,7 @@ static int tcp_check(void *ctx, uint32_t peer, kvf_room_key room, uint32_t pool_
     bool unknown = (!r || (!r->have_update && !r->core.aborting)) && peer < NODE_MAX_PEERS;
     if (r && r->have_update && peer < NODE_MAX_PEERS) {
         const struct node_peer *from = &n->peers[peer];
-        bool from_source = false;
-        for (size_t i = 0; i < r->nmembers && !from_source; i++)
-            from_source = r->members[i].role == KVFENCE__V1__ROLE__ROLE_SOURCE &&
-                          r->members[i].incarnation == from->incarnation &&
-                          strcmp(r->members[i].node_id, from->node_id) == 0;
-        /* A node the room's update introduced may send before its members
-         * are published here: its source learned this node's sink once this
-         * node acknowledged, which can be before the control plane had the
-         * source node's own acknowledgement (docs/node.md, "Ordered room
-         * updates"). The sink lease check below still applies. */
-        for (size_t i = 0; i < r->nintro && !from_source; i++)
-            from_source = r->intro[i].incarnation == from->incarnation &&
-                          strcmp(r->intro[i].node_id, from->node_id) == 0;
+        bool from_source = node_room_may_send(r, from->node_id, from->incarnation);
         rc = from_source ? -EPERM : -ENOENT;
         const struct node_member *m =
             from_source ? sink_member_of(r, pool_id, first_page, page_count) : NULL;

@@ -14,6 +14,7 @@
 
 #include <errno.h>
 #include <stdlib.h>
+#include <string.h>
 
 #include "node_types.h"
 #include "transport.h"
@@ -134,6 +135,18 @@ bool node_find_peer(const struct kvf_node *n, const char *node_id, uint64_t inca
                     uint32_t *idx_p)
 {
     return kvf_ncore_peer_find(n->core, node_id, incarnation, idx_p) == 0;
+}
+
+bool node_room_may_send(const struct node_room *r, const char *node_id, uint64_t incarnation)
+{
+    for (size_t i = 0; i < r->nmembers; i++)
+        if (r->members[i].role == KVFENCE__V1__ROLE__ROLE_SOURCE &&
+            r->members[i].incarnation == incarnation && strcmp(r->members[i].node_id, node_id) == 0)
+            return true;
+    for (size_t i = 0; i < r->nintro; i++)
+        if (r->intro[i].incarnation == incarnation && strcmp(r->intro[i].node_id, node_id) == 0)
+            return true;
+    return false;
 }
 
 bool node_ranges_cover(const struct node_range *rv, size_t nr, uint32_t first, uint32_t count)

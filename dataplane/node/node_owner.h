@@ -58,6 +58,13 @@ struct node_member *node_local_sink(struct node_room *r, uint32_t rank);
 /* The peer slot of (node_id, incarnation): true and *idx_p, or false (none). */
 bool node_find_peer(const struct kvf_node *n, const char *node_id, uint64_t incarnation,
                     uint32_t *idx_p);
+/* True when (node_id, incarnation) may send data into `r`'s sinks here: a
+ * source member of the room on that node, or a node the room's update
+ * introduced, which may send before its members are published here (its node
+ * learned this node's sink once this node acknowledged, possibly before the
+ * control plane had that node's own ack; docs/node.md, "Ordered room
+ * updates"). The sink lease checks still apply. Owner, or under rooms_lock. */
+bool node_room_may_send(const struct node_room *r, const char *node_id, uint64_t incarnation);
 /* Every page of [first, first + count) lies in one of the ranges. Any thread. */
 bool node_ranges_cover(const struct node_range *rv, size_t nr, uint32_t first, uint32_t count);
 

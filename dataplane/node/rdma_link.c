@@ -1210,20 +1210,8 @@ void node_rdma_notice_in(struct kvf_node *n, struct node_room *r, struct node_me
         notice_refused(n, r, m, pm, "no RDMA link with the sender here");
         return;
     }
-    bool src_ok = false;
-    for (size_t i = 0; i < r->nmembers && !src_ok; i++)
-        src_ok = r->members[i].role == KVFENCE__V1__ROLE__ROLE_SOURCE &&
-                 r->members[i].rank == pm->source_rank &&
-                 r->members[i].incarnation == pm->sender_incarnation &&
-                 strcmp(r->members[i].node_id, pm->sender) == 0;
-    /* As for a TCP frame (tcp_check): a node the room's update introduced may
-     * write before its members are published here (its node learned this
-     * sink once this node acknowledged; docs/node.md, "Ordered room
-     * updates"). The sink lease checks below still apply. */
-    for (size_t i = 0; i < r->nintro && !src_ok; i++)
-        src_ok = r->intro[i].incarnation == pm->sender_incarnation &&
-                 strcmp(r->intro[i].node_id, pm->sender) == 0;
-    if (!src_ok) {
+    /* The same rule as a TCP frame's (tcp_check). */
+    if (!node_room_may_send(r, pm->sender, pm->sender_incarnation)) {
         notice_refused(n, r, m, pm, "the sender is not that source of the room");
         return;
     }

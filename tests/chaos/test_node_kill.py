@@ -221,6 +221,28 @@ def _sink_outside():
     return [pg for pg in range(POOL_PAGES) if not SINK_FIRST <= pg < SINK_FIRST + PAGES]
 
 
+def _check_pages_after(cl, room_id, src, snk, rearmed, violations):
+    """After the settle time: the released sink pages (re-armed with canaries
+    at the release) unwritten, the sink's pages outside the lease and the
+    source pool unchanged; appends what is wrong, with the load's problems, to
+    `violations`. Returns the sink pages written after the release."""
+    late = 0
+    if "t" in rearmed:
+        late = snk.check_canary(list(range(SINK_FIRST, SINK_FIRST + PAGES)),
+                                "%.1f s after the sink lease was RELEASED (re-armed %s)" % (
+                                    time.monotonic() - rearmed["t"], rearmed["when"]))
+    if late:
+        violations.append("%d sink pages written after the sink lease was RELEASED" % late)
+    if snk.check_canary(_sink_outside(), "at the end"):
+        violations.append("sink pages outside the lease changed")
+    changed = [j for j in range(POOL_PAGES)
+               if src.read(j) != (_pattern(room_id, j) if j < PAGES else src.canary(j))]
+    if changed:
+        violations.append("source pages changed: %s" % changed[:8])
+    violations.extend(cl.stats.problems)
+    return late
+
+
 def _lease(info, nid):
     return [p.lease for p in info.participants if p.participant.node_id == nid][0]
 
@@ -425,20 +447,7 @@ def _run_round(cl, room_id, victim, sig, rng):
 
     # 4. Nothing writes the released sink pages, nothing outside ever, no source page.
     time.sleep(SETTLE_S)
-    late = 0
-    if "t" in rearmed:
-        late = snk.check_canary(list(range(SINK_FIRST, SINK_FIRST + PAGES)),
-                                "%.1f s after the sink lease was RELEASED (re-armed %s)" % (
-                                    time.monotonic() - rearmed["t"], rearmed["when"]))
-    if late:
-        violations.append("%d sink pages written after the sink lease was RELEASED" % late)
-    if snk.check_canary(_sink_outside(), "at the end"):
-        violations.append("sink pages outside the lease changed")
-    changed = [j for j in range(POOL_PAGES)
-               if src.read(j) != (_pattern(room_id, j) if j < PAGES else src.canary(j))]
-    if changed:
-        violations.append("source pages changed: %s" % changed[:8])
-    violations.extend(cl.stats.problems)
+    late = _check_pages_after(cl, room_id, src, snk, rearmed, violations)
     t_victim = proof[victim_lease]["t"] if victim_lease in proof else None
     return {"admitted_before_hit": hit_after, "pages_landed": rearmed.get("landed"),
             "pages_landed_before_proof": landed_before_proof,
@@ -596,20 +605,7 @@ def _run_same_host(cl, room_id, rng):
 
     # 3. Nothing writes the released sink pages, nothing outside ever, no source page.
     time.sleep(SETTLE_S)
-    late = 0
-    if "t" in rearmed:
-        late = snk.check_canary(list(lease_pages),
-                                "%.1f s after the sink lease was RELEASED (re-armed %s)" % (
-                                    time.monotonic() - rearmed["t"], rearmed["when"]))
-    if late:
-        violations.append("%d sink pages written after the sink lease was RELEASED" % late)
-    if snk.check_canary(_sink_outside(), "at the end"):
-        violations.append("sink pages outside the lease changed")
-    changed = [j for j in range(POOL_PAGES)
-               if src.read(j) != (_pattern(room_id, j) if j < PAGES else src.canary(j))]
-    if changed:
-        violations.append("source pages changed: %s" % changed[:8])
-    violations.extend(cl.stats.problems)
+    late = _check_pages_after(cl, room_id, src, snk, rearmed, violations)
     t_last = max(t_release.values()) if len(t_release) == len(role) else None
     return {"admitted_before_hit": hit_after, "copies_held_at_stop": queued,
             "abort_state": ab.state.name, "pages_landed": rearmed.get("landed"),
