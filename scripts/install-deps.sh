@@ -31,6 +31,8 @@ packages=(
     openssl
     # the store's repair test watches its fsyncs with strace
     strace
+    # promtool checks the daemons' /metrics and the shipped alert rules
+    prometheus
 )
 # tests/deploy also runs Node.js and npm. Debian's nodejs and npm only when no
 # `node` is on PATH: a machine that has another Node.js keeps it.
