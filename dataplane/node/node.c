@@ -189,8 +189,6 @@ static void owner_core_apply(struct kvf_node *n)
             node_peer_close_room(n, r);
             break;
         case KVF_NCORE_FX_ROOM_ABORTING:
-            node_metrics_room_state(n->metrics, r->state,
-                                    KVFENCE__V1__ROOM_STATE__ROOM_STATE_ABORTING);
             r->state = KVFENCE__V1__ROOM_STATE__ROOM_STATE_ABORTING;
             node_watch_room_state(n, r);
             break;
@@ -270,7 +268,6 @@ static struct node_room *room_open(struct kvf_node *n, kvf_room_key key)
     r->next = n->rooms;
     n->rooms = r;
     pthread_rwlock_unlock(&n->rooms_lock);
-    node_metrics_room_state(n->metrics, -1, r->state);
     return r;
 }
 
@@ -298,7 +295,6 @@ static void peer_refs_drop(struct kvf_node *n, struct node_room *r)
  * late). */
 static void room_free(struct kvf_node *n, struct node_room *r)
 {
-    node_metrics_room_state(n->metrics, r->state, -1);
     pthread_rwlock_wrlock(&n->rooms_lock);
     struct node_room **pp = &n->room_index[node_room_bucket(r->key, n->room_index_cap)];
     while (*pp && *pp != r)
@@ -717,10 +713,8 @@ static void on_room_update(struct kvf_node *n, const Kvfence__V1__RoomUpdate *ru
              ru->n_peers);
     node_session_send_ack(n, ru->notice_id);
     node_session_send_room_update_ack(n, key, ru->version);
-    if (!r->core.aborting) {
-        node_metrics_room_state(n->metrics, r->state, (int)ru->state);
+    if (!r->core.aborting)
         r->state = (int)ru->state;
-    }
     /* A re-sent update changes nothing: no event for it. */
     if (!r->core.drained_seen && (!had_update || r->state != old_state || cnt != oldn))
         node_watch_room_state(n, r);
@@ -1498,6 +1492,53 @@ static void *owner_main(void *arg)
     return NULL;
 }
 
+/* ---- metrics: rooms by state, counted at each scrape ------------------------------ */
+
+struct rooms_count {
+    uint64_t *counts;
+};
+
+/* The node's view of a room (node_metrics.h, enum node_metrics_room). */
+static enum node_metrics_room room_metrics_state(const struct node_room *r)
+{
+    switch (kvf_lt_state(r->core.lt)) {
+    case KVF_LT_DRAINED:
+        return NODE_ROOM_DRAINED;
+    case KVF_LT_QUARANTINED:
+        return NODE_ROOM_QUARANTINED;
+    default:
+        break;
+    }
+    if (r->core.aborting)
+        return NODE_ROOM_ABORTING;
+    if (kvf_lt_state(r->core.lt) == KVF_LT_CLOSED)
+        return NODE_ROOM_CLOSED;
+    return r->state == KVFENCE__V1__ROOM_STATE__ROOM_STATE_ACTIVE ? NODE_ROOM_ACTIVE
+                                                                  : NODE_ROOM_OPENING;
+}
+
+static void rooms_count_run(struct kvf_node *n, void *arg)
+{
+    struct rooms_count *rc = arg;
+    for (struct node_room *r = n->rooms; r; r = r->next)
+        rc->counts[room_metrics_state(r)]++;
+}
+
+/* The metrics' rooms callback (HTTP thread): a synchronous job, so the
+ * owner walks its own rooms (O(rooms) once per scrape, nothing on the hot
+ * path). -ESHUTDOWN once the owner has exited. */
+static int rooms_count(void *ctx, uint64_t *counts)
+{
+    struct kvf_node *n = ctx;
+    struct rooms_count rc = {.counts = counts};
+    struct node_job j;
+    memset(&j, 0, sizeof j);
+    j.run = rooms_count_run;
+    j.arg = &rc;
+    j.sync = true;
+    return node_post(n, &j);
+}
+
 /* ---- public API ---------------------------------------------------------------- */
 
 struct kvf_metrics *kvf_node_metrics(struct kvf_node *n)
@@ -1590,7 +1631,7 @@ struct kvf_node *kvf_node_start(const struct kvf_node_opts *opts)
         return NULL;
     }
     /* NULL (logged): the node runs without metrics, its hooks are no-ops. */
-    n->metrics = node_metrics_create(KVF_VERSION_STRING);
+    n->metrics = node_metrics_create(KVF_VERSION_STRING, rooms_count, n);
     n->next_pool_id = 1;
     n->hb_interval_ms = 1000;
     pthread_mutex_init(&n->qlock, NULL);

@@ -4,7 +4,8 @@
  *
  * Each family is registered at create and every child the node will use is
  * looked up then: transports tcp, rdma and local (x sent and received), the
- * room states, the refusal reasons, the chunk outcomes. The hooks index those
+ * refusal reasons, the chunk outcomes. Rooms by state come from a collector
+ * that asks the owner (node_metrics.h). The hooks index those
  * handles by a small table lookup and do one atomic update; a transport or
  * state value the table does not know is ignored rather than trusted as an
  * index.
@@ -22,12 +23,13 @@
 
 enum { XP_TCP, XP_RDMA, XP_LOCAL, XP_COUNT };
 enum { DIR_SENT, DIR_RECEIVED, DIR_COUNT };
-#define ROOM_STATES 6 /* Kvfence__V1__RoomState: UNSPECIFIED .. ABORTED */
 
 static const char *const xp_names[XP_COUNT] = {"tcp", "rdma", "local"};
 static const char *const dir_names[DIR_COUNT] = {"sent", "received"};
-static const char *const room_state_names[ROOM_STATES] = {
-    "UNKNOWN", "OPENING", "ACTIVE", "ABORTING", "COMPLETED", "ABORTED",
+static const char *const room_state_names[NODE_ROOM_STATES] = {
+    [NODE_ROOM_OPENING] = "OPENING",   [NODE_ROOM_ACTIVE] = "ACTIVE",
+    [NODE_ROOM_ABORTING] = "ABORTING", [NODE_ROOM_CLOSED] = "CLOSED",
+    [NODE_ROOM_DRAINED] = "DRAINED",   [NODE_ROOM_QUARANTINED] = "QUARANTINED",
 };
 static const char *const refusal_names[NODE_REFUSED_REASONS] = {
     [NODE_REFUSED_UNKNOWN_ROOM] = "unknown_room",
@@ -53,8 +55,12 @@ struct node_metrics {
     struct kvf_metric *peers_fenced;
     struct kvf_metric *self_fences;
     struct kvf_metric *pools;
-    struct kvf_metric *rooms[ROOM_STATES];
     struct kvf_metric *session;
+    /* The rooms collector (HTTP thread only: renders are serialised). */
+    node_metrics_rooms_fn rooms_fn;
+    void *rooms_ctx;
+    uint64_t rooms_last[NODE_ROOM_STATES];
+    bool collector_added;
 };
 
 /* A TransportKind's index, or -1. */
@@ -92,7 +98,25 @@ static int family(struct kvf_metrics *reg, int type, const char *name, const cha
     return rc;
 }
 
-struct node_metrics *node_metrics_create(const char *version)
+/* Rooms by state, asked of the owner at each scrape (HTTP thread). */
+static void collect_rooms(void *ctx, struct kvf_metrics_writer *w)
+{
+    struct node_metrics *m = ctx;
+    uint64_t counts[NODE_ROOM_STATES] = {0};
+    if (m->rooms_fn(m->rooms_ctx, counts) == 0)
+        memcpy(m->rooms_last, counts, sizeof counts);
+    for (int s = 0; s < NODE_ROOM_STATES; s++) {
+        const char *labels[] = {"state", room_state_names[s], NULL};
+        kvf_metrics_write_gauge(w, "kvfence_node_rooms",
+                                "Rooms this node knows, by its own view of each (OPENING, ACTIVE, "
+                                "ABORTING, CLOSED, DRAINED, QUARANTINED); ended rooms count as "
+                                "DRAINED until the retention count frees them.",
+                                labels, (double)m->rooms_last[s]);
+    }
+}
+
+struct node_metrics *node_metrics_create(const char *version, node_metrics_rooms_fn rooms,
+                                         void *ctx)
 {
     struct node_metrics *m = calloc(1, sizeof *m);
     if (!m || !(m->reg = kvf_metrics_create(NULL)))
@@ -101,7 +125,6 @@ struct node_metrics *node_metrics_create(const char *version)
     static const char *const t[] = {"transport", NULL};
     static const char *const to[] = {"transport", "outcome", NULL};
     static const char *const reason[] = {"reason", NULL};
-    static const char *const state[] = {"state", NULL};
     const char *tdv[XP_COUNT * DIR_COUNT * 2], *tov[XP_COUNT * 2 * 2];
     for (int x = 0; x < XP_COUNT; x++) {
         for (int d = 0; d < DIR_COUNT; d++) {
@@ -160,14 +183,14 @@ struct node_metrics *node_metrics_create(const char *version)
         rc = family(reg, 'g', "kvfence_node_pools", "Memory pools registered.", NULL, NULL, 0, 1,
                     &m->pools);
     if (rc == 0)
-        rc = family(reg, 'g', "kvfence_node_rooms",
-                    "Rooms this node knows, by the state it last learned (UNKNOWN: no update "
-                    "yet); ended rooms count until the retention count frees them.",
-                    state, room_state_names, 1, ROOM_STATES, m->rooms);
-    if (rc == 0)
         rc = family(reg, 'g', "kvfence_node_session_connected",
                     "1 while a session with the control plane is up and welcomed, else 0.", NULL,
                     NULL, 0, 1, &m->session);
+    m->rooms_fn = rooms;
+    m->rooms_ctx = ctx;
+    if (rc == 0 && rooms)
+        rc = kvf_metrics_add_collector(reg, collect_rooms, m);
+    m->collector_added = rc == 0 && rooms;
     if (rc != 0) {
         kvf_log("error", "node metrics: cannot register: %s", strerror(-rc));
         goto err_free;
@@ -182,6 +205,8 @@ void node_metrics_destroy(struct node_metrics *m)
 {
     if (!m)
         return;
+    if (m->collector_added)
+        kvf_metrics_remove_collector(m->reg, collect_rooms, m);
     kvf_metrics_destroy(m->reg);
     free(m);
 }
@@ -261,16 +286,6 @@ void node_metrics_self_fence(struct node_metrics *m)
 {
     if (m)
         kvf_counter_inc(m->self_fences);
-}
-
-void node_metrics_room_state(struct node_metrics *m, int old_state, int new_state)
-{
-    if (!m || old_state == new_state)
-        return;
-    if (old_state >= 0 && old_state < ROOM_STATES)
-        kvf_gauge_add(m->rooms[old_state], -1.0);
-    if (new_state >= 0 && new_state < ROOM_STATES)
-        kvf_gauge_add(m->rooms[new_state], 1.0);
 }
 
 void node_metrics_owner_publish(struct node_metrics *m, uint32_t pools, bool session_connected)

@@ -5,15 +5,18 @@
  * the counted thing happens, each at one place.
  *
  * DESIGN (threads): every hook is lock-free and may be called from any
- * thread: the owner thread (frames sent, chunks, rooms, pools, session), TCP
+ * thread: the owner thread (frames sent, chunks, pools, session), TCP
  * receiver threads (frames received, refused, late) and the HTTP thread
  * reads them when it renders. Children of every labelled family are looked
  * up once, at create, for every label value the node uses (the transports,
- * the room states, the refusal reasons), so the hot path is one relaxed
+ * the refusal reasons, the chunk outcomes), so the hot path is one relaxed
  * atomic add on a handle, and every series is present (at 0) from the first
- * scrape. The gauges the owner thread alone changes (pools, session, rooms
- * by state) are atomics it writes and the HTTP thread reads; nothing here
- * reads the node's own state, so a scrape never waits for the owner.
+ * scrape. The gauges the owner thread alone changes (pools, session) are
+ * atomics it writes once per turn of its loop and the HTTP thread reads.
+ * Rooms by state are not kept on the hot path at all: at each scrape the
+ * collector (HTTP thread) asks the node's `rooms` callback, which posts a
+ * synchronous job to the owner thread that counts its rooms; when the owner
+ * has stopped, the last counts are shown.
  *
  * Every hook accepts a NULL `m` (no metrics: a no-op). This module calls no
  * other module of the node (the bottom layer, docs/node.md).
@@ -36,10 +39,30 @@ enum node_metrics_refusal {
     NODE_REFUSED_REASONS,       /* (count) */
 };
 
-/* Creates the registry, its families and their children, and the
- * kvfence_build_info / process_* families (common/metrics/process.h). NULL
- * (logged) on out of memory. Before the node's threads start. */
-struct node_metrics *node_metrics_create(const char *version);
+/* The node's own view of a room, for kvfence_node_rooms{state}. */
+enum node_metrics_room {
+    NODE_ROOM_OPENING,     /* known, not yet ACTIVE here (members not all published) */
+    NODE_ROOM_ACTIVE,      /* admission open: engines may submit */
+    NODE_ROOM_ABORTING,    /* aborting, not yet drained */
+    NODE_ROOM_CLOSED,      /* admission closed (its local participants completed, or
+                              the node is stopping), ops still draining */
+    NODE_ROOM_DRAINED,     /* closed and nothing in flight: kept until retention frees it */
+    NODE_ROOM_QUARANTINED, /* an op failed without proof that it stopped */
+    NODE_ROOM_STATES,      /* (count) */
+};
+
+/* Fills counts[NODE_ROOM_STATES] (zeroed by the caller) with the rooms as
+ * the owner sees them now. 0, or -errno (the last counts are shown). Called
+ * on the HTTP thread. */
+typedef int (*node_metrics_rooms_fn)(void *ctx, uint64_t *counts);
+
+/* Creates the registry, its families and their children, the
+ * kvfence_build_info / process_* families (common/metrics/process.h), and
+ * the collector of the rooms by state, which calls rooms(ctx, counts) at
+ * every scrape. NULL (logged) on out of memory. Before the node's threads
+ * start. */
+struct node_metrics *node_metrics_create(const char *version, node_metrics_rooms_fn rooms,
+                                         void *ctx);
 
 /* Frees it; accepts NULL. No thread may use it any more (the HTTP server is
  * stopped, the node's threads joined). */
@@ -83,11 +106,6 @@ void node_metrics_peers_fenced(struct node_metrics *m, uint64_t count);
 
 /* The node fenced itself (a new incarnation). */
 void node_metrics_self_fence(struct node_metrics *m);
-
-/* A room moved from `old_state` to `new_state` (Kvfence__V1__RoomState;
- * UNSPECIFIED = known, no update yet); -1 as old: it was opened, -1 as new:
- * it was freed (owner thread). */
-void node_metrics_room_state(struct node_metrics *m, int old_state, int new_state);
 
 /* The owner's gauges, once per turn of its loop: pools registered, and
  * whether a welcomed session with the control plane is up. */
