@@ -668,12 +668,12 @@ void node_local_completion(struct kvf_node *n, const struct kvf_completion *c)
             node_check_drained(n, r);
     }
     bool ok = c->outcome == KVF_LT_DONE_OK;
-    if (ok && ch->sink_local)
+    if (ok && ch->sink_local) {
         node_metrics_received(n->metrics, KVFENCE__V1__TRANSPORT_KIND__TRANSPORT_KIND_LOCAL, 1,
                               c->xfer->len);
-    if (ok && ch->sink_local)
         node_sink_landed(n, r, ch->sink_rank, c->xfer->first_page, c->xfer->page_count,
                          c->xfer->len);
+    }
     frame_end(n, f, ok, c->status); /* may free the chunk; the room stays until the job ends */
     /* An op of the room retired: a local sink that waited for the room's
      * ops in flight may complete now. */

@@ -13,6 +13,8 @@
  *     (and to COMPLETED on the control plane);
  *   - a same-node transfer on n1 (the local transport): local sent and
  *     received both grow by the chunk's bytes;
+ *   - a transfer over the fake RDMA fabric (once the link is up): rdma sent
+ *     on the source, rdma received on the sink (its checked ChunkNotice);
  *   - the control plane killed: the nodes' session gauge drops to 0 and,
  *     past node_ttl, each node counts a self-fence.
  *
@@ -177,7 +179,9 @@ static void wait_value(int port, const char *series, double want)
 
 /* ---- fixture ---------------------------------------------------------------------- */
 
-static void fx_start(struct fx *f)
+/* `rdma`: both nodes on the fake verbs fabric (a name of this run), with log
+ * files (the link's coming up is read from them). */
+static void fx_start_with(struct fx *f, bool rdma)
 {
     nh_tmpdir(f->dir, sizeof f->dir, "nmetrics");
     snprintf(f->cp_mport, sizeof f->cp_mport, "%s/cp.mport", f->dir);
@@ -188,18 +192,28 @@ static void fx_start(struct fx *f)
         "--metrics-listen", "127.0.0.1:0", "--metrics-port-file", f->cp_mport, NULL};
     nh_control_start(&f->cp, &f->ch, args);
     f->cp_port = read_port(f->cp_mport);
-    const char *x1[] = {"--metrics-listen", "127.0.0.1:0", "--metrics-port-file", f->n1_mport,
-                        NULL};
-    const char *x2[] = {"--metrics-listen", "127.0.0.1:0", "--metrics-port-file", f->n2_mport,
-                        NULL};
-    assert_int_equal(nh_node_start(&f->n1, f->dir, "n1", "n1", f->cp.target, x1, 0), 0);
-    assert_int_equal(nh_node_start(&f->n2, f->dir, "n2", "n2", f->cp.target, x2, 0), 0);
+    char fabric[64];
+    snprintf(fabric, sizeof fabric, "kvfm-%d", (int)getpid());
+    const char *x1[] = {"--metrics-listen", "127.0.0.1:0", "--metrics-port-file",
+                        f->n1_mport,        "--rdma",      rdma ? "fake" : "off",
+                        "--rdma-fabric",    fabric,        NULL};
+    const char *x2[] = {"--metrics-listen", "127.0.0.1:0", "--metrics-port-file",
+                        f->n2_mport,        "--rdma",      rdma ? "fake" : "off",
+                        "--rdma-fabric",    fabric,        NULL};
+    unsigned fl = rdma ? NH_LOG_FILE : 0;
+    assert_int_equal(nh_node_start(&f->n1, f->dir, "n1", "n1", f->cp.target, x1, fl), 0);
+    assert_int_equal(nh_node_start(&f->n2, f->dir, "n2", "n2", f->cp.target, x2, fl), 0);
     f->n1_port = read_port(f->n1_mport);
     f->n2_port = read_port(f->n2_mport);
     assert_int_equal(nh_pool_create(&f->p1, "nm", "n1", PAGE_SIZE, PAGE_COUNT, nh_canary1), 0);
     assert_int_equal(nh_pool_create(&f->p2, "nm", "n2", PAGE_SIZE, PAGE_COUNT, nh_canary2), 0);
     f->p1.pool_id = nh_register_pool(&f->n1, &f->p1);
     f->p2.pool_id = nh_register_pool(&f->n2, &f->p2);
+}
+
+static void fx_start(struct fx *f)
+{
+    fx_start_with(f, false);
 }
 
 static int submit(struct nh_node *np, kvf_room_key k, uint32_t src_pool, const char *sink_node,
@@ -320,12 +334,54 @@ static void test_local_transfer_and_lost_control_plane(void **state)
     wait_value(f->n2_port, "kvfence_node_self_fences_total", 1);
 }
 
+/* Over the fake RDMA fabric: the first room opens the link (its chunk goes
+ * over TCP), the second moves by RDMA writes, counted as rdma on both sides. */
+static void test_rdma_transfer_counts_rdma(void **state)
+{
+    struct fx *f = *state;
+    fx_start_with(f, true);
+    kvf_room_key k =
+        nh_join_pair(f->ch, 303, "n1", f->p1.pool_id, 0, "n2", f->p2.pool_id, 0, 4, WAIT_MS);
+    nh_wait_node_knows(&f->n1, k, f->p1.pool_id, "n2", f->p2.pool_id, 0, WAIT_MS);
+    struct kvf_rpc_status st;
+    int code = submit(&f->n1, k, f->p1.pool_id, "n2", f->p2.pool_id, 0, 0, 4, &st);
+    if (code != KVF_GRPC_OK)
+        fail_msg("SubmitChunk: %d %s", code, st.message);
+    nh_wait_room_state(f->ch, k, KVFENCE__V1__ROOM_STATE__ROOM_STATE_COMPLETED, WAIT_MS);
+    nh_wait_log(&f->n1, "up (initiator)", NULL, 1, WAIT_MS);
+    nh_wait_log(&f->n2, "up (acceptor)", NULL, 1, WAIT_MS);
+    wait_value(f->n1_port, TCP_SENT, 4.0 * PAGE_SIZE); /* the warm-up went over TCP */
+
+    k = nh_join_pair(f->ch, 304, "n1", f->p1.pool_id, 16, "n2", f->p2.pool_id, 16, 8, WAIT_MS);
+    nh_wait_node_knows(&f->n1, k, f->p1.pool_id, "n2", f->p2.pool_id, 16, WAIT_MS);
+    code = submit(&f->n1, k, f->p1.pool_id, "n2", f->p2.pool_id, 16, 16, 8, &st);
+    if (code != KVF_GRPC_OK)
+        fail_msg("SubmitChunk: %d %s", code, st.message);
+    nh_wait_room_state(f->ch, k, KVFENCE__V1__ROOM_STATE__ROOM_STATE_COMPLETED, WAIT_MS);
+    /* The pages landed (the warm-up's pages 0..3 changed too). */
+    assert_memory_equal(f->p2.mem + (size_t)16 * PAGE_SIZE, f->p1.mem + (size_t)16 * PAGE_SIZE,
+                        (size_t)8 * PAGE_SIZE);
+    const double bytes = 8.0 * PAGE_SIZE;
+    wait_value(f->n1_port, "kvfence_node_bytes_total{transport=\"rdma\",direction=\"sent\"}",
+               bytes);
+    wait_value(f->n2_port, "kvfence_node_bytes_total{transport=\"rdma\",direction=\"received\"}",
+               bytes);
+    assert_true(value(f->n2_port,
+                      "kvfence_node_frames_total{transport=\"rdma\",direction=\"received\"}") >= 1);
+    assert_true(value(f->n1_port, "kvfence_node_chunk_latency_seconds_count{transport=\"rdma\"}") ==
+                1);
+    assert_true(value(f->n1_port, TCP_SENT) == 4.0 * PAGE_SIZE); /* nothing more over TCP */
+    assert_true(value(f->n2_port, "kvfence_node_frames_refused_total{reason=\"rdma_notice\"}") ==
+                0);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test_setup_teardown(test_tcp_transfer_moves_both_nodes, setup, teardown),
         cmocka_unit_test_setup_teardown(test_local_transfer_and_lost_control_plane, setup,
                                         teardown),
+        cmocka_unit_test_setup_teardown(test_rdma_transfer_counts_rdma, setup, teardown),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
