@@ -301,7 +301,8 @@ static void fmt_double(char *buf, size_t size, double v)
         snprintf(buf, size, "%s", v > 0 ? "+Inf" : "-Inf");
         return;
     }
-    if (v == floor(v) && fabs(v) < 9007199254740992.0) { /* an integer below 2^53: exact */
+    /* An integer below 2^53 in magnitude: exact as an integer. */
+    if (v > -9007199254740992.0 && v < 9007199254740992.0 && v == (double)(int64_t)v) {
         snprintf(buf, size, "%.0f", v);
         return;
     }

@@ -547,6 +547,7 @@ static void process_metrics_from_proc(void **state)
     volatile double x = 0;
     for (long i = 0; i < 40000000; i++)
         x += (double)i * 1e-9;
+    assert_true(x > 0);
     int fds[8];
     for (int i = 0; i < 8; i++)
         fds[i] = dup(2);
