@@ -14,7 +14,8 @@
 
 Exits 77 (ctest's SKIP_RETURN_CODE) with a message when promtool is missing.
 The daemons die with this process (PR_SET_PDEATHSIG) and are stopped with
-SIGTERM at the end; everything lives in a temporary directory.
+SIGTERM at the end, where each must exit 0; everything lives in a temporary
+directory.
 """
 import ctypes
 import json
@@ -256,6 +257,17 @@ def check_live(repo, control_bin, node_bin):
                         fail(f"{what} '{where}': {n} is exported by neither daemon ({expr})")
         print(f"live: both /metrics pass promtool; {checked} metric names of the dashboard and "
               f"the rules are exported")
+        # Both daemons stop cleanly on SIGTERM (the node first: its session ends).
+        for p in reversed(procs):
+            p.send_signal(signal.SIGTERM)
+            try:
+                rc = p.wait(timeout=20)
+            except subprocess.TimeoutExpired:
+                fail(f"{p.args[0]} did not exit within 20 s of SIGTERM")
+            if rc != 0:
+                fail(f"{p.args[0]} exited {rc} on SIGTERM; its log:\n"
+                     + open(p.log_path).read()[-3000:])
+        print("live: both daemons exited 0 on SIGTERM")
     finally:
         for p in procs:
             if p.poll() is None:
