@@ -23,6 +23,7 @@
 
 enum { XP_TCP, XP_RDMA, XP_LOCAL, XP_COUNT };
 enum { DIR_SENT, DIR_RECEIVED, DIR_COUNT };
+enum fam_type { FAM_COUNTER, FAM_GAUGE, FAM_HISTOGRAM };
 
 static const char *const xp_names[XP_COUNT] = {"tcp", "rdma", "local"};
 static const char *const dir_names[DIR_COUNT] = {"sent", "received"};
@@ -80,15 +81,15 @@ static int xp_index(int transport)
 
 /* Registers one family and looks up one child per row of `values` (each
  * row `nlabels` values); children land in out[row]. 0 or -errno. */
-static int family(struct kvf_metrics *reg, int type, const char *name, const char *help,
+static int family(struct kvf_metrics *reg, enum fam_type type, const char *name, const char *help,
                   const char *const *labels, const char *const *values, size_t nlabels, size_t rows,
                   struct kvf_metric **out)
 {
     struct kvf_metric_vec *vec;
     int rc;
-    if (type == 'c')
+    if (type == FAM_COUNTER)
         rc = kvf_metrics_counter_vec(reg, name, help, labels, &vec);
-    else if (type == 'g')
+    else if (type == FAM_GAUGE)
         rc = kvf_metrics_gauge_vec(reg, name, help, labels, &vec);
     else
         rc = kvf_metrics_histogram_vec(reg, name, help, labels, chunk_bounds,
@@ -139,51 +140,51 @@ struct node_metrics *node_metrics_create(const char *version, node_metrics_rooms
     struct kvf_metrics *reg = m->reg;
     int rc = kvf_metrics_process_add(reg, version);
     if (rc == 0)
-        rc = family(reg, 'c', "kvfence_node_bytes_total",
+        rc = family(reg, FAM_COUNTER, "kvfence_node_bytes_total",
                     "Payload bytes moved: sent = source frames completed OK, received = frames "
                     "that landed in a local sink's pages.",
                     td, tdv, 2, XP_COUNT * DIR_COUNT, &m->bytes[0][0]);
     if (rc == 0)
-        rc = family(reg, 'c', "kvfence_node_frames_total",
+        rc = family(reg, FAM_COUNTER, "kvfence_node_frames_total",
                     "Frames moved (RDMA received: page ranges of checked ChunkNotices).", td, tdv,
                     2, XP_COUNT * DIR_COUNT, &m->frames[0][0]);
     if (rc == 0)
-        rc = family(reg, 'g', "kvfence_node_ops_in_flight",
+        rc = family(reg, FAM_GAUGE, "kvfence_node_ops_in_flight",
                     "Chunks accepted by SubmitChunk whose frames have not all ended.", t, xp_names,
                     1, XP_COUNT, m->in_flight);
     if (rc == 0)
-        rc = family(reg, 'h', "kvfence_node_chunk_latency_seconds",
+        rc = family(reg, FAM_HISTOGRAM, "kvfence_node_chunk_latency_seconds",
                     "Time from a chunk's SubmitChunk to the end of its last frame, on the source "
                     "node.",
                     t, xp_names, 1, XP_COUNT, m->latency);
     if (rc == 0)
-        rc = family(reg, 'c', "kvfence_node_chunks_total",
+        rc = family(reg, FAM_COUNTER, "kvfence_node_chunks_total",
                     "Chunks that ended, by transport and outcome (failed: a frame failed).", to,
                     tov, 2, XP_COUNT * 2, &m->chunks[0][0]);
     if (rc == 0)
-        rc = family(reg, 'c', "kvfence_node_frames_refused_total",
+        rc = family(reg, FAM_COUNTER, "kvfence_node_frames_refused_total",
                     "Incoming frames (and RDMA ChunkNotices) refused, by reason; each fails its "
                     "room.",
                     reason, refusal_names, 1, NODE_REFUSED_REASONS, m->refused);
     if (rc == 0)
-        rc = family(reg, 'c', "kvfence_node_frames_late_total",
+        rc = family(reg, FAM_COUNTER, "kvfence_node_frames_late_total",
                     "Incoming frames dropped because their room's admission had closed (aborting, "
                     "drained) or their sink had completed.",
                     NULL, NULL, 0, 1, &m->late);
     if (rc == 0)
-        rc = family(reg, 'c', "kvfence_node_peers_fenced_total",
+        rc = family(reg, FAM_COUNTER, "kvfence_node_peers_fenced_total",
                     "Peers this node fenced (FencePeer requests, and the peers of a self-fence).",
                     NULL, NULL, 0, 1, &m->peers_fenced);
     if (rc == 0)
-        rc = family(reg, 'c', "kvfence_node_self_fences_total",
+        rc = family(reg, FAM_COUNTER, "kvfence_node_self_fences_total",
                     "Times this node fenced itself and took a new incarnation (node_ttl passed "
                     "without a session).",
                     NULL, NULL, 0, 1, &m->self_fences);
     if (rc == 0)
-        rc = family(reg, 'g', "kvfence_node_pools", "Memory pools registered.", NULL, NULL, 0, 1,
-                    &m->pools);
+        rc = family(reg, FAM_GAUGE, "kvfence_node_pools", "Memory pools registered.", NULL, NULL, 0,
+                    1, &m->pools);
     if (rc == 0)
-        rc = family(reg, 'g', "kvfence_node_session_connected",
+        rc = family(reg, FAM_GAUGE, "kvfence_node_session_connected",
                     "1 while a session with the control plane is up and welcomed, else 0.", NULL,
                     NULL, 0, 1, &m->session);
     m->rooms_fn = rooms;
