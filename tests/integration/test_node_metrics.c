@@ -15,6 +15,9 @@
  *     received both grow by the chunk's bytes;
  *   - a transfer over the fake RDMA fabric (once the link is up): rdma sent
  *     on the source, rdma received on the sink (its checked ChunkNotice);
+ *   - a frame held in the source's transport, released after the sink
+ *     closed the room (the source kept its abort notice back): an op in
+ *     flight on the source, then late on the sink (nothing received);
  *   - the control plane killed: the nodes' session gauge drops to 0 and,
  *     past node_ttl, each node counts a self-fence.
  *
@@ -181,7 +184,7 @@ static void wait_value(int port, const char *series, double want)
 
 /* `rdma`: both nodes on the fake verbs fabric (a name of this run), with log
  * files (the link's coming up is read from them). */
-static void fx_start_with(struct fx *f, bool rdma)
+static void fx_start_flags(struct fx *f, bool rdma, unsigned flags)
 {
     nh_tmpdir(f->dir, sizeof f->dir, "nmetrics");
     snprintf(f->cp_mport, sizeof f->cp_mport, "%s/cp.mport", f->dir);
@@ -200,7 +203,7 @@ static void fx_start_with(struct fx *f, bool rdma)
     const char *x2[] = {"--metrics-listen", "127.0.0.1:0", "--metrics-port-file",
                         f->n2_mport,        "--rdma",      rdma ? "fake" : "off",
                         "--rdma-fabric",    fabric,        NULL};
-    unsigned fl = rdma ? NH_LOG_FILE : 0;
+    unsigned fl = flags | (rdma ? NH_LOG_FILE : 0);
     assert_int_equal(nh_node_start(&f->n1, f->dir, "n1", "n1", f->cp.target, x1, fl), 0);
     assert_int_equal(nh_node_start(&f->n2, f->dir, "n2", "n2", f->cp.target, x2, fl), 0);
     f->n1_port = read_port(f->n1_mport);
@@ -209,6 +212,11 @@ static void fx_start_with(struct fx *f, bool rdma)
     assert_int_equal(nh_pool_create(&f->p2, "nm", "n2", PAGE_SIZE, PAGE_COUNT, nh_canary2), 0);
     f->p1.pool_id = nh_register_pool(&f->n1, &f->p1);
     f->p2.pool_id = nh_register_pool(&f->n2, &f->p2);
+}
+
+static void fx_start_with(struct fx *f, bool rdma)
+{
+    fx_start_flags(f, rdma, 0);
 }
 
 static void fx_start(struct fx *f)
@@ -375,6 +383,48 @@ static void test_rdma_transfer_counts_rdma(void **state)
                 0);
 }
 
+/* A frame that reaches n2 after n2 closed the room: n1 holds its frame
+ * (fault hold=1) and drops the abort notices (drop_abort), so its own
+ * lifetime stays open while n2's drains; released then, the frame goes out
+ * and n2 drops it as late (nothing received). While held it is an op in
+ * flight on n1. */
+static void test_frame_after_abort_is_late(void **state)
+{
+    struct fx *f = *state;
+    fx_start_flags(f, false, NH_LOG_FILE | NH_FAULT_FILE);
+    nh_set_faults(&f->n1, "hold=1\ndrop_abort=1000\n", WAIT_MS);
+    kvf_room_key k =
+        nh_join_pair(f->ch, 305, "n1", f->p1.pool_id, 0, "n2", f->p2.pool_id, 16, 8, WAIT_MS);
+    nh_wait_node_knows(&f->n2, k, f->p1.pool_id, "n2", f->p2.pool_id, 16, WAIT_MS);
+    nh_wait_node_knows(&f->n1, k, f->p1.pool_id, "n2", f->p2.pool_id, 16, WAIT_MS);
+    struct kvf_rpc_status st;
+    int code = submit(&f->n1, k, f->p1.pool_id, "n2", f->p2.pool_id, 0, 16, 8, &st);
+    if (code != KVF_GRPC_OK)
+        fail_msg("SubmitChunk: %d %s", code, st.message);
+    nh_wait_log(&f->n1, "fault: hold frame", &k, 1, WAIT_MS);
+    wait_value(f->n1_port, TCP_INFLIGHT, 1);
+    assert_true(value(f->n1_port, TCP_LAT_N) == 0);
+    nh_abort_room(f->ch, k, "metrics test abort");
+    /* n2 has nothing in flight: it drains at once; n1 does not hear of it. */
+    wait_value(f->n2_port, ROOMS("DRAINED"), 1);
+    assert_true(value(f->n1_port, ROOMS("ACTIVE")) == 1);
+    nh_set_faults(&f->n1, "drop_abort=1000\n", WAIT_MS); /* the frame goes out */
+    wait_value(f->n2_port, "kvfence_node_frames_late_total", 1);
+    wait_value(f->n1_port, TCP_LAT_N, 1);
+    wait_value(f->n1_port, TCP_INFLIGHT, 0);
+    assert_true(value(f->n1_port, TCP_SENT) == 8.0 * PAGE_SIZE); /* in the socket */
+    assert_true(value(f->n2_port, TCP_RECV) == 0);
+    assert_true(value(f->n2_port, TCP_FRECV) == 0);
+    assert_true(value(f->n2_port, "kvfence_node_frames_refused_total{reason=\"outside_lease\"}") ==
+                0);
+    nh_check_pool(&f->p2, nh_canary2, 16, 0, nh_canary1, 0, "n2"); /* nothing landed */
+    /* The abort reaches n1 now: the room ends. */
+    nh_set_faults(&f->n1, "", WAIT_MS);
+    nh_wait_room_state(f->ch, k, KVFENCE__V1__ROOM_STATE__ROOM_STATE_ABORTED, WAIT_MS);
+    wait_value(f->n1_port, ROOMS("DRAINED"), 1);
+    wait_value(f->cp_port, "kvfence_rooms{state=\"ABORTED\"}", 1);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -382,6 +432,7 @@ int main(void)
         cmocka_unit_test_setup_teardown(test_local_transfer_and_lost_control_plane, setup,
                                         teardown),
         cmocka_unit_test_setup_teardown(test_rdma_transfer_counts_rdma, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_frame_after_abort_is_late, setup, teardown),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
