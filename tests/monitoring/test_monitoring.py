@@ -2,12 +2,14 @@
 """The monitoring files (deploy/monitoring/) against promtool and the daemons.
 
     test_monitoring.py rules   REPO
-        promtool check rules and promtool test rules on kvfence-rules.yaml, and
-        every alert of the file fires in at least one test case.
+        promtool check rules and promtool test rules on kvfence-rules.yaml,
+        every alert of the file fires in at least one test case, and the
+        chart's copy (deploy/helm/kvfence/files/) is identical.
     test_monitoring.py live    REPO KVFENCE_CONTROL KVFENCE_NODE
         starts a kvfence-control (with a data dir: the WAL families too) and a
         kvfence-node on 127.0.0.1, each with --metrics-listen 127.0.0.1:0,
-        scrapes both /metrics and checks: `promtool check metrics` accepts each
+        makes two calls (so the RPC families have series), scrapes both
+        /metrics and checks: `promtool check metrics` accepts each
         (exit 0); the node exports every family docs/metrics.md promises, both
         export kvfence_build_info and process_*; every metric an expression of
         the dashboard or of the rules names is a series one of them exports.
@@ -29,6 +31,7 @@ import tempfile
 import time
 import urllib.request
 
+import grpc
 import yaml
 
 SKIP = 77
@@ -149,6 +152,10 @@ def check_rules(repo):
     if missing:
         fail(f"alerts no test case fires: {missing}")
     print(f"rules: {len(alerts)} alerts, each fired by a promtool test case")
+    copy = os.path.join(repo, "deploy", "helm", "kvfence", "files", "kvfence-rules.yaml")
+    if open(copy, "rb").read() != open(rules, "rb").read():
+        fail(f"{copy} differs from {rules}: copy the rules into the chart")
+    print("rules: the chart's copy is identical")
 
 
 # ---- live daemons ---------------------------------------------------------------------
@@ -218,6 +225,16 @@ def check_live(repo, control_bin, node_bin):
         procs.append(node)
         nmport = wait_file(f"{work}/node.mport", node, "kvfence-node")
         wait_file(f"{work}/node.port", node, "kvfence-node (welcomed)")
+        # Two finished calls, so that the RPC families have series too: one
+        # served (Admin.Ping, an empty request) and one unknown method.
+        with grpc.insecure_channel(f"127.0.0.1:{cport}") as ch:
+            ch.unary_unary("/kvfence.v1.Admin/Ping")(b"", timeout=5)
+            try:
+                ch.unary_unary("/kvfence.v1.Admin/NoSuchMethod")(b"", timeout=5)
+                fail("an unknown method answered OK")
+            except grpc.RpcError as e:
+                if e.code() != grpc.StatusCode.UNIMPLEMENTED:
+                    fail(f"unknown method: {e.code()}")
 
         texts = {"kvfence-control": scrape(cmport), "kvfence-node": scrape(nmport)}
         exported = set()
@@ -237,6 +254,11 @@ def check_live(repo, control_bin, node_bin):
             for fam in EVERY_DAEMON:
                 if fam not in families:
                     fail(f"{who} does not export {fam}")
+            if who == "kvfence-control":
+                for fam in ("kvfence_rpc_requests_total", "kvfence_rpc_latency_seconds",
+                            "kvfence_wal_fsync_latency_seconds", "kvfence_rooms"):
+                    if fam not in families:
+                        fail(f"kvfence-control does not export {fam}")
             if who == "kvfence-node":
                 for fam in NODE_FAMILIES:
                     if fam not in families:
