@@ -1015,6 +1015,27 @@ static void test_json_big_ids(void **state)
     assert_lacks(out, "room_id");
 }
 
+/* -o json is protobuf's own JSON: each reply, printed by the CLI, equals the
+ * same reply printed by google.protobuf.json_format (cli_json_ref.py), both
+ * parsed by python3's json module. */
+static void test_json_matches_protobuf(void **state)
+{
+    (void)state;
+    static const char *const calls[] = {
+        "room 200", "room 9223372036854775806", "rooms", "node cli-n1", "nodes", "leases", "stats"};
+    static char cmp[OUT_MAX];
+    for (size_t i = 0; i < sizeof calls / sizeof calls[0]; i++) {
+        int rc = run_sh(cmp, sizeof cmp, true,
+                        "%s --server %s -o json %s | PYTHONPATH=%s /usr/bin/python3 %s %s %s",
+                        KVF_CLI_BIN, g->proc.target, calls[i], KVF_PY_STUBS, KVF_CLI_JSON_REF,
+                        g->proc.target, calls[i]);
+        if (rc != 0) {
+            fail_msg("kvfence -o json %s differs from protobuf's JSON (exit %d):\n%s", calls[i], rc,
+                     cmp);
+        }
+    }
+}
+
 /* `kvfence node ID` and `kvfence nodes` show what the control plane knows of
  * a node: its pools, its capabilities, its sessions' last message. */
 static void test_node_view(void **state)
@@ -1086,17 +1107,23 @@ static void test_output_forms(void **state)
     /* The same data as the JSON document: python3 reads the YAML back, if it
      * has a YAML module (python3-yaml); the string checks above hold anyway. */
     static char cmp[OUT_MAX];
-    int rc = run_sh(cmp, sizeof cmp, true,
-                    "/usr/bin/python3 -c 'import yaml' 2>/dev/null || exit 0; "
-                    "%s --server %s -o yaml stats > /tmp/kvf-cli-yaml.$$ && "
-                    "%s --server %s -o json stats | /usr/bin/python3 -c 'import json,sys,yaml; "
-                    "j=json.load(sys.stdin); y=yaml.safe_load(open(\"/tmp/kvf-cli-yaml.'$$'\")); "
-                    "j.pop(\"uptimeMs\"); y.pop(\"uptimeMs\"); "
-                    "sys.exit(0 if j==y else \"differ: %%r %%r\" %% (j, y))'; rc=$?; "
-                    "rm -f /tmp/kvf-cli-yaml.$$; exit $rc",
-                    KVF_CLI_BIN, g->proc.target, KVF_CLI_BIN, g->proc.target);
-    if (rc != 0) {
-        fail_msg("YAML and JSON differ:\n%s", cmp);
+    static const char *const docs[] = {"stats", "room 200", "nodes", "leases --room 200"};
+    for (size_t i = 0; i < sizeof docs / sizeof docs[0]; i++) {
+        int rc = run_sh(
+            cmp, sizeof cmp, true,
+            "/usr/bin/python3 -c 'import yaml' 2>/dev/null || exit 0; "
+            "%s --server %s -o yaml %s > /tmp/kvf-cli-yaml.$$ && "
+            "%s --server %s -o json %s | /usr/bin/python3 -c 'import json,sys,yaml; "
+            "t=lambda d: {k: t(v) for k, v in d.items() if not k.endswith(\"Ms\") and "
+            "k != \"noticeAttempts\"} if isinstance(d, dict) else [t(v) for v in d] if "
+            "isinstance(d, list) else d; "
+            "j=t(json.load(sys.stdin)); y=t(yaml.safe_load(open(\"/tmp/kvf-cli-yaml.'$$'\"))); "
+            "sys.exit(0 if j==y else \"differ: %%r %%r\" %% (j, y))'; rc=$?; "
+            "rm -f /tmp/kvf-cli-yaml.$$; exit $rc",
+            KVF_CLI_BIN, g->proc.target, docs[i], KVF_CLI_BIN, g->proc.target, docs[i]);
+        if (rc != 0) {
+            fail_msg("YAML and JSON of %s differ:\n%s", docs[i], cmp);
+        }
     }
 
     assert_int_equal(run(out, "rooms --no-headers --state aborting"), 0);
@@ -1190,6 +1217,7 @@ int main(void)
         cmocka_unit_test(test_tls),
         cmocka_unit_test(test_paging),
         cmocka_unit_test(test_json_big_ids),
+        cmocka_unit_test(test_json_matches_protobuf),
         cmocka_unit_test(test_node_view),
         cmocka_unit_test(test_fenced_only_after_a_fence),
         cmocka_unit_test(test_output_forms),
