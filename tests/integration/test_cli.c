@@ -1094,6 +1094,33 @@ static void test_fenced_only_after_a_fence(void **state)
     }
     assert_int_equal(run(out, "-o json room 7001"), 0);
     assert_lacks(out, "\"fenced\"");
+
+    /* Where a fence happened it shows: cli-n2 carries out the fence of cli-n1
+     * that test_fence asked for; room 200 (cli-n1 and cli-n2) says so, the
+     * single-node room still does not. */
+    assert_int_equal(fake_node_send_peer_fenced(g->n2, "cli-n1", 1), 0);
+    bool fenced = false;
+    for (int i = 0; i < 100 && !fenced; i++) {
+        assert_int_equal(run(out, "room 200"), 0);
+        assert_true(find_line(out, "cli-n1 ", line, sizeof line));
+        assert_int_equal(split(line, w, 16), 12);
+        fenced = strcmp(w[10], "yes") == 0;
+        if (!fenced) {
+            usleep(20000);
+        }
+    }
+    if (!fenced) {
+        fail_msg("cli-n1 fenced by cli-n2, but room 200 says:\n%s", out);
+    }
+    assert_int_equal(run(out, "-o json room 200"), 0);
+    assert_has(out, "\"fenced\":true");
+    assert_int_equal(run(out, "room 7001"), 0);
+    assert_true(find_line(out, "cli-n1 ", line, sizeof line));
+    assert_int_equal(split(line, w, 16), 12);
+    assert_string_equal(w[10], "no");
+    assert_int_equal(run(out, "-o wide node cli-n1"), 0);
+    assert_true(find_line(out, "fenced by:", line, sizeof line));
+    assert_has(line, "1 peers");
 }
 
 /* -o yaml (the JSON document as YAML), -o wide (more columns), --no-headers. */
