@@ -7,8 +7,9 @@
  * sizes and keys (the core keeps no RDMA addressing: nodes exchange it over
  * their peer link), and from the node's attached session (node_svc.c) its
  * endpoints, advertised capabilities, software version and the age of its
- * last message. What nothing tracks (state_age_ms) stays 0, which JSON
- * printers omit. Every handler runs on the state thread.
+ * last message. What is not known (a node restored from a snapshot has no
+ * state_age_ms; a node without a session no last_seen_ms) stays 0, which
+ * JSON printers omit. Every handler runs on the state thread.
  */
 #include <errno.h>
 #include <inttypes.h>
@@ -416,6 +417,11 @@ static int node_info_fill(struct kvf_svc_ctx *ctx, const struct kvf_cps_node_vie
     ni->state = (Kvfence__V1__NodeState)v->state;
     ni->protocol_version = v->protocol_version;
     ni->room_count = (uint32_t)v->room_count;
+    if (v->state_since != 0) { /* rounded up: 0 on the wire is "unknown" */
+        uint64_t ns = now > v->state_since ? now - v->state_since : 0;
+        uint64_t ms = (ns + KVF_NS_PER_MS - 1) / KVF_NS_PER_MS;
+        ni->state_age_ms = ms ? ms : 1;
+    }
 
     uint64_t last_seen_ms = 0;
     const Kvfence__V1__Hello *hello = kvf_svc_session_view(

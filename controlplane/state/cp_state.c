@@ -308,6 +308,7 @@ static void node_view(const struct cp_node *node, struct kvf_cps_node_view *view
     view_p->room_count = node->room_count;
     view_p->gone = node->gone;
     view_p->protocol_min = node->pmin;
+    view_p->state_since = node->state_since;
     view_p->protocol_max = node->pmax;
 }
 

@@ -496,6 +496,8 @@ struct kvf_cps_node_view {
     size_t room_count;     /* non-terminal rooms with a participant on it */
     bool gone;             /* witnessed gone on its host (kvf_cps_node_witness) */
     uint32_t protocol_min; /* the range it advertised at attach */
+    /* When it entered its state; 0: unknown (restored from a snapshot). */
+    kvf_time_ns state_since;
     uint32_t protocol_max;
 };
 

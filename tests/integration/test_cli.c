@@ -417,13 +417,14 @@ static void test_nodes(void **state)
     assert_true(split(line, w, 16) >= 9);
     assert_string_equal(w[1], "1");
     assert_string_equal(w[2], "ATTACHED");
-    assert_string_equal(w[4], "2"); /* rooms */
-    assert_string_equal(w[5], "1"); /* pools */
-    assert_string_equal(w[7], "-"); /* STATE_AGE: not tracked */
+    assert_string_equal(w[4], "2");     /* rooms */
+    assert_string_equal(w[5], "1");     /* pools */
+    assert_string_not_equal(w[7], "-"); /* STATE_AGE: since it attached */
+    assert_string_not_equal(w[8], "-"); /* LAST_SEEN: its session's last message */
     assert_true(find_line(out, "cli-n2 ", line, sizeof line));
 
     /* proto3 JSON: lowerCamelCase, 64-bit integers as strings, enums by
-     * name, defaults (notices_pending 0, state_age_ms 0) omitted. */
+     * name, defaults (notices_pending 0) omitted. */
     assert_int_equal(run(out, "nodes -o json"), 0);
     assert_json_doc(out);
     assert_has(out, "{\"nodes\":[{\"nodeId\":\"cli-n1\",\"incarnation\":\"1\","
@@ -432,8 +433,8 @@ static void test_nodes(void **state)
     assert_has(out, "\"endpoints\":[{\"kind\":\"ENDPOINT_KIND_PEER_ZMQ\",\"address\":\"tcp://");
     assert_has(out, "\"softwareVersion\":\"fake-node\"");
     assert_has(out, "\"pools\":[{\"poolId\":1,");
-    assert_has(out, "\"roomCount\":2,\"lastSeenMs\":\"");
-    assert_lacks(out, "stateAgeMs");
+    assert_has(out, "\"roomCount\":2,\"stateAgeMs\":\"");
+    assert_has(out, "\"lastSeenMs\":\"");
     assert_lacks(out, "node_id");
 }
 
