@@ -1229,6 +1229,52 @@ static void test_help_and_completion(void **state)
     assert_int_equal(run_raw(out, "completion fish"), 2);
 }
 
+/* kvfence node lists the leases that wait for a proof from the node's own
+ * host: cli-h1 restarts (incarnation 2) while its incarnation 1 holds a lease
+ * in room 7100; cli-n2 fences it and drains, the room ends ABORTED, and
+ * cli-h1@1's own lease stays RELEASING until its host proves it stopped. */
+static void test_node_waiting_leases(void **state)
+{
+    (void)state;
+    char line[512];
+    struct fake_node *h1 = fake_node_attach(g->ch, "cli-h1", 1);
+    assert_non_null(h1);
+    uint64_t gen = join(7100, "cli-h1", KVFENCE__V1__ROLE__ROLE_SOURCE, 0, 4);
+    assert_int_equal(join(7100, "cli-n2", KVFENCE__V1__ROLE__ROLE_SINK, 500, 4), gen);
+    struct fake_node *h2 = fake_node_attach(g->ch, "cli-h1", 2); /* incarnation 1 is LOST */
+    assert_non_null(h2);
+    assert_int_equal(run(out, "-o json room 7100"), 0);
+    assert_has(out, "\"state\":\"ROOM_STATE_ABORTING\"");
+    Kvfence__V1__AbortToken token = KVFENCE__V1__ABORT_TOKEN__INIT;
+    parse_token_json(out, &token);
+    assert_int_equal(fake_node_send_peer_fenced(g->n2, "cli-h1", 1), 0);
+    assert_int_equal(fake_node_send_drained(g->n2, 7100, gen, &token), 0);
+    bool waiting = false;
+    for (int i = 0; i < 100 && !waiting; i++) {
+        assert_int_equal(run(out, "node cli-h1"), 0);
+        waiting = find_line(out, "leases waiting for a proof from its host: 1", line, sizeof line);
+        if (!waiting) {
+            usleep(20000);
+        }
+    }
+    if (!waiting) {
+        fail_msg("no lease of cli-h1 waits for its host:\n%s", out);
+    }
+    assert_true(find_line(out, "incarnation:", line, sizeof line));
+    assert_has(line, "2");
+    assert_true(find_line(out, "LEASE ", line, sizeof line));
+    assert_has(line, "GENERATION");
+    char want[64];
+    snprintf(want, sizeof want, "7100  %llu", (unsigned long long)gen);
+    assert_has(out, want);
+    assert_int_equal(run(out, "-o wide leases --room 7100 --node cli-h1"), 0);
+    assert_true(find_line(out, "LEASE ", line, sizeof line));
+    assert_has(out, " RELEASING ");
+    assert_has(out, " waiting\n");
+    fake_node_vanish(h1);
+    fake_node_vanish(h2);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -1252,6 +1298,7 @@ int main(void)
         cmocka_unit_test(test_output_forms),
         cmocka_unit_test(test_health),
         cmocka_unit_test(test_help_and_completion),
+        cmocka_unit_test(test_node_waiting_leases),
         cmocka_unit_test(test_paging), /* last: its nodes vanish, 130 rooms abort */
     };
     return cmocka_run_group_tests(tests, group_setup, group_teardown);
