@@ -69,6 +69,7 @@ struct cli;
 struct cli_command {
     const char *name;
     size_t min_args, max_args;
+    const char *arg_names;      /* for the global help: "ID", "NODE", "" */
     const struct cli_opt *opts; /* ends with a NULL name */
     const char *summary;        /* one line for the global help */
     const char *help;           /* the command's own help */

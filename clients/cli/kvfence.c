@@ -79,7 +79,7 @@ static const struct cli_opt no_opts[] = {{NULL, 0, false, 0}};
 #define OUT_FORMS "[-o table|wide|json|yaml]"
 
 const struct cli_command cli_commands[] = {
-    {"nodes", 0, 0, no_opts, "list nodes",
+    {"nodes", 0, 0, "", no_opts, "list nodes",
      "Usage: kvfence nodes " OUT_FORMS " [--no-headers]\n"
      "\n"
      "Lists the nodes (current incarnations) by node id: state, negotiated\n"
@@ -88,7 +88,7 @@ const struct cli_command cli_commands[] = {
      "-o wide adds the peers that fenced it, features, endpoints and version.\n"
      "JSON / YAML: the ListNodesResponse, every page in one.\n",
      cli_cmd_nodes},
-    {"node", 1, 1, no_opts, "one node: pools, capabilities, session, fences",
+    {"node", 1, 1, "NODE", no_opts, "one node: pools, capabilities, session, fences",
      "Usage: kvfence node ID " OUT_FORMS "\n"
      "\n"
      "Shows one node's current incarnation: state, session (last message),\n"
@@ -98,7 +98,7 @@ const struct cli_command cli_commands[] = {
      "\n"
      "Exit 4 when the node is unknown.\n",
      cli_cmd_node},
-    {"rooms", 0, 0, rooms_opts, "list rooms (--state, --node, --min-age-ms)",
+    {"rooms", 0, 0, "", rooms_opts, "list rooms (--state, --node, --min-age-ms)",
      "Usage: kvfence rooms [--state S]... [--node N] [--min-age-ms MS] " OUT_FORMS "\n"
      "\n"
      "Lists rooms (tombstones included), oldest first, following every page.\n"
@@ -111,7 +111,7 @@ const struct cli_command cli_commands[] = {
      "-o wide adds expected sources and sinks and the protocol version.\n"
      "JSON / YAML: the ListRoomsResponse (RoomInfo without participants).\n",
      cli_cmd_rooms},
-    {"room", 1, 1, room_opts, "one room with its participants",
+    {"room", 1, 1, "ID", room_opts, "one room with its participants",
      "Usage: kvfence room ID [--generation G] " OUT_FORMS "\n"
      "\n"
      "Shows one room-generation: state, abort reason, token (32 hex digits),\n"
@@ -123,7 +123,7 @@ const struct cli_command cli_commands[] = {
      "\n"
      "Exit 4 when the room is unknown.\n",
      cli_cmd_room},
-    {"leases", 0, 0, leases_opts, "list leases (--node, --state, --room)",
+    {"leases", 0, 0, "", leases_opts, "list leases (--node, --state, --room)",
      "Usage: kvfence leases [--node N] [--state S]... [--room ID] " OUT_FORMS "\n"
      "\n"
      "Lists leases by lease id, following every page.\n"
@@ -136,13 +136,13 @@ const struct cli_command cli_commands[] = {
      "-o wide puts the wait for a host proof in a column of its own.\n"
      "JSON / YAML: the ListLeasesResponse.\n",
      cli_cmd_leases},
-    {"stats", 0, 0, no_opts, "control plane counters and gauges",
+    {"stats", 0, 0, "", no_opts, "control plane counters and gauges",
      "Usage: kvfence stats " OUT_FORMS "\n"
      "\n"
      "Counters and gauges of the control plane: rooms, leases and nodes per\n"
      "state, notices, stale reports, fences, last generation, uptime.\n",
      cli_cmd_stats},
-    {"abort", 1, 1, abort_opts, "abort a room; prints its token (idempotent)",
+    {"abort", 1, 1, "ID", abort_opts, "abort a room; prints its token (idempotent)",
      "Usage: kvfence abort ID [--generation G] [--reason TEXT] " OUT_FORMS "\n"
      "\n"
      "Aborts a room as an operator (reason ADMIN) and prints its abort token.\n"
@@ -155,14 +155,14 @@ const struct cli_command cli_commands[] = {
      "Exit 4 when the room is unknown, 1 with FAILED_PRECONDITION when it is\n"
      "COMPLETED.\n",
      cli_cmd_abort},
-    {"fence", 1, 1, no_opts, "have NODE fenced by its peers",
+    {"fence", 1, 1, "NODE", no_opts, "have NODE fenced by its peers",
      "Usage: kvfence fence NODE " OUT_FORMS "\n"
      "\n"
      "Asks every node sharing a non-terminal room with NODE to fence NODE's\n"
      "current incarnation. Prints the incarnation and the number of fencers.\n"
      "Exit 4 when the node is unknown.\n",
      cli_cmd_fence},
-    {"watch", 0, 0, watch_opts, "stream lease releases and room transitions",
+    {"watch", 0, 0, "", watch_opts, "stream lease releases and room transitions",
      "Usage: kvfence watch [--node N] [--room-states] [--count N] " OUT_FORMS "\n"
      "\n"
      "Streams lease releases (and, with --room-states, room state changes)\n"
@@ -178,7 +178,7 @@ const struct cli_command cli_commands[] = {
      "\n"
      "Exit 3 when the server is unreachable or ends the stream.\n",
      cli_cmd_watch},
-    {"health", 0, 0, health_opts, "the server's gRPC health (exit 0: SERVING)",
+    {"health", 0, 0, "", health_opts, "the server's gRPC health (exit 0: SERVING)",
      "Usage: kvfence health [--service NAME] " OUT_FORMS "\n"
      "\n"
      "Asks the gRPC health service (grpc.health.v1.Health/Check). SERVING:\n"
@@ -190,12 +190,12 @@ const struct cli_command cli_commands[] = {
      "\n"
      "Exit 4 when the server does not know the service.\n",
      cli_cmd_health},
-    {"help", 0, 1, no_opts, "this help, or one command's",
+    {"help", 0, 1, "[COMMAND]", no_opts, "this help, or one command's",
      "Usage: kvfence help [COMMAND]\n"
      "\n"
      "Prints the global help, or COMMAND's own help.\n",
      NULL},
-    {"completion", 1, 1, no_opts, "print a shell completion script (bash, zsh)",
+    {"completion", 1, 1, "SHELL", no_opts, "print a shell completion script (bash, zsh)",
      "Usage: kvfence completion bash|zsh\n"
      "\n"
      "Prints a completion script for the shell:\n"
@@ -216,12 +216,7 @@ static void print_help(FILE *f)
     for (size_t i = 0; i < cli_command_count; i++) {
         const struct cli_command *k = &cli_commands[i];
         char lhs[32];
-        snprintf(lhs, sizeof lhs, "%s%s", k->name,
-                 k->min_args
-                     ? (strcmp(k->name, "fence") == 0 || strcmp(k->name, "node") == 0 ? " NODE"
-                        : strcmp(k->name, "completion") == 0                          ? " SHELL"
-                                                                                      : " ID")
-                     : "");
+        snprintf(lhs, sizeof lhs, "%s%s%s", k->name, k->arg_names[0] ? " " : "", k->arg_names);
         fprintf(f, "  %-20s  %s\n", lhs, k->summary);
     }
     fprintf(f,
