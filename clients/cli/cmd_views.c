@@ -105,28 +105,30 @@ out:
     return rc;
 }
 
-/* The leases of `node` that wait for a proof from its host, as a table. */
-static int node_waiting_leases(struct cli *c, const char *node)
+/* The RELEASING leases of `node` (their pages in *pg), fetched before
+ * anything is printed: a failed call leaves stdout empty. */
+static int node_releasing_leases(struct cli *c, const char *node, struct cli_pages *pg)
 {
     Kvfence__V1__ListLeasesRequest rq = KVFENCE__V1__LIST_LEASES_REQUEST__INIT;
     rq.node_id = (char *)node;
     Kvfence__V1__LeaseState releasing = KVFENCE__V1__LEASE_STATE__LEASE_STATE_RELEASING;
     rq.n_states = 1;
     rq.states = &releasing;
-    struct cli_pages pg = {0};
-    int rc = cli_call_paged(c, "ListLeases", &rq.base, &rq.page_token,
-                            &kvfence__v1__list_leases_response__descriptor, &pg);
-    if (rc != EXIT_OK) {
-        cli_pages_free(&pg);
-        return rc;
-    }
+    return cli_call_paged(c, "ListLeases", &rq.base, &rq.page_token,
+                          &kvfence__v1__list_leases_response__descriptor, pg);
+}
+
+/* Those of the leases that wait for a proof from the node's host, as a table. */
+static int print_waiting_leases(const struct cli *c, const struct cli_pages *pg)
+{
     static const char *const h[] = {"LEASE", "ROOM", "GENERATION", "RANK", "ROLE", "POOL", "PAGES"};
     struct cli_table t;
     cli_table_init(&t, 7, h);
     size_t rows = 0;
     char b[64];
-    for (size_t p = 0; p < pg.n; p++) {
-        const Kvfence__V1__ListLeasesResponse *r = (const Kvfence__V1__ListLeasesResponse *)pg.v[p];
+    for (size_t p = 0; p < pg->n; p++) {
+        const Kvfence__V1__ListLeasesResponse *r =
+            (const Kvfence__V1__ListLeasesResponse *)pg->v[p];
         for (size_t i = 0; i < r->n_leases; i++) {
             const Kvfence__V1__Lease *l = r->leases[i];
             if (!l->awaiting_host_proof) {
@@ -143,13 +145,11 @@ static int node_waiting_leases(struct cli *c, const char *node)
         }
     }
     printf("\nleases waiting for a proof from its host: %zu\n", rows);
-    if (rows) {
-        rc = cli_finish_table(c, &t);
-    } else {
+    if (!rows) {
         cli_table_free(&t);
+        return EXIT_OK;
     }
-    cli_pages_free(&pg);
-    return rc;
+    return cli_finish_table(c, &t);
 }
 
 int cli_cmd_node(struct cli *c)
@@ -168,6 +168,13 @@ int cli_cmd_node(struct cli *c)
         return rc;
     }
     const Kvfence__V1__NodeInfo *n = (const Kvfence__V1__NodeInfo *)m;
+    struct cli_pages leases = {0};
+    rc = node_releasing_leases(c, n->node_id, &leases);
+    if (rc != EXIT_OK) {
+        cli_pages_free(&leases);
+        protobuf_c_message_free_unpacked(m, NULL);
+        return rc;
+    }
     char b[64], big[512];
     struct cli_table kv;
     cli_table_init(&kv, 2, NULL);
@@ -221,8 +228,9 @@ int cli_cmd_node(struct cli *c)
         rc = cli_finish_table(c, &t);
     }
     if (rc == EXIT_OK) {
-        rc = node_waiting_leases(c, n->node_id);
+        rc = print_waiting_leases(c, &leases);
     }
+    cli_pages_free(&leases);
     protobuf_c_message_free_unpacked(m, NULL);
     return rc;
 }
