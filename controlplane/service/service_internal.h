@@ -52,6 +52,16 @@ int kvf_svc_register_streams(struct kvf_svc *svc, struct kvf_rpc_server *srv);
 /* Ends the session of every node that sent nothing (not even a heartbeat)
  * for `timeout_ns` (0: never); `mono_now` is CLOCK_MONOTONIC. State thread. */
 void kvf_svc_sessions_sweep(struct kvf_svc_ctx *ctx, uint64_t mono_now, uint64_t timeout_ns);
+/* The attached session of `node_id` at `incarnation`, for the admin views:
+ * its Hello (endpoints, capabilities, software version; owned by the
+ * session, valid until the state thread's next job) and, in
+ * *last_seen_ms_p, the time since its last message in ms rounded up (>= 1).
+ * NULL when that incarnation has no attached session. `mono_now` is
+ * CLOCK_MONOTONIC. State thread. */
+struct Kvfence__V1__Hello;
+const struct Kvfence__V1__Hello *kvf_svc_session_view(struct kvf_svc_ctx *ctx, const char *node_id,
+                                                      uint64_t incarnation, uint64_t mono_now,
+                                                      uint64_t *last_seen_ms_p);
 /* Delivers one core effect to the node sessions and lease watchers. */
 void kvf_svc_route_effect(struct kvf_svc_ctx *ctx, const struct kvf_cps_effect *e);
 

@@ -126,6 +126,9 @@ struct cp_node {
     uint32_t fences_pending_as_fenced;
     struct cp_fence *fence_reqs; /* pending requests this node must carry out */
     struct cp_node *older;       /* older incarnations still referenced */
+    /* When it entered `state` (admin views only); 0: unknown, for a node
+     * restored from a snapshot (not in the image). */
+    kvf_time_ns state_since;
 };
 
 /* One node of one room: the drain unit (docs/state-cores.md). */
@@ -263,7 +266,8 @@ void cp_node_maybe_free(struct kvf_cps *st, struct cp_node *node);
 void cp_node_free(struct kvf_cps *st, struct cp_node *node);
 void cp_node_link_rnode(struct cp_node *node, struct cp_rnode *rn);
 void cp_node_unlink_rnode(struct cp_node *node, struct cp_rnode *rn);
-void cp_node_set_state(struct kvf_cps *st, struct cp_node *node, enum kvf_cps_node_state s);
+void cp_node_set_state(struct kvf_cps *st, struct cp_node *node, enum kvf_cps_node_state s,
+                       kvf_time_ns now);
 
 /* ---- cp_room.c ----------------------------------------------------------- */
 
