@@ -22,6 +22,8 @@ packages=(
     # tests and interop clients
     libcmocka-dev python3 python3-grpcio python3-grpc-tools python3-protobuf
     protobuf-compiler-grpc python3-pytest
+    # `pip install clients/python` into a venv, offline (its test)
+    python3-venv python3-pip python3-setuptools python3-wheel
     # formatting check; clang with its libFuzzer runtime for tests/fuzz (and
     # the clang build that every change must pass)
     clang-format clang libclang-rt-14-dev

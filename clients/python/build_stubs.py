@@ -2,8 +2,11 @@
 """Generates the kvfence Python package's gRPC stubs (build time; never committed).
 
     build_stubs.py PROTOC GRPC_PYTHON_PLUGIN API_DIR OUT_DIR
+    build_stubs.py grpc_tools - API_DIR OUT_DIR
 
-Runs protoc with grpc_python_plugin on API_DIR/kvfence/v1/*.proto and writes
+Runs protoc with grpc_python_plugin on API_DIR/kvfence/v1/*.proto (or, with
+PROTOC "grpc_tools", the protoc of the grpc_tools module, Debian's
+python3-grpc-tools, which carries the plugin: what `pip install` uses) and writes
 the modules to OUT_DIR/kvfence/_proto/v1/, rewriting their imports from
 `kvfence.v1` to `kvfence._proto.v1` so that they live inside the package (the
 proto package, and so the service and message names on the wire, stay
@@ -27,8 +30,14 @@ def main(argv):
     protoc, plugin, api_dir, out_dir = argv[1:]
     dest = os.path.join(out_dir, "kvfence", "_proto", "v1")
     with tempfile.TemporaryDirectory(prefix="kvf-stubs-") as tmp:
-        cmd = [protoc, "--proto_path=" + api_dir, "--python_out=" + tmp, "--grpc_python_out=" + tmp,
-               "--plugin=protoc-gen-grpc_python=" + plugin]
+        if protoc == "grpc_tools":
+            cmd = [sys.executable, "-m", "grpc_tools.protoc"]
+        else:
+            cmd = [protoc, "--plugin=protoc-gen-grpc_python=" + plugin]
+            # Type stubs of the messages (the package is py.typed); Debian's
+            # grpc_tools has no pyi generator, so that path goes without.
+            cmd += ["--pyi_out=" + tmp]
+        cmd += ["--proto_path=" + api_dir, "--python_out=" + tmp, "--grpc_python_out=" + tmp]
         cmd += ["kvfence/v1/%s.proto" % name for name in PROTOS]
         subprocess.run(cmd, check=True)
         if os.path.isdir(dest):
@@ -36,7 +45,7 @@ def main(argv):
         os.makedirs(dest)
         src = os.path.join(tmp, "kvfence", "v1")
         for fname in sorted(os.listdir(src)):
-            if not fname.endswith(".py"):
+            if not fname.endswith((".py", ".pyi")):
                 continue
             with open(os.path.join(src, fname), "r", encoding="utf-8") as f:
                 text = f.read()
