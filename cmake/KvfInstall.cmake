@@ -26,13 +26,14 @@ set_target_properties(kvfence-control kvfence-node PROPERTIES BUILD_WITH_INSTALL
 install(TARGETS kvfence-control kvfence-node RUNTIME DESTINATION ${CMAKE_INSTALL_SBINDIR})
 
 # The package: its sources, then the stubs python_client generated (the
-# build tree's kvfence/_proto). One directory once installed.
+# build tree's kvfence/_proto, with their .pyi type stubs). One directory
+# once installed; py.typed marks it typed (PEP 561).
 install(DIRECTORY ${PROJECT_SOURCE_DIR}/clients/python/kvfence/
         DESTINATION ${KVF_INSTALL_PYTHONDIR}/kvfence
-        FILES_MATCHING PATTERN "*.py" PATTERN "__pycache__" EXCLUDE)
+        FILES_MATCHING PATTERN "*.py" PATTERN "py.typed" PATTERN "__pycache__" EXCLUDE)
 install(DIRECTORY ${PROJECT_BINARY_DIR}/clients/python/kvfence/_proto
         DESTINATION ${KVF_INSTALL_PYTHONDIR}/kvfence
-        FILES_MATCHING PATTERN "*.py" PATTERN "__pycache__" EXCLUDE)
+        FILES_MATCHING PATTERN "*.py" PATTERN "*.pyi" PATTERN "__pycache__" EXCLUDE)
 
 install(FILES ${PROJECT_SOURCE_DIR}/README.md DESTINATION ${CMAKE_INSTALL_DOCDIR})
 foreach(doc api cli control-plane design logging metrics node security state-cores)
