@@ -106,7 +106,7 @@ for s in "${sets[@]}"; do
     "$helm" install kvfence "$chart" --namespace kvfence --dry-run=client "${vals[@]}" |
         sed -n '/^NOTES:/,$p' >"$rendered/helm-$s.notes.txt" || fail "helm install --dry-run ($s)"
 done
-[ "$suite" = notes ] && { run_tests "$here/notes.test.mjs"; exit 0; }
+[ "$suite" = notes ] && { run_tests "$here/notes.test.mjs" "$here/kubectl-standin.mjs"; exit 0; }
 # The schema must refuse what the chart cannot run.
 for bad in controlPlane.replicas=2 image.tag=latest store.type=etcd node.transports.rdma.mode=sriov \
         node.dataHost=0.0.0.0 controlPlane.metricsHost=localhost node.identity=hostname; do
