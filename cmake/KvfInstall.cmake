@@ -39,3 +39,24 @@ install(FILES ${PROJECT_SOURCE_DIR}/README.md DESTINATION ${CMAKE_INSTALL_DOCDIR
 foreach(doc api cli control-plane design logging metrics node security state-cores)
   install(FILES ${PROJECT_SOURCE_DIR}/docs/${doc}.md DESTINATION ${CMAKE_INSTALL_DOCDIR})
 endforeach()
+
+# ---- the Debian package: `cpack -G DEB` in the build directory (configure
+# with -DCMAKE_INSTALL_PREFIX=/usr for Debian's multiarch libdir). One package,
+# kvfence, with everything above; its shared-library dependencies come from
+# dpkg-shlibdeps, the Python package's from the list below.
+set(KVF_DEB_MAINTAINER "kvfence developers <noreply@kvfence.invalid>" CACHE STRING
+    "Maintainer field of the .deb (set it for a release)")
+set(CPACK_GENERATOR DEB)
+set(CPACK_PACKAGE_NAME kvfence)
+set(CPACK_PACKAGE_VERSION ${PROJECT_VERSION})
+set(CPACK_PACKAGE_DESCRIPTION_SUMMARY "KV-cache page ownership for disaggregated LLM serving")
+set(CPACK_PACKAGE_DESCRIPTION
+    "kvfence-control (the control plane), kvfence-node (the data-plane daemon), the kvfence admin CLI, the C client library (libkvfence) and the Python package. Pages are given back only on a proof that nothing can touch them any more.")
+set(CPACK_PACKAGING_INSTALL_PREFIX /usr)
+set(CPACK_DEBIAN_FILE_NAME DEB-DEFAULT)
+set(CPACK_DEBIAN_PACKAGE_MAINTAINER "${KVF_DEB_MAINTAINER}")
+set(CPACK_DEBIAN_PACKAGE_SECTION net)
+set(CPACK_DEBIAN_PACKAGE_HOMEPAGE "https://github.com/kvfence/kvfence")
+set(CPACK_DEBIAN_PACKAGE_SHLIBDEPS ON)
+set(CPACK_DEBIAN_PACKAGE_DEPENDS "python3, python3-grpcio, python3-protobuf")
+include(CPack)
