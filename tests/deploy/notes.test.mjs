@@ -119,6 +119,8 @@ for (const r of renders().filter((x) => x.name.startsWith("helm-"))) {
     const dirs = { root, secrets: join(root, "secrets"), nodeTls: join(root, "node-tls"), pki: join(root, "pki") };
     for (const d of Object.values(dirs)) mkdirSync(d, { recursive: true });
     let cp = null, np = null;
+    const t0 = Date.now();
+    const phase = (what) => process.env.KVF_NOTES_TIMES && console.log(`${r.name}: ${what} at ${Date.now() - t0} ms`);
     try {
       const { spec, c, s } = control(r);
       const ns = "kvfence";
@@ -152,6 +154,7 @@ for (const r of renders().filter((x) => x.name.startsWith("helm-"))) {
         }
       }
 
+      phase("pki");
       // kvfence-control with the rendered control.conf, its paths on this machine.
       const cm = ofKind(r, "ConfigMap").find((x) => x.data?.["control.conf"]);
       const conf = cm.data["control.conf"].split("\n").map((line) => {
@@ -167,6 +170,7 @@ for (const r of renders().filter((x) => x.name.startsWith("helm-"))) {
       const grpcLocal = `127.0.0.1:${await waitFile(join(root, "port"), cp, "kvfence-control")}`;
       const metricsLocal = `127.0.0.1:${readFileSync(join(root, "metrics-port"), "utf8").trim()}`;
 
+      phase("control up");
       // The admin flags the test itself uses to watch the cluster.
       const adminFlags = !tls ? [] : [
         "--tls-ca", join(dirs.pki, "ca.crt"), "--tls-server-name", svcHost,
@@ -203,6 +207,7 @@ for (const r of renders().filter((x) => x.name.startsWith("helm-"))) {
       }
       assert.ok(attached, `node n1 did not attach: ${np.logText()}`);
 
+      phase("node attached");
       // ---- the NOTES commands
       const bin = join(root, "bin");
       mkdirSync(bin);
@@ -237,6 +242,7 @@ for (const r of renders().filter((x) => x.name.startsWith("helm-"))) {
       assert.ok(calls.some((a) => a.includes("port-forward")), "the notes forward the gRPC port");
       if (mutual) for (const f of ["ca.crt", "admin.crt", "admin.key"]) assert.ok(existsSync(join(op, f)), `the notes wrote ${f}`);
 
+      phase("notes ran");
       // ---- the helm test pod
       const pods = ofKind(r, "Pod").filter((p) => p.metadata.annotations?.["helm.sh/hook"] === "test");
       assert.equal(pods.length, 1, "one helm test pod");
@@ -254,10 +260,12 @@ for (const r of renders().filter((x) => x.name.startsWith("helm-"))) {
       const ok = health();
       assert.equal(ok.status, 0, `the helm test pod's command failed (exit ${ok.status}): ${[exe, ...cargs].join(" ")}\n${ok.stdout}\n${ok.stderr}`);
       assert.ok(ok.stdout.trim().length > 0, "the health check printed something");
+      phase("pod ran");
       // And it fails when the control plane is gone (exit 3: unreachable).
       await stop(np);
       await stop(cp);
       const down = health();
+      phase("stopped, pod ran again");
       assert.equal(down.status, 3, `with the control plane stopped the test pod must fail with 3 (unreachable): ${down.status} ${down.stderr}`);
     } finally {
       await stop(np);
