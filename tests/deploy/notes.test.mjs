@@ -27,7 +27,8 @@ import { join, dirname, basename } from "node:path";
 import { tmpdir } from "node:os";
 import { spawn, spawnSync, execFileSync } from "node:child_process";
 import { fileURLToPath } from "node:url";
-import { renders, ofKind, control, node, envOf, volumeAt, hostOf, portOf, BUILD } from "./lib.mjs";
+import { parseAllDocuments } from "yaml";
+import { renders, ofKind, control, node, envOf, volumeAt, hostOf, portOf, BUILD, ROOT } from "./lib.mjs";
 
 const CONTROL_BIN = join(BUILD, "controlplane/kvfence-control");
 const NODE_BIN = join(BUILD, "dataplane/kvfence-node");
@@ -113,7 +114,24 @@ function cli(args, env = {}) {
 // The notes' commands: every line indented by exactly two spaces.
 export const notesCommands = (notes) => notes.split("\n").filter((l) => /^ {2}\S/.test(l)).map((l) => l.slice(2));
 
-for (const r of renders().filter((x) => x.name.startsWith("helm-"))) {
+// Besides the option sets run.sh rendered, the branches of NOTES.txt and of the
+// test pod that no option set takes (the policy tests keep metrics on the pod
+// IP, and plaintext is the only insecure set): rendered here.
+const HELM = process.env.KVF_HELM;
+const CHART = join(ROOT, "deploy/helm/kvfence");
+function renderVariant(name, sets) {
+  const args = ["kvfence", CHART, "--namespace", "kvfence", ...sets.flatMap((x) => ["--set", x])];
+  const yamlText = execFileSync(HELM, ["template", ...args], { encoding: "utf8" });
+  const out = execFileSync(HELM, ["install", ...args, "--dry-run=client"], { encoding: "utf8" });
+  const objects = parseAllDocuments(yamlText).map((d) => d.toJS()).filter((o) => o && typeof o === "object");
+  return { name, objects, notes: out.slice(out.indexOf("NOTES:")) };
+}
+const variants = [
+  renderVariant("variant-metrics-on-every-interface", ["controlPlane.metricsHost=0.0.0.0"]),
+  renderVariant("variant-server-tls-only", ["tls.mutual=false", "tls.insecure=true"]),
+];
+
+for (const r of [...renders().filter((x) => x.name.startsWith("helm-")), ...variants]) {
   test(`${r.name}: the NOTES commands and the helm test pod run against a local kvfence-control and kvfence-node`, async () => {
     const root = mkdtempSync(join(tmpdir(), `kvf-notes-${r.name}-`));
     const dirs = { root, secrets: join(root, "secrets"), nodeTls: join(root, "node-tls"), pki: join(root, "pki") };
@@ -240,6 +258,8 @@ for (const r of renders().filter((x) => x.name.startsWith("helm-"))) {
       assert.match(run.stdout, /^kvfence_\w+/m, "the metrics came back");
       const calls = readFileSync(log, "utf8").trim().split("\n").map((l) => JSON.parse(l));
       assert.ok(calls.some((a) => a.includes("port-forward")), "the notes forward the gRPC port");
+      if (hostOf(s["metrics-listen"]) !== "{status.podIP}")
+        assert.ok(calls.some((a) => a.includes("port-forward") && a.some((x) => x.endsWith(`:${metricsPort}`))), "metrics: a port-forward of the metrics port");
       if (mutual) for (const f of ["ca.crt", "admin.crt", "admin.key"]) assert.ok(existsSync(join(op, f)), `the notes wrote ${f}`);
 
       phase("notes ran");
