@@ -106,11 +106,6 @@ function localPath(r, spec, c, path, dirs) {
   return rel ? join(dir, rel) : dir;
 }
 
-const CLI_TIMEOUT = 15000;
-function cli(args, env = {}) {
-  return spawnSync(CLI_BIN, args, { encoding: "utf8", timeout: CLI_TIMEOUT, env: { ...process.env, ...env } });
-}
-
 // The notes' commands: every line indented by exactly two spaces.
 export const notesCommands = (notes) => notes.split("\n").filter((l) => /^ {2}\S/.test(l)).map((l) => l.slice(2));
 
@@ -189,12 +184,6 @@ for (const r of [...renders().filter((x) => x.name.startsWith("helm-")), ...vari
       const metricsLocal = `127.0.0.1:${readFileSync(join(root, "metrics-port"), "utf8").trim()}`;
 
       phase("control up");
-      // The admin flags the test itself uses to watch the cluster.
-      const adminFlags = !tls ? [] : [
-        "--tls-ca", join(dirs.pki, "ca.crt"), "--tls-server-name", svcHost,
-        ...(mutual ? ["--tls-cert", join(dirs.secrets, adminSecret, "tls.crt"), "--tls-key", join(dirs.secrets, adminSecret, "tls.key")] : []),
-      ];
-
       // kvfence-node n1 with the rendered DaemonSet's flags.
       const n = node(r);
       const nodeArgs = [];
@@ -214,10 +203,12 @@ for (const r of [...renders().filter((x) => x.name.startsWith("helm-")), ...vari
       const nodeEnv = { KVF_NODE_NODE_ID: "n1", KVF_NODE_DATA_HOST: "127.0.0.1", KVF_NODE_RDMA: "off" };
       for (const [k, v] of Object.entries(envOf(n.c))) if (typeof v === "string" && k.startsWith("KVF_NODE_") && !(k in nodeEnv)) nodeEnv[k] = v;
       np = start(NODE_BIN, [...nodeArgs, "--run-dir", root], nodeEnv, join(root, "node.log"));
+      // Attached, as the control plane's own /metrics says (not the CLI's output,
+      // whose JSON form is the CLI's to change).
       let attached = false;
       for (let t = 0; t < 15000 && !attached; t += 200) {
-        const out = cli(["--server", grpcLocal, ...adminFlags, "-o", "json", "nodes"]);
-        attached = out.status === 0 && JSON.parse(out.stdout).nodes.some((x) => x.node_id === "n1" && x.state === "ATTACHED");
+        const text = await fetch(`http://${metricsLocal}/metrics`).then((x) => x.text(), () => "");
+        attached = /^kvfence_nodes\{state="ATTACHED"\} 1$/m.test(text);
         if (!attached) {
           if (np.exitCode !== null) throw new Error(`kvfence-node exited ${np.exitCode}: ${np.logText()}`);
           await sleep(200);
