@@ -1,5 +1,5 @@
 // The commands the chart's NOTES print, and its `helm test` pod, run for real
-// for every rendered option set: against a kvfence-control and a kvfence-node
+// for every rendered option set (and two variants no set takes): against a kvfence-control and a kvfence-node
 // this test starts on loopback, configured from the rendered objects, with the
 // built kvfence CLI.
 //
@@ -23,7 +23,7 @@
 import { test } from "node:test";
 import assert from "node:assert/strict";
 import { mkdtempSync, mkdirSync, writeFileSync, readFileSync, existsSync, rmSync, symlinkSync } from "node:fs";
-import { join, dirname, basename } from "node:path";
+import { join, dirname } from "node:path";
 import { tmpdir } from "node:os";
 import { spawn, spawnSync, execFileSync } from "node:child_process";
 import { fileURLToPath } from "node:url";
@@ -107,7 +107,7 @@ function localPath(r, spec, c, path, dirs) {
 }
 
 // The notes' commands: every line indented by exactly two spaces.
-export const notesCommands = (notes) => notes.split("\n").filter((l) => /^ {2}\S/.test(l)).map((l) => l.slice(2));
+const notesCommands = (notes) => notes.split("\n").filter((l) => /^ {2}\S/.test(l)).map((l) => l.slice(2));
 
 // Besides the option sets run.sh rendered, the branches of NOTES.txt and of the
 // test pod that no option set takes (the policy tests keep metrics on the pod
