@@ -1,7 +1,7 @@
 // The commands the chart's NOTES print, and its `helm test` pod, run for real
-// for every rendered option set (and two variants no set takes): against a kvfence-control and a kvfence-node
-// this test starts on loopback, configured from the rendered objects, with the
-// built kvfence CLI.
+// for every rendered option set (and two variants no set takes): against a
+// kvfence-control and a kvfence-node this test starts on loopback, configured
+// from the rendered objects, with the built kvfence CLI.
 //
 // What is real: the daemons and the CLI (the binaries of this build), the
 // control plane's settings (the rendered control.conf), the node's flags (the
