@@ -44,6 +44,12 @@ test("helm-monitoring: the PodMonitor scrapes the node pods on nodeMonitor.port"
   assert.equal(ep.portNumber, chartValues.nodeMonitor.port);
   assert.equal(ep.path, "/metrics");
   assert.equal(ep.interval, chartValues.nodeMonitor.interval);
+  // The node serves /metrics on that port of the pod's address.
+  const node = ds.spec.template.spec.containers.find((c) => c.name === "node");
+  assert.ok(node.args.includes(`--metrics-listen=$(KVFENCE_POD_IP):${ep.portNumber}`),
+            `the node is not told to serve /metrics on ${ep.portNumber}: ${node.args.join(" ")}`);
+  const ip = node.env.find((e) => e.name === "KVFENCE_POD_IP");
+  assert.equal(ip?.valueFrom?.fieldRef?.fieldPath, "status.podIP");
   // No other object of the chart selects the node pods for scraping.
   for (const sm of ofKind(r, "ServiceMonitor"))
     assert.notEqual(sm.spec.selector.matchLabels["app.kubernetes.io/component"], "node");
