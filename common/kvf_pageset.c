@@ -6,9 +6,8 @@
  * radix sort (two to four byte passes) comes first when the input is not
  * ascending. 32,768 pages encode in well under a millisecond (bench/pageset).
  *
- * The decoders make two passes: the first checks every byte and counts the
- * runs, so that a hostile encoding is refused (and the run limit applied)
- * before anything is allocated for it; the second writes the runs.
+ * The decoders make one pass each (the bitmap a 64-bit word at a time), into
+ * an array sized from the encoding and capped at the run limit (below).
  */
 #include <errno.h>
 #include <inttypes.h>
@@ -225,44 +224,59 @@ void kvf_pageset_enc_free(struct kvf_pageset_enc *enc)
 
 /* ---- decoding ------------------------------------------------------------------ */
 
-/* Appends page `pg` to the runs (coalescing), or only counts when `runs` is
- * NULL. `pg` is larger than every page before it. */
-static inline void add_page(struct kvf_page_run *runs, size_t *nruns, uint64_t *next, uint32_t pg)
+/*
+ * Both decoders make one pass. The runs array is sized from the encoding
+ * itself before the pass (a bitmap byte holds at most 4 runs, a delta byte
+ * starts at most one) and capped at max_runs, so a hostile encoding can make
+ * the decoder allocate no more than 32 bytes per byte it sent (and never
+ * beyond the run limit); past the limit the pass goes on counting, without
+ * storing, so that the refusal says how many runs the set has.
+ */
+
+/* Appends the run [first, first + count) to `d`, coalescing with the last
+ * one; past d->cap it only counts. */
+struct run_sink {
+    struct kvf_page_run *runs;
+    size_t n, cap;
+    uint64_t next; /* the page after the last run; UINT64_MAX: none yet */
+};
+
+static inline void sink_add(struct run_sink *d, uint64_t first, uint64_t count)
 {
-    if (*nruns > 0 && *next == pg) {
-        if (runs != NULL)
-            runs[*nruns - 1].count++;
+    if (d->n > 0 && d->next == first) {
+        if (d->n <= d->cap)
+            d->runs[d->n - 1].count += (uint32_t)count;
     } else {
-        if (runs != NULL)
-            runs[*nruns] = (struct kvf_page_run){pg, 1};
-        (*nruns)++;
+        if (d->n < d->cap)
+            d->runs[d->n] = (struct kvf_page_run){(uint32_t)first, (uint32_t)count};
+        d->n++;
     }
-    *next = (uint64_t)pg + 1;
+    d->next = first + count;
 }
 
-/* One pass over a bitmap: counts (runs NULL) or writes the runs. */
-static void bitmap_pass(const uint8_t *bm, size_t len, uint32_t base, struct kvf_page_run *runs,
-                        size_t *nruns_p)
+static int sink_open(struct run_sink *d, size_t bound, size_t max_runs, const char *field,
+                     struct kvf_error *err)
 {
-    size_t nruns = 0;
-    uint64_t next = UINT64_MAX;
-    for (size_t j = 0; j < len; j++) {
-        uint8_t b = bm[j];
-        if (b == 0)
-            continue;
-        uint64_t pg0 = (uint64_t)base + 8 * (uint64_t)j;
-        if (b == 0xff && nruns > 0 && next == pg0) { /* a full byte extends the run */
-            if (runs != NULL)
-                runs[nruns - 1].count += 8;
-            next = pg0 + 8;
-            continue;
-        }
-        for (unsigned bit = 0; bit < 8; bit++) {
-            if (b & (1u << bit))
-                add_page(runs, &nruns, &next, (uint32_t)(pg0 + bit));
-        }
+    d->cap = bound < max_runs ? bound : max_runs;
+    d->n = 0;
+    d->next = UINT64_MAX;
+    d->runs = malloc((d->cap ? d->cap : 1) * sizeof(*d->runs));
+    if (d->runs == NULL)
+        return kvf_error_set(err, -ENOMEM, "%s: out of memory for %zu runs", field, d->cap);
+    return 0;
+}
+
+static int sink_close(struct run_sink *d, size_t max_runs, const char *field,
+                      struct kvf_page_run **runs_p, size_t *nruns_p, struct kvf_error *err)
+{
+    if (d->n > max_runs) {
+        free(d->runs);
+        return kvf_error_set(err, -E2BIG, "%s: %zu runs of pages, limit %zu", field, d->n,
+                             max_runs);
     }
-    *nruns_p = nruns;
+    *runs_p = d->runs;
+    *nruns_p = d->n;
+    return 0;
 }
 
 int kvf_pageset_decode_bitmap(const uint8_t *bitmap, size_t len, uint32_t bitmap_first,
@@ -282,59 +296,25 @@ int kvf_pageset_decode_bitmap(const uint8_t *bitmap, size_t len, uint32_t bitmap
         return kvf_error_set(err, -EINVAL,
                              "%s: bit %" PRIu64 " from page %" PRIu32 " is past page 2^32-1", field,
                              8 * (uint64_t)(last - 1) + top, bitmap_first);
-    size_t nruns;
-    bitmap_pass(bitmap, last, bitmap_first, NULL, &nruns);
-    if (nruns > max_runs)
-        return kvf_error_set(err, -E2BIG, "%s: %zu runs of pages, limit %zu", field, nruns,
-                             max_runs);
-    struct kvf_page_run *runs = malloc(nruns * sizeof(*runs));
-    if (runs == NULL)
-        return kvf_error_set(err, -ENOMEM, "%s: out of memory for %zu runs", field, nruns);
-    bitmap_pass(bitmap, last, bitmap_first, runs, &nruns);
-    *runs_p = runs;
-    *nruns_p = nruns;
-    return 0;
-}
-
-/* One pass over deltas: checks and counts (runs NULL) or writes the runs. */
-static int deltas_pass(const uint8_t *d, size_t len, const char *field, struct kvf_page_run *runs,
-                       size_t *nruns_p, struct kvf_error *err)
-{
-    size_t nruns = 0, pos = 0;
-    uint64_t next = 0; /* the page after the previous one; the first delta is the page */
-    while (pos < len) {
-        size_t start = pos;
-        uint64_t v = 0;
-        for (unsigned k = 0;; k++) {
-            if (pos >= len)
-                return kvf_error_set(err, -EINVAL, "%s: varint at byte %zu is truncated", field,
-                                     start);
-            uint8_t b = d[pos++];
-            if (k == 4 && (b & 0xf0))
-                return kvf_error_set(err, -EINVAL,
-                                     "%s: varint at byte %zu is over 2^32-1 or longer than 5 bytes",
-                                     field, start);
-            v |= (uint64_t)(b & 0x7f) << (7 * k);
-            if (!(b & 0x80))
-                break;
+    struct run_sink d;
+    int rc = sink_open(&d, 4 * last, max_runs, field, err);
+    if (rc < 0)
+        return rc;
+    for (size_t j = 0; j < last; j += 8) {
+        uint64_t w = 0;
+        size_t take = last - j < 8 ? last - j : 8;
+        for (size_t k = 0; k < take; k++) /* little-endian: bit i of byte k is bit 8k+i */
+            w |= (uint64_t)bitmap[j + k] << (8 * k);
+        uint64_t base = (uint64_t)bitmap_first + 8 * (uint64_t)j;
+        while (w != 0) {
+            unsigned tz = (unsigned)__builtin_ctzll(w);
+            uint64_t rest = ~(w >> tz);
+            unsigned ones = rest == 0 ? 64 - tz : (unsigned)__builtin_ctzll(rest);
+            sink_add(&d, base + tz, ones);
+            w = tz + ones >= 64 ? 0 : w & ~(((1ull << ones) - 1) << tz);
         }
-        uint64_t pg = next + v;
-        if (pg > UINT32_MAX)
-            return kvf_error_set(err, -EINVAL,
-                                 "%s: varint at byte %zu names page %" PRIu64 ", past 2^32-1",
-                                 field, start, pg);
-        if (nruns > 0 && v == 0) {
-            if (runs != NULL)
-                runs[nruns - 1].count++;
-        } else {
-            if (runs != NULL)
-                runs[nruns] = (struct kvf_page_run){(uint32_t)pg, 1};
-            nruns++;
-        }
-        next = pg + 1;
     }
-    *nruns_p = nruns;
-    return 0;
+    return sink_close(&d, max_runs, field, runs_p, nruns_p, err);
 }
 
 int kvf_pageset_decode_deltas(const uint8_t *deltas, size_t len, size_t max_runs, const char *field,
@@ -342,18 +322,48 @@ int kvf_pageset_decode_deltas(const uint8_t *deltas, size_t len, size_t max_runs
 {
     if (len == 0)
         return kvf_error_set(err, -EINVAL, "%s: names no page (empty)", field);
-    size_t nruns;
-    int rc = deltas_pass(deltas, len, field, NULL, &nruns, err);
+    struct run_sink d;
+    int rc = sink_open(&d, len, max_runs, field, err);
     if (rc < 0)
         return rc;
-    if (nruns > max_runs)
-        return kvf_error_set(err, -E2BIG, "%s: %zu runs of pages, limit %zu", field, nruns,
-                             max_runs);
-    struct kvf_page_run *runs = malloc(nruns * sizeof(*runs));
-    if (runs == NULL)
-        return kvf_error_set(err, -ENOMEM, "%s: out of memory for %zu runs", field, nruns);
-    deltas_pass(deltas, len, field, runs, &nruns, NULL);
-    *runs_p = runs;
-    *nruns_p = nruns;
-    return 0;
+    const uint8_t *p = deltas;
+    uint64_t next = 0; /* the page after the previous one; the first delta is the page */
+    size_t pos = 0;
+    while (pos < len) {
+        size_t start = pos;
+        uint64_t v;
+        if (p[pos] < 0x80) { /* one byte: gaps under 128 */
+            v = p[pos++];
+        } else {
+            v = 0;
+            for (unsigned k = 0;; k++) {
+                if (pos >= len) {
+                    free(d.runs);
+                    return kvf_error_set(err, -EINVAL, "%s: varint at byte %zu is truncated", field,
+                                         start);
+                }
+                uint8_t b = p[pos++];
+                if (k == 4 && (b & 0xf0)) {
+                    free(d.runs);
+                    return kvf_error_set(
+                        err, -EINVAL,
+                        "%s: varint at byte %zu is over 2^32-1 or longer than 5 bytes", field,
+                        start);
+                }
+                v |= (uint64_t)(b & 0x7f) << (7 * k);
+                if (!(b & 0x80))
+                    break;
+            }
+        }
+        uint64_t pg = next + v;
+        if (pg > UINT32_MAX) {
+            free(d.runs);
+            return kvf_error_set(err, -EINVAL,
+                                 "%s: varint at byte %zu names page %" PRIu64 ", past 2^32-1",
+                                 field, start, pg);
+        }
+        sink_add(&d, pg, 1);
+        next = pg + 1;
+    }
+    return sink_close(&d, max_runs, field, runs_p, nruns_p, err);
 }

@@ -199,14 +199,18 @@ int kvf_svc_pages_decode(Kvfence__V1__PageRange *const *ranges, size_t n_ranges,
                                            &runs, &nruns, err);
         }
         if (rc == 0) {
-            out.v = malloc(nruns * sizeof(*out.v));
-            if (out.v == NULL)
-                rc = kvf_error_set(err, -ENOMEM, "out of memory");
-            for (size_t i = 0; out.v != NULL && i < nruns; i++)
-                out.v[i] = (struct kvf_cps_page_range){runs[i].first, runs[i].count};
-            out.n = out.v != NULL ? nruns : 0;
+            /* The decoder's runs become the core's ranges in place (the same
+             * two fields): each run is read before its bytes are rewritten
+             * with the core's type, so no second array is allocated. */
+            _Static_assert(sizeof(struct kvf_page_run) == sizeof(struct kvf_cps_page_range),
+                           "one layout for a run");
+            out.v = (struct kvf_cps_page_range *)(void *)runs;
+            for (size_t i = 0; i < nruns; i++) {
+                struct kvf_page_run r = runs[i];
+                out.v[i] = (struct kvf_cps_page_range){r.first, r.count};
+            }
+            out.n = nruns;
         }
-        free(runs);
     }
     if (rc < 0) {
         kvf_svc_pages_free(&out);

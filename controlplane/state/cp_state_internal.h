@@ -307,7 +307,7 @@ struct cp_room *cp_room_lookup(const struct kvf_cps *st, kvf_room_key key);
 const char *cp_pages_run_name(char buf[CP_RUN_NAME_MAX], const char *field, size_t i);
 /* Checks that the ranges of a request overlap neither each other nor the
  * ranges `part` already holds (NULL: a new lease). -EINVAL naming the page.
- * Sorts only runs that are out of order. */
+ * Copies and sorts only runs that are not ascending. */
 int cp_pages_check_disjoint(const struct cp_part *part, const struct kvf_cps_page_range *ranges,
                             size_t n, const char *field, struct kvf_error *err);
 /* Checks that every range is well formed and inside `pool` (-EINVAL). */
