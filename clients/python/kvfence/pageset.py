@@ -77,6 +77,16 @@ def _range_size(first: int, count: int) -> int:
     return 1 + _vsize(body) + body
 
 
+def _bitmap_size(lo: int, hi: int) -> int:
+    nb = (hi - lo + 8) // 8
+    return 1 + _vsize(nb) + nb + (1 + _vsize(lo) if lo else 0)
+
+
+def _deltas_floor(n: int) -> int:
+    """No delta form of n pages is smaller (a byte a page at least)."""
+    return 1 + _vsize(n) + n
+
+
 def _varints(values: List[int], top: int) -> bytes:
     """LEB128 of every value (all >= 0, the largest `top`)."""
     if top < 0x80:
@@ -165,13 +175,21 @@ class PageSet:
     def _scattered(cls, p: List[int], n: int, lo: int, hi: int) -> "PageSet":
         ba = bytearray(hi + 1)
         deque(map(ba.__setitem__, p, repeat(1)), maxlen=0)  # TypeError for a non-int
+        if _deltas_floor(n) > _bitmap_size(lo, hi):
+            # The bitmap beats the deltas (at least a byte a page): no need for
+            # the gaps. Count pages and runs in C: a run starts at a set byte
+            # after a clear one (or at page 0).
+            if ba.count(1) != n:
+                raise _duplicate(p)
+            nruns = ba.count(b"\x00\x01") + (ba[0] == 1)
+            return cls._choose(n, lo, hi, None, nruns, ba)
         # gaps[0] is the first page (the zeros before it); gaps[i] the zeros
         # between the (i-1)th and the ith page: the delta form's values.
         gaps = list(map(len, ba.split(b"\x01")))
         gaps.pop()  # the zeros after the last page (none: hi is set)
         if len(gaps) != n:
             raise _duplicate(p)
-        return cls._choose(n, lo, hi, gaps, ba)
+        return cls._choose(n, lo, hi, gaps, n - gaps.count(0) + (gaps[0] == 0), ba)
 
     @classmethod
     def _sorted(cls, p: List[int], n: int, lo: int, hi: int) -> "PageSet":
@@ -180,20 +198,21 @@ class PageSet:
         gaps = list(map(operator.sub, gaps, repeat(1)))
         if n > 1 and min(gaps[1:]) < 0:
             raise _duplicate(p)
-        return cls._choose(n, lo, hi, gaps, None, s)
+        return cls._choose(n, lo, hi, gaps, n - gaps.count(0) + (gaps[0] == 0), None, s)
 
     @classmethod
-    def _choose(cls, n: int, lo: int, hi: int, gaps: List[int], ba: Optional[bytearray],
-                s: Optional[List[int]] = None) -> "PageSet":
-        zeros = gaps.count(0) - (gaps[0] == 0)
-        nruns = n - zeros
+    def _choose(cls, n: int, lo: int, hi: int, gaps: Optional[List[int]], nruns: int,
+                ba: Optional[bytearray], s: Optional[List[int]] = None) -> "PageSet":
+        """Sizes the forms and builds the smallest. `gaps` (the delta values)
+        may be None only when the bitmap is smaller than any delta form."""
         span = hi - lo + 1
         nb = (span + 7) // 8
-        bitmap_size = 1 + _vsize(nb) + nb + (1 + _vsize(lo) if lo else 0)
+        bitmap_size = _bitmap_size(lo, hi)
         # Deltas cost at least a byte a page: computed only when they may win.
         deltas = None
-        deltas_size = 1 + _vsize(n) + n  # a lower bound
+        deltas_size = _deltas_floor(n)  # a lower bound
         if deltas_size <= bitmap_size:
+            assert gaps is not None
             rest = gaps[1:]
             deltas = _varint(gaps[0]) + _varints(rest, max(rest) if rest else 0)
             deltas_size = 1 + _vsize(len(deltas)) + len(deltas)
