@@ -11,7 +11,9 @@
  *             next to a one-range join;
  *   update    the RoomUpdate that carries such a lease to the nodes (types
  *             .proto Lease keeps ranges): its size, protobuf-c pack (control
- *             plane) and unpack (node) times.
+ *             plane) and unpack (node) times;
+ *   node      the node's check that a chunk's pages lie in such a lease
+ *             (node_ranges_cover), per chunk of k scattered pages.
  * With --target HOST:PORT, against a running kvfence-control: a fake node
  * (tests/integration/fake_node.c) attaches and adds a pool of 2^21 pages;
  * then JoinRoom through libkvfence for each shape (page set, and the same
@@ -366,6 +368,7 @@ int main(int argc, char **argv)
     }
     bench_pageset_core(pages, counts, names, 4, reps < 50 ? reps : 50);
     bench_pageset_room_update(reps < 50 ? reps : 50);
+    bench_pageset_node_cover(reps < 50 ? reps : 50);
     if (target)
         bench_rpc(target, reps);
     return 0;

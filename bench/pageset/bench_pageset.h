@@ -19,6 +19,10 @@ void bench_pageset_core(const uint32_t *const *pages, const size_t *counts,
 /* Size, pack and unpack of a RoomUpdate with 1, 32768 and 65536 ranges. */
 void bench_pageset_room_update(unsigned reps);
 
+/* node_ranges_cover (dataplane/node) for chunks against a 32k-range lease
+ * (bench_pageset_node.c). */
+void bench_pageset_node_cover(unsigned reps);
+
 /* Shared helpers (bench_pageset.c). */
 double bench_now_us(void);
 void bench_stats(double *v, size_t n, double *med_p, double *p99_p);
