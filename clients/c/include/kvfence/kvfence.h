@@ -35,8 +35,10 @@
  *     free, reuse or overwrite them. The room turns ACTIVE when the last
  *     expected participant joined. A join may fail with NOT_FOUND just after
  *     the pool was registered (the node's update races the join): retry.
- *  3. Chunked prefill: kvf_extend_lease() adds pages to the lease (same rule:
- *     once granted, hands off).
+ *     Scattered pages (one index per token): encode them once with
+ *     kvf_page_set_encode() and join with kvf_join_room_pages().
+ *  3. Chunked prefill: kvf_extend_lease() (or kvf_extend_lease_pages()) adds
+ *     pages to the lease (same rule: once granted, hands off).
  *  4. A source submits its chunks to its own node with kvf_submit_chunk()
  *     (chunk_seq 1, 2, ...; last_chunk on the last). A SubmitChunk answered
  *     UNAVAILABLE means the node has not yet learned the room: retry.
