@@ -16,7 +16,7 @@ How it stays fast without numpy. Every pass over the pages runs inside
 CPython's C code (max, map, bytearray methods, bytes.split, bytes.join);
 no Python-level loop touches each page. The pages are scattered into a
 bytearray of one byte per pool page (`ba[p] = 1` through map), which sorts
-them and counts duplicates at once; `ba.split(b"\\x01")` then yields the
+them and counts duplicates at once; `bytes(ba).split(b"\\x01")` then yields the
 zero runs between set bytes, whose lengths are the delta form's values; the
 bitmap comes from the same bytearray (translate to "0"/"1", int(..., 2),
 to_bytes). Sets spread far wider than they are large (a span over 64 pages
@@ -185,7 +185,9 @@ class PageSet:
             return cls._choose(n, lo, hi, None, nruns, ba)
         # gaps[0] is the first page (the zeros before it); gaps[i] the zeros
         # between the (i-1)th and the ith page: the delta form's values.
-        gaps = list(map(len, ba.split(b"\x01")))
+        # bytes pieces (not bytearray ones): the empty and one-byte ones are
+        # shared objects, and the rest are cheaper to make.
+        gaps = list(map(len, bytes(ba).split(b"\x01")))
         gaps.pop()  # the zeros after the last page (none: hi is set)
         if len(gaps) != n:
             raise _duplicate(p)
