@@ -229,8 +229,9 @@ void kvf_pageset_enc_free(struct kvf_pageset_enc *enc)
  * itself before the pass (a bitmap byte holds at most 4 runs, a delta byte
  * starts at most one) and capped at max_runs, so a hostile encoding can make
  * the decoder allocate no more than 32 bytes per byte it sent (and never
- * beyond the run limit); past the limit the pass goes on counting, without
- * storing, so that the refusal says how many runs the set has.
+ * beyond the run limit). The pass stops at the first run past the limit:
+ * a hostile set of 2 MiB costs the state thread no more than a set at the
+ * limit does, and the refusal says "at least" that many runs.
  */
 
 /* Appends the run [first, first + count) to `d`, coalescing with the last
@@ -271,7 +272,7 @@ static int sink_close(struct run_sink *d, size_t max_runs, const char *field,
 {
     if (d->n > max_runs) {
         free(d->runs);
-        return kvf_error_set(err, -E2BIG, "%s: %zu runs of pages, limit %zu", field, d->n,
+        return kvf_error_set(err, -E2BIG, "%s: at least %zu runs of pages, limit %zu", field, d->n,
                              max_runs);
     }
     *runs_p = d->runs;
@@ -313,6 +314,8 @@ int kvf_pageset_decode_bitmap(const uint8_t *bitmap, size_t len, uint32_t bitmap
             sink_add(&d, base + tz, ones);
             w = tz + ones >= 64 ? 0 : w & ~(((1ull << ones) - 1) << tz);
         }
+        if (d.n > max_runs)
+            break;
     }
     return sink_close(&d, max_runs, field, runs_p, nruns_p, err);
 }
@@ -364,6 +367,8 @@ int kvf_pageset_decode_deltas(const uint8_t *deltas, size_t len, size_t max_runs
         }
         sink_add(&d, pg, 1);
         next = pg + 1;
+        if (d.n > max_runs)
+            break;
     }
     return sink_close(&d, max_runs, field, runs_p, nruns_p, err);
 }

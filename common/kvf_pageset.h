@@ -21,10 +21,10 @@
  * The decoders turn BITMAP and DELTAS into ascending, coalesced runs (the
  * control plane keeps a lease as runs), checking every byte: a truncated or
  * overlong varint, a page past 2^32-1, a bitmap running past 2^32 pages, no
- * page at all (-EINVAL), more than `max_runs` runs (-E2BIG; the decoder
- * never allocates more than max_runs runs, nor more than 32 bytes per byte of
- * the encoding). Messages name the field ("page_set.deltas: varint at byte 7
- * is truncated").
+ * page at all (-EINVAL), more than `max_runs` runs (-E2BIG, found at the
+ * first run past the limit; the decoder never allocates more than max_runs
+ * runs, nor more than 32 bytes per byte of the encoding). Messages name the field
+ * ("page_set.deltas: varint at byte 7 is truncated").
  *
  * Pure: no I/O, no clock, no threads; the state cores and libkvfence link it.
  */

@@ -290,7 +290,7 @@ static void test_hostile_deltas(void **state)
     memset(alt + 1, 1, 10);
     runs = NULL;
     assert_int_equal(kvf_pageset_decode_deltas(alt, 11, 10, f, &runs, &n, &err), -E2BIG);
-    assert_string_equal(err.msg, "page_set.deltas: 11 runs of pages, limit 10");
+    assert_string_equal(err.msg, "page_set.deltas: at least 11 runs of pages, limit 10");
     assert_null(runs);
     assert_int_equal(kvf_pageset_decode_deltas(alt, 11, 11, f, &runs, &n, &err), 0);
     assert_int_equal(n, 11);
@@ -330,7 +330,7 @@ static void test_hostile_bitmap(void **state)
     const uint8_t alt[3] = {0x55, 0x55, 0x05}; /* 10 runs */
     runs = NULL;
     assert_int_equal(kvf_pageset_decode_bitmap(alt, 3, 0, 9, f, &runs, &n, &err), -E2BIG);
-    assert_string_equal(err.msg, "page_set.bitmap: 10 runs of pages, limit 9");
+    assert_string_equal(err.msg, "page_set.bitmap: at least 10 runs of pages, limit 9");
     assert_null(runs);
     /* Full bytes coalesce across byte borders: 0xf0 0xff 0x0f = pages 4..19. */
     const uint8_t mid[3] = {0xf0, 0xff, 0x0f};
