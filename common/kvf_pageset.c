@@ -275,6 +275,13 @@ static int sink_close(struct run_sink *d, size_t max_runs, const char *field,
         return kvf_error_set(err, -E2BIG, "%s: at least %zu runs of pages, limit %zu", field, d->n,
                              max_runs);
     }
+    /* The array was sized from the encoding; a set of long runs gives most of
+     * it back (the control plane keeps it as the lease's runs). */
+    if (d->n > 0 && d->n < d->cap / 2) {
+        struct kvf_page_run *v = realloc(d->runs, d->n * sizeof(*v));
+        if (v != NULL)
+            d->runs = v;
+    }
     *runs_p = d->runs;
     *nruns_p = d->n;
     return 0;

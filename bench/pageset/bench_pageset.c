@@ -23,7 +23,7 @@
  *
  * A benchmark, run by hand (bench/README.md), never by ctest.
  *
- * usage: bench_pageset [--target HOST:PORT] [--reps N]
+ * usage: bench_pageset [--target HOST:PORT] [--reps N] [--only core]
  */
 #include <errno.h>
 #include <inttypes.h>
@@ -346,17 +346,26 @@ static void bench_rpc(const char *target, unsigned reps)
 
 int main(int argc, char **argv)
 {
-    const char *target = NULL;
+    const char *target = NULL, *only = NULL;
     unsigned reps = 200;
     for (int i = 1; i + 1 < argc; i += 2) {
         if (strcmp(argv[i], "--target") == 0)
             target = argv[i + 1];
         else if (strcmp(argv[i], "--reps") == 0)
             reps = (unsigned)strtoul(argv[i + 1], NULL, 10);
+        else if (strcmp(argv[i], "--only") == 0)
+            only = argv[i + 1];
     }
     if (reps == 0)
         reps = 1;
     make_shapes();
+    if (only && strcmp(only, "core") == 0) { /* for a profiler */
+        const uint32_t *pg[1] = {shapes[0].pages};
+        size_t cnt[1] = {shapes[0].n};
+        const char *nm[1] = {shapes[0].name};
+        bench_pageset_core(pg, cnt, nm, 1, reps);
+        return 0;
+    }
     bench_codec(reps);
     const uint32_t *pages[4];
     size_t counts[4];

@@ -95,6 +95,7 @@ static void join_run(struct kvf_svc_ctx *ctx, struct kvf_rpc_call *call, const P
         .ranges = pages.v,
         .range_count = pages.n,
         .pages_field = pages.field,
+        .ranges_adopt_p = &pages.v, /* the lease keeps the decoded runs: no copy */
     };
     struct kvf_cps_join_result res;
     rc = kvf_cps_join(ctx->cps, &j, now, &res, &err);

@@ -716,6 +716,9 @@ int kvf_cps_join(struct kvf_cps *st, const struct kvf_cps_join *join, kvf_time_n
     struct cp_room *fresh = NULL;
     struct cp_rnode *new_rn = NULL;
     struct cp_part *part = NULL;
+    /* The caller's array becomes the lease's runs (kvf_cps_join.ranges_adopt_p). */
+    bool adopt = join->range_count > 0 && join->ranges_adopt_p != NULL &&
+                 *join->ranges_adopt_p == join->ranges;
     size_t nodes_after = live != NULL ? live->nrnodes + 1 : 1;
     if (cp_map_reserve(&st->rooms, 1) != 0 || cp_map_reserve(&st->leases, 1) != 0 ||
         cp_heap_reserve(&st->timers, 1) != 0 || cp_fx_reserve(st, nodes_after + 2) != 0)
@@ -742,7 +745,9 @@ int kvf_cps_join(struct kvf_cps *st, const struct kvf_cps_join *join, kvf_time_n
     part = calloc(1, sizeof(*part));
     if (part == NULL)
         goto err_free;
-    if (join->range_count > 0) {
+    if (adopt) {
+        part->ranges = *join->ranges_adopt_p; /* kept only if the join succeeds */
+    } else if (join->range_count > 0) {
         part->ranges = malloc(join->range_count * sizeof(*part->ranges));
         if (part->ranges == NULL)
             goto err_free;
@@ -799,6 +804,8 @@ int kvf_cps_join(struct kvf_cps *st, const struct kvf_cps_join *join, kvf_time_n
         cp_room_set_state(st, target, KVF_CPS_ROOM_ACTIVE, now);
         room_updates(st, target);
     }
+    if (adopt)
+        *join->ranges_adopt_p = NULL;
     fill_result(target, part, result_p);
     return 0;
 
@@ -810,7 +817,8 @@ err_free:
 err_free_rc:
     if (part != NULL) {
         cp_pool_free(part->pool);
-        free(part->ranges);
+        if (!adopt)
+            free(part->ranges);
         free(part);
     }
     free(new_rn);

@@ -276,6 +276,11 @@ struct kvf_cps_join {
      * other ("page_set.deltas") names the whole field: the request's pages
      * came decoded from a form without runs of its own. */
     const char *pages_field;
+    /* Optional: the address of the caller's malloc'd array behind `ranges`.
+     * A join that succeeds keeps that array as the lease's own runs instead
+     * of copying it, and sets *ranges_adopt_p to NULL; a join that fails
+     * leaves it to the caller. NULL: the core copies `ranges`. */
+    struct kvf_cps_page_range **ranges_adopt_p;
 };
 
 struct kvf_cps_join_result {

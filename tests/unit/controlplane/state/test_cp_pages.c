@@ -13,6 +13,7 @@
 #include <stdarg.h>
 #include <stddef.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include <cmocka.h>
@@ -579,6 +580,55 @@ static void page_set_fields_named_and_ascending_runs_checked(void **state)
     fixture_free(f);
 }
 
+/* kvf_cps_join.ranges_adopt_p: a join that succeeds keeps the caller's array
+ * as the lease's runs (and says so by clearing the pointer); one that fails
+ * leaves it to the caller (the ASan build checks that nothing leaks and
+ * nothing is freed twice). */
+static void join_adopts_the_callers_runs_only_on_success(void **state)
+{
+    (void)state;
+    struct fixture *f = fixture_new(NULL);
+    two_nodes(f);
+    struct kvf_cps_page_range *v = malloc(3 * sizeof(*v));
+    assert_non_null(v);
+    v[0] = (struct kvf_cps_page_range){1, 1};
+    v[1] = (struct kvf_cps_page_range){3, 2};
+    v[2] = (struct kvf_cps_page_range){2000, 1}; /* outside the pool: refused */
+    struct kvf_cps_page_range *keep = v;
+    struct kvf_cps_join j = {.room_id = 50,
+                             .expected_sources = 1,
+                             .expected_sinks = 1,
+                             .node_id = "n1",
+                             .role = SNK,
+                             .engine_protocol_min = 1,
+                             .engine_protocol_max = 1,
+                             .engine_features = KVF_FEATURE_QUIESCE_V1,
+                             .pool_id = 1,
+                             .ranges = v,
+                             .range_count = 3,
+                             .pages_field = "page_set.deltas",
+                             .ranges_adopt_p = &v};
+    struct kvf_cps_join_result res;
+    assert_int_equal(kvf_cps_join(f->st, &j, f->now, &res, &f->err), -EINVAL);
+    assert_ptr_equal(v, keep); /* still the caller's */
+    j.range_count = 2;
+    assert_int_equal(kvf_cps_join(f->st, &j, f->now, &res, &f->err), 0);
+    fx_collect(f);
+    assert_null(v); /* the lease's now */
+    struct kvf_cps_participant_view pv;
+    assert_int_equal(kvf_cps_room_participant(f->st, res.key, 0, &pv), 0);
+    assert_int_equal(pv.range_count, 2);
+    assert_int_equal(pv.ranges[1].first, 3);
+    assert_int_equal(pv.ranges[1].count, 2);
+    /* The lease grows from the adopted array and frees it with the room. */
+    struct kvf_cps_page_range more = {10, 1};
+    assert_int_equal(kvf_cps_lease_extend(f->st, res.key, res.lease_id, &more, 1, f->now, &f->err),
+                     0);
+    fx_collect(f);
+    free(v);
+    fixture_free(f);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -593,6 +643,7 @@ int main(void)
         cmocka_unit_test(failed_join_rolls_back_pages_of_earlier_ranges),
         cmocka_unit_test(every_bad_input_leaves_state_unchanged),
         cmocka_unit_test(page_set_fields_named_and_ascending_runs_checked),
+        cmocka_unit_test(join_adopts_the_callers_runs_only_on_success),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
