@@ -227,9 +227,11 @@ void kvf_svc_lease_free(struct kvf_svc_lease_buf *b);
  * present, bitmap_first only with a bitmap, well-formed ranges
  * (INVALID_ARGUMENT naming the field). kvf_svc_pages_decode (state thread)
  * turns them into runs for the core: ranges as given, a bitmap or deltas as
- * ascending coalesced runs, at most `max_runs` of them (-E2BIG, before
- * anything is allocated for them); `field` names the form for the core's
- * messages (NULL for the old ranges). */
+ * ascending coalesced runs, at most `max_runs` of them (-E2BIG, found at
+ * the first run past the limit, with no more than the limit allocated);
+ * `field` names the form for the core's messages (NULL for the old ranges).
+ * The array `v` may be handed to kvf_cps_join (ranges_adopt_p), which then
+ * keeps it and sets `v` to NULL; kvf_svc_pages_free frees what is left. */
 struct kvf_svc_pages {
     struct kvf_cps_page_range *v; /* malloc'd; NULL when n is 0 */
     size_t n;
