@@ -271,6 +271,16 @@ struct kvf_cps_join {
     uint32_t pool_id;                        /* a pool of that node */
     const struct kvf_cps_page_range *ranges; /* may be empty (a dummy rank) */
     size_t range_count;
+    /* How messages name the pages: NULL is "ranges", indexed ("ranges[3]");
+     * a name ending in "ranges" is indexed too ("page_set.ranges[3]"); any
+     * other ("page_set.deltas") names the whole field: the request's pages
+     * came decoded from a form without runs of its own. */
+    const char *pages_field;
+    /* Optional: the address of the caller's malloc'd array behind `ranges`.
+     * A join that succeeds keeps that array as the lease's own runs instead
+     * of copying it, and sets *ranges_adopt_p to NULL; a join that fails
+     * leaves it to the caller. NULL: the core copies `ranges`. */
+    struct kvf_cps_page_range **ranges_adopt_p;
 };
 
 struct kvf_cps_join_result {
@@ -302,6 +312,15 @@ int kvf_cps_join(struct kvf_cps *st, const struct kvf_cps_join *join, kvf_time_n
 int kvf_cps_lease_extend(struct kvf_cps *st, kvf_room_key key, uint64_t lease_id,
                          const struct kvf_cps_page_range *ranges, size_t range_count,
                          kvf_time_ns now, struct kvf_error *err);
+/* The same, with messages naming the pages as `field` does (kvf_cps_join's
+ * pages_field; NULL: "ranges"). */
+int kvf_cps_lease_extend_named(struct kvf_cps *st, kvf_room_key key, uint64_t lease_id,
+                               const struct kvf_cps_page_range *ranges, size_t range_count,
+                               const char *field, kvf_time_ns now, struct kvf_error *err);
+
+/* The most runs of pages one lease may hold (opts.max_ranges_per_call): what
+ * a page-set decoder may produce for one request. */
+uint32_t kvf_cps_max_ranges(const struct kvf_cps *st);
 
 /*
  * Aborts a room-generation (generation 0: the current generation of the id).

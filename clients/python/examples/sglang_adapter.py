@@ -301,10 +301,12 @@ class KVReceiver:
         where to write: kvfence admits P's chunks only into pages of D's WRITE
         lease, and once the room aborts no chunk is admitted and the pages stay
         leased until every write drained (R1). The generation in the reply goes
-        into the message to P (R13)."""
+        into the message to P (R13). The indices go as a page set: with page
+        size 1 they are one per token and scattered, a few bytes each this way
+        instead of one PageRange each."""
         j = self.mgr.control.join_room(
             self.bootstrap_room, self.mgr.participant, self.mgr.pool.pool_id,
-            kvfence.ranges_from_pages(kv_indices), expected_sources=self.expected_sources,
+            pages=kv_indices, expected_sources=self.expected_sources,
             expected_sinks=1, retry_s=5.0)
         self.mgr._granted(self.bootstrap_room, j.room, j.lease_id, list(kv_indices))
         self.room = j.room
@@ -362,8 +364,8 @@ class KVSender:
                 # joined (R13). P's pages stay leased, hence not reusable,
                 # until every read of them finished (R8).
                 j = self.mgr.control.join_room(
-                    self.bootstrap_room, self.mgr.participant, self.mgr.pool.pool_id, src,
-                    expected_sources=1, expected_sinks=1, retry_s=5.0)
+                    self.bootstrap_room, self.mgr.participant, self.mgr.pool.pool_id,
+                    pages=kv_indices, expected_sources=1, expected_sinks=1, retry_s=5.0)
                 if j.room != info.room:
                     raise kvfence.FailedPrecondition(
                         kvfence.FailedPrecondition.code,
@@ -376,7 +378,7 @@ class KVSender:
                 # Chunked prefill: every chunk's pages join the READ lease
                 # before they are read, so an abort between chunks keeps the
                 # earlier chunks' pages locked until drained (R8).
-                self.mgr.control.extend_lease(self.room, self.lease_id, src)
+                self.mgr.control.extend_lease(self.room, self.lease_id, pages=kv_indices)
                 self.mgr._granted(self.bootstrap_room, self.room, self.lease_id,
                                   list(kv_indices))
             self.mgr.room_state(self.bootstrap_room).status = KVPoll.Transferring
