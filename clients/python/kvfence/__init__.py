@@ -26,11 +26,12 @@ try:
     from .client import (DEFAULT_FEATURES, DEFAULT_TIMEOUT_S, AbortReason,  # noqa: E402
                          AbortResult, AdminClient, ControlClient, JoinResult, Lease, LeaseMode,
                          LeaseReleased, LeaseState, LeaseWatch, NodeClient, NodeInfo, NodeState,
-                         PageRange, Participant, Pool, PoolKind, ReleaseWatcher, Role, RoomInfo,
+                         PageRange, Participant, Pool, PoolKind, Role, RoomInfo,
                          RoomKey, RoomState, RoomStateChanged, Token, WatchEvent, WatchSynced,
                          ranges_from_pages, LifetimeState, NodeRoomState, ChunkDone, TransportKind,
                          AuxReceived, TransferDone, NodeEvent, NodeWatch, ChunkRequest,
                          ChunkResult, ChunkStream)
+    from .watch import DEFAULT_KEEP_LEASES, DEFAULT_REMEMBER_S, ReleaseWatcher  # noqa: E402
 except ImportError as e:  # pragma: no cover - stubs not generated or not on PYTHONPATH
     if "_proto" not in str(e):
         raise
@@ -52,4 +53,5 @@ __all__ = [
     "LifetimeState", "NodeRoomState", "ChunkDone", "TransportKind", "AuxReceived", "TransferDone",
     "NodeEvent",
     "NodeWatch", "ChunkRequest", "ChunkResult", "ChunkStream",
+    "DEFAULT_REMEMBER_S", "DEFAULT_KEEP_LEASES",
 ]
