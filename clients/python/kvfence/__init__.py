@@ -8,6 +8,9 @@ disaggregated LLM serving), on grpcio.
         ...
         ctl.wait_released(j.lease_id, timeout=30)   # only now are the pages free
 
+The asyncio clients (grpc.aio) are in kvfence.aio: AsyncControlClient,
+AsyncAdminClient.
+
 The gRPC stubs (kvfence._proto.v1) are generated at build time from api/ by
 clients/python/build_stubs.py into the build directory; put that directory on
 PYTHONPATH after the source directory (see clients/python/README.md).

@@ -786,27 +786,24 @@ class ControlClient(_Client):
                       timeout: Optional[float] = None) -> RoomState:
         """Declares `participant` finished; returns the room's state. Not a
         release: the pages come back through watch_leases."""
-        req = control_pb2.CompleteRoomRequest(room=room._pb(), participant=participant._pb())
+        req = _convert.complete_room_request(room, participant)
         r = self._unary("Control.CompleteRoom", self._stub.CompleteRoom, req, timeout)
-        return _enum(RoomState, r.state)
+        return _convert.complete_room_result(r)
 
     def abort_room(self, room: Union[RoomKey, int], detail: str = "", *,
                    timeout: Optional[float] = None) -> AbortResult:
         """Aborts a room-generation (an int or generation 0: the current one).
         Idempotent. Not a release: the pages come back through watch_leases."""
-        req = control_pb2.AbortRoomRequest(room=_room_key(room)._pb(), detail=detail)
+        req = _convert.abort_room_request(room, detail)
         r = self._unary("Control.AbortRoom", self._stub.AbortRoom, req, timeout)
-        return AbortResult(RoomKey._from(r.room), Token._from(r.token), _enum(RoomState, r.state),
-                           r.already_aborting, _enum(AbortReason, r.reason))
+        return _convert.abort_room_result(r)
 
     def watch_leases(self, *, node_id: str = "", ranks: Iterable[int] = (),
                      lease_ids: Iterable[int] = (), include_room_states: bool = False,
                      timeout: Optional[float] = None) -> LeaseWatch:
         """Opens a WatchLeases stream (no deadline unless `timeout`): replayed
         releases, one WatchSynced, then live events."""
-        req = control_pb2.WatchLeasesRequest(node_id=node_id, ranks=list(ranks),
-                                             lease_ids=list(lease_ids),
-                                             include_room_states=include_room_states)
+        req = _convert.watch_leases_request(node_id, ranks, lease_ids, include_room_states)
         return LeaseWatch(self._stub.WatchLeases(req, timeout=timeout))
 
     def wait_released(self, lease_id: int, timeout: float) -> Lease:
@@ -835,11 +832,7 @@ class ControlClient(_Client):
                 time.sleep(min(0.1, max(0.0, deadline - time.monotonic())))
             except errors.DeadlineExceeded:
                 break
-        missing = sorted(want - set(got))
-        raise errors.DeadlineExceeded(
-            grpc.StatusCode.DEADLINE_EXCEEDED,
-            "lease(s) %s not released within %.3g s; their pages are not free" %
-            (", ".join(map(str, missing)), timeout), "Control.WatchLeases")
+        raise _convert.not_released(sorted(want - set(got)), timeout)
 
     def release_watcher(self, on_released: Callable[[Lease], None], **kw: Any) -> "ReleaseWatcher":
         """A ReleaseWatcher on this client (not started); see ReleaseWatcher."""
@@ -1049,7 +1042,7 @@ class AdminClient(_Client):
 
     def room(self, room: Union[RoomKey, int], *, timeout: Optional[float] = None) -> RoomInfo:
         """One room-generation (an int or generation 0: the current one) with its participants."""
-        req = control_pb2.GetRoomRequest(room=_room_key(room)._pb())
+        req = _convert.get_room_request(room)
         return RoomInfo._from(self._unary("Admin.GetRoom", self._stub.GetRoom, req, timeout))
 
     def rooms(self, *, states: Iterable[RoomState] = (), node_id: str = "",
@@ -1121,5 +1114,7 @@ class AdminClient(_Client):
             time.sleep(_RETRY_SLEEP_S)
 
 
-# ReleaseWatcher lives in watch.py (it needs ControlClient); importable from here too.
+# Modules that build on the definitions above: the request builders shared
+# with the asyncio client, and ReleaseWatcher (importable from here too).
+from . import _convert  # noqa: E402
 from .watch import ReleaseWatcher  # noqa: E402
