@@ -39,8 +39,8 @@ Lease objects) grouped by room, in the order of their room's latest release
 seen here; a room leaves it `remember_s` after the last release of it that
 this watcher delivered (default 1200 s: twice the default tombstone TTL,
 whose clock starts no earlier than that release). Memory is therefore
-about (releases per second) x remember_s x ~150 bytes, whatever the
-engine's age. Set remember_s to at least the control plane's tombstone TTL;
+about (releases per second) x remember_s x 180 bytes (tracemalloc: 177 B
+per id, two leases a room), whatever the engine's age. Set remember_s to at least the control plane's tombstone TTL;
 longer where a room's last lease can be released long after this watcher's
 (a lease of a lost node waiting for its host's proof, docs/state-cores.md):
 a replay of a forgotten lease would be delivered a second time.
