@@ -31,19 +31,29 @@ watcher uses that channel as it is (own_channel=False behaves the same).
 
 The dedup window (the memory bound). The server replays, on every
 (re)subscription, each matching lease that is RELEASED and whose room it
-still keeps as a tombstone; a room's tombstone timer starts when its last
-lease is released and runs `--tombstone-ttl-ms` (default 600 s). So a
-delivered lease can come back only while its room's tombstone lives, and
-that is the only thing dedup has to cover. The window keeps lease ids (not
-Lease objects) grouped by room, in the order of their room's latest release
-seen here; a room leaves it `remember_s` after the last release of it that
-this watcher delivered (default 1200 s: twice the default tombstone TTL,
-whose clock starts no earlier than that release). Memory is therefore
-about (releases per second) x remember_s x 180 bytes (tracemalloc: 177 B
-per id, two leases a room), whatever the engine's age. Set remember_s to at least the control plane's tombstone TTL;
-longer where a room's last lease can be released long after this watcher's
-(a lease of a lost node waiting for its host's proof, docs/state-cores.md):
-a replay of a forgotten lease would be delivered a second time.
+still keeps as a tombstone (a room's tombstone timer starts when its last
+lease is released and runs `--tombstone-ttl-ms`, default 600 s). So a
+delivered lease can come back only while the server would still replay it,
+and that is all dedup has to cover. The window keeps lease ids (not Lease
+objects) grouped by room, in the order of their room's latest release
+delivered here. A room older than `remember_s` (default 1200 s, twice the
+default tombstone TTL) is not just dropped: the watcher asks the server
+which of those leases it would still replay (one WatchLeases stream
+filtered by up to 8192 of their lease ids, read up to its `synced`: a
+verification, on the watcher thread, after a delivery, at most once per
+second), keeps the rooms of those it replays (old again after another
+remember_s) and forgets the rest, which no later replay can bring back (a
+tombstone that expired never returns). A verification that fails forgets
+nothing. With remember_s past the TTL the answer is nearly always an empty
+replay: a few milliseconds of the watcher thread per second while old rooms
+wait. So the bound is the server's: the ids of releases whose rooms the
+server still keeps, plus remember_s of newer ones, about (releases per
+second) x max(tombstone TTL, remember_s) x 180 bytes (tracemalloc: 177 B
+per id, two leases a room), whatever the engine's age; and no lease is ever delivered twice, however long a room's last
+lease waits (a lost node's lease waiting for its host's proof keeps the
+room, and its replay, alive). The one case it cannot cover is a server
+that forgets a release and makes it again (a failover to a standby that
+had not replicated it): a watcher that kept everything would dedup that.
 
 Lease objects are kept only for the last `keep_leases` releases (wait() of
 a lease released a moment ago, as an engine that checks is_released() after
@@ -67,9 +77,15 @@ __all__ = ["ReleaseWatcher", "DEFAULT_REMEMBER_S", "DEFAULT_KEEP_LEASES"]
 
 log = logging.getLogger("kvfence")
 
-#: Seconds a delivered lease id is kept for dedup after its room's last release
-#: seen here: twice the control plane's default --tombstone-ttl-ms (600 s).
+#: Seconds a delivered lease id is kept for dedup after its room's last
+#: release seen here before the server is asked whether it would still replay
+#: it: twice the control plane's default --tombstone-ttl-ms (600 s), so that
+#: the answer is nearly always "no" and the check costs one empty replay.
 DEFAULT_REMEMBER_S = 1200.0
+#: Lease ids asked about per verification stream, and the least time between
+#: two verifications (a backlog of old rooms drains at 8192 ids per second).
+_VERIFY_BATCH = 8192
+_VERIFY_INTERVAL_S = 1.0
 #: Lease objects kept for wait() after their release.
 DEFAULT_KEEP_LEASES = 4096
 _MAX_CALLBACK_ERRORS = 100
@@ -102,20 +118,33 @@ class _DedupWindow:
         self._rooms[lease.room] = (now, ids)  # now the newest room
         self._room_of[lease.lease_id] = lease.room
 
-    def expire(self, now: float) -> int:
-        """Forgets every room whose latest delivery is older than remember_s;
-        how many lease ids went."""
-        gone = 0
+    def old_rooms(self, now: float, limit: int) -> List[Tuple[RoomKey, List[int]]]:
+        """The oldest rooms whose latest delivery is older than remember_s,
+        up to about `limit` lease ids (left in the window)."""
+        out: List[Tuple[RoomKey, List[int]]] = []
+        n = 0
         horizon = now - self.remember_s
-        while self._rooms:
-            room, (t, ids) = next(iter(self._rooms.items()))
-            if t > horizon:
+        for room, (t, ids) in self._rooms.items():
+            if t > horizon or n >= limit:
                 break
-            del self._rooms[room]
-            for lid in ids:
-                del self._room_of[lid]
-            gone += len(ids)
-        return gone
+            out.append((room, ids))
+            n += len(ids)
+        return out
+
+    def touch(self, room: RoomKey, now: float) -> None:
+        """A room kept after a verification: the newest again."""
+        t_ids = self._rooms.pop(room, None)
+        if t_ids is not None:
+            self._rooms[room] = (now, t_ids[1])
+
+    def forget(self, room: RoomKey) -> int:
+        """Removes one room; how many lease ids went."""
+        t_ids = self._rooms.pop(room, None)
+        if t_ids is None:
+            return 0
+        for lid in t_ids[1]:
+            del self._room_of[lid]
+        return len(t_ids[1])
 
 
 class ReleaseWatcher:
@@ -178,6 +207,10 @@ class ReleaseWatcher:
         # The latest callback exceptions (at most _MAX_CALLBACK_ERRORS).
         self.callback_errors: List[BaseException] = []
         self.delivered = 0  # leases handed to on_released (each once)
+        self.forgotten = 0  # lease ids dropped from the window after a verification
+        self.verifications = 0  # verifications the server answered
+        self._next_verify = time.monotonic() + remember_s
+        self._verify_timeout = max(control.timeout, 1.0)
 
     # ---- control ----------------------------------------------------------------
 
@@ -309,7 +342,6 @@ class ReleaseWatcher:
             self._callback_failed(e)
         with self._cv:
             now = time.monotonic()
-            self._window.expire(now)
             self._window.add(lease, now)
             self.delivered += 1
             if self._keep_leases:
@@ -319,6 +351,43 @@ class ReleaseWatcher:
             if lease.lease_id in self._waiting:
                 self._held[lease.lease_id] = lease
             self._cv.notify_all()
+            due = now >= self._next_verify
+        if due:
+            self._verify(now)
+
+    def _verify(self, now: float) -> None:
+        """Forgets the old rooms whose leases the server would no longer
+        replay; keeps the others (module docstring). Watcher thread: no
+        delivery changes the window meanwhile."""
+        with self._cv:
+            self._next_verify = now + min(self._window.remember_s, _VERIFY_INTERVAL_S)
+            old = self._window.old_rooms(now, _VERIFY_BATCH)
+        if not old:
+            return
+        ids = [lid for _, room_ids in old for lid in room_ids]
+        replayed = set()
+        try:
+            with (self._own or self._control).watch_leases(lease_ids=ids,
+                                                           timeout=self._verify_timeout) as w:
+                for ev in w:
+                    if isinstance(ev, LeaseReleased):
+                        replayed.add(ev.lease.lease_id)
+                    elif isinstance(ev, WatchSynced):
+                        break
+                else:
+                    raise errors.Unavailable(grpc.StatusCode.UNAVAILABLE,
+                                             "ended before synced", "Control.WatchLeases")
+            answered = 1
+        except errors.KvfenceError as e:
+            log.info("dedup window: verifying %d lease ids failed (%s); all kept", len(ids), e)
+            replayed, answered = set(ids), 0
+        with self._cv:
+            for room, room_ids in old:
+                if any(lid in replayed for lid in room_ids):
+                    self._window.touch(room, now)
+                else:
+                    self.forgotten += self._window.forget(room)
+            self.verifications += answered
 
     def _callback_failed(self, e: BaseException) -> None:
         self.callback_errors.append(e)

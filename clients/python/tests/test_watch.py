@@ -1,7 +1,7 @@
 """ReleaseWatcher against a real control plane and two real nodes
 (conftest.py): exactly once per lease across a resubscription's replay, the
-dedup window that bounds its memory (remember_s, keep_leases), and its own
-channel."""
+dedup window that bounds its memory (forgetting what the server would no
+longer replay; keep_leases), and its own channel."""
 import collections
 import threading
 import time
@@ -52,14 +52,17 @@ def wait_until(pred, what, timeout=WAIT_S):
         time.sleep(0.01)
 
 
+@pytest.mark.control_args("--tombstone-ttl-ms", "300")
 def test_watcher_forgets_delivered_leases(cluster):
-    """Four batches of 50 rooms: after each, once remember_s has passed, the
-    dedup window holds only the next room's two leases, and Lease objects
-    are kept only for the last keep_leases releases: what the watcher keeps
-    does not grow with the number of rooms it has seen."""
+    """Tombstones kept 300 ms: four batches of 50 rooms, and after each,
+    once the batch's tombstones expired, the next release makes the watcher
+    ask the server about the batch (nothing replayed) and forget it: the
+    window holds only that room's two leases, and Lease objects are kept
+    only for the last keep_leases releases. What the watcher keeps does not
+    grow with the number of rooms it has seen."""
     ctl = cluster.control()
     rec = Recorder()
-    w = ctl.release_watcher(rec, remember_s=0.3, keep_leases=8).start(WAIT_S)
+    w = ctl.release_watcher(rec, remember_s=0.2, keep_leases=8).start(WAIT_S)
     try:
         room_id = 7000
         first_ids = None
@@ -71,17 +74,18 @@ def test_watcher_forgets_delivered_leases(cluster):
                 for lid in ids:  # the pages are reused 32 rooms later
                     w.wait(lid, WAIT_S)
             assert w.remembered >= 2
-            if batch == 0 and w.is_released(first_ids[0]):  # within remember_s still
+            if batch == 0 and w.is_released(first_ids[0]):  # still in the window
                 with pytest.raises(kvfence.NotFound, match="no longer kept"):
                     w.wait(first_ids[0], 0)  # but 99 releases ago: its Lease is gone
-            time.sleep(0.35)
+            time.sleep(1.0)  # > tombstone TTL and remember_s
             room_id += 1
             probe = abort_room(cluster, ctl, room_id, 40)
             for lid in probe:
                 w.wait(lid, WAIT_S)
             assert w.remembered == 2, (batch, w.remembered)  # only the probe room
         assert rec.total() == 2 * 4 * 51 and not rec.duplicates()
-        assert w.delivered == 2 * 4 * 51
+        assert w.delivered == 2 * 4 * 51 and w.forgotten == w.delivered - 2
+        assert w.verifications >= 4
         assert not w.is_released(first_ids[0])  # forgotten
         assert w.wait(probe[1], 0).lease_id == probe[1]
     finally:
@@ -110,23 +114,27 @@ def test_replay_after_resubscription_is_delivered_once(cluster):
         w.stop()
 
 
-def test_remember_s_is_the_dedup_bound(cluster):
-    """A lease forgotten (older than remember_s) and replayed by a
-    resubscription is delivered again: the window is what dedups, so it
-    must span the control plane's tombstone TTL (the default does)."""
+def test_old_leases_the_server_still_replays_are_kept(cluster):
+    """remember_s 0.2 s, tombstones kept 10 min (the default): past
+    remember_s the watcher asks the server, which would still replay the
+    leases, so none is forgotten, and a resubscription's replay delivers
+    none of them again."""
     ctl = cluster.control()
     rec = Recorder()
-    w = ctl.release_watcher(rec, remember_s=1.0).start(WAIT_S)
+    w = ctl.release_watcher(rec, remember_s=0.2).start(WAIT_S)
     try:
-        a, b = abort_room(cluster, ctl, 7200, 0)
-        wait_until(lambda: rec.total() == 2, "2 releases delivered")
-        time.sleep(1.1)
-        c, d = abort_room(cluster, ctl, 7201, 1)  # expires the first room
+        first = abort_room(cluster, ctl, 7200, 0) + abort_room(cluster, ctl, 7201, 1)
         wait_until(lambda: rec.total() == 4, "4 releases delivered")
+        time.sleep(0.3)
+        last = abort_room(cluster, ctl, 7202, 2)  # a release: the old rooms are verified
+        for lid in last:
+            w.wait(lid, WAIT_S)
+        assert all(w.is_released(lid) for lid in first)
         w._watch.cancel()
         wait_until(lambda: w.syncs == 2, "resubscribed and synced")
-        assert rec.count[a] == 2 and rec.count[b] == 2  # forgotten: replayed again
-        assert rec.count[c] == 1 and rec.count[d] == 1  # within remember_s: deduplicated
+        assert not rec.duplicates()
+        assert sorted(rec.count) == sorted(first + last)
+        assert w.verifications >= 1 and w.forgotten == 0 and w.remembered == 6
     finally:
         w.stop()
 
