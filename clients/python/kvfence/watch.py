@@ -8,8 +8,9 @@ it back.
 
 DESIGN
 
-Threads. One watcher thread owns the stream, the dedup window and the
-resubscription loop; it runs the callbacks. Any thread may call start(),
+Threads. One watcher thread owns the stream and the resubscription loop,
+adds to the dedup window and runs the callbacks; a short-lived check thread
+(below) forgets from the window. Any thread may call start(),
 stop(), is_released(), wait(); they touch the window only under `_cv`.
 The callback runs outside `_cv`, so it may call is_released()/wait() of its
 own watcher (not stop()).
@@ -36,22 +37,22 @@ lease is released and runs `--tombstone-ttl-ms`, default 600 s). So a
 delivered lease can come back only while the server would still replay it,
 and that is all dedup has to cover. The window keeps lease ids (not Lease
 objects) grouped by room, in the order of their room's latest release
-delivered here. A room older than `remember_s` (default 1200 s, twice the
-default tombstone TTL) is not just dropped: the watcher asks the server
-which of those leases it would still replay (one WatchLeases stream
-filtered by up to 8192 of their lease ids, read up to its `synced`: a
-verification, on the watcher thread, after a delivery, at most once per
-second), keeps the rooms of those it replays (old again after another
-remember_s) and forgets the rest, which no later replay can bring back (a
-tombstone that expired never returns). A verification that fails forgets
-nothing. With remember_s past the TTL the answer is nearly always an empty
-replay: a few milliseconds of the watcher thread per second while old rooms
-wait. So the bound is the server's: the ids of releases whose rooms the
-server still keeps, plus remember_s of newer ones, about (releases per
-second) x max(tombstone TTL, remember_s) x 180 bytes (tracemalloc: 177 B
-per id, two leases a room), whatever the engine's age; and no lease is ever delivered twice, however long a room's last
-lease waits (a lost node's lease waiting for its host's proof keeps the
-room, and its replay, alive). The one case it cannot cover is a server
+delivered here. A room older than `remember_s` (default 600 s, the default
+tombstone TTL) is not just dropped: once per remember_s, after a delivery,
+a helper thread (kvfence-release-check) opens one more WatchLeases stream
+with the watcher's own filter and reads its replay up to `synced` (lease
+ids only, no Lease objects) while the live stream goes on; every old room
+none of whose leases came back, and that got no delivery meanwhile, is
+forgotten: no later replay can bring it back (a tombstone that expired
+never returns). Rooms that came back are kept for another round. A check
+that fails forgets nothing. The cost is one resubscription's replay per
+remember_s, on the server and in the helper thread. So the bound is the
+server's: the ids of releases whose rooms the server still keeps, plus up
+to two remember_s of newer ones, about (releases per second) x (TTL + 2 x
+remember_s) x 180 bytes (tracemalloc: 177 B per id, two leases a room),
+whatever the engine's age; and no lease is ever delivered twice, however
+long a room's last lease waits (a lost node's lease waiting for its host's
+proof keeps the room, and its replay, alive). The one case it cannot cover is a server
 that forgets a release and makes it again (a failover to a standby that
 had not replicated it): a watcher that kept everything would dedup that.
 
@@ -69,7 +70,7 @@ from typing import Any, Callable, Dict, Iterable, List, Optional, Tuple
 
 import grpc
 
-from . import errors
+from . import _convert, errors
 from .client import (DEFAULT_TIMEOUT_S, ControlClient, Lease, LeaseReleased, LeaseWatch, RoomKey,
                      RoomStateChanged, WatchSynced)
 
@@ -78,14 +79,9 @@ __all__ = ["ReleaseWatcher", "DEFAULT_REMEMBER_S", "DEFAULT_KEEP_LEASES"]
 log = logging.getLogger("kvfence")
 
 #: Seconds a delivered lease id is kept for dedup after its room's last
-#: release seen here before the server is asked whether it would still replay
-#: it: twice the control plane's default --tombstone-ttl-ms (600 s), so that
-#: the answer is nearly always "no" and the check costs one empty replay.
-DEFAULT_REMEMBER_S = 1200.0
-#: Lease ids asked about per verification stream, and the least time between
-#: two verifications (a backlog of old rooms drains at 8192 ids per second).
-_VERIFY_BATCH = 8192
-_VERIFY_INTERVAL_S = 1.0
+#: release seen here, and the period of the checks with the server that
+#: forget older ones: the control plane's default --tombstone-ttl-ms (600 s).
+DEFAULT_REMEMBER_S = 600.0
 #: Lease objects kept for wait() after their release.
 DEFAULT_KEEP_LEASES = 4096
 _MAX_CALLBACK_ERRORS = 100
@@ -118,18 +114,20 @@ class _DedupWindow:
         self._rooms[lease.room] = (now, ids)  # now the newest room
         self._room_of[lease.lease_id] = lease.room
 
-    def old_rooms(self, now: float, limit: int) -> List[Tuple[RoomKey, List[int]]]:
-        """The oldest rooms whose latest delivery is older than remember_s,
-        up to about `limit` lease ids (left in the window)."""
-        out: List[Tuple[RoomKey, List[int]]] = []
-        n = 0
+    def old_rooms(self, now: float) -> List[Tuple[RoomKey, float, List[int]]]:
+        """The rooms whose latest delivery is older than remember_s, oldest
+        first, each with that delivery's time (left in the window)."""
+        out: List[Tuple[RoomKey, float, List[int]]] = []
         horizon = now - self.remember_s
         for room, (t, ids) in self._rooms.items():
-            if t > horizon or n >= limit:
+            if t > horizon:
                 break
-            out.append((room, ids))
-            n += len(ids)
+            out.append((room, t, list(ids)))
         return out
+
+    def delivered_at(self, room: RoomKey) -> Optional[float]:
+        t_ids = self._rooms.get(room)
+        return t_ids[0] if t_ids is not None else None
 
     def touch(self, room: RoomKey, now: float) -> None:
         """A room kept after a verification: the newest again."""
@@ -209,8 +207,8 @@ class ReleaseWatcher:
         self.delivered = 0  # leases handed to on_released (each once)
         self.forgotten = 0  # lease ids dropped from the window after a verification
         self.verifications = 0  # verifications the server answered
-        self._next_verify = time.monotonic() + remember_s
-        self._verify_timeout = max(control.timeout, 1.0)
+        self._next_verify = time.monotonic() + remember_s  # under _cv
+        self._verify_call: Optional[Any] = None  # the check's stream, under _cv
 
     # ---- control ----------------------------------------------------------------
 
@@ -233,9 +231,12 @@ class ReleaseWatcher:
         with self._cv:
             self._stopping = True
             w = self._watch
+            check = self._verify_call
             self._cv.notify_all()
         if w is not None:
             w.cancel()
+        if check is not None:
+            check.cancel()
         if self._thread is not None and self._thread is not threading.current_thread():
             self._thread.join(timeout=5.0)
             if self._own is not None and not self._thread.is_alive():
@@ -351,43 +352,55 @@ class ReleaseWatcher:
             if lease.lease_id in self._waiting:
                 self._held[lease.lease_id] = lease
             self._cv.notify_all()
-            due = now >= self._next_verify
-        if due:
-            self._verify(now)
+            due = now >= self._next_verify and self._verify_call is None and \
+                not self._stopping
+            if due:
+                self._next_verify = now + self._window.remember_s
+                old = self._window.old_rooms(now)
+        if due and old:
+            threading.Thread(target=self._verify, args=(old,), name="kvfence-release-check",
+                             daemon=True).start()
 
-    def _verify(self, now: float) -> None:
-        """Forgets the old rooms whose leases the server would no longer
-        replay; keeps the others (module docstring). Watcher thread: no
-        delivery changes the window meanwhile."""
-        with self._cv:
-            self._next_verify = now + min(self._window.remember_s, _VERIFY_INTERVAL_S)
-            old = self._window.old_rooms(now, _VERIFY_BATCH)
-        if not old:
-            return
-        ids = [lid for _, room_ids in old for lid in room_ids]
+    def _verify(self, old: List[Tuple[RoomKey, float, List[int]]]) -> None:
+        """Its own thread: one replay of this watcher's filter, read up to
+        `synced` (ids only); then every old room none of whose leases came
+        back, and that got no delivery meanwhile, is forgotten. Nothing is
+        forgotten when the replay fails."""
+        client = self._own or self._control
+        req = _convert.watch_leases_request(self._node_id, self._ranks, (), False)
         replayed = set()
-        try:
-            with (self._own or self._control).watch_leases(lease_ids=ids,
-                                                           timeout=self._verify_timeout) as w:
-                for ev in w:
-                    if isinstance(ev, LeaseReleased):
-                        replayed.add(ev.lease.lease_id)
-                    elif isinstance(ev, WatchSynced):
-                        break
-                else:
-                    raise errors.Unavailable(grpc.StatusCode.UNAVAILABLE,
-                                             "ended before synced", "Control.WatchLeases")
-            answered = 1
-        except errors.KvfenceError as e:
-            log.info("dedup window: verifying %d lease ids failed (%s); all kept", len(ids), e)
-            replayed, answered = set(ids), 0
+        synced = False
         with self._cv:
-            for room, room_ids in old:
-                if any(lid in replayed for lid in room_ids):
-                    self._window.touch(room, now)
+            if self._stopping:
+                return
+            call = self._verify_call = client._stub.WatchLeases(req)
+        try:
+            for m in call:
+                which = m.WhichOneof("event")
+                if which == "released":
+                    replayed.add(m.released.lease_id)
+                elif which == "synced":
+                    synced = True
+                    break
+        except grpc.RpcError as e:
+            if not self._stopping:
+                log.info("dedup window: the check's replay failed (%s); nothing forgotten",
+                         e.code())
+        finally:
+            call.cancel()
+        with self._cv:
+            self._verify_call = None
+            if not synced:
+                return
+            now = time.monotonic()
+            for room, t, ids in old:
+                if self._window.delivered_at(room) != t:
+                    continue  # a later release of the room came: it is young again
+                if any(lid in replayed for lid in ids):
+                    self._window.touch(room, now)  # still kept by the server
                 else:
                     self.forgotten += self._window.forget(room)
-            self.verifications += answered
+            self.verifications += 1
 
     def _callback_failed(self, e: BaseException) -> None:
         self.callback_errors.append(e)
