@@ -741,7 +741,9 @@ class ControlClient(_Client):
 
     def __init__(self, target: Optional[str] = None, **kw: Any) -> None:
         if kw.get("channel") is None:
-            kw["options"] = tuple(kw.get("options") or ()) + _WATCH_CHANNEL_OPTIONS
+            options = tuple(kw.get("options") or ())
+            kw["options"] = options + tuple(o for o in _WATCH_CHANNEL_OPTIONS
+                                            if o not in options)
         super().__init__(target, **kw)
         self._stub = control_pb2_grpc.ControlStub(self.channel)
 

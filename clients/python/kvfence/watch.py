@@ -179,11 +179,8 @@ class ReleaseWatcher:
         self._control = control
         # The client whose stream this watcher reads: its own (closed by
         # stop()) unless the control client's channel was passed in.
-        self._own: Optional[ControlClient] = None
-        if own_channel and control._channel_args is not None and control.target is not None:
-            credentials, options = control._channel_args
-            self._own = ControlClient(control.target, credentials=credentials, options=options,
-                                      timeout=control.timeout)
+        self._own: Optional[ControlClient] = None  # made by start()
+        self._own_channel = own_channel
         self._on_released = on_released
         self._on_room_state = on_room_state
         self._node_id = node_id
@@ -214,6 +211,12 @@ class ReleaseWatcher:
 
     def start(self, timeout: float = DEFAULT_TIMEOUT_S) -> "ReleaseWatcher":
         """Starts the thread and waits for the first `synced`."""
+        control = self._control
+        if self._own_channel and control._channel_args is not None and \
+                control.target is not None:
+            credentials, options = control._channel_args
+            self._own = ControlClient(control.target, credentials=credentials, options=options,
+                                      timeout=control.timeout)
         self._thread = threading.Thread(target=self._run, name="kvfence-release-watcher",
                                         daemon=True)
         self._thread.start()
