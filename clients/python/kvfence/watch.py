@@ -88,8 +88,9 @@ _MAX_CALLBACK_ERRORS = 100
 
 
 class _DedupWindow:
-    """Delivered lease ids by room, oldest room first, forgotten `remember_s`
-    after the room's latest delivery. Not thread safe (the watcher's _cv)."""
+    """Delivered lease ids by room, ordered by the room's latest delivery
+    (or check that kept it), oldest first; a room is forgotten only by
+    forget(), after a check. Not thread safe (the watcher's _cv)."""
 
     def __init__(self, remember_s: float) -> None:
         self.remember_s = remember_s
@@ -130,7 +131,7 @@ class _DedupWindow:
         return t_ids[0] if t_ids is not None else None
 
     def touch(self, room: RoomKey, now: float) -> None:
-        """A room kept after a verification: the newest again."""
+        """A room kept after a check: the newest again."""
         t_ids = self._rooms.pop(room, None)
         if t_ids is not None:
             self._rooms[room] = (now, t_ids[1])
@@ -159,8 +160,9 @@ class ReleaseWatcher:
     or failover) the watcher resubscribes with backoff; the replay plus the
     lease_id dedup make that lossless while the room is kept as a tombstone.
 
-    remember_s: how long a delivered lease id stays in the dedup window after
-    its room's last release seen here (the memory bound; module docstring).
+    remember_s: the least time a delivered lease id stays in the dedup window
+    after its room's last release seen here, and the period of the checks
+    that forget what the server would no longer replay (module docstring).
     keep_leases: how many recent Lease objects wait() can still return.
     own_channel: read the stream on a channel of its own (the default; see
     the module docstring), closed by stop().
