@@ -124,8 +124,12 @@ def main() -> int:
                     help="give the client a channel made with grpcio's defaults")
     ap.add_argument("--shared-watch-channel", action="store_true",
                     help="the watcher reads on the engines' channel (own_channel=False)")
+    ap.add_argument("--switch-interval", type=float, default=None,
+                    help="sys.setswitchinterval for this process (seconds; Python's default 0.005)")
     ap.add_argument("--keep", action="store_true", help="keep the daemons' logs")
     a = ap.parse_args()
+    if a.switch_interval is not None:
+        sys.setswitchinterval(a.switch_interval)
 
     control_bin = os.path.join(a.build, "controlplane", "kvfence-control")
     node_bin = os.path.join(a.build, "dataplane", "kvfence-node")
@@ -258,7 +262,7 @@ def main() -> int:
         out = {"python": py, "c": c, "rooms": rooms[0], "engines": a.engines,
                "cpu_threads": a.cpu_threads, "work_ms": a.work_ms, "duration_s": a.duration,
                "watcher": type(watcher).__module__ + "." + type(watcher).__name__,
-               "plain_channel": a.plain_channel, "shared_watch_channel": a.shared_watch_channel,
+               "switch_interval_s": sys.getswitchinterval(), "plain_channel": a.plain_channel, "shared_watch_channel": a.shared_watch_channel,
                "p99_ratio": round(py["p99_ms"] / c["p99_ms"], 2) if c["p99_ms"] else None,
                "p50_ratio": round(py["p50_ms"] / c["p50_ms"], 2) if c["p50_ms"] else None}
         print(json.dumps(out))
