@@ -190,7 +190,9 @@ class AsyncControlClient(_AsyncClient):
     async def get_room(self, room: Union[RoomKey, int], *,
                        timeout: Optional[float] = None) -> RoomInfo:
         """One room-generation (an int or generation 0: the current one) with
-        its participants (Admin.GetRoom on the same channel)."""
+        its participants (Admin.GetRoom on the same channel: with mutual TLS
+        the client's identity must be one of the control plane's
+        --admin-identities, else PermissionDenied; docs/security.md)."""
         req = _convert.get_room_request(room)
         return RoomInfo._from(await self._unary("Admin.GetRoom", self._admin.GetRoom, req,
                                                 timeout))
