@@ -88,6 +88,9 @@ class Daemon:
                 self.proc.kill()
                 self.proc.wait()
         self._log.close()
+        if self.proc.returncode != 0:
+            print("%s exited with %d; log %s" % (self.name, self.proc.returncode, self.log_path),
+                  file=sys.stderr)
 
 
 def pct(xs: List[float], q: float) -> float:
@@ -244,7 +247,8 @@ def main() -> int:
         time.sleep(0.5)
         watcher.stop()
         cwatch.stdin.close()
-        cwatch.wait(10)
+        if cwatch.wait(10) != 0:
+            raise SystemExit("c_release_watch exited with %d" % cwatch.returncode)
         c_seen: Dict[int, int] = {}
         with open(c_out.name, encoding="utf-8") as f:
             for line in f:
