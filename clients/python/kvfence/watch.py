@@ -46,7 +46,9 @@ none of whose leases came back, and that got no delivery meanwhile, is
 forgotten: no later replay can bring it back (a tombstone that expired
 never returns). Rooms that came back are kept for another round. A check
 that fails forgets nothing. The cost is one resubscription's replay per
-remember_s, on the server and in the helper thread. So the bound is the
+remember_s, on the server and in the helper thread: with remember_s equal
+to the TTL, about one more message per release, parsed without building
+Lease objects (and one more thread wanting the GIL while it runs). So the bound is the
 server's: the ids of releases whose rooms the server still keeps, plus up
 to two remember_s of newer ones, about (releases per second) x (TTL + 2 x
 remember_s) x 180 bytes (tracemalloc: 177 B per id, two leases a room),
