@@ -127,6 +127,8 @@ def main() -> int:
                     help="give the client a channel made with grpcio's defaults")
     ap.add_argument("--shared-watch-channel", action="store_true",
                     help="the watcher reads on the engines' channel (own_channel=False)")
+    ap.add_argument("--backend", default="grpc", choices=("grpc", "libkvfence"),
+                    help="ReleaseWatcher backend (libkvfence: set KVFENCE_LIBRARY)")
     ap.add_argument("--switch-interval", type=float, default=None,
                     help="sys.setswitchinterval for this process (seconds; Python's default 0.005)")
     ap.add_argument("--keep", action="store_true", help="keep the daemons' logs")
@@ -183,6 +185,8 @@ def main() -> int:
             py_seen[lease.lease_id] = time.monotonic_ns()
 
         kw = {"own_channel": False} if a.shared_watch_channel else {}
+        if a.backend != "grpc":
+            kw["backend"] = a.backend
         watcher = ctl.release_watcher(on_released, **kw).start(10.0)
         deadline = time.monotonic() + 10
         while b"synced" not in open(c_out.name, "rb").read():
@@ -266,7 +270,7 @@ def main() -> int:
         out = {"python": py, "c": c, "rooms": rooms[0], "engines": a.engines,
                "cpu_threads": a.cpu_threads, "work_ms": a.work_ms, "duration_s": a.duration,
                "watcher": type(watcher).__module__ + "." + type(watcher).__name__,
-               "switch_interval_s": sys.getswitchinterval(), "plain_channel": a.plain_channel, "shared_watch_channel": a.shared_watch_channel,
+               "backend": a.backend, "switch_interval_s": sys.getswitchinterval(), "plain_channel": a.plain_channel, "shared_watch_channel": a.shared_watch_channel,
                "p99_ratio": round(py["p99_ms"] / c["p99_ms"], 2) if c["p99_ms"] else None,
                "p50_ratio": round(py["p50_ms"] / c["p50_ms"], 2) if c["p50_ms"] else None}
         print(json.dumps(out))

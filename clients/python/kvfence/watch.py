@@ -66,15 +66,17 @@ from __future__ import annotations
 
 import collections
 import logging
+import struct
 import threading
 import time
 from typing import Any, Callable, Dict, Iterable, List, Optional, Tuple
 
 import grpc
 
-from . import _convert, errors
+from . import _convert, _libkvfence, errors
+from ._proto.v1 import control_pb2
 from .client import (DEFAULT_TIMEOUT_S, ControlClient, Lease, LeaseReleased, LeaseWatch, RoomKey,
-                     RoomStateChanged, WatchSynced)
+                     RoomStateChanged, WatchEvent, WatchSynced, _event_from)
 
 __all__ = ["ReleaseWatcher", "DEFAULT_REMEMBER_S", "DEFAULT_KEEP_LEASES"]
 
@@ -87,6 +89,7 @@ DEFAULT_REMEMBER_S = 600.0
 #: Lease objects kept for wait() after their release.
 DEFAULT_KEEP_LEASES = 4096
 _MAX_CALLBACK_ERRORS = 100
+_CODES: Dict[int, grpc.StatusCode] = {c.value[0]: c for c in grpc.StatusCode}
 
 
 class _DedupWindow:
@@ -168,6 +171,10 @@ class ReleaseWatcher:
     keep_leases: how many recent Lease objects wait() can still return.
     own_channel: read the stream on a channel of its own (the default; see
     the module docstring), closed by stop().
+    backend: "grpc" (grpcio, the default) or "libkvfence": the C library's
+    queued watch through ctypes (_libkvfence.py; $KVFENCE_LIBRARY; plaintext
+    only): its own thread receives without the GIL, and this watcher's
+    thread wakes once per batch of events.
     """
 
     def __init__(self, control: ControlClient, on_released: Callable[[Lease], None], *,
@@ -175,7 +182,8 @@ class ReleaseWatcher:
                  on_room_state: Optional[Callable[[RoomStateChanged], None]] = None,
                  backoff: Tuple[float, float] = (0.05, 2.0),
                  remember_s: float = DEFAULT_REMEMBER_S,
-                 keep_leases: int = DEFAULT_KEEP_LEASES, own_channel: bool = True) -> None:
+                 keep_leases: int = DEFAULT_KEEP_LEASES, own_channel: bool = True,
+                 backend: str = "grpc") -> None:
         if remember_s <= 0:
             raise ValueError("remember_s: must be > 0, got %r" % (remember_s,))
         if keep_leases < 0:
@@ -185,6 +193,10 @@ class ReleaseWatcher:
         # stop()) unless the control client's channel was passed in.
         self._own: Optional[ControlClient] = None  # made by start()
         self._own_channel = own_channel
+        if backend not in ("grpc", "libkvfence"):
+            raise ValueError("backend: 'grpc' or 'libkvfence', got %r" % (backend,))
+        self._backend = backend
+        self._queued: Optional[_libkvfence.QueuedWatch] = None  # made by start()
         self._on_released = on_released
         self._on_room_state = on_room_state
         self._node_id = node_id
@@ -216,6 +228,15 @@ class ReleaseWatcher:
     def start(self, timeout: float = DEFAULT_TIMEOUT_S) -> "ReleaseWatcher":
         """Starts the thread and waits for the first `synced`."""
         control = self._control
+        if self._backend == "libkvfence":
+            lib = _libkvfence.load()
+            if lib is None or control.target is None or control._channel_args is None or \
+                    control._channel_args[0] is not None:
+                raise ValueError("backend='libkvfence': needs libkvfence with kvf_watch_queue "
+                                 "($KVFENCE_LIBRARY) and a plaintext ControlClient with a target")
+            self._queued = _libkvfence.QueuedWatch(lib, control.target, self._node_id,
+                                                   self._ranks,
+                                                   self._on_room_state is not None)
         if self._own_channel and control._channel_args is not None and \
                 control.target is not None:
             credentials, options = control._channel_args
@@ -244,10 +265,17 @@ class ReleaseWatcher:
             w.cancel()
         if check is not None:
             check.cancel()
+        if self._queued is not None:
+            self._queued.wake()
         if self._thread is not None and self._thread is not threading.current_thread():
             self._thread.join(timeout=5.0)
-            if self._own is not None and not self._thread.is_alive():
-                self._own.close()
+            if not self._thread.is_alive():
+                if self._own is not None:
+                    self._own.close()
+                    self._own = None
+                if self._queued is not None:
+                    self._queued.close()
+                    self._queued = None
 
     # ---- queries ----------------------------------------------------------------
 
@@ -305,6 +333,9 @@ class ReleaseWatcher:
     # ---- the watcher thread ---------------------------------------------------------
 
     def _run(self) -> None:
+        if self._queued is not None:
+            self._run_queued(self._queued)
+            return
         delay = self._backoff[0]
         while True:
             with self._cv:
@@ -317,19 +348,7 @@ class ReleaseWatcher:
             try:
                 for ev in watch:
                     delay = self._backoff[0]
-                    if isinstance(ev, LeaseReleased):
-                        self._deliver(ev.lease)
-                    elif isinstance(ev, WatchSynced):
-                        with self._cv:
-                            self._synced = True
-                            self._syncs += 1
-                            self._cv.notify_all()
-                    elif isinstance(ev, RoomStateChanged) and self._on_room_state:
-                        try:
-                            self._on_room_state(ev)
-                        except Exception as e:  # a callback's bug must not stop the watch
-                            log.exception("on_room_state callback failed")
-                            self._callback_failed(e)
+                    self._handle(ev)
             except errors.KvfenceError as e:
                 self.last_error = e
                 log.info("WatchLeases ended (%s); resubscribing in %.2f s", e, delay)
@@ -338,6 +357,40 @@ class ReleaseWatcher:
                     return
                 self._cv.wait(delay)
             delay = min(delay * 2, self._backoff[1])
+
+    def _handle(self, ev: WatchEvent) -> None:
+        if isinstance(ev, LeaseReleased):
+            self._deliver(ev.lease)
+        elif isinstance(ev, WatchSynced):
+            with self._cv:
+                self._synced = True
+                self._syncs += 1
+                self._cv.notify_all()
+        elif isinstance(ev, RoomStateChanged) and self._on_room_state:
+            try:
+                self._on_room_state(ev)
+            except Exception as e:  # a callback's bug must not stop the watch
+                log.exception("on_room_state callback failed")
+                self._callback_failed(e)
+
+    def _run_queued(self, q: "_libkvfence.QueuedWatch") -> None:
+        """The libkvfence backend: the library's thread receives and
+        resubscribes; this thread wakes once per batch."""
+        while q.wait():
+            for kind, data in q.drain():
+                if kind == _libkvfence.DISCONNECTED:
+                    code = struct.unpack_from("=I", data)[0] if len(data) >= 4 else 14
+                    self.last_error = errors.make_error(
+                        _CODES.get(code, grpc.StatusCode.UNKNOWN),
+                        data[4:].decode(errors="replace"), "Control.WatchLeases")
+                    log.info("WatchLeases ended (%s); libkvfence resubscribes", self.last_error)
+                    continue
+                ev = _event_from(control_pb2.LeaseEvent.FromString(data))
+                if ev is not None:
+                    self._handle(ev)
+            with self._cv:
+                if self._stopping:
+                    return
 
     def _deliver(self, lease: Lease) -> None:
         with self._cv:

@@ -3,6 +3,7 @@
 dedup window that bounds its memory (forgetting what the server would no
 longer replay; keep_leases), and its own channel."""
 import collections
+import os
 import threading
 import time
 
@@ -156,3 +157,29 @@ def test_watcher_reads_on_its_own_channel(cluster):
         assert w.last_error is None
     finally:
         w.stop()
+
+
+def test_libkvfence_backend_delivers_once_per_lease(cluster):
+    """backend='libkvfence' (ctest sets KVFENCE_LIBRARY): libkvfence's own
+    thread receives and queues, the watcher drains per wake-up; start()
+    returns synced, every release is delivered once, stop() ends it."""
+    if not os.environ.get("KVFENCE_LIBRARY"):
+        pytest.skip("KVFENCE_LIBRARY is not set")
+    ctl = cluster.control()
+    rec = Recorder()
+    states = []
+    w = ctl.release_watcher(rec, node_id="n2", backend="libkvfence",
+                            on_room_state=states.append).start(WAIT_S)
+    try:
+        assert w.syncs == 1
+        sinks = [abort_room(cluster, ctl, 7400 + i, i)[1] for i in range(10)]
+        for lid in sinks:
+            assert w.wait(lid, WAIT_S).lease_id == lid
+        assert sorted(rec.count) == sorted(sinks) and not rec.duplicates()
+        assert any(s.new_state == kvfence.RoomState.ABORTED for s in states)
+    finally:
+        w.stop()
+    assert not any(t.name == "kvfence-release-watcher" and t.is_alive()
+                   for t in threading.enumerate())
+    with pytest.raises(ValueError, match="backend"):
+        ctl.release_watcher(rec, backend="nope")
