@@ -29,6 +29,9 @@ Two things, each worth a factor under GIL contention:
     through a condition variable (two contended acquisitions).
 A ControlClient made on a channel passed in has no target to copy: its
 watcher uses that channel as it is (own_channel=False behaves the same).
+backend="libkvfence" goes one step further (_libkvfence.py): the C
+library's thread receives and queues without the GIL, and the watcher
+thread wakes once per batch, not once per message.
 
 The dedup window (the memory bound). The server replays, on every
 (re)subscription, each matching lease that is RELEASED and whose room it
