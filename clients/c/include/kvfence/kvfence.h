@@ -21,7 +21,8 @@
  * Threads. Handles may be shared by any number of threads; every call blocks
  * the calling thread until the reply or the call's deadline
  * (kvf_client_opts.call_timeout_ms). Lease watches deliver their events on a
- * thread of the library (one per watch).
+ * thread of the library (one per watch), or queue them for the application
+ * to drain when its descriptor is readable (kvf_watch_queue_start()).
  *
  * ---- The lifecycle an engine must follow -----------------------------------
  *
