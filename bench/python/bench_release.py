@@ -262,7 +262,8 @@ def main() -> int:
         missing_py = sorted(want - set(py_seen))
         missing_c = sorted(want - set(c_seen))
         if missing_py or missing_c:
-            raise SystemExit("releases missing: python %s, C %s" % (missing_py[:10], missing_c[:10]))
+            raise SystemExit("releases missing: python %s, C %s" %
+                             (missing_py[:10], missing_c[:10]))
         start = t0 + int(a.warmup * 1e9)
         py_ms = [(py_seen[l] - t) / 1e6 for l, t in abort_at.items() if t >= start]
         c_ms = [(c_seen[l] - t) / 1e6 for l, t in abort_at.items() if t >= start]
@@ -270,7 +271,8 @@ def main() -> int:
         out = {"python": py, "c": c, "rooms": rooms[0], "engines": a.engines,
                "cpu_threads": a.cpu_threads, "work_ms": a.work_ms, "duration_s": a.duration,
                "watcher": type(watcher).__module__ + "." + type(watcher).__name__,
-               "backend": a.backend, "switch_interval_s": sys.getswitchinterval(), "plain_channel": a.plain_channel, "shared_watch_channel": a.shared_watch_channel,
+               "backend": a.backend, "switch_interval_s": sys.getswitchinterval(),
+               "plain_channel": a.plain_channel, "shared_watch_channel": a.shared_watch_channel,
                "p99_ratio": round(py["p99_ms"] / c["p99_ms"], 2) if c["p99_ms"] else None,
                "p50_ratio": round(py["p50_ms"] / c["p50_ms"], 2) if c["p50_ms"] else None}
         print(json.dumps(out))

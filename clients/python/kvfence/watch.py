@@ -221,8 +221,8 @@ class ReleaseWatcher:
         # The latest callback exceptions (at most _MAX_CALLBACK_ERRORS).
         self.callback_errors: List[BaseException] = []
         self.delivered = 0  # leases handed to on_released (each once)
-        self.forgotten = 0  # lease ids dropped from the window after a verification
-        self.verifications = 0  # verifications the server answered
+        self.forgotten = 0  # lease ids dropped from the window after a check
+        self.verifications = 0  # checks the server answered (a replay up to synced)
         self._next_verify = time.monotonic() + remember_s  # under _cv
         self._verify_call: Optional[Any] = None  # the check's stream, under _cv
 
@@ -284,7 +284,7 @@ class ReleaseWatcher:
 
     def is_released(self, lease_id: int) -> bool:
         """True when the lease's release was delivered and is still in the
-        dedup window (remember_s)."""
+        dedup window (until a check found the server would not replay it)."""
         with self._cv:
             return lease_id in self._window
 
@@ -305,9 +305,9 @@ class ReleaseWatcher:
         returns the lease. DeadlineExceeded after `timeout`: the pages are
         then still not free. A lease whose release was delivered longer ago
         than the last `keep_leases` releases: NotFound (its Lease is gone;
-        is_released() still answers within remember_s). A lease forgotten
-        (remember_s) is indistinguishable from one not released: wait for
-        a lease from before it could be released, not long after."""
+        is_released() still answers while it is kept). A lease forgotten is
+        indistinguishable from one not released: wait for a lease from
+        before it could be released, not long after."""
         with self._cv:
             self._waiting[lease_id] = self._waiting.get(lease_id, 0) + 1
             try:
@@ -344,9 +344,9 @@ class ReleaseWatcher:
             with self._cv:
                 if self._stopping:
                     return
-                watch = (self._own or self._control).watch_leases(node_id=self._node_id, ranks=self._ranks,
-                                                   include_room_states=self._on_room_state
-                                                   is not None)
+                watch = (self._own or self._control).watch_leases(
+                    node_id=self._node_id, ranks=self._ranks,
+                    include_room_states=self._on_room_state is not None)
                 self._watch = watch
             try:
                 for ev in watch:
