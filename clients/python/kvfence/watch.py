@@ -225,6 +225,7 @@ class ReleaseWatcher:
         self.verifications = 0  # checks the server answered (a replay up to synced)
         self._next_verify = time.monotonic() + remember_s  # under _cv
         self._verify_call: Optional[Any] = None  # the check's stream, under _cv
+        self._checking = False  # a check thread runs, under _cv
 
     # ---- control ----------------------------------------------------------------
 
@@ -415,14 +416,17 @@ class ReleaseWatcher:
             if lease.lease_id in self._waiting:
                 self._held[lease.lease_id] = lease
             self._cv.notify_all()
-            due = now >= self._next_verify and self._verify_call is None and \
-                not self._stopping
+            due = now >= self._next_verify and not self._checking and not self._stopping
             if due:
+                self._checking = True
                 self._next_verify = now + self._window.remember_s
                 old = self._window.old_rooms(now)
         if due and old:
             threading.Thread(target=self._verify, args=(old,), name="kvfence-release-check",
                              daemon=True).start()
+        elif due:
+            with self._cv:
+                self._checking = False
 
     def _verify(self, old: List[Tuple[RoomKey, float, List[int]]]) -> None:
         """Its own thread: one replay of this watcher's filter, read up to
@@ -435,6 +439,7 @@ class ReleaseWatcher:
         synced = False
         with self._cv:
             if self._stopping:
+                self._checking = False
                 return
             call = self._verify_call = client._stub.WatchLeases(req)
         try:
@@ -453,6 +458,7 @@ class ReleaseWatcher:
             call.cancel()
         with self._cv:
             self._verify_call = None
+            self._checking = False
             if not synced:
                 return
             now = time.monotonic()
