@@ -12,6 +12,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/eventfd.h>
 #include <sys/mman.h>
 #include <time.h>
 #include <unistd.h>
@@ -635,9 +636,15 @@ int kvf_wait_released(kvf_client *c, uint64_t lease_id, int64_t deadline_ms, str
     return rc;
 }
 
+/* A raw sink (kvf_watch_queue): every received LeaseEvent as its bytes, and
+ * every break of the stream, instead of the decoded callback. */
+typedef void (*watch_raw_fn)(void *ctx, enum kvf_lease_event_kind kind, const uint8_t *msg,
+                             size_t len, const struct kvf_status *st);
+
 struct kvf_watch {
     kvf_client *c;
     kvf_lease_cb cb;
+    watch_raw_fn raw; /* set: cb is not used */
     void *ctx;
     uint8_t *req;
     size_t req_len;
@@ -707,6 +714,22 @@ static void deliver(struct kvf_watch *w, const Kvfence__V1__LeaseEvent *ev)
         free(rv);
 }
 
+/* The event kind of a message, for the raw sink (0: one this library does
+ * not know; queued all the same, the reader skips it). */
+static enum kvf_lease_event_kind raw_kind(const Kvfence__V1__LeaseEvent *ev)
+{
+    switch (ev->event_case) {
+    case KVFENCE__V1__LEASE_EVENT__EVENT_RELEASED:
+        return KVF_LEASE_EVENT_RELEASED;
+    case KVFENCE__V1__LEASE_EVENT__EVENT_ROOM_STATE:
+        return KVF_LEASE_EVENT_ROOM_STATE;
+    case KVFENCE__V1__LEASE_EVENT__EVENT_SYNCED:
+        return KVF_LEASE_EVENT_SYNCED;
+    default:
+        return (enum kvf_lease_event_kind)0;
+    }
+}
+
 static void *watch_main(void *arg)
 {
     struct kvf_watch *w = arg;
@@ -740,11 +763,16 @@ static void *watch_main(void *arg)
                     break;
                 }
                 Kvfence__V1__LeaseEvent *ev = kvfence__v1__lease_event__unpack(NULL, mlen, msg);
-                free(msg);
-                if (!ev)
+                if (!ev) {
+                    free(msg);
                     continue;
+                }
                 got_any = true;
-                deliver(w, ev);
+                if (w->raw)
+                    w->raw(w->ctx, raw_kind(ev), msg, mlen, NULL);
+                else
+                    deliver(w, ev);
+                free(msg);
                 kvfence__v1__lease_event__free_unpacked(ev, NULL);
             }
         }
@@ -761,7 +789,10 @@ static void *watch_main(void *arg)
         status_from_rpc(&e.status, &rst);
         if (e.status.code == KVF_STATUS_OK)
             e.status.code = KVF_STATUS_UNAVAILABLE;
-        w->cb(&e, w->ctx);
+        if (w->raw)
+            w->raw(w->ctx, KVF_LEASE_EVENT_DISCONNECTED, NULL, 0, &e.status);
+        else
+            w->cb(&e, w->ctx);
         if (got_any)
             backoff = 50;
         /* Back off, waking early on stop. */
@@ -781,18 +812,15 @@ static void *watch_main(void *arg)
     return NULL;
 }
 
-int kvf_watch_leases(kvf_client *c, const struct kvf_watch_filter *filter, kvf_lease_cb cb,
-                     void *ctx, kvf_watch **out, struct kvf_status *st)
+static int watch_start(kvf_client *c, const struct kvf_watch_filter *filter, kvf_lease_cb cb,
+                       watch_raw_fn raw, void *ctx, kvf_watch **out, struct kvf_status *st)
 {
-    if (out)
-        *out = NULL;
-    if (!c || !cb || !out)
-        return bad_arg(st, "kvf_watch_leases", "client, callback and out are required");
     kvf_watch *w = calloc(1, sizeof *w);
     if (!w)
         return set_status(st, KVF_STATUS_RESOURCE_EXHAUSTED, "kvf_watch_leases: out of memory");
     w->c = c;
     w->cb = cb;
+    w->raw = raw;
     w->ctx = ctx;
     int rc = pack_watch_request(filter, &w->req, &w->req_len, st);
     if (rc) {
@@ -814,6 +842,16 @@ int kvf_watch_leases(kvf_client *c, const struct kvf_watch_filter *filter, kvf_l
     return ok_status(st);
 }
 
+int kvf_watch_leases(kvf_client *c, const struct kvf_watch_filter *filter, kvf_lease_cb cb,
+                     void *ctx, kvf_watch **out, struct kvf_status *st)
+{
+    if (out)
+        *out = NULL;
+    if (!c || !cb || !out)
+        return bad_arg(st, "kvf_watch_leases", "client, callback and out are required");
+    return watch_start(c, filter, cb, NULL, ctx, out, st);
+}
+
 void kvf_watch_stop(kvf_watch *w)
 {
     if (!w)
@@ -829,6 +867,160 @@ void kvf_watch_stop(kvf_watch *w)
     pthread_mutex_destroy(&w->mu);
     free(w->req);
     free(w);
+}
+
+/* ---- queued lease watch ------------------------------------------------------------
+ *
+ * DESIGN: the watch's library thread is the only producer: it appends one
+ * record per event under `mu` and then adds 1 to the eventfd. Any one
+ * consumer thread drains under `mu`: it first resets the eventfd (a read of
+ * a non-blocking eventfd), then copies whole records. An event appended
+ * after the reset makes the descriptor readable again, so a reader that
+ * polls, drains and polls again misses nothing; a spurious wake-up drains
+ * nothing. */
+
+struct wq_rec {
+    struct wq_rec *next;
+    uint32_t kind;
+    uint32_t len;
+    uint8_t data[];
+};
+
+struct kvf_watch_queue {
+    kvf_watch *w;
+    int efd;
+    pthread_mutex_t mu;
+    struct wq_rec *head, *tail; /* under mu */
+};
+
+/* Makes the descriptor readable. An eventfd write of 1 fails only when the
+ * counter is at 2^64 - 2, which a reader that drains never lets happen. */
+static void wq_ring(struct kvf_watch_queue *q)
+{
+    uint64_t one = 1;
+    ssize_t n = write(q->efd, &one, sizeof one);
+    (void)n;
+}
+
+static void wq_push(void *ctx, enum kvf_lease_event_kind kind, const uint8_t *msg, size_t len,
+                    const struct kvf_status *st)
+{
+    struct kvf_watch_queue *q = ctx;
+    size_t text = 0;
+    if (st) { /* DISCONNECTED: the status code, then its message */
+        text = strlen(st->message);
+        len = sizeof(uint32_t) + text;
+    }
+    /* Out of memory: wait rather than lose a release (the stream backs up). */
+    struct wq_rec *r;
+    while (!(r = malloc(sizeof *r + len))) {
+        struct timespec ts = {.tv_sec = 0, .tv_nsec = 1000000};
+        nanosleep(&ts, NULL);
+    }
+    r->next = NULL;
+    r->kind = (uint32_t)kind;
+    r->len = (uint32_t)len;
+    if (st) {
+        uint32_t code = (uint32_t)st->code;
+        memcpy(r->data, &code, sizeof code);
+        memcpy(r->data + sizeof code, st->message, text);
+    } else if (len) {
+        memcpy(r->data, msg, len);
+    }
+    pthread_mutex_lock(&q->mu);
+    if (q->tail)
+        q->tail->next = r;
+    else
+        q->head = r;
+    q->tail = r;
+    pthread_mutex_unlock(&q->mu);
+    wq_ring(q);
+}
+
+int kvf_watch_queue_start(kvf_client *c, const struct kvf_watch_filter *filter,
+                          kvf_watch_queue **out, struct kvf_status *st)
+{
+    if (out)
+        *out = NULL;
+    if (!c || !out)
+        return bad_arg(st, "kvf_watch_queue_start", "client and out are required");
+    struct kvf_watch_queue *q = calloc(1, sizeof *q);
+    if (!q)
+        return set_status(st, KVF_STATUS_RESOURCE_EXHAUSTED,
+                          "kvf_watch_queue_start: out of memory");
+    q->efd = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
+    if (q->efd < 0) {
+        int e = errno;
+        free(q);
+        return set_status(st, KVF_STATUS_RESOURCE_EXHAUSTED, "kvf_watch_queue_start: eventfd: %s",
+                          strerror(e));
+    }
+    pthread_mutex_init(&q->mu, NULL);
+    int rc = watch_start(c, filter, NULL, wq_push, q, &q->w, st);
+    if (rc) {
+        pthread_mutex_destroy(&q->mu);
+        close(q->efd);
+        free(q);
+        return rc;
+    }
+    *out = q;
+    return 0;
+}
+
+int kvf_watch_queue_fd(const kvf_watch_queue *q)
+{
+    return q ? q->efd : -EINVAL;
+}
+
+int kvf_watch_queue_drain(kvf_watch_queue *q, uint8_t *buf, size_t cap, size_t *len_p)
+{
+    if (!q || !len_p || (!buf && cap))
+        return -EINVAL;
+    uint64_t n;
+    size_t used = 0;
+    int rc = 0;
+    pthread_mutex_lock(&q->mu);
+    ssize_t got = read(q->efd, &n, sizeof n); /* reset; EAGAIN when it was 0 */
+    (void)got;
+    while (q->head) {
+        struct wq_rec *r = q->head;
+        size_t need = 2 * sizeof(uint32_t) + r->len;
+        if (used + need > cap) {
+            if (used == 0) {
+                *len_p = need;
+                rc = -ENOBUFS;
+            }
+            wq_ring(q); /* left queued: readable again for the next call */
+            break;
+        }
+        memcpy(buf + used, &r->kind, sizeof r->kind);
+        memcpy(buf + used + sizeof r->kind, &r->len, sizeof r->len);
+        memcpy(buf + used + 2 * sizeof(uint32_t), r->data, r->len);
+        used += need;
+        q->head = r->next;
+        if (!q->head)
+            q->tail = NULL;
+        free(r);
+    }
+    pthread_mutex_unlock(&q->mu);
+    if (rc == 0)
+        *len_p = used;
+    return rc;
+}
+
+void kvf_watch_queue_stop(kvf_watch_queue *q)
+{
+    if (!q)
+        return;
+    kvf_watch_stop(q->w); /* joins the producer */
+    for (struct wq_rec *r = q->head; r;) {
+        struct wq_rec *next = r->next;
+        free(r);
+        r = next;
+    }
+    pthread_mutex_destroy(&q->mu);
+    close(q->efd);
+    free(q);
 }
 
 /* ---- node client ------------------------------------------------------------------ */

@@ -10,10 +10,14 @@
  * deadline exceeded, TLS mismatch (client TLS, server plaintext), bad
  * arguments; page sets (kvf_page_set_encode): a join of 32,768 scattered
  * pages on each side (a bitmap and deltas), an extension, a chunk between
- * scattered pages, the release with every run.
+ * scattered pages, the release with every run; the queued watch
+ * (kvf_watch_queue_*: the SYNCED and RELEASED records, ENOBUFS, a stop with
+ * events still queued).
  */
+#include <errno.h>
 #include <fcntl.h>
 #include <netinet/in.h>
+#include <poll.h>
 #include <pthread.h>
 #include <setjmp.h>
 #include <signal.h>
@@ -1068,6 +1072,142 @@ static void test_bad_arguments(void **state)
     kvf_watch_stop(NULL);
 }
 
+/* ---- queued watch ---------------------------------------------------------------- */
+
+/* The records of kvf_watch_queue_drain(), as the test reads them. */
+struct qrec {
+    uint32_t kind;
+    uint64_t lease_id; /* RELEASED: field 1 of LeaseEvent.released (field 1) */
+};
+
+/* A protobuf varint at *p (< end); 0 when malformed. */
+static uint64_t pb_varint(const uint8_t **p, const uint8_t *end)
+{
+    uint64_t v = 0;
+    for (int shift = 0; *p < end && shift < 64; shift += 7) {
+        uint8_t b = *(*p)++;
+        v |= (uint64_t)(b & 0x7f) << shift;
+        if (!(b & 0x80))
+            return v;
+    }
+    return 0;
+}
+
+/* LeaseEvent{released = 1: Lease{lease_id = 1}}: the lease id, or 0. */
+static uint64_t released_lease_id(const uint8_t *m, size_t len)
+{
+    const uint8_t *p = m, *end = m + len;
+    if (p >= end || *p++ != 0x0a)
+        return 0;
+    uint64_t n = pb_varint(&p, end);
+    if (n > (uint64_t)(end - p) || p >= end || *p++ != 0x08)
+        return 0;
+    return pb_varint(&p, end);
+}
+
+/* Polls the queue's descriptor up to WAIT_MS and drains into `out` (at most
+ * `max`); how many records came. */
+static int queue_read(kvf_watch_queue *q, struct qrec *out, int max)
+{
+    static uint8_t buf[1 << 16];
+    struct pollfd pfd = {.fd = kvf_watch_queue_fd(q), .events = POLLIN};
+    assert_true(pfd.fd >= 0);
+    if (poll(&pfd, 1, WAIT_MS) != 1)
+        return 0;
+    size_t len = 0;
+    assert_int_equal(kvf_watch_queue_drain(q, buf, sizeof buf, &len), 0);
+    int n = 0;
+    for (size_t off = 0; off < len && n < max; n++) {
+        uint32_t kind, rlen;
+        assert_true(off + 8 <= len);
+        memcpy(&kind, buf + off, 4);
+        memcpy(&rlen, buf + off + 4, 4);
+        assert_true(off + 8 + rlen <= len);
+        out[n].kind = kind;
+        out[n].lease_id =
+            kind == KVF_LEASE_EVENT_RELEASED ? released_lease_id(buf + off + 8, rlen) : 0;
+        if (kind == KVF_LEASE_EVENT_RELEASED)
+            assert_true(out[n].lease_id >= 1);
+        off += 8 + rlen;
+    }
+    return n;
+}
+
+/* Waits for the RELEASED record of `lease_id`; fails on any other kind. */
+static void queue_wait_released(kvf_watch_queue *q, uint64_t lease_id)
+{
+    int64_t end = now_ms() + WAIT_MS;
+    for (;;) {
+        struct qrec r[16];
+        int n = queue_read(q, r, 16);
+        for (int i = 0; i < n; i++) {
+            assert_int_equal(r[i].kind, KVF_LEASE_EVENT_RELEASED);
+            if (r[i].lease_id == lease_id)
+                return;
+        }
+        if (now_ms() > end)
+            fail_msg("lease %llu never queued released", (unsigned long long)lease_id);
+    }
+}
+
+static struct kvf_join_result abort_pair(struct fx *f, uint64_t room_id, uint32_t first)
+{
+    struct kvf_join_result src = join(f, room_id, "n1", KVF_ROLE_SOURCE, f->p1.pool_id, first, 1);
+    struct kvf_join_result snk = join(f, room_id, "n2", KVF_ROLE_SINK, f->p2.pool_id, first, 1);
+    struct kvf_status st;
+    int rc = kvf_abort_room(f->c, src.room, "queued watch", NULL, &st);
+    if (rc)
+        fail_msg("kvf_abort_room: %s %s", kvf_status_name(rc), st.message);
+    return snk;
+}
+
+static void test_watch_queue(void **state)
+{
+    struct fx *f = *state;
+    fx_start(f);
+    struct kvf_watch_filter wf = {.node_id = "n2"};
+    kvf_watch_queue *q = NULL;
+    struct kvf_status st;
+    assert_int_equal(kvf_watch_queue_start(f->c, &wf, &q, &st), 0);
+    assert_int_equal(st.code, KVF_STATUS_OK);
+    struct qrec r[4];
+    assert_int_equal(queue_read(q, r, 4), 1);
+    assert_int_equal(r[0].kind, KVF_LEASE_EVENT_SYNCED);
+
+    /* One release of n2 (the filter): queued, the descriptor readable. */
+    struct kvf_join_result a = abort_pair(f, 501, 0);
+    queue_wait_released(q, a.lease_id);
+
+    /* A record larger than the buffer: ENOBUFS with its size, nothing moved,
+     * the descriptor still readable; then it comes whole. */
+    struct kvf_join_result b = abort_pair(f, 502, 1);
+    struct pollfd pfd = {.fd = kvf_watch_queue_fd(q), .events = POLLIN};
+    assert_int_equal(poll(&pfd, 1, WAIT_MS), 1);
+    uint8_t small[8];
+    size_t need = 0;
+    assert_int_equal(kvf_watch_queue_drain(q, small, sizeof small, &need), -ENOBUFS);
+    assert_true(need > sizeof small);
+    assert_int_equal(poll(&pfd, 1, 0), 1);
+    queue_wait_released(q, b.lease_id);
+    /* Drained: nothing left, and a drain with nothing queued moves nothing. */
+    assert_int_equal(poll(&pfd, 1, 0), 0);
+    size_t len = 1;
+    assert_int_equal(kvf_watch_queue_drain(q, small, sizeof small, &len), 0);
+    assert_int_equal(len, 0);
+
+    /* Stopped with a release still queued: freed (ASan: no leak). */
+    (void)abort_pair(f, 503, 2);
+    assert_int_equal(poll(&pfd, 1, WAIT_MS), 1);
+    kvf_watch_queue_stop(q);
+
+    assert_int_equal(kvf_watch_queue_start(NULL, NULL, &q, &st), -KVF_STATUS_INVALID_ARGUMENT);
+    assert_null(q);
+    assert_int_equal(kvf_watch_queue_start(f->c, NULL, NULL, &st), -KVF_STATUS_INVALID_ARGUMENT);
+    assert_int_equal(kvf_watch_queue_fd(NULL), -EINVAL);
+    assert_int_equal(kvf_watch_queue_drain(NULL, small, sizeof small, &len), -EINVAL);
+    kvf_watch_queue_stop(NULL);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -1081,6 +1221,7 @@ int main(void)
         cmocka_unit_test_setup_teardown(test_tls_mismatch, setup, teardown),
         cmocka_unit_test_setup_teardown(test_bad_arguments, setup, teardown),
         cmocka_unit_test_setup_teardown(test_page_sets_32k, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_watch_queue, setup, teardown),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -8,6 +8,9 @@ disaggregated LLM serving), on grpcio.
         ...
         ctl.wait_released(j.lease_id, timeout=30)   # only now are the pages free
 
+The asyncio clients (grpc.aio) are in kvfence.aio: AsyncControlClient,
+AsyncAdminClient.
+
 The gRPC stubs (kvfence._proto.v1) are generated at build time from api/ by
 clients/python/build_stubs.py into the build directory; put that directory on
 PYTHONPATH after the source directory (see clients/python/README.md).
@@ -26,11 +29,12 @@ try:
     from .client import (DEFAULT_FEATURES, DEFAULT_TIMEOUT_S, AbortReason,  # noqa: E402
                          AbortResult, AdminClient, ControlClient, JoinResult, Lease, LeaseMode,
                          LeaseReleased, LeaseState, LeaseWatch, NodeClient, NodeInfo, NodeState,
-                         PageRange, Participant, Pool, PoolKind, ReleaseWatcher, Role, RoomInfo,
+                         PageRange, Participant, Pool, PoolKind, Role, RoomInfo,
                          RoomKey, RoomState, RoomStateChanged, Token, WatchEvent, WatchSynced,
                          ranges_from_pages, LifetimeState, NodeRoomState, ChunkDone, TransportKind,
                          AuxReceived, TransferDone, NodeEvent, NodeWatch, ChunkRequest,
                          ChunkResult, ChunkStream, PageSet, PageSetForm)
+    from .watch import DEFAULT_KEEP_LEASES, DEFAULT_REMEMBER_S, ReleaseWatcher  # noqa: E402
 except ImportError as e:  # pragma: no cover - stubs not generated or not on PYTHONPATH
     if "_proto" not in str(e):
         raise
@@ -52,4 +56,5 @@ __all__ = [
     "LifetimeState", "NodeRoomState", "ChunkDone", "TransportKind", "AuxReceived", "TransferDone",
     "NodeEvent",
     "NodeWatch", "ChunkRequest", "ChunkResult", "ChunkStream", "PageSet", "PageSetForm",
+    "DEFAULT_REMEMBER_S", "DEFAULT_KEEP_LEASES",
 ]

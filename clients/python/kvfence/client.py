@@ -27,6 +27,7 @@ from typing import (Any, Callable, Dict, Iterable, Iterator, List, NamedTuple, O
                     Set, Tuple, TypeVar, Union)
 
 import grpc
+import grpc.experimental
 
 from . import errors
 from ._proto.v1 import control_pb2, control_pb2_grpc, node_pb2, node_pb2_grpc, types_pb2
@@ -572,6 +573,11 @@ class _Client:
         self.target = target
         self.timeout = timeout
         self._owns_channel = channel is None
+        # What made the channel, for a second one to the same server
+        # (ReleaseWatcher's own); None for a channel passed in.
+        self._channel_args: Optional[Tuple[Optional[grpc.ChannelCredentials],
+                                           Optional[Sequence[Tuple[str, Any]]]]] = \
+            (credentials, options) if channel is None else None
         if channel is None:
             assert target is not None
             channel = (grpc.secure_channel(target, credentials, options=options) if credentials
@@ -735,6 +741,16 @@ class ChunkStream(Iterator[ChunkResult]):
 
 # ---- Control ----------------------------------------------------------------------
 
+# A ControlClient's own channel serves its streams (WatchLeases) on grpcio's
+# single-threaded path: the thread that iterates polls the call itself, with
+# the GIL released, instead of being handed each message by the channel's
+# spin thread (two contended GIL acquisitions per message under load;
+# watch.py, bench/README.md "Python release watcher"). Unary calls do not
+# change. A channel passed in keeps its own options.
+_WATCH_CHANNEL_OPTIONS: Tuple[Tuple[str, Any], ...] = (
+    (grpc.experimental.ChannelOptions.SingleThreadedUnaryStream, 1),)
+
+
 class ControlClient(_Client):
     """kvfence.v1.Control on kvfence-control ("host:port").
 
@@ -743,6 +759,10 @@ class ControlClient(_Client):
     """
 
     def __init__(self, target: Optional[str] = None, **kw: Any) -> None:
+        if kw.get("channel") is None:
+            options = tuple(kw.get("options") or ())
+            kw["options"] = options + tuple(o for o in _WATCH_CHANNEL_OPTIONS
+                                            if o not in options)
         super().__init__(target, **kw)
         self._stub = control_pb2_grpc.ControlStub(self.channel)
 
@@ -802,27 +822,24 @@ class ControlClient(_Client):
                       timeout: Optional[float] = None) -> RoomState:
         """Declares `participant` finished; returns the room's state. Not a
         release: the pages come back through watch_leases."""
-        req = control_pb2.CompleteRoomRequest(room=room._pb(), participant=participant._pb())
+        req = _convert.complete_room_request(room, participant)
         r = self._unary("Control.CompleteRoom", self._stub.CompleteRoom, req, timeout)
-        return _enum(RoomState, r.state)
+        return _convert.complete_room_result(r)
 
     def abort_room(self, room: Union[RoomKey, int], detail: str = "", *,
                    timeout: Optional[float] = None) -> AbortResult:
         """Aborts a room-generation (an int or generation 0: the current one).
         Idempotent. Not a release: the pages come back through watch_leases."""
-        req = control_pb2.AbortRoomRequest(room=_room_key(room)._pb(), detail=detail)
+        req = _convert.abort_room_request(room, detail)
         r = self._unary("Control.AbortRoom", self._stub.AbortRoom, req, timeout)
-        return AbortResult(RoomKey._from(r.room), Token._from(r.token), _enum(RoomState, r.state),
-                           r.already_aborting, _enum(AbortReason, r.reason))
+        return _convert.abort_room_result(r)
 
     def watch_leases(self, *, node_id: str = "", ranks: Iterable[int] = (),
                      lease_ids: Iterable[int] = (), include_room_states: bool = False,
                      timeout: Optional[float] = None) -> LeaseWatch:
         """Opens a WatchLeases stream (no deadline unless `timeout`): replayed
         releases, one WatchSynced, then live events."""
-        req = control_pb2.WatchLeasesRequest(node_id=node_id, ranks=list(ranks),
-                                             lease_ids=list(lease_ids),
-                                             include_room_states=include_room_states)
+        req = _convert.watch_leases_request(node_id, ranks, lease_ids, include_room_states)
         return LeaseWatch(self._stub.WatchLeases(req, timeout=timeout))
 
     def wait_released(self, lease_id: int, timeout: float) -> Lease:
@@ -851,142 +868,11 @@ class ControlClient(_Client):
                 time.sleep(min(0.1, max(0.0, deadline - time.monotonic())))
             except errors.DeadlineExceeded:
                 break
-        missing = sorted(want - set(got))
-        raise errors.DeadlineExceeded(
-            grpc.StatusCode.DEADLINE_EXCEEDED,
-            "lease(s) %s not released within %.3g s; their pages are not free" %
-            (", ".join(map(str, missing)), timeout), "Control.WatchLeases")
+        raise _convert.not_released(sorted(want - set(got)), timeout)
 
     def release_watcher(self, on_released: Callable[[Lease], None], **kw: Any) -> "ReleaseWatcher":
         """A ReleaseWatcher on this client (not started); see ReleaseWatcher."""
         return ReleaseWatcher(self, on_released, **kw)
-
-
-class ReleaseWatcher:
-    """A background WatchLeases subscription that calls `on_released(lease)`
-    exactly once per released lease (deduplicated by lease_id across
-    resubscriptions), from its own thread. This is where an engine frees pages.
-
-        with ctl.release_watcher(allocator.free_lease, node_id="n2") as w:
-            ...            # started, and synced: no release can be missed
-            w.wait(lease_id, 5.0)
-
-    start() returns once the server sent `synced`, so a lease granted after
-    start() cannot be released unseen. On UNAVAILABLE (control plane restart
-    or failover) the watcher resubscribes with backoff; the replay plus the
-    lease_id dedup make that lossless while the room is kept as a tombstone.
-    """
-
-    def __init__(self, control: ControlClient, on_released: Callable[[Lease], None], *,
-                 node_id: str = "", ranks: Iterable[int] = (),
-                 on_room_state: Optional[Callable[[RoomStateChanged], None]] = None,
-                 backoff: Tuple[float, float] = (0.05, 2.0)) -> None:
-        self._control = control
-        self._on_released = on_released
-        self._on_room_state = on_room_state
-        self._node_id = node_id
-        self._ranks = list(ranks)
-        self._backoff = backoff
-        self._cv = threading.Condition()
-        self._released: Dict[int, Lease] = {}
-        self._synced = False
-        self._stopping = False
-        self._watch: Optional[LeaseWatch] = None
-        self._thread: Optional[threading.Thread] = None
-        self.last_error: Optional[BaseException] = None
-        self.callback_errors: List[BaseException] = []
-
-    def start(self, timeout: float = DEFAULT_TIMEOUT_S) -> "ReleaseWatcher":
-        """Starts the thread and waits for the first `synced`."""
-        self._thread = threading.Thread(target=self._run, name="kvfence-release-watcher",
-                                        daemon=True)
-        self._thread.start()
-        with self._cv:
-            if not self._cv.wait_for(lambda: self._synced, timeout):
-                self.stop()
-                raise errors.DeadlineExceeded(
-                    grpc.StatusCode.DEADLINE_EXCEEDED,
-                    "WatchLeases not synced within %.3g s (last error: %s)" %
-                    (timeout, self.last_error), "Control.WatchLeases")
-        return self
-
-    def stop(self) -> None:
-        with self._cv:
-            self._stopping = True
-            w = self._watch
-        if w is not None:
-            w.cancel()
-        if self._thread is not None and self._thread is not threading.current_thread():
-            self._thread.join(timeout=5.0)
-
-    def is_released(self, lease_id: int) -> bool:
-        with self._cv:
-            return lease_id in self._released
-
-    def wait(self, lease_id: int, timeout: float) -> Lease:
-        """Waits for the release of `lease_id` (after its callback ran)."""
-        with self._cv:
-            if not self._cv.wait_for(lambda: lease_id in self._released, timeout):
-                raise errors.DeadlineExceeded(
-                    grpc.StatusCode.DEADLINE_EXCEEDED,
-                    "lease %d not released within %.3g s; its pages are not free" %
-                    (lease_id, timeout), "Control.WatchLeases")
-            return self._released[lease_id]
-
-    def _run(self) -> None:
-        delay = self._backoff[0]
-        while True:
-            with self._cv:
-                if self._stopping:
-                    return
-                watch = self._control.watch_leases(node_id=self._node_id, ranks=self._ranks,
-                                                   include_room_states=self._on_room_state
-                                                   is not None)
-                self._watch = watch
-            try:
-                for ev in watch:
-                    delay = self._backoff[0]
-                    if isinstance(ev, LeaseReleased):
-                        self._deliver(ev.lease)
-                    elif isinstance(ev, WatchSynced):
-                        with self._cv:
-                            self._synced = True
-                            self._cv.notify_all()
-                    elif isinstance(ev, RoomStateChanged) and self._on_room_state:
-                        try:
-                            self._on_room_state(ev)
-                        except Exception as e:  # a callback's bug must not stop the watch
-                            log.exception("on_room_state callback failed")
-                            self.callback_errors.append(e)
-            except errors.KvfenceError as e:
-                self.last_error = e
-                log.info("WatchLeases ended (%s); resubscribing in %.2f s", e, delay)
-            with self._cv:
-                if self._stopping:
-                    return
-                self._cv.wait(delay)
-            delay = min(delay * 2, self._backoff[1])
-
-    def _deliver(self, lease: Lease) -> None:
-        with self._cv:
-            if lease.lease_id in self._released:
-                return  # a replay after resubscription: already handled
-        try:
-            self._on_released(lease)
-        except Exception as e:
-            log.exception("on_released callback failed for lease %d", lease.lease_id)
-            self.callback_errors.append(e)
-        with self._cv:
-            self._released[lease.lease_id] = lease
-            self._cv.notify_all()
-
-    def __enter__(self) -> "ReleaseWatcher":
-        if self._thread is None:
-            self.start()
-        return self
-
-    def __exit__(self, *exc: Any) -> None:
-        self.stop()
 
 
 # ---- NodeLocal --------------------------------------------------------------------
@@ -1192,7 +1078,7 @@ class AdminClient(_Client):
 
     def room(self, room: Union[RoomKey, int], *, timeout: Optional[float] = None) -> RoomInfo:
         """One room-generation (an int or generation 0: the current one) with its participants."""
-        req = control_pb2.GetRoomRequest(room=_room_key(room)._pb())
+        req = _convert.get_room_request(room)
         return RoomInfo._from(self._unary("Admin.GetRoom", self._stub.GetRoom, req, timeout))
 
     def rooms(self, *, states: Iterable[RoomState] = (), node_id: str = "",
@@ -1262,3 +1148,9 @@ class AdminClient(_Client):
                                                            else last.state, timeout, want.name),
                     "Admin.GetRoom")
             time.sleep(_RETRY_SLEEP_S)
+
+
+# Modules that build on the definitions above: the request builders shared
+# with the asyncio client, and ReleaseWatcher (importable from here too).
+from . import _convert  # noqa: E402
+from .watch import ReleaseWatcher  # noqa: E402

@@ -177,10 +177,18 @@ class Cluster:
         self._clients = []
 
 
+def pytest_configure(config):
+    config.addinivalue_line("markers", "control_args(*args): more kvfence-control arguments "
+                            "for the test's cluster")
+
+
 @pytest.fixture
-def cluster(tmp_path):
+def cluster(tmp_path, request):
     """kvfence-control + kvfence-node n1 and n2, each node with a registered
-    shm pool (seed 1 on n1, seed 0xa5 on n2)."""
+    shm pool (seed 1 on n1, seed 0xa5 on n2). A test marked
+    @pytest.mark.control_args("--flag", "value") adds control plane arguments."""
+    marker = request.node.get_closest_marker("control_args")
+    extra = [str(a) for a in marker.args] if marker else []
     control_bin = _binary("KVF_CONTROL_BIN")
     node_bin = _binary("KVF_NODE_BIN")
     procs = []
@@ -191,7 +199,7 @@ def cluster(tmp_path):
         port_file = str(tmp_path / "control.port")
         cp = Proc("control", [control_bin, "--listen", "127.0.0.1:0", "--port-file", port_file,
                               "--metrics-listen", "127.0.0.1:0", "--threads", "2",
-                              "--resend-ms", "50", "--node-ttl-ms", "3000"], tmp_path)
+                              "--resend-ms", "50", "--node-ttl-ms", "3000"] + extra, tmp_path)
         procs.append(cp)
         (port,) = cp.wait_file(port_file, 1)
         address = "127.0.0.1:%s" % port

@@ -1,7 +1,7 @@
 """kvfence.PageSet (pageset.py): the encoder against an independent decoder
 written here from the contract (types.proto PageSet), its choice of form,
 its wire size against protobuf's, bad input; the same choice and size as
-libkvfence's kvf_page_set_encode (through ctypes, when KVF_LIBKVFENCE names
+libkvfence's kvf_page_set_encode (through ctypes, when KVFENCE_LIBRARY names
 the library); then join_room and extend_lease with 32,768 scattered pages
 against a real control plane and two real nodes (conftest.py)."""
 import array
@@ -114,9 +114,9 @@ def test_bad_pages():
 
 
 def _libkvfence():
-    path = os.environ.get("KVF_LIBKVFENCE")
+    path = os.environ.get("KVFENCE_LIBRARY")
     if not path:
-        pytest.skip("KVF_LIBKVFENCE not set (ctest sets it)")
+        pytest.skip("KVFENCE_LIBRARY not set (ctest sets it)")
     lib = ctypes.CDLL(path)
     lib.kvf_page_set_encode.argtypes = [ctypes.POINTER(ctypes.c_uint32), ctypes.c_size_t,
                                         ctypes.POINTER(ctypes.c_void_p), ctypes.c_void_p]

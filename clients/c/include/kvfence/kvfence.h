@@ -21,7 +21,8 @@
  * Threads. Handles may be shared by any number of threads; every call blocks
  * the calling thread until the reply or the call's deadline
  * (kvf_client_opts.call_timeout_ms). Lease watches deliver their events on a
- * thread of the library (one per watch).
+ * thread of the library (one per watch), or queue them for the application
+ * to drain when its descriptor is readable (kvf_watch_queue_start()).
  *
  * ---- The lifecycle an engine must follow -----------------------------------
  *
@@ -400,6 +401,42 @@ KVF_PUBLIC int kvf_watch_leases(kvf_client *c, const struct kvf_watch_filter *fi
 /* Stops the watch and joins its thread: no callback runs after it returns.
  * Accepts NULL. */
 KVF_PUBLIC void kvf_watch_stop(kvf_watch *w);
+
+/* ---- queued lease watch ----------------------------------------------------------- */
+
+/* A lease watch whose events are queued instead of called back, for a
+ * runtime where every callback costs a global lock (Python through ctypes):
+ * the library's watch thread receives, resubscribes and queues without it,
+ * and the reader wakes once per batch. Same stream, filter and
+ * resubscription as kvf_watch_leases(). */
+typedef struct kvf_watch_queue kvf_watch_queue;
+
+/* Starts a queued watch on a new library thread. Returns 0 with *out, or
+ * -KVF_STATUS_INVALID_ARGUMENT (NULL client or out, a bad filter),
+ * -KVF_STATUS_RESOURCE_EXHAUSTED. */
+KVF_PUBLIC int kvf_watch_queue_start(kvf_client *c, const struct kvf_watch_filter *filter,
+                                     kvf_watch_queue **out, struct kvf_status *st);
+
+/* A descriptor (an eventfd) that is readable while events may be queued:
+ * poll it, then call kvf_watch_queue_drain(). Owned by the queue; do not
+ * read or close it. -EINVAL for NULL. */
+KVF_PUBLIC int kvf_watch_queue_fd(const kvf_watch_queue *q);
+
+/* Moves the queued events, oldest first and only whole records, into
+ * buf[0..cap): each record is a uint32 kind (enum kvf_lease_event_kind; 0
+ * for an event kind this library does not know), a uint32 length, then
+ * that many bytes: the kvfence.v1.LeaseEvent message as the server sent it
+ * (RELEASED, ROOM_STATE, SYNCED, 0), or for DISCONNECTED a uint32 status
+ * code and the status message (not NUL-terminated); integers in host byte
+ * order. Returns 0 with *len_p the bytes written (0: nothing queued), or
+ * -ENOBUFS when the oldest record alone needs more than `cap` (*len_p: its
+ * size; nothing moved), -EINVAL. Events that do not fit stay queued and
+ * the descriptor stays readable. One consumer thread at a time. */
+KVF_PUBLIC int kvf_watch_queue_drain(kvf_watch_queue *q, uint8_t *buf, size_t cap, size_t *len_p);
+
+/* Stops the watch, joins its thread and frees what is still queued.
+ * Accepts NULL. */
+KVF_PUBLIC void kvf_watch_queue_stop(kvf_watch_queue *q);
 
 /* ---- node client ------------------------------------------------------------------ */
 
