@@ -12,7 +12,11 @@ import grpc
 from . import errors
 from ._proto.v1 import control_pb2, types_pb2
 from .client import (AbortReason, AbortResult, JoinResult, Lease, Participant, RangesLike,
-                     RoomKey, RoomState, Token, _enum, _ranges, _room_key)
+                     RoomKey, RoomState, Token, _enum, _pages_arg, _ranges, _room_key)
+from .pageset import PageSet, PageSetForm
+
+#: join_room's and extend_lease's `pages`: a PageSet, page indices, or None.
+PagesLike = Union[PageSet, Iterable[int], None]
 
 #: Errors that join_room(retry_s=...) retries: a pool registered a moment
 #: ago reaches the control plane by the node's PoolUpdate.
@@ -22,15 +26,22 @@ RoomLike = Union[RoomKey, int, Tuple[int, int]]
 
 
 def join_room_request(room_id: int, participant: Participant, pool_id: int, ranges: RangesLike,
-                      expected_sources: int, expected_sinks: int, features: Iterable[str],
+                      pages: PagesLike, expected_sources: int, expected_sinks: int,
+                      features: Iterable[str],
                       protocol: Tuple[int, int]) -> control_pb2.JoinRoomRequest:
-    return control_pb2.JoinRoomRequest(
+    """`ranges`, or `pages` (a PageSet or page indices: sent as a page set in
+    its smallest form); neither: an empty lease."""
+    ps = _pages_arg(ranges, pages)
+    req = control_pb2.JoinRoomRequest(
         room_id=room_id, expected_sources=expected_sources, expected_sinks=expected_sinks,
         participant=participant._pb(),
         engine_capabilities=types_pb2.CapabilitySet(protocol_min=protocol[0],
                                                     protocol_max=protocol[1],
                                                     features=list(features)),
-        pool_id=pool_id, ranges=_ranges(ranges))
+        pool_id=pool_id, ranges=_ranges(ranges) if ps is None else ())
+    if ps is not None and ps.form != PageSetForm.EMPTY:
+        req.page_set.CopyFrom(ps._pb())
+    return req
 
 
 def join_result(r: control_pb2.JoinRoomResponse) -> JoinResult:
@@ -38,10 +49,18 @@ def join_result(r: control_pb2.JoinRoomResponse) -> JoinResult:
                       r.protocol_version)
 
 
-def extend_lease_request(room: RoomKey, lease_id: int,
-                         ranges: RangesLike) -> control_pb2.ExtendLeaseRequest:
-    return control_pb2.ExtendLeaseRequest(room=room._pb(), lease_id=lease_id,
-                                          ranges=_ranges(ranges))
+def extend_lease_request(room: RoomKey, lease_id: int, ranges: RangesLike,
+                         pages: PagesLike) -> control_pb2.ExtendLeaseRequest:
+    """`ranges` or `pages` as join_room_request takes them; ValueError for an
+    empty page set (nothing to add)."""
+    ps = _pages_arg(ranges, pages)
+    req = control_pb2.ExtendLeaseRequest(room=room._pb(), lease_id=lease_id,
+                                         ranges=_ranges(ranges) if ps is None else ())
+    if ps is not None:
+        if ps.form == PageSetForm.EMPTY:
+            raise ValueError("pages: empty (nothing to add)")
+        req.page_set.CopyFrom(ps._pb())
+    return req
 
 
 def extend_lease_result(r: control_pb2.ExtendLeaseResponse) -> Lease:

@@ -146,15 +146,17 @@ class AsyncControlClient(_AsyncClient):
         self._admin = control_pb2_grpc.AdminStub(self.channel)
 
     async def join_room(self, room_id: int, participant: Participant, pool_id: int,
-                        ranges: RangesLike = (), *, expected_sources: int = 1,
+                        ranges: RangesLike = (), *, pages: _convert.PagesLike = None,
+                        expected_sources: int = 1,
                         expected_sinks: int = 1, features: Iterable[str] = DEFAULT_FEATURES,
                         protocol: Tuple[int, int] = DEFAULT_PROTOCOL,
                         timeout: Optional[float] = None, retry_s: float = 0.0) -> JoinResult:
         """Grants `participant`'s lease on `ranges` of `pool_id` to room
-        `room_id`. retry_s > 0 retries NOT_FOUND and UNAVAILABLE for that
-        long (a pool registered a moment ago)."""
-        req = _convert.join_room_request(room_id, participant, pool_id, ranges, expected_sources,
-                                         expected_sinks, features, protocol)
+        `room_id`, or on `pages` (a PageSet or page indices, as the sync
+        client takes them). retry_s > 0 retries NOT_FOUND and UNAVAILABLE for
+        that long (a pool registered a moment ago)."""
+        req = _convert.join_room_request(room_id, participant, pool_id, ranges, pages,
+                                         expected_sources, expected_sinks, features, protocol)
         deadline = time.monotonic() + retry_s
         while True:
             try:
@@ -165,10 +167,12 @@ class AsyncControlClient(_AsyncClient):
                     raise
                 await asyncio.sleep(_RETRY_SLEEP_S)
 
-    async def extend_lease(self, room: RoomKey, lease_id: int, ranges: RangesLike, *,
+    async def extend_lease(self, room: RoomKey, lease_id: int, ranges: RangesLike = (), *,
+                           pages: _convert.PagesLike = None,
                            timeout: Optional[float] = None) -> Lease:
-        """Adds pages to a lease (chunked prefill); returns the whole lease."""
-        req = _convert.extend_lease_request(room, lease_id, ranges)
+        """Adds pages to a lease (chunked prefill), as `ranges` or `pages`;
+        returns the whole lease."""
+        req = _convert.extend_lease_request(room, lease_id, ranges, pages)
         r = await self._unary("Control.ExtendLease", self._stub.ExtendLease, req, timeout)
         return _convert.extend_lease_result(r)
 

@@ -781,23 +781,14 @@ class ControlClient(_Client):
         registered a moment ago reaches the control plane by the node's
         PoolUpdate, which may come after this call.
         """
-        ps = _pages_arg(ranges, pages)
-        req = control_pb2.JoinRoomRequest(
-            room_id=room_id, expected_sources=expected_sources, expected_sinks=expected_sinks,
-            participant=participant._pb(),
-            engine_capabilities=types_pb2.CapabilitySet(protocol_min=protocol[0],
-                                                        protocol_max=protocol[1],
-                                                        features=list(features)),
-            pool_id=pool_id, ranges=_ranges(ranges) if ps is None else ())
-        if ps is not None and ps.form != PageSetForm.EMPTY:
-            req.page_set.CopyFrom(ps._pb())
+        req = _convert.join_room_request(room_id, participant, pool_id, ranges, pages,
+                                         expected_sources, expected_sinks, features, protocol)
         deadline = time.monotonic() + retry_s
         while True:
             try:
                 r = self._unary("Control.JoinRoom", self._stub.JoinRoom, req, timeout)
-                return JoinResult(RoomKey._from(r.room), r.lease_id, _enum(RoomState, r.state),
-                                  r.protocol_version)
-            except (errors.NotFound, errors.Unavailable):
+                return _convert.join_result(r)
+            except _convert.JOIN_RETRY:
                 if time.monotonic() >= deadline:
                     raise
                 time.sleep(_RETRY_SLEEP_S)
@@ -808,15 +799,9 @@ class ControlClient(_Client):
         """Adds pages to a lease (chunked prefill), as `ranges` or as `pages`
         (a PageSet or page indices, as join_room takes them); returns the
         whole lease."""
-        ps = _pages_arg(ranges, pages)
-        req = control_pb2.ExtendLeaseRequest(room=room._pb(), lease_id=lease_id,
-                                             ranges=_ranges(ranges) if ps is None else ())
-        if ps is not None:
-            if ps.form == PageSetForm.EMPTY:
-                raise ValueError("pages: empty (nothing to add)")
-            req.page_set.CopyFrom(ps._pb())
+        req = _convert.extend_lease_request(room, lease_id, ranges, pages)
         r = self._unary("Control.ExtendLease", self._stub.ExtendLease, req, timeout)
-        return Lease._from(r.lease)
+        return _convert.extend_lease_result(r)
 
     def complete_room(self, room: RoomKey, participant: Participant, *,
                       timeout: Optional[float] = None) -> RoomState:

@@ -66,6 +66,28 @@ def test_async_lifecycle_join_extend_transfer_complete_release(cluster):
     assert bytes(cluster.pools["n2"].buf[16 * 4096:24 * 4096]) == canary(1, 0, 8)
 
 
+def test_async_page_sets_join_and_extend(cluster):
+    """pages= (page indices, scattered) on join_room and extend_lease, as the
+    sync client takes them: the same shared request builders."""
+    async def main():
+        async with AsyncControlClient(cluster.address) as ctl:
+            a = await ctl.join_room(402, SRC, cluster.pools["n1"].pool_id,
+                                    pages=[9, 1, 5, 3], retry_s=WAIT_S)
+            b = await ctl.join_room(402, SNK, cluster.pools["n2"].pool_id,
+                                    pages=kvfence.PageSet.from_pages([40, 42, 44, 46]),
+                                    retry_s=WAIT_S)
+            assert b.state == RoomState.ACTIVE
+            la = await ctl.extend_lease(a.room, a.lease_id, pages=[7, 11])
+            assert sorted(la.pages()) == [1, 3, 5, 7, 9, 11]  # in grant order
+            with pytest.raises(ValueError):
+                await ctl.extend_lease(a.room, a.lease_id, [(20, 1)], pages=[21])
+            await ctl.abort_room(a.room)
+            got = await ctl.wait_all_released([a.lease_id, b.lease_id], WAIT_S)
+            assert got[b.lease_id].pages() == [40, 42, 44, 46]
+
+    run(main())
+
+
 async def _take(w, n):
     async for ev in w:
         yield ev
