@@ -16,13 +16,14 @@
 # Builds nothing: build first (ninja -C build kvfence-control bench_cp_rpc
 # bench_rpc_echo).
 # usage: bench/rpc/ratio.sh [BUILD_DIR (build)]
-# Environment: ROUNDS (3), THREADS (8), DURATION (4 s), N (4).
+# Environment: ROUNDS (3), THREADS (8), DURATION (4 s), N (4), SERVER (the
+# kvfence-control to measure; default BUILD_DIR's, e.g. an older build's).
 set -euo pipefail
 
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)
 BUILD=${1:-build}
 case $BUILD in /*) ;; *) BUILD=$ROOT/$BUILD ;; esac
-SERVER=$BUILD/controlplane/kvfence-control
+SERVER=${SERVER:-$BUILD/controlplane/kvfence-control}
 BENCH=$BUILD/bench/rpc/bench_cp_rpc
 ECHO=$BUILD/bench/rpc/bench_rpc_echo
 ROUNDS=${ROUNDS:-3}
@@ -101,29 +102,27 @@ run_life() {
 
 echo "ratio.sh: $ROUNDS rounds of echo / memory / durable, $THREADS threads, $DURATION s each, N = $N;"
 echo "  machine: $(nproc) cores, load $(cut -d' ' -f1-3 /proc/loadavg) at the start"
-printf '%-6s %10s %12s %12s %9s %9s %9s %9s %8s %8s\n' round "echo/s" "memory/s" "durable/s" \
-  "mem x" "dur x" "mem cpu x" "dur cpu x" "upd mem" "upd dur"
+printf '%-5s %8s %9s %9s %7s %7s %9s %9s %7s %7s %6s %6s %6s\n' round "echo/s" "memory/s" \
+  "durable/s" "mem x" "dur x" "mem cpu x" "dur cpu x" "cpu e" "cpu m" "cpu d" "upd m" "ack m"
 : >"$TMP/rows"
 for r in $(seq "$ROUNDS"); do
   e=$(run_echo)
   m=$(run_life memory)
   d=$(run_life durable)
-  eps=$(field "$e" calls_per_s)
-  ecpu=$(field "$e" srv_cpu_us)
-  mps=$(field "$m" lifecycles_per_s)
-  mcpu=$(field "$m" srv_cpu_us)
-  mupd=$(field "$m" updates_per_lifecycle)
-  dps=$(field "$d" lifecycles_per_s)
-  dcpu=$(field "$d" srv_cpu_us)
-  dupd=$(field "$d" updates_per_lifecycle)
   # A lifecycle's wall time over N bare calls' wall time (both THREADS in
-  # flight): (1 / lifecycles per s) / (N / calls per s).
-  awk -v r="$r" -v e="$eps" -v ec="$ecpu" -v m="$mps" -v mc="$mcpu" -v mu="$mupd" \
-    -v d="$dps" -v dc="$dcpu" -v du="$dupd" -v n="$N" 'BEGIN {
-      printf "%-6s %10.0f %12.0f %12.0f %8.2fx %8.2fx %8.2fx %8.2fx %8.2f %8.2f\n", r, e, m, d,
-        e / (n * m), e / (n * d), mc / (n * ec), dc / (n * ec), mu, du
+  # flight): (1 / lifecycles per s) / (N / calls per s); the same for the
+  # server's CPU (us per lifecycle over N times us per call).
+  awk -v r="$r" -v e="$(field "$e" calls_per_s)" -v ec="$(field "$e" srv_cpu_us)" \
+    -v m="$(field "$m" lifecycles_per_s)" -v mc="$(field "$m" srv_cpu_us)" \
+    -v mu="$(field "$m" updates_per_lifecycle)" -v ma="$(field "$m" acks_per_lifecycle)" \
+    -v d="$(field "$d" lifecycles_per_s)" -v dc="$(field "$d" srv_cpu_us)" -v n="$N" 'BEGIN {
+      printf "%-5s %8.0f %9.0f %9.0f %6.2fx %6.2fx %8.2fx %8.2fx %7.1f %7.1f %6.0f %6.2f %6.2f\n",
+        r, e, m, d, e / (n * m), e / (n * d), mc / (n * ec), dc / (n * ec), ec, mc, dc, mu, ma
     }' | tee -a "$TMP/rows"
 done
+echo "  (x: a lifecycle over $N bare calls, wall time and server CPU; cpu: server CPU in us per"
+echo "   echo call / memory lifecycle / durable lifecycle; upd, ack m: RoomUpdates and"
+echo "   RoomUpdateAcks per memory lifecycle)"
 # Medians of the ratio columns.
 awk '{ for (c = 5; c <= 8; c++) { v[c, NR] = $c + 0 } } END {
   for (c = 5; c <= 8; c++) {

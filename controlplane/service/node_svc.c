@@ -273,14 +273,17 @@ static int room_update_build(struct room_update_buf *b, struct kvf_svc_ctx *ctx,
     return 0;
 }
 
+/* `ack_wanted`: false when the addressee's ack could publish nothing
+ * (RoomUpdate.ack_not_needed, kvf_cps_room_update_current). */
 static void send_room_update(struct kvf_svc_ctx *ctx, struct node_sess *s, kvf_room_key key,
-                             uint64_t version)
+                             uint64_t version, bool ack_wanted)
 {
     struct room_update_buf b;
     int rc = room_update_build(&b, ctx, key, s->node_id, s->incarnation, version);
-    if (rc == 0)
+    if (rc == 0) {
+        b.ru.ack_not_needed = !ack_wanted;
         sess_send(s, &b.cm);
-    else if (rc == -ENOMEM)
+    } else if (rc == -ENOMEM)
         kvf_log("error", "room %" PRIu64 ":%" PRIu64 ": out of memory building its update for %s",
                 key.room_id, key.generation, s->node_id);
     room_update_free(&b);
@@ -398,10 +401,17 @@ static void route_room_state(struct kvf_svc_ctx *ctx, const struct kvf_cps_effec
 void kvf_svc_route_effect(struct kvf_svc_ctx *ctx, const struct kvf_cps_effect *e)
 {
     struct node_sess *s;
+    bool ack_wanted = true;
     switch (e->kind) {
     case KVF_CPS_FX_ROOM_UPDATE:
-        if ((s = addressee(ctx, e)) != NULL)
-            send_room_update(ctx, s, e->key, e->version);
+        /* Built from the state as it is now: an update a newer one replaced
+         * since (in the same turn of the state thread, or while its record
+         * became durable), or one of a room that ended meanwhile, is not
+         * sent (kvf_cps_room_update_current; issue 24). */
+        if ((s = addressee(ctx, e)) != NULL &&
+            kvf_cps_room_update_current(ctx->cps, e->key, e->node_id, e->incarnation, e->version,
+                                        &ack_wanted))
+            send_room_update(ctx, s, e->key, e->version, ack_wanted);
         break;
     case KVF_CPS_FX_ABORT_NOTICE:
         if ((s = addressee(ctx, e)) != NULL) {

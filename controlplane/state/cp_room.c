@@ -208,6 +208,31 @@ int kvf_cps_room_update_acked(struct kvf_cps *st, const char *node_id, uint64_t 
     return 0;
 }
 
+bool kvf_cps_room_update_current(const struct kvf_cps *st, kvf_room_key key, const char *node_id,
+                                 uint64_t incarnation, uint64_t version, bool *ack_wanted_p)
+{
+    struct cp_room *room = cp_room_lookup(st, key);
+    if (room == NULL || key.generation == 0 || cp_room_terminal(room))
+        return false;
+    const struct cp_rnode *rn = NULL;
+    for (uint32_t i = 0; i < room->nrnodes && rn == NULL; i++) {
+        const struct cp_rnode *x = room->rnodes[i];
+        if (strcmp(x->node->id, node_id) == 0 && x->node->incarnation == incarnation)
+            rn = x;
+    }
+    if (rn == NULL || rn->update_sent != version)
+        return false;
+    if (ack_wanted_p != NULL) {
+        bool want = false;
+        for (uint32_t i = 0; i < room->nparts && !want; i++) {
+            const struct cp_part *p = room->parts[i];
+            want = p->rn == rn && !(p->published && p->pub_nranges == p->nranges);
+        }
+        *ack_wanted_p = want;
+    }
+    return true;
+}
+
 bool cp_room_all_completed(const struct cp_room *room)
 {
     for (uint32_t i = 0; i < room->nrnodes; i++) {

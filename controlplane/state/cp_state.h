@@ -334,10 +334,24 @@ int kvf_cps_report_completed(struct kvf_cps *st, const char *node_id, uint64_t i
  * replaced, or one for a room no longer ACTIVE: 0, nothing changes, counted
  * (stats acks_ignored). A version never sent to that node: -ESTALE; a room
  * the node is not in: -ENOENT; both counted like other refused reports.
+ * Any update sent since the node's own leases last changed counts: a
+ * publication update that followed the first one carried them as well.
  */
 int kvf_cps_room_update_acked(struct kvf_cps *st, const char *node_id, uint64_t incarnation,
                               kvf_room_key key, uint64_t version, kvf_time_ns now,
                               struct kvf_error *err);
+
+/* Whether a ROOM_UPDATE effect (key, node, incarnation, version) is still
+ * worth sending when the service routes it, after more commands ran: false
+ * when a newer update to that node replaced it (that one follows and carries
+ * everything this one did; the node's ack of it counts) or when the room is
+ * terminal or gone (nobody needs its pages any more). Skipping such an
+ * update never lets a page address out early: it only sends less. When
+ * current, `*ack_wanted_p` (may be NULL) says whether the node's ack of it
+ * can still publish anything: false once every lease of that node in the
+ * room is published as it is (RoomUpdate.ack_not_needed). Reads only. */
+bool kvf_cps_room_update_current(const struct kvf_cps *st, kvf_room_key key, const char *node_id,
+                                 uint64_t incarnation, uint64_t version, bool *ack_wanted_p);
 
 /* A node reports a failed transfer: the room aborts (all or nothing). */
 int kvf_cps_report_failed(struct kvf_cps *st, const char *node_id, uint64_t incarnation,

@@ -941,6 +941,45 @@ static void completed_node_is_sent_no_publication(void **state)
     fixture_free(f);
 }
 
+/* An update that carries nothing of its addressee's own leases that is not
+ * published already needs no RoomUpdateAck (RoomUpdate.ack_not_needed): the
+ * service asks the core when it routes the update. Before its own ack a
+ * node's updates want one; its publication update, routed after its ack,
+ * does not; after a re-attach that follows a restore (nothing published)
+ * one is wanted again. */
+static void publication_update_wants_no_ack_once_the_node_acked(void **state)
+{
+    (void)state;
+    struct fixture *f = fixture_new(NULL);
+    fx_reset(f);
+    kvf_room_key key = join_pair(f, 25);
+    uint64_t v1 = last_update(f, "n1"), v2 = last_update(f, "n2");
+    bool want = false;
+    assert_true(kvf_cps_room_update_current(f->st, key, "n1", 1, v1, &want));
+    assert_true(want);
+    assert_int_equal(ack(f, "n1", key, v1), 0);
+    uint64_t v2b = last_update(f, "n2"); /* n1's lease for n2 */
+    assert_true(v2b > v2);
+    /* v2 is replaced; v2b still carries n2's unpublished lease. */
+    assert_false(kvf_cps_room_update_current(f->st, key, "n2", 1, v2, &want));
+    assert_true(kvf_cps_room_update_current(f->st, key, "n2", 1, v2b, &want));
+    assert_true(want);
+    assert_int_equal(ack(f, "n2", key, v2), 0);
+    uint64_t v1b = last_update(f, "n1"); /* n2's lease for n1 */
+    assert_true(kvf_cps_room_update_current(f->st, key, "n1", 1, v1b, &want));
+    assert_false(want); /* n1's own lease is published: nothing to acknowledge */
+    assert_true(kvf_cps_room_update_current(f->st, key, "n2", 1, v2b, &want));
+    assert_false(want);
+    /* Another incarnation, another generation, a terminal room: not current. */
+    assert_false(kvf_cps_room_update_current(f->st, key, "n1", 2, v1b, &want));
+    kvf_room_key other = {key.room_id, key.generation + 1};
+    assert_false(kvf_cps_room_update_current(f->st, other, "n1", 1, v1b, &want));
+    assert_int_equal(completed(f, "n1", key, 0, SRC), 0);
+    assert_int_equal(completed(f, "n2", key, 0, SNK), 0);
+    assert_false(kvf_cps_room_update_current(f->st, key, "n1", 1, v1b, NULL));
+    fixture_free(f);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -968,6 +1007,7 @@ int main(void)
         cmocka_unit_test(extended_sink_pages_reach_source_node_only_after_sink_node_acked),
         cmocka_unit_test(each_node_is_published_by_the_ack_of_its_first_update),
         cmocka_unit_test(completed_node_is_sent_no_publication),
+        cmocka_unit_test(publication_update_wants_no_ack_once_the_node_acked),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
