@@ -47,6 +47,7 @@
 struct node_sess {
     atomic_int refs;
     _Atomic uint64_t last_seen_ns; /* CLOCK_MONOTONIC of the last message (CQ threads) */
+    atomic_bool hello_seen;        /* a Hello came on the stream (CQ threads) */
     struct kvf_svc *svc;
     struct kvf_rpc_stream *stream; /* one stream reference, released at free */
     /* State thread only: */
@@ -1023,6 +1024,16 @@ static void attach_message(void *vctx, struct kvf_rpc_stream *stream, const uint
     if (m == NULL) {
         kvf_rpc_stream_finish(stream, KVF_GRPC_INVALID_ARGUMENT,
                               "message: does not decode as kvfence.v1.NodeMessage");
+        return;
+    }
+    if (m->msg_case == KVFENCE__V1__NODE_MESSAGE__MSG_HELLO)
+        atomic_store(&s->hello_seen, true);
+    /* A notice's Ack proves nothing and changes nothing (handle_report):
+     * after the Hello it is dropped here, without a job for the state
+     * thread (a node sends one for every RoomUpdate and notice; issue 24).
+     * Before the Hello it goes on, to be refused as a first message. */
+    if (m->msg_case == KVFENCE__V1__NODE_MESSAGE__MSG_ACK && atomic_load(&s->hello_seen)) {
+        protobuf_c_message_free_unpacked(&m->base, NULL);
         return;
     }
     attach_post(s, m, msg, len);
