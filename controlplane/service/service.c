@@ -100,7 +100,7 @@ struct kvf_svc {
 
 /* In memory mode, the most jobs whose effects are routed together (a turn of
  * the state thread): bounds how long the first job's effects wait. */
-#define KVF_SVC_TURN_JOBS 32u
+#define KVF_SVC_TURN_JOBS 8u
 
 /* The effects of one command, or the held reply of one read, released once
  * record `seq` is durable. */
