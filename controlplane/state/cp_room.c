@@ -222,6 +222,9 @@ bool kvf_cps_room_update_current(const struct kvf_cps *st, kvf_room_key key, con
     }
     if (rn == NULL || rn->update_sent != version)
         return false;
+    /* Only others' leases, for a node that has nobody left to serve. */
+    if (version > rn->own_sent && rn->nopen == 0)
+        return false;
     if (ack_wanted_p != NULL) {
         bool want = false;
         for (uint32_t i = 0; i < room->nparts && !want; i++) {

@@ -346,8 +346,10 @@ int kvf_cps_room_update_acked(struct kvf_cps *st, const char *node_id, uint64_t 
 /* Whether a ROOM_UPDATE effect (key, node, incarnation, version) is still
  * worth sending when the service routes it, after more commands ran: false
  * when a newer update to that node replaced it (that one follows and carries
- * everything this one did; the node's ack of it counts) or when the room is
- * terminal or gone (nobody needs its pages any more). Skipping such an
+ * everything this one did; the node's ack of it counts), when the room is
+ * terminal or gone (nobody needs its pages any more), or when it only
+ * publishes others' leases to a node whose participants in the room all
+ * completed since (it needs nobody's pages). Skipping such an
  * update never lets a page address out early: it only sends less. When
  * current, `*ack_wanted_p` (may be NULL) says whether the node's ack of it
  * can still publish anything: false once every lease of that node in the

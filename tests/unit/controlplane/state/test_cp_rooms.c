@@ -980,6 +980,29 @@ static void publication_update_wants_no_ack_once_the_node_acked(void **state)
     fixture_free(f);
 }
 
+/* A publication update whose addressee's participants all completed before
+ * it was routed is not worth sending (the service asks at routing time; in
+ * durable mode the update waits for the fsync of the record before it, and a
+ * Completed often comes meanwhile). The addressee's own update is: it is
+ * what it completed on. */
+static void publication_to_a_node_that_completed_meanwhile_is_not_sent(void **state)
+{
+    (void)state;
+    struct fixture *f = fixture_new(NULL);
+    fx_reset(f);
+    kvf_room_key key = join_pair(f, 26);
+    uint64_t v1 = last_update(f, "n1"), v2 = last_update(f, "n2");
+    assert_int_equal(ack(f, "n1", key, v1), 0);
+    uint64_t v2b = last_update(f, "n2"); /* publishes n1's source to n2 */
+    assert_true(v2b > v2);
+    assert_true(kvf_cps_room_update_current(f->st, key, "n2", 1, v2b, NULL));
+    assert_int_equal(completed(f, "n2", key, 0, SNK), 0);
+    assert_false(kvf_cps_room_update_current(f->st, key, "n2", 1, v2b, NULL));
+    /* n1 is still open: its own update stays current until replaced. */
+    assert_true(kvf_cps_room_update_current(f->st, key, "n1", 1, v1, NULL));
+    fixture_free(f);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -1008,6 +1031,7 @@ int main(void)
         cmocka_unit_test(each_node_is_published_by_the_ack_of_its_first_update),
         cmocka_unit_test(completed_node_is_sent_no_publication),
         cmocka_unit_test(publication_update_wants_no_ack_once_the_node_acked),
+        cmocka_unit_test(publication_to_a_node_that_completed_meanwhile_is_not_sent),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
