@@ -102,8 +102,9 @@ run_life() {
 
 echo "ratio.sh: $ROUNDS rounds of echo / memory / durable, $THREADS threads, $DURATION s each, N = $N;"
 echo "  machine: $(nproc) cores, load $(cut -d' ' -f1-3 /proc/loadavg) at the start"
-printf '%-5s %8s %9s %9s %7s %7s %9s %9s %7s %7s %6s %6s %6s\n' round "echo/s" "memory/s" \
-  "durable/s" "mem x" "dur x" "mem cpu x" "dur cpu x" "cpu e" "cpu m" "cpu d" "upd m" "ack m"
+printf '%-5s %8s %9s %9s %7s %7s %9s %9s %7s %7s %6s %6s %6s %6s %6s\n' round "echo/s" \
+  "memory/s" "durable/s" "mem x" "dur x" "mem cpu x" "dur cpu x" "cpu e" "cpu m" "cpu d" "upd m" \
+  "ack m" "upd d" "ack d"
 : >"$TMP/rows"
 for r in $(seq "$ROUNDS"); do
   e=$(run_echo)
@@ -115,14 +116,16 @@ for r in $(seq "$ROUNDS"); do
   awk -v r="$r" -v e="$(field "$e" calls_per_s)" -v ec="$(field "$e" srv_cpu_us)" \
     -v m="$(field "$m" lifecycles_per_s)" -v mc="$(field "$m" srv_cpu_us)" \
     -v mu="$(field "$m" updates_per_lifecycle)" -v ma="$(field "$m" acks_per_lifecycle)" \
-    -v d="$(field "$d" lifecycles_per_s)" -v dc="$(field "$d" srv_cpu_us)" -v n="$N" 'BEGIN {
-      printf "%-5s %8.0f %9.0f %9.0f %6.2fx %6.2fx %8.2fx %8.2fx %7.1f %7.1f %6.0f %6.2f %6.2f\n",
-        r, e, m, d, e / (n * m), e / (n * d), mc / (n * ec), dc / (n * ec), ec, mc, dc, mu, ma
+    -v d="$(field "$d" lifecycles_per_s)" -v dc="$(field "$d" srv_cpu_us)" \
+    -v du="$(field "$d" updates_per_lifecycle)" -v da="$(field "$d" acks_per_lifecycle)" \
+    -v n="$N" 'BEGIN {
+      printf "%-5s %8.0f %9.0f %9.0f %6.2fx %6.2fx %8.2fx %8.2fx %7.1f %7.1f %6.0f %6.2f %6.2f %6.2f %6.2f\n",
+        r, e, m, d, e / (n * m), e / (n * d), mc / (n * ec), dc / (n * ec), ec, mc, dc, mu, ma, du, da
     }' | tee -a "$TMP/rows"
 done
 echo "  (x: a lifecycle over $N bare calls, wall time and server CPU; cpu: server CPU in us per"
-echo "   echo call / memory lifecycle / durable lifecycle; upd, ack m: RoomUpdates and"
-echo "   RoomUpdateAcks per memory lifecycle)"
+echo "   echo call / memory lifecycle / durable lifecycle; upd, ack: RoomUpdates and"
+echo "   RoomUpdateAcks per lifecycle, memory and durable)"
 # Medians of the ratio columns.
 awk '{ for (c = 5; c <= 8; c++) { v[c, NR] = $c + 0 } } END {
   for (c = 5; c <= 8; c++) {
