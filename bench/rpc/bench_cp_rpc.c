@@ -21,6 +21,10 @@
  *
  * usage: bench_cp_rpc --target HOST:PORT [--server-pid PID] [--threads T]
  *        [--duration S] [--abort-rooms R] [--open-rooms N] [--timeout-ms MS]
+ *        [--no-pings]
+ * After phase 1 a "RESULT lifecycle ..." line (rooms/s, p50, server CPU and
+ * room updates per lifecycle) for bench/rpc/ratio.sh, which compares it with
+ * bench_rpc_echo's bare calls run alternately.
  */
 #include <errno.h>
 #include <inttypes.h>
@@ -66,7 +70,8 @@ static struct {
     unsigned abort_rooms;
     unsigned open_rooms;
     int64_t timeout_ms;
-} cfg = {NULL, 0, 8, 5.0, 2000, 0, 10000};
+    bool no_pings; /* --no-pings: phase 2 skipped (bench/rpc/ratio.sh runs bench_rpc_echo) */
+} cfg = {NULL, 0, 8, 5.0, 2000, 0, 10000, false};
 
 static struct kvf_rpc_channel *g_ch;
 static atomic_bool g_stop;
@@ -267,7 +272,7 @@ struct node {
     struct kvf_rpc_client_stream *cs;
     pthread_mutex_t send_mu; /* one sender at a time on the stream */
     pthread_t reader;
-    atomic_uint_fast64_t room_updates, abort_notices, fence_peers, other_msgs;
+    atomic_uint_fast64_t room_updates, room_update_acks, abort_notices, fence_peers, other_msgs;
 };
 
 static struct node g_nodes[N_NODES];
@@ -323,7 +328,8 @@ static void node_answer_abort(struct node *n, const Kvfence__V1__AbortNotice *an
 
 /* As a real node does once it applied an update: the control plane tells
  * the room's other nodes this node's leases only after it (node.proto
- * RoomUpdateAck), so the lifecycle measured includes the acks. */
+ * RoomUpdateAck), so the lifecycle measured includes the acks. An update
+ * marked ack_not_needed is not acknowledged, as node.c does not. */
 static void node_ack_update(struct node *n, const Kvfence__V1__RoomUpdate *ru)
 {
     Kvfence__V1__RoomUpdateAck a = KVFENCE__V1__ROOM_UPDATE_ACK__INIT;
@@ -371,7 +377,10 @@ static void *node_reader(void *arg)
             break;
         case KVFENCE__V1__CONTROL_MESSAGE__MSG_ROOM_UPDATE:
             atomic_fetch_add(&n->room_updates, 1);
-            node_ack_update(n, cm->room_update);
+            if (!cm->room_update->ack_not_needed) { /* as node.c */
+                atomic_fetch_add(&n->room_update_acks, 1);
+                node_ack_update(n, cm->room_update);
+            }
             break;
         case KVFENCE__V1__CONTROL_MESSAGE__MSG_ABORT_NOTICE:
             atomic_fetch_add(&n->abort_notices, 1);
@@ -845,7 +854,7 @@ static void usage_exit(const char *argv0)
     fprintf(stderr,
             "usage: %s --target HOST:PORT [--server-pid PID] [--threads T (8)]\n"
             "          [--duration SECONDS (5)] [--abort-rooms R (2000)] [--open-rooms N (0)]\n"
-            "          [--timeout-ms MS (10000)]\n",
+            "          [--timeout-ms MS (10000)] [--no-pings]\n",
             argv0);
     exit(2);
 }
@@ -857,6 +866,10 @@ int main(int argc, char **argv)
         const char *a = argv[i];
         if (strcmp(a, "--help") == 0 || strcmp(a, "-h") == 0)
             usage_exit(argv[0]);
+        if (strcmp(a, "--no-pings") == 0) {
+            cfg.no_pings = true;
+            continue;
+        }
         if (i + 1 >= argc)
             usage_exit(argv[0]);
         const char *v = argv[++i];
@@ -940,31 +953,51 @@ int main(int argc, char **argv)
     lat_print("lifecycle", &life);
     lat_print("JoinRoom RPC", &joinl);
     lat_print("Completed sent -> RELEASED", &c2r);
+    double cpu_before = prev.srv_cpu_s;
     usage_print("phase 1", &prev, (double)lifecycles, "lifecycle");
+    {
+        uint64_t ru = 0, acks = 0;
+        for (unsigned i = 0; i < N_NODES; i++) {
+            ru += atomic_load(&g_nodes[i].room_updates);
+            acks += atomic_load(&g_nodes[i].room_update_acks);
+        }
+        double per = lifecycles ? (double)ru / (double)lifecycles : 0;
+        double acks_per = lifecycles ? (double)acks / (double)lifecycles : 0;
+        printf("  room updates: %" PRIu64 ", %.2f per lifecycle; RoomUpdateAcks sent (none for "
+               "an update marked ack_not_needed) %.2f per lifecycle\n",
+               ru, per, acks_per);
+        printf("RESULT lifecycle lifecycles_per_s=%.1f p50_us=%.1f srv_cpu_us=%.2f "
+               "updates_per_lifecycle=%.3f acks_per_lifecycle=%.3f\n",
+               (double)lifecycles / el1, lat_pct_us(&life, 50),
+               lifecycles ? (prev.srv_cpu_s - cpu_before) * 1e6 / (double)lifecycles : 0, per,
+               acks_per);
+    }
 
     /* Phase 2: as many bare unary calls as phase 1 made RPCs. */
-    printf("\n[2] bare calls: %" PRIu64 " Admin.Ping (= phase 1's unary RPC count)\n", rpcs);
-    atomic_store(&g_ticket, 0);
-    g_ticket_max = rpcs;
-    double el2 = run_workers(phase_pings);
-    struct lat ping = {0};
-    for (unsigned i = 0; i < cfg.threads; i++)
-        lat_merge(&ping, &g_workers[i].ping);
-    printf("  %zu calls in %.2f s: %.0f calls/s\n", ping.n, el2, (double)ping.n / el2);
-    lat_print("Admin.Ping RPC", &ping);
-    usage_print("phase 2", &prev, (double)ping.n, "call");
-    {
-        double per_life = el1 / (double)lifecycles; /* wall time per lifecycle, T in flight */
-        double per_call = el2 / (double)ping.n;     /* wall time per bare call, T in flight */
-        double p50_ratio2 = lat_pct_us(&life, 50) / (2 * lat_pct_us(&ping, 50));
-        double p50_ratio4 = lat_pct_us(&life, 50) / (4 * lat_pct_us(&ping, 50));
-        printf("  cost ratio, lifecycle / bare calls (target <= 1.5x):\n");
-        printf("    per RPC (1 lifecycle vs 2 Pings, its 2 unary RPCs):   throughput %.2fx, "
-               "p50 latency %.2fx   <- the ratio compared with the target\n",
-               per_life / (2 * per_call), p50_ratio2);
-        printf("    per operation (1 lifecycle vs 4 Pings: 2 joins + 2 node messages): "
-               "throughput %.2fx, p50 latency %.2fx\n",
-               per_life / (4 * per_call), p50_ratio4);
+    if (!cfg.no_pings) {
+        printf("\n[2] bare calls: %" PRIu64 " Admin.Ping (= phase 1's unary RPC count)\n", rpcs);
+        atomic_store(&g_ticket, 0);
+        g_ticket_max = rpcs;
+        double el2 = run_workers(phase_pings);
+        struct lat ping = {0};
+        for (unsigned i = 0; i < cfg.threads; i++)
+            lat_merge(&ping, &g_workers[i].ping);
+        printf("  %zu calls in %.2f s: %.0f calls/s\n", ping.n, el2, (double)ping.n / el2);
+        lat_print("Admin.Ping RPC", &ping);
+        usage_print("phase 2", &prev, (double)ping.n, "call");
+        {
+            double per_life = el1 / (double)lifecycles; /* wall time per lifecycle, T in flight */
+            double per_call = el2 / (double)ping.n;     /* wall time per bare call, T in flight */
+            double p50_ratio2 = lat_pct_us(&life, 50) / (2 * lat_pct_us(&ping, 50));
+            double p50_ratio4 = lat_pct_us(&life, 50) / (4 * lat_pct_us(&ping, 50));
+            printf("  cost ratio, lifecycle / bare calls (target <= 1.5x):\n");
+            printf("    per RPC (1 lifecycle vs 2 Pings, its 2 unary RPCs):   throughput %.2fx, "
+                   "p50 latency %.2fx   <- the ratio compared with the target\n",
+                   per_life / (2 * per_call), p50_ratio2);
+            printf("    per operation (1 lifecycle vs 4 Pings: 2 joins + 2 node messages): "
+                   "throughput %.2fx, p50 latency %.2fx\n",
+                   per_life / (4 * per_call), p50_ratio4);
+        }
     }
 
     /* Phase 3: aborts. */

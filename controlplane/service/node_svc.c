@@ -47,6 +47,7 @@
 struct node_sess {
     atomic_int refs;
     _Atomic uint64_t last_seen_ns; /* CLOCK_MONOTONIC of the last message (CQ threads) */
+    atomic_bool hello_seen;        /* a Hello came on the stream (CQ threads) */
     struct kvf_svc *svc;
     struct kvf_rpc_stream *stream; /* one stream reference, released at free */
     /* State thread only: */
@@ -273,14 +274,17 @@ static int room_update_build(struct room_update_buf *b, struct kvf_svc_ctx *ctx,
     return 0;
 }
 
+/* `ack_wanted`: false when the addressee's ack could publish nothing
+ * (RoomUpdate.ack_not_needed, kvf_cps_room_update_current). */
 static void send_room_update(struct kvf_svc_ctx *ctx, struct node_sess *s, kvf_room_key key,
-                             uint64_t version)
+                             uint64_t version, bool ack_wanted)
 {
     struct room_update_buf b;
     int rc = room_update_build(&b, ctx, key, s->node_id, s->incarnation, version);
-    if (rc == 0)
+    if (rc == 0) {
+        b.ru.ack_not_needed = !ack_wanted;
         sess_send(s, &b.cm);
-    else if (rc == -ENOMEM)
+    } else if (rc == -ENOMEM)
         kvf_log("error", "room %" PRIu64 ":%" PRIu64 ": out of memory building its update for %s",
                 key.room_id, key.generation, s->node_id);
     room_update_free(&b);
@@ -398,10 +402,17 @@ static void route_room_state(struct kvf_svc_ctx *ctx, const struct kvf_cps_effec
 void kvf_svc_route_effect(struct kvf_svc_ctx *ctx, const struct kvf_cps_effect *e)
 {
     struct node_sess *s;
+    bool ack_wanted = true;
     switch (e->kind) {
     case KVF_CPS_FX_ROOM_UPDATE:
-        if ((s = addressee(ctx, e)) != NULL)
-            send_room_update(ctx, s, e->key, e->version);
+        /* Built from the state as it is now: an update a newer one replaced
+         * since (in the same turn of the state thread, or while its record
+         * became durable), or one of a room that ended meanwhile, is not
+         * sent (kvf_cps_room_update_current; issue 24). */
+        if ((s = addressee(ctx, e)) != NULL &&
+            kvf_cps_room_update_current(ctx->cps, e->key, e->node_id, e->incarnation, e->version,
+                                        &ack_wanted))
+            send_room_update(ctx, s, e->key, e->version, ack_wanted);
         break;
     case KVF_CPS_FX_ABORT_NOTICE:
         if ((s = addressee(ctx, e)) != NULL) {
@@ -1013,6 +1024,16 @@ static void attach_message(void *vctx, struct kvf_rpc_stream *stream, const uint
     if (m == NULL) {
         kvf_rpc_stream_finish(stream, KVF_GRPC_INVALID_ARGUMENT,
                               "message: does not decode as kvfence.v1.NodeMessage");
+        return;
+    }
+    if (m->msg_case == KVFENCE__V1__NODE_MESSAGE__MSG_HELLO)
+        atomic_store(&s->hello_seen, true);
+    /* A notice's Ack proves nothing and changes nothing (handle_report):
+     * after the Hello it is dropped here, without a job for the state
+     * thread (a node sends one for every RoomUpdate and notice; issue 24).
+     * Before the Hello it goes on, to be refused as a first message. */
+    if (m->msg_case == KVFENCE__V1__NODE_MESSAGE__MSG_ACK && atomic_load(&s->hello_seen)) {
+        protobuf_c_message_free_unpacked(&m->base, NULL);
         return;
     }
     attach_post(s, m, msg, len);

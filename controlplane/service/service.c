@@ -9,7 +9,10 @@
  * Threads: CQ threads decode and validate requests and post jobs to a
  * mutex+condvar queue; the state thread alone touches the struct kvf_cps. It
  * runs each job, drains the effects, and fires the core's timers when
- * kvf_cps_next_deadline() passes (CLOCK_MONOTONIC, the clock of `now`).
+ * kvf_cps_next_deadline() passes (CLOCK_MONOTONIC, the clock of `now`). In
+ * memory mode it drains once per turn (the jobs that were queued, at most
+ * KVF_SVC_TURN_JOBS), so that room updates replaced or ended within the
+ * turn are never sent (issue 24).
  *
  * With --data-dir the state never shows more than the log holds: a mutating
  * call is answered once its record is durable (persist.c), the effects of a
@@ -94,6 +97,10 @@ struct kvf_svc {
     struct kvf_authz_opts authz;
     char *authz_strs[3];
 };
+
+/* In memory mode, the most jobs whose effects are routed together (a turn of
+ * the state thread): bounds how long the first job's effects wait. */
+#define KVF_SVC_TURN_JOBS 8u
 
 /* The effects of one command, or the held reply of one read, released once
  * record `seq` is durable. */
@@ -503,9 +510,19 @@ int kvf_svc_replay(struct kvf_svc_ctx *ctx, enum kvf_svc_rec_kind kind, kvf_time
     return -EBADMSG;
 }
 
+/* Whether another job waits (any thread). */
+static bool jobs_queued(struct kvf_svc *svc)
+{
+    pthread_mutex_lock(&svc->mu);
+    bool more = svc->head != NULL;
+    pthread_mutex_unlock(&svc->mu);
+    return more;
+}
+
 static void *state_thread(void *arg)
 {
     struct kvf_svc *svc = arg;
+    unsigned turn_jobs = 0; /* jobs run since the effects were last drained */
 
     pthread_mutex_lock(&svc->mu);
     while (!svc->stopping) {
@@ -531,7 +548,16 @@ static void *state_thread(void *arg)
             } else {
                 run_unary(svc, job);
             }
-            drain_effects(svc);
+            /* In memory the effects of a turn (the jobs queued, up to
+             * KVF_SVC_TURN_JOBS) are routed together, after its last job:
+             * room updates replaced or ended within the turn are not sent,
+             * and the rest leave back to back. With a log, each command's
+             * effects wait for its own record (drain_effects). */
+            if (kvf_svc_persist_enabled(&svc->ctx) || ++turn_jobs >= KVF_SVC_TURN_JOBS ||
+                !jobs_queued(svc)) {
+                drain_effects(svc);
+                turn_jobs = 0;
+            }
             free(job);
         }
         kvf_time_ns now = svc_now(svc);
@@ -539,6 +565,10 @@ static void *state_thread(void *arg)
         if (dl <= now && kvf_svc_persist_failure(&svc->ctx) != 0) {
             dl = UINT64_MAX; /* failed: no timer runs any more */
         } else if (dl <= now) {
+            if (turn_jobs > 0) { /* the turn's effects first, in order */
+                drain_effects(svc);
+                turn_jobs = 0;
+            }
             kvf_svc_persist_begin(&svc->ctx);
             kvf_cps_tick(svc->ctx.cps, now);
             if (kvf_svc_persist_enabled(&svc->ctx)) {
@@ -583,6 +613,8 @@ static void *state_thread(void *arg)
         }
     }
     pthread_mutex_unlock(&svc->mu);
+    if (turn_jobs > 0)
+        drain_effects(svc); /* stopping in the middle of a turn */
     return NULL;
 }
 

@@ -95,8 +95,11 @@ static void lease_release(struct kvf_cps *st, struct cp_part *part)
  * "Ordered room updates"). Every update sent to a node gets the room's next
  * version; the update carries the node's own leases as they are and the other
  * nodes' leases only as far as those nodes acknowledged them. When a node
- * acknowledges the newest update it was sent, its leases are published and
- * every other node of the room gets a new update with them.
+ * acknowledges an update sent since its own leases last changed (rn->own_sent),
+ * its leases are published and every other node of the room that still has a
+ * participant to serve gets a new update with them (issue 24: an ack of the
+ * first update counts even when a publication update followed it, and a node
+ * whose participants all completed needs nobody's pages).
  */
 static void room_update_emit(struct kvf_cps *st, struct cp_rnode *rn)
 {
@@ -106,9 +109,12 @@ static void room_update_emit(struct kvf_cps *st, struct cp_rnode *rn)
     fx->version = rn->update_sent;
 }
 
-static void room_update_send(struct kvf_cps *st, struct cp_rnode *rn)
+/* `own`: the update carries a change of the addressee's own leases. */
+static void room_update_send(struct kvf_cps *st, struct cp_rnode *rn, bool own)
 {
     rn->update_sent = ++rn->room->update_version;
+    if (own)
+        rn->own_sent = rn->update_sent;
     room_update_emit(st, rn);
 }
 
@@ -116,20 +122,29 @@ static void room_update_send(struct kvf_cps *st, struct cp_rnode *rn)
 static void room_updates(struct kvf_cps *st, struct cp_room *room)
 {
     for (uint32_t i = 0; i < room->nrnodes; i++)
-        room_update_send(st, room->rnodes[i]);
+        room_update_send(st, room->rnodes[i], true);
+}
+
+bool cp_room_versions_left(const struct cp_room *room)
+{
+    /* An ExtendLease mints at most one version per room-node, and so does
+     * every publication an ack causes, and every re-attach after a restore:
+     * nrnodes * (nrnodes + 2) covers what may follow it. */
+    uint64_t need = (uint64_t)room->nrnodes * (room->nrnodes + 2);
+    return (uint64_t)room->update_version + need <= UINT32_MAX;
 }
 
 void cp_room_update_reattach(struct kvf_cps *st, struct cp_rnode *rn)
 {
     struct cp_room *room = rn->room;
     bool was_active =
-        room->nsources == room->expected_sources && room->nsinks == room->expected_sinks;
+        cp_room_nsources(room) == room->expected_sources && room->nsinks == room->expected_sinks;
     if (!was_active || (room->state != KVF_CPS_ROOM_ACTIVE && room->state != KVF_CPS_ROOM_ABORTING))
         return;
     /* The same version again (the node answers a duplicate again), or a new
      * one after a restore, where nothing is known acknowledged. */
     if (rn->update_sent == 0)
-        room_update_send(st, rn);
+        room_update_send(st, rn, true);
     else
         room_update_emit(st, rn);
 }
@@ -157,21 +172,20 @@ int kvf_cps_room_update_acked(struct kvf_cps *st, const char *node_id, uint64_t 
         st->stats.reports_stale++;
         return kvf_error_set(err, -ESTALE,
                              "room_update_ack.version: %" PRIu64 " was not sent to node %s "
-                             "(last sent %" PRIu64 ")",
+                             "(last sent %" PRIu32 ")",
                              version, node_id, rn->update_sent);
     }
-    /* A duplicate, an update a newer one replaced (its ack follows), or a
-     * room past ACTIVE (nothing left to publish): nothing to do. */
-    if (version <= rn->update_acked || version < rn->update_sent ||
-        room->state != KVF_CPS_ROOM_ACTIVE) {
+    /* An update from before the last change of the node's own leases (the
+     * ack of the newer one follows), or a room past ACTIVE (nothing left to
+     * publish): nothing to do. */
+    if (version < rn->own_sent || room->state != KVF_CPS_ROOM_ACTIVE) {
         st->stats.acks_ignored++;
         return 0;
     }
     if (cp_fx_reserve(st, room->nrnodes) != 0)
         return kvf_error_set(err, -ENOMEM, "out of memory");
-    rn->update_acked = version;
-    /* The newest update sent to this node carried its leases as they are
-     * now (any change since would have sent a newer one). */
+    /* Every update from own_sent on carried the node's leases as they are
+     * now (any change since would have moved own_sent). */
     bool changed = false;
     for (uint32_t i = 0; i < room->nparts; i++) {
         struct cp_part *p = room->parts[i];
@@ -181,11 +195,54 @@ int kvf_cps_room_update_acked(struct kvf_cps *st, const char *node_id, uint64_t 
         p->pub_nranges = p->nranges;
         changed = true;
     }
-    for (uint32_t i = 0; changed && i < room->nrnodes; i++) {
-        if (room->rnodes[i] != rn)
-            room_update_send(st, room->rnodes[i]);
+    /* A duplicate, or the ack of an update that only published others. */
+    if (!changed) {
+        st->stats.acks_ignored++;
+        return 0;
+    }
+    for (uint32_t i = 0; i < room->nrnodes; i++) {
+        struct cp_rnode *other = room->rnodes[i];
+        if (other != rn && other->nopen > 0)
+            room_update_send(st, other, false);
     }
     return 0;
+}
+
+bool kvf_cps_room_update_current(const struct kvf_cps *st, kvf_room_key key, const char *node_id,
+                                 uint64_t incarnation, uint64_t version, bool *ack_wanted_p)
+{
+    struct cp_room *room = cp_room_lookup(st, key);
+    if (room == NULL || key.generation == 0 || cp_room_terminal(room))
+        return false;
+    const struct cp_rnode *rn = NULL;
+    for (uint32_t i = 0; i < room->nrnodes && rn == NULL; i++) {
+        const struct cp_rnode *x = room->rnodes[i];
+        if (strcmp(x->node->id, node_id) == 0 && x->node->incarnation == incarnation)
+            rn = x;
+    }
+    if (rn == NULL || rn->update_sent != version)
+        return false;
+    /* Only others' leases, for a node that has nobody left to serve. */
+    if (version > rn->own_sent && rn->nopen == 0)
+        return false;
+    if (ack_wanted_p != NULL) {
+        bool want = false;
+        for (uint32_t i = 0; i < room->nparts && !want; i++) {
+            const struct cp_part *p = room->parts[i];
+            want = p->rn == rn && !(p->published && p->pub_nranges == p->nranges);
+        }
+        *ack_wanted_p = want;
+    }
+    return true;
+}
+
+bool cp_room_all_completed(const struct cp_room *room)
+{
+    for (uint32_t i = 0; i < room->nrnodes; i++) {
+        if (room->rnodes[i]->nopen > 0)
+            return false;
+    }
+    return true;
 }
 
 bool cp_rnode_host_proven(const struct cp_rnode *rn)
@@ -331,7 +388,8 @@ void cp_notice_fire(struct kvf_cps *st, struct cp_rnode *rn, kvf_time_ns now)
 {
     if (!rn->notice_pending)
         return;
-    rn->attempt++;
+    if (rn->attempt < UINT16_MAX)
+        rn->attempt++;
     notice_emit(st, rn);
     cp_heap_arm(&st->timers, &rn->timer, now + cp_backoff(st, rn->attempt));
 }
@@ -616,7 +674,7 @@ static int check_room(const struct cp_room *room, const struct cp_node *node,
         *same_p = p;
         return 1;
     }
-    uint32_t have = j->role == KVF_CPS_ROLE_SOURCE ? room->nsources : room->nsinks;
+    uint32_t have = j->role == KVF_CPS_ROLE_SOURCE ? cp_room_nsources(room) : room->nsinks;
     uint32_t want = j->role == KVF_CPS_ROLE_SOURCE ? room->expected_sources : room->expected_sinks;
     if (have >= want)
         return kvf_error_set(err, -EINVAL,
@@ -761,7 +819,7 @@ int kvf_cps_join(struct kvf_cps *st, const struct kvf_cps_join *join, kvf_time_n
     part->lease_id = st->next_lease_id;
     part->pool = pool;
     cp_pool_ref(pool);
-    part->nranges = part->capranges = (uint32_t)join->range_count;
+    part->nranges = (uint32_t)join->range_count;
     rc = cp_pages_acquire(pool, part, join->ranges, join->range_count, join->pages_field, err);
     if (rc != 0)
         goto err_free_rc;
@@ -789,17 +847,16 @@ int kvf_cps_join(struct kvf_cps *st, const struct kvf_cps_join *join, kvf_time_n
         cp_node_link_rnode(node, new_rn);
         node->room_count++;
     }
-    rn->nparts++;
+    rn->nopen++;
     st->next_lease_id++;
     cp_map_put(&st->leases, part->lease_id, part);
     cp_pool_link(pool, part);
     target->parts[target->nparts++] = part;
     st->stats.leases_by_state[KVF_CPS_LEASE_ACTIVE]++;
-    if (part->role == KVF_CPS_ROLE_SOURCE)
-        target->nsources++;
-    else
+    if (part->role == KVF_CPS_ROLE_SINK)
         target->nsinks++;
-    if (target->nsources == target->expected_sources && target->nsinks == target->expected_sinks) {
+    if (cp_room_nsources(target) == target->expected_sources &&
+        target->nsinks == target->expected_sinks) {
         cp_heap_cancel(&st->timers, &target->timer);
         cp_room_set_state(st, target, KVF_CPS_ROOM_ACTIVE, now);
         room_updates(st, target);
@@ -900,13 +957,17 @@ int kvf_cps_lease_extend_named(struct kvf_cps *st, kvf_room_key key, uint64_t le
         rc = cp_pages_check_disjoint(part, ranges, range_count, field, err);
     if (rc != 0)
         return rc;
-    if (total > part->capranges) {
-        struct kvf_cps_page_range *v = realloc(part->ranges, total * sizeof(*v));
-        if (v == NULL)
-            return kvf_error_set(err, -ENOMEM, "out of memory");
-        part->ranges = v;
-        part->capranges = (uint32_t)total;
-    }
+    if (room->state == KVF_CPS_ROOM_ACTIVE && !cp_room_versions_left(room))
+        return kvf_error_set(err, -E2BIG,
+                             "lease_id: room %" PRIu64 ":%" PRIu64 " sent %" PRIu32
+                             " room updates, its limit; its leases cannot grow",
+                             room->key.room_id, room->key.generation, room->update_version);
+    /* Exactly `total` ranges; a failure below leaves the buffer larger than
+     * nranges, which the next extend reallocates again. */
+    struct kvf_cps_page_range *v = realloc(part->ranges, total * sizeof(*v));
+    if (v == NULL)
+        return kvf_error_set(err, -ENOMEM, "out of memory");
+    part->ranges = v;
     if (cp_fx_reserve(st, room->nrnodes) != 0)
         return kvf_error_set(err, -ENOMEM, "out of memory");
     rc = cp_pages_acquire(part->pool, part, ranges, range_count, field, err);
@@ -916,7 +977,7 @@ int kvf_cps_lease_extend_named(struct kvf_cps *st, kvf_room_key key, uint64_t le
     part->nranges = (uint32_t)total;
     /* The lease's own node first; the others once it acknowledged. */
     if (room->state == KVF_CPS_ROOM_ACTIVE)
-        room_update_send(st, part->rn);
+        room_update_send(st, part->rn, true);
     return 0;
 }
 
@@ -1023,8 +1084,8 @@ int kvf_cps_report_completed(struct kvf_cps *st, const char *node_id, uint64_t i
     if (cp_fx_reserve(st, (size_t)room->nparts + 1) != 0 || cp_heap_reserve(&st->timers, 1) != 0)
         return kvf_error_set(err, -ENOMEM, "out of memory");
     p->completed = true;
-    room->ncompleted++;
-    if (room->ncompleted == room->nparts)
+    p->rn->nopen--;
+    if (cp_room_all_completed(room))
         room_enter_terminal(st, room, KVF_CPS_ROOM_COMPLETED, now);
     return 0;
 }

@@ -902,7 +902,6 @@ static bool rd_part(struct rs *s, struct cp_room *room, struct cp_part *p)
     if (pool_idx >= s->npools)
         return rd_fail(r, "participant: pool index out of range");
     p->rn = room->rnodes[rn_idx];
-    p->rn->nparts++;
     p->pool = s->pools[pool_idx];
     p->pool->refs++;
     if (p->lease_state != KVF_CPS_LEASE_RELEASED)
@@ -915,7 +914,6 @@ static bool rd_part(struct rs *s, struct cp_room *room, struct cp_part *p)
         if (p->ranges == NULL)
             return rs_nomem(s);
     }
-    p->capranges = n;
     for (uint32_t i = 0; i < n; i++) {
         struct kvf_cps_page_range *g = &p->ranges[i];
         g->first = rd_u32(r);
@@ -930,12 +928,10 @@ static bool rd_part(struct rs *s, struct cp_room *room, struct cp_part *p)
             return rd_fail(r, "participant: range outside its pool");
         p->nranges++;
     }
-    if (p->role == KVF_CPS_ROLE_SOURCE)
-        room->nsources++;
-    else
-        room->nsinks++;
-    if (p->completed)
-        room->ncompleted++;
+    if (p->role == KVF_CPS_ROLE_SINK)
+        room->nsinks++; /* the sources are counted by nparts - nsinks */
+    if (!p->completed)
+        p->rn->nopen++;
     cp_map_put(&s->st->leases, p->lease_id, p); /* reserved */
     return true;
 }
@@ -998,7 +994,8 @@ static bool rd_room(struct rs *s, uint32_t ordinal, struct cp_room *room)
         if (!rd_bool(r, &rn->drained, "room-node: drained is not 0 or 1") ||
             !rd_bool(r, &rn->notice_pending, "room-node: notice_pending is not 0 or 1"))
             return false;
-        rn->attempt = rd_u32(r);
+        uint32_t attempt = rd_u32(r);
+        rn->attempt = attempt < UINT16_MAX ? (uint16_t)attempt : UINT16_MAX;
         if (r->bad != NULL)
             return false;
         if (idx >= s->nnodes)
@@ -1036,12 +1033,16 @@ static bool rd_room(struct rs *s, uint32_t ordinal, struct cp_room *room)
             return false;
     }
     for (uint32_t i = 0; i < room->nrnodes; i++) {
-        if (room->rnodes[i]->nparts == 0)
+        bool any = false;
+        for (uint32_t j = 0; j < room->nparts && !any; j++)
+            any = room->parts[j]->rn == room->rnodes[i];
+        if (!any)
             return rd_fail(r, "room: room-node without a participant");
     }
-    if (room->nsources > room->expected_sources || room->nsinks > room->expected_sinks)
+    if (cp_room_nsources(room) > room->expected_sources || room->nsinks > room->expected_sinks)
         return rd_fail(r, "room: more participants than expected");
-    bool full = room->nsources == room->expected_sources && room->nsinks == room->expected_sinks;
+    bool full =
+        cp_room_nsources(room) == room->expected_sources && room->nsinks == room->expected_sinks;
     if ((room->state == KVF_CPS_ROOM_OPENING && full) ||
         (room->state == KVF_CPS_ROOM_ACTIVE && !full))
         return rd_fail(r, "room: participants do not fit the state");
@@ -1049,7 +1050,7 @@ static bool rd_room(struct rs *s, uint32_t ordinal, struct cp_room *room)
         room->nawaiting += cp_part_awaiting(room->parts[i]);
     if (room->nawaiting > 0 && cp_timer_armed(&room->timer))
         return rd_fail(r, "room: tombstone timer armed while a lease waits for a host proof");
-    if (room->state == KVF_CPS_ROOM_COMPLETED && room->ncompleted != room->nparts)
+    if (room->state == KVF_CPS_ROOM_COMPLETED && !cp_room_all_completed(room))
         return rd_fail(r, "room: COMPLETED with a participant not completed");
     return true;
 }

@@ -343,20 +343,38 @@ int kvf_cps_report_completed(struct kvf_cps *st, const char *node_id, uint64_t i
 /*
  * Node `node_id` applied the room update of `key` (exact generation) with
  * `version` (kvf_cps_effect.version of its KVF_CPS_FX_ROOM_UPDATE). When that
- * is the newest update the node was sent and the room is ACTIVE, the node's
- * leases as that update carried them are published: every other node of the
- * room is sent a new update that includes them. Until then an update to
- * another node leaves them out (participant view `published`), so no source
- * learns sink pages that the sink's node does not know yet, and no node
- * learns a member before its node knows the room (docs/state-cores.md,
- * "Ordered room updates"). A duplicate, an ack of an update a newer one
- * replaced, or one for a room no longer ACTIVE: 0, nothing changes, counted
- * (stats acks_ignored). A version never sent to that node: -ESTALE; a room
- * the node is not in: -ENOENT; both counted like other refused reports.
+ * update was sent since the node's own leases last changed (every update
+ * carries them as they are; one that only published others' leases does not
+ * change them) and the room is ACTIVE, the node's leases are published: every
+ * other node of the room that still has a participant not completed is sent
+ * a new update that includes them. Until then an update to another node
+ * leaves them out (participant view `published`), so no source learns sink
+ * pages that the sink's node does not know yet, and no node learns a member
+ * before its node knows the room (docs/state-cores.md, "Ordered room
+ * updates"). A duplicate, an ack that publishes nothing new, one of an update
+ * from before the node's own leases last changed (an ExtendLease: the ack of
+ * the newer one follows), or one for a room no longer ACTIVE: 0, nothing
+ * changes, counted (stats acks_ignored). A version never sent to that node:
+ * -ESTALE; a room the node is not in: -ENOENT; both counted like other
+ * refused reports.
  */
 int kvf_cps_room_update_acked(struct kvf_cps *st, const char *node_id, uint64_t incarnation,
                               kvf_room_key key, uint64_t version, kvf_time_ns now,
                               struct kvf_error *err);
+
+/* Whether a ROOM_UPDATE effect (key, node, incarnation, version) is still
+ * worth sending when the service routes it, after more commands ran: false
+ * when a newer update to that node replaced it (that one follows and carries
+ * everything this one did; the node's ack of it counts), when the room is
+ * terminal or gone (nobody needs its pages any more), or when it only
+ * publishes others' leases to a node whose participants in the room all
+ * completed since (it needs nobody's pages). Skipping such an
+ * update never lets a page address out early: it only sends less. When
+ * current, `*ack_wanted_p` (may be NULL) says whether the node's ack of it
+ * can still publish anything: false once every lease of that node in the
+ * room is published as it is (RoomUpdate.ack_not_needed). Reads only. */
+bool kvf_cps_room_update_current(const struct kvf_cps *st, kvf_room_key key, const char *node_id,
+                                 uint64_t incarnation, uint64_t version, bool *ack_wanted_p);
 
 /* A node reports a failed transfer: the room aborts (all or nothing). */
 int kvf_cps_report_failed(struct kvf_cps *st, const char *node_id, uint64_t incarnation,

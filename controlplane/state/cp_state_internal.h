@@ -136,16 +136,20 @@ struct cp_rnode {
     struct cp_room *room;
     struct cp_node *node;
     struct cp_rnode *node_prev, *node_next; /* in node->rnodes */
-    uint32_t nparts;
+    uint32_t nopen;                         /* this node's participants in the room not completed */
+    /* Room updates (docs/state-cores.md, "Ordered room updates"): the version
+     * of the last update sent to this node, and of the last one sent to it
+     * because its own leases changed (at ACTIVE, on ExtendLease, minted again
+     * after a restore). An ack of any version from `own_sent` on publishes
+     * its leases: every update since carried them as they are. Not in the
+     * snapshot: after a restore both are 0 and the update is asked again when
+     * the node re-attaches. 32 bits (a room stops taking ExtendLease before
+     * its versions could wrap) so that a room-node stays in 72 bytes. */
+    uint32_t update_sent;
+    uint32_t own_sent;
+    uint16_t attempt; /* of the last notice sent (stops counting at UINT16_MAX) */
     bool drained;
     bool notice_pending;
-    uint32_t attempt; /* of the last notice sent */
-    /* Room updates (docs/state-cores.md, "Ordered room updates"): the version
-     * of the last update sent to this node and the last one it acknowledged.
-     * Not in the snapshot: after a restore both are 0 and the update is asked
-     * again when the node re-attaches. */
-    uint64_t update_sent;
-    uint64_t update_acked;
     struct cp_timer timer;
 };
 
@@ -164,10 +168,10 @@ struct cp_part {
      * grows by appending ranges). Not in the snapshot (see update_sent). */
     bool published;
     uint32_t pub_nranges;
+    uint32_t nranges; /* `ranges` holds exactly these (grown by realloc) */
     uint64_t lease_id;
     struct cp_pool *pool;
     struct kvf_cps_page_range *ranges;
-    uint32_t nranges, capranges;
     struct cp_part *pool_prev, *pool_next; /* in pool->leases while not RELEASED */
 };
 
@@ -179,10 +183,10 @@ struct cp_room {
     bool escalated;
     uint32_t nawaiting; /* terminal, leases still RELEASING: waiting for a host proof */
     uint32_t expected_sources, expected_sinks;
-    uint32_t nsources, nsinks, ncompleted;
-    uint32_t pmin, pmax; /* common protocol range of the participants so far */
+    uint32_t nsinks;         /* joined; the sources are nparts - nsinks (cp_room_nsources) */
+    uint32_t pmin, pmax;     /* common protocol range of the participants so far */
+    uint32_t update_version; /* the last room update version minted (cp_rnode) */
     kvf_time_ns created_at, state_since;
-    uint64_t update_version; /* the last room update version minted */
     struct cp_timer timer;
     struct cp_part **parts;
     uint32_t nparts, capparts;
@@ -290,6 +294,16 @@ void cp_room_timer_fire(struct kvf_cps *st, struct cp_room *room, kvf_time_ns no
  * ACTIVE, still ACTIVE or ABORTING): the same version, or a new one when
  * none was sent since a restore. */
 void cp_room_update_reattach(struct kvf_cps *st, struct cp_rnode *rn);
+/* Whether an ExtendLease of an ACTIVE room may still mint the versions it
+ * and what follows it need (32-bit versions, struct cp_rnode). */
+bool cp_room_versions_left(const struct cp_room *room);
+/* The sources joined so far. */
+static inline uint32_t cp_room_nsources(const struct cp_room *room)
+{
+    return room->nparts - room->nsinks;
+}
+/* Whether every participant completed (no room-node has one open). */
+bool cp_room_all_completed(const struct cp_room *room);
 void cp_notice_fire(struct kvf_cps *st, struct cp_rnode *rn, kvf_time_ns now);
 /* Sends the notice of `rn` now as the next attempt (re-attach). */
 void cp_notice_resend_now(struct kvf_cps *st, struct cp_rnode *rn, kvf_time_ns now);

@@ -712,7 +712,10 @@ static void on_room_update(struct kvf_node *n, const Kvfence__V1__RoomUpdate *ru
     node_log("info", &key, "room update %" PRIu64 ": %zu members, %zu peers", ru->version, cnt,
              ru->n_peers);
     node_session_send_ack(n, ru->notice_id);
-    node_session_send_room_update_ack(n, key, ru->version);
+    /* An update that only publishes other nodes' leases: the control plane
+     * has nothing of ours to publish on an ack (issue 24). */
+    if (!ru->ack_not_needed)
+        node_session_send_room_update_ack(n, key, ru->version);
     if (!r->core.aborting)
         r->state = (int)ru->state;
     /* A re-sent update changes nothing: no event for it. */

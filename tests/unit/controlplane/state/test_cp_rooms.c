@@ -779,26 +779,28 @@ static void sink_lease_reaches_source_node_only_after_sink_node_acked(void **sta
     uint64_t v2b = last_update(f, "n2");
     assert_true(v2b > v2);
 
-    /* n2 acknowledges its first update: a newer one replaced it, nothing. */
+    /* n2 acknowledges its first update: a newer one (n1's publication)
+     * followed it, but it carried n2's lease as it is: now (and only now)
+     * n1 learns the sink. */
     fx_reset(f);
-    struct kvf_cps_stats s0, s1;
-    kvf_cps_stats_get(f->st, &s0);
     assert_int_equal(ack(f, "n2", key, v2), 0);
-    assert_false(member(f, key, 1).published);
-    assert_int_equal(fx_count(f, KVF_CPS_FX_ROOM_UPDATE, NULL), 0);
-    kvf_cps_stats_get(f->st, &s1);
-    assert_int_equal(s1.acks_ignored, s0.acks_ignored + 1);
-
-    /* n2 acknowledges the newest: now (and only now) n1 learns the sink. */
-    assert_int_equal(ack(f, "n2", key, v2b), 0);
     struct kvf_cps_participant_view sink = member(f, key, 1);
     assert_true(sink.published);
     assert_int_equal(sink.published_range_count, 1);
     assert_int_equal(fx_count(f, KVF_CPS_FX_ROOM_UPDATE, "n1"), 1);
     assert_int_equal(fx_count(f, KVF_CPS_FX_ROOM_UPDATE, "n2"), 0);
 
-    /* n1 acks that update: its own lease did not change, nothing is sent. */
+    /* n2 acks the newest: it only published n1's lease; nothing. */
     uint64_t v1b = last_update(f, "n1");
+    fx_reset(f);
+    struct kvf_cps_stats s0, s1;
+    kvf_cps_stats_get(f->st, &s0);
+    assert_int_equal(ack(f, "n2", key, v2b), 0);
+    assert_int_equal(fx_count(f, KVF_CPS_FX_ROOM_UPDATE, NULL), 0);
+    kvf_cps_stats_get(f->st, &s1);
+    assert_int_equal(s1.acks_ignored, s0.acks_ignored + 1);
+
+    /* n1 acks that update: its own lease did not change, nothing is sent. */
     fx_reset(f);
     assert_int_equal(ack(f, "n1", key, v1b), 0);
     assert_int_equal(fx_count(f, KVF_CPS_FX_ROOM_UPDATE, NULL), 0);
@@ -827,8 +829,10 @@ static void extended_sink_pages_reach_source_node_only_after_sink_node_acked(voi
     kvf_room_key key = join_pair(f, 22);
     fx_collect(f);
     /* Both nodes acknowledge whatever they are sent until nothing moves. */
+    uint64_t before = 0; /* the last update n2 was sent */
     for (int round = 0; round < 4; round++) {
         uint64_t a = last_update(f, "n1"), b = last_update(f, "n2");
+        before = b ? b : before;
         fx_reset(f);
         (void)ack(f, "n1", key, a);
         (void)ack(f, "n2", key, b);
@@ -846,6 +850,12 @@ static void extended_sink_pages_reach_source_node_only_after_sink_node_acked(voi
     assert_int_equal(fx_count(f, KVF_CPS_FX_ROOM_UPDATE, "n2"), 1);
     assert_int_equal(member(f, key, 1).range_count, 2);
     assert_int_equal(member(f, key, 1).published_range_count, 1); /* not for n1 yet */
+    /* An ack of an update from before the extension publishes nothing new:
+     * that update did not carry the new ranges. */
+    assert_true(before > 0);
+    assert_int_equal(ack(f, "n2", key, before), 0);
+    assert_int_equal(member(f, key, 1).published_range_count, 1);
+    assert_int_equal(fx_count(f, KVF_CPS_FX_ROOM_UPDATE, "n1"), 0);
 
     /* The sink's node re-attaches before it acknowledged: asked again, same
      * version. */
@@ -862,6 +872,134 @@ static void extended_sink_pages_reach_source_node_only_after_sink_node_acked(voi
     assert_int_equal(ack(f, "n2", key, v), 0);
     assert_int_equal(member(f, key, 1).published_range_count, 2);
     assert_int_equal(fx_count(f, KVF_CPS_FX_ROOM_UPDATE, "n1"), 1);
+    fixture_free(f);
+}
+
+/*
+ * The cost of the ordering (issue 24): how many room updates a two-node
+ * lifecycle sends, counted from the core's effects, in the two orders a node
+ * report can take. Before issue 24 an ack of an update that a publication
+ * had replaced was ignored, so a node's leases needed a second ack round
+ * (5 updates, 4 acks, 2.5 round trips to ACTIVE everywhere), and a node whose
+ * participants had all completed was still sent the others' leases (the
+ * benchmark's 2.9 updates per lifecycle, where nodes complete at once).
+ */
+
+/* Real nodes: each acknowledges what it is sent, then completes. Each node
+ * acknowledges its first update once, and that ack is enough: its leases are
+ * published on it, the other node learns them, and nothing more is sent when
+ * the node acknowledges the publication update. 4 updates, one per node at
+ * ACTIVE and one publication each: the floor under the rule (a node learns
+ * another's leases only after that one acknowledged them). */
+static void each_node_is_published_by_the_ack_of_its_first_update(void **state)
+{
+    (void)state;
+    struct fixture *f = fixture_new(NULL);
+    fx_reset(f);
+    kvf_room_key key = join_pair(f, 23);
+    uint64_t v1 = last_update(f, "n1"), v2 = last_update(f, "n2");
+    assert_int_equal(ack(f, "n1", key, v1), 0);
+    assert_int_equal(ack(f, "n2", key, v2), 0);
+    /* One ack each: both published, each node was sent the other's lease. */
+    assert_true(member(f, key, 0).published);
+    assert_true(member(f, key, 1).published);
+    assert_int_equal(fx_count(f, KVF_CPS_FX_ROOM_UPDATE, "n1"), 2);
+    assert_int_equal(fx_count(f, KVF_CPS_FX_ROOM_UPDATE, "n2"), 2);
+    /* The publication updates carried no lease of their addressee's own:
+     * their acks change nothing and send nothing. */
+    struct kvf_cps_stats s0 = stats(f);
+    assert_int_equal(ack(f, "n1", key, last_update(f, "n1")), 0);
+    assert_int_equal(ack(f, "n2", key, last_update(f, "n2")), 0);
+    assert_int_equal(stats(f).acks_ignored, s0.acks_ignored + 2);
+    assert_int_equal(completed(f, "n1", key, 0, SRC), 0);
+    assert_int_equal(completed(f, "n2", key, 0, SNK), 0);
+    assert_int_equal(fx_count(f, KVF_CPS_FX_LEASE_RELEASED, NULL), 2);
+    assert_int_equal(fx_count(f, KVF_CPS_FX_ROOM_UPDATE, NULL), 4);
+    fixture_free(f);
+}
+
+/* Nodes whose reports overtake their acks (bench_cp_rpc's fake nodes
+ * complete at once; a sink that received everything before the source's ack
+ * was read): a node whose participants in the room all completed needs no
+ * other node's leases and is sent none. 2 updates per lifecycle, as before
+ * ordered updates (3 before issue 24: n2 was sent n1's lease). */
+static void completed_node_is_sent_no_publication(void **state)
+{
+    (void)state;
+    struct fixture *f = fixture_new(NULL);
+    fx_reset(f);
+    kvf_room_key key = join_pair(f, 24);
+    uint64_t v1 = last_update(f, "n1"), v2 = last_update(f, "n2");
+    assert_int_equal(completed(f, "n2", key, 0, SNK), 0);
+    assert_int_equal(ack(f, "n1", key, v1), 0);
+    assert_true(member(f, key, 0).published);
+    assert_int_equal(fx_count(f, KVF_CPS_FX_ROOM_UPDATE, "n2"), 1); /* the ACTIVE one only */
+    assert_int_equal(completed(f, "n1", key, 0, SRC), 0);
+    assert_int_equal(ack(f, "n2", key, v2), 0);
+    assert_int_equal(fx_count(f, KVF_CPS_FX_LEASE_RELEASED, NULL), 2);
+    assert_int_equal(fx_count(f, KVF_CPS_FX_ROOM_UPDATE, NULL), 2);
+    fixture_free(f);
+}
+
+/* An update that carries nothing of its addressee's own leases that is not
+ * published already needs no RoomUpdateAck (RoomUpdate.ack_not_needed): the
+ * service asks the core when it routes the update. Before its own ack a
+ * node's updates want one; its publication update, routed after its ack,
+ * does not; after a re-attach that follows a restore (nothing published)
+ * one is wanted again. */
+static void publication_update_wants_no_ack_once_the_node_acked(void **state)
+{
+    (void)state;
+    struct fixture *f = fixture_new(NULL);
+    fx_reset(f);
+    kvf_room_key key = join_pair(f, 25);
+    uint64_t v1 = last_update(f, "n1"), v2 = last_update(f, "n2");
+    bool want = false;
+    assert_true(kvf_cps_room_update_current(f->st, key, "n1", 1, v1, &want));
+    assert_true(want);
+    assert_int_equal(ack(f, "n1", key, v1), 0);
+    uint64_t v2b = last_update(f, "n2"); /* n1's lease for n2 */
+    assert_true(v2b > v2);
+    /* v2 is replaced; v2b still carries n2's unpublished lease. */
+    assert_false(kvf_cps_room_update_current(f->st, key, "n2", 1, v2, &want));
+    assert_true(kvf_cps_room_update_current(f->st, key, "n2", 1, v2b, &want));
+    assert_true(want);
+    assert_int_equal(ack(f, "n2", key, v2), 0);
+    uint64_t v1b = last_update(f, "n1"); /* n2's lease for n1 */
+    assert_true(kvf_cps_room_update_current(f->st, key, "n1", 1, v1b, &want));
+    assert_false(want); /* n1's own lease is published: nothing to acknowledge */
+    assert_true(kvf_cps_room_update_current(f->st, key, "n2", 1, v2b, &want));
+    assert_false(want);
+    /* Another incarnation, another generation, a terminal room: not current. */
+    assert_false(kvf_cps_room_update_current(f->st, key, "n1", 2, v1b, &want));
+    kvf_room_key other = {key.room_id, key.generation + 1};
+    assert_false(kvf_cps_room_update_current(f->st, other, "n1", 1, v1b, &want));
+    assert_int_equal(completed(f, "n1", key, 0, SRC), 0);
+    assert_int_equal(completed(f, "n2", key, 0, SNK), 0);
+    assert_false(kvf_cps_room_update_current(f->st, key, "n1", 1, v1b, NULL));
+    fixture_free(f);
+}
+
+/* A publication update whose addressee's participants all completed before
+ * it was routed is not worth sending (the service asks at routing time; in
+ * durable mode the update waits for the fsync of the record before it, and a
+ * Completed often comes meanwhile). The addressee's own update is: it is
+ * what it completed on. */
+static void publication_to_a_node_that_completed_meanwhile_is_not_sent(void **state)
+{
+    (void)state;
+    struct fixture *f = fixture_new(NULL);
+    fx_reset(f);
+    kvf_room_key key = join_pair(f, 26);
+    uint64_t v1 = last_update(f, "n1"), v2 = last_update(f, "n2");
+    assert_int_equal(ack(f, "n1", key, v1), 0);
+    uint64_t v2b = last_update(f, "n2"); /* publishes n1's source to n2 */
+    assert_true(v2b > v2);
+    assert_true(kvf_cps_room_update_current(f->st, key, "n2", 1, v2b, NULL));
+    assert_int_equal(completed(f, "n2", key, 0, SNK), 0);
+    assert_false(kvf_cps_room_update_current(f->st, key, "n2", 1, v2b, NULL));
+    /* n1 is still open: its own update stays current until replaced. */
+    assert_true(kvf_cps_room_update_current(f->st, key, "n1", 1, v1, NULL));
     fixture_free(f);
 }
 
@@ -890,6 +1028,10 @@ int main(void)
         cmocka_unit_test(many_rooms_stay_small_and_independent),
         cmocka_unit_test(sink_lease_reaches_source_node_only_after_sink_node_acked),
         cmocka_unit_test(extended_sink_pages_reach_source_node_only_after_sink_node_acked),
+        cmocka_unit_test(each_node_is_published_by_the_ack_of_its_first_update),
+        cmocka_unit_test(completed_node_is_sent_no_publication),
+        cmocka_unit_test(publication_update_wants_no_ack_once_the_node_acked),
+        cmocka_unit_test(publication_to_a_node_that_completed_meanwhile_is_not_sent),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

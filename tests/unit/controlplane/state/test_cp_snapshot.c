@@ -240,10 +240,12 @@ static void check_state(const struct kvf_cps *st)
             armed += count_armed(&rn->timer, h);
             if (cp_timer_armed(&rn->timer))
                 assert_true(rn->notice_pending);
-            uint32_t np = 0;
-            for (uint32_t j = 0; j < room->nparts; j++)
+            uint32_t np = 0, open = 0;
+            for (uint32_t j = 0; j < room->nparts; j++) {
                 np += room->parts[j]->rn == rn;
-            assert_int_equal(np, rn->nparts);
+                open += room->parts[j]->rn == rn && !room->parts[j]->completed;
+            }
+            assert_int_equal(open, rn->nopen);
             assert_true(np > 0);
             for (uint32_t j = 0; j < i; j++)
                 assert_ptr_not_equal(room->rnodes[j]->node, rn->node);
@@ -274,9 +276,9 @@ static void check_state(const struct kvf_cps *st)
                 snk++;
             done += p->completed;
         }
-        assert_int_equal(src, room->nsources);
+        assert_int_equal(src, cp_room_nsources(room));
         assert_int_equal(snk, room->nsinks);
-        assert_int_equal(done, room->ncompleted);
+        assert_int_equal(done == room->nparts, cp_room_all_completed(room));
         assert_int_equal(room_awaiting, room->nawaiting);
         if (room->nawaiting > 0) /* no tombstone timer while a lease waits */
             assert_false(cp_timer_armed(&room->timer));
