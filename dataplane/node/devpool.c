@@ -8,7 +8,11 @@
  * handle the runtime refuses INVALID_ARGUMENT naming cuda_ipc.ipc_handle.
  * The fake device pool (--test-fake-device-pools PREFIX) exists so that the
  * same data path runs on a machine without a GPU: the node treats it exactly
- * as a CUDA pool except that its copies are memcpy.
+ * as a CUDA pool except that its copies are memcpy. It comes two ways: a
+ * host_shm pool whose name starts with PREFIX, or a cuda_ipc pool whose
+ * handle is the clients' fake handle (kvf_fake_ipc.h) naming an object under
+ * PREFIX, which is how the clients register "device memory" on a machine
+ * without a GPU, through the same calls and fields as real CUDA memory.
  */
 #include "devpool.h"
 
@@ -19,6 +23,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include "kvf_fake_ipc.h"
 #include "local.h"
 #include "tcp.h"
 #include "local_access.h"
@@ -54,6 +59,43 @@ static void memory_key(int fd, uint64_t offset, uint64_t size, char *key, size_t
              (uint64_t)st.st_dev, (uint64_t)st.st_ino, offset, size);
 }
 
+/* A fake CUDA handle (kvf_fake_ipc.h) on a node with --test-fake-device-pools:
+ * the shm object it names, opened as a fake device pool, by name and so
+ * under the same access rule as host_shm. */
+static int open_fake_cuda(struct kvf_node *n, const Kvfence__V1__CudaIpcMemory *c, const char *name,
+                          uint32_t page_size, uint32_t page_count, struct kvf_pool **pool_p,
+                          char *key, size_t key_len, char *msg, size_t msg_len)
+{
+    if (!fake_device_name(n, name)) {
+        snprintf(msg, msg_len,
+                 "cuda_ipc.ipc_handle: a fake handle of \"%s\", outside --test-fake-device-pools",
+                 name);
+        return KVF_GRPC_INVALID_ARGUMENT;
+    }
+    struct kvf_error err;
+    kvf_error_clear(&err);
+    int fd;
+    int rc = kvf_pool_shm_open(name, &fd, &err);
+    if (rc != 0) {
+        snprintf(msg, msg_len, "cuda_ipc.ipc_handle (fake): %s", err.msg);
+        return (int)kvf_errno_to_grpc_code(rc);
+    }
+    int code = node_access_check_shm(&n->access, fd, name, msg, msg_len);
+    if (code != 0) {
+        close(fd);
+        return code;
+    }
+    rc = kvf_pool_open_fd(fd, KVF_POOL_FAKE_DEVICE, "cuda_ipc", c->offset, c->size, page_size,
+                          page_count, pool_p, &err);
+    if (rc == 0)
+        memory_key(fd, c->offset, c->size, key, key_len);
+    close(fd);
+    if (rc == 0)
+        return 0;
+    snprintf(msg, msg_len, "%s", err.msg);
+    return (int)kvf_errno_to_grpc_code(rc);
+}
+
 int node_devpool_open(struct kvf_node *n, const Kvfence__V1__RegisterPoolRequest *req,
                       struct kvf_pool **pool_p, char *key, size_t key_len, char *msg,
                       size_t msg_len)
@@ -63,6 +105,11 @@ int node_devpool_open(struct kvf_node *n, const Kvfence__V1__RegisterPoolRequest
     kvf_error_clear(&err);
     if (req->memory_case == KVFENCE__V1__REGISTER_POOL_REQUEST__MEMORY_CUDA_IPC) {
         const Kvfence__V1__CudaIpcMemory *c = req->cuda_ipc;
+        char fake[KVF_FAKE_IPC_NAME_MAX + 1];
+        if (n->opts.test_fake_device_pools && n->opts.test_fake_device_pools[0] &&
+            kvf_fake_ipc_decode(c->ipc_handle.data, c->ipc_handle.len, fake))
+            return open_fake_cuda(n, c, fake, req->page_size, req->page_count, pool_p, key, key_len,
+                                  msg, msg_len);
         int rc = kvf_pool_open_cuda_ipc(c->ipc_handle.data, c->ipc_handle.len, c->device, c->offset,
                                         c->size, req->page_size, req->page_count, pool_p, &err);
         if (rc == 0)

@@ -38,6 +38,9 @@ except ImportError as e:  # pragma: no cover - stubs not generated or not on PYT
         "kvfence: generated stubs not found (kvfence._proto); build the `python_client` "
         "target and put its output directory on PYTHONPATH (clients/python/README.md)") from e
 
+from . import device  # noqa: E402
+from .device import CudaIpc, FakeDeviceBuffer  # noqa: E402
+
 __version__ = "0.1.0"
 
 __all__ = [
@@ -52,4 +55,5 @@ __all__ = [
     "LifetimeState", "NodeRoomState", "ChunkDone", "TransportKind", "AuxReceived", "TransferDone",
     "NodeEvent",
     "NodeWatch", "ChunkRequest", "ChunkResult", "ChunkStream",
+    "device", "CudaIpc", "FakeDeviceBuffer",
 ]

@@ -27,6 +27,7 @@ from typing import (Any, Callable, Dict, Iterable, Iterator, List, Optional, Seq
 
 import grpc
 
+from . import device as _device
 from . import errors
 from ._proto.v1 import control_pb2, control_pb2_grpc, node_pb2, node_pb2_grpc, types_pb2
 
@@ -1073,6 +1074,35 @@ class NodeClient(_Client):
             raise errors.make_error(code, "fd socket %s: the node refused the descriptor: %s"
                                     % (self._fd_socket, os.strerror(err)), method)
         return rep[8:24]
+
+    def register_pool_cuda(self, page_size: int, page_count: int, *, ptr: Optional[int] = None,
+                           ipc: Optional[_device.CudaIpc] = None, size: Optional[int] = None,
+                           rank: int = 0, pool_key: str = "",
+                           timeout: Optional[float] = None) -> Pool:
+        """Registers CUDA device memory as a pool of page_count pages of
+        page_size bytes (page i at ptr + i * page_size): either `ptr`, a
+        device pointer (an int: a tensor's data_ptr()), which this process
+        exports (kvfence.device.export: cudaIpcGetMemHandle, or the fake
+        handle of a FakeDeviceBuffer), or `ipc`, an export made elsewhere
+        (kvfence.device.export_tensor, torch's _share_cuda_()). The node opens
+        the handle (cuda_ipc): FailedPrecondition when it was built without
+        CUDA or lacks the device, InvalidArgument naming cuda_ipc.ipc_handle
+        when the CUDA runtime refuses it. pool_key: the memory's identity
+        across node restarts (device memory has no name the node could see)."""
+        if (ptr is None) == (ipc is None):
+            raise ValueError("register_pool_cuda: give exactly one of ptr and ipc")
+        if ipc is None:
+            ipc = _device.export(int(ptr))  # type: ignore[arg-type]
+        req = node_pb2.RegisterPoolRequest(
+            cuda_ipc=self._cuda_memory(ipc, page_size * page_count if size is None else size),
+            page_size=page_size, page_count=page_count, rank=rank, pool_key=pool_key)
+        r = self._unary("NodeLocal.RegisterPool", self._stub.RegisterPool, req, timeout)
+        return Pool._from(r.pool)
+
+    @staticmethod
+    def _cuda_memory(ipc: _device.CudaIpc, size: int) -> node_pb2.CudaIpcMemory:
+        return node_pb2.CudaIpcMemory(ipc_handle=ipc.handle, offset=ipc.offset, size=size,
+                                      device=ipc.device)
 
     def unregister_pool(self, pool_id: int, *, timeout: Optional[float] = None) -> None:
         """Unregisters a pool. NotFound for an unknown pool_id; FailedPrecondition

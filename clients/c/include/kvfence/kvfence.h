@@ -386,6 +386,76 @@ KVF_PUBLIC int kvf_register_pool_shm(kvf_node_client *n, const struct kvf_shm_po
 KVF_PUBLIC int kvf_register_pool_fd(kvf_node_client *n, int fd, const struct kvf_shm_pool *pool,
                                     uint32_t *pool_id_out, struct kvf_status *st);
 
+/* ---- CUDA device memory -------------------------------------------------------
+ *
+ * Engines keep their KV pages in GPU memory (cudaMalloc, or torch's caching
+ * allocator). The node opens such memory with cudaIpcOpenMemHandle: the
+ * engine exports the allocation that holds its pages with
+ * cudaIpcGetMemHandle and names the pool's first byte by its offset in that
+ * allocation (cudaIpcOpenMemHandle maps the whole allocation).
+ *
+ * With CUDA found at build time the library exports real device pointers
+ * (the CUDA runtime and driver, cudaIpcGetMemHandle + cuMemGetAddressRange).
+ * Without it, and in tests, kvf_fake_device_alloc() gives "device memory"
+ * that is host shared memory: its pointer exports as a fake handle that the
+ * same calls and the same RegisterPool fields (cuda_ipc) carry, and that a
+ * node started with --test-fake-device-pools PREFIX opens as a fake device
+ * pool (copied only as CUDA memory is: docs/node.md, "Device pools"). */
+
+#define KVF_CUDA_IPC_HANDLE_SIZE 64
+
+/* An exported device allocation. */
+struct kvf_cuda_ipc {
+    uint8_t handle[KVF_CUDA_IPC_HANDLE_SIZE]; /* its cudaIpcMemHandle_t */
+    uint32_t device;                          /* the CUDA device ordinal it lives on */
+    uint64_t offset;                          /* bytes from the allocation's start */
+};
+
+/* Exports the allocation holding `dev_ptr`: out->offset is dev_ptr's offset
+ * in it. A pointer inside kvf_fake_device_alloc() memory gets that fake's
+ * handle. INVALID_ARGUMENT: not device memory (the CUDA runtime refused it);
+ * UNIMPLEMENTED: the library was built without CUDA and the pointer is no
+ * fake. Any thread. */
+KVF_PUBLIC int kvf_cuda_ipc_export(const void *dev_ptr, struct kvf_cuda_ipc *out,
+                                   struct kvf_status *st);
+
+/* A pool of pages in device memory: page i at dev_ptr + i * page_size. */
+struct kvf_cuda_pool {
+    const void *dev_ptr; /* page 0 (cudaMalloc'd memory, a tensor's data_ptr) */
+    uint64_t size;       /* >= page_size * page_count */
+    uint32_t page_size;
+    uint32_t page_count;
+    uint32_t rank;        /* the registering engine rank */
+    const char *pool_key; /* the memory's identity across node restarts; NULL: none */
+};
+
+/* Exports pool->dev_ptr (kvf_cuda_ipc_export) and registers it (cuda_ipc).
+ * The node answers FAILED_PRECONDITION when it was built without CUDA or has
+ * no such device, INVALID_ARGUMENT (cuda_ipc.ipc_handle) when the CUDA
+ * runtime refuses the handle. */
+KVF_PUBLIC int kvf_register_pool_cuda(kvf_node_client *n, const struct kvf_cuda_pool *pool,
+                                      uint32_t *pool_id_out, struct kvf_status *st);
+
+/* Registers memory exported elsewhere (e.g. torch's storage._share_cuda_()):
+ * the pool's first byte is ipc->offset bytes into the allocation; size,
+ * page_size, page_count, rank and pool_key as in struct kvf_cuda_pool
+ * (pool->dev_ptr is not used). */
+KVF_PUBLIC int kvf_register_pool_cuda_ipc(kvf_node_client *n, const struct kvf_cuda_ipc *ipc,
+                                          const struct kvf_cuda_pool *pool, uint32_t *pool_id_out,
+                                          struct kvf_status *st);
+
+/* Tests and machines without a GPU: creates the POSIX shm object `shm_name`
+ * (it must not exist; mode 0660) of `size` bytes, zeroed, maps it and
+ * returns its address as fake device memory in *dev_ptr_out: the caller may
+ * read and write it as host memory, kvf_cuda_ipc_export gives it a fake
+ * handle (device 0) naming the object. Pick shm_name under the PREFIX of the
+ * node's --test-fake-device-pools. */
+KVF_PUBLIC int kvf_fake_device_alloc(const char *shm_name, uint64_t size, void **dev_ptr_out,
+                                     struct kvf_status *st);
+
+/* Unmaps and unlinks memory of kvf_fake_device_alloc. Accepts NULL. */
+KVF_PUBLIC void kvf_fake_device_free(void *dev_ptr);
+
 /* Unregisters a pool (unmapped once no room can touch it any more). */
 KVF_PUBLIC int kvf_unregister_pool(kvf_node_client *n, uint32_t pool_id, struct kvf_status *st);
 

@@ -1,0 +1,105 @@
+"""Pools an engine hands over from Python, moved between two real nodes
+(conftest.py): CUDA memory by pointer or by exported IPC handle. This machine
+has no GPU, so the device memory is kvfence.FakeDeviceBuffer, whose fake
+handle goes through the same register_pool_cuda and the same RegisterPool
+field (cuda_ipc) as a real one; the nodes run with --test-fake-device-pools
+and copy such pools only as they copy CUDA memory (counted, and logged when
+the pool is unregistered)."""
+import os
+import time
+
+import pytest
+
+import kvfence
+from kvfence import RoomState
+
+from conftest import FAKE_DEVICE_PREFIX, PAGE_COUNT, PAGE_SIZE, canary
+from test_client import SNK, SRC, WAIT_S, submit
+
+POOL_BYTES = PAGE_SIZE * PAGE_COUNT
+
+
+def fake_name(tag):
+    return "%s%d-%s-%d" % (FAKE_DEVICE_PREFIX, os.getpid(), tag, time.monotonic_ns() % 1000000)
+
+
+def node_log(cluster, nid):
+    with open(cluster.nodes[nid][0].log_path, "rb") as f:
+        return f.read().decode(errors="replace")
+
+
+def wait_log(cluster, nid, needle):
+    deadline = time.monotonic() + WAIT_S
+    while needle not in node_log(cluster, nid):
+        if time.monotonic() > deadline:
+            pytest.fail("%s never logged %r" % (nid, needle))
+        time.sleep(0.01)
+
+
+def unregister(node, pool_id):
+    """UnregisterPool, retried while the room's lifetime is still open."""
+    deadline = time.monotonic() + WAIT_S
+    while True:
+        try:
+            node.unregister_pool(pool_id, timeout=WAIT_S)
+            return
+        except kvfence.FailedPrecondition:
+            if time.monotonic() > deadline:
+                raise
+            time.sleep(0.02)
+
+
+def move_into(cluster, room_id, sink_pool_id, sink_view, skip=0):
+    """n1's host pool pages [0, 8) -> n2's pool `sink_pool_id` pages [16, 24);
+    the sink's bytes (`sink_view`, canary 0xA5 before) then hold the copy and
+    every other page its canary."""
+    ctl, n1 = cluster.control(), cluster.node("n1")
+    a = ctl.join_room(room_id, SRC, cluster.pools["n1"].pool_id, [(0, 8)], retry_s=WAIT_S)
+    b = ctl.join_room(room_id, SNK, sink_pool_id, [(16, 8)], retry_s=WAIT_S)
+    assert b.state == RoomState.ACTIVE and b.room == a.room
+    assert n1.submit_chunk(a.room, 1, source_rank=0, source_pool_id=cluster.pools["n1"].pool_id,
+                           source_ranges=[(0, 8)], sink_node_id="n2", sink_rank=0,
+                           sink_pool_id=sink_pool_id, sink_ranges=[(16, 8)], last_chunk=True,
+                           retry_unavailable_s=WAIT_S) == 1
+    assert ctl.complete_room(a.room, SRC) in (RoomState.ACTIVE, RoomState.COMPLETED)
+    ctl.wait_all_released([a.lease_id, b.lease_id], WAIT_S)
+    mem = bytes(sink_view[skip:skip + POOL_BYTES])
+    assert mem[16 * PAGE_SIZE:24 * PAGE_SIZE] == canary(1, 0, 8)
+    assert mem[:16 * PAGE_SIZE] == canary(0xA5, 0, 16)
+    assert mem[24 * PAGE_SIZE:] == canary(0xA5, 24, PAGE_COUNT - 24)
+
+
+def test_cuda_pool_by_pointer_moves_between_nodes(cluster):
+    """register_pool_cuda(ptr=...): the pointer is exported (its offset in the
+    allocation comes along) and the node writes the pool only through the
+    device path: one device write per frame."""
+    n2 = cluster.node("n2")
+    skip = 3 * 4096
+    with kvfence.FakeDeviceBuffer(fake_name("ptr"), skip + POOL_BYTES) as dev:
+        dev.mem[skip:] = canary(0xA5, 0, PAGE_COUNT)
+        pool = n2.register_pool_cuda(PAGE_SIZE, PAGE_COUNT, ptr=dev.ptr + skip)
+        assert pool.page_size == PAGE_SIZE and pool.page_count == PAGE_COUNT
+        move_into(cluster, 501, pool.pool_id, dev.mem, skip)
+        assert bytes(dev.mem[:skip]) == bytes(skip)  # before the pool: untouched
+        unregister(n2, pool.pool_id)
+        wait_log(cluster, "n2", "device pool %d (fake device (test)): writes=1 write_bytes=%d "
+                 "reads=0" % (pool.pool_id, 8 * PAGE_SIZE))
+
+
+def test_cuda_pool_by_exported_handle(cluster):
+    """The export (kvfence.device.export) and the registration apart, as an
+    engine does with torch's own export; a fake handle outside the node's
+    --test-fake-device-pools is refused naming cuda_ipc.ipc_handle, and
+    nothing is registered."""
+    n2 = cluster.node("n2")
+    with kvfence.FakeDeviceBuffer(fake_name("ipc"), POOL_BYTES + 8192) as dev:
+        dev.mem[8192:] = canary(0xA5, 0, PAGE_COUNT)
+        ipc = kvfence.device.export(dev.ptr + 8192)
+        assert len(ipc.handle) == 64 and ipc.offset == 8192 and ipc.device == 0
+        pool = n2.register_pool_cuda(PAGE_SIZE, PAGE_COUNT, ipc=ipc)
+        move_into(cluster, 502, pool.pool_id, dev.mem, 8192)
+    with kvfence.FakeDeviceBuffer("/kvf-pyother-%d" % os.getpid(), POOL_BYTES) as other:
+        with pytest.raises(kvfence.InvalidArgument, match="cuda_ipc.ipc_handle"):
+            n2.register_pool_cuda(PAGE_SIZE, PAGE_COUNT, ptr=other.ptr)
+    with pytest.raises(ValueError):
+        n2.register_pool_cuda(PAGE_SIZE, PAGE_COUNT)

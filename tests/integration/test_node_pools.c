@@ -1,0 +1,347 @@
+/*
+ * test_node_pools.c: the memory engines hand over, registered through the C
+ * client library (libkvfence) and moved end to end between real
+ * kvfence-node processes (one kvfence-control, two nodes on 127.0.0.1; the
+ * rooms and chunks go through node_harness.c).
+ *
+ * This machine has no GPU: "device memory" is the library's fake device
+ * memory (kvf_fake_device_alloc), which exports a fake CUDA IPC handle that
+ * the library sends in RegisterPool's cuda_ipc field like a real one; the
+ * nodes run with --test-fake-device-pools and copy such a pool only as they
+ * copy CUDA memory (kvf_pool_read/kvf_pool_write, counted and logged when the
+ * pool is unregistered).
+ *
+ *   - a CUDA pool registered from C by device pointer (source, staged) and
+ *     by exported handle at an offset (sink): byte-exact over TCP, every
+ *     frame a device read at the source and a device write at the sink;
+ *   - a fake handle sent to a node without --test-fake-device-pools is what
+ *     it claims to be, a CUDA handle: refused, nothing registered.
+ */
+#include <fcntl.h>
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <cmocka.h>
+
+#include "kvf_error.h"
+#include "node_harness.h"
+#include "pools_lib.h"
+
+#define WAIT_MS     10000
+#define PAGE_COUNT  64u
+#define LEASE_PAGES 32u
+#define MAX_BUFS    20u
+
+/* One buffer of a test pool: host shm or fake device memory, mapped here. */
+struct tbuf {
+    char name[64];
+    uint8_t *mem;  /* page 0 of the buffer (after `skip` bytes of the object) */
+    uint8_t *base; /* the mapping */
+    uint64_t map_len;
+    uint64_t skip;
+    uint32_t page_size;
+    bool device;
+};
+
+struct tpool {
+    struct tbuf b[MAX_BUFS];
+    uint32_t nbufs;
+    uint32_t pool_id;
+};
+
+struct fx {
+    struct kvf_proc cp;
+    struct kvf_rpc_channel *ch;
+    char dir[64];
+    char prefix[48]; /* --test-fake-device-pools */
+    struct nh_node n1, n2;
+    pl_client *c1, *c2;
+    struct tpool src, sink;
+};
+
+/* Byte `i` of page `page` of buffer `b` under `seed`: differs between
+ * buffers, pages and seeds, so a slot landed in the wrong buffer or page
+ * shows. */
+static uint8_t pat(uint32_t seed, uint32_t b, uint32_t page, uint32_t i)
+{
+    return (uint8_t)(seed * 29u + b * 97u + page * 157u + i * 3u + (i >> 8));
+}
+
+static int setup(void **state)
+{
+    return nh_fx_alloc(state, sizeof(struct fx));
+}
+
+static void tpool_free(struct tpool *p)
+{
+    for (uint32_t i = 0; i < p->nbufs; i++) {
+        struct tbuf *b = &p->b[i];
+        if (!b->base)
+            continue;
+        if (b->device) {
+            pl_fake_free(b->base);
+        } else {
+            munmap(b->base, b->map_len);
+            shm_unlink(b->name);
+        }
+        b->base = NULL;
+    }
+}
+
+static int teardown(void **state)
+{
+    struct fx *f = *state;
+    pl_disconnect(f->c1);
+    pl_disconnect(f->c2);
+    struct nh_node *nodes[] = {&f->n1, &f->n2};
+    int rc = nh_teardown(&f->cp, f->ch, nodes, 2, 8000, NULL, 0, f->dir);
+    tpool_free(&f->src);
+    tpool_free(&f->sink);
+    free(f);
+    return rc;
+}
+
+static void cp_start(struct fx *f)
+{
+    const char *args[] = {"--threads", "2", "--node-ttl-ms", "1500", "--resend-ms", "50", NULL};
+    nh_control_start(&f->cp, &f->ch, args);
+    nh_tmpdir(f->dir, sizeof f->dir, "pools");
+    snprintf(f->prefix, sizeof f->prefix, "/kvf-fdev-%d-", (int)getpid());
+}
+
+static void node_start(struct fx *f, struct nh_node *np, pl_client **c, const char *tag,
+                       const char *const *extra, unsigned flags)
+{
+    assert_int_equal(nh_node_start(np, f->dir, tag, tag, f->cp.target, extra, NH_LOG_FILE | flags),
+                     0);
+    char msg[PL_MSG];
+    if (pl_connect(np->sock, c, msg) != 0)
+        fail_msg("kvf_node_client_create: %s", msg);
+}
+
+/* Adds a buffer of `page_size` bytes per page to `p`, `skip` bytes into its
+ * object, filled with `seed`'s pattern as buffer `p->nbufs`: fake device
+ * memory (named under the fixture's prefix) or host shm. */
+static struct tbuf *buf_add(struct fx *f, struct tpool *p, const char *tag, uint32_t page_size,
+                            bool device, uint64_t skip, uint32_t seed)
+{
+    assert_true(p->nbufs < MAX_BUFS);
+    uint32_t idx = p->nbufs++;
+    struct tbuf *b = &p->b[idx];
+    memset(b, 0, sizeof *b);
+    b->page_size = page_size;
+    b->device = device;
+    b->skip = skip;
+    b->map_len = skip + (uint64_t)page_size * PAGE_COUNT;
+    if (device) {
+        snprintf(b->name, sizeof b->name, "%s%s%u", f->prefix, tag, idx);
+        void *m = NULL;
+        char msg[PL_MSG];
+        if (pl_fake_alloc(b->name, b->map_len, &m, msg) != 0)
+            fail_msg("kvf_fake_device_alloc: %s", msg);
+        b->base = m;
+    } else {
+        snprintf(b->name, sizeof b->name, "/kvf-hbuf-%d-%s%u", (int)getpid(), tag, idx);
+        int fd = shm_open(b->name, O_RDWR | O_CREAT | O_EXCL, 0600);
+        assert_true(fd >= 0);
+        assert_int_equal(ftruncate(fd, (off_t)b->map_len), 0);
+        void *m = mmap(NULL, b->map_len, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+        close(fd);
+        assert_true(m != MAP_FAILED);
+        b->base = m;
+    }
+    b->mem = b->base + skip;
+    for (uint32_t pg = 0; pg < PAGE_COUNT; pg++)
+        for (uint32_t i = 0; i < page_size; i++)
+            b->mem[(size_t)pg * page_size + i] = pat(seed, idx, pg, i);
+    return b;
+}
+
+/* Every buffer of `p`: pages [dfirst, +count) hold `src_seed`'s pattern of
+ * pages [sfirst, +count) (a copy landed), every other page `seed`'s. */
+static void tpool_check(const struct tpool *p, uint32_t seed, uint32_t dfirst, uint32_t count,
+                        uint32_t src_seed, uint32_t sfirst, const char *label)
+{
+    for (uint32_t b = 0; b < p->nbufs; b++) {
+        const struct tbuf *tb = &p->b[b];
+        for (uint32_t pg = 0; pg < PAGE_COUNT; pg++) {
+            bool copied = pg >= dfirst && pg < dfirst + count;
+            for (uint32_t i = 0; i < tb->page_size; i++) {
+                uint8_t want =
+                    copied ? pat(src_seed, b, pg - dfirst + sfirst, i) : pat(seed, b, pg, i);
+                uint8_t got = tb->mem[(size_t)pg * tb->page_size + i];
+                if (got != want)
+                    fail_msg("%s: buffer %u page %u byte %u: %u, want %u (%s)", label, b, pg, i,
+                             got, want, copied ? "copied" : "canary");
+            }
+        }
+    }
+}
+
+/* UnregisterPool, retried while the room's lifetime is open. */
+static void unregister(struct nh_node *np, uint32_t pool_id)
+{
+    Kvfence__V1__UnregisterPoolRequest req = KVFENCE__V1__UNREGISTER_POOL_REQUEST__INIT;
+    req.pool_id = pool_id;
+    int64_t end = nh_now_ms() + WAIT_MS;
+    for (;;) {
+        uint8_t *resp = NULL;
+        size_t len = 0;
+        struct kvf_rpc_status st;
+        int code =
+            nh_call(np->local, "/kvfence.v1.NodeLocal/UnregisterPool", &req.base, &resp, &len, &st);
+        free(resp);
+        if (code == KVF_GRPC_OK)
+            return;
+        if (code != KVF_GRPC_FAILED_PRECONDITION || nh_now_ms() > end)
+            fail_msg("UnregisterPool %u on %s: %d %s", pool_id, np->id, code, st.message);
+        nh_sleep_ms(20);
+    }
+}
+
+/* The node logged the line `want` exactly once. */
+static void expect_log_once(struct nh_node *np, const char *want)
+{
+    if (nh_log_count(np, want, NULL) != 1) {
+        nh_node_dump_log(np);
+        fail_msg("node %s: want the log line '%s' once", np->id, want);
+    }
+}
+
+/* Unregisters device pool `pool_id` of `np`; the node logs its copy counts. */
+static void expect_device_io(struct nh_node *np, uint32_t pool_id, uint64_t writes,
+                             uint64_t write_bytes, uint64_t reads, uint64_t read_bytes)
+{
+    unregister(np, pool_id);
+    char any[64], want[200];
+    snprintf(any, sizeof any, "device pool %u (", pool_id);
+    nh_wait_log(np, any, NULL, 1, WAIT_MS);
+    snprintf(want, sizeof want,
+             "device pool %u (fake device (test)): writes=%llu write_bytes=%llu reads=%llu "
+             "read_bytes=%llu",
+             pool_id, (unsigned long long)writes, (unsigned long long)write_bytes,
+             (unsigned long long)reads, (unsigned long long)read_bytes);
+    expect_log_once(np, want);
+}
+
+/* A room: n1's `src` pages [0, 32) -> n2's `sink` pages [32, 64), both
+ * nodes knowing it. */
+static kvf_room_key room(struct fx *f, uint64_t id, uint32_t src_pool, uint32_t sink_pool)
+{
+    kvf_room_key k = nh_join_pair(f->ch, id, "n1", src_pool, 0, "n2", sink_pool, LEASE_PAGES,
+                                  LEASE_PAGES, WAIT_MS);
+    nh_wait_node_knows(&f->n1, k, src_pool, "n2", sink_pool, LEASE_PAGES, WAIT_MS);
+    nh_wait_node_knows(&f->n2, k, src_pool, "n2", sink_pool, LEASE_PAGES, WAIT_MS);
+    return k;
+}
+
+/* Two chunks of 16 pages n1 -> n2; the room completes. */
+static void transfer(struct fx *f, kvf_room_key k, uint32_t src_pool, uint32_t sink_pool)
+{
+    for (uint32_t c = 0; c < 2; c++) {
+        uint32_t s = c * (LEASE_PAGES / 2);
+        struct nh_chunk ch = {.seq = c + 1,
+                              .source_pool = src_pool,
+                              .sink_node = "n2",
+                              .sink_pool = sink_pool,
+                              .n = 1,
+                              .sfirst = {s},
+                              .dfirst = {LEASE_PAGES + s},
+                              .count = {LEASE_PAGES / 2},
+                              .last = c == 1};
+        struct kvf_rpc_status st;
+        int code = nh_submit(f->n1.local, k, &ch, &st);
+        if (code != KVF_GRPC_OK)
+            fail_msg("SubmitChunk %u: %d %s", c + 1, code, st.message);
+    }
+    nh_wait_room_state(f->ch, k, KVFENCE__V1__ROOM_STATE__ROOM_STATE_COMPLETED, WAIT_MS);
+}
+
+/* ---- CUDA pools from C ------------------------------------------------------------ */
+
+#define CUDA_PAGE 16384u /* 16 pages per 256 KiB frame: one frame per 16-page chunk */
+
+static void test_cuda_pool_registered_from_c(void **state)
+{
+    struct fx *f = *state;
+    cp_start(f);
+    const char *a1[] = {"--staging", "host", "--test-fake-device-pools", f->prefix, NULL};
+    const char *a2[] = {"--test-fake-device-pools", f->prefix, NULL};
+    node_start(f, &f->n1, &f->c1, "n1", a1, 0);
+    node_start(f, &f->n2, &f->c2, "n2", a2, 0);
+    struct tbuf *s = buf_add(f, &f->src, "src", CUDA_PAGE, true, 0, 1);
+    /* The sink's pool starts 8 KiB into its allocation: the exported offset
+     * must come along. */
+    struct tbuf *d = buf_add(f, &f->sink, "sink", CUDA_PAGE, true, 8192, 2);
+
+    char msg[PL_MSG];
+    uint64_t bytes = (uint64_t)CUDA_PAGE * PAGE_COUNT;
+    if (pl_register_cuda(f->c1, s->mem, bytes, CUDA_PAGE, PAGE_COUNT, &f->src.pool_id, msg) != 0)
+        fail_msg("kvf_register_pool_cuda: %s", msg);
+    uint64_t off = 0;
+    uint32_t dev = 9;
+    if (pl_export(d->mem, &off, &dev, msg) != 0)
+        fail_msg("kvf_cuda_ipc_export: %s", msg);
+    assert_int_equal(off, 8192);
+    assert_int_equal(dev, 0);
+    if (pl_register_cuda_exported(f->c2, d->mem, bytes, CUDA_PAGE, PAGE_COUNT, &f->sink.pool_id,
+                                  msg) != 0)
+        fail_msg("kvf_register_pool_cuda_ipc: %s", msg);
+    nh_wait_log(&f->n1, "fake device (test)", NULL, 1, WAIT_MS);
+    nh_wait_log(&f->n2, "fake device (test)", NULL, 1, WAIT_MS);
+
+    kvf_room_key k = room(f, 801, f->src.pool_id, f->sink.pool_id);
+    transfer(f, k, f->src.pool_id, f->sink.pool_id);
+    tpool_check(&f->sink, 2, LEASE_PAGES, LEASE_PAGES, 1, 0, "sink");
+    tpool_check(&f->src, 1, 0, 0, 1, 0, "source");
+    /* Device path on both sides: one staged read per frame at the source,
+     * one write per frame at the sink. */
+    uint64_t moved = (uint64_t)LEASE_PAGES * CUDA_PAGE;
+    expect_device_io(&f->n1, f->src.pool_id, 0, 0, 2, moved);
+    expect_device_io(&f->n2, f->sink.pool_id, 2, moved, 0, 0);
+    /* The sink's bytes before its offset were never touched. */
+    for (uint32_t i = 0; i < 8192; i++)
+        assert_int_equal(d->base[i], 0);
+}
+
+static void test_fake_handle_needs_the_flag(void **state)
+{
+    struct fx *f = *state;
+    cp_start(f);
+    node_start(f, &f->n1, &f->c1, "n1", NULL, 0);
+    struct tbuf *s = buf_add(f, &f->src, "src", CUDA_PAGE, true, 0, 1);
+    char msg[PL_MSG];
+    uint32_t id = 0;
+    int rc = pl_register_cuda(f->c1, s->mem, (uint64_t)CUDA_PAGE * PAGE_COUNT, CUDA_PAGE,
+                              PAGE_COUNT, &id, msg);
+    printf("  fake handle, node without the flag: %d %s\n", rc, msg);
+#ifdef KVF_TEST_HAVE_CUDA
+    assert_true(rc == -KVF_GRPC_FAILED_PRECONDITION || rc == -KVF_GRPC_INVALID_ARGUMENT);
+#else
+    assert_int_equal(rc, -KVF_GRPC_FAILED_PRECONDITION);
+    assert_string_equal(msg, "cuda_ipc: this kvfence-node was built without CUDA");
+#endif
+    /* Nothing registered: the next pool is pool 1. */
+    struct tbuf *h = buf_add(f, &f->sink, "h", CUDA_PAGE, false, 0, 2);
+    assert_int_equal(pl_register_shm(f->c1, h->name, h->map_len, CUDA_PAGE, PAGE_COUNT, &id, msg),
+                     0);
+    assert_int_equal(id, 1);
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test_setup_teardown(test_cuda_pool_registered_from_c, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_fake_handle_needs_the_flag, setup, teardown),
+    };
+    return cmocka_run_group_tests_name("node_pools", tests, NULL, NULL);
+}
