@@ -7,9 +7,12 @@
  * Calls block the calling thread until the node answers; any thread.
  */
 #include <errno.h>
+#include <fcntl.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
+#include <unistd.h>
 
 #include "client_internal.h"
 
@@ -70,4 +73,144 @@ int kvf_register_pool_cuda(kvf_node_client *n, const struct kvf_cuda_pool *pool,
     if (rc != 0)
         return rc;
     return kvf_register_pool_cuda_ipc(n, &ipc, pool, pool_id_out, st);
+}
+
+/* ---- pools of several buffers ---------------------------------------------------- */
+
+/* Every buffer's memory in wire form, and what must be undone after. */
+struct wire_buffers {
+    size_t n;
+    Kvfence__V1__PoolBuffer *pb;
+    Kvfence__V1__PoolBuffer **pp;
+    Kvfence__V1__HostShmMemory *shm;
+    Kvfence__V1__HostFdMemory *hfd;
+    Kvfence__V1__CudaIpcMemory *cm;
+    struct kvf_cuda_ipc *ipc;
+    uint8_t (*handle)[16];
+};
+
+static void wire_buffers_free(struct wire_buffers *w)
+{
+    free(w->pb);
+    free(w->pp);
+    free(w->shm);
+    free(w->hfd);
+    free(w->cm);
+    free(w->ipc);
+    free(w->handle);
+}
+
+/* Hands `fd` over as buffer i's memory; 1 when the node has no fd socket. */
+static int buffer_fd(kvf_node_client *n, struct wire_buffers *w, size_t i, int fd,
+                     const struct kvf_pool_buffer *b, struct kvf_status *st)
+{
+    int rc = client_hand_over(n, fd, w->handle[i], st);
+    if (rc == -ENOENT || rc == -ECONNREFUSED)
+        return 1;
+    if (rc != 0)
+        return rc;
+    kvfence__v1__host_fd_memory__init(&w->hfd[i]);
+    w->hfd[i].handle.data = w->handle[i];
+    w->hfd[i].handle.len = sizeof w->handle[i];
+    w->hfd[i].offset = b->offset;
+    w->hfd[i].size = b->size;
+    w->pb[i].memory_case = KVFENCE__V1__POOL_BUFFER__MEMORY_HOST_FD;
+    w->pb[i].host_fd = &w->hfd[i];
+    return 0;
+}
+
+/* Buffer i in wire form: 0, or -code with `st` naming it. */
+static int buffer_wire(kvf_node_client *n, struct wire_buffers *w, size_t i,
+                       const struct kvf_pool_buffer *b, struct kvf_status *st)
+{
+    Kvfence__V1__PoolBuffer *pb = &w->pb[i];
+    kvfence__v1__pool_buffer__init(pb);
+    pb->page_size = b->page_size;
+    w->pp[i] = pb;
+    int rc;
+    switch (b->memory) {
+    case KVF_BUFFER_SHM: {
+        if (!b->shm_name || !b->shm_name[0])
+            return client_status(st, KVF_STATUS_INVALID_ARGUMENT,
+                                 "kvf_register_pool_buffers: buffers[%zu].shm_name is required", i);
+        /* As kvf_register_pool_shm: the descriptor, else by name. */
+        int fd = shm_open(b->shm_name, O_RDWR | O_CLOEXEC, 0);
+        rc = 1;
+        if (fd >= 0) {
+            rc = buffer_fd(n, w, i, fd, b, st);
+            close(fd);
+        }
+        if (rc <= 0)
+            return rc;
+        kvfence__v1__host_shm_memory__init(&w->shm[i]);
+        w->shm[i].shm_name = (char *)b->shm_name;
+        w->shm[i].offset = b->offset;
+        w->shm[i].size = b->size;
+        pb->memory_case = KVFENCE__V1__POOL_BUFFER__MEMORY_HOST_SHM;
+        pb->host_shm = &w->shm[i];
+        return 0;
+    }
+    case KVF_BUFFER_FD:
+        rc = b->fd >= 0 ? buffer_fd(n, w, i, b->fd, b, st) : -1;
+        if (rc == 1 || rc == -1)
+            return client_status(st, rc == 1 ? KVF_STATUS_UNAVAILABLE : KVF_STATUS_INVALID_ARGUMENT,
+                                 "kvf_register_pool_buffers: buffers[%zu].fd: %s", i,
+                                 rc == 1 ? "the node has no fd socket" : "not a descriptor");
+        return rc;
+    case KVF_BUFFER_CUDA: {
+        if (!b->dev_ptr)
+            return client_status(st, KVF_STATUS_INVALID_ARGUMENT,
+                                 "kvf_register_pool_buffers: buffers[%zu].dev_ptr is required", i);
+        struct kvf_status est;
+        rc = kvf_cuda_ipc_export(b->dev_ptr, &w->ipc[i], &est);
+        if (rc != 0)
+            return client_status(st, est.code, "buffers[%zu]: %s", i, est.message);
+        break;
+    }
+    case KVF_BUFFER_CUDA_IPC:
+        w->ipc[i] = b->ipc;
+        break;
+    default:
+        return client_status(st, KVF_STATUS_INVALID_ARGUMENT,
+                             "kvf_register_pool_buffers: buffers[%zu].memory: unknown kind %d", i,
+                             (int)b->memory);
+    }
+    cuda_memory(&w->cm[i], &w->ipc[i], b->size);
+    pb->memory_case = KVFENCE__V1__POOL_BUFFER__MEMORY_CUDA_IPC;
+    pb->cuda_ipc = &w->cm[i];
+    return 0;
+}
+
+int kvf_register_pool_buffers(kvf_node_client *n, const struct kvf_buffer_pool *pool,
+                              uint32_t *pool_id_out, struct kvf_status *st)
+{
+    if (!n || !pool || !pool->buffers || pool->n_buffers == 0)
+        return client_status(st, KVF_STATUS_INVALID_ARGUMENT,
+                             "kvf_register_pool_buffers: node client and buffers are required");
+    size_t nb = pool->n_buffers;
+    struct wire_buffers w = {.n = nb,
+                             .pb = calloc(nb, sizeof *w.pb),
+                             .pp = calloc(nb, sizeof *w.pp),
+                             .shm = calloc(nb, sizeof *w.shm),
+                             .hfd = calloc(nb, sizeof *w.hfd),
+                             .cm = calloc(nb, sizeof *w.cm),
+                             .ipc = calloc(nb, sizeof *w.ipc),
+                             .handle = calloc(nb, sizeof *w.handle)};
+    int rc = 0;
+    if (!w.pb || !w.pp || !w.shm || !w.hfd || !w.cm || !w.ipc || !w.handle)
+        rc = client_status(st, KVF_STATUS_RESOURCE_EXHAUSTED,
+                           "kvf_register_pool_buffers: out of memory");
+    for (size_t i = 0; rc == 0 && i < nb; i++)
+        rc = buffer_wire(n, &w, i, &pool->buffers[i], st);
+    if (rc == 0) {
+        Kvfence__V1__RegisterPoolRequest req = KVFENCE__V1__REGISTER_POOL_REQUEST__INIT;
+        req.n_buffers = nb;
+        req.buffers = w.pp;
+        req.page_count = pool->page_count;
+        req.rank = pool->rank;
+        req.pool_key = (char *)(pool->pool_key ? pool->pool_key : "");
+        rc = client_register_pool(n, &req, pool_id_out, st);
+    }
+    wire_buffers_free(&w);
+    return rc;
 }

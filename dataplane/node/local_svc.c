@@ -26,9 +26,11 @@
  * ends the pair; the last chunk's aux bytes are kept with the pair and sent,
  * then the pair's TransferStatus, once its chunks completed.
  *
- * Device pools (CUDA IPC, or the tests' fake ones) are opened in devpool.c;
- * a chunk from one towards another node needs staging (its pages are copied
- * to a host buffer before TCP sends them), without it FAILED_PRECONDITION.
+ * Device pools (CUDA IPC, or the tests' fake ones) and multi-buffer pools
+ * are opened in devpool.c; a chunk from one towards another node needs
+ * staging (its pages are copied to a host buffer before TCP sends them: for
+ * a multi-buffer pool gathered from every buffer's slots), without it
+ * FAILED_PRECONDITION.
  * UnregisterPool is in pool_admin.c. A sink pool whose page size (RoomUpdate) differs from
  * the source pool's is refused.
  */
@@ -143,8 +145,8 @@ static void register_pool_run(struct kvf_node *n, void *arg)
         }
     }
     p->id = n->next_pool_id;
-    p->page_size = req->page_size;
-    p->page_count = req->page_count;
+    p->page_size = kvf_pool_page_size(p->pool); /* of a multi-buffer pool: the sum */
+    p->page_count = kvf_pool_page_count(p->pool);
     p->rank = req->rank;
     rc = node_xport_add_pool(n, p); /* every transport, or none */
     if (rc != 0) {
@@ -154,9 +156,12 @@ static void register_pool_run(struct kvf_node *n, void *arg)
     }
     n->next_pool_id++;
     n->npools++;
+    char bufs[32];
+    snprintf(bufs, sizeof bufs, "(%zu buffers)", req->n_buffers);
     node_log("info", NULL, "pool %u registered: %s %s, %u pages of %u bytes, rank %u", p->id,
              node_devpool_kind_name(p),
-             req->memory_case == KVFENCE__V1__REGISTER_POOL_REQUEST__MEMORY_HOST_SHM
+             req->n_buffers > 0 ? bufs
+             : req->memory_case == KVFENCE__V1__REGISTER_POOL_REQUEST__MEMORY_HOST_SHM
                  ? req->host_shm->shm_name
              : req->memory_case == KVFENCE__V1__REGISTER_POOL_REQUEST__MEMORY_HOST_FD
                  ? "(a descriptor handed over)"
@@ -463,9 +468,10 @@ int node_submit_chunk(struct kvf_node *n, const Kvfence__V1__SubmitChunkRequest 
      * same-node copy reads them through the pool itself: local.h). */
     if (node_devpool_is(pool) && rt.kind != KVF_LT_OP_CUDA_COPY && !node_xport_staging(n)) {
         refuse(o, -EPROTO,
-               "source pool %u: device pool %u needs --staging cuda (this node runs --staging "
-               "none)",
-               pool->id, pool->id);
+               "source pool %u: %s pool %u needs --staging cuda or host (this node runs "
+               "--staging none)",
+               pool->id, kvf_pool_kind(pool->pool) == KVF_POOL_MULTI ? "multi-buffer" : "device",
+               pool->id);
         return o->code;
     }
     struct node_chunk *ch = chunk_new(r, src, sink, pool, req, &rt);
@@ -684,7 +690,10 @@ static void h_register_pool(void *ctx, struct kvf_rpc_call *call, const uint8_t 
     }
     const char *why = NULL;
     int code = KVF_GRPC_INVALID_ARGUMENT;
-    if (r->memory_case == KVFENCE__V1__REGISTER_POOL_REQUEST__MEMORY_CUDA_IPC) {
+    char bwhy[200];
+    if (r->n_buffers > 0) {
+        why = node_devpool_check_buffers(r, bwhy, sizeof bwhy); /* opened on the owner thread */
+    } else if (r->memory_case == KVFENCE__V1__REGISTER_POOL_REQUEST__MEMORY_CUDA_IPC) {
         why = node_devpool_check_cuda_request(r); /* opened on the owner thread (devpool.c) */
     } else if (r->memory_case == KVFENCE__V1__REGISTER_POOL_REQUEST__MEMORY_HOST_FD) {
         if (r->page_size == 0 || r->page_count == 0)

@@ -5,6 +5,7 @@
 #include "pools_lib.h"
 
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "kvfence/kvfence.h"
@@ -81,4 +82,24 @@ int pl_register_shm(pl_client *c, const char *name, uint64_t size, uint32_t page
     struct kvf_shm_pool p = {
         .shm_name = name, .size = size, .page_size = page_size, .page_count = page_count};
     return out(kvf_register_pool_shm((kvf_node_client *)c, &p, id, &st), &st, msg);
+}
+
+int pl_register_buffers(pl_client *c, const struct pl_buf *b, size_t n, uint32_t page_count,
+                        uint32_t *id, char *msg)
+{
+    struct kvf_status st = {0};
+    struct kvf_pool_buffer *v = calloc(n, sizeof *v);
+    if (!v)
+        return -KVF_STATUS_RESOURCE_EXHAUSTED;
+    for (size_t i = 0; i < n; i++) {
+        v[i].memory = b[i].shm_name ? KVF_BUFFER_SHM : KVF_BUFFER_CUDA;
+        v[i].shm_name = b[i].shm_name;
+        v[i].dev_ptr = b[i].dev_ptr;
+        v[i].size = b[i].size;
+        v[i].page_size = b[i].page_size;
+    }
+    struct kvf_buffer_pool p = {.buffers = v, .n_buffers = n, .page_count = page_count};
+    int rc = kvf_register_pool_buffers((kvf_node_client *)c, &p, id, &st);
+    free(v);
+    return out(rc, &st, msg);
 }

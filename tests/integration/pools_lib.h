@@ -37,4 +37,16 @@ int pl_register_cuda_exported(pl_client *c, const void *ptr, uint64_t size, uint
 int pl_register_shm(pl_client *c, const char *name, uint64_t size, uint32_t page_size,
                     uint32_t page_count, uint32_t *id, char *msg);
 
+/* One buffer for pl_register_buffers: host shm by name, or a device pointer. */
+struct pl_buf {
+    const char *shm_name; /* host shm; NULL: dev_ptr */
+    const void *dev_ptr;
+    uint64_t size;
+    uint32_t page_size;
+};
+
+/* kvf_register_pool_buffers of `n` buffers of `page_count` pages. */
+int pl_register_buffers(pl_client *c, const struct pl_buf *b, size_t n, uint32_t page_count,
+                        uint32_t *id, char *msg);
+
 #endif /* KVF_TEST_POOLS_LIB_H */

@@ -15,7 +15,14 @@
  *     by exported handle at an offset (sink): byte-exact over TCP, every
  *     frame a device read at the source and a device write at the sink;
  *   - a fake handle sent to a node without --test-fake-device-pools is what
- *     it claims to be, a CUDA handle: refused, nothing registered.
+ *     it claims to be, a CUDA handle: refused, nothing registered;
+ *   - multi-buffer pools (8 layers x K/V of 2 KiB slots + one 64-byte aux
+ *     buffer, fake device and host buffers mixed): over TCP (the source
+ *     staged) and on one node (local transport), every slot of every buffer
+ *     checked, every buffer's copy count checked; an abort while a frame is
+ *     held: ABORTED, every lease RELEASED, not one byte of any buffer
+ *     written; bad buffer lists refused naming the field, nothing registered
+ *     and nothing left mapped.
  */
 #include <fcntl.h>
 #include <setjmp.h>
@@ -28,6 +35,7 @@
 #include <string.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
+#include <sys/types.h>
 #include <unistd.h>
 
 #include <cmocka.h>
@@ -337,11 +345,328 @@ static void test_fake_handle_needs_the_flag(void **state)
     assert_int_equal(id, 1);
 }
 
+/* ---- multi-buffer pools ------------------------------------------------------------ */
+
+#define LAYERS   8u
+#define KV_SLOT  2048u
+#define AUX_SLOT 64u
+#define MB_PAGE  (2u * LAYERS * KV_SLOT + AUX_SLOT) /* 32832: 7 pages per 256 KiB frame */
+#define MB_BUFS  (2u * LAYERS + 1u)
+/* Frames of a 16-page chunk: 7 + 7 + 2. */
+#define MB_FRAMES 6u
+
+/* 8 layers x (K, V), then aux: K (V) buffers fake device memory when
+ * `dev_k` (`dev_v`), aux host shm. */
+static void layout(struct fx *f, struct tpool *p, const char *tag, bool dev_k, bool dev_v,
+                   uint32_t seed)
+{
+    for (uint32_t l = 0; l < LAYERS; l++) {
+        buf_add(f, p, tag, KV_SLOT, dev_k, 0, seed);
+        buf_add(f, p, tag, KV_SLOT, dev_v, 0, seed);
+    }
+    buf_add(f, p, tag, AUX_SLOT, false, 0, seed);
+}
+
+/* kvf_register_pool_buffers of every buffer of `p`. */
+static uint32_t register_tpool(pl_client *c, struct tpool *p)
+{
+    struct pl_buf v[MAX_BUFS];
+    for (uint32_t i = 0; i < p->nbufs; i++)
+        v[i] = (struct pl_buf){.shm_name = p->b[i].device ? NULL : p->b[i].name,
+                               .dev_ptr = p->b[i].device ? p->b[i].mem : NULL,
+                               .size = (uint64_t)p->b[i].page_size * PAGE_COUNT,
+                               .page_size = p->b[i].page_size};
+    char msg[PL_MSG];
+    uint32_t id = 0;
+    if (pl_register_buffers(c, v, p->nbufs, PAGE_COUNT, &id, msg) != 0)
+        fail_msg("kvf_register_pool_buffers: %s", msg);
+    return id;
+}
+
+/* Unregisters multi-buffer pool `p` (`pool_id` on `np`) and checks the copy
+ * counts logged for it and for each of its buffers: `writes` (`reads`)
+ * copies of every buffer's slots of `pages` pages. */
+static void expect_buffers_io(struct nh_node *np, const struct tpool *p, uint64_t writes,
+                              uint64_t reads, uint64_t pages)
+{
+    unregister(np, p->pool_id);
+    char any[64], want[220];
+    snprintf(any, sizeof any, "pool %u buffer %u (", p->pool_id, p->nbufs - 1);
+    nh_wait_log(np, any, NULL, 1, WAIT_MS);
+    snprintf(want, sizeof want,
+             "device pool %u (multi-buffer): writes=%llu write_bytes=%llu reads=%llu "
+             "read_bytes=%llu",
+             p->pool_id, (unsigned long long)writes,
+             (unsigned long long)(writes ? pages * MB_PAGE : 0), (unsigned long long)reads,
+             (unsigned long long)(reads ? pages * MB_PAGE : 0));
+    expect_log_once(np, want);
+    for (uint32_t b = 0; b < p->nbufs; b++) {
+        uint64_t bytes = pages * p->b[b].page_size;
+        snprintf(want, sizeof want,
+                 "pool %u buffer %u (%s): writes=%llu write_bytes=%llu reads=%llu "
+                 "read_bytes=%llu",
+                 p->pool_id, b, p->b[b].device ? "fake device (test)" : "host_shm",
+                 (unsigned long long)writes, (unsigned long long)(writes ? bytes : 0),
+                 (unsigned long long)reads, (unsigned long long)(reads ? bytes : 0));
+        expect_log_once(np, want);
+    }
+}
+
+static void test_multi_buffer_pool_over_tcp(void **state)
+{
+    struct fx *f = *state;
+    cp_start(f);
+    const char *a1[] = {"--staging", "host", "--test-fake-device-pools", f->prefix, NULL};
+    const char *a2[] = {"--test-fake-device-pools", f->prefix, NULL};
+    node_start(f, &f->n1, &f->c1, "n1", a1, 0);
+    node_start(f, &f->n2, &f->c2, "n2", a2, 0);
+    layout(f, &f->src, "src", true, false, 1);
+    layout(f, &f->sink, "sink", false, true, 2);
+    f->src.pool_id = register_tpool(f->c1, &f->src);
+    f->sink.pool_id = register_tpool(f->c2, &f->sink);
+    char want[96];
+    snprintf(want, sizeof want, "multi-buffer (%u buffers), %u pages of %u bytes", MB_BUFS,
+             PAGE_COUNT, MB_PAGE);
+    nh_wait_log(&f->n2, want, NULL, 1, WAIT_MS);
+
+    /* One lease per side covers every buffer. */
+    kvf_room_key k = room(f, 811, f->src.pool_id, f->sink.pool_id);
+    transfer(f, k, f->src.pool_id, f->sink.pool_id);
+    tpool_check(&f->sink, 2, LEASE_PAGES, LEASE_PAGES, 1, 0, "sink");
+    tpool_check(&f->src, 1, 0, 0, 1, 0, "source");
+    /* Every frame: one staged gather of every buffer at the source, one
+     * scatter into every buffer at the sink. */
+    expect_buffers_io(&f->n1, &f->src, 0, MB_FRAMES, LEASE_PAGES);
+    expect_buffers_io(&f->n2, &f->sink, MB_FRAMES, 0, LEASE_PAGES);
+}
+
+static void test_multi_buffer_pool_same_node(void **state)
+{
+    struct fx *f = *state;
+    cp_start(f);
+    const char *a1[] = {"--test-fake-device-pools", f->prefix, NULL};
+    node_start(f, &f->n1, &f->c1, "n1", a1, 0);
+    layout(f, &f->src, "src", false, true, 1);
+    layout(f, &f->sink, "sink", true, false, 2);
+    f->src.pool_id = register_tpool(f->c1, &f->src);
+    f->sink.pool_id = register_tpool(f->c1, &f->sink);
+    kvf_room_key k = nh_join_pair(f->ch, 812, "n1", f->src.pool_id, 0, "n1", f->sink.pool_id,
+                                  LEASE_PAGES, LEASE_PAGES, WAIT_MS);
+    nh_wait_node_knows(&f->n1, k, f->src.pool_id, "n1", f->sink.pool_id, LEASE_PAGES, WAIT_MS);
+    for (uint32_t c = 0; c < 2; c++) {
+        uint32_t s = c * (LEASE_PAGES / 2);
+        struct nh_chunk ch = {.seq = c + 1,
+                              .source_pool = f->src.pool_id,
+                              .sink_node = "n1",
+                              .sink_pool = f->sink.pool_id,
+                              .n = 1,
+                              .sfirst = {s},
+                              .dfirst = {LEASE_PAGES + s},
+                              .count = {LEASE_PAGES / 2},
+                              .last = c == 1};
+        struct kvf_rpc_status st;
+        int code = nh_submit(f->n1.local, k, &ch, &st);
+        if (code != KVF_GRPC_OK)
+            fail_msg("SubmitChunk %u: %d %s", c + 1, code, st.message);
+    }
+    nh_wait_room_state(f->ch, k, KVFENCE__V1__ROOM_STATE__ROOM_STATE_COMPLETED, WAIT_MS);
+    tpool_check(&f->sink, 2, LEASE_PAGES, LEASE_PAGES, 1, 0, "sink");
+    tpool_check(&f->src, 1, 0, 0, 1, 0, "source");
+    /* Local transport: each frame read from every source buffer and written
+     * into every sink buffer through its host buffer. */
+    expect_buffers_io(&f->n1, &f->src, 0, MB_FRAMES, LEASE_PAGES);
+    expect_buffers_io(&f->n1, &f->sink, MB_FRAMES, 0, LEASE_PAGES);
+}
+
+static void test_multi_buffer_abort_with_frame_held(void **state)
+{
+    struct fx *f = *state;
+    cp_start(f);
+    const char *a2[] = {"--test-fake-device-pools", f->prefix, NULL};
+    node_start(f, &f->n1, &f->c1, "n1", NULL, NH_FAULT_FILE);
+    node_start(f, &f->n2, &f->c2, "n2", a2, 0);
+    /* The source: one host buffer of the sink's page size (a single-buffer
+     * pool sends the same bytes as a multi-buffer one of that page size). */
+    struct tbuf *s = buf_add(f, &f->src, "src", MB_PAGE, false, 0, 1);
+    char msg[PL_MSG];
+    if (pl_register_shm(f->c1, s->name, s->map_len, MB_PAGE, PAGE_COUNT, &f->src.pool_id, msg))
+        fail_msg("kvf_register_pool_shm: %s", msg);
+    layout(f, &f->sink, "sink", true, false, 2);
+    f->sink.pool_id = register_tpool(f->c2, &f->sink);
+    kvf_room_key k = room(f, 813, f->src.pool_id, f->sink.pool_id);
+
+    nh_set_faults(&f->n1, "hold=1\n", WAIT_MS);
+    struct nh_chunk ch = {.seq = 1,
+                          .source_pool = f->src.pool_id,
+                          .sink_node = "n2",
+                          .sink_pool = f->sink.pool_id,
+                          .n = 1,
+                          .sfirst = {0},
+                          .dfirst = {LEASE_PAGES},
+                          .count = {4},
+                          .last = true};
+    struct kvf_rpc_status st;
+    int code = nh_submit(f->n1.local, k, &ch, &st);
+    if (code != KVF_GRPC_OK)
+        fail_msg("SubmitChunk: %d %s", code, st.message);
+    nh_wait_log(&f->n1, "fault: hold frame", NULL, 1, WAIT_MS);
+    nh_abort_room(f->ch, k, "test abort");
+    nh_wait_room_state(f->ch, k, KVFENCE__V1__ROOM_STATE__ROOM_STATE_ABORTING, WAIT_MS);
+    unsigned released = 9, leases = 0;
+    (void)nh_room_state(f->ch, k, &released, NULL);
+    assert_int_equal(released, 0); /* a frame is admitted: nothing may be released */
+    tpool_check(&f->sink, 2, 0, 0, 1, 0, "sink while held");
+
+    nh_set_faults(&f->n1, "hold=0\n", WAIT_MS);
+    nh_wait_log(&f->n1, "fault: release frame", NULL, 1, WAIT_MS);
+    nh_wait_room_state(f->ch, k, KVFENCE__V1__ROOM_STATE__ROOM_STATE_ABORTED, WAIT_MS);
+    assert_int_equal(nh_room_state(f->ch, k, &released, &leases),
+                     KVFENCE__V1__ROOM_STATE__ROOM_STATE_ABORTED);
+    assert_int_equal(released, 2);
+    assert_int_equal(leases, 2);
+    /* After RELEASED: not one page of any buffer touched. */
+    tpool_check(&f->sink, 2, 0, 0, 1, 0, "sink after release");
+    expect_buffers_io(&f->n2, &f->sink, 0, 0, 0);
+    tpool_check(&f->sink, 2, 0, 0, 1, 0, "sink after unregister");
+}
+
+/* RegisterPool of a raw request: the status code and message. */
+static int register_raw(struct nh_node *np, Kvfence__V1__RegisterPoolRequest *req,
+                        struct kvf_rpc_status *st)
+{
+    uint8_t *resp = NULL;
+    size_t len = 0;
+    int code =
+        nh_call(np->local, "/kvfence.v1.NodeLocal/RegisterPool", &req->base, &resp, &len, st);
+    free(resp);
+    return code;
+}
+
+/* Whether the node process maps an object named `name`. */
+static bool node_maps(const struct nh_node *np, const char *name)
+{
+    char path[64], line[512];
+    snprintf(path, sizeof path, "/proc/%d/maps", (int)np->pid);
+    FILE *fp = fopen(path, "r");
+    assert_non_null(fp);
+    bool found = false;
+    while (!found && fgets(line, sizeof line, fp))
+        found = strstr(line, name) != NULL;
+    fclose(fp);
+    return found;
+}
+
+static void expect_refused(struct nh_node *np, Kvfence__V1__RegisterPoolRequest *req, int want,
+                           const char *field)
+{
+    struct kvf_rpc_status st;
+    int code = register_raw(np, req, &st);
+    printf("  refused: %d %s\n", code, st.message);
+    if (code != want || strncmp(st.message, field, strlen(field)) != 0)
+        fail_msg("RegisterPool: %d '%s', want %d starting '%s'", code, st.message, want, field);
+}
+
+static void test_bad_buffer_lists_refused(void **state)
+{
+    struct fx *f = *state;
+    cp_start(f);
+    const char *a1[] = {"--test-fake-device-pools", f->prefix, NULL};
+    node_start(f, &f->n1, &f->c1, "n1", a1, 0);
+    /* Five buffers the node may open by name (0660 objects). */
+    enum { NB = 5 };
+    Kvfence__V1__HostShmMemory shm[NB];
+    Kvfence__V1__PoolBuffer pb[NB];
+    Kvfence__V1__PoolBuffer *pp[NB];
+    for (uint32_t i = 0; i < NB; i++) {
+        struct tbuf *b = buf_add(f, &f->src, "bad", KV_SLOT, true, 0, 3);
+        kvfence__v1__host_shm_memory__init(&shm[i]);
+        shm[i].shm_name = b->name;
+        shm[i].size = (uint64_t)KV_SLOT * PAGE_COUNT;
+        kvfence__v1__pool_buffer__init(&pb[i]);
+        pb[i].memory_case = KVFENCE__V1__POOL_BUFFER__MEMORY_HOST_SHM;
+        pb[i].host_shm = &shm[i];
+        pb[i].page_size = KV_SLOT;
+        pp[i] = &pb[i];
+    }
+    Kvfence__V1__RegisterPoolRequest req = KVFENCE__V1__REGISTER_POOL_REQUEST__INIT;
+    req.n_buffers = NB;
+    req.buffers = pp;
+    req.page_count = PAGE_COUNT;
+
+    pb[3].page_size = 0;
+    expect_refused(&f->n1, &req, KVF_GRPC_INVALID_ARGUMENT, "buffers[3].page_size");
+    pb[3].page_size = KV_SLOT;
+    shm[2].size = (uint64_t)KV_SLOT * PAGE_COUNT - 1;
+    expect_refused(&f->n1, &req, KVF_GRPC_INVALID_ARGUMENT, "buffers[2].host_shm.size");
+    shm[2].size = (uint64_t)KV_SLOT * PAGE_COUNT;
+    pb[1].memory_case = KVFENCE__V1__POOL_BUFFER__MEMORY__NOT_SET;
+    expect_refused(&f->n1, &req, KVF_GRPC_INVALID_ARGUMENT, "buffers[1]: no memory");
+    uint8_t short_handle[10] = {0};
+    Kvfence__V1__CudaIpcMemory cm = KVFENCE__V1__CUDA_IPC_MEMORY__INIT;
+    cm.ipc_handle.data = short_handle;
+    cm.ipc_handle.len = sizeof short_handle;
+    cm.size = (uint64_t)KV_SLOT * PAGE_COUNT;
+    pb[1].memory_case = KVFENCE__V1__POOL_BUFFER__MEMORY_CUDA_IPC;
+    pb[1].cuda_ipc = &cm;
+    expect_refused(&f->n1, &req, KVF_GRPC_INVALID_ARGUMENT, "buffers[1].cuda_ipc.ipc_handle");
+    pb[1].memory_case = KVFENCE__V1__POOL_BUFFER__MEMORY_HOST_SHM;
+    pb[1].host_shm = &shm[1]; /* the oneof's pointers share one place */
+    req.page_size = 4096;
+    expect_refused(&f->n1, &req, KVF_GRPC_INVALID_ARGUMENT, "page_size: 4096");
+    req.page_size = 0;
+    req.memory_case = KVFENCE__V1__REGISTER_POOL_REQUEST__MEMORY_HOST_SHM;
+    req.host_shm = &shm[0];
+    expect_refused(&f->n1, &req, KVF_GRPC_INVALID_ARGUMENT, "buffers: given with memory");
+    req.memory_case = KVFENCE__V1__REGISTER_POOL_REQUEST__MEMORY__NOT_SET;
+    req.host_shm = NULL;
+
+    /* The last buffer's object does not exist: buffers 0..3 were opened
+     * (mapped) on the owner thread, and must be closed again. */
+    char missing[64];
+    snprintf(missing, sizeof missing, "%smissing", f->prefix);
+    shm[4].shm_name = missing;
+    expect_refused(&f->n1, &req, KVF_GRPC_NOT_FOUND, "buffers[4].");
+    for (uint32_t i = 0; i < NB - 1; i++)
+        if (node_maps(&f->n1, f->src.b[i].name))
+            fail_msg("buffer %u (%s) is still mapped by the node", i, f->src.b[i].name);
+
+    /* Nothing registered: no pool 1, and the next pool gets id 1 with the
+     * page size of its buffers together. */
+    Kvfence__V1__UnregisterPoolRequest ur = KVFENCE__V1__UNREGISTER_POOL_REQUEST__INIT;
+    ur.pool_id = 1;
+    uint8_t *resp = NULL;
+    size_t len = 0;
+    struct kvf_rpc_status st;
+    assert_int_equal(
+        nh_call(f->n1.local, "/kvfence.v1.NodeLocal/UnregisterPool", &ur.base, &resp, &len, &st),
+        KVF_GRPC_NOT_FOUND);
+    free(resp);
+    shm[4].shm_name = f->src.b[4].name;
+    resp = NULL;
+    assert_int_equal(
+        nh_call(f->n1.local, "/kvfence.v1.NodeLocal/RegisterPool", &req.base, &resp, &len, &st),
+        KVF_GRPC_OK);
+    Kvfence__V1__RegisterPoolResponse *r =
+        kvfence__v1__register_pool_response__unpack(NULL, len, resp);
+    free(resp);
+    assert_non_null(r);
+    assert_int_equal(r->pool->pool_id, 1);
+    assert_int_equal(r->pool->page_size, NB * KV_SLOT);
+    assert_int_equal(r->pool->page_count, PAGE_COUNT);
+    kvfence__v1__register_pool_response__free_unpacked(r, NULL);
+    for (uint32_t i = 0; i < NB; i++)
+        assert_true(node_maps(&f->n1, f->src.b[i].name));
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test_setup_teardown(test_cuda_pool_registered_from_c, setup, teardown),
         cmocka_unit_test_setup_teardown(test_fake_handle_needs_the_flag, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_multi_buffer_pool_over_tcp, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_multi_buffer_pool_same_node, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_multi_buffer_abort_with_frame_held, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_bad_buffer_lists_refused, setup, teardown),
     };
     return cmocka_run_group_tests_name("node_pools", tests, NULL, NULL);
 }

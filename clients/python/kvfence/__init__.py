@@ -30,7 +30,7 @@ try:
                          RoomKey, RoomState, RoomStateChanged, Token, WatchEvent, WatchSynced,
                          ranges_from_pages, LifetimeState, NodeRoomState, ChunkDone, TransportKind,
                          AuxReceived, TransferDone, NodeEvent, NodeWatch, ChunkRequest,
-                         ChunkResult, ChunkStream)
+                         ChunkResult, ChunkStream, PoolBuffer)
 except ImportError as e:  # pragma: no cover - stubs not generated or not on PYTHONPATH
     if "_proto" not in str(e):
         raise
@@ -55,5 +55,5 @@ __all__ = [
     "LifetimeState", "NodeRoomState", "ChunkDone", "TransportKind", "AuxReceived", "TransferDone",
     "NodeEvent",
     "NodeWatch", "ChunkRequest", "ChunkResult", "ChunkStream",
-    "device", "CudaIpc", "FakeDeviceBuffer",
+    "device", "CudaIpc", "FakeDeviceBuffer", "PoolBuffer",
 ]

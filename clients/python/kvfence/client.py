@@ -38,6 +38,7 @@ _FDPASS_TIMEOUT_S = 2.0
 __all__ = [
     "Role", "RoomState", "LeaseState", "LeaseMode", "AbortReason", "NodeState", "PoolKind",
     "RoomKey", "PageRange", "Participant", "Token", "Lease", "JoinResult", "AbortResult", "Pool",
+    "PoolBuffer",
     "LeaseReleased", "RoomStateChanged", "WatchSynced", "WatchEvent", "ParticipantInfo",
     "RoomInfo", "NodeInfo", "ranges_from_pages", "ControlClient", "NodeClient", "AdminClient",
     "LeaseWatch", "ReleaseWatcher", "DEFAULT_FEATURES", "DEFAULT_TIMEOUT_S", "LifetimeState",
@@ -306,6 +307,23 @@ class Pool:
     def _from(cls, m: types_pb2.Pool) -> "Pool":
         return cls(m.pool_id, _enum(PoolKind, m.kind), m.page_size, m.page_count, m.owner_rank,
                    m.base_addr, m.rkey, m.cuda_device)
+
+
+@dataclass(frozen=True)
+class PoolBuffer:
+    """One buffer of a pool of several (NodeClient.register_pool_buffers):
+    `page_size` bytes of it per page, and its memory, exactly one of
+    shm_name (a POSIX shm object; `offset` bytes in), fd (an open shm or
+    memfd descriptor; `offset` bytes in), ptr (a device pointer) or ipc (a
+    kvfence.device.CudaIpc). size: its bytes (default page_size x the
+    pool's page_count)."""
+    page_size: int
+    shm_name: Optional[str] = None
+    fd: Optional[int] = None
+    ptr: Optional[int] = None
+    ipc: Optional[_device.CudaIpc] = None
+    offset: int = 0
+    size: Optional[int] = None
 
 
 @dataclass(frozen=True)
@@ -1096,6 +1114,57 @@ class NodeClient(_Client):
         req = node_pb2.RegisterPoolRequest(
             cuda_ipc=self._cuda_memory(ipc, page_size * page_count if size is None else size),
             page_size=page_size, page_count=page_count, rank=rank, pool_key=pool_key)
+        r = self._unary("NodeLocal.RegisterPool", self._stub.RegisterPool, req, timeout)
+        return Pool._from(r.pool)
+
+    def register_pool_buffers(self, buffers: Sequence["PoolBuffer"], page_count: int, *,
+                              rank: int = 0, pool_key: str = "",
+                              timeout: Optional[float] = None) -> Pool:
+        """Registers several buffers as one pool of page_count pages: page i is
+        slot i of every buffer (bytes [i * b.page_size, (i + 1) * b.page_size)
+        of buffer b), so one lease and one chunk cover them all; the pool's
+        page_size is the sum of the buffers' and a page travels as their
+        slots in buffer order (the sink's pool must list the same sizes in
+        the same order). Each PoolBuffer names its memory: shm_name or fd
+        (host memory, handed over as a descriptor), ptr (device memory,
+        exported here) or ipc (exported elsewhere). A bad buffer raises
+        InvalidArgument (NotFound, ...) naming it, "buffers[3].page_size",
+        and nothing is registered."""
+        req = node_pb2.RegisterPoolRequest(page_count=page_count, rank=rank, pool_key=pool_key)
+        for i, b in enumerate(buffers):
+            pb = req.buffers.add(page_size=b.page_size)
+            size = b.page_size * page_count if b.size is None else b.size
+            given = [x is not None for x in (b.shm_name, b.fd, b.ptr, b.ipc)]
+            if sum(given) != 1:
+                raise ValueError("register_pool_buffers: buffers[%d]: give exactly one of "
+                                 "shm_name, fd, ptr and ipc" % i)
+            if b.ptr is not None or b.ipc is not None:
+                ipc = b.ipc if b.ipc is not None else _device.export(int(b.ptr))  # type: ignore
+                pb.cuda_ipc.CopyFrom(self._cuda_memory(ipc, size))
+                continue
+            handle = None
+            if b.fd is not None:
+                handle = self._hand_over(b.fd)
+                if handle is None:
+                    raise errors.make_error(grpc.StatusCode.UNAVAILABLE,
+                                            "buffers[%d].fd: no fd socket at %s" %
+                                            (i, self._fd_socket), "NodeLocal.RegisterPool")
+            else:
+                name = b.shm_name if b.shm_name.startswith("/") else "/" + b.shm_name  # type: ignore
+                try:
+                    fd = os.open("/dev/shm" + name, os.O_RDWR | os.O_CLOEXEC | os.O_NOFOLLOW)
+                except OSError:
+                    fd = -1
+                if fd >= 0:
+                    try:
+                        handle = self._hand_over(fd)
+                    finally:
+                        os.close(fd)
+                if handle is None:
+                    pb.host_shm.CopyFrom(node_pb2.HostShmMemory(shm_name=name, offset=b.offset,
+                                                                size=size))
+                    continue
+            pb.host_fd.CopyFrom(node_pb2.HostFdMemory(handle=handle, offset=b.offset, size=size))
         r = self._unary("NodeLocal.RegisterPool", self._stub.RegisterPool, req, timeout)
         return Pool._from(r.pool)
 

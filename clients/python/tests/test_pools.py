@@ -103,3 +103,104 @@ def test_cuda_pool_by_exported_handle(cluster):
             n2.register_pool_cuda(PAGE_SIZE, PAGE_COUNT, ptr=other.ptr)
     with pytest.raises(ValueError):
         n2.register_pool_cuda(PAGE_SIZE, PAGE_COUNT)
+
+
+# A sink pool of 4 layers x (K, V) slots of 480 bytes and one 256-byte aux
+# slot: 4096 bytes a page, the page size of n1's host pool, which sends them.
+LAYOUT = [480] * 8 + [256]
+assert sum(LAYOUT) == PAGE_SIZE
+
+
+def slot_fill(seed, b, page, n):
+    return bytes(((seed * 29 + b * 97 + page * 157 + i * 3) & 0xFF for i in range(n)))
+
+
+def make_buffers(tag):
+    """Fake device memory for the K buffers (even), host shm for V and aux;
+    each filled with its own canary."""
+    from multiprocessing import shared_memory
+    bufs = []
+    for b, ps in enumerate(LAYOUT):
+        size = ps * PAGE_COUNT
+        if b % 2 == 0 and b < 8:
+            dev = kvfence.FakeDeviceBuffer(fake_name("%s%d" % (tag, b)), size)
+            mem, spec = dev.mem, kvfence.PoolBuffer(ps, ptr=dev.ptr)
+            closer = dev.close
+        else:
+            shm = shared_memory.SharedMemory(name="kvf-pyb-%d-%s%d" % (os.getpid(), tag, b),
+                                             create=True, size=size)
+            mem, spec = shm.buf, kvfence.PoolBuffer(ps, shm_name=shm.name)
+
+            def closer(shm=shm):
+                shm.close()
+                shm.unlink()
+        mem[:size] = b"".join(slot_fill(7, b, pg, ps) for pg in range(PAGE_COUNT))
+        bufs.append((mem, spec, closer))
+    return bufs
+
+
+def test_multi_buffer_pool_takes_every_slot_of_a_page(cluster):
+    """One lease and one chunk cover every buffer: n1's host pages [0, 8)
+    land in slots [16, 24) of each of the sink's nine buffers (the first 480
+    bytes of a page in buffer 0, the next in buffer 1, ...), every other slot
+    keeps its canary, and every buffer was written through the device path."""
+    n2 = cluster.node("n2")
+    bufs = make_buffers("m")
+    try:
+        pool = n2.register_pool_buffers([spec for _, spec, _ in bufs], PAGE_COUNT)
+        assert pool.page_size == PAGE_SIZE and pool.page_count == PAGE_COUNT
+        ctl, n1 = cluster.control(), cluster.node("n1")
+        a = ctl.join_room(503, SRC, cluster.pools["n1"].pool_id, [(0, 8)], retry_s=WAIT_S)
+        b = ctl.join_room(503, SNK, pool.pool_id, [(16, 8)], retry_s=WAIT_S)
+        assert b.state == RoomState.ACTIVE
+        assert n1.submit_chunk(a.room, 1, source_rank=0,
+                               source_pool_id=cluster.pools["n1"].pool_id,
+                               source_ranges=[(0, 8)], sink_node_id="n2", sink_rank=0,
+                               sink_pool_id=pool.pool_id, sink_ranges=[(16, 8)],
+                               last_chunk=True, retry_unavailable_s=WAIT_S) == 1
+        ctl.complete_room(a.room, SRC)
+        ctl.wait_all_released([a.lease_id, b.lease_id], WAIT_S)
+        src = canary(1, 0, 8)
+        at = 0
+        for bi, (mem, spec, _) in enumerate(bufs):
+            ps = spec.page_size
+            for pg in range(PAGE_COUNT):
+                got = bytes(mem[pg * ps:(pg + 1) * ps])
+                if 16 <= pg < 24:
+                    k = pg - 16
+                    want = src[k * PAGE_SIZE + at:k * PAGE_SIZE + at + ps]
+                else:
+                    want = slot_fill(7, bi, pg, ps)
+                assert got == want, "buffer %d page %d" % (bi, pg)
+            at += ps
+        unregister(n2, pool.pool_id)
+        wait_log(cluster, "n2", "pool %d buffer 8 (host_shm): writes=1 write_bytes=%d" %
+                 (pool.pool_id, 8 * 256))
+        wait_log(cluster, "n2", "pool %d buffer 0 (fake device (test)): writes=1 "
+                 "write_bytes=%d" % (pool.pool_id, 8 * 480))
+    finally:
+        for _, _, closer in bufs:
+            closer()
+
+
+def test_bad_buffer_list_is_refused_naming_the_buffer(cluster):
+    n2 = cluster.node("n2")
+    bufs = make_buffers("bad")
+    try:
+        specs = [spec for _, spec, _ in bufs]
+        bad = list(specs)
+        bad[2] = kvfence.PoolBuffer(0, shm_name=specs[1].shm_name)
+        with pytest.raises(kvfence.InvalidArgument, match=r"buffers\[2\]\.page_size"):
+            n2.register_pool_buffers(bad, PAGE_COUNT)
+        with pytest.raises(kvfence.InvalidArgument, match=r"buffers\[3\]\.cuda_ipc\.size"):
+            n2.register_pool_buffers(specs[:3] + [kvfence.PoolBuffer(480, ptr=specs[0].ptr,
+                                                                     size=100)], PAGE_COUNT)
+        with pytest.raises(ValueError, match=r"buffers\[0\]"):
+            n2.register_pool_buffers([kvfence.PoolBuffer(480)], PAGE_COUNT)
+        # Nothing was registered: the next pool follows the fixture's.
+        pool = n2.register_pool_buffers(specs, PAGE_COUNT)
+        assert pool.pool_id == cluster.pools["n2"].pool_id + 1
+        unregister(n2, pool.pool_id)
+    finally:
+        for _, _, closer in bufs:
+            closer()

@@ -456,6 +456,52 @@ KVF_PUBLIC int kvf_fake_device_alloc(const char *shm_name, uint64_t size, void *
 /* Unmaps and unlinks memory of kvf_fake_device_alloc. Accepts NULL. */
 KVF_PUBLIC void kvf_fake_device_free(void *dev_ptr);
 
+/* ---- pools of several buffers ------------------------------------------------
+ *
+ * An engine's KV cache is one buffer per layer (and per K and V) plus aux
+ * buffers, and its "page 17" is slot 17 of every buffer at once. A pool of
+ * several buffers with one page geometry says exactly that: page i is slot
+ * i of every buffer (bytes [i x page_size, (i + 1) x page_size) of buffer
+ * b, with b's own page_size), so one lease and one chunk cover every layer.
+ * A page travels as the buffers' slots in buffer order: source and sink
+ * pools must list the same buffer sizes in the same order. The buffers may
+ * be of different kinds (CUDA KV buffers, a host aux buffer). */
+
+enum kvf_buffer_memory {
+    KVF_BUFFER_SHM = 1,      /* POSIX shm by name (handed over as a descriptor) */
+    KVF_BUFFER_FD = 2,       /* an open descriptor (shm or memfd), handed over */
+    KVF_BUFFER_CUDA = 3,     /* a device pointer, exported with kvf_cuda_ipc_export */
+    KVF_BUFFER_CUDA_IPC = 4, /* an exported allocation (ipc.offset: the buffer's start) */
+};
+
+struct kvf_pool_buffer {
+    enum kvf_buffer_memory memory;
+    const char *shm_name;    /* SHM */
+    int fd;                  /* FD (the caller keeps it) */
+    const void *dev_ptr;     /* CUDA: the buffer's first byte */
+    struct kvf_cuda_ipc ipc; /* CUDA_IPC */
+    uint64_t offset;         /* SHM, FD: the buffer's first byte in the object */
+    uint64_t size;           /* bytes, >= page_size * page_count */
+    uint32_t page_size;      /* bytes of this buffer per page (its slot) */
+};
+
+/* The buffers and their common geometry. */
+struct kvf_buffer_pool {
+    const struct kvf_pool_buffer *buffers;
+    size_t n_buffers; /* 1 .. 1024 */
+    uint32_t page_count;
+    uint32_t rank;
+    const char *pool_key; /* NULL: none (device buffers have no name the node sees) */
+};
+
+/* Registers the buffers as one pool (RegisterPool with buffers): the pool's
+ * page size is the sum of the buffers'. A bad buffer is refused
+ * INVALID_ARGUMENT (or NOT_FOUND, PERMISSION_DENIED...) with the message
+ * naming it ("buffers[3].page_size: must be >= 1"), and nothing is
+ * registered. */
+KVF_PUBLIC int kvf_register_pool_buffers(kvf_node_client *n, const struct kvf_buffer_pool *pool,
+                                         uint32_t *pool_id_out, struct kvf_status *st);
+
 /* Unregisters a pool (unmapped once no room can touch it any more). */
 KVF_PUBLIC int kvf_unregister_pool(kvf_node_client *n, uint32_t pool_id, struct kvf_status *st);
 
