@@ -214,3 +214,102 @@ int kvf_register_pool_buffers(kvf_node_client *n, const struct kvf_buffer_pool *
     wire_buffers_free(&w);
     return rc;
 }
+
+/* ---- the engines' own terms ----------------------------------------------------------- */
+
+int kvf_register_pool_sglang(kvf_node_client *n, const uint64_t *ptrs, const uint64_t *lens,
+                             const uint64_t *item_lens, size_t count, uint32_t page_count,
+                             uint32_t rank, const char *pool_key, uint32_t *pool_id_out,
+                             struct kvf_status *st)
+{
+    if (!n || !ptrs || !lens || !item_lens || count == 0)
+        return client_status(st, KVF_STATUS_INVALID_ARGUMENT,
+                             "kvf_register_pool_sglang: node client and the three lists are "
+                             "required");
+    struct kvf_pool_buffer *b = calloc(count, sizeof *b);
+    if (!b)
+        return client_status(st, KVF_STATUS_RESOURCE_EXHAUSTED,
+                             "kvf_register_pool_sglang: out of memory");
+    int rc = 0;
+    bool exact = false;
+    for (size_t i = 0; i < count && rc == 0; i++) {
+        if (item_lens[i] == 0 || item_lens[i] > UINT32_MAX) {
+            rc = client_status(st, KVF_STATUS_INVALID_ARGUMENT,
+                               "kvf_register_pool_sglang: kv_item_lens[%zu]: %llu bytes a page", i,
+                               (unsigned long long)item_lens[i]);
+            break;
+        }
+        uint64_t pages = lens[i] / item_lens[i];
+        if (i == 0 && page_count == 0) {
+            exact = true; /* every buffer must hold as many pages as the first */
+            page_count = pages > UINT32_MAX ? 0 : (uint32_t)pages;
+        }
+        if (page_count == 0 || pages < page_count || (exact && pages != page_count)) {
+            rc = client_status(st, KVF_STATUS_INVALID_ARGUMENT,
+                               "kvf_register_pool_sglang: kv_data_lens[%zu]: %llu bytes hold %llu "
+                               "pages of %llu bytes, not %u",
+                               i, (unsigned long long)lens[i], (unsigned long long)pages,
+                               (unsigned long long)item_lens[i], page_count);
+            break;
+        }
+        b[i] = (struct kvf_pool_buffer){.memory = KVF_BUFFER_CUDA,
+                                        .dev_ptr = (const void *)(uintptr_t)ptrs[i],
+                                        .size = lens[i],
+                                        .page_size = (uint32_t)item_lens[i]};
+    }
+    if (rc == 0) {
+        struct kvf_buffer_pool p = {.buffers = b,
+                                    .n_buffers = count,
+                                    .page_count = page_count,
+                                    .rank = rank,
+                                    .pool_key = pool_key};
+        rc = kvf_register_pool_buffers(n, &p, pool_id_out, st);
+    }
+    free(b);
+    return rc;
+}
+
+int kvf_register_pool_vllm(kvf_node_client *n, const struct kvf_vllm_layer *layers, size_t n_layers,
+                           uint32_t num_blocks, uint32_t rank, const char *pool_key,
+                           uint32_t *pool_id_out, struct kvf_status *st)
+{
+    if (!n || !layers || n_layers == 0 || num_blocks == 0)
+        return client_status(st, KVF_STATUS_INVALID_ARGUMENT,
+                             "kvf_register_pool_vllm: node client, layers and num_blocks are "
+                             "required");
+    struct kvf_pool_buffer *b = calloc(2 * n_layers, sizeof *b);
+    if (!b)
+        return client_status(st, KVF_STATUS_RESOURCE_EXHAUSTED,
+                             "kvf_register_pool_vllm: out of memory");
+    size_t nb = 0;
+    int rc = 0;
+    for (size_t i = 0; i < n_layers && rc == 0; i++) {
+        const struct kvf_vllm_layer *l = &layers[i];
+        uint64_t parts = l->kv_split ? 2 : 1;
+        uint64_t per = (uint64_t)num_blocks * parts;
+        if (!l->dev_ptr || l->size == 0 || l->size % per != 0 || l->size / per > UINT32_MAX) {
+            rc = client_status(st, KVF_STATUS_INVALID_ARGUMENT,
+                               "kvf_register_pool_vllm: layers[%zu].size: %llu bytes are not %llu "
+                               "x %u blocks",
+                               i, (unsigned long long)l->size, (unsigned long long)parts,
+                               num_blocks);
+            break;
+        }
+        uint64_t half = l->size / parts;
+        for (uint64_t k = 0; k < parts; k++)
+            b[nb++] = (struct kvf_pool_buffer){.memory = KVF_BUFFER_CUDA,
+                                               .dev_ptr = (const uint8_t *)l->dev_ptr + k * half,
+                                               .size = half,
+                                               .page_size = (uint32_t)(half / num_blocks)};
+    }
+    if (rc == 0) {
+        struct kvf_buffer_pool p = {.buffers = b,
+                                    .n_buffers = nb,
+                                    .page_count = num_blocks,
+                                    .rank = rank,
+                                    .pool_key = pool_key};
+        rc = kvf_register_pool_buffers(n, &p, pool_id_out, st);
+    }
+    free(b);
+    return rc;
+}

@@ -103,3 +103,26 @@ int pl_register_buffers(pl_client *c, const struct pl_buf *b, size_t n, uint32_t
     free(v);
     return out(rc, &st, msg);
 }
+
+int pl_register_sglang(pl_client *c, const uint64_t *ptrs, const uint64_t *lens,
+                       const uint64_t *item_lens, size_t n, uint32_t page_count, uint32_t *id,
+                       char *msg)
+{
+    struct kvf_status st = {0};
+    return out(kvf_register_pool_sglang((kvf_node_client *)c, ptrs, lens, item_lens, n, page_count,
+                                        0, NULL, id, &st),
+               &st, msg);
+}
+
+int pl_register_vllm(pl_client *c, void *const *ptrs, const uint64_t *sizes, const int *split,
+                     size_t n, uint32_t num_blocks, uint32_t *id, char *msg)
+{
+    struct kvf_status st = {0};
+    struct kvf_vllm_layer l[16];
+    if (n > 16)
+        return -KVF_STATUS_INVALID_ARGUMENT;
+    for (size_t i = 0; i < n; i++)
+        l[i] = (struct kvf_vllm_layer){.dev_ptr = ptrs[i], .size = sizes[i], .kv_split = split[i]};
+    return out(kvf_register_pool_vllm((kvf_node_client *)c, l, n, num_blocks, 0, NULL, id, &st),
+               &st, msg);
+}

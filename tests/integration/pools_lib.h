@@ -49,4 +49,13 @@ struct pl_buf {
 int pl_register_buffers(pl_client *c, const struct pl_buf *b, size_t n, uint32_t page_count,
                         uint32_t *id, char *msg);
 
+/* kvf_register_pool_sglang. */
+int pl_register_sglang(pl_client *c, const uint64_t *ptrs, const uint64_t *lens,
+                       const uint64_t *item_lens, size_t n, uint32_t page_count, uint32_t *id,
+                       char *msg);
+
+/* kvf_register_pool_vllm of `n` layers: ptrs[i], sizes[i], split[i]. */
+int pl_register_vllm(pl_client *c, void *const *ptrs, const uint64_t *sizes, const int *split,
+                     size_t n, uint32_t num_blocks, uint32_t *id, char *msg);
+
 #endif /* KVF_TEST_POOLS_LIB_H */

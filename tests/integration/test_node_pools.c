@@ -22,7 +22,11 @@
  *     checked, every buffer's copy count checked; an abort while a frame is
  *     held: ABORTED, every lease RELEASED, not one byte of any buffer
  *     written; bad buffer lists refused naming the field, nothing registered
- *     and nothing left mapped.
+ *     and nothing left mapped;
+ *   - the engines' own terms: a source registered from SGLang-style
+ *     ptrs/lens/item_lens, a sink from vLLM-style per-layer [2, blocks, ...]
+ *     tensors (K and V halves), one page = one block across every layer;
+ *     lists that do not divide into pages refused naming the entry.
  */
 #include <fcntl.h>
 #include <setjmp.h>
@@ -93,7 +97,7 @@ static void tpool_free(struct tpool *p)
 {
     for (uint32_t i = 0; i < p->nbufs; i++) {
         struct tbuf *b = &p->b[i];
-        if (!b->base)
+        if (!b->base) /* none, or a view into another buffer's mapping */
             continue;
         if (b->device) {
             pl_fake_free(b->base);
@@ -658,6 +662,92 @@ static void test_bad_buffer_lists_refused(void **state)
         assert_true(node_maps(&f->n1, f->src.b[i].name));
 }
 
+/* ---- the engines' own terms --------------------------------------------------------- */
+
+/* A buffer inside another's mapping (a vLLM layer's V half): filled with
+ * `seed`'s pattern as buffer `p->nbufs`; freed with its owner. */
+static void buf_view(struct tpool *p, uint8_t *mem, uint32_t page_size, uint32_t seed)
+{
+    assert_true(p->nbufs < MAX_BUFS);
+    uint32_t idx = p->nbufs++;
+    struct tbuf *b = &p->b[idx];
+    memset(b, 0, sizeof *b);
+    b->mem = mem;
+    b->page_size = page_size;
+    b->device = true;
+    for (uint32_t pg = 0; pg < PAGE_COUNT; pg++)
+        for (uint32_t i = 0; i < page_size; i++)
+            b->mem[(size_t)pg * page_size + i] = pat(seed, idx, pg, i);
+}
+
+static void test_sglang_to_vllm_layout(void **state)
+{
+    struct fx *f = *state;
+    cp_start(f);
+    const char *a1[] = {"--staging", "host", "--test-fake-device-pools", f->prefix, NULL};
+    const char *a2[] = {"--test-fake-device-pools", f->prefix, NULL};
+    node_start(f, &f->n1, &f->c1, "n1", a1, 0);
+    node_start(f, &f->n2, &f->c2, "n2", a2, 0);
+    /* The source as SGLang's KVArgs: 2 layers x (K, V), 2 KiB then 1 KiB a
+     * page, each buffer its own allocation. */
+    static const uint32_t item[4] = {2048, 2048, 1024, 1024};
+    uint64_t ptrs[4], lens[4], item_lens[4];
+    for (uint32_t i = 0; i < 4; i++) {
+        struct tbuf *b = buf_add(f, &f->src, "sg", item[i], true, 0, 1);
+        ptrs[i] = (uint64_t)(uintptr_t)b->mem;
+        lens[i] = (uint64_t)item[i] * PAGE_COUNT;
+        item_lens[i] = item[i];
+    }
+    char msg[PL_MSG];
+    uint32_t id = 0;
+    /* A buffer holding fewer pages than the first is refused, naming it. */
+    lens[2] -= 1;
+    assert_int_equal(pl_register_sglang(f->c1, ptrs, lens, item_lens, 4, 0, &id, msg),
+                     -KVF_GRPC_INVALID_ARGUMENT);
+    assert_non_null(strstr(msg, "kv_data_lens[2]"));
+    lens[2] += 1;
+    if (pl_register_sglang(f->c1, ptrs, lens, item_lens, 4, 0, &f->src.pool_id, msg) != 0)
+        fail_msg("kvf_register_pool_sglang: %s", msg);
+
+    /* The sink as vLLM's per-layer tensors [2, num_blocks, ...]: K then V
+     * halves of one allocation per layer. */
+    void *lp[2];
+    uint64_t lsz[2];
+    int split[2] = {1, 1};
+    for (uint32_t l = 0; l < 2; l++) {
+        uint32_t slot = item[2 * l];
+        struct tbuf *k = buf_add(f, &f->sink, "vl", slot, true, 0, 2);
+        /* buf_add mapped one slot's worth of pages: map the layer whole. */
+        pl_fake_free(k->base);
+        char name[64];
+        snprintf(name, sizeof name, "%svl-layer%u", f->prefix, l);
+        snprintf(k->name, sizeof k->name, "%s", name);
+        void *m = NULL;
+        if (pl_fake_alloc(name, 2ull * slot * PAGE_COUNT, &m, msg) != 0)
+            fail_msg("kvf_fake_device_alloc: %s", msg);
+        k->base = k->mem = m;
+        k->map_len = 2ull * slot * PAGE_COUNT;
+        for (uint32_t pg = 0; pg < PAGE_COUNT; pg++)
+            for (uint32_t i = 0; i < slot; i++)
+                k->mem[(size_t)pg * slot + i] = pat(2, f->sink.nbufs - 1, pg, i);
+        buf_view(&f->sink, k->mem + (size_t)slot * PAGE_COUNT, slot, 2);
+        lp[l] = m;
+        lsz[l] = k->map_len;
+    }
+    uint64_t odd[2] = {lsz[0] - 2, lsz[1]};
+    assert_int_equal(pl_register_vllm(f->c2, lp, odd, split, 2, PAGE_COUNT, &id, msg),
+                     -KVF_GRPC_INVALID_ARGUMENT);
+    assert_non_null(strstr(msg, "layers[0].size"));
+    if (pl_register_vllm(f->c2, lp, lsz, split, 2, PAGE_COUNT, &f->sink.pool_id, msg) != 0)
+        fail_msg("kvf_register_pool_vllm: %s", msg);
+
+    /* SGLang's page i is vLLM's block i: one lease and one chunk each. */
+    kvf_room_key k = room(f, 821, f->src.pool_id, f->sink.pool_id);
+    transfer(f, k, f->src.pool_id, f->sink.pool_id);
+    tpool_check(&f->sink, 2, LEASE_PAGES, LEASE_PAGES, 1, 0, "vLLM sink");
+    tpool_check(&f->src, 1, 0, 0, 1, 0, "SGLang source");
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -667,6 +757,7 @@ int main(void)
         cmocka_unit_test_setup_teardown(test_multi_buffer_pool_same_node, setup, teardown),
         cmocka_unit_test_setup_teardown(test_multi_buffer_abort_with_frame_held, setup, teardown),
         cmocka_unit_test_setup_teardown(test_bad_buffer_lists_refused, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_sglang_to_vllm_layout, setup, teardown),
     };
     return cmocka_run_group_tests_name("node_pools", tests, NULL, NULL);
 }

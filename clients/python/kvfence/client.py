@@ -1150,7 +1150,9 @@ class NodeClient(_Client):
                                             "buffers[%d].fd: no fd socket at %s" %
                                             (i, self._fd_socket), "NodeLocal.RegisterPool")
             else:
-                name = b.shm_name if b.shm_name.startswith("/") else "/" + b.shm_name  # type: ignore
+                name = str(b.shm_name)
+                if not name.startswith("/"):
+                    name = "/" + name
                 try:
                     fd = os.open("/dev/shm" + name, os.O_RDWR | os.O_CLOEXEC | os.O_NOFOLLOW)
                 except OSError:
@@ -1167,6 +1169,77 @@ class NodeClient(_Client):
             pb.host_fd.CopyFrom(node_pb2.HostFdMemory(handle=handle, offset=b.offset, size=size))
         r = self._unary("NodeLocal.RegisterPool", self._stub.RegisterPool, req, timeout)
         return Pool._from(r.pool)
+
+    def register_pool_sglang(self, kv_data_ptrs: Sequence[int], kv_data_lens: Sequence[int],
+                             kv_item_lens: Sequence[int], *, page_count: Optional[int] = None,
+                             rank: int = 0, pool_key: str = "",
+                             timeout: Optional[float] = None) -> Pool:
+        """Registers SGLang's KV buffers as one pool, in its own terms
+        (KVArgs.kv_data_ptrs / kv_data_lens / kv_item_lens: per buffer its
+        device address, bytes and bytes per page). Page i is slot i of every
+        buffer, as SGLang's kv_indices index every layer at once.
+        page_count: default lens[0] // item_lens[0], which every buffer must
+        then hold exactly (ValueError naming kv_data_lens[i] otherwise).
+        SGLang's aux buffers are indexed by request, not by page: register
+        them as a pool of their own."""
+        if not (len(kv_data_ptrs) == len(kv_data_lens) == len(kv_item_lens)) or \
+                not kv_data_ptrs:
+            raise ValueError("register_pool_sglang: three lists of one length (>= 1)")
+        exact = page_count is None
+        if page_count is None:
+            page_count = kv_data_lens[0] // kv_item_lens[0] if kv_item_lens[0] else 0
+        bufs = []
+        for i, (ptr, size, item) in enumerate(zip(kv_data_ptrs, kv_data_lens, kv_item_lens)):
+            pages = size // item if item else 0
+            if not item or pages < page_count or (exact and pages != page_count) or \
+                    not page_count:
+                raise ValueError("register_pool_sglang: kv_data_lens[%d]: %d bytes hold %d "
+                                 "pages of %d bytes, not %d" % (i, size, pages, item, page_count))
+            bufs.append(PoolBuffer(int(item), ptr=int(ptr), size=int(size)))
+        return self.register_pool_buffers(bufs, page_count, rank=rank, pool_key=pool_key,
+                                          timeout=timeout)
+
+    def register_pool_vllm(self, kv_caches: Dict[str, Any], *, num_blocks: Optional[int] = None,
+                           rank: int = 0, pool_key: str = "",
+                           timeout: Optional[float] = None) -> Pool:
+        """Registers vLLM's KV caches (KVConnector.register_kv_caches: layer
+        name -> tensor, block i = page i) as one pool, layers in the dict's
+        order (the sink must register the same model in the same order). A
+        tensor of shape [2, num_blocks, ...] (FlashAttention) is two buffers,
+        its K and V halves; [num_blocks, ...] (FlashInfer, MLA) is one.
+        num_blocks: default the tensors' (shape[1] of a [2, ...] tensor,
+        else shape[0]). Each tensor must be contiguous device memory (a torch
+        CUDA tensor, exported with torch's IPC export; or anything with
+        data_ptr(), shape, element_size() and numel(), e.g. a test's fake)."""
+        if not kv_caches:
+            raise ValueError("register_pool_vllm: no layers")
+        bufs = []
+        for name, t in kv_caches.items():
+            shape = tuple(t.shape)
+            if hasattr(t, "is_contiguous") and not t.is_contiguous():
+                raise ValueError("register_pool_vllm: layer %r is not contiguous" % name)
+            # [2, num_blocks, ...] unless the blocks are known to be 2 and
+            # shape[1] is not (then it is [num_blocks=2, ...]).
+            split = len(shape) >= 2 and shape[0] == 2 and \
+                not (num_blocks == 2 and shape[1] != 2)
+            blocks = shape[1] if split else shape[0]
+            if num_blocks is None:
+                num_blocks = blocks
+            if blocks != num_blocks:
+                raise ValueError("register_pool_vllm: layer %r has %d blocks, not %d" %
+                                 (name, blocks, num_blocks))
+            nbytes = int(t.numel()) * int(t.element_size())
+            parts = 2 if split else 1
+            if nbytes % (parts * num_blocks):
+                raise ValueError("register_pool_vllm: layer %r: %d bytes are not %d x %d "
+                                 "blocks" % (name, nbytes, parts, num_blocks))
+            half = nbytes // parts
+            base = _device.export_tensor(t)
+            for k in range(parts):
+                ipc = _device.CudaIpc(base.handle, base.device, base.offset + k * half)
+                bufs.append(PoolBuffer(half // num_blocks, ipc=ipc, size=half))
+        return self.register_pool_buffers(bufs, num_blocks,  # type: ignore[arg-type]
+                                          rank=rank, pool_key=pool_key, timeout=timeout)
 
     @staticmethod
     def _cuda_memory(ipc: _device.CudaIpc, size: int) -> node_pb2.CudaIpcMemory:

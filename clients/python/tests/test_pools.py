@@ -204,3 +204,80 @@ def test_bad_buffer_list_is_refused_naming_the_buffer(cluster):
     finally:
         for _, _, closer in bufs:
             closer()
+
+
+class FakeTensor:
+    """What register_pool_vllm reads of a torch tensor, over fake device
+    memory: data_ptr(), shape, element_size(), numel(), is_contiguous()."""
+
+    def __init__(self, dev, shape, element_size=2):
+        self.dev, self.shape, self._es = dev, shape, element_size
+
+    def data_ptr(self):
+        return self.dev.ptr
+
+    def element_size(self):
+        return self._es
+
+    def numel(self):
+        n = 1
+        for d in self.shape:
+            n *= d
+        return n
+
+    def is_contiguous(self):
+        return True
+
+
+def test_sglang_and_vllm_terms(cluster):
+    """A sink registered in vLLM's terms (two layers [2, blocks, 8, 15] of
+    2-byte elements: K and V of 240 bytes a block each, a third layer
+    [blocks, 3136] of 1 byte: 4096 bytes a block in all) takes n1's host
+    pages block for block; the same memory in SGLang's terms gives the same
+    geometry; lists that do not divide are refused naming the entry."""
+    n2 = cluster.node("n2")
+    devs = [kvfence.FakeDeviceBuffer(fake_name("vl%d" % i), size)
+            for i, size in enumerate((2 * 240 * PAGE_COUNT, 2 * 240 * PAGE_COUNT,
+                                      3136 * PAGE_COUNT))]
+    try:
+        caches = {"layer.0": FakeTensor(devs[0], (2, PAGE_COUNT, 8, 15)),
+                  "layer.1": FakeTensor(devs[1], (2, PAGE_COUNT, 8, 15)),
+                  "layer.2": FakeTensor(devs[2], (PAGE_COUNT, 3136), 1)}
+        pool = n2.register_pool_vllm(caches)
+        assert pool.page_size == PAGE_SIZE and pool.page_count == PAGE_COUNT
+        slots = [(devs[0], 0, 240), (devs[0], 240 * PAGE_COUNT, 240), (devs[1], 0, 240),
+                 (devs[1], 240 * PAGE_COUNT, 240), (devs[2], 0, 3136)]
+        ctl, n1 = cluster.control(), cluster.node("n1")
+        a = ctl.join_room(504, SRC, cluster.pools["n1"].pool_id, [(0, 8)], retry_s=WAIT_S)
+        b = ctl.join_room(504, SNK, pool.pool_id, [(16, 8)], retry_s=WAIT_S)
+        assert n1.submit_chunk(a.room, 1, source_rank=0,
+                               source_pool_id=cluster.pools["n1"].pool_id,
+                               source_ranges=[(0, 8)], sink_node_id="n2", sink_rank=0,
+                               sink_pool_id=pool.pool_id, sink_ranges=[(16, 8)],
+                               last_chunk=True, retry_unavailable_s=WAIT_S) == 1
+        ctl.complete_room(a.room, SRC)
+        ctl.wait_all_released([a.lease_id, b.lease_id], WAIT_S)
+        src = canary(1, 0, 8)
+        at = 0
+        for dev, base, ps in slots:
+            for k in range(8):
+                got = bytes(dev.mem[base + (16 + k) * ps:base + (17 + k) * ps])
+                assert got == src[k * PAGE_SIZE + at:k * PAGE_SIZE + at + ps], (at, k)
+            assert bytes(dev.mem[base + 15 * ps:base + 16 * ps]) == bytes(ps)  # untouched
+            at += ps
+        unregister(n2, pool.pool_id)
+
+        ptrs = [d.ptr + base for d, base, _ in slots]
+        lens = [ps * PAGE_COUNT for _, _, ps in slots]
+        items = [ps for _, _, ps in slots]
+        sg = n2.register_pool_sglang(ptrs, lens, items)
+        assert sg.page_size == PAGE_SIZE and sg.page_count == PAGE_COUNT
+        unregister(n2, sg.pool_id)
+        with pytest.raises(ValueError, match=r"kv_data_lens\[3\]"):
+            n2.register_pool_sglang(ptrs, lens[:3] + [lens[3] - 240] + lens[4:], items)
+        with pytest.raises(ValueError, match="'layer.0' has 64 blocks, not 63"):
+            n2.register_pool_vllm({"layer.2": FakeTensor(devs[2], (PAGE_COUNT - 1, 3136), 1),
+                                   "layer.0": caches["layer.0"]})
+    finally:
+        for d in devs:
+            d.close()

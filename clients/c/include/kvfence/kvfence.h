@@ -502,6 +502,47 @@ struct kvf_buffer_pool {
 KVF_PUBLIC int kvf_register_pool_buffers(kvf_node_client *n, const struct kvf_buffer_pool *pool,
                                          uint32_t *pool_id_out, struct kvf_status *st);
 
+/* ---- the engines' own terms ----------------------------------------------------
+ *
+ * SGLang describes its KV cache as KVArgs.kv_data_ptrs / kv_data_lens /
+ * kv_item_lens: per buffer (layer, K or V) its device address, its bytes and
+ * its bytes per page; a page index (kv_indices) indexes every buffer at
+ * once. kvf_register_pool_sglang registers exactly that as one pool. (Its
+ * aux buffers, aux_data_ptrs..., are indexed by request slot, not by KV
+ * page: they are a pool of their own, e.g. kvf_register_pool_buffers.)
+ *
+ * vLLM hands a connector its caches as one tensor per layer
+ * (register_kv_caches(dict layer -> tensor)), block i being page i. With
+ * the FlashAttention layout [2, num_blocks, ...] a layer is two buffers, K
+ * (the first half) and V (the second); with [num_blocks, ...] (FlashInfer,
+ * MLA) one. kvf_register_pool_vllm registers the layers, in the order given
+ * (source and sink must give the same order), as one pool. */
+
+/* SGLang's lists, `n` entries each: ptrs[i] a device pointer (or fake
+ * device memory), lens[i] its bytes, item_lens[i] its bytes per page.
+ * page_count 0: lens[i] / item_lens[i], which must be the same for every i
+ * (INVALID_ARGUMENT naming "kv_data_lens[i]" otherwise). */
+KVF_PUBLIC int kvf_register_pool_sglang(kvf_node_client *n, const uint64_t *ptrs,
+                                        const uint64_t *lens, const uint64_t *item_lens,
+                                        size_t count, uint32_t page_count, uint32_t rank,
+                                        const char *pool_key, uint32_t *pool_id_out,
+                                        struct kvf_status *st);
+
+/* One vLLM layer's cache tensor: its device memory and layout. */
+struct kvf_vllm_layer {
+    const void *dev_ptr; /* the tensor's data_ptr() (contiguous) */
+    uint64_t size;       /* its bytes (numel x element size) */
+    bool kv_split;       /* [2, num_blocks, ...]: K and V halves; else [num_blocks, ...] */
+};
+
+/* The layers as one pool of num_blocks pages: 2 buffers per kv_split layer
+ * (size / 2 / num_blocks bytes a page each), 1 otherwise. INVALID_ARGUMENT
+ * naming "layers[i].size" when it does not divide into num_blocks pages. */
+KVF_PUBLIC int kvf_register_pool_vllm(kvf_node_client *n, const struct kvf_vllm_layer *layers,
+                                      size_t n_layers, uint32_t num_blocks, uint32_t rank,
+                                      const char *pool_key, uint32_t *pool_id_out,
+                                      struct kvf_status *st);
+
 /* Unregisters a pool (unmapped once no room can touch it any more). */
 KVF_PUBLIC int kvf_unregister_pool(kvf_node_client *n, uint32_t pool_id, struct kvf_status *st);
 
