@@ -474,6 +474,16 @@ int node_submit_chunk(struct kvf_node *n, const Kvfence__V1__SubmitChunkRequest 
                pool->id);
         return o->code;
     }
+    /* A staged frame is copied into one staging buffer (NODE_FRAME_MAX): a
+     * page must fit it (frames carry whole pages). Many-layer multi-buffer
+     * pools reach that size. */
+    if (node_xport_staging(n) && pool->page_size > NODE_FRAME_MAX) {
+        refuse(o, -EPROTO,
+               "page_size: source pool %u has %u-byte pages, more than a staging buffer (%u "
+               "bytes)",
+               pool->id, pool->page_size, NODE_FRAME_MAX);
+        return o->code;
+    }
     struct node_chunk *ch = chunk_new(r, src, sink, pool, req, &rt);
     uint8_t *aux = NULL;
     if (ch && req->aux.len) {

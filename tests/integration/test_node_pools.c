@@ -748,6 +748,39 @@ static void test_sglang_to_vllm_layout(void **state)
     tpool_check(&f->src, 1, 0, 0, 1, 0, "SGLang source");
 }
 
+static void test_page_larger_than_a_staging_buffer_refused(void **state)
+{
+    struct fx *f = *state;
+    cp_start(f);
+    const char *a1[] = {"--staging", "host", NULL};
+    node_start(f, &f->n1, &f->c1, "n1", a1, 0);
+    node_start(f, &f->n2, &f->c2, "n2", NULL, 0);
+    /* 2 x 160 KiB a page: 320 KiB, more than a 256 KiB staging buffer. */
+    for (uint32_t i = 0; i < 2; i++) {
+        buf_add(f, &f->src, "big", 160u * 1024, false, 0, 1);
+        buf_add(f, &f->sink, "bigsink", 160u * 1024, false, 0, 2);
+    }
+    f->src.pool_id = register_tpool(f->c1, &f->src);
+    f->sink.pool_id = register_tpool(f->c2, &f->sink);
+    kvf_room_key k = room(f, 831, f->src.pool_id, f->sink.pool_id);
+    struct nh_chunk ch = {.seq = 1,
+                          .source_pool = f->src.pool_id,
+                          .sink_node = "n2",
+                          .sink_pool = f->sink.pool_id,
+                          .n = 1,
+                          .sfirst = {0},
+                          .dfirst = {LEASE_PAGES},
+                          .count = {2},
+                          .last = true};
+    struct kvf_rpc_status st;
+    assert_int_equal(nh_submit(f->n1.local, k, &ch, &st), KVF_GRPC_FAILED_PRECONDITION);
+    printf("  refused: %s\n", st.message);
+    assert_non_null(strstr(st.message, "more than a staging buffer"));
+    nh_abort_room(f->ch, k, "test: refused chunk");
+    nh_wait_room_state(f->ch, k, KVFENCE__V1__ROOM_STATE__ROOM_STATE_ABORTED, WAIT_MS);
+    tpool_check(&f->sink, 2, 0, 0, 1, 0, "sink");
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -758,6 +791,8 @@ int main(void)
         cmocka_unit_test_setup_teardown(test_multi_buffer_abort_with_frame_held, setup, teardown),
         cmocka_unit_test_setup_teardown(test_bad_buffer_lists_refused, setup, teardown),
         cmocka_unit_test_setup_teardown(test_sglang_to_vllm_layout, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_page_larger_than_a_staging_buffer_refused, setup,
+                                        teardown),
     };
     return cmocka_run_group_tests_name("node_pools", tests, NULL, NULL);
 }
