@@ -27,7 +27,10 @@
  *
  *  1. At start: kvf_client_create() to the control plane and
  *     kvf_node_client_create() to the node on this host; register each pool of
- *     KV pages once with kvf_register_pool_shm() (keep the pool id); open one
+ *     KV pages once with kvf_register_pool_shm() (keep the pool id), or, for
+ *     GPU memory and per-layer buffers, kvf_register_pool_cuda(),
+ *     kvf_register_pool_buffers(), kvf_register_pool_sglang() or
+ *     kvf_register_pool_vllm() (below); open one
  *     kvf_watch_leases() for the node's leases (or use kvf_wait_released()).
  *  2. Per request (room): every participating rank calls kvf_join_room() with
  *     the pages it grants (a source grants pages to read, a sink pages to
