@@ -312,6 +312,7 @@ static struct node_chunk *chunk_new(struct node_room *r, const struct node_membe
         x->first_page = b;
         x->page_count = c;
         x->offset = 0;
+        x->layout = kvf_pool_layout(pool->pool); /* the sink refuses another layout (tcp.h) */
     }
     return ch;
 }
@@ -456,6 +457,18 @@ int node_submit_chunk(struct kvf_node *n, const Kvfence__V1__SubmitChunkRequest 
         refuse(o, -EPROTO,
                "page_size: source pool %u has %u-byte pages, sink pool %u %u-byte pages", pool->id,
                pool->page_size, sink->pool_id, sink->page_size);
+        return o->code;
+    }
+    /* Same page size, other buffers: the pages would land scrambled. A
+     * sink on this node is checked here; another node refuses the frames
+     * (the TCP header carries the source's layout, tcp.h). */
+    const struct node_pool *sink_pool = sink->local ? node_pool_find(n, sink->pool_id) : NULL;
+    if (sink_pool && kvf_pool_layout(pool->pool) && kvf_pool_layout(sink_pool->pool) &&
+        kvf_pool_layout(pool->pool) != kvf_pool_layout(sink_pool->pool)) {
+        refuse(o, -EPROTO,
+               "page_size: source pool %u and sink pool %u have %u-byte pages made of other "
+               "buffers (slot sizes or their order differ)",
+               pool->id, sink_pool->id, pool->page_size);
         return o->code;
     }
     struct node_route rt;

@@ -128,6 +128,13 @@ uint32_t kvf_pool_buffer_count(const struct kvf_pool *pool);
 /* Buffer `i` of a KVF_POOL_MULTI pool (owned by it), or NULL. Any thread. */
 struct kvf_pool *kvf_pool_buffer(const struct kvf_pool *pool, uint32_t i);
 
+/* The page layout of a KVF_POOL_MULTI pool as a 32-bit fingerprint of its
+ * buffer count and slot sizes in order (FNV-1a, never 0); 0 for any other
+ * pool (one span a page: any layout can land in it). Two multi-buffer pools
+ * with the same page size but other slots would scramble each other's
+ * pages: the node refuses such a transfer by comparing these. Any thread. */
+uint32_t kvf_pool_layout(const struct kvf_pool *pool);
+
 /*
  * Unmaps the pool (munmap, or cudaIpcCloseMemHandle) and frees it. Call only
  * when no room's lifetime can touch its pages any more (see the top of this

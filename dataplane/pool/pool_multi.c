@@ -109,6 +109,20 @@ struct kvf_pool *kvf_pool_buffer(const struct kvf_pool *pool, uint32_t i)
     return pool->bufs[i].pool;
 }
 
+uint32_t kvf_pool_layout(const struct kvf_pool *pool)
+{
+    if (pool->kind != KVF_POOL_MULTI)
+        return 0;
+    uint32_t h = 2166136261u;
+    uint32_t words[2] = {pool->nbufs, 0};
+    for (uint32_t i = 0; i <= pool->nbufs; i++) {
+        uint32_t w = i == 0 ? words[0] : pool->bufs[i - 1].page_size;
+        for (int k = 0; k < 4; k++)
+            h = (h ^ ((w >> (8 * k)) & 0xffu)) * 16777619u;
+    }
+    return h ? h : 1;
+}
+
 /* The buffer whose slot holds byte `in` of a page (binary search on `at`). */
 static const struct pool_buf *buf_at(const struct kvf_pool *pool, uint32_t in)
 {

@@ -781,6 +781,68 @@ static void test_page_larger_than_a_staging_buffer_refused(void **state)
     tpool_check(&f->sink, 2, 0, 0, 1, 0, "sink");
 }
 
+/* The sink of test_other_layout_refused: the same 32832-byte page as
+ * layout(), but the aux slot first. */
+static void layout_aux_first(struct fx *f, struct tpool *p, const char *tag, uint32_t seed)
+{
+    buf_add(f, p, tag, AUX_SLOT, false, 0, seed);
+    for (uint32_t i = 0; i < 2 * LAYERS; i++)
+        buf_add(f, p, tag, KV_SLOT, i % 2 == 0, 0, seed);
+}
+
+static void test_other_layout_refused(void **state)
+{
+    struct fx *f = *state;
+    cp_start(f);
+    const char *a1[] = {"--staging", "host", "--test-fake-device-pools", f->prefix, NULL};
+    const char *a2[] = {"--test-fake-device-pools", f->prefix, NULL};
+    node_start(f, &f->n1, &f->c1, "n1", a1, 0);
+    node_start(f, &f->n2, &f->c2, "n2", a2, 0);
+    layout(f, &f->src, "src", false, false, 1);
+    layout_aux_first(f, &f->sink, "sink", 2);
+    f->src.pool_id = register_tpool(f->c1, &f->src);
+    f->sink.pool_id = register_tpool(f->c2, &f->sink);
+
+    /* Over TCP the source cannot know: the sink refuses the frames before
+     * any byte lands, and the room fails. */
+    kvf_room_key k = room(f, 841, f->src.pool_id, f->sink.pool_id);
+    struct nh_chunk ch = {.seq = 1,
+                          .source_pool = f->src.pool_id,
+                          .sink_node = "n2",
+                          .sink_pool = f->sink.pool_id,
+                          .n = 1,
+                          .sfirst = {0},
+                          .dfirst = {LEASE_PAGES},
+                          .count = {LEASE_PAGES},
+                          .last = true};
+    struct kvf_rpc_status st;
+    int code = nh_submit(f->n1.local, k, &ch, &st);
+    if (code != KVF_GRPC_OK)
+        fail_msg("SubmitChunk: %d %s", code, st.message);
+    nh_wait_room_state(f->ch, k, KVFENCE__V1__ROOM_STATE__ROOM_STATE_ABORTED, WAIT_MS);
+    nh_wait_log(&f->n2, "buffer layout differs from sink pool", NULL, 1, WAIT_MS);
+    tpool_check(&f->sink, 2, 0, 0, 1, 0, "sink of another layout");
+    expect_buffers_io(&f->n2, &f->sink, 0, 0, 0);
+
+    /* On one node the check is at submit. */
+    struct tpool *same = &f->sink;
+    tpool_free(same);
+    memset(same, 0, sizeof *same);
+    layout_aux_first(f, same, "same", 2);
+    same->pool_id = register_tpool(f->c1, same);
+    kvf_room_key k2 = nh_join_pair(f->ch, 842, "n1", f->src.pool_id, 0, "n1", same->pool_id,
+                                   LEASE_PAGES, LEASE_PAGES, WAIT_MS);
+    nh_wait_node_knows(&f->n1, k2, f->src.pool_id, "n1", same->pool_id, LEASE_PAGES, WAIT_MS);
+    ch.sink_node = "n1";
+    ch.sink_pool = same->pool_id;
+    assert_int_equal(nh_submit(f->n1.local, k2, &ch, &st), KVF_GRPC_FAILED_PRECONDITION);
+    printf("  refused: %s\n", st.message);
+    assert_non_null(strstr(st.message, "made of other buffers"));
+    nh_abort_room(f->ch, k2, "test: other layout");
+    nh_wait_room_state(f->ch, k2, KVFENCE__V1__ROOM_STATE__ROOM_STATE_ABORTED, WAIT_MS);
+    tpool_check(same, 2, 0, 0, 1, 0, "same-node sink of another layout");
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -793,6 +855,7 @@ int main(void)
         cmocka_unit_test_setup_teardown(test_sglang_to_vllm_layout, setup, teardown),
         cmocka_unit_test_setup_teardown(test_page_larger_than_a_staging_buffer_refused, setup,
                                         teardown),
+        cmocka_unit_test_setup_teardown(test_other_layout_refused, setup, teardown),
     };
     return cmocka_run_group_tests_name("node_pools", tests, NULL, NULL);
 }

@@ -499,6 +499,10 @@ static void test_multi_buffers(void **state)
     assert_int_equal(st.writes, 2);
     assert_int_equal(st.write_bytes, 3u * 24 + 24);
 
+    /* Its layout: a fingerprint of its slots, 0 for one span a page. */
+    assert_int_equal(kvf_pool_layout(b[0]), 0);
+    assert_int_not_equal(kvf_pool_layout(pool), 0);
+
     /* Busy guards the pool, as any other; close closes the buffers. */
     assert_int_equal(kvf_pool_busy_get(pool), 0);
     assert_int_equal(kvf_pool_close(pool), -EBUSY);
@@ -520,6 +524,27 @@ static void test_multi_buffers_refused(void **state)
     /* The caller kept them: a pool of two, then no nesting. */
     struct kvf_pool *two[2] = {b[0], b[2]};
     assert_int_equal(kvf_pool_open_buffers(two, 2, &pool, &err), 0);
+    /* The same slots in the other order are another layout. */
+    struct kvf_pool *c[2];
+    assert_int_equal(kvf_pool_open_fake_device(g_name, MB_OFF2, 3072u * PAGE_COUNT, 3072,
+                                               PAGE_COUNT, &c[0], &err),
+                     0);
+    assert_int_equal(
+        kvf_pool_open_shm(g_name, 0, 1000u * PAGE_COUNT, 1000, PAGE_COUNT, &c[1], &err), 0);
+    struct kvf_pool *rev = NULL, *again = NULL;
+    assert_int_equal(kvf_pool_open_buffers(c, 2, &rev, &err), 0);
+    assert_int_not_equal(kvf_pool_layout(rev), kvf_pool_layout(pool));
+    assert_int_equal(kvf_pool_page_size(rev), kvf_pool_page_size(pool));
+    struct kvf_pool *d[2];
+    assert_int_equal(
+        kvf_pool_open_shm(g_name, 0, 1000u * PAGE_COUNT, 1000, PAGE_COUNT, &d[0], &err), 0);
+    assert_int_equal(kvf_pool_open_fake_device(g_name, MB_OFF2, 3072u * PAGE_COUNT, 3072,
+                                               PAGE_COUNT, &d[1], &err),
+                     0);
+    assert_int_equal(kvf_pool_open_buffers(d, 2, &again, &err), 0);
+    assert_int_equal(kvf_pool_layout(again), kvf_pool_layout(pool));
+    assert_int_equal(kvf_pool_close(rev), 0);
+    assert_int_equal(kvf_pool_close(again), 0);
     struct kvf_pool *nest[2] = {b[1], pool};
     assert_int_equal(kvf_pool_open_buffers(nest, 2, &pool, &err), -EINVAL);
     assert_string_equal(err.msg, "buffers[1]: a multi-buffer pool cannot nest");
