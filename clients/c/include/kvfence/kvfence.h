@@ -467,7 +467,9 @@ KVF_PUBLIC void kvf_fake_device_free(void *dev_ptr);
  * i of every buffer (bytes [i x page_size, (i + 1) x page_size) of buffer
  * b, with b's own page_size), so one lease and one chunk cover every layer.
  * A page travels as the buffers' slots in buffer order: source and sink
- * pools must list the same buffer sizes in the same order. The buffers may
+ * pools must list the same buffer sizes in the same order (the nodes refuse
+ * a chunk between two layouts, or fail its room before a byte lands). The
+ * buffers may
  * be of different kinds (CUDA KV buffers, a host aux buffer). */
 
 enum kvf_buffer_memory {
