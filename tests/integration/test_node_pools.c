@@ -342,6 +342,15 @@ static void test_fake_handle_needs_the_flag(void **state)
     assert_int_equal(rc, -KVF_GRPC_FAILED_PRECONDITION);
     assert_string_equal(msg, "cuda_ipc: this kvfence-node was built without CUDA");
 #endif
+    /* Host memory that is no fake is not exported: no CUDA runtime here
+     * (UNIMPLEMENTED), or the runtime says it is not device memory. */
+    uint64_t off = 0;
+    uint32_t dev = 0;
+    static uint8_t plain[64];
+    rc = pl_export(plain, &off, &dev, msg);
+    printf("  export of host memory: %d %s\n", rc, msg);
+    assert_true(rc == -KVF_GRPC_UNIMPLEMENTED || rc == -KVF_GRPC_INVALID_ARGUMENT);
+    assert_non_null(strstr(msg, "kvf_cuda_ipc_export"));
     /* Nothing registered: the next pool is pool 1. */
     struct tbuf *h = buf_add(f, &f->sink, "h", CUDA_PAGE, false, 0, 2);
     assert_int_equal(pl_register_shm(f->c1, h->name, h->map_len, CUDA_PAGE, PAGE_COUNT, &id, msg),
