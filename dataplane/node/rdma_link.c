@@ -615,6 +615,11 @@ static void link_tick(struct kvf_node *n)
 void node_rdma_add_pool(struct kvf_node *n, const struct node_pool *p)
 {
     struct node_rdma *rd = n->rdma;
+    if (rd && kvf_pool_kind(p->pool) == KVF_POOL_MULTI)
+        node_log("info", NULL,
+                 "pool %u: a multi-buffer pool is not registered for RDMA (one region per buffer "
+                 "is not done: docs/node.md, \"Pools\"): peers write it over TCP",
+                 p->id);
     if (!rd || rd->nlpools >= NODE_MAX_POOLS || kvf_pool_is_device(p->pool))
         return; /* device pools: no GPUDirect RDMA, their peers write over TCP */
     uint32_t rkey = 0;
