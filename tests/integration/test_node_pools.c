@@ -852,7 +852,7 @@ static void test_other_layout_refused(void **state)
     tpool_check(same, 2, 0, 0, 1, 0, "same-node sink of another layout");
 }
 
-static void test_multi_buffer_sink_with_rdma_on_goes_over_tcp(void **state)
+static void test_one_region_into_buffers_goes_over_tcp(void **state)
 {
     struct fx *f = *state;
     cp_start(f);
@@ -862,15 +862,17 @@ static void test_multi_buffer_sink_with_rdma_on_goes_over_tcp(void **state)
     node_start(f, &f->n1, &f->c1, "n1", a, 0);
     node_start(f, &f->n2, &f->c2, "n2", a, 0);
     nh_wait_log(&f->n1, "RDMA on: fake:", NULL, 1, WAIT_MS);
-    /* A host source of the sink's page size (RDMA-registered), a
-     * multi-buffer host sink (not: no region per buffer yet). */
+    /* A host source of the sink's page size (one RDMA region), a
+     * multi-buffer host sink (a region per buffer). */
     struct tbuf *s = buf_add(f, &f->src, "src", MB_PAGE, false, 0, 1);
     char msg[PL_MSG];
     if (pl_register_shm(f->c1, s->name, s->map_len, MB_PAGE, PAGE_COUNT, &f->src.pool_id, msg))
         fail_msg("kvf_register_pool_shm: %s", msg);
     layout(f, &f->sink, "sink", false, false, 2);
     f->sink.pool_id = register_tpool(f->c2, &f->sink);
-    nh_wait_log(&f->n2, "multi-buffer pool is not registered for RDMA", NULL, 1, WAIT_MS);
+    /* Its buffers are regions of their own, but a one-region source cannot
+     * write its pages into them in one span: TCP. */
+    nh_wait_log(&f->n2, "17 buffers registered for RDMA, one region each", NULL, 1, WAIT_MS);
     kvf_room_key k = room(f, 851, f->src.pool_id, f->sink.pool_id);
     transfer(f, k, f->src.pool_id, f->sink.pool_id);
     /* The single-buffer source sends page after page; every slot lands in
@@ -892,6 +894,157 @@ static void test_multi_buffer_sink_with_rdma_on_goes_over_tcp(void **state)
     expect_buffers_io(&f->n2, &f->sink, MB_FRAMES, 0, LEASE_PAGES);
 }
 
+/* One 16-page chunk n1 [s, +16) -> n2 [d, +16) that completes. */
+static void room16(struct fx *f, uint64_t id, uint32_t s, uint32_t d)
+{
+    kvf_room_key k =
+        nh_join_pair(f->ch, id, "n1", f->src.pool_id, s, "n2", f->sink.pool_id, d, 16, WAIT_MS);
+    nh_wait_node_knows(&f->n1, k, f->src.pool_id, "n2", f->sink.pool_id, d, WAIT_MS);
+    nh_wait_node_knows(&f->n2, k, f->src.pool_id, "n2", f->sink.pool_id, d, WAIT_MS);
+    struct nh_chunk ch = {.seq = 1,
+                          .source_pool = f->src.pool_id,
+                          .sink_node = "n2",
+                          .sink_pool = f->sink.pool_id,
+                          .n = 1,
+                          .sfirst = {s},
+                          .dfirst = {d},
+                          .count = {16},
+                          .last = true};
+    struct kvf_rpc_status st;
+    int code = nh_submit(f->n1.local, k, &ch, &st);
+    if (code != KVF_GRPC_OK)
+        fail_msg("SubmitChunk: %d %s", code, st.message);
+    nh_wait_room_state(f->ch, k, KVFENCE__V1__ROOM_STATE__ROOM_STATE_COMPLETED, WAIT_MS);
+}
+
+/* Two nodes with --rdma fake (n1 with a fault file), 17-buffer host pools
+ * registered on both (src on n1, sink on n2), each buffer its own region. */
+static void rdma_pair(struct fx *f, unsigned n1_flags)
+{
+    cp_start(f);
+    char fabric[64];
+    snprintf(fabric, sizeof fabric, "kvfq-%d-%u", (int)getpid(), n1_flags);
+    const char *a[] = {"--rdma", "fake", "--rdma-fabric", fabric, NULL};
+    node_start(f, &f->n1, &f->c1, "n1", a, n1_flags);
+    node_start(f, &f->n2, &f->c2, "n2", a, 0);
+    nh_wait_log(&f->n1, "RDMA on: fake:", NULL, 1, WAIT_MS);
+    layout(f, &f->src, "src", false, false, 1);
+    layout(f, &f->sink, "sink", false, false, 2);
+    f->src.pool_id = register_tpool(f->c1, &f->src);
+    f->sink.pool_id = register_tpool(f->c2, &f->sink);
+    nh_wait_log(&f->n1, "17 buffers registered for RDMA, one region each", NULL, 1, WAIT_MS);
+    nh_wait_log(&f->n2, "17 buffers registered for RDMA, one region each", NULL, 1, WAIT_MS);
+}
+
+static void rdma_warm_up(struct fx *f, struct nh_pool *h1p, struct nh_pool *h2p)
+{
+    /* A multi-buffer source cannot go over TCP without staging (and RDMA
+     * runs without): a room of two one-region pools opens the link. */
+    struct nh_pool h1, h2;
+    memset(&h1, 0, sizeof h1);
+    memset(&h2, 0, sizeof h2);
+    assert_int_equal(nh_pool_create(&h1, "pools-warm", "n1", 4096, 8, nh_canary1), 0);
+    assert_int_equal(nh_pool_create(&h2, "pools-warm", "n2", 4096, 8, nh_canary2), 0);
+    h1.pool_id = nh_register_pool(&f->n1, &h1);
+    h2.pool_id = nh_register_pool(&f->n2, &h2);
+    kvf_room_key w = nh_join_pair(f->ch, 860, "n1", h1.pool_id, 0, "n2", h2.pool_id, 4, 4, WAIT_MS);
+    nh_wait_node_knows(&f->n1, w, h1.pool_id, "n2", h2.pool_id, 4, WAIT_MS);
+    struct nh_chunk wc = {.seq = 1,
+                          .source_pool = h1.pool_id,
+                          .sink_node = "n2",
+                          .sink_pool = h2.pool_id,
+                          .n = 1,
+                          .sfirst = {0},
+                          .dfirst = {4},
+                          .count = {4},
+                          .last = true};
+    struct kvf_rpc_status st;
+    assert_int_equal(nh_submit(f->n1.local, w, &wc, &st), KVF_GRPC_OK);
+    nh_wait_room_state(f->ch, w, KVFENCE__V1__ROOM_STATE__ROOM_STATE_COMPLETED, WAIT_MS);
+    nh_wait_log(&f->n1, "up (initiator)", NULL, 1, WAIT_MS);
+    nh_wait_log(&f->n2, "up (acceptor)", NULL, 1, WAIT_MS);
+
+    *h1p = h1;
+    *h2p = h2;
+}
+
+static void test_multi_buffer_pools_over_rdma(void **state)
+{
+    struct fx *f = *state;
+    rdma_pair(f, 0);
+    struct nh_pool h1, h2;
+    rdma_warm_up(f, &h1, &h2);
+
+    /* With the link up, each chunk is one RDMA write per buffer into that
+     * buffer's own region: the sink's node scatters nothing. */
+    room16(f, 861, 0, LEASE_PAGES);
+    room16(f, 862, 16, LEASE_PAGES + 16);
+    tpool_check(&f->sink, 2, LEASE_PAGES, LEASE_PAGES, 1, 0, "sink");
+    tpool_check(&f->src, 1, 0, 0, 1, 0, "source");
+    expect_buffers_io(&f->n2, &f->sink, 0, 0, 0);
+    expect_buffers_io(&f->n1, &f->src, 0, 0, 0);
+    nh_pool_destroy(&h1);
+    nh_pool_destroy(&h2);
+}
+
+static void test_multi_buffer_abort_over_rdma_held(void **state)
+{
+    struct fx *f = *state;
+    rdma_pair(f, NH_FAULT_FILE);
+    struct nh_pool h1, h2;
+    rdma_warm_up(f, &h1, &h2);
+    nh_set_faults(&f->n1, "rdma_hold=1\n", WAIT_MS);
+    kvf_room_key k = nh_join_pair(f->ch, 871, "n1", f->src.pool_id, 0, "n2", f->sink.pool_id,
+                                  LEASE_PAGES, 16, WAIT_MS);
+    nh_wait_node_knows(&f->n1, k, f->src.pool_id, "n2", f->sink.pool_id, LEASE_PAGES, WAIT_MS);
+    struct nh_chunk ch = {.seq = 1,
+                          .source_pool = f->src.pool_id,
+                          .sink_node = "n2",
+                          .sink_pool = f->sink.pool_id,
+                          .n = 1,
+                          .sfirst = {0},
+                          .dfirst = {LEASE_PAGES},
+                          .count = {16},
+                          .last = true};
+    struct kvf_rpc_status st;
+    assert_int_equal(nh_submit(f->n1.local, k, &ch, &st), KVF_GRPC_OK);
+    nh_abort_room(f->ch, k, "test abort over rdma");
+    nh_wait_room_state(f->ch, k, KVFENCE__V1__ROOM_STATE__ROOM_STATE_ABORTING, WAIT_MS);
+    nh_wait_log(&f->n1, "abort notice", &k, 1, WAIT_MS);
+    /* 17 writes held at n1 (one per buffer): nothing may be released. */
+    unsigned released = 9, leases = 0;
+    (void)nh_room_state(f->ch, k, &released, NULL);
+    assert_int_equal(released, 0);
+    tpool_check(&f->sink, 2, 0, 0, 1, 0, "sink while held");
+
+    nh_set_faults(&f->n1, "rdma_hold=0\n", WAIT_MS);
+    nh_wait_room_state(f->ch, k, KVFENCE__V1__ROOM_STATE__ROOM_STATE_ABORTED, WAIT_MS);
+    assert_int_equal(nh_room_state(f->ch, k, &released, &leases),
+                     KVFENCE__V1__ROOM_STATE__ROOM_STATE_ABORTED);
+    assert_int_equal(released, 2);
+    /* The held writes went into the (still held) sink lease before the
+     * release; after it, not one byte of any buffer changes. */
+    static uint8_t snap[MB_BUFS][KV_SLOT * PAGE_COUNT];
+    for (uint32_t b = 0; b < f->sink.nbufs; b++)
+        memcpy(snap[b], f->sink.b[b].mem, (size_t)f->sink.b[b].page_size * PAGE_COUNT);
+    nh_sleep_ms(300);
+    for (uint32_t b = 0; b < f->sink.nbufs; b++) {
+        const struct tbuf *tb = &f->sink.b[b];
+        if (memcmp(snap[b], tb->mem, (size_t)tb->page_size * PAGE_COUNT) != 0)
+            fail_msg("buffer %u changed after the leases were RELEASED", b);
+        for (uint32_t pg = 0; pg < PAGE_COUNT; pg++)
+            for (uint32_t i = 0; i < tb->page_size; i++) {
+                uint8_t got = tb->mem[(size_t)pg * tb->page_size + i];
+                bool leased = pg >= LEASE_PAGES && pg < LEASE_PAGES + 16;
+                if (got != pat(2, b, pg, i) && !(leased && got == pat(1, b, pg - LEASE_PAGES, i)))
+                    fail_msg("buffer %u page %u byte %u: %u is neither canary nor copy", b, pg, i,
+                             got);
+            }
+    }
+    nh_pool_destroy(&h1);
+    nh_pool_destroy(&h2);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -905,8 +1058,10 @@ int main(void)
         cmocka_unit_test_setup_teardown(test_page_larger_than_a_staging_buffer_refused, setup,
                                         teardown),
         cmocka_unit_test_setup_teardown(test_other_layout_refused, setup, teardown),
-        cmocka_unit_test_setup_teardown(test_multi_buffer_sink_with_rdma_on_goes_over_tcp, setup,
+        cmocka_unit_test_setup_teardown(test_one_region_into_buffers_goes_over_tcp, setup,
                                         teardown),
+        cmocka_unit_test_setup_teardown(test_multi_buffer_pools_over_rdma, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_multi_buffer_abort_over_rdma_held, setup, teardown),
     };
     return cmocka_run_group_tests_name("node_pools", tests, NULL, NULL);
 }
