@@ -32,8 +32,10 @@ int node_rdma_start(struct kvf_node *n);
 void node_rdma_stop(struct kvf_node *n);
 
 /* A pool was registered / is being removed: its memory region (and the
- * announcement to the linked peers). Never fails the pool: a region that
- * cannot be registered only keeps RDMA away from it (logged). */
+ * announcement to the linked peers); a multi-buffer pool of host buffers
+ * gets one region per buffer (NODE_RDMA_SUB_ID), all or none. Never fails
+ * the pool: a region that cannot be registered only keeps RDMA away from it
+ * (logged). */
 void node_rdma_add_pool(struct kvf_node *n, const struct node_pool *p);
 void node_rdma_remove_pool(struct kvf_node *n, uint32_t pool_id);
 
