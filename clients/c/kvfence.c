@@ -17,6 +17,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "client_internal.h"
 #include "kvf_error.h"
 #include "kvf_fdpass.h"
 #include "kvf_pageset.h"
@@ -1161,6 +1162,35 @@ int kvf_register_pool_fd(kvf_node_client *n, int fd, const struct kvf_shm_pool *
                           "kvf_register_pool_fd: no fd socket at %s (a node older than it?)",
                           n->fd_socket);
     return rc;
+}
+
+/* For pools.c (client_internal.h). */
+int client_status(struct kvf_status *st, int code, const char *fmt, ...)
+{
+    if (st) {
+        st->code = code;
+        va_list ap;
+        va_start(ap, fmt);
+        vsnprintf(st->message, sizeof st->message, fmt, ap);
+        va_end(ap);
+    }
+    return -code;
+}
+
+int client_register_pool(kvf_node_client *n, Kvfence__V1__RegisterPoolRequest *req,
+                         uint32_t *pool_id_out, struct kvf_status *st)
+{
+    return register_pool(n, req, pool_id_out, st);
+}
+
+int client_hand_over(kvf_node_client *n, int fd, uint8_t *handle, struct kvf_status *st)
+{
+    struct kvf_error err;
+    kvf_error_clear(&err);
+    int rc = kvf_fdpass_send(n->fd_socket, fd, handle, &err);
+    if (rc == -ENOENT || rc == -ECONNREFUSED || rc == 0)
+        return rc;
+    return fdpass_status(st, rc, &err);
 }
 
 int kvf_unregister_pool(kvf_node_client *n, uint32_t pool_id, struct kvf_status *st)

@@ -26,9 +26,11 @@
  * ends the pair; the last chunk's aux bytes are kept with the pair and sent,
  * then the pair's TransferStatus, once its chunks completed.
  *
- * Device pools (CUDA IPC, or the tests' fake ones) are opened in devpool.c;
- * a chunk from one towards another node needs staging (its pages are copied
- * to a host buffer before TCP sends them), without it FAILED_PRECONDITION.
+ * Device pools (CUDA IPC, or the tests' fake ones) and multi-buffer pools
+ * are opened in devpool.c; a chunk from one towards another node needs
+ * staging (its pages are copied to a host buffer before TCP sends them: for
+ * a multi-buffer pool gathered from every buffer's slots), without it
+ * FAILED_PRECONDITION.
  * UnregisterPool is in pool_admin.c. A sink pool whose page size (RoomUpdate) differs from
  * the source pool's is refused.
  */
@@ -58,6 +60,7 @@
 #include "rdma_link.h"
 #include "tcp.h"
 #include "xport.h"
+#include "xport_registry.h"
 
 #define LOCAL_CQ_THREADS 2
 
@@ -144,8 +147,8 @@ static void register_pool_run(struct kvf_node *n, void *arg)
         }
     }
     p->id = n->next_pool_id;
-    p->page_size = req->page_size;
-    p->page_count = req->page_count;
+    p->page_size = kvf_pool_page_size(p->pool); /* of a multi-buffer pool: the sum */
+    p->page_count = kvf_pool_page_count(p->pool);
     p->rank = req->rank;
     rc = node_xport_add_pool(n, p); /* every transport, or none */
     if (rc != 0) {
@@ -155,9 +158,12 @@ static void register_pool_run(struct kvf_node *n, void *arg)
     }
     n->next_pool_id++;
     n->npools++;
+    char bufs[32];
+    snprintf(bufs, sizeof bufs, "(%zu buffers)", req->n_buffers);
     node_log("info", NULL, "pool %u registered: %s %s, %u pages of %u bytes, rank %u", p->id,
              node_devpool_kind_name(p),
-             req->memory_case == KVFENCE__V1__REGISTER_POOL_REQUEST__MEMORY_HOST_SHM
+             req->n_buffers > 0 ? bufs
+             : req->memory_case == KVFENCE__V1__REGISTER_POOL_REQUEST__MEMORY_HOST_SHM
                  ? req->host_shm->shm_name
              : req->memory_case == KVFENCE__V1__REGISTER_POOL_REQUEST__MEMORY_HOST_FD
                  ? "(a descriptor handed over)"
@@ -269,9 +275,19 @@ static struct node_chunk *chunk_new(struct node_room *r, const struct node_membe
                                     const Kvfence__V1__SubmitChunkRequest *req,
                                     const struct node_route *rt)
 {
-    /* RDMA: one slice per WR (its own lifetime op), at most KVF_RDMA_MAX_SLICE. */
+    /* RDMA: one slice per WR (its own lifetime op), at most KVF_RDMA_MAX_SLICE.
+     * From a multi-buffer pool one slice per buffer and run of pages (its
+     * slots are back to back in the buffer, and in the sink's buffer), the
+     * run bounded by the largest slot. */
     uint32_t frame_max = rt->kind == KVF_LT_OP_RDMA_WR ? KVF_RDMA_MAX_SLICE : NODE_FRAME_MAX;
-    uint32_t max_pages = frame_max / pool->page_size;
+    uint32_t nb = rt->kind == KVF_LT_OP_RDMA_WR ? kvf_pool_buffer_count(pool->pool) : 0;
+    uint32_t unit = pool->page_size;
+    for (uint32_t k = 0; k < nb; k++)
+        unit = k == 0 || kvf_pool_page_size(kvf_pool_buffer(pool->pool, k)) > unit
+                   ? kvf_pool_page_size(kvf_pool_buffer(pool->pool, k))
+                   : unit;
+    uint32_t per = nb ? nb : 1; /* frames per walk step */
+    uint32_t max_pages = frame_max / unit;
     if (max_pages == 0)
         max_pages = 1;
     struct walk w = {
@@ -279,7 +295,7 @@ static struct node_chunk *chunk_new(struct node_room *r, const struct node_membe
     uint32_t nframes = 0, a, b, c;
     struct walk w2 = w;
     while (walk_next(&w2, max_pages, &a, &b, &c))
-        nframes++;
+        nframes += per;
     struct node_chunk *ch = calloc(1, sizeof *ch + nframes * sizeof(struct node_frame));
     if (!ch)
         return NULL;
@@ -289,25 +305,36 @@ static struct node_chunk *chunk_new(struct node_room *r, const struct node_membe
     ch->sink_local = sink->local;
     ch->seq = req->chunk_seq;
     ch->nframes = nframes;
-    for (uint32_t i = 0; i < nframes && walk_next(&w, max_pages, &a, &b, &c); i++) {
-        struct node_frame *f = &ch->frames[i];
-        f->chunk = ch;
-        f->t = rt->t;
-        f->kind = rt->kind;
-        f->src = pool->base + (uint64_t)a * pool->page_size;
-        if (node_devpool_is(pool)) { /* staged through kvf_pool_read (xport.c) */
-            f->src_dev = pool->pool;
-            f->src_offset = (uint64_t)a * pool->page_size;
+    for (uint32_t i = 0; i < nframes && walk_next(&w, max_pages, &a, &b, &c); i += per) {
+        for (uint32_t k = 0; k < per; k++) {
+            struct node_frame *f = &ch->frames[i + k];
+            f->chunk = ch;
+            f->t = rt->t;
+            f->kind = rt->kind;
+            struct kvf_xfer *x = &f->x;
+            x->peer = rt->peer;
+            x->room = r->key;
+            x->first_page = b;
+            x->page_count = c;
+            x->offset = 0;
+            x->layout = kvf_pool_layout(pool->pool); /* the sink refuses another layout (tcp.h) */
+            if (nb) { /* buffer k's slots of pages [a, a + c), read by the NIC itself */
+                const struct kvf_pool *buf = kvf_pool_buffer(pool->pool, k);
+                f->src = (uint8_t *)kvf_pool_page(buf, a);
+                x->src = f->src;
+                x->len = (uint64_t)c * kvf_pool_page_size(buf);
+                x->sink_pool = NODE_RDMA_SUB_ID(sink->pool_id, k);
+                continue;
+            }
+            f->src = pool->base + (uint64_t)a * pool->page_size;
+            if (node_devpool_is(pool)) { /* staged through kvf_pool_read (xport.c) */
+                f->src_dev = pool->pool;
+                f->src_offset = (uint64_t)a * pool->page_size;
+            }
+            x->src = f->src;
+            x->len = (uint64_t)c * pool->page_size;
+            x->sink_pool = sink->pool_id;
         }
-        struct kvf_xfer *x = &f->x;
-        x->peer = rt->peer;
-        x->room = r->key;
-        x->src = f->src;
-        x->len = (uint64_t)c * pool->page_size;
-        x->sink_pool = sink->pool_id;
-        x->first_page = b;
-        x->page_count = c;
-        x->offset = 0;
     }
     return ch;
 }
@@ -454,19 +481,62 @@ int node_submit_chunk(struct kvf_node *n, const Kvfence__V1__SubmitChunkRequest 
                pool->page_size, sink->pool_id, sink->page_size);
         return o->code;
     }
+    /* Same page size, other buffers: the pages would land scrambled. A
+     * sink on this node is checked here; another node refuses the frames
+     * (the TCP header carries the source's layout, tcp.h). */
+    const struct node_pool *sink_pool = sink->local ? node_pool_find(n, sink->pool_id) : NULL;
+    if (sink_pool && kvf_pool_layout(pool->pool) && kvf_pool_layout(sink_pool->pool) &&
+        kvf_pool_layout(pool->pool) != kvf_pool_layout(sink_pool->pool)) {
+        refuse(o, -EPROTO,
+               "page_size: source pool %u and sink pool %u have %u-byte pages made of other "
+               "buffers (slot sizes or their order differ)",
+               pool->id, sink_pool->id, pool->page_size);
+        return o->code;
+    }
     struct node_route rt;
     char why[96];
     if (node_xport_route(n, sink, &rt, why, sizeof why) != 0) {
         refuse(o, -EPROTO, "no transport to the sink node %s (%s)", sink->node_id, why);
         return o->code;
     }
+    /* A multi-buffer pool of host buffers goes over RDMA to a sink with a
+     * region per buffer of the same layout (rdma_link.h), never to a sink
+     * pool of one region (its slots are not one span); else over TCP. */
+    bool rdma_bufs = false;
+    if (!sink->local && kvf_pool_kind(pool->pool) == KVF_POOL_MULTI) {
+        struct node_route rb;
+        if (!node_xport_staging(n) &&
+            node_rdma_route_buffers(n, rt.peer, sink->pool_id, pool->pool, &rb)) {
+            rt = rb;
+            rdma_bufs = true;
+        } else if (rt.kind == KVF_LT_OP_RDMA_WR) {
+            uint32_t peer = rt.peer;
+            if (node_xport_tcp_class.route(n, peer, sink, &rt, why, sizeof why) <= 0) {
+                refuse(o, -EPROTO, "no transport to the sink node %s (%s)", sink->node_id, why);
+                return o->code;
+            }
+            rt.cls = &node_xport_tcp_class;
+        }
+    }
     /* Device pages reach another node only through a staging buffer (a
      * same-node copy reads them through the pool itself: local.h). */
-    if (node_devpool_is(pool) && rt.kind != KVF_LT_OP_CUDA_COPY && !node_xport_staging(n)) {
+    if (node_devpool_is(pool) && rt.kind != KVF_LT_OP_CUDA_COPY && !rdma_bufs &&
+        !node_xport_staging(n)) {
         refuse(o, -EPROTO,
-               "source pool %u: device pool %u needs --staging cuda (this node runs --staging "
-               "none)",
-               pool->id, pool->id);
+               "source pool %u: %s pool %u needs --staging cuda or host (this node runs "
+               "--staging none)",
+               pool->id, kvf_pool_kind(pool->pool) == KVF_POOL_MULTI ? "multi-buffer" : "device",
+               pool->id);
+        return o->code;
+    }
+    /* A staged frame is copied into one staging buffer (NODE_FRAME_MAX): a
+     * page must fit it (frames carry whole pages). Many-layer multi-buffer
+     * pools reach that size. */
+    if (node_xport_staging(n) && pool->page_size > NODE_FRAME_MAX) {
+        refuse(o, -EPROTO,
+               "page_size: source pool %u has %u-byte pages, more than a staging buffer (%u "
+               "bytes)",
+               pool->id, pool->page_size, NODE_FRAME_MAX);
         return o->code;
     }
     struct node_chunk *ch = chunk_new(r, src, sink, pool, req, &rt);
@@ -694,7 +764,10 @@ static void h_register_pool(void *ctx, struct kvf_rpc_call *call, const uint8_t 
     }
     const char *why = NULL;
     int code = KVF_GRPC_INVALID_ARGUMENT;
-    if (r->memory_case == KVFENCE__V1__REGISTER_POOL_REQUEST__MEMORY_CUDA_IPC) {
+    char bwhy[200];
+    if (r->n_buffers > 0) {
+        why = node_devpool_check_buffers(r, bwhy, sizeof bwhy); /* opened on the owner thread */
+    } else if (r->memory_case == KVFENCE__V1__REGISTER_POOL_REQUEST__MEMORY_CUDA_IPC) {
         why = node_devpool_check_cuda_request(r); /* opened on the owner thread (devpool.c) */
     } else if (r->memory_case == KVFENCE__V1__REGISTER_POOL_REQUEST__MEMORY_HOST_FD) {
         if (r->page_size == 0 || r->page_count == 0)

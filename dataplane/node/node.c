@@ -1287,10 +1287,16 @@ static void on_frame(struct kvf_node *n, void *arg)
             node_member_landed(n, r, m, fe->first_page, fe->page_count, fe->bytes);
         } else {
             m->failed = true;
-            char why[NODE_ID_MAX + 96];
-            snprintf(why, sizeof why, "tcp receive from %s cut: %s",
-                     fe->peer < n->npeers ? n->peers[fe->peer].node_id : "?",
-                     strerror(-fe->status));
+            char why[NODE_ID_MAX + 128];
+            if (fe->status == -EPROTO) /* tcp.h: another buffer layout */
+                snprintf(why, sizeof why,
+                         "tcp frame from %s refused: its pool's buffer layout differs from sink "
+                         "pool %u's (same page size, other slots)",
+                         fe->peer < n->npeers ? n->peers[fe->peer].node_id : "?", fe->pool_id);
+            else
+                snprintf(why, sizeof why, "tcp receive from %s cut: %s",
+                         fe->peer < n->npeers ? n->peers[fe->peer].node_id : "?",
+                         strerror(-fe->status));
             node_session_send_transfer_failed(n, r, m->rank, m->role, why);
         }
     }

@@ -128,8 +128,10 @@ struct squeue {
 };
 
 struct lpool {
-    uint32_t id;
+    uint32_t id; /* a pool's, or NODE_RDMA_SUB_ID of a buffer of a multi-buffer pool */
     uint32_t rkey;
+    uint32_t parent; /* the multi-buffer pool of a buffer's region; 0: a pool's own */
+    uint32_t buf;    /* its buffer index */
 };
 
 struct node_rdma {
@@ -379,16 +381,40 @@ static void pool_wire(const struct node_pool *p, uint32_t rkey, Kvfence__V1__Poo
     pv->rkey = rkey;
 }
 
+/* Buffer `b` of multi-buffer pool `p` as a write target of its own: id
+ * NODE_RDMA_SUB_ID, the buffer's slot size and address (docs/node.md,
+ * "Pools": one region per buffer). */
+static void buffer_wire(const struct node_pool *p, uint32_t b, uint32_t rkey, Kvfence__V1__Pool *pv)
+{
+    const struct kvf_pool *buf = kvf_pool_buffer(p->pool, b);
+    node_pool_to_wire(p, pv);
+    pv->pool_id = NODE_RDMA_SUB_ID(p->id, b);
+    pv->page_size = kvf_pool_page_size(buf);
+    pv->base_addr = (uint64_t)(uintptr_t)kvf_pool_page(buf, 0);
+    pv->rkey = rkey;
+    pv->pool_key = (char *)""; /* the parent's key names the parent */
+}
+
+/* Region `l` of pool `p` in wire form. */
+static void lpool_wire(const struct node_pool *p, const struct lpool *l, Kvfence__V1__Pool *pv)
+{
+    if (l->parent)
+        buffer_wire(p, l->buf, l->rkey, pv);
+    else
+        pool_wire(p, l->rkey, pv);
+}
+
 /* Our pools as write targets (base address and rkey). */
 static size_t pools_wire(struct kvf_node *n, Kvfence__V1__Pool *pv, Kvfence__V1__Pool **pp)
 {
     struct node_rdma *rd = n->rdma;
     size_t k = 0;
     for (uint32_t i = 0; i < rd->nlpools; i++) {
-        const struct node_pool *p = node_pool_find(n, rd->lpools[i].id);
+        const struct lpool *l = &rd->lpools[i];
+        const struct node_pool *p = node_pool_find(n, l->parent ? l->parent : l->id);
         if (!p)
             continue;
-        pool_wire(p, rd->lpools[i].rkey, &pv[k]);
+        lpool_wire(p, l, &pv[k]);
         pp[k] = &pv[k];
         k++;
     }
@@ -516,8 +542,9 @@ static void links_check(struct kvf_node *n)
     }
 }
 
-/* LinkPools to every live link: one pool upserted, or removed. */
-static void announce_pool(struct kvf_node *n, const struct node_pool *p, uint32_t rkey,
+/* LinkPools to every live link: region `l` of pool `p` upserted, or
+ * `removed_id` removed (p NULL). The pool may not be in the registry yet. */
+static void announce_pool(struct kvf_node *n, const struct node_pool *p, const struct lpool *l,
                           uint32_t removed_id)
 {
     struct node_rdma *rd = n->rdma;
@@ -525,7 +552,7 @@ static void announce_pool(struct kvf_node *n, const struct node_pool *p, uint32_
     Kvfence__V1__Pool *pp = &pv;
     Kvfence__V1__LinkPools lp = KVFENCE__V1__LINK_POOLS__INIT;
     if (p) {
-        pool_wire(p, rkey, &pv);
+        lpool_wire(p, l, &pv);
         lp.n_upserted = 1;
         lp.upserted = &pp;
     } else {
@@ -541,7 +568,7 @@ static void announce_pool(struct kvf_node *n, const struct node_pool *p, uint32_
         int rc = link_send(n, i, &m);
         if (rc != 0)
             node_log("warn", NULL, "rdma link to %s: pool %u change not sent: %s",
-                     n->peers[i].node_id, p ? p->id : removed_id, strerror(-rc));
+                     n->peers[i].node_id, p ? pv.pool_id : removed_id, strerror(-rc));
     }
 }
 
@@ -613,9 +640,57 @@ static void link_tick(struct kvf_node *n)
 
 /* ---- pools ----------------------------------------------------------------------- */
 
+/* A multi-buffer pool whose buffers are all host memory: one region per
+ * buffer, each announced as a pool of its own (NODE_RDMA_SUB_ID). All or
+ * none: a refusal leaves the pool to TCP. */
+static void add_buffers(struct kvf_node *n, const struct node_pool *p)
+{
+    struct node_rdma *rd = n->rdma;
+    uint32_t nb = kvf_pool_buffer_count(p->pool);
+    const char *why = NULL;
+    for (uint32_t b = 0; b < nb && !why; b++)
+        if (kvf_pool_kind(kvf_pool_buffer(p->pool, b)) != KVF_POOL_HOST_SHM)
+            why = "a buffer is device memory (GPUDirect is not done)";
+    if (!why && (p->id >= NODE_RDMA_SUB_POOL_LIMIT || nb > NODE_RDMA_SUB_BUFFERS))
+        why = "its id or buffer count is beyond the region ids";
+    if (!why && rd->nlpools + nb > NODE_MAX_POOLS)
+        why = "too many regions";
+    uint32_t added = 0;
+    int rc = 0;
+    for (; !why && added < nb; added++) {
+        const struct kvf_pool *buf = kvf_pool_buffer(p->pool, added);
+        uint32_t rkey = 0;
+        rc = kvf_transport_rdma_add_pool(rd->t, NODE_RDMA_SUB_ID(p->id, added),
+                                         kvf_pool_page(buf, 0), kvf_pool_page_size(buf),
+                                         kvf_pool_page_count(buf), &rkey);
+        if (rc != 0)
+            why = strerror(-rc);
+        else
+            rd->lpools[rd->nlpools + added] =
+                (struct lpool){NODE_RDMA_SUB_ID(p->id, added), rkey, p->id, added};
+    }
+    if (why) {
+        for (uint32_t b = 0; rc != 0 && b + 1 < added; b++)
+            (void)kvf_transport_rdma_remove_pool(rd->t, NODE_RDMA_SUB_ID(p->id, b));
+        node_log("info", NULL,
+                 "pool %u: the multi-buffer pool is not registered for RDMA (%s): peers write it "
+                 "over TCP",
+                 p->id, why);
+        return;
+    }
+    for (uint32_t b = 0; b < nb; b++)
+        announce_pool(n, p, &rd->lpools[rd->nlpools + b], 0);
+    rd->nlpools += nb;
+    node_log("info", NULL, "pool %u: %u buffers registered for RDMA, one region each", p->id, nb);
+}
+
 void node_rdma_add_pool(struct kvf_node *n, const struct node_pool *p)
 {
     struct node_rdma *rd = n->rdma;
+    if (rd && kvf_pool_kind(p->pool) == KVF_POOL_MULTI) {
+        add_buffers(n, p);
+        return;
+    }
     if (!rd || rd->nlpools >= NODE_MAX_POOLS || kvf_pool_is_device(p->pool))
         return; /* device pools: no GPUDirect RDMA, their peers write over TCP */
     uint32_t rkey = 0;
@@ -625,8 +700,9 @@ void node_rdma_add_pool(struct kvf_node *n, const struct node_pool *p)
                  p->id, strerror(-rc));
         return;
     }
-    rd->lpools[rd->nlpools++] = (struct lpool){p->id, rkey};
-    announce_pool(n, p, rkey, 0);
+    rd->lpools[rd->nlpools] = (struct lpool){p->id, rkey, 0, 0};
+    announce_pool(n, p, &rd->lpools[rd->nlpools], 0);
+    rd->nlpools++;
 }
 
 void node_rdma_remove_pool(struct kvf_node *n, uint32_t pool_id)
@@ -634,17 +710,19 @@ void node_rdma_remove_pool(struct kvf_node *n, uint32_t pool_id)
     struct node_rdma *rd = n->rdma;
     if (!rd)
         return;
-    for (uint32_t i = 0; i < rd->nlpools; i++) {
-        if (rd->lpools[i].id != pool_id)
+    for (uint32_t i = 0; i < rd->nlpools;) {
+        if (rd->lpools[i].id != pool_id && rd->lpools[i].parent != pool_id) {
+            i++;
             continue;
+        }
         /* Its lifetimes drained (pool_admin.c): no WR reads from it, and the
          * peers' writes into it are refused once its region is gone. */
-        int rc = kvf_transport_rdma_remove_pool(rd->t, pool_id);
+        uint32_t id = rd->lpools[i].id;
+        int rc = kvf_transport_rdma_remove_pool(rd->t, id);
         if (rc != 0)
-            node_log("error", NULL, "pool %u: RDMA region not removed: %s", pool_id, strerror(-rc));
+            node_log("error", NULL, "pool %u: RDMA region not removed: %s", id, strerror(-rc));
         rd->lpools[i] = rd->lpools[--rd->nlpools];
-        announce_pool(n, NULL, 0, pool_id);
-        return;
+        announce_pool(n, NULL, NULL, id);
     }
 }
 
@@ -849,8 +927,8 @@ void node_rdma_link_msg(struct kvf_node *n, const struct node_peer_msg *pm)
 
 /* ---- route, post, poll ---------------------------------------------------------------- */
 
-bool node_rdma_route(struct kvf_node *n, uint32_t peer, const struct node_member *sink,
-                     struct node_route *rt)
+/* The link to `peer` is up; if there is none yet, a hello starts it. */
+static bool link_ready(struct kvf_node *n, uint32_t peer)
 {
     struct node_rdma *rd = n->rdma;
     struct node_peer *pe = &n->peers[peer];
@@ -872,8 +950,17 @@ bool node_rdma_route(struct kvf_node *n, uint32_t peer, const struct node_member
                      strerror(-rc));
         }
     }
-    if (L->st != RL_UP)
+    return L->st == RL_UP;
+}
+
+bool node_rdma_route(struct kvf_node *n, uint32_t peer, const struct node_member *sink,
+                     struct node_route *rt)
+{
+    if (!link_ready(n, peer))
         return false;
+    struct node_rdma *rd = n->rdma;
+    struct node_peer *pe = &n->peers[peer];
+    struct rlink *L = &rd->links[peer];
     const struct rpool *rp = rpool_find(L, sink->pool_id);
     if (!rp)
         return false;
@@ -886,6 +973,26 @@ bool node_rdma_route(struct kvf_node *n, uint32_t peer, const struct node_member
         return false;
     }
     *rt = (struct node_route){rd->t, peer, KVF_LT_OP_RDMA_WR, NULL};
+    return true;
+}
+
+bool node_rdma_route_buffers(struct kvf_node *n, uint32_t peer, uint32_t sink_pool_id,
+                             const struct kvf_pool *src, struct node_route *rt)
+{
+    uint32_t nb = kvf_pool_buffer_count(src);
+    if (nb == 0 || nb > NODE_RDMA_SUB_BUFFERS || sink_pool_id >= NODE_RDMA_SUB_POOL_LIMIT ||
+        !link_ready(n, peer))
+        return false;
+    const struct rlink *L = &n->rdma->links[peer];
+    for (uint32_t b = 0; b < nb; b++) {
+        const struct rpool *rp = rpool_find(L, NODE_RDMA_SUB_ID(sink_pool_id, b));
+        uint32_t ps = kvf_pool_page_size(kvf_pool_buffer(src, b));
+        if (!rp || rp->page_size != ps || ps > KVF_RDMA_MAX_SLICE)
+            return false;
+    }
+    if (nb < NODE_RDMA_SUB_BUFFERS && rpool_find(L, NODE_RDMA_SUB_ID(sink_pool_id, nb)))
+        return false; /* the sink has more buffers: another layout */
+    *rt = (struct node_route){n->rdma->t, peer, KVF_LT_OP_RDMA_WR, &node_xport_rdma_class};
     return true;
 }
 
@@ -1144,6 +1251,10 @@ int node_rdma_send_notice(struct kvf_node *n, struct node_chunk *ch)
     for (uint32_t i = 0; i < ch->nframes; i++) {
         const struct kvf_xfer *x = &ch->frames[i].x;
         len += x->len;
+        /* A multi-buffer pool's slices: one per buffer and run of pages;
+         * buffer 0's name the pages (node_rdma_route_buffers). */
+        if (NODE_RDMA_IS_SUB(x->sink_pool) && NODE_RDMA_SUB_BUF(x->sink_pool) != 0)
+            continue;
         if (nr && rv[nr - 1].first + rv[nr - 1].count == x->first_page) {
             rv[nr - 1].count += x->page_count;
             continue;
@@ -1160,7 +1271,7 @@ int node_rdma_send_notice(struct kvf_node *n, struct node_chunk *ch)
     cn.source_rank = ch->src_rank;
     cn.sink_rank = ch->sink_rank;
     cn.chunk_seq = ch->seq;
-    cn.sink_pool_id = ch->nframes ? ch->frames[0].x.sink_pool : 0;
+    cn.sink_pool_id = ch->nframes ? NODE_RDMA_SUB_PARENT(ch->frames[0].x.sink_pool) : 0;
     cn.n_sink_ranges = nr;
     cn.sink_ranges = rp;
     cn.length = len;

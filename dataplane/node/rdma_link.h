@@ -32,8 +32,10 @@ int node_rdma_start(struct kvf_node *n);
 void node_rdma_stop(struct kvf_node *n);
 
 /* A pool was registered / is being removed: its memory region (and the
- * announcement to the linked peers). Never fails the pool: a region that
- * cannot be registered only keeps RDMA away from it (logged). */
+ * announcement to the linked peers); a multi-buffer pool of host buffers
+ * gets one region per buffer (NODE_RDMA_SUB_ID), all or none. Never fails
+ * the pool: a region that cannot be registered only keeps RDMA away from it
+ * (logged). */
 void node_rdma_add_pool(struct kvf_node *n, const struct node_pool *p);
 void node_rdma_remove_pool(struct kvf_node *n, uint32_t pool_id);
 
@@ -42,6 +44,25 @@ void node_rdma_remove_pool(struct kvf_node *n, uint32_t pool_id);
  * otherwise starts the link when it can and answers false (TCP). */
 bool node_rdma_route(struct kvf_node *n, uint32_t peer, const struct node_member *sink,
                      struct node_route *rt);
+
+/* A buffer of a multi-buffer pool is an RDMA region of its own (docs/node.md,
+ * "Pools"), named in LinkPools and in the WRs by this id: bit 31 set, the
+ * buffer index in bits 20..29, the pool's id below (pools with an id below
+ * NODE_RDMA_SUB_POOL_LIMIT only). */
+#define NODE_RDMA_SUB_POOL_LIMIT (1u << 20)
+#define NODE_RDMA_SUB_BUFFERS    1024u
+#define NODE_RDMA_SUB_ID(id, b)  (0x80000000u | ((uint32_t)(b) << 20) | (uint32_t)(id))
+#define NODE_RDMA_IS_SUB(id)     (((id)&0x80000000u) != 0)
+#define NODE_RDMA_SUB_PARENT(id) (NODE_RDMA_IS_SUB(id) ? (id)&0xfffffu : (id))
+#define NODE_RDMA_SUB_BUF(id)    (((id) >> 20) & 0x3ffu)
+
+/* Route of a chunk from multi-buffer pool `src` to pool `sink_pool_id` of
+ * peer `peer`: true (RDMA, one WR per buffer and run of pages) when the link
+ * is up and the peer announced a region for each buffer of its pool with
+ * the same slot sizes, no more, each slot at most an RDMA slice; else false
+ * (TCP, which checks the layout itself). */
+bool node_rdma_route_buffers(struct kvf_node *n, uint32_t peer, uint32_t sink_pool_id,
+                             const struct kvf_pool *src, struct node_route *rt);
 
 /* Queues the slices of `ch` (kind RDMA_WR, all filled in) and posts what
  * the queue pairs take; each slice is admitted right before its post. */

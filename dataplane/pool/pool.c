@@ -15,6 +15,9 @@
  * node reaches its bytes only through kvf_pool_read/kvf_pool_write, as it
  * must for CUDA memory; those count every copy so tests can see the path.
  *
+ * Multi-buffer pools (KVF_POOL_MULTI) are pool_multi.c's; their copies come
+ * through pool_io here, which hands them over after the range check.
+ *
  * DESIGN: see pool.h. The only mutable field after open is `busy`, an atomic
  * word whose bit 63 (POOL_CLOSING) is set by close with one CAS from exactly 0,
  * so close and busy_get never both succeed on one pool.
@@ -194,6 +197,9 @@ int kvf_pool_close(struct kvf_pool *pool)
     case KVF_POOL_CUDA_IPC:
         pool_cuda_unmap(pool);
         break;
+    case KVF_POOL_MULTI:
+        pool_multi_unmap(pool);
+        break;
     }
     free(pool);
     return 0;
@@ -236,10 +242,43 @@ static int pool_io(struct kvf_pool *pool, uint64_t offset, void *host_dst, const
     void *dst = to_pool ? at : host_dst;
     const void *src = to_pool ? host_src : at;
     int rc = 0;
-    if (pool->kind == KVF_POOL_CUDA_IPC)
+    if (pool->kind == KVF_POOL_MULTI) /* never written from when to_pool */
+        rc = pool_multi_io(pool, offset, to_pool ? (uint8_t *)(uintptr_t)host_src : host_dst, len,
+                           to_pool);
+    else if (pool->kind == KVF_POOL_CUDA_IPC)
         rc = pool_cuda_copy(pool, dst, src, len, to_pool);
     else
         memcpy(dst, src, len);
+    if (rc == 0) {
+        atomic_fetch_add_explicit(to_pool ? &pool->io_writes : &pool->io_reads, 1,
+                                  memory_order_relaxed);
+        atomic_fetch_add_explicit(to_pool ? &pool->io_write_bytes : &pool->io_read_bytes, len,
+                                  memory_order_relaxed);
+    }
+    return rc;
+}
+
+int pool_io_2d(struct kvf_pool *pool, uint64_t offset, uint8_t *host, size_t host_pitch,
+               size_t width, size_t rows, bool to_pool)
+{
+    uint64_t len = (uint64_t)width * rows;
+    if (pool->kind == KVF_POOL_MULTI || !io_in_range(pool, offset, (size_t)len))
+        return -ERANGE;
+    if (len == 0)
+        return 0;
+    uint8_t *at = pool->base + offset;
+    int rc = 0;
+    if (pool->kind == KVF_POOL_CUDA_IPC) {
+        rc = to_pool ? pool_cuda_copy_2d(pool, at, width, host, host_pitch, width, rows, true)
+                     : pool_cuda_copy_2d(pool, host, host_pitch, at, width, width, rows, false);
+    } else {
+        for (size_t r = 0; r < rows; r++) {
+            if (to_pool)
+                memcpy(at + r * width, host + r * host_pitch, width);
+            else
+                memcpy(host + r * host_pitch, at + r * width, width);
+        }
+    }
     if (rc == 0) {
         atomic_fetch_add_explicit(to_pool ? &pool->io_writes : &pool->io_reads, 1,
                                   memory_order_relaxed);
@@ -261,7 +300,8 @@ int kvf_pool_read(struct kvf_pool *pool, uint64_t offset, void *dst, size_t len)
 
 bool kvf_pool_is_device(const struct kvf_pool *pool)
 {
-    return pool->kind == KVF_POOL_CUDA_IPC || pool->kind == KVF_POOL_FAKE_DEVICE;
+    return pool->kind == KVF_POOL_CUDA_IPC || pool->kind == KVF_POOL_FAKE_DEVICE ||
+           pool->kind == KVF_POOL_MULTI;
 }
 
 void kvf_pool_io_stats(const struct kvf_pool *pool, struct kvf_pool_io_stats *out)

@@ -42,7 +42,15 @@ enum kvf_pool_kind {
      * kvf_pool_write may dereference them, so the device data path runs (and
      * is counted) on a machine without a GPU. */
     KVF_POOL_FAKE_DEVICE = 3,
+    /* Several buffers (each a pool of one of the kinds above) with one page
+     * geometry: page i is slot i of every buffer (kvf_pool_open_buffers). Its
+     * page addresses name a reserved, inaccessible range: unique, but never
+     * to dereference; its bytes move only through kvf_pool_read/write. */
+    KVF_POOL_MULTI = 4,
 };
+
+/* Buffers of one multi-buffer pool, at most. */
+#define KVF_POOL_MAX_BUFFERS 1024u
 
 /* Size of a cudaIpcMemHandle_t (node.proto CudaIpcMemory.ipc_handle). */
 #define KVF_POOL_CUDA_IPC_HANDLE_SIZE 64u
@@ -101,6 +109,33 @@ int kvf_pool_open_fake_device(const char *name, uint64_t offset, uint64_t size, 
                               uint32_t page_count, struct kvf_pool **pool_p, struct kvf_error *err);
 
 /*
+ * Makes the `nbufs` open pools `bufs` (1 .. KVF_POOL_MAX_BUFFERS, none of
+ * them KVF_POOL_MULTI, all with the same page_count) one pool of kind
+ * KVF_POOL_MULTI: its page_size is the sum of theirs, and byte `o` of its
+ * page i is byte `o - at(b)` of buffer b's page i, where at(b) is the sum of
+ * the page sizes of the buffers before b (a page is their slots in buffer
+ * order). On success the pool owns the buffers (kvf_pool_close closes them);
+ * on error the caller keeps them. -EINVAL (a message naming "buffers[i]":
+ * another page_count, a nested multi-buffer pool, page sizes whose sum
+ * exceeds UINT32_MAX, a count out of range), -ENOMEM. Control thread.
+ */
+int kvf_pool_open_buffers(struct kvf_pool *const *bufs, uint32_t nbufs, struct kvf_pool **pool_p,
+                          struct kvf_error *err);
+
+/* Buffers of a KVF_POOL_MULTI pool; 0 for any other kind. Any thread. */
+uint32_t kvf_pool_buffer_count(const struct kvf_pool *pool);
+
+/* Buffer `i` of a KVF_POOL_MULTI pool (owned by it), or NULL. Any thread. */
+struct kvf_pool *kvf_pool_buffer(const struct kvf_pool *pool, uint32_t i);
+
+/* The page layout of a KVF_POOL_MULTI pool as a 32-bit fingerprint of its
+ * buffer count and slot sizes in order (FNV-1a, never 0); 0 for any other
+ * pool (one span a page: any layout can land in it). Two multi-buffer pools
+ * with the same page size but other slots would scramble each other's
+ * pages: the node refuses such a transfer by comparing these. Any thread. */
+uint32_t kvf_pool_layout(const struct kvf_pool *pool);
+
+/*
  * Unmaps the pool (munmap, or cudaIpcCloseMemHandle) and frees it. Call only
  * when no room's lifetime can touch its pages any more (see the top of this
  * file); -EBUSY (and nothing changes) while its busy count is above zero.
@@ -123,7 +158,10 @@ int kvf_pool_check_range(const struct kvf_pool *pool, uint32_t first, uint64_t o
  * between host memory and bytes [offset, offset + len) from the start of page
  * 0, synchronously (the bytes have landed, or were read, when they return).
  * HOST_SHM and FAKE_DEVICE: memcpy; CUDA_IPC: cudaMemcpy on the pool's device
- * (the calling thread's current device is set to it). `src`/`dst` are host
+ * (the calling thread's current device is set to it); MULTI: each page's
+ * bytes are scattered to (gathered from) the buffers' slots, one strided
+ * copy per buffer for a run of whole pages (cudaMemcpy2D for a CUDA
+ * buffer), and each buffer counts its own copies too. `src`/`dst` are host
  * memory. 0, -ERANGE (outside the pool; nothing copied), or -EIO (the CUDA
  * runtime failed; the range may hold a partial copy). Any thread, on an open
  * pool that the caller holds busy (or otherwise keeps open).
@@ -131,8 +169,9 @@ int kvf_pool_check_range(const struct kvf_pool *pool, uint32_t first, uint64_t o
 int kvf_pool_write(struct kvf_pool *pool, uint64_t offset, const void *src, size_t len);
 int kvf_pool_read(struct kvf_pool *pool, uint64_t offset, void *dst, size_t len);
 
-/* True for a pool whose pages the node must not dereference: CUDA_IPC and
- * FAKE_DEVICE. Any thread. */
+/* True for a pool whose pages the node must not dereference: CUDA_IPC,
+ * FAKE_DEVICE and MULTI (a multi-buffer page is no one span of memory, even
+ * when every buffer is host memory). Any thread. */
 bool kvf_pool_is_device(const struct kvf_pool *pool);
 
 /* Copies done by kvf_pool_write / kvf_pool_read since open (every kind):

@@ -94,3 +94,18 @@ int pool_cuda_copy(struct kvf_pool *pool, void *dst, const void *src, size_t len
     }
     return 0;
 }
+
+int pool_cuda_copy_2d(struct kvf_pool *pool, void *dst, size_t dpitch, const void *src,
+                      size_t spitch, size_t width, size_t rows, bool to_device)
+{
+    cudaError_t ce = cudaSetDevice((int)pool->device);
+    if (ce == cudaSuccess)
+        ce = cudaMemcpy2D(dst, dpitch, src, spitch, width, rows,
+                          to_device ? cudaMemcpyHostToDevice : cudaMemcpyDeviceToHost);
+    if (ce != cudaSuccess) {
+        kvf_log("error", "kvf_pool: cudaMemcpy2D %s device %u, %zu x %zu bytes: %s",
+                to_device ? "to" : "from", pool->device, rows, width, cudaGetErrorString(ce));
+        return -EIO;
+    }
+    return 0;
+}

@@ -36,3 +36,17 @@ int pool_cuda_copy(struct kvf_pool *pool, void *dst, const void *src, size_t len
     (void)to_device;
     return -ENOTSUP;
 }
+
+int pool_cuda_copy_2d(struct kvf_pool *pool, void *dst, size_t dpitch, const void *src,
+                      size_t spitch, size_t width, size_t rows, bool to_device)
+{
+    (void)pool; /* never reached: no CUDA pool can be opened */
+    (void)dst;
+    (void)dpitch;
+    (void)src;
+    (void)spitch;
+    (void)width;
+    (void)rows;
+    (void)to_device;
+    return -ENOTSUP;
+}

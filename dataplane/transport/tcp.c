@@ -104,7 +104,7 @@ static void hdr_encode(uint8_t out[KVF_TCP_HEADER_SIZE], const struct kvf_xfer *
     put_u32(out + 32, x->sink_pool);
     put_u32(out + 36, x->first_page);
     put_u32(out + 40, x->page_count);
-    put_u32(out + 44, 0);
+    put_u32(out + 44, x->layout);
     put_u64(out + 48, x->offset);
     put_u64(out + 56, x->len);
 }
@@ -120,7 +120,7 @@ static void hdr_decode(const uint8_t in[KVF_TCP_HEADER_SIZE], struct tcp_hdr *h)
     h->pool = get_u32(in + 32);
     h->first_page = get_u32(in + 36);
     h->page_count = get_u32(in + 40);
-    h->reserved = get_u32(in + 44);
+    h->layout = get_u32(in + 44);
     h->offset = get_u64(in + 48);
     h->length = get_u64(in + 56);
 }
@@ -748,7 +748,7 @@ static void rx_frames(struct tcp_rx *rx, struct rx_idle *idle)
         uint64_t removed;
         hdr_decode(buf, &h);
         if (h.magic != KVF_TCP_MAGIC_DATA || h.version != KVF_TCP_VERSION || h.flags != 0 ||
-            h.reserved != 0 || h.seq != expect_seq || !rx_find_pool(t, h.pool, &pool, &removed) ||
+            h.seq != expect_seq || !rx_find_pool(t, h.pool, &pool, &removed) ||
             !hdr_in_pool(&h, &pool)) {
             CNT_ADD(t, frames_malformed, 1);
             kvf_log("error",
@@ -794,6 +794,20 @@ static void rx_frames(struct tcp_rx *rx, struct rx_idle *idle)
             if (t->opts.on_frame)
                 t->opts.on_frame(t->opts.ctx, rx->peer, h.room, h.pool, h.first_page, h.page_count,
                                  0, -ENOENT, gone_drained);
+            rx_idle_count(t, idle, 0);
+            if (recv_drop(rx->fd, rx->scratch, h.length, &rx->stop) != 0)
+                return;
+            continue;
+        }
+        /* A page of another layout (other buffers, same page size) would
+         * land scrambled: refused once admitted, so the room fails as for a
+         * frame whose pool went away. One span a page takes any layout. */
+        if (h.layout && pool.layout && h.layout != pool.layout) {
+            bool lay_drained = kvf_lt_op_retire(&op, KVF_LT_DONE_ERROR);
+            CNT_ADD(t, frames_rejected, 1);
+            if (t->opts.on_frame)
+                t->opts.on_frame(t->opts.ctx, rx->peer, h.room, h.pool, h.first_page, h.page_count,
+                                 0, -EPROTO, lay_drained);
             rx_idle_count(t, idle, 0);
             if (recv_drop(rx->fd, rx->scratch, h.length, &rx->stop) != 0)
                 return;
@@ -1133,7 +1147,8 @@ static int tcp_add_pool(struct kvf_transport *base, uint32_t pool_id, void *mem,
                                                       .dev = dev,
                                                       .base = mem,
                                                       .page_size = page_size,
-                                                      .page_count = page_count};
+                                                      .page_count = page_count,
+                                                      .layout = dev ? kvf_pool_layout(dev) : 0};
     }
     pthread_mutex_unlock(&t->lock);
     return rc;

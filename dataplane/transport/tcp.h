@@ -44,10 +44,17 @@
  *   data frame header (64 bytes), then `length` payload bytes:
  *     u32 magic 'KVFD' (0x4446564b)   u16 version (2)   u16 flags (0)
  *     u64 room_id   u64 generation     u64 seq (1, 2, ... per connection)
- *     u32 sink_pool u32 first_page     u32 page_count   u32 reserved (0)
+ *     u32 sink_pool u32 first_page     u32 page_count   u32 layout
  *     u64 offset    u64 length
  *
- * A frame is well formed when magic, version, flags and reserved are as
+ * `layout` is the source pool's page layout (kvf_pool_layout: 0 for one span
+ * a page, a fingerprint of the buffers' slot sizes for a multi-buffer pool;
+ * this field was "reserved (0)" before, so a node older than multi-buffer
+ * pools closes the connection on a nonzero one). A well-formed frame whose
+ * layout and the sink pool's are both nonzero and differ is admitted, then
+ * refused without a byte written: on_frame with -EPROTO (frames_rejected).
+ *
+ * A frame is well formed when magic, version and flags are as
  * above, seq is the previous one + 1, the pool is registered, 1 <= page_count,
  * first_page + page_count <= the pool's pages, offset < page_size, length >= 1
  * and offset + length lies in ((page_count - 1) * page_size, page_count *

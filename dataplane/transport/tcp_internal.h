@@ -37,6 +37,7 @@ struct tcp_pool {
     uint8_t *base;
     uint64_t page_size;
     uint64_t page_count;
+    uint32_t layout; /* kvf_pool_layout of dev; 0 for host pages */
 };
 
 /* One outbound connection. `fd` and `seq` belong to the sender thread; the
@@ -179,7 +180,7 @@ struct tcp_hdr {
     uint32_t pool;
     uint32_t first_page;
     uint32_t page_count;
-    uint32_t reserved;
+    uint32_t layout; /* the source pool's kvf_pool_layout; 0: one span a page */
     uint64_t offset;
     uint64_t length;
 };

@@ -80,6 +80,7 @@ struct kvf_xfer {
     uint32_t first_page;
     uint32_t page_count;
     uint64_t offset; /* bytes from the start of first_page */
+    uint32_t layout; /* the source pool's buffer layout (kvf_pool_layout); 0: one span a page */
 
     /* Transport-private from post_write until the completion is polled. */
     struct kvf_xfer *tnext;

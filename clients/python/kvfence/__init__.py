@@ -33,7 +33,7 @@ try:
                          RoomKey, RoomState, RoomStateChanged, Token, WatchEvent, WatchSynced,
                          ranges_from_pages, LifetimeState, NodeRoomState, ChunkDone, TransportKind,
                          AuxReceived, TransferDone, NodeEvent, NodeWatch, ChunkRequest,
-                         ChunkResult, ChunkStream, PageSet, PageSetForm)
+                         ChunkResult, ChunkStream, PageSet, PageSetForm, PoolBuffer)
     from .watch import DEFAULT_KEEP_LEASES, DEFAULT_REMEMBER_S, ReleaseWatcher  # noqa: E402
 except ImportError as e:  # pragma: no cover - stubs not generated or not on PYTHONPATH
     if "_proto" not in str(e):
@@ -41,6 +41,9 @@ except ImportError as e:  # pragma: no cover - stubs not generated or not on PYT
     raise ImportError(
         "kvfence: generated stubs not found (kvfence._proto); build the `python_client` "
         "target and put its output directory on PYTHONPATH (clients/python/README.md)") from e
+
+from . import device  # noqa: E402
+from .device import CudaIpc, FakeDeviceBuffer  # noqa: E402
 
 __version__ = "0.1.0"
 
@@ -57,4 +60,5 @@ __all__ = [
     "NodeEvent",
     "NodeWatch", "ChunkRequest", "ChunkResult", "ChunkStream", "PageSet", "PageSetForm",
     "DEFAULT_REMEMBER_S", "DEFAULT_KEEP_LEASES",
+    "device", "CudaIpc", "FakeDeviceBuffer", "PoolBuffer",
 ]

@@ -29,6 +29,7 @@ from typing import (Any, Callable, Dict, Iterable, Iterator, List, NamedTuple, O
 import grpc
 import grpc.experimental
 
+from . import device as _device
 from . import errors
 from ._proto.v1 import control_pb2, control_pb2_grpc, node_pb2, node_pb2_grpc, types_pb2
 from .pageset import PageSet, PageSetForm, as_page_set
@@ -40,6 +41,7 @@ _FDPASS_TIMEOUT_S = 2.0
 __all__ = [
     "Role", "RoomState", "LeaseState", "LeaseMode", "AbortReason", "NodeState", "PoolKind",
     "RoomKey", "PageRange", "Participant", "Token", "Lease", "JoinResult", "AbortResult", "Pool",
+    "PoolBuffer",
     "LeaseReleased", "RoomStateChanged", "WatchSynced", "WatchEvent", "ParticipantInfo",
     "RoomInfo", "NodeInfo", "ranges_from_pages", "ControlClient", "NodeClient", "AdminClient",
     "LeaseWatch", "ReleaseWatcher", "DEFAULT_FEATURES", "DEFAULT_TIMEOUT_S", "LifetimeState",
@@ -325,6 +327,23 @@ class Pool:
     def _from(cls, m: types_pb2.Pool) -> "Pool":
         return cls(m.pool_id, _enum(PoolKind, m.kind), m.page_size, m.page_count, m.owner_rank,
                    m.base_addr, m.rkey, m.cuda_device)
+
+
+@dataclass(frozen=True)
+class PoolBuffer:
+    """One buffer of a pool of several (NodeClient.register_pool_buffers):
+    `page_size` bytes of it per page, and its memory, exactly one of
+    shm_name (a POSIX shm object; `offset` bytes in), fd (an open shm or
+    memfd descriptor; `offset` bytes in), ptr (a device pointer) or ipc (a
+    kvfence.device.CudaIpc). size: its bytes (default page_size x the
+    pool's page_count)."""
+    page_size: int
+    shm_name: Optional[str] = None
+    fd: Optional[int] = None
+    ptr: Optional[int] = None
+    ipc: Optional[_device.CudaIpc] = None
+    offset: int = 0
+    size: Optional[int] = None
 
 
 @dataclass(frozen=True)
@@ -978,6 +997,159 @@ class NodeClient(_Client):
             raise errors.make_error(code, "fd socket %s: the node refused the descriptor: %s"
                                     % (self._fd_socket, os.strerror(err)), method)
         return rep[8:24]
+
+    def register_pool_cuda(self, page_size: int, page_count: int, *, ptr: Optional[int] = None,
+                           ipc: Optional[_device.CudaIpc] = None, size: Optional[int] = None,
+                           rank: int = 0, pool_key: str = "",
+                           timeout: Optional[float] = None) -> Pool:
+        """Registers CUDA device memory as a pool of page_count pages of
+        page_size bytes (page i at ptr + i * page_size): either `ptr`, a
+        device pointer (an int: a tensor's data_ptr()), which this process
+        exports (kvfence.device.export: cudaIpcGetMemHandle, or the fake
+        handle of a FakeDeviceBuffer), or `ipc`, an export made elsewhere
+        (kvfence.device.export_tensor, torch's _share_cuda_()). The node opens
+        the handle (cuda_ipc): FailedPrecondition when it was built without
+        CUDA or lacks the device, InvalidArgument naming cuda_ipc.ipc_handle
+        when the CUDA runtime refuses it. pool_key: the memory's identity
+        across node restarts (device memory has no name the node could see)."""
+        if (ptr is None) == (ipc is None):
+            raise ValueError("register_pool_cuda: give exactly one of ptr and ipc")
+        if ipc is None:
+            ipc = _device.export(int(ptr))  # type: ignore[arg-type]
+        req = node_pb2.RegisterPoolRequest(
+            cuda_ipc=self._cuda_memory(ipc, page_size * page_count if size is None else size),
+            page_size=page_size, page_count=page_count, rank=rank, pool_key=pool_key)
+        r = self._unary("NodeLocal.RegisterPool", self._stub.RegisterPool, req, timeout)
+        return Pool._from(r.pool)
+
+    def register_pool_buffers(self, buffers: Sequence["PoolBuffer"], page_count: int, *,
+                              rank: int = 0, pool_key: str = "",
+                              timeout: Optional[float] = None) -> Pool:
+        """Registers several buffers as one pool of page_count pages: page i is
+        slot i of every buffer (bytes [i * b.page_size, (i + 1) * b.page_size)
+        of buffer b), so one lease and one chunk cover them all; the pool's
+        page_size is the sum of the buffers' and a page travels as their
+        slots in buffer order (the sink's pool must list the same sizes in
+        the same order). Each PoolBuffer names its memory: shm_name or fd
+        (host memory, handed over as a descriptor), ptr (device memory,
+        exported here) or ipc (exported elsewhere). A bad buffer raises
+        InvalidArgument (NotFound, ...) naming it, "buffers[3].page_size",
+        and nothing is registered."""
+        req = node_pb2.RegisterPoolRequest(page_count=page_count, rank=rank, pool_key=pool_key)
+        for i, b in enumerate(buffers):
+            pb = req.buffers.add(page_size=b.page_size)
+            size = b.page_size * page_count if b.size is None else b.size
+            given = [x is not None for x in (b.shm_name, b.fd, b.ptr, b.ipc)]
+            if sum(given) != 1:
+                raise ValueError("register_pool_buffers: buffers[%d]: give exactly one of "
+                                 "shm_name, fd, ptr and ipc" % i)
+            if b.ptr is not None or b.ipc is not None:
+                ipc = b.ipc if b.ipc is not None else _device.export(int(b.ptr))  # type: ignore
+                pb.cuda_ipc.CopyFrom(self._cuda_memory(ipc, size))
+                continue
+            handle = None
+            if b.fd is not None:
+                handle = self._hand_over(b.fd)
+                if handle is None:
+                    raise errors.make_error(grpc.StatusCode.UNAVAILABLE,
+                                            "buffers[%d].fd: no fd socket at %s" %
+                                            (i, self._fd_socket), "NodeLocal.RegisterPool")
+            else:
+                name = str(b.shm_name)
+                if not name.startswith("/"):
+                    name = "/" + name
+                try:
+                    fd = os.open("/dev/shm" + name, os.O_RDWR | os.O_CLOEXEC | os.O_NOFOLLOW)
+                except OSError:
+                    fd = -1
+                if fd >= 0:
+                    try:
+                        handle = self._hand_over(fd)
+                    finally:
+                        os.close(fd)
+                if handle is None:
+                    pb.host_shm.CopyFrom(node_pb2.HostShmMemory(shm_name=name, offset=b.offset,
+                                                                size=size))
+                    continue
+            pb.host_fd.CopyFrom(node_pb2.HostFdMemory(handle=handle, offset=b.offset, size=size))
+        r = self._unary("NodeLocal.RegisterPool", self._stub.RegisterPool, req, timeout)
+        return Pool._from(r.pool)
+
+    def register_pool_sglang(self, kv_data_ptrs: Sequence[int], kv_data_lens: Sequence[int],
+                             kv_item_lens: Sequence[int], *, page_count: Optional[int] = None,
+                             rank: int = 0, pool_key: str = "",
+                             timeout: Optional[float] = None) -> Pool:
+        """Registers SGLang's KV buffers as one pool, in its own terms
+        (KVArgs.kv_data_ptrs / kv_data_lens / kv_item_lens: per buffer its
+        device address, bytes and bytes per page). Page i is slot i of every
+        buffer, as SGLang's kv_indices index every layer at once.
+        page_count: default lens[0] // item_lens[0], which every buffer must
+        then hold exactly (ValueError naming kv_data_lens[i] otherwise).
+        SGLang's aux buffers are indexed by request, not by page: register
+        them as a pool of their own."""
+        if not (len(kv_data_ptrs) == len(kv_data_lens) == len(kv_item_lens)) or \
+                not kv_data_ptrs:
+            raise ValueError("register_pool_sglang: three lists of one length (>= 1)")
+        exact = page_count is None
+        if page_count is None:
+            page_count = kv_data_lens[0] // kv_item_lens[0] if kv_item_lens[0] else 0
+        bufs = []
+        for i, (ptr, size, item) in enumerate(zip(kv_data_ptrs, kv_data_lens, kv_item_lens)):
+            pages = size // item if item else 0
+            if not item or pages < page_count or (exact and pages != page_count) or \
+                    not page_count:
+                raise ValueError("register_pool_sglang: kv_data_lens[%d]: %d bytes hold %d "
+                                 "pages of %d bytes, not %d" % (i, size, pages, item, page_count))
+            bufs.append(PoolBuffer(int(item), ptr=int(ptr), size=int(size)))
+        return self.register_pool_buffers(bufs, page_count, rank=rank, pool_key=pool_key,
+                                          timeout=timeout)
+
+    def register_pool_vllm(self, kv_caches: Dict[str, Any], *, num_blocks: Optional[int] = None,
+                           rank: int = 0, pool_key: str = "",
+                           timeout: Optional[float] = None) -> Pool:
+        """Registers vLLM's KV caches (KVConnector.register_kv_caches: layer
+        name -> tensor, block i = page i) as one pool, layers in the dict's
+        order (the sink must register the same model in the same order). A
+        tensor of shape [2, num_blocks, ...] (FlashAttention) is two buffers,
+        its K and V halves; [num_blocks, ...] (FlashInfer, MLA) is one.
+        num_blocks: default the tensors' (shape[1] of a [2, ...] tensor,
+        else shape[0]). Each tensor must be contiguous device memory (a torch
+        CUDA tensor, exported with torch's IPC export; or anything with
+        data_ptr(), shape, element_size() and numel(), e.g. a test's fake)."""
+        if not kv_caches:
+            raise ValueError("register_pool_vllm: no layers")
+        bufs = []
+        for name, t in kv_caches.items():
+            shape = tuple(t.shape)
+            if hasattr(t, "is_contiguous") and not t.is_contiguous():
+                raise ValueError("register_pool_vllm: layer %r is not contiguous" % name)
+            # [2, num_blocks, ...] unless the blocks are known to be 2 and
+            # shape[1] is not (then it is [num_blocks=2, ...]).
+            split = len(shape) >= 2 and shape[0] == 2 and \
+                not (num_blocks == 2 and shape[1] != 2)
+            blocks = shape[1] if split else shape[0]
+            if num_blocks is None:
+                num_blocks = blocks
+            if blocks != num_blocks:
+                raise ValueError("register_pool_vllm: layer %r has %d blocks, not %d" %
+                                 (name, blocks, num_blocks))
+            nbytes = int(t.numel()) * int(t.element_size())
+            parts = 2 if split else 1
+            if nbytes % (parts * num_blocks):
+                raise ValueError("register_pool_vllm: layer %r: %d bytes are not %d x %d "
+                                 "blocks" % (name, nbytes, parts, num_blocks))
+            half = nbytes // parts
+            base = _device.export_tensor(t)
+            for k in range(parts):
+                ipc = _device.CudaIpc(base.handle, base.device, base.offset + k * half)
+                bufs.append(PoolBuffer(half // num_blocks, ipc=ipc, size=half))
+        return self.register_pool_buffers(bufs, num_blocks,  # type: ignore[arg-type]
+                                          rank=rank, pool_key=pool_key, timeout=timeout)
+
+    @staticmethod
+    def _cuda_memory(ipc: _device.CudaIpc, size: int) -> node_pb2.CudaIpcMemory:
+        return node_pb2.CudaIpcMemory(ipc_handle=ipc.handle, offset=ipc.offset, size=size,
+                                      device=ipc.device)
 
     def unregister_pool(self, pool_id: int, *, timeout: Optional[float] = None) -> None:
         """Unregisters a pool. NotFound for an unknown pool_id; FailedPrecondition

@@ -20,6 +20,7 @@ START_TIMEOUT_S = 10.0
 STOP_TIMEOUT_S = 10.0
 PAGE_SIZE = 4096
 PAGE_COUNT = 64
+FAKE_DEVICE_PREFIX = "/kvf-pyfdev-"
 
 
 def _log_tail(path, limit=3000):
@@ -210,6 +211,9 @@ def cluster(tmp_path, request):
             p = Proc(nid, [node_bin, "--control", address, "--node-id", nid, "--local-socket",
                            sock, "--port-file", pf, "--data-host", "127.0.0.1", "--data-port", "0",
                            "--drain-timeout-ms", "3000",
+                           # FakeDeviceBuffer objects named under it are fake device
+                           # pools (test_pools.py); ShmPool names are not.
+                           "--test-fake-device-pools", FAKE_DEVICE_PREFIX,
                            # No faults while the file is absent (Cluster.set_faults).
                            "--fault-file", str(tmp_path / (nid + ".faults"))], tmp_path)
             procs.append(p)

@@ -28,7 +28,10 @@
  *
  *  1. At start: kvf_client_create() to the control plane and
  *     kvf_node_client_create() to the node on this host; register each pool of
- *     KV pages once with kvf_register_pool_shm() (keep the pool id); open one
+ *     KV pages once with kvf_register_pool_shm() (keep the pool id), or, for
+ *     GPU memory and per-layer buffers, kvf_register_pool_cuda(),
+ *     kvf_register_pool_buffers(), kvf_register_pool_sglang() or
+ *     kvf_register_pool_vllm() (below); open one
  *     kvf_watch_leases() for the node's leases (or use kvf_wait_released()).
  *  2. Per request (room): every participating rank calls kvf_join_room() with
  *     the pages it grants (a source grants pages to read, a sink pages to
@@ -478,6 +481,165 @@ KVF_PUBLIC int kvf_register_pool_shm(kvf_node_client *n, const struct kvf_shm_po
  * node has no fd socket. */
 KVF_PUBLIC int kvf_register_pool_fd(kvf_node_client *n, int fd, const struct kvf_shm_pool *pool,
                                     uint32_t *pool_id_out, struct kvf_status *st);
+
+/* ---- CUDA device memory -------------------------------------------------------
+ *
+ * Engines keep their KV pages in GPU memory (cudaMalloc, or torch's caching
+ * allocator). The node opens such memory with cudaIpcOpenMemHandle: the
+ * engine exports the allocation that holds its pages with
+ * cudaIpcGetMemHandle and names the pool's first byte by its offset in that
+ * allocation (cudaIpcOpenMemHandle maps the whole allocation).
+ *
+ * With CUDA found at build time the library exports real device pointers
+ * (the CUDA runtime and driver, cudaIpcGetMemHandle + cuMemGetAddressRange).
+ * Without it, and in tests, kvf_fake_device_alloc() gives "device memory"
+ * that is host shared memory: its pointer exports as a fake handle that the
+ * same calls and the same RegisterPool fields (cuda_ipc) carry, and that a
+ * node started with --test-fake-device-pools PREFIX opens as a fake device
+ * pool (copied only as CUDA memory is: docs/node.md, "Device pools"). */
+
+#define KVF_CUDA_IPC_HANDLE_SIZE 64
+
+/* An exported device allocation. */
+struct kvf_cuda_ipc {
+    uint8_t handle[KVF_CUDA_IPC_HANDLE_SIZE]; /* its cudaIpcMemHandle_t */
+    uint32_t device;                          /* the CUDA device ordinal it lives on */
+    uint64_t offset;                          /* bytes from the allocation's start */
+};
+
+/* Exports the allocation holding `dev_ptr`: out->offset is dev_ptr's offset
+ * in it. A pointer inside kvf_fake_device_alloc() memory gets that fake's
+ * handle. INVALID_ARGUMENT: not device memory (the CUDA runtime refused it);
+ * UNIMPLEMENTED: the library was built without CUDA and the pointer is no
+ * fake. Any thread. */
+KVF_PUBLIC int kvf_cuda_ipc_export(const void *dev_ptr, struct kvf_cuda_ipc *out,
+                                   struct kvf_status *st);
+
+/* A pool of pages in device memory: page i at dev_ptr + i * page_size. */
+struct kvf_cuda_pool {
+    const void *dev_ptr; /* page 0 (cudaMalloc'd memory, a tensor's data_ptr) */
+    uint64_t size;       /* >= page_size * page_count */
+    uint32_t page_size;
+    uint32_t page_count;
+    uint32_t rank;        /* the registering engine rank */
+    const char *pool_key; /* the memory's identity across node restarts; NULL: none */
+};
+
+/* Exports pool->dev_ptr (kvf_cuda_ipc_export) and registers it (cuda_ipc).
+ * The node answers FAILED_PRECONDITION when it was built without CUDA or has
+ * no such device, INVALID_ARGUMENT (cuda_ipc.ipc_handle) when the CUDA
+ * runtime refuses the handle. */
+KVF_PUBLIC int kvf_register_pool_cuda(kvf_node_client *n, const struct kvf_cuda_pool *pool,
+                                      uint32_t *pool_id_out, struct kvf_status *st);
+
+/* Registers memory exported elsewhere (e.g. torch's storage._share_cuda_()):
+ * the pool's first byte is ipc->offset bytes into the allocation; size,
+ * page_size, page_count, rank and pool_key as in struct kvf_cuda_pool
+ * (pool->dev_ptr is not used). */
+KVF_PUBLIC int kvf_register_pool_cuda_ipc(kvf_node_client *n, const struct kvf_cuda_ipc *ipc,
+                                          const struct kvf_cuda_pool *pool, uint32_t *pool_id_out,
+                                          struct kvf_status *st);
+
+/* Tests and machines without a GPU: creates the POSIX shm object `shm_name`
+ * (it must not exist; mode 0660) of `size` bytes, zeroed, maps it and
+ * returns its address as fake device memory in *dev_ptr_out: the caller may
+ * read and write it as host memory, kvf_cuda_ipc_export gives it a fake
+ * handle (device 0) naming the object. Pick shm_name under the PREFIX of the
+ * node's --test-fake-device-pools. */
+KVF_PUBLIC int kvf_fake_device_alloc(const char *shm_name, uint64_t size, void **dev_ptr_out,
+                                     struct kvf_status *st);
+
+/* Unmaps and unlinks memory of kvf_fake_device_alloc. Accepts NULL. */
+KVF_PUBLIC void kvf_fake_device_free(void *dev_ptr);
+
+/* ---- pools of several buffers ------------------------------------------------
+ *
+ * An engine's KV cache is one buffer per layer (and per K and V) plus aux
+ * buffers, and its "page 17" is slot 17 of every buffer at once. A pool of
+ * several buffers with one page geometry says exactly that: page i is slot
+ * i of every buffer (bytes [i x page_size, (i + 1) x page_size) of buffer
+ * b, with b's own page_size), so one lease and one chunk cover every layer.
+ * A page travels as the buffers' slots in buffer order: source and sink
+ * pools must list the same buffer sizes in the same order (the nodes refuse
+ * a chunk between two layouts, or fail its room before a byte lands). The
+ * buffers may
+ * be of different kinds (CUDA KV buffers, a host aux buffer). */
+
+enum kvf_buffer_memory {
+    KVF_BUFFER_SHM = 1,      /* POSIX shm by name (handed over as a descriptor) */
+    KVF_BUFFER_FD = 2,       /* an open descriptor (shm or memfd), handed over */
+    KVF_BUFFER_CUDA = 3,     /* a device pointer, exported with kvf_cuda_ipc_export */
+    KVF_BUFFER_CUDA_IPC = 4, /* an exported allocation (ipc.offset: the buffer's start) */
+};
+
+struct kvf_pool_buffer {
+    enum kvf_buffer_memory memory;
+    const char *shm_name;    /* SHM */
+    int fd;                  /* FD (the caller keeps it) */
+    const void *dev_ptr;     /* CUDA: the buffer's first byte */
+    struct kvf_cuda_ipc ipc; /* CUDA_IPC */
+    uint64_t offset;         /* SHM, FD: the buffer's first byte in the object */
+    uint64_t size;           /* bytes, >= page_size * page_count */
+    uint32_t page_size;      /* bytes of this buffer per page (its slot) */
+};
+
+/* The buffers and their common geometry. */
+struct kvf_buffer_pool {
+    const struct kvf_pool_buffer *buffers;
+    size_t n_buffers; /* 1 .. 1024 */
+    uint32_t page_count;
+    uint32_t rank;
+    const char *pool_key; /* NULL: none (device buffers have no name the node sees) */
+};
+
+/* Registers the buffers as one pool (RegisterPool with buffers): the pool's
+ * page size is the sum of the buffers'. A bad buffer is refused
+ * INVALID_ARGUMENT (or NOT_FOUND, PERMISSION_DENIED...) with the message
+ * naming it ("buffers[3].page_size: must be >= 1"), and nothing is
+ * registered. */
+KVF_PUBLIC int kvf_register_pool_buffers(kvf_node_client *n, const struct kvf_buffer_pool *pool,
+                                         uint32_t *pool_id_out, struct kvf_status *st);
+
+/* ---- the engines' own terms ----------------------------------------------------
+ *
+ * SGLang describes its KV cache as KVArgs.kv_data_ptrs / kv_data_lens /
+ * kv_item_lens: per buffer (layer, K or V) its device address, its bytes and
+ * its bytes per page; a page index (kv_indices) indexes every buffer at
+ * once. kvf_register_pool_sglang registers exactly that as one pool. (Its
+ * aux buffers, aux_data_ptrs..., are indexed by request slot, not by KV
+ * page: they are a pool of their own, e.g. kvf_register_pool_buffers.)
+ *
+ * vLLM hands a connector its caches as one tensor per layer
+ * (register_kv_caches(dict layer -> tensor)), block i being page i. With
+ * the FlashAttention layout [2, num_blocks, ...] a layer is two buffers, K
+ * (the first half) and V (the second); with [num_blocks, ...] (FlashInfer,
+ * MLA) one. kvf_register_pool_vllm registers the layers, in the order given
+ * (source and sink must give the same order), as one pool. */
+
+/* SGLang's lists, `n` entries each: ptrs[i] a device pointer (or fake
+ * device memory), lens[i] its bytes, item_lens[i] its bytes per page.
+ * page_count 0: lens[i] / item_lens[i], which must be the same for every i
+ * (INVALID_ARGUMENT naming "kv_data_lens[i]" otherwise). */
+KVF_PUBLIC int kvf_register_pool_sglang(kvf_node_client *n, const uint64_t *ptrs,
+                                        const uint64_t *lens, const uint64_t *item_lens,
+                                        size_t count, uint32_t page_count, uint32_t rank,
+                                        const char *pool_key, uint32_t *pool_id_out,
+                                        struct kvf_status *st);
+
+/* One vLLM layer's cache tensor: its device memory and layout. */
+struct kvf_vllm_layer {
+    const void *dev_ptr; /* the tensor's data_ptr() (contiguous) */
+    uint64_t size;       /* its bytes (numel x element size) */
+    bool kv_split;       /* [2, num_blocks, ...]: K and V halves; else [num_blocks, ...] */
+};
+
+/* The layers as one pool of num_blocks pages: 2 buffers per kv_split layer
+ * (size / 2 / num_blocks bytes a page each), 1 otherwise. INVALID_ARGUMENT
+ * naming "layers[i].size" when it does not divide into num_blocks pages. */
+KVF_PUBLIC int kvf_register_pool_vllm(kvf_node_client *n, const struct kvf_vllm_layer *layers,
+                                      size_t n_layers, uint32_t num_blocks, uint32_t rank,
+                                      const char *pool_key, uint32_t *pool_id_out,
+                                      struct kvf_status *st);
 
 /* Unregisters a pool (unmapped once no room can touch it any more). */
 KVF_PUBLIC int kvf_unregister_pool(kvf_node_client *n, uint32_t pool_id, struct kvf_status *st);

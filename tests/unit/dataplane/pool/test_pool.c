@@ -406,14 +406,166 @@ static void test_cuda_ipc(void **state)
 }
 #endif
 
+/* ---- multi-buffer pools ---------------------------------------------------------- */
+
+/* Three buffers in the one object: 1000-byte slots at 0, 24-byte slots at
+ * 20000, 3072-byte slots (a fake device buffer) at 24000: 4096 bytes a page. */
+#define MB_OFF1 20000u
+#define MB_OFF2 24000u
+
+static void open_three(struct kvf_pool *b[3], uint32_t count1)
+{
+    struct kvf_error err = {0};
+    assert_int_equal(
+        kvf_pool_open_shm(g_name, 0, 1000u * PAGE_COUNT, 1000, PAGE_COUNT, &b[0], &err), 0);
+    assert_int_equal(kvf_pool_open_shm(g_name, MB_OFF1, 24u * count1, 24, count1, &b[1], &err), 0);
+    assert_int_equal(kvf_pool_open_fake_device(g_name, MB_OFF2, 3072u * PAGE_COUNT, 3072,
+                                               PAGE_COUNT, &b[2], &err),
+                     0);
+}
+
+/* Where byte `o` of page `pg` of the multi-buffer pool lies in the object. */
+static size_t mb_at(uint32_t pg, uint32_t o)
+{
+    if (o < 1000)
+        return (size_t)pg * 1000 + o;
+    if (o < 1024)
+        return MB_OFF1 + (size_t)pg * 24 + (o - 1000);
+    return MB_OFF2 + (size_t)pg * 3072 + (o - 1024);
+}
+
+static void test_multi_buffers(void **state)
+{
+    (void)state;
+    struct kvf_pool *b[3];
+    open_three(b, PAGE_COUNT);
+    struct kvf_pool *pool = NULL;
+    struct kvf_error err = {0};
+    assert_int_equal(kvf_pool_open_buffers(b, 3, &pool, &err), 0);
+    assert_int_equal(kvf_pool_kind(pool), KVF_POOL_MULTI);
+    assert_int_equal(kvf_pool_page_size(pool), 4096);
+    assert_int_equal(kvf_pool_page_count(pool), PAGE_COUNT);
+    assert_true(kvf_pool_is_device(pool));
+    assert_int_equal(kvf_pool_buffer_count(pool), 3);
+    assert_ptr_equal(kvf_pool_buffer(pool, 2), b[2]);
+    assert_null(kvf_pool_buffer(pool, 3));
+    assert_int_equal(kvf_pool_buffer_count(b[0]), 0);
+    assert_non_null(kvf_pool_page(pool, 0)); /* reserved addresses, distinct from the buffers' */
+    assert_true((uint8_t *)kvf_pool_page(pool, 1) - (uint8_t *)kvf_pool_page(pool, 0) == 4096);
+
+    /* Three whole pages (2, 3, 4), then a piece crossing every slot
+     * boundary of page 6: each byte lands in its buffer's slot. */
+    uint8_t frame[3 * 4096], piece[3100], back[3 * 4096];
+    for (size_t i = 0; i < sizeof frame; i++)
+        frame[i] = (uint8_t)(i * 7u + 3u);
+    for (size_t i = 0; i < sizeof piece; i++)
+        piece[i] = (uint8_t)(i * 5u + 1u);
+    assert_int_equal(kvf_pool_write(pool, 2u * 4096, frame, sizeof frame), 0);
+    assert_int_equal(kvf_pool_write(pool, 6u * 4096 + 990, piece, sizeof piece), 0);
+    assert_int_equal(kvf_pool_write(pool, 15u * 4096 + 1, frame, 4096), -ERANGE);
+    int fd = shm_open(g_name, O_RDONLY, 0);
+    assert_true(fd >= 0);
+    uint8_t *obj = mmap(NULL, OBJ_BYTES, PROT_READ, MAP_SHARED, fd, 0);
+    close(fd);
+    assert_true(obj != MAP_FAILED);
+    for (uint32_t k = 0; k < 3; k++)
+        for (uint32_t o = 0; o < 4096; o++)
+            assert_int_equal(obj[mb_at(2 + k, o)], frame[(size_t)k * 4096 + o]);
+    for (uint32_t o = 0; o < sizeof piece; o++)
+        assert_int_equal(obj[mb_at(6, 990 + o)], piece[o]);
+    assert_int_equal(obj[mb_at(6, 989)], pattern(mb_at(6, 989))); /* around it: untouched */
+    assert_int_equal(obj[mb_at(6, 990 + sizeof piece)], pattern(mb_at(6, 990 + sizeof piece)));
+    assert_int_equal(obj[mb_at(1, 4095)], pattern(mb_at(1, 4095)));
+    assert_int_equal(obj[mb_at(5, 0)], pattern(mb_at(5, 0)));
+    munmap(obj, OBJ_BYTES);
+
+    /* And back: the gather is the scatter's inverse. */
+    assert_int_equal(kvf_pool_read(pool, 2u * 4096, back, sizeof back), 0);
+    assert_memory_equal(back, frame, sizeof frame);
+    assert_int_equal(kvf_pool_read(pool, 6u * 4096 + 990, back, sizeof piece), 0);
+    assert_memory_equal(back, piece, sizeof piece);
+
+    /* The whole pages were one strided copy per buffer each way; the piece
+     * one copy per slot it touched. */
+    struct kvf_pool_io_stats st;
+    kvf_pool_io_stats(pool, &st);
+    assert_int_equal(st.writes, 2);
+    assert_int_equal(st.write_bytes, sizeof frame + sizeof piece);
+    kvf_pool_io_stats(b[2], &st);
+    assert_int_equal(st.writes, 2); /* the frame, and the piece's last 2066 bytes */
+    assert_int_equal(st.write_bytes, 3u * 3072 + (sizeof piece - 10 - 24));
+    assert_int_equal(st.reads, 2);
+    kvf_pool_io_stats(b[1], &st);
+    assert_int_equal(st.writes, 2);
+    assert_int_equal(st.write_bytes, 3u * 24 + 24);
+
+    /* Its layout: a fingerprint of its slots, 0 for one span a page. */
+    assert_int_equal(kvf_pool_layout(b[0]), 0);
+    assert_int_not_equal(kvf_pool_layout(pool), 0);
+
+    /* Busy guards the pool, as any other; close closes the buffers. */
+    assert_int_equal(kvf_pool_busy_get(pool), 0);
+    assert_int_equal(kvf_pool_close(pool), -EBUSY);
+    kvf_pool_busy_put(pool);
+    assert_int_equal(kvf_pool_close(pool), 0);
+}
+
+static void test_multi_buffers_refused(void **state)
+{
+    (void)state;
+    struct kvf_pool *b[3];
+    open_three(b, PAGE_COUNT / 2); /* buffer 1 has 8 pages */
+    struct kvf_pool *pool = NULL;
+    struct kvf_error err = {0};
+    assert_int_equal(kvf_pool_open_buffers(b, 3, &pool, &err), -EINVAL);
+    assert_string_equal(err.msg, "buffers[1]: 8 pages, buffers[0] has 16");
+    assert_int_equal(kvf_pool_open_buffers(b, 0, &pool, &err), -EINVAL);
+    assert_null(pool);
+    /* The caller kept them: a pool of two, then no nesting. */
+    struct kvf_pool *two[2] = {b[0], b[2]};
+    assert_int_equal(kvf_pool_open_buffers(two, 2, &pool, &err), 0);
+    /* The same slots in the other order are another layout. */
+    struct kvf_pool *c[2];
+    assert_int_equal(kvf_pool_open_fake_device(g_name, MB_OFF2, 3072u * PAGE_COUNT, 3072,
+                                               PAGE_COUNT, &c[0], &err),
+                     0);
+    assert_int_equal(
+        kvf_pool_open_shm(g_name, 0, 1000u * PAGE_COUNT, 1000, PAGE_COUNT, &c[1], &err), 0);
+    struct kvf_pool *rev = NULL, *again = NULL;
+    assert_int_equal(kvf_pool_open_buffers(c, 2, &rev, &err), 0);
+    assert_int_not_equal(kvf_pool_layout(rev), kvf_pool_layout(pool));
+    assert_int_equal(kvf_pool_page_size(rev), kvf_pool_page_size(pool));
+    struct kvf_pool *d[2];
+    assert_int_equal(
+        kvf_pool_open_shm(g_name, 0, 1000u * PAGE_COUNT, 1000, PAGE_COUNT, &d[0], &err), 0);
+    assert_int_equal(kvf_pool_open_fake_device(g_name, MB_OFF2, 3072u * PAGE_COUNT, 3072,
+                                               PAGE_COUNT, &d[1], &err),
+                     0);
+    assert_int_equal(kvf_pool_open_buffers(d, 2, &again, &err), 0);
+    assert_int_equal(kvf_pool_layout(again), kvf_pool_layout(pool));
+    assert_int_equal(kvf_pool_close(rev), 0);
+    assert_int_equal(kvf_pool_close(again), 0);
+    struct kvf_pool *nest[2] = {b[1], pool};
+    assert_int_equal(kvf_pool_open_buffers(nest, 2, &pool, &err), -EINVAL);
+    assert_string_equal(err.msg, "buffers[1]: a multi-buffer pool cannot nest");
+    assert_int_equal(kvf_pool_close(pool), 0);
+    assert_int_equal(kvf_pool_close(b[1]), 0);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_open_read_pages), cmocka_unit_test(test_offset_not_page_aligned),
-        cmocka_unit_test(test_bounds),          cmocka_unit_test(test_unknown_name),
-        cmocka_unit_test(test_invalid),         cmocka_unit_test(test_access_denied),
-        cmocka_unit_test(test_close_busy),      cmocka_unit_test(test_cuda_ipc),
+        cmocka_unit_test(test_open_read_pages),
+        cmocka_unit_test(test_offset_not_page_aligned),
+        cmocka_unit_test(test_bounds),
+        cmocka_unit_test(test_unknown_name),
+        cmocka_unit_test(test_invalid),
+        cmocka_unit_test(test_access_denied),
+        cmocka_unit_test(test_close_busy),
+        cmocka_unit_test(test_cuda_ipc),
         cmocka_unit_test(test_fake_device_io),
+        cmocka_unit_test(test_multi_buffers),
+        cmocka_unit_test(test_multi_buffers_refused),
     };
     return cmocka_run_group_tests_name("pool", tests, setup_shm, teardown_shm);
 }
