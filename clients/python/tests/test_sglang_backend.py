@@ -141,7 +141,8 @@ def test_decode_abort_mid_transfer_waits_for_a_paused_node(cluster, engines):
         if info.state != RoomState.ABORTING:
             n2p = [x for x in info.participants if x.participant.node_id == "n2"]
             assert n2p and all(x.drained for x in n2p), info
-            pytest.skip("n2 drained before it was frozen: the freeze raced the abort")
+            pytest.skip("n2 drained before it was frozen: the freeze raced the abort (%s)" %
+                        (info,))
         for e in (p, d):
             r = e.status()["requests"][str(room)]
             assert r["outcome"] is None and r["freed"] == 0, (e.name, r)
