@@ -216,3 +216,25 @@ def test_peer_without_quiesce_fails_before_any_transfer(cluster, engines):
     assert info.state == RoomState.ABORTED
     assert info.abort_reason == kvfence.AbortReason.CAPABILITY
     engines_clean(p, d)
+
+
+def test_reused_bootstrap_room_is_a_new_generation(cluster, engines):
+    """The same bootstrap_room again (R13): a new room generation; a late
+    abort of the old generation cannot touch it."""
+    p, d, boot = engines()
+    admin = cluster.admin()
+    room = 9001
+    request_pair(p, d, boot, room, 4, 2)
+    assert d.wait_outcome(room)["outcome"] == p.wait_outcome(room)["outcome"] == "Success"
+    old = admin.room(room).room
+    request_pair(p, d, boot, room, 6, 4, p_kw={"hold_after": 1})
+    p.wait(lambda s: s["requests"][str(room)]["chunks"] == 1, what="chunk 1 of the new room")
+    new = admin.room(room).room
+    assert new.generation > old.generation
+    with pytest.raises(kvfence.FailedPrecondition):
+        cluster.control().abort_room(old, "late abort of the old generation")
+    assert admin.room(new).state == RoomState.ACTIVE
+    p.call("resume", room=room)
+    dr, pr = d.wait_outcome(room), p.wait_outcome(room)
+    assert dr["outcome"] == pr["outcome"] == "Success" and dr["verified"] == "ok", (dr, pr)
+    engines_clean(p, d)
