@@ -26,11 +26,12 @@ def free_port():
 def engines(cluster, tmp_path):
     procs = []
 
-    def make():
+    def make(*prefill_extra):
         rz = "127.0.0.1:%d" % free_port()
         p = EngineProc("vllm_engine.py", ["--role", "kv_producer", "--control", cluster.address,
                                           "--node-id", "n1", "--socket", cluster.socket("n1"),
-                                          "--rendezvous", rz], tmp_path, "vllm-prefill")
+                                          "--rendezvous", rz] + list(prefill_extra), tmp_path,
+                       "vllm-prefill")
         procs.append(p)
         d = EngineProc("vllm_engine.py", ["--role", "kv_consumer", "--control", cluster.address,
                                           "--node-id", "n2", "--socket", cluster.socket("n2")],
@@ -141,3 +142,23 @@ def test_killed_prefill_engine_is_a_load_error(cluster, engines):
     info = admin.wait_room_state(room, RoomState.ABORTED, 10)
     assert all(x.lease.state == kvfence.LeaseState.RELEASED for x in info.participants)
     clean(d)
+
+
+def test_unclaimed_prefill_request_is_aborted_not_freed(cluster, engines):
+    """Decode never asks for a prefill request (the proxy lost it): after
+    abort_unclaimed_after_s the room is aborted, and the blocks come back on
+    the release, not on the timer; a decode that asks later is refused and
+    its load ends as an error."""
+    p, d = engines("--abort-unclaimed", "0.3")
+    admin = cluster.admin()
+    rep = p.call("request", req="u", blocks=3, params={"do_remote_decode": True})
+    room = rep["params"]["kvfence_room"]
+    pr = done(p, "u")
+    assert pr["outcome"] == "sent"
+    info = admin.room(room)
+    assert info.state == RoomState.ABORTED and \
+        all(x.lease.state == kvfence.LeaseState.RELEASED for x in info.participants)
+    d.call("request", req="u", blocks=3, params=rep["params"])
+    dr = done(d, "u")
+    assert dr["outcome"] == "load_error", dr
+    clean(p, d)

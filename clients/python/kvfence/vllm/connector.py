@@ -157,7 +157,7 @@ class _Req:
     sent: bool = False
     aborted: str = ""
     by_scheduler: bool = False  # decode: the scheduler aborted it (free on release)
-    done: bool = False
+    granted_at: float = 0.0
 
 
 class KvfenceConnector(KVConnectorBase_V1):
@@ -177,6 +177,11 @@ class KvfenceConnector(KVConnectorBase_V1):
         self.rank = int(extra.get("rank", getattr(ktc, "kv_rank", 0) or 0))
         feats = extra.get("features")
         self.features = tuple(feats) if feats is not None else DEFAULT_FEATURES
+        # Producer: abort a room whose decode side has not asked for it after
+        # this long (None: never). An abort, not a free: the blocks come back
+        # on the release that follows, as for any abort.
+        t = extra.get("abort_unclaimed_after_s", os.environ.get("KVFENCE_ABORT_UNCLAIMED_S"))
+        self.abort_unclaimed_after_s = float(t) if t not in (None, "") else None
         self.is_scheduler = getattr(role, "name", str(role)) == "SCHEDULER"
         if self.is_scheduler:
             self._pending = KvfenceConnectorMetadata()
@@ -308,6 +313,7 @@ class KvfenceConnector(KVConnectorBase_V1):
                                        self.memory.pool_id, self.memory.ranges(blocks),
                                        features=self.features, retry_s=_RETRY_S)
             r.room, r.lease_id = j.room, j.lease_id
+            r.granted_at = time.monotonic()
         except errors.KvfenceError as e:
             r.aborted = "%s: %s" % (e.method, e.details)  # nothing granted: done at once
         with self._lock:
@@ -381,6 +387,19 @@ class KvfenceConnector(KVConnectorBase_V1):
                     continue
                 sink = e.get("sink")
                 if not sink:
+                    limit = self.abort_unclaimed_after_s
+                    if limit is not None and time.monotonic() - r.granted_at > limit:
+                        # Decode never asked (its proxy lost the request?): abort.
+                        # Unlike NIXL's timer this frees nothing; the release does.
+                        detail = "unclaimed for %.3g s" % limit
+                        try:  # a decode that asks later is refused (409), not left waiting
+                            late = rz.abort(r.room_id, self.rank, detail).get("sink")
+                        except RendezvousError:
+                            late = None
+                        self._abort_key(r.room, detail)
+                        r.aborted, r.sent = detail, True
+                        if late:  # it posted meanwhile: its room is this one, aborted above
+                            log.info("room %s: decode posted while it was aborted", r.room)
                     continue
                 r.sent = True
                 if RoomKey(*sink["room"]) != r.room:

@@ -96,7 +96,7 @@ class Engine:
             for p in range(self.nblocks):
                 self._put(b, p, canary(self.seed, p, b, self.item))
         extra = {"control": a.control, "node_id": a.node_id, "node_socket": a.socket,
-                 "rendezvous": a.rendezvous}
+                 "rendezvous": a.rendezvous, "abort_unclaimed_after_s": a.abort_unclaimed}
         cfg = SimpleNamespace(kv_transfer_config=SimpleNamespace(
             kv_connector="KvfenceConnector", kv_connector_module_path="kvfence.vllm",
             kv_role=a.role, kv_connector_extra_config=extra, engine_id="e-%s" % a.role))
@@ -287,6 +287,7 @@ def main():
     ap.add_argument("--node-id", required=True)
     ap.add_argument("--socket", required=True)
     ap.add_argument("--rendezvous", default=None, help="producer: host:port to serve")
+    ap.add_argument("--abort-unclaimed", type=float, default=None)
     ap.add_argument("--layers", type=int, default=2)
     ap.add_argument("--blocks", type=int, default=48)
     ap.add_argument("--block-bytes", type=int, default=1024)
