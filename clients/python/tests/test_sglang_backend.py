@@ -62,6 +62,9 @@ def test_chunked_prefill_lands_byte_exact(cluster, engines):
     rooms = {(1 << 62) + 11: (12, 5), (1 << 62) + 12: (7, 7), (1 << 62) + 13: (9, 2)}
     for room, (pages, chunk) in rooms.items():
         request_pair(p, d, boot, room, pages, chunk)
+    # A prefill that sends no aux slot: decode does not wait for one.
+    rooms[(1 << 62) + 14] = (4, 4)
+    request_pair(p, d, boot, (1 << 62) + 14, 4, 4, p_kw={"aux": False}, d_kw={"aux": False})
     for room, (pages, chunk) in rooms.items():
         dr = d.wait_outcome(room)
         pr = p.wait_outcome(room)

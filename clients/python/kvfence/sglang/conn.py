@@ -61,7 +61,8 @@ from typing import Any, Dict, List, Optional, Sequence
 
 from .. import errors
 from ..client import (DEFAULT_FEATURES, AuxReceived, ControlClient, Lease, NodeClient,
-                      NodeRoomState, Participant, Role, RoomKey, RoomState, RoomStateChanged)
+                      NodeRoomState, Participant, Role, RoomKey, RoomState, RoomStateChanged,
+                      TransferDone)
 from ..enginekit.memory import KvMemory, ranges_for, register_kv_memory
 from ..enginekit.rendezvous import Rendezvous, RendezvousError, RendezvousServer
 
@@ -75,7 +76,6 @@ try:  # the engine's own interfaces when SGLang is installed
         KVTransferMetric = None  # type: ignore[assignment,misc]
 except ImportError:  # pragma: no cover - importable without SGLang (docs, tools)
     import enum
-    from dataclasses import dataclass
 
     class KVPoll(enum.IntEnum):  # type: ignore[no-redef]
         Failed = 0
@@ -207,6 +207,13 @@ class KVManager(BaseKVManager):
             for ev in self._node_watch:
                 if isinstance(ev, AuxReceived):
                     self._write_aux(ev.room, ev.data)
+                elif isinstance(ev, TransferDone) and ev.ok:
+                    # The node orders a room's events: an aux comes before the
+                    # ok transfer_done, so a room without one by now has none
+                    # (a prefill that sent no aux slot): do not wait for it.
+                    with self._lock:
+                        if ev.room in self._aux_done:
+                            self._aux_done[ev.room] = True
                 elif isinstance(ev, NodeRoomState) and isinstance(ev.state, RoomState):
                     with self._lock:
                         if ev.state.terminal:

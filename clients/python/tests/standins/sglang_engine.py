@@ -183,12 +183,12 @@ class Engine:
     # ---- requests -----------------------------------------------------------------
 
     def request(self, room, pages, chunk=0, abort_at=None, hold_after=0, timeout_s=0,
-                bootstrap=None):
+                bootstrap=None, aux=True):
         boot = bootstrap or (self.boot.address if self.boot else None)
         r = {"room": room, "n": pages, "chunk": chunk or pages, "abort_at": abort_at,
              "hold_after": hold_after, "timeout_s": timeout_s, "pages": None, "slot": None,
              "sent": 0, "chunks": 0, "aborted": False, "outcome": None, "failure": None,
-             "freed": 0, "verified": None, "t0": time.monotonic(), "seen": []}
+             "freed": 0, "verified": None, "t0": time.monotonic(), "seen": [], "aux": aux}
         if self.mode == "prefill":
             r["obj"] = KVSender(self.mgr, boot, room, [0], 0)
         else:
@@ -246,7 +246,7 @@ class Engine:
                         self._put(b, pg, pattern(r["room"], i, b, self.item))
                 for b in range(2):
                     self._put_aux(b, r["slot"], pattern(r["room"], 1000 + b, 0, self.aux_item))
-                obj.init(r["n"], r["slot"])
+                obj.init(r["n"], r["slot"] if r["aux"] else None)
             else:
                 obj.send_metadata(r["pages"], r["slot"])
             return
@@ -265,7 +265,9 @@ class Engine:
                 if self._get(b, pg) != pattern(r["room"], i, b, self.item):
                     return "page %d (token %d) buffer %d differs" % (pg, i, b)
         for b in range(2):
-            if self._get_aux(b, r["slot"]) != pattern(r["room"], 1000 + b, 0, self.aux_item):
+            want = (pattern(r["room"], 1000 + b, 0, self.aux_item) if r["aux"] else
+                    canary(self.seed, r["slot"], 100 + b, self.aux_item))  # none was sent
+            if self._get_aux(b, r["slot"]) != want:
                 return "aux slot %d buffer %d differs" % (r["slot"], b)
         return "ok"
 
