@@ -214,7 +214,9 @@ def test_peer_without_quiesce_fails_before_any_transfer(cluster, engines):
     dr, pr = d.wait_outcome(8002), p.wait_outcome(8002)
     assert dr["outcome"] == pr["outcome"] == "Failed", (dr, pr)
     assert "QUIESCE_V1" in pr["failure"], pr
-    assert pr["lease_id"] == 0 and pr["chunks"] == 1
+    # Nothing of prefill's was granted (send() queues chunks; the first
+    # join was refused, the later chunks skipped), so nothing was read.
+    assert pr["lease_id"] == 0 and pr["chunks"] >= 1
     info = admin.room(8002)
     assert info.state == RoomState.ABORTED
     assert info.abort_reason == kvfence.AbortReason.CAPABILITY

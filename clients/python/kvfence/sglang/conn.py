@@ -43,21 +43,29 @@ without QUIESCE_V1 joins.
 
 DESIGN. Threads: the scheduler's (every call of the sender/receiver API);
 the ReleaseWatcher's (lease releases and room states, into the manager's
-tables); on decode, one NodeClient.watch reader (aux bytes into the aux
-buffers, and the node's view of room states). The manager's tables are
-guarded by one lock; a request's own fields are written by the scheduler
-thread only. poll() derives the state from the tables (released lease ids,
-room states by RoomKey) each time, so an event that arrives before the
-join reply is recorded is not lost.
+tables); on prefill, one transfer thread per manager that runs the chunks
+send() queued, in order (JoinRoom/ExtendLease, SubmitChunk, CompleteRoom),
+so send() never waits on kvfence; on decode, one NodeClient.watch reader
+(aux bytes into the aux buffers, and the node's view of room states). The
+manager's tables are guarded by the manager's lock. A request's fields are
+the scheduler thread's, except lease_id, aborted, failed and the count of
+queued chunks, which the transfer thread also writes: those change under the
+request's lock, and a request that aborts with a chunk still queued is
+Failed only once that chunk is over (it may still grant pages). poll()
+derives the state from the tables (released lease ids, room states by
+RoomKey) each time, so an event that arrives before the join reply is
+recorded is not lost. Lock order: a request's lock, then the manager's or
+the watcher's; the watcher and node-watch threads take no request lock.
 """
 from __future__ import annotations
 
 import ctypes
 import logging
 import os
+import queue
 import threading
 import time
-from typing import Any, Dict, List, Optional, Sequence
+from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 from .. import errors
 from ..client import (DEFAULT_FEATURES, AuxReceived, ControlClient, Lease, NodeClient,
@@ -185,8 +193,13 @@ class KVManager(BaseKVManager):
             self._node_thread = threading.Thread(target=self._read_node, daemon=True,
                                                  name="kvfence-sglang-node-watch")
             self._node_thread.start()
+        self._tx: "queue.Queue[Optional[Tuple[KVSender, List[int], int, bool]]]" = queue.Queue()
+        self._tx_thread: Optional[threading.Thread] = None
         self.bootstrap_addr: Optional[str] = None
         if self.mode == "prefill":
+            self._tx_thread = threading.Thread(target=self._tx_loop, daemon=True,
+                                               name="kvfence-sglang-transfer")
+            self._tx_thread.start()
             port = getattr(server_args, "disaggregation_bootstrap_port", None)
             host = getattr(server_args, "kvfence_bootstrap_host", None) or "127.0.0.1"
             if port:
@@ -273,6 +286,21 @@ class KVManager(BaseKVManager):
             self._aux_done.pop(room, None)
             self._aux_slots.pop(room, None)
 
+    def _tx_loop(self) -> None:
+        """Prefill: the chunks that send() queued, in order (one thread, so a
+        request's chunks keep their order and the scheduler never waits on
+        kvfence)."""
+        while True:
+            item = self._tx.get()
+            if item is None:
+                return
+            sender, idx, start, is_last = item
+            try:
+                sender._transfer(idx, start, is_last)
+            except Exception:  # a bug must not stop every later request's chunks
+                log.exception("room %d: chunk at %d failed", sender.bootstrap_room, start)
+                sender._chunk_done("chunk at %d: internal error" % start)
+
     # ---- bootstrap --------------------------------------------------------------
 
     def register_to_bootstrap(self) -> None:
@@ -286,6 +314,9 @@ class KVManager(BaseKVManager):
 
     def close(self) -> None:
         self._closed = True
+        if self._tx_thread is not None:
+            self._tx.put(None)
+            self._tx_thread.join(timeout=10.0)
         self.watcher.stop()
         if self._node_watch is not None:
             self._node_watch.close()
@@ -310,11 +341,16 @@ class _Request:
         self.aborted = ""  # why, once anyone aborted (or refused) the room
         self.failed = False  # granted nothing and aborted: Failed at once
         self._final: Optional[KVPoll] = None
+        # Prefill: chunks queued for the transfer thread and not yet done. The
+        # thread writes room/lease_id/aborted too, so these change under _lock.
+        self._lock = threading.Lock()
+        self._inflight = 0
         self._next_mailbox = 0.0
 
     def _state(self) -> KVPoll:
         if self._final is None:
-            self._final = self._derive()
+            with self._lock:
+                self._final = self._derive()
         return self._final if self._final is not None else self.phase
 
     def _derive(self) -> Optional[KVPoll]:
@@ -336,9 +372,10 @@ class _Request:
         return None
 
     def _note_abort(self, detail: str) -> None:
-        self.aborted = self.aborted or detail
-        if not self.lease_id:
-            self.failed = True  # nothing of ours is granted: nothing to wait for
+        with self._lock:
+            self.aborted = self.aborted or detail
+            if not self.lease_id and not self._inflight:
+                self.failed = True  # nothing of ours is granted: nothing to wait for
 
     def _abort_key(self, room: RoomKey, detail: str) -> None:
         try:
@@ -408,12 +445,11 @@ class KVSender(_Request, BaseKVSender):
 
     def send(self, kv_indices: Sequence[int], state_indices: Any = None,
              token_position_offset: int = 0) -> None:
-        """One prefill chunk: these pages' KV is computed. Grants them to the
-        room (JoinRoom, then ExtendLease per chunk) before the node reads
-        them, then submits them against the decode pages at the same token
-        positions; the chunk that reaches num_kv_indices is the last."""
-        if self.aborted:
-            return  # an aborted room takes nothing more
+        """One prefill chunk: these pages' KV is computed. Queued for the
+        manager's transfer thread, which grants them to the room (JoinRoom,
+        then ExtendLease per chunk) before the node reads them, then submits
+        them against the decode pages at the same token positions; the chunk
+        that reaches num_kv_indices is the last. Does not wait."""
         if self.sink is None:
             raise RuntimeError("room %d: send() before the decode side's metadata (poll "
                                "is Bootstrapping)" % self.bootstrap_room)
@@ -422,32 +458,56 @@ class KVSender(_Request, BaseKVSender):
         if end > self.num_kv_indices:
             raise ValueError("room %d: %d pages sent, more than init's num_kv_indices %d" %
                              (self.bootstrap_room, end, self.num_kv_indices))
-        is_last = end >= self.num_kv_indices
-        mem = self.mgr.memory
-        sink = self.sink
-        src = mem.ranges(idx)
-        dst = ranges_for(sink["bases"], sink["kv_indices"][start:end])
+        with self._lock:
+            if self.aborted:
+                return  # an aborted room takes nothing more
+            self._inflight += 1
+        self.curr_idx = end
         if self._t0 is None:
             self._t0 = time.monotonic()
+        self.phase = KVPoll.Transferring
+        self.mgr._tx.put((self, idx, start, end >= self.num_kv_indices))
+
+    def _chunk_done(self, failure: str = "") -> None:
+        """Transfer thread: one queued chunk is over (sent, refused or skipped)."""
+        with self._lock:
+            self._inflight -= 1
+            if failure:
+                self.aborted = self.aborted or failure
+            if self.aborted and not self.lease_id and not self._inflight:
+                self.failed = True
+
+    def _transfer(self, idx: List[int], start: int, is_last: bool) -> None:
+        """Transfer thread: grant, submit and (last chunk) complete one chunk."""
+        with self._lock:
+            skip = bool(self.aborted)
+            lease_id = self.lease_id
+        if skip:
+            self._chunk_done()
+            return
+        mem = self.mgr.memory
+        sink = self.sink
+        assert sink is not None and self.room is not None
+        src = mem.ranges(idx)
+        dst = ranges_for(sink["bases"], sink["kv_indices"][start:start + len(idx)])
         try:
-            if not self.lease_id:
+            if not lease_id:
                 j = self.mgr.control.join_room(
                     self.bootstrap_room, self.mgr.participant, mem.pool_id, src,
                     expected_sources=1, expected_sinks=1, features=self.mgr.features,
                     retry_s=_SUBMIT_RETRY_S)
+                with self._lock:
+                    self.lease_id = j.lease_id
+                    self.lease_pages = mem.page_count(len(idx))
                 if j.room != self.room:
                     # The id is another generation than decode granted: not ours.
-                    self.room, self.lease_id = j.room, j.lease_id
-                    self._abort_key(j.room, "generation differs from decode's %s" %
-                                    (sink["room"],))
-                    self._note_abort("room %s is not the generation decode granted" % (j.room,))
+                    wrong, self.room = self.room, j.room
+                    self._abort_key(j.room, "generation differs from decode's %s" % (wrong,))
+                    self._chunk_done("room %s is not the generation decode granted" % (j.room,))
                     return
-                self.room, self.lease_id = j.room, j.lease_id
-                self.lease_pages = mem.page_count(len(idx))
             else:
-                lease = self.mgr.control.extend_lease(self.room, self.lease_id, src)
+                lease = self.mgr.control.extend_lease(self.room, lease_id, src)
                 self.lease_pages = lease.page_count()
-            self.phase = KVPoll.Transferring
             self.chunk_seq += 1
             aux = b""
             if is_last and self.aux_index is not None:
@@ -460,7 +520,6 @@ class KVSender(_Request, BaseKVSender):
                 retry_unavailable_s=_SUBMIT_RETRY_S, source_lease_pages=self.lease_pages,
                 sink_lease_pages=len(sink["bases"]) * len(sink["kv_indices"]))
             self._bytes += len(idx) * mem.item_len * len(mem.bases)
-            self.curr_idx = end
             if is_last:
                 self.mgr.control.complete_room(self.room, self.mgr.participant)
         except (errors.Aborted, errors.FailedPrecondition, errors.NotFound,
@@ -468,9 +527,11 @@ class KVSender(_Request, BaseKVSender):
             # Refused: an aborted room (kvfence refuses every later chunk), a
             # capability refusal (kvfence aborted the room), a lost peer.
             # Nothing more is sent; Failed comes with the release.
-            if self.room is not None and self.lease_id:
+            if self.lease_id:
                 self._abort_key(self.room, "prefill: %s" % e.details)
-            self._note_abort("%s: %s" % (e.method, e.details))
+            self._chunk_done("%s: %s" % (e.method, e.details))
+            return
+        self._chunk_done()
 
     def get_transfer_metric(self) -> KVTransferMetric:
         st = self._state()
