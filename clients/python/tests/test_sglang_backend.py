@@ -243,3 +243,65 @@ def test_reused_bootstrap_room_is_a_new_generation(cluster, engines):
     dr, pr = d.wait_outcome(room), p.wait_outcome(room)
     assert dr["outcome"] == pr["outcome"] == "Success" and dr["verified"] == "ok", (dr, pr)
     engines_clean(p, d)
+
+
+def test_released_without_room_state_asks_how_the_room_ended(cluster):
+    """A watcher that resubscribed replays releases but not room states: the
+    backend then asks the control plane how the room ended (an AbortRoom of
+    the ended room, which changes nothing) instead of polling forever."""
+    import os
+    from multiprocessing import shared_memory
+    from types import SimpleNamespace
+
+    from kvfence.enginekit import buffer_address
+    from kvfence.sglang import KVArgs, KVBootstrapServer, KVManager, KVPoll, KVReceiver, KVSender
+
+    boot = KVBootstrapServer("127.0.0.1", 0)
+    shms, mgrs = [], []
+    try:
+        for mode, node in (("prefill", "n1"), ("decode", "n2")):
+            s = shared_memory.SharedMemory(name="kvf-sgl-probe-%d-%s" % (os.getpid(), mode),
+                                           create=True, size=2 * 16 * 1024)
+            shms.append(s)
+            a = KVArgs()
+            a.engine_rank = 0
+            base = buffer_address(s.buf)
+            a.kv_data_ptrs, a.kv_data_lens, a.kv_item_lens = [base, base + 16384], [16384] * 2, \
+                [1024] * 2
+            a.aux_data_ptrs, a.aux_data_lens, a.aux_item_lens = [], [], []
+            m = KVManager(a, mode, SimpleNamespace(
+                kvfence_control=cluster.address, kvfence_node_id=node,
+                kvfence_node_socket=cluster.socket(node), disaggregation_bootstrap_port=boot.port))
+            m.watcher._on_room_state = lambda ev: None  # as after a resubscription
+            mgrs.append(m)
+        for room, abort in ((9101, False), (9102, True)):
+            recv = KVReceiver(mgrs[1], boot.address, room)
+            recv.init(0)
+            send = KVSender(mgrs[0], boot.address, room, [0], 0)
+            deadline = time.monotonic() + 10
+            while True:
+                rp, sp = recv.poll(), send.poll()
+                if rp == KVPoll.WaitingForInput:
+                    recv.send_metadata([1, 3, 5, 7])
+                if sp == KVPoll.WaitingForInput:
+                    send.init(4)
+                    send.send([0, 1])
+                    if abort:
+                        recv.abort()
+                    else:
+                        send.send([2, 3])
+                if rp in (KVPoll.Success, KVPoll.Failed) and sp in (KVPoll.Success, KVPoll.Failed):
+                    break
+                assert time.monotonic() < deadline, (room, rp, sp)
+                time.sleep(0.005)
+            want = KVPoll.Failed if abort else KVPoll.Success
+            assert rp == sp == want, (room, rp, sp)
+            st = cluster.admin().room(room).state
+            assert st == (RoomState.ABORTED if abort else RoomState.COMPLETED)
+    finally:
+        for m in mgrs:
+            m.close()
+        boot.close()
+        for s in shms:
+            s.close()
+            s.unlink()

@@ -26,7 +26,7 @@ def free_port():
 def engines(cluster, tmp_path):
     procs = []
 
-    def make(*prefill_extra):
+    def make(*prefill_extra, decode_extra=()):
         rz = "127.0.0.1:%d" % free_port()
         p = EngineProc("vllm_engine.py", ["--role", "kv_producer", "--control", cluster.address,
                                           "--node-id", "n1", "--socket", cluster.socket("n1"),
@@ -34,8 +34,8 @@ def engines(cluster, tmp_path):
                        "vllm-prefill")
         procs.append(p)
         d = EngineProc("vllm_engine.py", ["--role", "kv_consumer", "--control", cluster.address,
-                                          "--node-id", "n2", "--socket", cluster.socket("n2")],
-                       tmp_path, "vllm-decode")
+                                          "--node-id", "n2", "--socket", cluster.socket("n2")]
+                       + list(decode_extra), tmp_path, "vllm-decode")
         procs.append(d)
         return p, d
 
@@ -161,4 +161,21 @@ def test_unclaimed_prefill_request_is_aborted_not_freed(cluster, engines):
     d.call("request", req="u", blocks=3, params=rep["params"])
     dr = done(d, "u")
     assert dr["outcome"] == "load_error", dr
+    clean(p, d)
+
+
+def test_load_ends_without_room_state_events(cluster, engines):
+    """Decode's watcher sees releases but no room states (as after a
+    resubscription): get_finished asks how the room ended and still reports
+    a completed load as loaded, and an aborted one as a load error."""
+    p, d = engines(decode_extra=["--drop-room-states"])
+    rep = p.call("request", req="ok", blocks=3, params={"do_remote_decode": True})
+    d.call("request", req="ok", blocks=3, params=rep["params"])
+    dr = done(d, "ok")
+    assert dr["outcome"] == "loaded" and dr["verified"] == "ok", dr
+    rep = p.call("request", req="bad", blocks=3, params={"do_remote_decode": True})
+    cluster.control().abort_room(rep["params"]["kvfence_room"], "operator")
+    d.call("request", req="bad", blocks=3, params=rep["params"])
+    assert done(d, "bad")["outcome"] == "load_error"
+    done(p, "bad")
     clean(p, d)

@@ -73,6 +73,7 @@ from ..client import (DEFAULT_FEATURES, AuxReceived, ControlClient, Lease, NodeC
                       TransferDone)
 from ..enginekit.memory import KvMemory, ranges_for, register_kv_memory
 from ..enginekit.rendezvous import Rendezvous, RendezvousError, RendezvousServer
+from ..enginekit.rooms import ended_state
 
 try:  # the engine's own interfaces when SGLang is installed
     from sglang.srt.disaggregation.base.conn import (BaseKVBootstrapServer, BaseKVManager,
@@ -114,6 +115,7 @@ log = logging.getLogger("kvfence.sglang")
 QUIESCE_FEATURE = "QUIESCE_V1"
 _MAILBOX_POLL_S = 0.05  # how often a waiting side looks for a tombstone
 _SUBMIT_RETRY_S = 5.0
+_END_GRACE_S = 1.0  # released, room end not seen: ask after this long
 
 
 class KVTransferError(Exception):
@@ -212,8 +214,14 @@ class KVManager(BaseKVManager):
         log.debug("lease %d of room %s released", lease.lease_id, lease.room)
 
     def _on_room_state(self, ev: RoomStateChanged) -> None:
+        self._note_state(ev.room, ev.new_state)
+
+    def _note_state(self, room: RoomKey, state: RoomState) -> None:
         with self._lock:
-            self._room_states[ev.room] = ev.new_state
+            old = self._room_states.get(room)
+            if isinstance(old, RoomState) and old.terminal:
+                return  # a terminal state stays
+            self._room_states[room] = state
 
     def _read_node(self) -> None:
         try:
@@ -345,6 +353,7 @@ class _Request:
         # thread writes room/lease_id/aborted too, so these change under _lock.
         self._lock = threading.Lock()
         self._inflight = 0
+        self._released_at: Optional[float] = None
         self._next_mailbox = 0.0
 
     def _state(self) -> KVPoll:
@@ -360,9 +369,26 @@ class _Request:
             return KVPoll.Failed
         if self.lease_id and self.mgr.watcher.is_released(self.lease_id):
             st = self.mgr.room_state(self.room)
+            if st is None or not st.terminal:
+                # Released, the end not seen (a resubscribed watcher replays
+                # releases, not room states): ask, after a grace period.
+                now = time.monotonic()
+                if self._released_at is None:
+                    self._released_at = now
+                elif now - self._released_at > _END_GRACE_S and self.room is not None:
+                    end = ended_state(self.mgr.control, self.room)
+                    if end == RoomState.UNSPECIFIED:
+                        # Ended, but how is lost: fail the request (safe, the
+                        # pages are released), never claim its data arrived.
+                        self.aborted = self.aborted or ("room %s ended, its outcome unknown "
+                                                        "(generation replaced)" % (self.room,))
+                        return KVPoll.Failed
+                    if end is not None:
+                        st = end
+                        self.mgr._note_state(self.room, end)
             if st == RoomState.COMPLETED and self.mgr.aux_ok(self.room):
                 return KVPoll.Success
-            if st == RoomState.ABORTED or (st is None and self.aborted):
+            if st == RoomState.ABORTED:
                 self.aborted = self.aborted or "room %s aborted" % (self.room,)
                 return KVPoll.Failed
         elif self.lease_id:

@@ -61,6 +61,7 @@ from ..client import (DEFAULT_FEATURES, ControlClient, Lease, NodeClient, Partic
                       RoomKey, RoomState, RoomStateChanged)
 from ..enginekit.memory import KvMemory, ranges_for, register_kv_memory
 from ..enginekit.rendezvous import Rendezvous, RendezvousError, RendezvousServer
+from ..enginekit.rooms import ended_state
 
 try:
     from vllm.distributed.kv_transfer.kv_connector.v1.base import (KVConnectorBase_V1,
@@ -97,6 +98,7 @@ log = logging.getLogger("kvfence.vllm")
 
 _RETRY_S = 5.0
 _SENDER_POLL_S = 0.005
+_END_GRACE_S = 1.0  # released, room end not seen: ask after this long
 
 
 @dataclass
@@ -158,6 +160,7 @@ class _Req:
     aborted: str = ""
     by_scheduler: bool = False  # decode: the scheduler aborted it (free on release)
     granted_at: float = 0.0
+    released_at: float = 0.0
 
 
 class KvfenceConnector(KVConnectorBase_V1):
@@ -388,10 +391,16 @@ class KvfenceConnector(KVConnectorBase_V1):
                 sink = e.get("sink")
                 if not sink:
                     limit = self.abort_unclaimed_after_s
-                    if limit is not None and time.monotonic() - r.granted_at > limit:
-                        # Decode never asked (its proxy lost the request?): abort.
-                        # Unlike NIXL's timer this frees nothing; the release does.
-                        detail = "unclaimed for %.3g s" % limit
+                    with self._lock:
+                        ended = self._room_states.get(r.room) in (RoomState.ABORTING,
+                                                                  RoomState.ABORTED)
+                    if ended or (limit is not None and
+                                 time.monotonic() - r.granted_at > limit):
+                        # Aborted before decode asked (by anyone), or decode never
+                        # asked (its proxy lost the request?): abort. Unlike NIXL's
+                        # timer this frees nothing; the release does.
+                        detail = ("room %s aborted before decode asked" % (r.room,) if ended
+                                  else "unclaimed for %.3g s" % limit)
                         try:  # a decode that asks later is refused (409), not left waiting
                             late = rz.abort(r.room_id, self.rank, detail).get("sink")
                         except RendezvousError:
@@ -403,7 +412,11 @@ class KvfenceConnector(KVConnectorBase_V1):
                     continue
                 r.sent = True
                 if RoomKey(*sink["room"]) != r.room:
+                    # Decode joined another generation (ours ended first, and its
+                    # join made a new one): neither can complete; abort both.
                     self._abort_key(r.room, "decode joined generation %s" % (sink["room"],))
+                    self._abort_key(RoomKey(*sink["room"]), "prefill's generation %s ended" %
+                                    (r.room,))
                     continue
                 try:
                     self.node.submit_chunk(
@@ -441,15 +454,26 @@ class KvfenceConnector(KVConnectorBase_V1):
         get_block_ids_with_load_errors)."""
         sending: Set[str] = set()
         recving: Set[str] = set()
+        unsent: List[_Req] = []
         with self._lock:
             for rid, r in list(self._sending.items()):
                 if self._released(r):
                     sending.add(rid)
                     del self._sending[rid]
+                    if not r.sent:
+                        unsent.append(r)
             for rid, r in list(self._recving.items()):
                 if not self._released(r):
                     continue
                 st = self._room_states.get(r.room) if r.room is not None else None
+                if st is None and r.room is not None and not r.by_scheduler:
+                    # Released, its end not seen (a resubscribed watcher replays
+                    # releases only): ask how it ended, after a grace period.
+                    now = time.monotonic()
+                    r.released_at = r.released_at or now
+                    if now - r.released_at > _END_GRACE_S:
+                        end = ended_state(self.control, r.room)
+                        st = RoomState.ABORTED if end == RoomState.UNSPECIFIED else end
                 if r.by_scheduler:
                     sending.add(rid)
                 elif st == RoomState.COMPLETED:
@@ -462,7 +486,25 @@ class KvfenceConnector(KVConnectorBase_V1):
                 del self._recving[rid]
                 if r.room is not None:
                     self._room_states.pop(r.room, None)
+        for r in unsent:
+            self._refuse_late_decode(r)
         return sending or None, recving or None
+
+    def _refuse_late_decode(self, r: _Req) -> None:
+        """Producer: a room released before decode asked (aborted by anyone):
+        leave a tombstone, so that a decode that asks later is refused at the
+        rendezvous instead of waiting in a room of its own; if it posted
+        meanwhile, abort the room it joined."""
+        if self._server is None:
+            return
+        try:
+            e = Rendezvous(self._server.address).abort(r.room_id, self.rank,
+                                                       "prefill's room %s ended" % (r.room,))
+        except RendezvousError as err:
+            log.warning("%s", err)
+            return
+        if e.get("sink"):
+            self._abort_key(RoomKey(*e["sink"]["room"]), "prefill's room %s ended" % (r.room,))
 
     def get_block_ids_with_load_errors(self) -> Set[int]:
         with self._lock:
@@ -474,6 +516,12 @@ class KvfenceConnector(KVConnectorBase_V1):
         with self._lock:
             r = self._sending.get(req_id) or self._recving.get(req_id)
             return r.lease_id if r else 0
+
+    def room_of(self, req_id: str) -> Optional[RoomKey]:
+        """The room-generation of a request in flight (None: none yet)."""
+        with self._lock:
+            r = self._sending.get(req_id) or self._recving.get(req_id)
+            return r.room if r else None
 
     def get_handshake_metadata(self) -> Any:
         return None  # the rendezvous address travels in kv_transfer_params

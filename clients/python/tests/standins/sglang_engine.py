@@ -49,6 +49,26 @@ from sglang.srt.disaggregation.utils import DisaggregationMode  # noqa: E402
 STEP_S = 0.002
 
 
+def lease_state(admin, key, lease_id):
+    """The lease's state at the control plane, from its exact room-generation
+    (GetRoom), else from the room id's lease list. A generation that a newer
+    one replaced may be gone from both; one is replaced only once it ended,
+    and these tests lose no node (no lease waits for its host's proof), so
+    its leases count as RELEASED then."""
+    try:
+        for p in admin.room(key).participants:
+            if p.lease is not None and p.lease.lease_id == lease_id:
+                return p.lease.state
+    except kvfence.NotFound:
+        pass
+    for l in admin.leases(room_id=key.room_id):
+        if l.lease_id == lease_id:
+            return l.state
+    if admin.room(key.room_id).room.generation > key.generation:
+        return LeaseState.RELEASED
+    return None
+
+
 def pattern(room, i, b, n):
     """The KV bytes of token page i, buffer b, of room `room` (prefill writes, decode checks)."""
     v = (room * 7 + i * 13 + b * 29) & 0xFF
@@ -149,8 +169,7 @@ class Engine:
         """The scheduler frees a finished request: checked, then re-canaried."""
         obj = r["obj"]
         if obj.lease_id:
-            states = {l.lease_id: l.state for l in self.admin.leases(room_id=r["room"])}
-            st = states.get(obj.lease_id)
+            st = lease_state(self.admin, obj.room, obj.lease_id)
             if st != LeaseState.RELEASED:
                 self.violations.append("room %d: pages freed while lease %d is %s" %
                                        (r["room"], obj.lease_id, getattr(st, "name", st)))
