@@ -29,12 +29,18 @@ def engines_clean(*engines):
     for e in engines:
         if e.proc.poll() is not None:
             continue
-        st = e.status()
-        assert st["violations"] == [], (e.name, st["violations"])
-        assert st["canaries"] == [], (e.name, st["canaries"])
-        for room, r in st["requests"].items():
-            assert r["freed"] == (1 if r["outcome"] else 0), (e.name, room, r)
-        assert st["used"] == [], (e.name, "pages still allocated", st["used"])
+        top = e.status()
+        for st in top.get("ranks", [top]):
+            rank_clean(e, st)
+
+
+def rank_clean(e, st):
+    """One rank: no bad free, canaries intact, each ended request freed once."""
+    assert st["violations"] == [], (e.name, st["violations"])
+    assert st["canaries"] == [], (e.name, st["canaries"])
+    for room, r in st["requests"].items():
+        assert r["freed"] == (1 if r["outcome"] else 0), (e.name, room, r)
+    assert st["used"] == [], (e.name, "pages still allocated", st["used"])
 
 
 @pytest.fixture
@@ -305,3 +311,40 @@ def test_released_without_room_state_asks_how_the_room_ended(cluster):
         for s in shms:
             s.close()
             s.unlink()
+
+
+def test_tp2_prefill_to_tp2_decode(cluster, engines):
+    """TP 2 on both sides: a room has two sources and two sinks, decode rank r
+    pairs with prefill rank r; one abort fails every rank, and each rank frees
+    only on its own lease's release."""
+    p, d, boot = engines("--tp", "2", decode_extra=["--tp", "2"])
+    admin = cluster.admin()
+    request_pair(p, d, boot, 9201, 6, 2)
+    request_pair(p, d, boot, 9202, 6, 2, p_kw={"hold_after": 1})
+
+    def all_ranks(e, room):
+        return e.wait(lambda s: all((r["requests"].get(str(room)) or {}).get("outcome")
+                                    for r in s["ranks"]), 10, "room %d on every rank" % room)
+
+    for e in (p, d):
+        st = all_ranks(e, 9201)
+        assert [r["requests"]["9201"]["outcome"] for r in st["ranks"]] == ["Success"] * 2, e.name
+    assert all(r["requests"]["9201"]["verified"] == "ok" for r in d.status()["ranks"])
+    info = admin.room(9201)
+    assert info.state == RoomState.COMPLETED and info.participant_count == 4
+    p.wait(lambda s: all(r["requests"]["9202"]["chunks"] == 1 for r in s["ranks"]),
+           what="chunk 1 on both prefill ranks")
+    d.call("abort", room=9202)
+    for e in (p, d):
+        st = all_ranks(e, 9202)
+        assert [r["requests"]["9202"]["outcome"] for r in st["ranks"]] == ["Failed"] * 2, e.name
+    assert admin.room(9202).state == RoomState.ABORTED
+    engines_clean(p, d)
+
+
+def test_tp_sizes_must_match(cluster, engines):
+    p, d, boot = engines("--tp", "2")
+    d.call("request", room=9301, pages=4, bootstrap=boot)
+    dr = d.wait_outcome(9301)
+    assert dr["outcome"] == "Failed" and "TP" in dr["failure"] and dr["lease_id"] == 0, dr
+    engines_clean(p, d)

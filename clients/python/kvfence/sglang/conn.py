@@ -172,6 +172,9 @@ class KVManager(BaseKVManager):
             feats = [f for f in feats.split(",") if f]
         self.features = tuple(feats) if feats is not None else DEFAULT_FEATURES
         self.rank = int(args.engine_rank)
+        # Prefill and decode with the same TP size: decode rank r pairs with
+        # prefill rank r, and a room has tp_size sources and tp_size sinks.
+        self.tp_size = int(getattr(server_args, "tp_size", None) or 1)
         self.role = Role.SOURCE if self.mode == "prefill" else Role.SINK
         self.participant = Participant(self.node_id, self.rank, self.role)
         self.control = ControlClient(control)
@@ -318,7 +321,8 @@ class KVManager(BaseKVManager):
             return
         Rendezvous(self.bootstrap_addr).put_rank(self.rank, {
             "node_id": self.node_id, "features": list(self.features),
-            "item_len": self.memory.item_len, "buffers": len(self.memory.bases)})
+            "item_len": self.memory.item_len, "buffers": len(self.memory.bases),
+            "tp_size": self.tp_size})
 
     def close(self) -> None:
         self._closed = True
@@ -520,7 +524,8 @@ class KVSender(_Request, BaseKVSender):
             if not lease_id:
                 j = self.mgr.control.join_room(
                     self.bootstrap_room, self.mgr.participant, mem.pool_id, src,
-                    expected_sources=1, expected_sinks=1, features=self.mgr.features,
+                    expected_sources=self.mgr.tp_size,
+                    expected_sinks=int(sink.get("tp_size", 1)), features=self.mgr.features,
                     retry_s=_SUBMIT_RETRY_S)
                 with self._lock:
                     self.lease_id = j.lease_id
@@ -626,6 +631,10 @@ class KVReceiver(_Request, BaseKVReceiver):
                              (self.prefill_rank, info.get("node_id"), ", ".join(missing)))
             return
         mem = self.mgr.memory
+        if int(info.get("tp_size", 1)) != self.mgr.tp_size:
+            self._note_abort("prefill has TP %s, this decode TP %d: not supported (same TP size "
+                             "on both sides)" % (info.get("tp_size"), self.mgr.tp_size))
+            return
         if info.get("item_len") != mem.item_len or info.get("buffers") != len(mem.bases):
             self._note_abort("prefill rank %d has %s buffers of %s bytes per page, this rank %d "
                              "of %d" % (self.prefill_rank, info.get("buffers"),
@@ -654,7 +663,8 @@ class KVReceiver(_Request, BaseKVReceiver):
         try:
             j = self.mgr.control.join_room(
                 self.bootstrap_room, self.mgr.participant, mem.pool_id, mem.ranges(self.kv_indices),
-                expected_sources=1, expected_sinks=1, features=self.mgr.features,
+                expected_sources=int(self.prefill.get("tp_size", 1)),
+                expected_sinks=self.mgr.tp_size, features=self.mgr.features,
                 retry_s=_SUBMIT_RETRY_S)
         except (errors.Aborted, errors.FailedPrecondition, errors.NotFound, errors.Unavailable,
                 errors.InvalidArgument, errors.AlreadyExists) as e:
@@ -664,7 +674,8 @@ class KVReceiver(_Request, BaseKVReceiver):
         self.mgr._expect_aux(j.room, aux_index)
         self.phase = KVPoll.Transferring
         info = dict(mem.describe(), room=[j.room.room_id, j.room.generation],
-                    node_id=self.mgr.node_id, rank=self.mgr.rank, kv_indices=self.kv_indices,
+                    node_id=self.mgr.node_id, rank=self.mgr.rank, tp_size=self.mgr.tp_size,
+                    kv_indices=self.kv_indices,
                     aux_index=aux_index)
         try:
             tomb = self.rendezvous.put_sink(self.bootstrap_room, self.prefill_rank or 0, info)

@@ -81,14 +81,17 @@ def canary(seed, page, b, n):
 
 
 class Engine:
-    def __init__(self, a):
+    """One TP rank: its KV and aux buffers, its KVManager, its scheduler loop."""
+
+    def __init__(self, a, rank=0, boot=None):
         self.a = a
+        self.rank = rank
         self.mode = a.mode
         self.seed = 1 if a.mode == "prefill" else 2
         self.item = a.item_len
         self.nbuf = 2 * a.layers
         self.pages = a.pages
-        tag = "kvf-sgl-%d-%s" % (os.getpid(), a.mode)
+        tag = "kvf-sgl-%d-%s-%d" % (os.getpid(), a.mode, rank)
         self.kv = shared_memory.SharedMemory(name=tag + "-kv", create=True,
                                              size=self.nbuf * self.pages * self.item)
         self.aux_item = 256
@@ -104,7 +107,7 @@ class Engine:
         base = buffer_address(self.kv.buf)
         abase = buffer_address(self.aux.buf)
         args = KVArgs()
-        args.engine_rank = 0
+        args.engine_rank = rank
         args.kv_data_ptrs = [base + b * self.pages * self.item for b in range(self.nbuf)]
         args.kv_data_lens = [self.pages * self.item] * self.nbuf
         args.kv_item_lens = [self.item] * self.nbuf
@@ -114,14 +117,15 @@ class Engine:
         args.page_size = 1
         args.gpu_id = 0
         args.ib_device = None
-        self.boot = None
-        server_args = argparse.Namespace(
+        self.boot, self.owns_boot = boot, False
+        server_args = argparse.Namespace(tp_size=a.tp,
             kvfence_control=a.control, kvfence_node_id=a.node_id, kvfence_node_socket=a.socket,
             kvfence_features=None if a.features is None else [f for f in a.features.split(",")
                                                                if f],
             disaggregation_bootstrap_port=None)
         if a.mode == "prefill":
-            self.boot = KVBootstrapServer("127.0.0.1", 0)
+            if self.boot is None:
+                self.boot, self.owns_boot = KVBootstrapServer("127.0.0.1", 0), True
             server_args.disaggregation_bootstrap_port = self.boot.port
         mode = DisaggregationMode.PREFILL if a.mode == "prefill" else DisaggregationMode.DECODE
         self.mgr = KVManager(args, mode, server_args)
@@ -334,7 +338,7 @@ class Engine:
         self.thread.join(timeout=5)
         self.mgr.close()
         self.admin.close()
-        if self.boot:
+        if self.owns_boot:
             self.boot.close()
         for shm in (self.kv, self.aux):
             shm.close()
@@ -352,9 +356,13 @@ def main():
     ap.add_argument("--item-len", type=int, default=1024)
     ap.add_argument("--features", default=None, help="comma separated; '' for none")
     ap.add_argument("--old-join", action="store_true", help="join rooms without QUIESCE_V1")
+    ap.add_argument("--tp", type=int, default=1, help="TP ranks in this process")
     a = ap.parse_args()
-    eng = Engine(a)
-    print(json.dumps({"ready": True, "bootstrap": eng.boot.address if eng.boot else None,
+    ranks = [Engine(a, 0)]
+    for r in range(1, a.tp):  # TP ranks share the prefill's bootstrap server
+        ranks.append(Engine(a, r, ranks[0].boot))
+    boot = ranks[0].boot
+    print(json.dumps({"ready": True, "bootstrap": boot.address if boot else None,
                       "pid": os.getpid()}), flush=True)
     for line in sys.stdin:
         if not line.strip():
@@ -362,13 +370,19 @@ def main():
         c = json.loads(line)
         quit_ = c.get("op") == "quit"
         try:
-            rep = eng.command(c)
+            # Every command goes to every rank, as SGLang's schedulers act per
+            # request on all TP ranks; status: rank 0's, and all with --tp > 1.
+            reps = [eng.command(dict(c)) for eng in reversed(ranks)][::-1]
+            rep = reps[0]
+            if a.tp > 1 and c.get("op") == "status":
+                rep = dict(rep, ranks=reps)
         except Exception as e:
             rep = {"error": "%s: %s" % (type(e).__name__, e), "trace": traceback.format_exc()}
         print(json.dumps(rep), flush=True)
         if quit_:
             return 0
-    eng.close()
+    for eng in reversed(ranks):
+        eng.close()
     return 0
 
 
