@@ -174,6 +174,7 @@ def test_load_ends_without_room_state_events(cluster, engines):
     dr = done(d, "ok")
     assert dr["outcome"] == "loaded" and dr["verified"] == "ok", dr
     rep = p.call("request", req="bad", blocks=3, params={"do_remote_decode": True})
+    p.wait(lambda s: s["requests"]["bad"]["lease"] > 0, what="prefill joined")
     cluster.control().abort_room(rep["params"]["kvfence_room"], "operator")
     d.call("request", req="bad", blocks=3, params=rep["params"])
     assert done(d, "bad")["outcome"] == "load_error"
