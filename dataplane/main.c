@@ -10,6 +10,11 @@
  * session and exits 0. It exits 1 when the control plane refuses the node
  * (FAILED_PRECONDITION) or the node cannot start, 2 on a bad setting.
  *
+ * With --metrics-listen it serves Prometheus metrics (docs/metrics.md, "Node
+ * metrics") over HTTP, GET /metrics, from a thread of its own that reads only
+ * the node's atomic counters; off by default (several nodes may share a
+ * host), and a metrics endpoint that cannot start is logged, not fatal.
+ *
  * With --probe it starts nothing: it asks the node already serving
  * --local-socket for its health (probe.c) and exits 0 when SERVING, else 1.
  */
@@ -29,6 +34,7 @@
 #include "kvf_log.h"
 #include "kvf_file.h"
 #include "kvf_version.h"
+#include "http.h"
 #include "node.h"
 #include "probe.h"
 
@@ -43,7 +49,7 @@ struct settings {
         *fault_file, *test_fake_device_pools, *local_socket_mode, *local_socket_group;
     const char *staging, *test_local_hold_file, *rdma, *rdma_fabric, *rdma_gid_index;
     const char *control_tls_ca, *control_tls_cert, *control_tls_key, *control_tls_server_name;
-    const char *run_dir, *log_level;
+    const char *run_dir, *log_level, *metrics_listen, *metrics_port_file;
     uint64_t data_port, peer_port, drain_timeout_ms, staging_buffers, probe_timeout_ms;
     uint64_t retain_rooms;
     uint64_t data_connect_timeout_ms;
@@ -172,6 +178,11 @@ int main(int argc, char **argv)
         {"rdma-gid-index", KVF_CONFIG_STRING, &cfg.rdma_gid_index, 0,
          "RDMA GID index, or -1 for LID routing (default: 0 on Ethernet/RoCE and the fake "
          "fabric, -1 on InfiniBand)"},
+        {"metrics-listen", KVF_CONFIG_STRING, &cfg.metrics_listen, 0,
+         "Prometheus /metrics HTTP address: host:port, [v6]:port or a port (= 127.0.0.1; port 0 "
+         "picks one); unset or empty: no metrics endpoint (docs/metrics.md)"},
+        {"metrics-port-file", KVF_CONFIG_STRING, &cfg.metrics_port_file, 0,
+         "write the bound metrics port to this file once serving (before port-file)"},
         {"log-level", KVF_CONFIG_STRING, &cfg.log_level, 0,
          "least severe log lines written to stderr: debug, info, warn or error"},
         {"version", KVF_CONFIG_BOOL, &cfg.version, 0, "print the version and exit"},
@@ -308,9 +319,32 @@ int main(int argc, char **argv)
     }
 
     int rc = 0;
+    struct kvf_metrics_http *mhttp = NULL;
+    const char *metrics_listen = nonempty(cfg.metrics_listen);
+    if (metrics_listen && kvf_node_metrics(n)) {
+        struct kvf_metrics_http_opts mo;
+        kvf_metrics_http_opts_init(&mo);
+        mo.listen_addr = metrics_listen;
+        uint16_t mport = 0;
+        int mrc = kvf_metrics_http_start(kvf_node_metrics(n), &mo, &mhttp, &mport);
+        if (mrc < 0) {
+            kvf_log("error", "cannot serve metrics on %s: %s (continuing without)", metrics_listen,
+                    strerror(-mrc));
+            mhttp = NULL;
+        } else {
+            kvf_log("info", "metrics on http://%s/metrics (port %u)", metrics_listen,
+                    (unsigned)mport);
+            const char *mpf = nonempty(cfg.metrics_port_file);
+            int wrc = mpf ? kvf_file_printf(mpf, 0, "%u\n", (unsigned)mport) : 0;
+            if (wrc < 0) {
+                kvf_log("error", "cannot write metrics port file %s: %s", mpf, strerror(-wrc));
+                rc = 1;
+            }
+        }
+    }
     uint64_t seen = 0;    /* Welcomes handled */
     uint16_t written = 0; /* the port in the port file (0: none yet) */
-    for (;;) {
+    for (; rc == 0;) {
         if (kvf_node_fatal(n)) {
             rc = 1;
             break;
@@ -340,6 +374,7 @@ int main(int argc, char **argv)
     int src = kvf_node_stop(n);
     if (src != 0 && rc == 0)
         kvf_log("error", "stopped with lifetimes undrained (%s)", strerror(-src));
+    kvf_metrics_http_stop(mhttp); /* before the registry goes with the node */
     kvf_node_destroy(n);
     kvf_config_free();
     return rc;

@@ -24,6 +24,8 @@ packages=(
     protobuf-compiler-grpc python3-pytest
     # `pip install clients/python` into a venv, offline (its test)
     python3-venv python3-pip python3-setuptools python3-wheel
+    # tests/monitoring reads the alert rules and their promtool tests
+    python3-yaml
     # formatting check; clang with its libFuzzer runtime for tests/fuzz (and
     # the clang build that every change must pass)
     clang-format clang libclang-rt-14-dev

@@ -20,6 +20,8 @@ builds=${KVF_TEST_BUILDS:-"normal asan fuzz"}
 echo "== format check"
 files=$(git ls-files '*.c' '*.h' 2>/dev/null || find . -name '*.[ch]' -not -path './build*')
 clang-format --dry-run -Werror $files
+echo "== API reference (docs/api.md) current with the protos"
+/usr/bin/python3 scripts/gen_api_docs.py --check
 
 for b in $builds; do
     case "$b" in

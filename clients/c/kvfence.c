@@ -18,6 +18,7 @@
 
 #include "kvf_error.h"
 #include "kvf_fdpass.h"
+#include "kvf_pageset.h"
 #include "kvfence/v1/control.pb-c.h"
 #include "kvfence/v1/node.pb-c.h"
 #include "rpc_client.h"
@@ -235,13 +236,102 @@ void kvf_client_destroy(kvf_client *c)
 
 static const char *const engine_features[] = {"QUIESCE_V1"};
 
-int kvf_join_room(kvf_client *c, const struct kvf_join *join, struct kvf_join_result *out,
-                  struct kvf_status *st)
+/* ---- page sets ------------------------------------------------------------------ */
+
+/* An encoded set and its PageSet message, built once (the RANGES form's
+ * PageRange structs live here too). */
+struct kvf_page_set {
+    struct kvf_pageset_enc enc;
+    struct ranges ranges;
+    Kvfence__V1__PageSet msg;
+};
+
+int kvf_page_set_encode(const uint32_t *pages, size_t n, kvf_page_set **out, struct kvf_status *st)
 {
-    if (!c || !join)
-        return bad_arg(st, "kvf_join_room", "client and join are required");
-    if (!join->node_id || !join->node_id[0])
-        return bad_arg(st, "kvf_join_room", "join.node_id is required");
+    if (!out)
+        return bad_arg(st, "kvf_page_set_encode", "out is required");
+    *out = NULL;
+    if (n > 0 && !pages)
+        return bad_arg(st, "kvf_page_set_encode", "pages: NULL with a count");
+    kvf_page_set *set = calloc(1, sizeof *set);
+    if (!set)
+        return set_status(st, KVF_STATUS_RESOURCE_EXHAUSTED, "kvf_page_set_encode: out of memory");
+    struct kvf_error err;
+    kvf_error_clear(&err);
+    int rc = kvf_pageset_encode(pages, n, &set->enc, &err);
+    if (rc < 0) {
+        free(set);
+        return set_status(st, kvf_errno_to_grpc_code(rc), "kvf_page_set_encode: %s", err.msg);
+    }
+    kvfence__v1__page_set__init(&set->msg);
+    switch (set->enc.form) {
+    case KVF_PAGESET_RANGES:
+        /* struct kvf_page_run and struct kvf_page_range: the same two fields */
+        rc = ranges_make(&set->ranges, (const struct kvf_page_range *)set->enc.runs, set->enc.nruns,
+                         "pages", NULL);
+        if (rc) {
+            kvf_page_set_destroy(set);
+            return set_status(st, KVF_STATUS_RESOURCE_EXHAUSTED,
+                              "kvf_page_set_encode: out of memory");
+        }
+        set->msg.n_ranges = set->ranges.n;
+        set->msg.ranges = set->ranges.p;
+        break;
+    case KVF_PAGESET_BITMAP:
+        set->msg.bitmap.data = set->enc.bytes;
+        set->msg.bitmap.len = set->enc.nbytes;
+        set->msg.bitmap_first = set->enc.bitmap_first;
+        break;
+    case KVF_PAGESET_DELTAS:
+        set->msg.deltas.data = set->enc.bytes;
+        set->msg.deltas.len = set->enc.nbytes;
+        break;
+    default:
+        break;
+    }
+    *out = set;
+    return ok_status(st);
+}
+
+void kvf_page_set_destroy(kvf_page_set *set)
+{
+    if (!set)
+        return;
+    ranges_free(&set->ranges);
+    kvf_pageset_enc_free(&set->enc);
+    free(set);
+}
+
+enum kvf_page_set_form kvf_page_set_form(const kvf_page_set *set)
+{
+    return set ? (enum kvf_page_set_form)set->enc.form : KVF_PAGE_SET_EMPTY;
+}
+
+size_t kvf_page_set_wire_size(const kvf_page_set *set)
+{
+    return set ? set->enc.wire_size : 0;
+}
+
+size_t kvf_page_set_page_count(const kvf_page_set *set)
+{
+    return set ? set->enc.pages : 0;
+}
+
+size_t kvf_page_set_run_count(const kvf_page_set *set)
+{
+    return set ? set->enc.nruns : 0;
+}
+
+/* The PageSet to send, or NULL for an empty set. */
+static Kvfence__V1__PageSet *page_set_msg(const kvf_page_set *set)
+{
+    return set->enc.form == KVF_PAGESET_EMPTY ? NULL : (Kvfence__V1__PageSet *)&set->msg;
+}
+
+/* JoinRoom with join->ranges or, when `ps` is not NULL, that page set. */
+static int join_room(kvf_client *c, const struct kvf_join *join, Kvfence__V1__PageSet *ps,
+                     struct kvf_join_result *out, struct kvf_status *st)
+{
     struct ranges r;
     int rc = ranges_make(&r, join->ranges, join->n_ranges, "join.ranges", st);
     if (rc)
@@ -264,6 +354,7 @@ int kvf_join_room(kvf_client *c, const struct kvf_join *join, struct kvf_join_re
     req.pool_id = join->pool_id;
     req.n_ranges = r.n;
     req.ranges = r.p;
+    req.page_set = ps;
     ProtobufCMessage *m = NULL;
     rc = unary(c->ch, c->call_timeout_ms, "/kvfence.v1.Control/JoinRoom", &req.base,
                &kvfence__v1__join_room_response__descriptor, &m, st);
@@ -285,11 +376,33 @@ int kvf_join_room(kvf_client *c, const struct kvf_join *join, struct kvf_join_re
     return 0;
 }
 
-int kvf_extend_lease(kvf_client *c, struct kvf_room_key room, uint64_t lease_id,
-                     const struct kvf_page_range *ranges, size_t n_ranges, struct kvf_status *st)
+int kvf_join_room(kvf_client *c, const struct kvf_join *join, struct kvf_join_result *out,
+                  struct kvf_status *st)
 {
-    if (!c)
-        return bad_arg(st, "kvf_extend_lease", "client is required");
+    if (!c || !join)
+        return bad_arg(st, "kvf_join_room", "client and join are required");
+    if (!join->node_id || !join->node_id[0])
+        return bad_arg(st, "kvf_join_room", "join.node_id is required");
+    return join_room(c, join, NULL, out, st);
+}
+
+int kvf_join_room_pages(kvf_client *c, const struct kvf_join *join, const kvf_page_set *pages,
+                        struct kvf_join_result *out, struct kvf_status *st)
+{
+    if (!c || !join || !pages)
+        return bad_arg(st, "kvf_join_room_pages", "client, join and pages are required");
+    if (!join->node_id || !join->node_id[0])
+        return bad_arg(st, "kvf_join_room_pages", "join.node_id is required");
+    if (join->n_ranges > 0)
+        return bad_arg(st, "kvf_join_room_pages", "join.ranges must be empty with a page set");
+    return join_room(c, join, page_set_msg(pages), out, st);
+}
+
+/* ExtendLease with `ranges` or, when `ps` is not NULL, that page set. */
+static int extend_lease(kvf_client *c, struct kvf_room_key room, uint64_t lease_id,
+                        const struct kvf_page_range *ranges, size_t n_ranges,
+                        Kvfence__V1__PageSet *ps, struct kvf_status *st)
+{
     struct ranges r;
     int rc = ranges_make(&r, ranges, n_ranges, "ranges", st);
     if (rc)
@@ -302,10 +415,29 @@ int kvf_extend_lease(kvf_client *c, struct kvf_room_key room, uint64_t lease_id,
     req.lease_id = lease_id;
     req.n_ranges = r.n;
     req.ranges = r.p;
+    req.page_set = ps;
     rc = unary(c->ch, c->call_timeout_ms, "/kvfence.v1.Control/ExtendLease", &req.base,
                &kvfence__v1__extend_lease_response__descriptor, NULL, st);
     ranges_free(&r);
     return rc;
+}
+
+int kvf_extend_lease(kvf_client *c, struct kvf_room_key room, uint64_t lease_id,
+                     const struct kvf_page_range *ranges, size_t n_ranges, struct kvf_status *st)
+{
+    if (!c)
+        return bad_arg(st, "kvf_extend_lease", "client is required");
+    return extend_lease(c, room, lease_id, ranges, n_ranges, NULL, st);
+}
+
+int kvf_extend_lease_pages(kvf_client *c, struct kvf_room_key room, uint64_t lease_id,
+                           const kvf_page_set *pages, struct kvf_status *st)
+{
+    if (!c || !pages)
+        return bad_arg(st, "kvf_extend_lease_pages", "client and pages are required");
+    if (pages->enc.form == KVF_PAGESET_EMPTY)
+        return bad_arg(st, "kvf_extend_lease_pages", "pages: the set is empty");
+    return extend_lease(c, room, lease_id, NULL, 0, page_set_msg(pages), st);
 }
 
 int kvf_complete_room(kvf_client *c, struct kvf_room_key room, const struct kvf_participant *who,

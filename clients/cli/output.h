@@ -1,7 +1,7 @@
 /*
- * output.h: the kvfence CLI's two output forms. A table collects its cells
- * and prints them in aligned columns (two spaces apart, no trailing blanks);
- * a JSON writer prints one compact document as it is built.
+ * output.h: the kvfence CLI's tables. A table collects its cells and prints
+ * them in aligned columns (two spaces apart, no trailing blanks). JSON and
+ * YAML documents come from pbjson.h.
  */
 #ifndef KVF_CLI_OUTPUT_H
 #define KVF_CLI_OUTPUT_H
@@ -32,28 +32,6 @@ void cli_table_cell(struct cli_table *t, const char *fmt, ...)
  * memory, else 0. */
 int cli_table_print(const struct cli_table *t, FILE *f);
 void cli_table_free(struct cli_table *t);
-
-#define CLI_JSON_MAX_DEPTH 32
-
-struct cli_json {
-    FILE *f;
-    int depth;
-    bool first[CLI_JSON_MAX_DEPTH]; /* no member written yet at this depth */
-};
-
-void cli_json_init(struct cli_json *j, FILE *f);
-/* `key` is the member name inside an object, NULL inside an array or at the
- * top. */
-void cli_json_obj_begin(struct cli_json *j, const char *key);
-void cli_json_obj_end(struct cli_json *j);
-void cli_json_arr_begin(struct cli_json *j, const char *key);
-void cli_json_arr_end(struct cli_json *j);
-void cli_json_str(struct cli_json *j, const char *key, const char *val); /* NULL: null */
-void cli_json_u64(struct cli_json *j, const char *key, uint64_t val);
-void cli_json_bool(struct cli_json *j, const char *key, bool val);
-void cli_json_null(struct cli_json *j, const char *key);
-/* Ends the document with a newline. */
-void cli_json_end(struct cli_json *j);
 
 /* Formats a duration in ms for humans: "850ms", "12.3s", "4m05s", "2h07m",
  * "3d04h". Returns buf. */

@@ -289,7 +289,8 @@ static void sb_escaped(struct sbuf *sb, const char *s, bool quote)
 
 /* Formats `v` as Prometheus reads it: NaN, +Inf, -Inf, else the shortest %g
  * that reads back as the same double ("0.1", "2.5", "1e+21"). The process
- * keeps the "C" locale, so the decimal point is '.'. */
+ * keeps the "C" locale, so the decimal point is '.'. Integers below 2^53 are
+ * written out ("10", "22835200", not "1e+01"). */
 static void fmt_double(char *buf, size_t size, double v)
 {
     if (isnan(v)) {
@@ -298,6 +299,11 @@ static void fmt_double(char *buf, size_t size, double v)
     }
     if (isinf(v)) {
         snprintf(buf, size, "%s", v > 0 ? "+Inf" : "-Inf");
+        return;
+    }
+    /* An integer below 2^53 in magnitude: exact as an integer. */
+    if (v > -9007199254740992.0 && v < 9007199254740992.0 && v == (double)(int64_t)v) {
+        snprintf(buf, size, "%.0f", v);
         return;
     }
     for (int prec = 1; prec <= 17; prec++) {
@@ -819,42 +825,52 @@ static bool writer_seen(const struct kvf_metrics_writer *w, const char *name)
     return false;
 }
 
-static int writer_sample(struct kvf_metrics_writer *w, enum metric_type type, const char *name,
-                         const char *help, const char *const *labels, double value)
+/* Starts (or continues) family `name` of `type` in a collector's output:
+ * checks the name, and writes # HELP / # TYPE before its first sample. */
+static int writer_family(struct kvf_metrics_writer *w, enum metric_type type, const char *name,
+                         const char *help)
 {
-    size_t n_pairs;
-    if (!w || !kvf_metrics_name_valid(name) || label_pairs_check(labels, &n_pairs) < 0)
+    if (!w || !kvf_metrics_name_valid(name))
         return -EINVAL;
     bool same = w->cur && strcmp(w->cur, name) == 0;
     if (same && w->cur_type != type)
         return -EEXIST;
-    if (!same) {
-        if (writer_seen(w, name))
-            return -EEXIST;
-        pthread_mutex_lock(&w->reg->mu);
-        bool registered = family_find(w->reg, name) != NULL;
-        pthread_mutex_unlock(&w->reg->mu);
-        if (registered)
-            return -EEXIST;
-        if (w->n_names == w->cap_names) {
-            size_t cap = w->cap_names ? 2 * w->cap_names : 8;
-            char **names = realloc(w->names, cap * sizeof(*names));
-            if (!names)
-                return -ENOMEM;
-            w->names = names;
-            w->cap_names = cap;
-        }
-        char *copy = str_dup(name);
-        if (!copy)
+    if (same)
+        return 0;
+    if (writer_seen(w, name))
+        return -EEXIST;
+    pthread_mutex_lock(&w->reg->mu);
+    bool registered = family_find(w->reg, name) != NULL;
+    pthread_mutex_unlock(&w->reg->mu);
+    if (registered)
+        return -EEXIST;
+    if (w->n_names == w->cap_names) {
+        size_t cap = w->cap_names ? 2 * w->cap_names : 8;
+        char **names = realloc(w->names, cap * sizeof(*names));
+        if (!names)
             return -ENOMEM;
-        w->names[w->n_names++] = copy;
-        w->cur = copy;
-        w->cur_type = type;
-        sb_header(w->sb, name, help ? help : "", type);
+        w->names = names;
+        w->cap_names = cap;
     }
+    char *copy = str_dup(name);
+    if (!copy)
+        return -ENOMEM;
+    w->names[w->n_names++] = copy;
+    w->cur = copy;
+    w->cur_type = type;
+    sb_header(w->sb, name, help ? help : "", type);
+    return 0;
+}
+
+/* One sample line: name+suffix, the `n_pairs` label pairs of `labels` and,
+ * when `le` is set, le="<le>"; then the value. */
+static void writer_line(struct kvf_metrics_writer *w, const char *name, const char *suffix,
+                        const char *const *labels, size_t n_pairs, const char *le, double value)
+{
     struct sbuf *sb = w->sb;
     sb_puts(sb, name);
-    if (n_pairs) {
+    sb_puts(sb, suffix);
+    if (n_pairs || le) {
         sb_puts(sb, "{");
         for (size_t i = 0; i < n_pairs; i++) {
             if (i)
@@ -864,12 +880,31 @@ static int writer_sample(struct kvf_metrics_writer *w, enum metric_type type, co
             sb_escaped(sb, labels[2 * i + 1], true);
             sb_puts(sb, "\"");
         }
+        if (le) {
+            if (n_pairs)
+                sb_puts(sb, ",");
+            sb_puts(sb, "le=\"");
+            sb_puts(sb, le);
+            sb_puts(sb, "\"");
+        }
         sb_puts(sb, "}");
     }
     sb_puts(sb, " ");
     sb_double(sb, value);
     sb_puts(sb, "\n");
-    return sb->oom ? -ENOMEM : 0;
+}
+
+static int writer_sample(struct kvf_metrics_writer *w, enum metric_type type, const char *name,
+                         const char *help, const char *const *labels, double value)
+{
+    size_t n_pairs;
+    if (!w || !kvf_metrics_name_valid(name) || label_pairs_check(labels, &n_pairs) < 0)
+        return -EINVAL;
+    int rc = writer_family(w, type, name, help);
+    if (rc < 0)
+        return rc;
+    writer_line(w, name, "", labels, n_pairs, NULL, value);
+    return w->sb->oom ? -ENOMEM : 0;
 }
 
 int kvf_metrics_write_gauge(struct kvf_metrics_writer *w, const char *name, const char *help,
@@ -882,6 +917,37 @@ int kvf_metrics_write_counter(struct kvf_metrics_writer *w, const char *name, co
                               const char *const *labels, double value)
 {
     return writer_sample(w, TYPE_COUNTER, name, help, labels, value);
+}
+
+int kvf_metrics_write_histogram(struct kvf_metrics_writer *w, const char *name, const char *help,
+                                const char *const *labels, const double *bounds,
+                                const uint64_t *cum_counts, size_t n_bounds, uint64_t count,
+                                double sum)
+{
+    size_t n_pairs;
+    if (!w || !kvf_metrics_name_valid(name) || label_pairs_check(labels, &n_pairs) < 0 ||
+        n_bounds > KVF_METRICS_MAX_BUCKETS || (n_bounds && (!bounds || !cum_counts)))
+        return -EINVAL;
+    for (size_t i = 0; i < n_pairs; i++)
+        if (strcmp(labels[2 * i], "le") == 0)
+            return -EINVAL;
+    for (size_t i = 0; i < n_bounds; i++)
+        if (!isfinite(bounds[i]) || (i && bounds[i] <= bounds[i - 1]) ||
+            (i && cum_counts[i] < cum_counts[i - 1]) || cum_counts[i] > count)
+            return -EINVAL;
+    int rc = writer_family(w, TYPE_HISTOGRAM, name, help);
+    if (rc < 0)
+        return rc;
+    char le[64];
+    for (size_t i = 0; i < n_bounds; i++) {
+        fmt_double(le, sizeof(le), bounds[i]);
+        writer_line(w, name, "_bucket", labels, n_pairs, le, (double)cum_counts[i]);
+    }
+    writer_line(w, name, "_bucket", labels, n_pairs, "+Inf", (double)count);
+    if (!isnan(sum))
+        writer_line(w, name, "_sum", labels, n_pairs, NULL, sum);
+    writer_line(w, name, "_count", labels, n_pairs, NULL, (double)count);
+    return w->sb->oom ? -ENOMEM : 0;
 }
 
 /* ---- render ---- */

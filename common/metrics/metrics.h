@@ -151,6 +151,20 @@ int kvf_metrics_write_gauge(struct kvf_metrics_writer *w, const char *name, cons
 int kvf_metrics_write_counter(struct kvf_metrics_writer *w, const char *name, const char *help,
                               const char *const *labels, double value);
 
+/* Writes the samples of one histogram (one label set) whose buckets its
+ * source keeps itself: `cum_counts[i]` observations <= bounds[i]
+ * (cumulative), for `n_bounds` finite, strictly increasing bounds (at most
+ * KVF_METRICS_MAX_BUCKETS), and `count` observations in all (the +Inf bucket
+ * and _count). _sum is written unless `sum` is NaN (a source that keeps no
+ * sum; Prometheus accepts a histogram without it, rate(_sum) is then
+ * unknown). `labels` as above, without "le". Same rules and errors as
+ * kvf_metrics_write_gauge, plus -EINVAL for bounds that are not increasing,
+ * counts that decrease or exceed `count`. Only from inside a collector. */
+int kvf_metrics_write_histogram(struct kvf_metrics_writer *w, const char *name, const char *help,
+                                const char *const *labels, const double *bounds,
+                                const uint64_t *cum_counts, size_t n_bounds, uint64_t count,
+                                double sum);
+
 /* Renders every family with at least one child (registration order, children
  * in creation order), then the collectors' output, in the Prometheus text
  * format 0.0.4. Writes a malloc'd NUL-terminated text to `*text_p` (the caller

@@ -2,10 +2,14 @@
  * admin_svc.c: kvfence.v1.Admin (Ping, GetStats, GetRoom, ListRooms, GetNode,
  * ListNodes, ListLeases, FenceNode, AdminAbortRoom) over the state core's
  * views. The listings page by offset (page_token; 100 per page by default).
- * GetNode fills what struct kvf_cps_node_view has, and the pools' ids and
- * sizes (the core keeps no RDMA addressing: nodes exchange it over their peer
- * link); endpoints, the node's protocol range, state_age_ms, last_seen_ms and
- * notices_pending are left empty / 0.
+ * GetNode and ListNodes fill a NodeInfo the same way (node_info_fill): what
+ * struct kvf_cps_node_view and kvf_cps_node_detail_get() hold, the pools' ids,
+ * sizes and keys (the core keeps no RDMA addressing: nodes exchange it over
+ * their peer link), and from the node's attached session (node_svc.c) its
+ * endpoints, advertised capabilities, software version and the age of its
+ * last message. What is not known (a node restored from a snapshot has no
+ * state_age_ms; a node without a session no last_seen_ms) stays 0, which
+ * JSON printers omit. Every handler runs on the state thread.
  */
 #include <errno.h>
 #include <inttypes.h>
@@ -14,6 +18,7 @@
 #include <string.h>
 
 #include "kvfence/v1/control.pb-c.h"
+#include "kvfence/v1/node.pb-c.h"
 #include "rpc_server.h"
 #include "service_internal.h"
 
@@ -149,8 +154,10 @@ static int room_info_participants(struct room_info_buf *b, const struct kvf_cps 
         p->pi.node_incarnation = pv.incarnation;
         p->pi.completed = pv.completed;
         p->pi.drained = pv.node_drained;
-        p->pi.fenced = pv.node_fenced;
-        /* notice_attempts: not in the core's participant view; 0. */
+        /* Only where a fence happened: node_fenced alone also holds in a
+         * room with no other node to fence with. */
+        p->pi.fenced = pv.node_fenced && pv.node_fences > 0;
+        p->pi.notice_attempts = pv.notice_attempts;
     }
     b->info.n_participants = n;
     b->info.participants = b->pp;
@@ -378,6 +385,92 @@ static int get_node_validate(const ProtobufCMessage *m, struct kvf_error *err)
     return require_node_id(((const Kvfence__V1__GetNodeRequest *)m)->node_id, err);
 }
 
+/* Everything one NodeInfo points to, freed by node_info_free(). */
+struct node_info_buf {
+    Kvfence__V1__NodeInfo info;
+    Kvfence__V1__CapabilitySet caps;
+    char *names[KVF_FEATURE_COUNT];
+    Kvfence__V1__Pool *pools;
+    Kvfence__V1__Pool **pp;
+};
+
+static void node_info_free(struct node_info_buf *b)
+{
+    free(b->pools);
+    free(b->pp);
+}
+
+/*
+ * Fills b->info for the view `v` (whose node_id must outlive the reply).
+ * Points into the core's pools and the session's Hello: reply before the
+ * state thread's next job. Returns 0 or -ENOMEM.
+ */
+static int node_info_fill(struct kvf_svc_ctx *ctx, const struct kvf_cps_node_view *v,
+                          const char *node_id, kvf_time_ns now, struct node_info_buf *b)
+{
+    memset(b, 0, sizeof *b);
+    kvfence__v1__node_info__init(&b->info);
+    kvfence__v1__capability_set__init(&b->caps);
+    Kvfence__V1__NodeInfo *ni = &b->info;
+    ni->node_id = (char *)node_id;
+    ni->incarnation = v->incarnation;
+    ni->state = (Kvfence__V1__NodeState)v->state;
+    ni->protocol_version = v->protocol_version;
+    ni->room_count = (uint32_t)v->room_count;
+    if (v->state_since != 0) { /* rounded up: 0 on the wire is "unknown" */
+        uint64_t ns = now > v->state_since ? now - v->state_since : 0;
+        uint64_t ms = (ns + KVF_NS_PER_MS - 1) / KVF_NS_PER_MS;
+        ni->state_age_ms = ms ? ms : 1;
+    }
+
+    uint64_t last_seen_ms = 0;
+    const Kvfence__V1__Hello *hello = kvf_svc_session_view(
+        ctx, node_id, v->incarnation, (uint64_t)(now - ctx->clock_offset), &last_seen_ms);
+    if (hello != NULL) {
+        ni->last_seen_ms = last_seen_ms;
+        ni->n_endpoints = hello->n_endpoints;
+        ni->endpoints = hello->endpoints;
+        ni->software_version = hello->software_version;
+    }
+    if (hello != NULL && hello->capabilities != NULL) {
+        ni->capabilities = hello->capabilities;
+    } else {
+        b->caps.protocol_min = v->protocol_min;
+        b->caps.protocol_max = v->protocol_max;
+        b->caps.n_features = kvf_svc_features_to_names(v->features, b->names);
+        b->caps.features = b->names;
+        ni->capabilities = &b->caps;
+    }
+
+    struct kvf_cps_node_detail d;
+    if (kvf_cps_node_detail_get(ctx->cps, node_id, &d) == 0) {
+        ni->notices_pending = d.notices_pending;
+        ni->fenced_by = d.fenced_by;
+        ni->fences_pending = d.fences_pending;
+    }
+
+    /* The pools as the core holds them (sizes; addressing is the node's). */
+    size_t n = v->pool_count;
+    b->pools = calloc(n ? n : 1, sizeof *b->pools);
+    b->pp = calloc(n ? n : 1, sizeof *b->pp);
+    if (b->pools == NULL || b->pp == NULL)
+        return -ENOMEM;
+    for (size_t i = 0; i < n; i++) {
+        struct kvf_cps_pool cp;
+        if (kvf_cps_node_pool_get(ctx->cps, node_id, i, &cp) != 0)
+            break;
+        Kvfence__V1__Pool *pl = &b->pools[i];
+        kvfence__v1__pool__init(pl);
+        pl->pool_id = cp.pool_id;
+        pl->page_size = cp.page_size;
+        pl->page_count = cp.page_count;
+        pl->pool_key = cp.key != NULL ? (char *)cp.key : "";
+        b->pp[ni->n_pools++] = pl;
+    }
+    ni->pools = b->pp;
+    return 0;
+}
+
 static void get_node_run(struct kvf_svc_ctx *ctx, struct kvf_rpc_call *call,
                          const ProtobufCMessage *m, kvf_time_ns now)
 {
@@ -385,41 +478,20 @@ static void get_node_run(struct kvf_svc_ctx *ctx, struct kvf_rpc_call *call,
     struct kvf_cps_node_view v;
     struct kvf_error err;
     kvf_error_clear(&err);
-    (void)now;
     int rc = kvf_cps_node_get(ctx->cps, rq->node_id, &v);
     if (rc < 0) {
         kvf_error_set(&err, rc, "node_id: node %s is unknown", rq->node_id);
         kvf_svc_fail(call, rc, &err);
         return;
     }
-    char *names[KVF_FEATURE_COUNT];
-    Kvfence__V1__CapabilitySet caps = KVFENCE__V1__CAPABILITY_SET__INIT;
-    caps.n_features = kvf_svc_features_to_names(v.features, names);
-    caps.features = names;
-    Kvfence__V1__NodeInfo rs = KVFENCE__V1__NODE_INFO__INIT;
-    rs.node_id = (char *)v.node_id;
-    rs.incarnation = v.incarnation;
-    rs.state = (Kvfence__V1__NodeState)v.state;
-    rs.protocol_version = v.protocol_version;
-    rs.capabilities = &caps;
-    rs.room_count = (uint32_t)v.room_count;
-    /* The pools as the core holds them (sizes; addressing is the node's). */
-    Kvfence__V1__Pool *pv = calloc(v.pool_count ? v.pool_count : 1, sizeof(*pv));
-    Kvfence__V1__Pool **pp = calloc(v.pool_count ? v.pool_count : 1, sizeof(*pp));
-    for (size_t i = 0; pv != NULL && pp != NULL && i < v.pool_count; i++) {
-        struct kvf_cps_pool cp;
-        if (kvf_cps_node_pool_get(ctx->cps, rq->node_id, i, &cp) != 0)
-            break;
-        kvfence__v1__pool__init(&pv[i]);
-        pv[i].pool_id = cp.pool_id;
-        pv[i].page_size = cp.page_size;
-        pv[i].page_count = cp.page_count;
-        pp[rs.n_pools++] = &pv[i];
+    struct node_info_buf b;
+    if (node_info_fill(ctx, &v, rq->node_id, now, &b) != 0) {
+        node_info_free(&b);
+        kvf_svc_fail(call, -ENOMEM, NULL);
+        return;
     }
-    rs.pools = pp;
-    kvf_svc_reply(call, &rs.base);
-    free(pv);
-    free(pp);
+    kvf_svc_reply(call, &b.info.base);
+    node_info_free(&b);
 }
 
 /* ---- ListNodes ------------------------------------------------------------------ */
@@ -466,7 +538,6 @@ static int list_nodes_validate(const ProtobufCMessage *m, struct kvf_error *err)
 static void list_nodes_run(struct kvf_svc_ctx *ctx, struct kvf_rpc_call *call,
                            const ProtobufCMessage *m, kvf_time_ns now)
 {
-    (void)now;
     const Kvfence__V1__ListNodesRequest *rq = (const Kvfence__V1__ListNodesRequest *)m;
     struct node_list l = {0};
     if (kvf_cps_node_foreach(ctx->cps, collect_node, &l) != 0) {
@@ -503,25 +574,22 @@ static void list_nodes_run(struct kvf_svc_ctx *ctx, struct kvf_rpc_call *call,
     }
     size_t page = rq->page_size ? rq->page_size : KVF_SVC_PAGE_SIZE_DEFAULT;
     size_t n = kept - off < page ? kept - off : page;
-    Kvfence__V1__NodeInfo *infos = calloc(n ? n : 1, sizeof *infos);
+    struct node_info_buf *bufs = calloc(n ? n : 1, sizeof *bufs);
     Kvfence__V1__NodeInfo **ip = calloc(n ? n : 1, sizeof *ip);
-    if (!infos || !ip) {
-        free(infos);
+    int fill_rc = bufs != NULL && ip != NULL ? 0 : -ENOMEM;
+    for (size_t i = 0; fill_rc == 0 && i < n; i++) {
+        fill_rc = node_info_fill(ctx, &l.v[off + i], l.ids[off + i], now, &bufs[i]);
+        ip[i] = &bufs[i].info;
+    }
+    if (fill_rc != 0) {
+        for (size_t i = 0; bufs != NULL && i < n; i++)
+            node_info_free(&bufs[i]);
+        free(bufs);
         free(ip);
         free(l.v);
         free(l.ids);
         kvf_svc_fail(call, -ENOMEM, NULL);
         return;
-    }
-    for (size_t i = 0; i < n; i++) {
-        const struct kvf_cps_node_view *v = &l.v[off + i];
-        kvfence__v1__node_info__init(&infos[i]);
-        infos[i].node_id = l.ids[off + i];
-        infos[i].incarnation = v->incarnation;
-        infos[i].state = (Kvfence__V1__NodeState)v->state;
-        infos[i].protocol_version = v->protocol_version;
-        infos[i].room_count = (uint32_t)v->room_count;
-        ip[i] = &infos[i];
     }
     char next[32] = "";
     if (off + n < kept) {
@@ -532,7 +600,9 @@ static void list_nodes_run(struct kvf_svc_ctx *ctx, struct kvf_rpc_call *call,
     rs.nodes = ip;
     rs.next_page_token = next;
     kvf_svc_reply(call, &rs.base);
-    free(infos);
+    for (size_t i = 0; i < n; i++)
+        node_info_free(&bufs[i]);
+    free(bufs);
     free(ip);
     free(l.v);
     free(l.ids);

@@ -1,7 +1,10 @@
 /*
  * control_svc.c: kvfence.v1.Control (JoinRoom, ExtendLease, CompleteRoom,
  * AbortRoom) over the state core. Validators run on CQ threads; the run
- * functions on the state thread (service.c).
+ * functions on the state thread (service.c). JoinRoom and ExtendLease take
+ * their pages as ranges or as a page set (svc_convert.c decodes it on the
+ * state thread: a malformed set is refused there, changing nothing, and a
+ * refusal is never logged).
  *
  * WatchLeases is not served in this version (UNIMPLEMENTED).
  */
@@ -15,35 +18,6 @@
 #include "service_internal.h"
 
 #define DETAIL_MAX 256u
-
-/* ---- shared checks ------------------------------------------------------------ */
-
-static int check_ranges(const char *field, Kvfence__V1__PageRange *const *ranges, size_t n,
-                        struct kvf_error *err)
-{
-    for (size_t i = 0; i < n; i++) {
-        if (!ranges[i] || ranges[i]->count == 0) {
-            return kvf_error_set(err, -EINVAL, "%s[%zu].count: must be > 0", field, i);
-        }
-        if ((uint64_t)ranges[i]->first + ranges[i]->count > UINT32_MAX + 1ull) {
-            return kvf_error_set(err, -EINVAL, "%s[%zu]: first + count overflows 2^32", field, i);
-        }
-    }
-    return 0;
-}
-
-static struct kvf_cps_page_range *copy_ranges(Kvfence__V1__PageRange *const *ranges, size_t n)
-{
-    struct kvf_cps_page_range *out = calloc(n ? n : 1, sizeof *out);
-    if (!out) {
-        return NULL;
-    }
-    for (size_t i = 0; i < n; i++) {
-        out[i].first = ranges[i]->first;
-        out[i].count = ranges[i]->count;
-    }
-    return out;
-}
 
 /* ---- JoinRoom ------------------------------------------------------------------- */
 
@@ -89,7 +63,7 @@ static int join_validate(const ProtobufCMessage *m, struct kvf_error *err)
                                  KVF_SVC_FEATURE_NAME_MAX);
         }
     }
-    return check_ranges("ranges", rq->ranges, rq->n_ranges, err);
+    return kvf_svc_pages_check(rq->ranges, rq->n_ranges, rq->page_set, err);
 }
 
 static void join_run(struct kvf_svc_ctx *ctx, struct kvf_rpc_call *call, const ProtobufCMessage *m,
@@ -99,9 +73,11 @@ static void join_run(struct kvf_svc_ctx *ctx, struct kvf_rpc_call *call, const P
     struct kvf_error err;
     kvf_error_clear(&err);
 
-    struct kvf_cps_page_range *ranges = copy_ranges(rq->ranges, rq->n_ranges);
-    if (!ranges) {
-        kvf_svc_fail(call, -ENOMEM, NULL);
+    struct kvf_svc_pages pages;
+    int rc = kvf_svc_pages_decode(rq->ranges, rq->n_ranges, rq->page_set,
+                                  kvf_cps_max_ranges(ctx->cps), &pages, &err);
+    if (rc < 0) {
+        kvf_svc_fail(call, rc, &err);
         return;
     }
     struct kvf_cps_join j = {
@@ -116,12 +92,14 @@ static void join_run(struct kvf_svc_ctx *ctx, struct kvf_rpc_call *call, const P
         .engine_features = kvf_svc_features_from_names(rq->engine_capabilities->features,
                                                        rq->engine_capabilities->n_features),
         .pool_id = rq->pool_id,
-        .ranges = ranges,
-        .range_count = rq->n_ranges,
+        .ranges = pages.v,
+        .range_count = pages.n,
+        .pages_field = pages.field,
+        .ranges_adopt_p = &pages.v, /* the lease keeps the decoded runs: no copy */
     };
     struct kvf_cps_join_result res;
-    int rc = kvf_cps_join(ctx->cps, &j, now, &res, &err);
-    free(ranges);
+    rc = kvf_cps_join(ctx->cps, &j, now, &res, &err);
+    kvf_svc_pages_free(&pages);
     if (rc < 0) {
         kvf_svc_fail(call, rc, &err);
         return;
@@ -154,7 +132,7 @@ static int extend_validate(const ProtobufCMessage *m, struct kvf_error *err)
     if (rq->lease_id == 0) {
         return kvf_error_set(err, -EINVAL, "lease_id: required (> 0)");
     }
-    return check_ranges("ranges", rq->ranges, rq->n_ranges, err);
+    return kvf_svc_pages_check(rq->ranges, rq->n_ranges, rq->page_set, err);
 }
 
 static void extend_run(struct kvf_svc_ctx *ctx, struct kvf_rpc_call *call,
@@ -165,13 +143,16 @@ static void extend_run(struct kvf_svc_ctx *ctx, struct kvf_rpc_call *call,
     kvf_error_clear(&err);
     kvf_room_key k = {.room_id = rq->room->room_id, .generation = rq->room->generation};
 
-    struct kvf_cps_page_range *ranges = copy_ranges(rq->ranges, rq->n_ranges);
-    if (!ranges) {
-        kvf_svc_fail(call, -ENOMEM, NULL);
+    struct kvf_svc_pages pages;
+    int rc = kvf_svc_pages_decode(rq->ranges, rq->n_ranges, rq->page_set,
+                                  kvf_cps_max_ranges(ctx->cps), &pages, &err);
+    if (rc < 0) {
+        kvf_svc_fail(call, rc, &err);
         return;
     }
-    int rc = kvf_cps_lease_extend(ctx->cps, k, rq->lease_id, ranges, rq->n_ranges, now, &err);
-    free(ranges);
+    rc = kvf_cps_lease_extend_named(ctx->cps, k, rq->lease_id, pages.v, pages.n, pages.field, now,
+                                    &err);
+    kvf_svc_pages_free(&pages);
     if (rc < 0) {
         kvf_svc_fail(call, rc, &err);
         return;

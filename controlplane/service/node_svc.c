@@ -1208,6 +1208,26 @@ void kvf_svc_sessions_sweep(struct kvf_svc_ctx *ctx, uint64_t mono_now, uint64_t
     }
 }
 
+/* ---- admin views ------------------------------------------------------------- */
+
+const Kvfence__V1__Hello *kvf_svc_session_view(struct kvf_svc_ctx *ctx, const char *node_id,
+                                               uint64_t incarnation, uint64_t mono_now,
+                                               uint64_t *last_seen_ms_p)
+{
+    struct node_sess *s = registry_find(ctx->sessions, node_id);
+    if (s == NULL || !s->attached || s->closed || s->replaced || s->incarnation != incarnation)
+        return NULL;
+    uint64_t seen = atomic_load(&s->last_seen_ns);
+    if (seen == UINT64_MAX / 2)
+        return NULL; /* swept for silence: its stream is ending */
+    /* Rounded up, at least 1 ms: 0 on the wire means "no session". A CQ
+     * thread may have stamped a message after mono_now was read. */
+    uint64_t age = mono_now > seen ? mono_now - seen : 0;
+    uint64_t ms = (age + KVF_NS_PER_MS - 1) / KVF_NS_PER_MS;
+    *last_seen_ms_p = ms ? ms : 1;
+    return s->hello;
+}
+
 /* ---- lifecycle --------------------------------------------------------------- */
 
 struct kvf_svc_sessions *kvf_svc_sessions_create(void)

@@ -52,6 +52,16 @@ int kvf_svc_register_streams(struct kvf_svc *svc, struct kvf_rpc_server *srv);
 /* Ends the session of every node that sent nothing (not even a heartbeat)
  * for `timeout_ns` (0: never); `mono_now` is CLOCK_MONOTONIC. State thread. */
 void kvf_svc_sessions_sweep(struct kvf_svc_ctx *ctx, uint64_t mono_now, uint64_t timeout_ns);
+/* The attached session of `node_id` at `incarnation`, for the admin views:
+ * its Hello (endpoints, capabilities, software version; owned by the
+ * session, valid until the state thread's next job) and, in
+ * *last_seen_ms_p, the time since its last message in ms rounded up (>= 1).
+ * NULL when that incarnation has no attached session. `mono_now` is
+ * CLOCK_MONOTONIC. State thread. */
+struct Kvfence__V1__Hello;
+const struct Kvfence__V1__Hello *kvf_svc_session_view(struct kvf_svc_ctx *ctx, const char *node_id,
+                                                      uint64_t incarnation, uint64_t mono_now,
+                                                      uint64_t *last_seen_ms_p);
 /* Delivers one core effect to the node sessions and lease watchers. */
 void kvf_svc_route_effect(struct kvf_svc_ctx *ctx, const struct kvf_cps_effect *e);
 
@@ -220,6 +230,29 @@ struct kvf_svc_lease_buf {
 int kvf_svc_lease_fill(struct kvf_svc_lease_buf *b, kvf_room_key key,
                        const struct kvf_cps_participant_view *pv);
 void kvf_svc_lease_free(struct kvf_svc_lease_buf *b);
+
+/* The pages of a JoinRoom or ExtendLease request: the old `ranges` or a
+ * `page_set` (types.proto), never both. kvf_svc_pages_check (CQ thread) checks
+ * the shape: at most one of the two, exactly one form in a page set that is
+ * present, bitmap_first only with a bitmap, well-formed ranges
+ * (INVALID_ARGUMENT naming the field). kvf_svc_pages_decode (state thread)
+ * turns them into runs for the core: ranges as given, a bitmap or deltas as
+ * ascending coalesced runs, at most `max_runs` of them (-E2BIG, found at
+ * the first run past the limit, with no more than the limit allocated);
+ * `field` names the form for the core's messages (NULL for the old ranges).
+ * The array `v` may be handed to kvf_cps_join (ranges_adopt_p), which then
+ * keeps it and sets `v` to NULL; kvf_svc_pages_free frees what is left. */
+struct kvf_svc_pages {
+    struct kvf_cps_page_range *v; /* malloc'd; NULL when n is 0 */
+    size_t n;
+    const char *field;
+};
+int kvf_svc_pages_check(Kvfence__V1__PageRange *const *ranges, size_t n_ranges,
+                        const Kvfence__V1__PageSet *page_set, struct kvf_error *err);
+int kvf_svc_pages_decode(Kvfence__V1__PageRange *const *ranges, size_t n_ranges,
+                         const Kvfence__V1__PageSet *page_set, size_t max_runs,
+                         struct kvf_svc_pages *pages_p, struct kvf_error *err);
+void kvf_svc_pages_free(struct kvf_svc_pages *pages);
 
 /* Request checks shared by the services: a room id in 1 .. 2^63-1 (`field`
  * names it), and a room key that is present (with a generation when asked). */

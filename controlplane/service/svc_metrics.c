@@ -20,14 +20,15 @@
  *     latency is the core's own view; a room recovered from the data dir
  *     ABORTING keeps its recovered time), and is observed as is.
  *   - WAL: kvf_store_stats() is documented as readable from any thread, so the
- *     collector calls it directly. The metrics writer has no histogram-shaped
- *     families, so the store's own fsync-latency buckets are published as a
- *     cumulative counter family kvfence_wal_fsync_latency_bucket{le=...} plus
- *     kvfence_wal_fsync_latency_count (histogram_quantile() works on them);
- *     there is no _sum because the store keeps none.
+ *     collector calls it directly. The store keeps its own fsync-latency
+ *     buckets; they are published as the histogram
+ *     kvfence_wal_fsync_latency_seconds (kvf_metrics_write_histogram: _bucket
+ *     with cumulative counts, _count), without _sum because the store keeps
+ *     none.
+ *   - kvfence_build_info and process_*: common/metrics/process.h.
  */
 #include <errno.h>
-#include <inttypes.h>
+#include <math.h>
 #include <pthread.h>
 #include <stdbool.h>
 #include <stdint.h>
@@ -35,7 +36,9 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "kvf_version.h"
 #include "metrics.h"
+#include "process.h"
 #include "rpc_server.h"
 #include "service_internal.h"
 #include "store.h"
@@ -108,33 +111,22 @@ static void collect_store(struct kvf_store *store, struct kvf_metrics_writer *w)
                             "Latency of the last group commit's final sync.", NULL,
                             (double)st.last_fsync_ns / 1e9);
     /* The store's buckets: bucket i counts commits that took < 2^(i+4) µs, the
-     * last one the rest. Published cumulatively, Prometheus style. */
-    static const char help_bucket[] =
-        "Group commits whose final sync took less than le seconds (cumulative; the "
-        "store's power-of-two buckets from 16 us).";
-    uint64_t cum = 0;
+     * last one the rest: bounds 2^(i+4) µs in seconds, exact in binary
+     * (16e-6 is not, but 2^(i+4) / 1e6 prints as "1.6e-05" all the same). */
+    double bounds[KVF_STORE_LAT_BUCKETS - 1];
+    uint64_t cum[KVF_STORE_LAT_BUCKETS - 1];
+    uint64_t total = 0;
     for (int i = 0; i < KVF_STORE_LAT_BUCKETS; i++) {
-        cum += st.fsync_lat_us[i];
-        char le[32];
-        if (i == KVF_STORE_LAT_BUCKETS - 1) {
-            snprintf(le, sizeof(le), "+Inf");
-        } else {
-            /* 2^(i+4) µs, exactly, in seconds ("0.000016", "1.048576"). */
-            uint64_t us = 1ull << (i + 4);
-            int n =
-                snprintf(le, sizeof(le), "%" PRIu64 ".%06" PRIu64, us / 1000000u, us % 1000000u);
-            while (n > 0 && le[n - 1] == '0')
-                le[--n] = '\0';
-            if (n > 0 && le[n - 1] == '.')
-                le[--n] = '\0';
+        total += st.fsync_lat_us[i];
+        if (i < KVF_STORE_LAT_BUCKETS - 1) {
+            bounds[i] = (double)(1ull << (i + 4)) / 1e6;
+            cum[i] = total;
         }
-        const char *labels[] = {"le", le, NULL};
-        kvf_metrics_write_counter(w, "kvfence_wal_fsync_latency_bucket", help_bucket, labels,
-                                  (double)cum);
     }
-    kvf_metrics_write_counter(w, "kvfence_wal_fsync_latency_count",
-                              "Group commits counted in kvfence_wal_fsync_latency_bucket.", NULL,
-                              (double)cum);
+    kvf_metrics_write_histogram(w, "kvfence_wal_fsync_latency_seconds",
+                                "Final sync latency of each WAL group commit (the store's "
+                                "power-of-two buckets from 16 us; no _sum: the store keeps none).",
+                                NULL, bounds, cum, KVF_STORE_LAT_BUCKETS - 1, total, NAN);
     kvf_metrics_write_gauge(w, "kvfence_wal_queued_records",
                             "Records appended to the WAL and not yet durable.", NULL,
                             (double)st.queued);
@@ -242,6 +234,8 @@ struct kvf_svc_metrics *kvf_svc_metrics_create(struct kvf_svc_ctx *ctx, struct k
                               "(every lease released), in the core's service time.",
                               abort_bounds, sizeof(abort_bounds) / sizeof(*abort_bounds),
                               &m->abort_to_released) < 0)
+        goto fail;
+    if (kvf_metrics_process_add(m->reg, KVF_VERSION_STRING) < 0)
         goto fail;
     if (kvf_metrics_add_collector(m->reg, collect, m) < 0)
         goto fail;

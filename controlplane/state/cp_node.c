@@ -85,13 +85,15 @@ struct cp_pool *cp_node_pool(const struct cp_node *node, uint32_t pool_id)
     return NULL;
 }
 
-void cp_node_set_state(struct kvf_cps *st, struct cp_node *node, enum kvf_cps_node_state s)
+void cp_node_set_state(struct kvf_cps *st, struct cp_node *node, enum kvf_cps_node_state s,
+                       kvf_time_ns now)
 {
     int old = node->state;
     if (old != 0)
         st->stats.nodes_by_state[old]--;
     st->stats.nodes_by_state[s]++;
     node->state = (uint8_t)s;
+    node->state_since = now;
     struct kvf_cps_effect *fx = cp_fx_push(st, KVF_CPS_FX_NODE_STATE);
     cp_fx_set_node(fx, node);
     fx->old_state = old;
@@ -261,7 +263,7 @@ void cp_node_lose(struct kvf_cps *st, struct cp_node *node, kvf_time_ns now)
     if (node->state == KVF_CPS_NODE_LOST)
         return;
     cp_heap_cancel(&st->timers, &node->ttl);
-    cp_node_set_state(st, node, KVF_CPS_NODE_LOST);
+    cp_node_set_state(st, node, KVF_CPS_NODE_LOST, now);
     /* A LOST node gets no more notices and carries out no fences. */
     for (struct cp_rnode *rn = node->rnodes; rn != NULL; rn = rn->node_next)
         cp_notice_cancel(st, rn);
@@ -551,7 +553,7 @@ static int reattach(struct kvf_cps *st, struct cp_node *node, const struct kvf_c
     set_caps(st, node, h);
     cp_heap_cancel(&st->timers, &node->ttl);
     if (node->state != KVF_CPS_NODE_ATTACHED)
-        cp_node_set_state(st, node, KVF_CPS_NODE_ATTACHED);
+        cp_node_set_state(st, node, KVF_CPS_NODE_ATTACHED, now);
     for (struct cp_rnode *rn = node->rnodes; rn != NULL; rn = rn->node_next) {
         if (rn->notice_pending)
             cp_notice_resend_now(st, rn, now);
@@ -649,7 +651,7 @@ int kvf_cps_node_attach(struct kvf_cps *st, const struct kvf_cps_node_hello *hel
         adopt_pools(node, old);
     node->current = true;
     cp_map_put_str(&st->nodes, node->id, node);
-    cp_node_set_state(st, node, KVF_CPS_NODE_ATTACHED);
+    cp_node_set_state(st, node, KVF_CPS_NODE_ATTACHED, now);
     if (old != NULL) {
         old->current = false;
         node->older = old;
@@ -727,7 +729,7 @@ int kvf_cps_node_detach(struct kvf_cps *st, const char *node_id, uint64_t incarn
         return 0;
     if (cp_heap_reserve(&st->timers, 1) != 0 || cp_fx_reserve(st, 1) != 0)
         return kvf_error_set(err, -ENOMEM, "out of memory");
-    cp_node_set_state(st, node, KVF_CPS_NODE_SUSPECT);
+    cp_node_set_state(st, node, KVF_CPS_NODE_SUSPECT, now);
     cp_heap_arm(&st->timers, &node->ttl, now + st->opts.node_ttl);
     return 0;
 }

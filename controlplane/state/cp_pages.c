@@ -18,27 +18,54 @@
  *
  * The index is allocated at the first lease of a pool, so a node that
  * registers large pools costs nothing until it is used.
+ *
+ * Messages name the request's field as the service gave it (`field`): NULL is
+ * the old "ranges", indexed ("ranges[3]: ..."), and so is any name ending in
+ * "ranges" ("page_set.ranges[3]"); a page set decoded from a bitmap or
+ * deltas has no runs of its own, so its field is named alone
+ * ("page_set.bitmap: page 70000 is outside ..."). A lease is kept as runs
+ * whatever the request's form: a page set arrives ascending and coalesced,
+ * so the disjointness check is one pass without a copy when the runs are
+ * ascending (and, for an extension, above what the lease holds), and sorts a
+ * copy only otherwise (an engine's own ranges, an extension below).
  */
 #include <errno.h>
 #include <inttypes.h>
+#include <stdio.h>
 #include <stdlib.h>
+#include <string.h>
 
 #include "cp_state_internal.h"
 
-int cp_pages_check_bounds(const struct cp_node *node, const struct cp_pool *pool,
-                          const struct kvf_cps_page_range *ranges, size_t n, struct kvf_error *err)
+const char *cp_pages_run_name(char buf[CP_RUN_NAME_MAX], const char *field, size_t i)
 {
+    if (field == NULL)
+        field = "ranges";
+    size_t len = strlen(field);
+    if (len >= 6 && strcmp(field + len - 6, "ranges") == 0)
+        snprintf(buf, CP_RUN_NAME_MAX, "%s[%zu]", field, i);
+    else
+        snprintf(buf, CP_RUN_NAME_MAX, "%s", field);
+    return buf;
+}
+
+int cp_pages_check_bounds(const struct cp_node *node, const struct cp_pool *pool,
+                          const struct kvf_cps_page_range *ranges, size_t n, const char *field,
+                          struct kvf_error *err)
+{
+    char name[CP_RUN_NAME_MAX];
     for (size_t i = 0; i < n; i++) {
         const struct kvf_cps_page_range *r = &ranges[i];
         if (r->count == 0)
-            return kvf_error_set(err, -EINVAL, "ranges[%zu].count: must be > 0", i);
+            return kvf_error_set(err, -EINVAL, "%s.count: must be > 0",
+                                 cp_pages_run_name(name, field, i));
         uint64_t end = (uint64_t)r->first + r->count;
         if (end > pool->page_count) {
             uint32_t bad = r->first >= pool->page_count ? r->first : pool->page_count;
-            return kvf_error_set(err, -EINVAL,
-                                 "ranges[%zu]: page %" PRIu32 " is outside pool %" PRIu32
-                                 " of node %s (%" PRIu32 " pages)",
-                                 i, bad, pool->pool_id, node->id, pool->page_count);
+            return kvf_error_set(
+                err, -EINVAL,
+                "%s: page %" PRIu32 " is outside pool %" PRIu32 " of node %s (%" PRIu32 " pages)",
+                cp_pages_run_name(name, field, i), bad, pool->pool_id, node->id, pool->page_count);
         }
     }
     return 0;
@@ -55,12 +82,44 @@ static int range_ref_cmp(const void *a, const void *b)
     return x->first < y->first ? -1 : x->first > y->first ? 1 : 0;
 }
 
+/* Whether `v` is ascending and disjoint; *bad_p gets the first run that
+ * overlaps the one before it when the runs are ascending but touch. */
+static bool ascending_disjoint(const struct kvf_cps_page_range *v, size_t n, size_t *bad_p)
+{
+    for (size_t i = 1; i < n; i++) {
+        if (v[i - 1].first > v[i].first)
+            return false;
+        if ((uint64_t)v[i - 1].first + v[i - 1].count > v[i].first) {
+            *bad_p = i;
+            return true;
+        }
+    }
+    return true;
+}
+
 int cp_pages_check_disjoint(const struct cp_part *part, const struct kvf_cps_page_range *ranges,
-                            size_t n, struct kvf_error *err)
+                            size_t n, const char *field, struct kvf_error *err)
 {
     size_t held = part != NULL ? part->nranges : 0;
     if (n + held < 2)
         return 0;
+    char name[CP_RUN_NAME_MAX];
+    /* The common case, a page set (ascending runs) joining or growing a lease
+     * above what it holds: one pass, no copy. */
+    size_t bad = SIZE_MAX;
+    if (ascending_disjoint(ranges, n, &bad)) {
+        if (bad != SIZE_MAX)
+            return kvf_error_set(err, -EINVAL,
+                                 "%s: page %" PRIu32 " is listed twice (ranges overlap)",
+                                 cp_pages_run_name(name, field, bad), ranges[bad].first);
+        size_t hbad = SIZE_MAX;
+        bool held_ok =
+            held == 0 || (ascending_disjoint(part->ranges, held, &hbad) && hbad == SIZE_MAX);
+        if (held_ok && (held == 0 || n == 0 ||
+                        (uint64_t)part->ranges[held - 1].first + part->ranges[held - 1].count <=
+                            ranges[0].first))
+            return 0;
+    }
     struct range_ref *v = malloc((n + held) * sizeof(*v));
     if (v == NULL)
         return kvf_error_set(err, -ENOMEM, "out of memory");
@@ -75,7 +134,8 @@ int cp_pages_check_disjoint(const struct cp_part *part, const struct kvf_cps_pag
         if ((uint64_t)a->first + a->count <= b->first)
             continue;
         size_t idx = b->index != SIZE_MAX ? b->index : a->index;
-        rc = kvf_error_set(err, -EINVAL, "ranges[%zu]: page %" PRIu32 " is %s", idx, b->first,
+        rc = kvf_error_set(err, -EINVAL, "%s: page %" PRIu32 " is %s",
+                           cp_pages_run_name(name, field, idx), b->first,
                            a->index == SIZE_MAX || b->index == SIZE_MAX
                                ? "already in this lease"
                                : "listed twice (ranges overlap)");
@@ -115,34 +175,36 @@ static void unmark(struct cp_pool *pool, const struct cp_part *part, uint32_t fi
     }
 }
 
-static int conflict(const struct cp_pool *pool, const struct cp_part *part, size_t i, uint32_t pg,
-                    struct kvf_error *err)
+static int conflict(const struct cp_pool *pool, const struct cp_part *part, const char *field,
+                    size_t i, uint32_t pg, struct kvf_error *err)
 {
     const struct cp_page *e = &pool->pages[pg];
+    char name[CP_RUN_NAME_MAX];
+    cp_pages_run_name(name, field, i);
     const struct cp_part *other = e->writer;
     const char *how = "written";
     if (other == part)
-        return kvf_error_set(
-            err, -EBUSY, "ranges[%zu]: page %" PRIu32 " is listed twice in write lease %" PRIu64, i,
-            pg, part->lease_id);
+        return kvf_error_set(err, -EBUSY,
+                             "%s: page %" PRIu32 " is listed twice in write lease %" PRIu64, name,
+                             pg, part->lease_id);
     if (other == NULL) {
         other = find_reader(pool, pg);
         how = "read";
     }
     if (other == NULL)
         return kvf_error_set(err, -EBUSY,
-                             "ranges[%zu]: page %" PRIu32 " of pool %" PRIu32
-                             " is held by another lease",
-                             i, pg, pool->pool_id);
+                             "%s: page %" PRIu32 " of pool %" PRIu32 " is held by another lease",
+                             name, pg, pool->pool_id);
     return kvf_error_set(err, -EBUSY,
-                         "ranges[%zu]: page %" PRIu32 " of pool %" PRIu32 " is %s by room %" PRIu64
+                         "%s: page %" PRIu32 " of pool %" PRIu32 " is %s by room %" PRIu64
                          ":%" PRIu64 " (lease %" PRIu64 ")",
-                         i, pg, pool->pool_id, how, other->room->key.room_id,
+                         name, pg, pool->pool_id, how, other->room->key.room_id,
                          other->room->key.generation, other->lease_id);
 }
 
 int cp_pages_acquire(struct cp_pool *pool, struct cp_part *part,
-                     const struct kvf_cps_page_range *ranges, size_t n, struct kvf_error *err)
+                     const struct kvf_cps_page_range *ranges, size_t n, const char *field,
+                     struct kvf_error *err)
 {
     if (n == 0)
         return 0;
@@ -160,7 +222,7 @@ int cp_pages_acquire(struct cp_pool *pool, struct cp_part *part,
             struct cp_page *e = &pool->pages[pg];
             bool busy = e->writer != NULL || (write && e->readers > 0);
             if (busy) {
-                int rc = conflict(pool, part, i, pg, err);
+                int rc = conflict(pool, part, field, i, pg, err);
                 unmark(pool, part, first, pg);
                 for (size_t j = 0; j < i; j++)
                     unmark(pool, part, ranges[j].first, ranges[j].first + ranges[j].count);
@@ -214,4 +276,9 @@ void cp_pool_free(struct cp_pool *pool)
         return;
     free(pool->pages);
     free(pool);
+}
+
+uint32_t kvf_cps_max_ranges(const struct kvf_cps *st)
+{
+    return st->opts.max_ranges_per_call;
 }

@@ -465,16 +465,18 @@ void cp_room_free(struct kvf_cps *st, struct cp_room *room)
 /* ---- join ---------------------------------------------------------------- */
 
 static int validate_ranges(const struct kvf_cps *st, const struct kvf_cps_page_range *ranges,
-                           size_t n, struct kvf_error *err)
+                           size_t n, const char *field, struct kvf_error *err)
 {
+    char name[CP_RUN_NAME_MAX];
     if (n > st->opts.max_ranges_per_call)
-        return kvf_error_set(err, -E2BIG, "ranges: %zu ranges, limit %" PRIu32, n,
-                             st->opts.max_ranges_per_call);
+        return kvf_error_set(err, -E2BIG, "%s: %zu ranges, limit %" PRIu32,
+                             field ? field : "ranges", n, st->opts.max_ranges_per_call);
     if (n > 0 && ranges == NULL)
-        return kvf_error_set(err, -EINVAL, "ranges: missing");
+        return kvf_error_set(err, -EINVAL, "%s: missing", field ? field : "ranges");
     for (size_t i = 0; i < n; i++) {
         if (ranges[i].count == 0)
-            return kvf_error_set(err, -EINVAL, "ranges[%zu].count: must be > 0", i);
+            return kvf_error_set(err, -EINVAL, "%s.count: must be > 0",
+                                 cp_pages_run_name(name, field, i));
     }
     return 0;
 }
@@ -512,7 +514,7 @@ static int validate_join(const struct kvf_cps *st, const struct kvf_cps_join *j,
     if (j->engine_protocol_min == 0 || j->engine_protocol_min > j->engine_protocol_max)
         return kvf_error_set(err, -EINVAL, "engine_protocol: bad range %" PRIu32 "..%" PRIu32,
                              j->engine_protocol_min, j->engine_protocol_max);
-    return validate_ranges(st, j->ranges, j->range_count, err);
+    return validate_ranges(st, j->ranges, j->range_count, j->pages_field, err);
 }
 
 static struct cp_part *find_part(const struct cp_room *room, const struct cp_node *node,
@@ -696,9 +698,9 @@ int kvf_cps_join(struct kvf_cps *st, const struct kvf_cps_join *join, kvf_time_n
     if (pool == NULL)
         return kvf_error_set(err, -ENOENT, "pool_id: node %s has no pool %" PRIu32, node->id,
                              join->pool_id);
-    rc = cp_pages_check_bounds(node, pool, join->ranges, join->range_count, err);
+    rc = cp_pages_check_bounds(node, pool, join->ranges, join->range_count, join->pages_field, err);
     if (rc == 0)
-        rc = cp_pages_check_disjoint(NULL, join->ranges, join->range_count, err);
+        rc = cp_pages_check_disjoint(NULL, join->ranges, join->range_count, join->pages_field, err);
     if (rc != 0)
         return rc;
 
@@ -714,6 +716,9 @@ int kvf_cps_join(struct kvf_cps *st, const struct kvf_cps_join *join, kvf_time_n
     struct cp_room *fresh = NULL;
     struct cp_rnode *new_rn = NULL;
     struct cp_part *part = NULL;
+    /* The caller's array becomes the lease's runs (kvf_cps_join.ranges_adopt_p). */
+    bool adopt = join->range_count > 0 && join->ranges_adopt_p != NULL &&
+                 *join->ranges_adopt_p == join->ranges;
     size_t nodes_after = live != NULL ? live->nrnodes + 1 : 1;
     if (cp_map_reserve(&st->rooms, 1) != 0 || cp_map_reserve(&st->leases, 1) != 0 ||
         cp_heap_reserve(&st->timers, 1) != 0 || cp_fx_reserve(st, nodes_after + 2) != 0)
@@ -740,7 +745,9 @@ int kvf_cps_join(struct kvf_cps *st, const struct kvf_cps_join *join, kvf_time_n
     part = calloc(1, sizeof(*part));
     if (part == NULL)
         goto err_free;
-    if (join->range_count > 0) {
+    if (adopt) {
+        part->ranges = *join->ranges_adopt_p; /* kept only if the join succeeds */
+    } else if (join->range_count > 0) {
         part->ranges = malloc(join->range_count * sizeof(*part->ranges));
         if (part->ranges == NULL)
             goto err_free;
@@ -755,7 +762,7 @@ int kvf_cps_join(struct kvf_cps *st, const struct kvf_cps_join *join, kvf_time_n
     part->pool = pool;
     cp_pool_ref(pool);
     part->nranges = part->capranges = (uint32_t)join->range_count;
-    rc = cp_pages_acquire(pool, part, join->ranges, join->range_count, err);
+    rc = cp_pages_acquire(pool, part, join->ranges, join->range_count, join->pages_field, err);
     if (rc != 0)
         goto err_free_rc;
 
@@ -797,6 +804,8 @@ int kvf_cps_join(struct kvf_cps *st, const struct kvf_cps_join *join, kvf_time_n
         cp_room_set_state(st, target, KVF_CPS_ROOM_ACTIVE, now);
         room_updates(st, target);
     }
+    if (adopt)
+        *join->ranges_adopt_p = NULL;
     fill_result(target, part, result_p);
     return 0;
 
@@ -808,7 +817,8 @@ err_free:
 err_free_rc:
     if (part != NULL) {
         cp_pool_free(part->pool);
-        free(part->ranges);
+        if (!adopt)
+            free(part->ranges);
         free(part);
     }
     free(new_rn);
@@ -846,10 +856,18 @@ int kvf_cps_lease_extend(struct kvf_cps *st, kvf_room_key key, uint64_t lease_id
                          const struct kvf_cps_page_range *ranges, size_t range_count,
                          kvf_time_ns now, struct kvf_error *err)
 {
+    return kvf_cps_lease_extend_named(st, key, lease_id, ranges, range_count, NULL, now, err);
+}
+
+int kvf_cps_lease_extend_named(struct kvf_cps *st, kvf_room_key key, uint64_t lease_id,
+                               const struct kvf_cps_page_range *ranges, size_t range_count,
+                               const char *field, kvf_time_ns now, struct kvf_error *err)
+{
     (void)now;
+    const char *base = field ? field : "ranges";
     if (range_count == 0)
-        return kvf_error_set(err, -EINVAL, "ranges: empty");
-    int rc = validate_ranges(st, ranges, range_count, err);
+        return kvf_error_set(err, -EINVAL, "%s: empty", base);
+    int rc = validate_ranges(st, ranges, range_count, field, err);
     if (rc != 0)
         return rc;
     struct cp_room *room = NULL;
@@ -875,11 +893,11 @@ int kvf_cps_lease_extend(struct kvf_cps *st, kvf_room_key key, uint64_t lease_id
     size_t total = (size_t)part->nranges + range_count;
     if (total > st->opts.max_ranges_per_call)
         return kvf_error_set(err, -E2BIG,
-                             "ranges: lease %" PRIu64 " would hold %zu ranges, limit %" PRIu32,
+                             "%s: lease %" PRIu64 " would hold %zu ranges, limit %" PRIu32, base,
                              lease_id, total, st->opts.max_ranges_per_call);
-    rc = cp_pages_check_bounds(part->rn->node, part->pool, ranges, range_count, err);
+    rc = cp_pages_check_bounds(part->rn->node, part->pool, ranges, range_count, field, err);
     if (rc == 0)
-        rc = cp_pages_check_disjoint(part, ranges, range_count, err);
+        rc = cp_pages_check_disjoint(part, ranges, range_count, field, err);
     if (rc != 0)
         return rc;
     if (total > part->capranges) {
@@ -891,7 +909,7 @@ int kvf_cps_lease_extend(struct kvf_cps *st, kvf_room_key key, uint64_t lease_id
     }
     if (cp_fx_reserve(st, room->nrnodes) != 0)
         return kvf_error_set(err, -ENOMEM, "out of memory");
-    rc = cp_pages_acquire(part->pool, part, ranges, range_count, err);
+    rc = cp_pages_acquire(part->pool, part, ranges, range_count, field, err);
     if (rc != 0)
         return rc;
     memcpy(part->ranges + part->nranges, ranges, range_count * sizeof(*ranges));

@@ -279,6 +279,15 @@ int kvf_cps_room_participant(const struct kvf_cps *st, kvf_room_key key, size_t 
     v->completed = p->completed;
     v->node_drained = p->rn->drained;
     v->node_fenced = cp_rnode_fenced(p->rn);
+    for (uint32_t i = 0; i < room->nrnodes; i++) {
+        const struct cp_node *peer = room->rnodes[i]->node;
+        if (peer != p->rn->node && cp_node_fenced_by(p->rn->node, peer))
+            v->node_fences++;
+    }
+    /* `attempt` numbers the last notice sent from 0; a node that is owed one
+     * (pending) or drained after one was sent attempt + 1 of them. */
+    if (p->rn->notice_pending || p->rn->drained)
+        v->notice_attempts = p->rn->attempt + 1;
     v->awaiting_host_proof = cp_part_awaiting(p);
     v->ranges = p->ranges;
     v->range_count = p->nranges;
@@ -298,6 +307,9 @@ static void node_view(const struct cp_node *node, struct kvf_cps_node_view *view
     view_p->pool_count = node->npools;
     view_p->room_count = node->room_count;
     view_p->gone = node->gone;
+    view_p->protocol_min = node->pmin;
+    view_p->state_since = node->state_since;
+    view_p->protocol_max = node->pmax;
 }
 
 int kvf_cps_node_get(const struct kvf_cps *st, const char *node_id,
@@ -309,6 +321,27 @@ int kvf_cps_node_get(const struct kvf_cps *st, const char *node_id,
     if (node == NULL)
         return -ENOENT;
     node_view(node, view_p);
+    return 0;
+}
+
+int kvf_cps_node_detail_get(const struct kvf_cps *st, const char *node_id,
+                            struct kvf_cps_node_detail *detail_p)
+{
+    const struct cp_node *node = node_id != NULL ? cp_node_current(st, node_id) : NULL;
+    if (node == NULL)
+        return -ENOENT;
+    struct kvf_cps_node_detail d = {0};
+    for (const struct cp_rnode *rn = node->rnodes; rn != NULL; rn = rn->node_next)
+        d.notices_pending += rn->notice_pending;
+    for (const struct cp_fence *f = node->fence_reqs; f != NULL; f = f->req_next)
+        d.notices_pending++;
+    for (uint32_t i = 0; i < node->nfenced_by; i++) {
+        if (node->fenced_by[i]->acked)
+            d.fenced_by++;
+        else if (node->fenced_by[i]->fencer != NULL)
+            d.fences_pending++;
+    }
+    *detail_p = d;
     return 0;
 }
 

@@ -271,6 +271,16 @@ struct kvf_cps_join {
     uint32_t pool_id;                        /* a pool of that node */
     const struct kvf_cps_page_range *ranges; /* may be empty (a dummy rank) */
     size_t range_count;
+    /* How messages name the pages: NULL is "ranges", indexed ("ranges[3]");
+     * a name ending in "ranges" is indexed too ("page_set.ranges[3]"); any
+     * other ("page_set.deltas") names the whole field: the request's pages
+     * came decoded from a form without runs of its own. */
+    const char *pages_field;
+    /* Optional: the address of the caller's malloc'd array behind `ranges`.
+     * A join that succeeds keeps that array as the lease's own runs instead
+     * of copying it, and sets *ranges_adopt_p to NULL; a join that fails
+     * leaves it to the caller. NULL: the core copies `ranges`. */
+    struct kvf_cps_page_range **ranges_adopt_p;
 };
 
 struct kvf_cps_join_result {
@@ -302,6 +312,15 @@ int kvf_cps_join(struct kvf_cps *st, const struct kvf_cps_join *join, kvf_time_n
 int kvf_cps_lease_extend(struct kvf_cps *st, kvf_room_key key, uint64_t lease_id,
                          const struct kvf_cps_page_range *ranges, size_t range_count,
                          kvf_time_ns now, struct kvf_error *err);
+/* The same, with messages naming the pages as `field` does (kvf_cps_join's
+ * pages_field; NULL: "ranges"). */
+int kvf_cps_lease_extend_named(struct kvf_cps *st, kvf_room_key key, uint64_t lease_id,
+                               const struct kvf_cps_page_range *ranges, size_t range_count,
+                               const char *field, kvf_time_ns now, struct kvf_error *err);
+
+/* The most runs of pages one lease may hold (opts.max_ranges_per_call): what
+ * a page-set decoder may produce for one request. */
+uint32_t kvf_cps_max_ranges(const struct kvf_cps *st);
 
 /*
  * Aborts a room-generation (generation 0: the current generation of the id).
@@ -445,6 +464,12 @@ struct kvf_cps_participant_view {
     bool completed;
     bool node_drained; /* its node reported drained with the token */
     bool node_fenced;  /* every other node of the room fenced its node (or is lost) */
+    /* How many of the room's other nodes fenced its node (acknowledged): 0
+     * when no fence happened, also where node_fenced holds because there is
+     * no other live node to ask (a single-node room). */
+    uint32_t node_fences;
+    /* Abort notices sent to its node for the room, the first included; 0: none. */
+    uint32_t notice_attempts;
     /* RELEASING in a terminal room: its node is LOST and its host has not
      * proven yet that the lost incarnation stopped (its Drained, or its death
      * witnessed there). Peers' fences prove nothing here; no timer ends it. */
@@ -487,13 +512,29 @@ struct kvf_cps_node_view {
     uint32_t protocol_version;
     uint32_t features;
     size_t pool_count;
-    size_t room_count; /* non-terminal rooms with a participant on it */
-    bool gone;         /* witnessed gone on its host (kvf_cps_node_witness) */
+    size_t room_count;     /* non-terminal rooms with a participant on it */
+    bool gone;             /* witnessed gone on its host (kvf_cps_node_witness) */
+    uint32_t protocol_min; /* the range it advertised at attach */
+    /* When it entered its state; 0: unknown (restored from a snapshot). */
+    kvf_time_ns state_since;
+    uint32_t protocol_max;
 };
 
 /* Current incarnation of a node id; -ENOENT if unknown. */
 int kvf_cps_node_get(const struct kvf_cps *st, const char *node_id,
                      struct kvf_cps_node_view *view_p);
+
+/* What an operator asks about one node beyond its view (Admin GetNode,
+ * ListNodes); walks the node's rooms and fences, so not for hot paths. */
+struct kvf_cps_node_detail {
+    uint32_t notices_pending; /* abort notices and fence requests addressed to it, unacked */
+    uint32_t fenced_by;       /* peers that fenced this incarnation (acknowledged) */
+    uint32_t fences_pending;  /* fences of it requested from peers, not acknowledged yet */
+};
+
+/* The detail of the current incarnation of `node_id`; -ENOENT if unknown. */
+int kvf_cps_node_detail_get(const struct kvf_cps *st, const char *node_id,
+                            struct kvf_cps_node_detail *detail_p);
 
 struct kvf_cps_stats {
     uint64_t rooms_by_state[6];  /* indexed by enum kvf_cps_room_state; tombstones count */

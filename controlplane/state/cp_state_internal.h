@@ -126,6 +126,9 @@ struct cp_node {
     uint32_t fences_pending_as_fenced;
     struct cp_fence *fence_reqs; /* pending requests this node must carry out */
     struct cp_node *older;       /* older incarnations still referenced */
+    /* When it entered `state` (admin views only); 0: unknown, for a node
+     * restored from a snapshot (not in the image). */
+    kvf_time_ns state_since;
 };
 
 /* One node of one room: the drain unit (docs/state-cores.md). */
@@ -263,7 +266,8 @@ void cp_node_maybe_free(struct kvf_cps *st, struct cp_node *node);
 void cp_node_free(struct kvf_cps *st, struct cp_node *node);
 void cp_node_link_rnode(struct cp_node *node, struct cp_rnode *rn);
 void cp_node_unlink_rnode(struct cp_node *node, struct cp_rnode *rn);
-void cp_node_set_state(struct kvf_cps *st, struct cp_node *node, enum kvf_cps_node_state s);
+void cp_node_set_state(struct kvf_cps *st, struct cp_node *node, enum kvf_cps_node_state s,
+                       kvf_time_ns now);
 
 /* ---- cp_room.c ----------------------------------------------------------- */
 
@@ -300,17 +304,25 @@ struct cp_room *cp_room_lookup(const struct kvf_cps *st, kvf_room_key key);
 
 /* ---- cp_pages.c ---------------------------------------------------------- */
 
+/* How messages name run `i` of a request whose pages came in `field` (NULL:
+ * "ranges"): "ranges[3]", "page_set.ranges[3]", or "page_set.bitmap" for a
+ * form without runs of its own (cp_pages.c). Returns buf. */
+#define CP_RUN_NAME_MAX 48
+const char *cp_pages_run_name(char buf[CP_RUN_NAME_MAX], const char *field, size_t i);
 /* Checks that the ranges of a request overlap neither each other nor the
- * ranges `part` already holds (NULL: a new lease). -EINVAL naming the page. */
+ * ranges `part` already holds (NULL: a new lease). -EINVAL naming the page.
+ * Copies and sorts only runs that are not ascending. */
 int cp_pages_check_disjoint(const struct cp_part *part, const struct kvf_cps_page_range *ranges,
-                            size_t n, struct kvf_error *err);
+                            size_t n, const char *field, struct kvf_error *err);
 /* Checks that every range is well formed and inside `pool` (-EINVAL). */
 int cp_pages_check_bounds(const struct cp_node *node, const struct cp_pool *pool,
-                          const struct kvf_cps_page_range *ranges, size_t n, struct kvf_error *err);
+                          const struct kvf_cps_page_range *ranges, size_t n, const char *field,
+                          struct kvf_error *err);
 /* Marks the pages of `ranges` as held by `part` (its role decides read or
  * write). All or nothing: -EBUSY names the page and the other room, -ENOMEM. */
 int cp_pages_acquire(struct cp_pool *pool, struct cp_part *part,
-                     const struct kvf_cps_page_range *ranges, size_t n, struct kvf_error *err);
+                     const struct kvf_cps_page_range *ranges, size_t n, const char *field,
+                     struct kvf_error *err);
 /* Unmarks every page of `part` and takes it off the pool's lease list. */
 void cp_pages_release(struct cp_pool *pool, struct cp_part *part);
 void cp_pool_link(struct cp_pool *pool, struct cp_part *part);

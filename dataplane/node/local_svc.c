@@ -49,6 +49,7 @@
 #include "local_access.h"
 #include "local_svc.h"
 #include "node_log.h"
+#include "node_metrics.h"
 #include "node_owner.h"
 #include "node_types.h"
 #include "peer_link.h"
@@ -487,6 +488,7 @@ int node_submit_chunk(struct kvf_node *n, const Kvfence__V1__SubmitChunkRequest 
     /* The chunk points at the room until it ends: the room is not freed
      * meanwhile (a staged frame may wait with nothing admitted yet). */
     kvf_ncore_room_hold(&r->core);
+    ch->metrics_t0 = node_metrics_chunk_start(n->metrics, node_chunk_transport(ch));
     uint32_t nframes = ch->nframes;
     int err = 0;
     if (node_xport_staging(n)) {
@@ -513,6 +515,7 @@ int node_submit_chunk(struct kvf_node *n, const Kvfence__V1__SubmitChunkRequest 
             ch->nframes++;
         }
         if (ch->nframes == 0) {
+            node_metrics_chunk_end(n->metrics, node_chunk_transport(ch), 0, false, false);
             kvf_ncore_room_release(&r->core);
             free(ch);
             free(aux);
@@ -613,6 +616,8 @@ static void chunk_end(struct kvf_node *n, struct node_chunk *ch)
             node_part_completed(n, r, src);
         }
     }
+    node_metrics_chunk_end(n->metrics, node_chunk_transport(ch), ch->metrics_t0, ch->nfail == 0,
+                           true);
     kvf_ncore_room_release(&r->core);
     free(ch);
 }
@@ -623,6 +628,8 @@ static void frame_end(struct kvf_node *n, struct node_frame *f, bool ok, int sta
 {
     struct node_chunk *ch = f->chunk;
     ch->ndone++;
+    if (ok)
+        node_metrics_sent(n->metrics, node_chunk_transport(ch), f->x.len);
     if (!ok) {
         /* At once: a sibling frame may stay blocked for long (R4), and the
          * room must abort meanwhile. */
@@ -661,9 +668,12 @@ void node_local_completion(struct kvf_node *n, const struct kvf_completion *c)
             node_check_drained(n, r);
     }
     bool ok = c->outcome == KVF_LT_DONE_OK;
-    if (ok && ch->sink_local)
+    if (ok && ch->sink_local) {
+        node_metrics_received(n->metrics, KVFENCE__V1__TRANSPORT_KIND__TRANSPORT_KIND_LOCAL, 1,
+                              c->xfer->len);
         node_sink_landed(n, r, ch->sink_rank, c->xfer->first_page, c->xfer->page_count,
                          c->xfer->len);
+    }
     frame_end(n, f, ok, c->status); /* may free the chunk; the room stays until the job ends */
     /* An op of the room retired: a local sink that waited for the room's
      * ops in flight may complete now. */

@@ -57,6 +57,7 @@
 #include "local_svc.h"
 #include "node_health.h"
 #include "node_log.h"
+#include "node_metrics.h"
 #include "node_owner.h"
 #include "node_types.h"
 #include "peer_link.h"
@@ -81,6 +82,7 @@
 #include "devpool.h"
 #include "faults.h"
 #include "kvf_error.h"
+#include "kvf_version.h"
 #include "rdma_link.h"
 #include "tcp.h"
 #include "xport.h"
@@ -779,6 +781,7 @@ static void on_fence_peer(struct kvf_node *n, const Kvfence__V1__FencePeer *fp)
             if (n->peerch)
                 (void)kvf_peer_channel_forget_peer(n->peerch, id, fp->incarnation);
             size_t drained = kvf_lt_table_peer_fenced(n->lts, idx);
+            node_metrics_peers_fenced(n->metrics, 1);
             node_log("info", NULL, "fenced peer %s incarnation %" PRIu64 " (%zu lifetimes drained)",
                      id, fp->incarnation, drained);
         }
@@ -916,6 +919,8 @@ static void node_self_fence(struct kvf_node *n, const char *why)
     }
     node_session_new_incarnation(n, old); /* witnessed once its lifetimes drained */
     n->self_fences++;
+    node_metrics_peers_fenced(n->metrics, fenced);
+    node_metrics_self_fence(n->metrics);
     /* The host lock names the live incarnation. */
     if (n->host_lock_fd >= 0 && node_host_lock_record(n->host_lock_fd, n->incarnation) != 0)
         node_log("warn", NULL, "self-fence: host lock %s: cannot record incarnation %" PRIu64,
@@ -1098,7 +1103,8 @@ static int tcp_check(void *ctx, uint32_t peer, kvf_room_key room, uint32_t pool_
 {
     struct kvf_node *n = ctx;
     int rc = -ENOENT;
-    bool outside = false; /* the room's source sent pages this node's sink lease lacks */
+    bool outside = false;  /* the room's source sent pages this node's sink lease lacks */
+    bool stranger = false; /* the sender is no source of the room */
     pthread_rwlock_rdlock(&n->rooms_lock);
     struct node_room *r = node_room_find(n, room);
     /* A room not known here: the control plane never tells a source the
@@ -1109,6 +1115,7 @@ static int tcp_check(void *ctx, uint32_t peer, kvf_room_key room, uint32_t pool_
         const struct node_peer *from = &n->peers[peer];
         bool from_source = node_room_may_send(r, from->node_id, from->incarnation);
         rc = from_source ? -EPERM : -ENOENT;
+        stranger = !from_source;
         const struct node_member *m =
             from_source ? sink_member_of(r, pool_id, first_page, page_count) : NULL;
         if (m && m->rx_closed)
@@ -1119,6 +1126,14 @@ static int tcp_check(void *ctx, uint32_t peer, kvf_room_key room, uint32_t pool_
             outside = !r->core.aborting;
     }
     pthread_rwlock_unlock(&n->rooms_lock);
+    /* Counted once here: refused (the room fails), or late (its admission
+     * closed or its sink completed: dropped as the rules say). */
+    if (rc != 0 && (unknown || outside || stranger))
+        node_metrics_frame_refused(n->metrics, unknown   ? NODE_REFUSED_UNKNOWN_ROOM
+                                               : outside ? NODE_REFUSED_OUTSIDE_LEASE
+                                                         : NODE_REFUSED_NOT_SOURCE);
+    else if (rc != 0)
+        node_metrics_frame_late(n->metrics);
     /* The frame is dropped (docs/node.md, "a refused frame"): its pages can
      * never land, so the sink can never complete. The owner fails the room
      * (TransferFailed: the control plane aborts it, the abort token drains
@@ -1181,6 +1196,9 @@ static void tcp_on_frame(void *ctx, uint32_t peer, kvf_room_key room, uint32_t p
                          bool drained)
 {
     struct kvf_node *n = ctx;
+    if (status == 0 && bytes > 0)
+        node_metrics_received(n->metrics, KVFENCE__V1__TRANSPORT_KIND__TRANSPORT_KIND_TCP, 1,
+                              bytes);
     if (rx_batch.head && rx_batch.n != n)
         rx_batch_flush(); /* not expected: a receiver serves one node */
     struct frame_job *fe = calloc(1, sizeof *fe);
@@ -1443,6 +1461,7 @@ static void *owner_main(void *arg)
         int64_t now = node_now_ms();
         node_session_tick(n, now); /* heartbeat, self-fence */
         node_health_update(n);
+        node_metrics_owner_publish(n->metrics, n->npools, n->session_welcomed);
         if (n->stop_requested) {
             bool done = kvf_lt_table_can_teardown(n->lts);
             if (done || now >= n->stop_deadline_ms) {
@@ -1473,7 +1492,59 @@ static void *owner_main(void *arg)
     return NULL;
 }
 
+/* ---- metrics: rooms by state, counted at each scrape ------------------------------ */
+
+struct rooms_count {
+    uint64_t *counts;
+};
+
+/* The node's view of a room (node_metrics.h, enum node_metrics_room). */
+static enum node_metrics_room room_metrics_state(const struct node_room *r)
+{
+    switch (kvf_lt_state(r->core.lt)) {
+    case KVF_LT_DRAINED:
+        return NODE_ROOM_DRAINED;
+    case KVF_LT_QUARANTINED:
+        return NODE_ROOM_QUARANTINED;
+    default:
+        break;
+    }
+    if (r->core.aborting)
+        return NODE_ROOM_ABORTING;
+    if (kvf_lt_state(r->core.lt) == KVF_LT_CLOSED)
+        return NODE_ROOM_CLOSED;
+    return r->state == KVFENCE__V1__ROOM_STATE__ROOM_STATE_ACTIVE ? NODE_ROOM_ACTIVE
+                                                                  : NODE_ROOM_OPENING;
+}
+
+static void rooms_count_run(struct kvf_node *n, void *arg)
+{
+    struct rooms_count *rc = arg;
+    for (struct node_room *r = n->rooms; r; r = r->next)
+        rc->counts[room_metrics_state(r)]++;
+}
+
+/* The metrics' rooms callback (HTTP thread): a synchronous job, so the
+ * owner walks its own rooms (O(rooms) once per scrape, nothing on the hot
+ * path). -ESHUTDOWN once the owner has exited. */
+static int rooms_count(void *ctx, uint64_t *counts)
+{
+    struct kvf_node *n = ctx;
+    struct rooms_count rc = {.counts = counts};
+    struct node_job j;
+    memset(&j, 0, sizeof j);
+    j.run = rooms_count_run;
+    j.arg = &rc;
+    j.sync = true;
+    return node_post(n, &j);
+}
+
 /* ---- public API ---------------------------------------------------------------- */
+
+struct kvf_metrics *kvf_node_metrics(struct kvf_node *n)
+{
+    return n ? node_metrics_registry(n->metrics) : NULL;
+}
 
 void kvf_node_opts_init(struct kvf_node_opts *opts)
 {
@@ -1559,6 +1630,8 @@ struct kvf_node *kvf_node_start(const struct kvf_node_opts *opts)
         free(n);
         return NULL;
     }
+    /* NULL (logged): the node runs without metrics, its hooks are no-ops. */
+    n->metrics = node_metrics_create(KVF_VERSION_STRING, rooms_count, n);
     n->next_pool_id = 1;
     n->hb_interval_ms = 1000;
     pthread_mutex_init(&n->qlock, NULL);
@@ -1737,5 +1810,6 @@ void kvf_node_destroy(struct kvf_node *n)
     if (n->host_lock_fd >= 0)
         close(n->host_lock_fd); /* the process is ending: the next one may take it */
     kvf_peer_keypair_wipe(&n->keys);
+    node_metrics_destroy(n->metrics); /* main.c stopped its HTTP server */
     free(n);
 }

@@ -109,6 +109,12 @@ uint64_t kvf_node_welcomed(struct kvf_node *n, uint16_t *data_port_p);
  */
 int kvf_node_stop(struct kvf_node *n);
 
+/* The node's metrics registry (docs/metrics.md, "Node metrics"), to serve
+ * with kvf_metrics_http_start(); NULL when it could not be created. Valid
+ * until kvf_node_destroy(): stop its HTTP server before that. */
+struct kvf_metrics;
+struct kvf_metrics *kvf_node_metrics(struct kvf_node *n);
+
 /* Frees a stopped node (stops it first if needed). Accepts NULL. */
 void kvf_node_destroy(struct kvf_node *n);
 

@@ -226,6 +226,8 @@ struct node_job {
 
 /* ---- the node ---------------------------------------------------------------- */
 
+struct node_metrics;
+
 struct kvf_node {
     const struct node_owner_ops *owner_ops; /* node.c's actions (node_owner.h) */
     struct kvf_node_opts opts;
@@ -342,6 +344,9 @@ struct kvf_node {
     unsigned watchers_chunks;                       /* watchers with include_chunks (watch_lock) */
     uint64_t watch_chunk_calls, watch_chunk_packed; /* owner; logged at exit */
     struct node_substream *substreams;              /* SubmitChunks streams (submit_stream.c) */
+
+    /* Metrics (node_metrics.h): lock-free hooks, any thread; NULL: none. */
+    struct node_metrics *metrics;
 };
 
 #endif /* KVF_NODE_TYPES_H */

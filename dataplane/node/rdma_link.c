@@ -77,6 +77,7 @@
 #include "xport_registry.h"
 #include "control_session.h"
 #include "node_log.h"
+#include "node_metrics.h"
 #include "node_owner.h"
 #include "peer_link.h"
 #include "watch.h"
@@ -1179,6 +1180,7 @@ static void notice_refused(struct kvf_node *n, struct node_room *r, struct node_
                            const struct node_peer_msg *pm, const char *what)
 {
     n->rdma->notices_refused++;
+    node_metrics_frame_refused(n->metrics, NODE_REFUSED_RDMA_NOTICE);
     char why[256];
     snprintf(why, sizeof why,
              "rdma chunk notice from %s (source rank %u, chunk %" PRIu64 "): %s; the bytes of an "
@@ -1237,6 +1239,8 @@ void node_rdma_notice_in(struct kvf_node *n, struct node_room *r, struct node_me
     }
     rd->notices_in++;
     rd->notice_bytes_in += pm->bytes;
+    node_metrics_received(n->metrics, KVFENCE__V1__TRANSPORT_KIND__TRANSPORT_KIND_RDMA, nr,
+                          pm->bytes);
     /* The event before the pages count: they may complete the sink. */
     node_watch_chunk_done(n, r, pm->source_rank, pm->sink_rank, pm->chunk_seq, true, "",
                           KVFENCE__V1__TRANSPORT_KIND__TRANSPORT_KIND_RDMA);

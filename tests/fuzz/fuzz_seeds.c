@@ -166,6 +166,30 @@ static void pack_join(struct buf *b, const char *node, int role)
     b_msg(b, &j.base);
 }
 
+/* A join whose pages are a page set (types.proto PageSet), as engines with
+ * scattered pages send it. */
+static void pack_join_set(struct buf *b, const char *node, int role, Kvfence__V1__PageSet *ps)
+{
+    static char *features[] = {"QUIESCE_V1"};
+    Kvfence__V1__CapabilitySet caps = KVFENCE__V1__CAPABILITY_SET__INIT;
+    caps.protocol_min = 1;
+    caps.protocol_max = 1;
+    caps.n_features = 1;
+    caps.features = features;
+    Kvfence__V1__Participant part = KVFENCE__V1__PARTICIPANT__INIT;
+    part.node_id = (char *)node;
+    part.role = role;
+    Kvfence__V1__JoinRoomRequest j = KVFENCE__V1__JOIN_ROOM_REQUEST__INIT;
+    j.room_id = 8;
+    j.expected_sources = 1;
+    j.expected_sinks = 1;
+    j.participant = &part;
+    j.engine_capabilities = &caps;
+    j.pool_id = 1;
+    j.page_set = ps;
+    b_msg(b, &j.base);
+}
+
 static size_t method_index(const char *name)
 {
     for (size_t i = 0; i < kvf_svc_control_method_count; i++)
@@ -215,6 +239,31 @@ static void seeds_services(void)
     b_u8(&b, (uint8_t)(nm + 2));
     b_le(&b, 2000, 2);
     seed("fuzz_services", "attach-join-tick", b.b, b.n);
+
+    /* The same with page sets: the source's pages as deltas, the sink's as
+     * a bitmap. */
+    static uint8_t deltas[] = {3, 1, 0, 0, 5, 0x80, 0x01};
+    static uint8_t bitmap[] = {0x55, 0xff, 0x01, 0x80};
+    Kvfence__V1__PageSet pd = KVFENCE__V1__PAGE_SET__INIT, pb = KVFENCE__V1__PAGE_SET__INIT;
+    pd.deltas.data = deltas;
+    pd.deltas.len = sizeof deltas;
+    pb.bitmap.data = bitmap;
+    pb.bitmap.len = sizeof bitmap;
+    pb.bitmap_first = 16;
+    b.n = 0;
+    b_u8(&b, (uint8_t)nm);
+    b_u8(&b, 4 * 0 + 1);
+    pack_hello(&b, "n1", 2);
+    b_u8(&b, (uint8_t)nm);
+    b_u8(&b, 2);
+    pack_hello(&b, "n2", 3);
+    b_u8(&b, (uint8_t)method_index("/kvfence.v1.Control/JoinRoom"));
+    pack_join_set(&b, "n1", KVFENCE__V1__ROLE__ROLE_SOURCE, &pd);
+    b_u8(&b, (uint8_t)method_index("/kvfence.v1.Control/JoinRoom"));
+    pack_join_set(&b, "n2", KVFENCE__V1__ROLE__ROLE_SINK, &pb);
+    b_u8(&b, (uint8_t)(nm + 2));
+    b_le(&b, 200, 2);
+    seed("fuzz_services", "attach-join-pagesets", b.b, b.n);
 
     /* State-core snapshots: empty, and after the two Hellos and the joins. */
     struct kvf_cps_opts opts;

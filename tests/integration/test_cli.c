@@ -45,6 +45,7 @@ struct fx {
     struct fake_node *n1, *n2;
     uint64_t gen100, gen200;
     char token200[33]; /* 32 hex digits */
+    uint64_t token200_hi, token200_lo;
 };
 
 static struct fx *g;
@@ -118,6 +119,32 @@ static int run_cap(char *buf, size_t cap, const char *fmt, ...)
     int rc = vrun(buf, cap, false, true, fmt, ap);
     va_end(ap);
     return rc;
+}
+
+/* Runs `cmdline` through the shell (no --server added), stdout into `buf`
+ * (stderr too when `merge`). Returns the exit code. */
+static int run_sh(char *buf, size_t cap, bool merge, const char *fmt, ...)
+    __attribute__((format(printf, 4, 5)));
+static int run_sh(char *buf, size_t cap, bool merge, const char *fmt, ...)
+{
+    char cmd[4096];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(cmd, sizeof cmd, fmt, ap);
+    va_end(ap);
+    if (merge) {
+        strncat(cmd, " 2>&1", sizeof cmd - strlen(cmd) - 1);
+    }
+    FILE *p = popen(cmd, "r");
+    assert_non_null(p);
+    size_t n = 0, got;
+    while (n + 1 < cap && (got = fread(buf + n, 1, cap - 1 - n, p)) > 0) {
+        n += got;
+    }
+    buf[n] = '\0';
+    int status = pclose(p);
+    assert_true(WIFEXITED(status));
+    return WEXITSTATUS(status);
 }
 
 #define assert_has(hay, needle)                                    \
@@ -274,7 +301,9 @@ static int group_setup(void **state)
     (void)state;
     g = calloc(1, sizeof *g);
     assert_non_null(g);
-    const char *args[] = {"--threads", "2", NULL};
+    /* The fake nodes send no heartbeats: their sessions must not be ended for
+     * silence (15 s by default) however slow the machine runs the group. */
+    const char *args[] = {"--threads", "2", "--heartbeat-timeout-ms", "0", NULL};
     assert_int_equal(kvf_proc_start(&g->proc, KVF_CONTROL_BIN, args), 0);
     struct kvf_rpc_channel_opts co;
     kvf_rpc_channel_opts_init(&co);
@@ -301,6 +330,8 @@ static int group_setup(void **state)
     assert_int_equal(ar->state, KVFENCE__V1__ROOM_STATE__ROOM_STATE_ABORTING);
     snprintf(g->token200, sizeof g->token200, "%016llx%016llx", (unsigned long long)ar->token->hi,
              (unsigned long long)ar->token->lo);
+    g->token200_hi = ar->token->hi;
+    g->token200_lo = ar->token->lo;
     kvfence__v1__abort_room_response__free_unpacked(ar, NULL);
     return 0;
 }
@@ -386,18 +417,25 @@ static void test_nodes(void **state)
     assert_true(split(line, w, 16) >= 9);
     assert_string_equal(w[1], "1");
     assert_string_equal(w[2], "ATTACHED");
-    assert_string_equal(w[4], "2"); /* rooms */
-    /* POOLS, NOTICES, STATE_AGE, LAST_SEEN: ListNodes does not fill them yet. */
+    assert_string_equal(w[4], "2");     /* rooms */
+    assert_string_equal(w[5], "1");     /* pools */
+    assert_string_not_equal(w[7], "-"); /* STATE_AGE: since it attached */
+    assert_string_not_equal(w[8], "-"); /* LAST_SEEN: its session's last message */
     assert_true(find_line(out, "cli-n2 ", line, sizeof line));
 
+    /* proto3 JSON: lowerCamelCase, 64-bit integers as strings, enums by
+     * name, defaults (notices_pending 0) omitted. */
     assert_int_equal(run(out, "nodes -o json"), 0);
     assert_json_doc(out);
-    assert_has(out, "{\"nodes\":[{\"node_id\":\"cli-n1\",\"incarnation\":1,\"state\":\"ATTACHED\"");
-    assert_has(out, "\"node_id\":\"cli-n2\"");
-    assert_has(out, "\"endpoints\":[");
-    assert_has(out, "\"pools\":[");
-    assert_has(out, "\"room_count\":2,\"state_age_ms\":");
-    assert_has(out, "\"notices_pending\":");
+    assert_has(out, "{\"nodes\":[{\"nodeId\":\"cli-n1\",\"incarnation\":\"1\","
+                    "\"state\":\"NODE_STATE_ATTACHED\",\"protocolVersion\":1,");
+    assert_has(out, "\"nodeId\":\"cli-n2\"");
+    assert_has(out, "\"endpoints\":[{\"kind\":\"ENDPOINT_KIND_PEER_ZMQ\",\"address\":\"tcp://");
+    assert_has(out, "\"softwareVersion\":\"fake-node\"");
+    assert_has(out, "\"pools\":[{\"poolId\":1,");
+    assert_has(out, "\"roomCount\":2,\"stateAgeMs\":\"");
+    assert_has(out, "\"lastSeenMs\":\"");
+    assert_lacks(out, "node_id");
 }
 
 static void test_rooms(void **state)
@@ -435,22 +473,24 @@ static void test_rooms(void **state)
 
     assert_int_equal(run(out, "-o json rooms"), 0);
     assert_json_doc(out);
-    assert_has(out, "{\"rooms\":[{\"room\":{\"room_id\":100,");
-    assert_has(out, "\"state\":\"ACTIVE\",\"abort_reason\":\"UNSPECIFIED\",\"token\":null");
-    assert_has(out, "\"room_id\":200,");
-    char want[128];
+    assert_has(out, "{\"rooms\":[{\"room\":{\"roomId\":\"100\",");
+    assert_has(out, "\"state\":\"ROOM_STATE_ACTIVE\",\"expectedSources\":1");
+    assert_has(out, "\"roomId\":\"200\",");
+    char want[160];
     snprintf(want, sizeof want,
-             "\"state\":\"ABORTING\",\"abort_reason\":\"ENGINE\",\"token\":\"%s\"", g->token200);
+             "\"state\":\"ROOM_STATE_ABORTING\",\"abortReason\":\"ABORT_REASON_ENGINE\","
+             "\"token\":{\"hi\":\"%llu\",\"lo\":\"%llu\"}",
+             (unsigned long long)g->token200_hi, (unsigned long long)g->token200_lo);
     assert_has(out, want);
-    assert_has(out, "\"participant_count\":2");
-    assert_has(out, "\"past_drain_deadline\":false");
+    assert_has(out, "\"participantCount\":2");
+    assert_lacks(out, "pastDrainDeadline"); /* false: omitted */
 
     assert_int_equal(run(out, "rooms --state active -o json"), 0);
     assert_json_doc(out);
-    assert_has(out, "\"room_id\":100,");
-    assert_lacks(out, "\"room_id\":200,");
+    assert_has(out, "\"roomId\":\"100\",");
+    assert_lacks(out, "\"roomId\":\"200\",");
     assert_int_equal(run(out, "rooms --state completed -o json"), 0);
-    assert_string_equal(out, "{\"rooms\":[]}\n");
+    assert_string_equal(out, "{}\n");
 }
 
 static void test_room(void **state)
@@ -487,24 +527,28 @@ static void test_room(void **state)
 
     assert_int_equal(run(out, "room 200 -o json"), 0);
     assert_json_doc(out);
-    assert_has(out, "{\"room\":{\"room_id\":200,");
+    assert_has(out, "{\"room\":{\"roomId\":\"200\",");
     char want[128];
-    snprintf(want, sizeof want, "\"token\":\"%s\"", g->token200);
+    snprintf(want, sizeof want, "\"token\":{\"hi\":\"%llu\",\"lo\":\"%llu\"}",
+             (unsigned long long)g->token200_hi, (unsigned long long)g->token200_lo);
     assert_has(out, want);
-    assert_has(out, "\"participants\":[{\"participant\":{\"node_id\":\"cli-n1\",\"rank\":0,"
-                    "\"role\":\"SOURCE\"},\"node_incarnation\":1,\"lease\":{\"lease_id\":");
+    /* rank 0 omitted: the default */
+    assert_has(out,
+               "\"participants\":[{\"participant\":{\"nodeId\":\"cli-n1\","
+               "\"role\":\"ROLE_SOURCE\"},\"nodeIncarnation\":\"1\",\"lease\":{\"leaseId\":\"");
     assert_has(out, "\"ranges\":[{\"first\":100,\"count\":8}]");
-    assert_has(out, "\"completed\":false,\"drained\":false,\"fenced\":false,\"notice_attempts\":");
-    assert_has(out, "\"node_id\":\"cli-n2\"");
+    assert_has(out, "\"noticeAttempts\":");
+    assert_lacks(out, "\"drained\""); /* false: omitted */
+    assert_has(out, "\"nodeId\":\"cli-n2\"");
 
     char gen[32];
     snprintf(gen, sizeof gen, "%llu", (unsigned long long)g->gen100);
     assert_int_equal(run(out, "room 100 --generation %s -o json", gen), 0);
     assert_json_doc(out);
-    assert_has(out, "\"state\":\"ACTIVE\"");
-    assert_has(out, "\"token\":null");
-    assert_has(out, "\"mode\":\"READ\"");
-    assert_has(out, "\"mode\":\"WRITE\"");
+    assert_has(out, "\"state\":\"ROOM_STATE_ACTIVE\"");
+    assert_lacks(out, "\"token\"");
+    assert_has(out, "\"mode\":\"LEASE_MODE_READ\"");
+    assert_has(out, "\"mode\":\"LEASE_MODE_WRITE\"");
 }
 
 static void test_leases(void **state)
@@ -538,12 +582,12 @@ static void test_leases(void **state)
 
     assert_int_equal(run(out, "leases --room 100 -o json"), 0);
     assert_json_doc(out);
-    assert_has(out, "{\"leases\":[{\"lease_id\":");
-    assert_has(out, "\"room\":{\"room_id\":100,");
-    assert_lacks(out, "\"room_id\":200,");
-    assert_has(out, "\"state\":\"ACTIVE\"");
+    assert_has(out, "{\"leases\":[{\"leaseId\":\"");
+    assert_has(out, "\"room\":{\"roomId\":\"100\",");
+    assert_lacks(out, "\"roomId\":\"200\",");
+    assert_has(out, "\"state\":\"LEASE_STATE_ACTIVE\"");
     assert_int_equal(run(out, "leases --state released -o json"), 0);
-    assert_string_equal(out, "{\"leases\":[]}\n");
+    assert_string_equal(out, "{}\n");
 }
 
 static void test_stats(void **state)
@@ -570,11 +614,10 @@ static void test_stats(void **state)
 
     assert_int_equal(run(out, "stats -o json"), 0);
     assert_json_doc(out);
-    assert_has(out, "{\"rooms\":{\"opening\":0,\"active\":1,\"aborting\":1,\"completed\":0,"
-                    "\"aborted\":0},\"leases\":{");
-    assert_has(out, "\"nodes\":{\"attached\":2,\"suspect\":0,\"lost\":0},\"notices_pending\":");
-    assert_has(out, "\"generation\":");
-    assert_has(out, "\"uptime_ms\":");
+    assert_has(out, "{\"rooms\":{\"active\":\"1\",\"aborting\":\"1\"},\"leases\":{");
+    assert_has(out, "\"nodes\":{\"attached\":\"2\"},\"noticesPending\":\"");
+    assert_has(out, "\"generation\":\"");
+    assert_has(out, "\"uptimeMs\":\"");
 }
 
 static void test_abort_idempotent(void **state)
@@ -585,9 +628,11 @@ static void test_abort_idempotent(void **state)
     for (int i = 0; i < 2; i++) {
         assert_int_equal(run(out, "abort 200 -o json --reason 'ops \"test\"'"), 0);
         assert_json_doc(out);
-        snprintf(want, sizeof want, "\"token\":\"%s\"", g->token200);
+        snprintf(want, sizeof want, "\"token\":{\"hi\":\"%llu\",\"lo\":\"%llu\"}",
+                 (unsigned long long)g->token200_hi, (unsigned long long)g->token200_lo);
         assert_has(out, want);
-        assert_has(out, "\"state\":\"ABORTING\",\"already_aborting\":true,\"reason\":\"ENGINE\"");
+        assert_has(out, "\"state\":\"ROOM_STATE_ABORTING\",\"alreadyAborting\":true,"
+                        "\"reason\":\"ABORT_REASON_ENGINE\"");
     }
     char line[512], *w[8];
     assert_int_equal(run(out, "abort 200"), 0);
@@ -629,7 +674,7 @@ static void test_fence(void **state)
     assert_string_equal(w[2], "1"); /* cli-n2 shares its rooms */
     assert_int_equal(run(out, "fence cli-n2 -o json"), 0);
     assert_json_doc(out);
-    assert_string_equal(out, "{\"node_id\":\"cli-n2\",\"incarnation\":1,\"fencers\":1}\n");
+    assert_string_equal(out, "{\"incarnation\":\"1\",\"fencers\":1}\n");
 }
 
 /* Reads one line from a watch; fails at EOF. */
@@ -640,13 +685,16 @@ static void watch_line(FILE *p, char *line, size_t cap)
     }
 }
 
-static void parse_token(const char *hex, Kvfence__V1__AbortToken *t)
+/* The token of an AbortRoomResponse in proto3 JSON: {"hi":"N","lo":"N"}. */
+static void parse_token_json(const char *json, Kvfence__V1__AbortToken *t)
 {
-    char a[17] = {0}, b[17] = {0};
-    memcpy(a, hex, 16);
-    memcpy(b, hex + 16, 16);
-    t->hi = strtoull(a, NULL, 16);
-    t->lo = strtoull(b, NULL, 16);
+    const char *hi = strstr(json, "\"token\":{\"hi\":\"");
+    const char *lo = strstr(json, "\"lo\":\"");
+    if (!hi || !lo) {
+        fail_msg("no token in %s", json);
+    }
+    t->hi = strtoull(hi + strlen("\"token\":{\"hi\":\""), NULL, 10);
+    t->lo = strtoull(lo + strlen("\"lo\":\""), NULL, 10);
 }
 
 static void test_watch(void **state)
@@ -662,11 +710,8 @@ static void test_watch(void **state)
     assert_has(line, " synced replayed=");
 
     assert_int_equal(run(out, "-o json abort 300 --reason watch-test"), 0);
-    const char *tk = strstr(out, "\"token\":\"");
-    assert_non_null(tk);
-    tk += strlen("\"token\":\"");
     Kvfence__V1__AbortToken token = KVFENCE__V1__ABORT_TOKEN__INIT;
-    parse_token(tk, &token);
+    parse_token_json(out, &token);
 
     watch_line(p, line, sizeof line);
     char want[128];
@@ -696,18 +741,18 @@ static void test_watch(void **state)
     assert_non_null(p);
     watch_line(p, line, sizeof line);
     assert_json_doc(line);
-    assert_has(line, "{\"received_unix_ms\":");
-    assert_has(line, "\"released\":{\"lease_id\":");
-    assert_has(line, "\"room\":{\"room_id\":300,");
-    assert_has(line, "\"node_id\":\"cli-n1\"");
-    assert_has(line, "\"state\":\"RELEASED\"");
+    assert_has(line, "{\"receivedUnixMs\":\"");
+    assert_has(line, "\"released\":{\"leaseId\":\"");
+    assert_has(line, "\"room\":{\"roomId\":\"300\",");
+    assert_has(line, "\"nodeId\":\"cli-n1\"");
+    assert_has(line, "\"state\":\"LEASE_STATE_RELEASED\"");
     assert_null(fgets(line, sizeof line, p));
     status = pclose(p);
     assert_true(WIFEXITED(status));
     assert_int_equal(WEXITSTATUS(status), 0);
 
     assert_int_equal(run(out, "room 300 -o json"), 0);
-    assert_has(out, "\"state\":\"ABORTED\"");
+    assert_has(out, "\"state\":\"ROOM_STATE_ABORTED\"");
     assert_has(out, "\"drained\":true");
 }
 
@@ -805,6 +850,22 @@ static void test_tls(void **state)
                               "--tls-key %s/server.key stats",
                               tp.target, dir, dir, dir);
     int rc_plain = run_raw(out, "--server %s stats", tp.target);
+    /* KVFENCE_CACERT / KVFENCE_CERT / KVFENCE_KEY beside KVFENCE_SERVER, as
+     * etcdctl's ETCDCTL_*; flags win over them. */
+    static char env_out[OUT_MAX];
+    int rc_env = run_sh(env_out, sizeof env_out, true,
+                        "KVFENCE_SERVER=%s KVFENCE_CACERT=%s/ca.pem KVFENCE_CERT=%s/client.pem "
+                        "KVFENCE_KEY=%s/client.key %s -o json stats",
+                        tp.target, dir, dir, dir, KVF_CLI_BIN);
+    int rc_env_flags = run_sh(out, OUT_MAX, true,
+                              "KVFENCE_SERVER=%s KVFENCE_CACERT=/nonexistent/ca.pem "
+                              "KVFENCE_CERT=%s/server.pem KVFENCE_KEY=%s/server.key "
+                              "%s --tls-ca %s/ca.pem --tls-cert %s/client.pem "
+                              "--tls-key %s/client.key stats",
+                              tp.target, dir, dir, KVF_CLI_BIN, dir, dir, dir);
+    int rc_env_bad =
+        run_sh(out, OUT_MAX, true, "KVFENCE_SERVER=%s KVFENCE_CACERT=/nonexistent/ca.pem %s stats",
+               tp.target, KVF_CLI_BIN);
 
     kvf_proc_stop(&tp, 10000);
     kvf_proc_kill(&tp);
@@ -819,6 +880,12 @@ static void test_tls(void **state)
     assert_int_equal(rc_nocert, 3); /* the server wants a client certificate */
     assert_int_not_equal(rc_notadmin, 0);
     assert_int_equal(rc_plain, 3); /* plaintext to a TLS server */
+    if (rc_env != 0) {
+        fail_msg("TLS files from the environment: exit %d:\n%s", rc_env, env_out);
+    }
+    assert_has(env_out, "{\"rooms\":");
+    assert_int_equal(rc_env_flags, 0); /* the flags' files, not the environment's */
+    assert_int_equal(rc_env_bad, 2);   /* an unreadable KVFENCE_CACERT */
 }
 
 /* Counts the lines of `s` that hold `needle`. */
@@ -873,18 +940,339 @@ static void test_paging(void **state)
     }
     assert_int_equal(run_cap(big, sizeof big, "-o json rooms --node cli-p2"), 0);
     assert_json_doc(big);
-    assert_int_equal(count_hits(big, "\"room_id\":5"), ROOMS);
+    assert_int_equal(count_hits(big, "\"roomId\":\"5"), ROOMS);
 
     /* Two leases per room: 260 rows over three pages. */
     assert_int_equal(run_cap(big, sizeof big, "leases --node cli-p1"), 0);
     assert_int_equal(count_lines_with(big, " cli-p1 "), ROOMS);
     assert_int_equal(run_cap(big, sizeof big, "-o json leases"), 0);
     assert_json_doc(big);
-    assert_int_equal(count_hits(big, "\"node_id\":\"cli-p1\""), ROOMS);
-    assert_int_equal(count_hits(big, "\"node_id\":\"cli-p2\""), ROOMS);
+    assert_int_equal(count_hits(big, "\"nodeId\":\"cli-p1\""), ROOMS);
+    assert_int_equal(count_hits(big, "\"nodeId\":\"cli-p2\""), ROOMS);
 
     fake_node_vanish(p1);
     fake_node_vanish(p2);
+}
+
+/* ---- the proto3 JSON dialect, node views, output forms ---------------------- */
+
+/* Parses the CLI's JSON with a real parser: python3's json module prints each
+ * room id of `-o json rooms` (as the JSON holds it: a string) on its own line. */
+#define PY_ROOM_IDS                                                                     \
+    "/usr/bin/python3 -c 'import json,sys; d=json.load(sys.stdin); "                    \
+    "[print(type(r[\"room\"][\"roomId\"]).__name__, r[\"room\"][\"roomId\"]) for r in " \
+    "d[\"rooms\"]]'"
+
+/* Room ids above 2^53 lose digits as JSON numbers (jq, JavaScript, any
+ * double-based parser): the CLI writes 64-bit integers as strings, as proto3's
+ * JSON mapping does, and the id read back from the JSON finds the room. */
+static void test_json_big_ids(void **state)
+{
+    (void)state;
+    static const char *const ids[] = {"9223372036854775806", "9007199254740993"};
+    uint64_t gen0 = make_room(9223372036854775806ull, 300, 4);
+    uint64_t gen1 = make_room(9007199254740993ull, 310, 4);
+    assert_true(gen1 > gen0);
+
+    assert_int_equal(run(out, "-o json rooms --state active"), 0);
+    assert_json_doc(out);
+    assert_has(out, "\"roomId\":\"9223372036854775806\"");
+    assert_has(out, "\"roomId\":\"9007199254740993\"");
+    assert_has(out, "\"state\":\"ROOM_STATE_ACTIVE\"");
+
+    static char parsed[OUT_MAX];
+    int rc = run_sh(parsed, sizeof parsed, true, "%s --server %s -o json rooms --state active | %s",
+                    KVF_CLI_BIN, g->proc.target, PY_ROOM_IDS);
+    if (rc != 0) {
+        fail_msg("python3 could not read the rooms JSON (exit %d):\n%s", rc, parsed);
+    }
+    for (size_t i = 0; i < 2; i++) {
+        char want[64];
+        snprintf(want, sizeof want, "str %s\n", ids[i]);
+        assert_has(parsed, want);
+        /* The id as read from the JSON names the room. */
+        assert_int_equal(run(out, "-o json room %s", ids[i]), 0);
+        assert_json_doc(out);
+        snprintf(want, sizeof want, "{\"room\":{\"roomId\":\"%s\",\"generation\":\"%llu\"}", ids[i],
+                 (unsigned long long)(i == 0 ? gen0 : gen1));
+        assert_has(out, want);
+    }
+    /* The same document through python3: every room id round-trips. */
+    rc = run_sh(parsed, sizeof parsed, true,
+                "for id in $(%s --server %s -o json rooms --state active | /usr/bin/python3 -c "
+                "'import json,sys; [print(r[\"room\"][\"roomId\"]) for r in "
+                "json.load(sys.stdin)[\"rooms\"]]'); do %s --server %s room $id >/dev/null || "
+                "echo \"room $id: exit $?\"; done",
+                KVF_CLI_BIN, g->proc.target, KVF_CLI_BIN, g->proc.target);
+    assert_int_equal(rc, 0);
+    assert_string_equal(parsed, "");
+
+    /* Enums by their proto names, bytes-free messages, defaults omitted. */
+    assert_int_equal(run(out, "-o json room %s", ids[0]), 0);
+    assert_has(out, "\"role\":\"ROLE_SOURCE\"");
+    assert_has(out, "\"mode\":\"LEASE_MODE_READ\"");
+    assert_has(out, "\"ranges\":[{\"first\":300,\"count\":4}]");
+    assert_lacks(out, "\"token\"");       /* absent: the room is not aborting */
+    assert_lacks(out, "\"abortReason\""); /* UNSPECIFIED: the default */
+    assert_lacks(out, "\"completed\":false");
+    assert_lacks(out, "room_id");
+}
+
+/* -o json is protobuf's own JSON: each reply, printed by the CLI, equals the
+ * same reply printed by google.protobuf.json_format (cli_json_ref.py), both
+ * parsed by python3's json module. */
+static void test_json_matches_protobuf(void **state)
+{
+    (void)state;
+    static const char *const calls[] = {
+        "room 200", "room 9223372036854775806", "rooms", "node cli-n1", "nodes", "leases", "stats"};
+    static char cmp[OUT_MAX];
+    for (size_t i = 0; i < sizeof calls / sizeof calls[0]; i++) {
+        int rc = run_sh(cmp, sizeof cmp, true,
+                        "%s --server %s -o json %s | PYTHONPATH=%s /usr/bin/python3 %s %s %s",
+                        KVF_CLI_BIN, g->proc.target, calls[i], KVF_PY_STUBS, KVF_CLI_JSON_REF,
+                        g->proc.target, calls[i]);
+        if (rc != 0) {
+            fail_msg("kvfence -o json %s differs from protobuf's JSON (exit %d):\n%s", calls[i], rc,
+                     cmp);
+        }
+    }
+}
+
+/* `kvfence node ID` and `kvfence nodes` show what the control plane knows of
+ * a node: its pools, its capabilities, its sessions' last message. */
+static void test_node_view(void **state)
+{
+    (void)state;
+    char line[512], *w[16];
+    assert_int_equal(run(out, "nodes"), 0);
+    assert_true(find_line(out, "cli-n2 ", line, sizeof line));
+    assert_true(split(line, w, 16) >= 9);
+    assert_string_equal(w[5], "1"); /* POOLS: the fake node's one pool */
+    assert_string_not_equal(w[8], "0ms");
+
+    assert_int_equal(run(out, "-o json nodes"), 0);
+    assert_json_doc(out);
+    assert_has(out, "\"pools\":[{\"poolId\":1,\"pageSize\":4096,\"pageCount\":1024}]");
+    assert_has(out, "\"features\":[\"QUIESCE_V1\"");
+
+    assert_int_equal(run(out, "node cli-n2"), 0);
+    assert_true(find_line(out, "node:", line, sizeof line));
+    assert_has(line, "cli-n2");
+    assert_true(find_line(out, "state:", line, sizeof line));
+    assert_has(line, "ATTACHED");
+    assert_true(find_line(out, "features:", line, sizeof line));
+    assert_has(line, "QUIESCE_V1");
+    assert_true(find_line(out, "POOL ", line, sizeof line));
+    assert_has(line, "PAGE_SIZE");
+    assert_true(find_line(out, "1 ", line, sizeof line));
+    assert_true(split(line, w, 16) >= 3);
+    assert_string_equal(w[1], "4096");
+    assert_string_equal(w[2], "1024");
+    assert_int_equal(run(out, "-o json node cli-n2"), 0);
+    assert_json_doc(out);
+    assert_has(out,
+               "{\"nodeId\":\"cli-n2\",\"incarnation\":\"1\",\"state\":\"NODE_STATE_ATTACHED\"");
+    assert_has(out, "\"poolId\":1");
+    assert_int_equal(run2(out, "node no-such-node"), 4);
+    assert_has(out, "kvfence: NOT_FOUND: ");
+}
+
+/* A room whose node nobody fenced does not say FENCED yes: here a single-node
+ * room, still OPENING (one of its two participants joined). */
+static void test_fenced_only_after_a_fence(void **state)
+{
+    (void)state;
+    char line[512], *w[16];
+    join(7001, "cli-n1", KVFENCE__V1__ROLE__ROLE_SOURCE, 400, 4);
+    assert_int_equal(run(out, "room 7001"), 0);
+    assert_true(find_line(out, "state:", line, sizeof line));
+    assert_has(line, "OPENING");
+    assert_true(find_line(out, "cli-n1 ", line, sizeof line));
+    assert_int_equal(split(line, w, 16), 12);
+    if (strcmp(w[10], "no") != 0) {
+        fail_msg("FENCED for a room nobody fenced:\n%s", out);
+    }
+    assert_int_equal(run(out, "-o json room 7001"), 0);
+    assert_lacks(out, "\"fenced\"");
+
+    /* Where a fence happened it shows: cli-n2 carries out the fence of cli-n1
+     * that test_fence asked for; room 200 (cli-n1 and cli-n2) says so, the
+     * single-node room still does not. */
+    assert_int_equal(fake_node_send_peer_fenced(g->n2, "cli-n1", 1), 0);
+    bool fenced = false;
+    for (int i = 0; i < 100 && !fenced; i++) {
+        assert_int_equal(run(out, "room 200"), 0);
+        assert_true(find_line(out, "cli-n1 ", line, sizeof line));
+        assert_int_equal(split(line, w, 16), 12);
+        fenced = strcmp(w[10], "yes") == 0;
+        if (!fenced) {
+            usleep(20000);
+        }
+    }
+    if (!fenced) {
+        fail_msg("cli-n1 fenced by cli-n2, but room 200 says:\n%s", out);
+    }
+    assert_int_equal(run(out, "-o json room 200"), 0);
+    assert_has(out, "\"fenced\":true");
+    assert_int_equal(run(out, "room 7001"), 0);
+    assert_true(find_line(out, "cli-n1 ", line, sizeof line));
+    assert_int_equal(split(line, w, 16), 12);
+    assert_string_equal(w[10], "no");
+    assert_int_equal(run(out, "-o wide node cli-n1"), 0);
+    assert_true(find_line(out, "fenced by:", line, sizeof line));
+    assert_has(line, "1 peers");
+}
+
+/* -o yaml (the JSON document as YAML), -o wide (more columns), --no-headers. */
+static void test_output_forms(void **state)
+{
+    (void)state;
+    char line[512], *w[32];
+    assert_int_equal(run(out, "-o yaml room 200"), 0);
+    assert_has(out, "room:\n  roomId: \"200\"\n  generation: \"");
+    assert_has(out, "\nstate: ROOM_STATE_ABORTING\n");
+    assert_has(out, "\nparticipants:\n- participant:\n    nodeId: cli-n1\n");
+    assert_has(out, "    ranges:\n    - first: 100\n      count: 8\n");
+    /* The same data as the JSON document: python3 reads the YAML back, if it
+     * has a YAML module (python3-yaml); the string checks above hold anyway. */
+    static char cmp[OUT_MAX];
+    static const char *const docs[] = {"stats", "room 200", "nodes", "leases --room 200"};
+    for (size_t i = 0; i < sizeof docs / sizeof docs[0]; i++) {
+        int rc = run_sh(
+            cmp, sizeof cmp, true,
+            "/usr/bin/python3 -c 'import yaml' 2>/dev/null || exit 0; "
+            "%s --server %s -o yaml %s > /tmp/kvf-cli-yaml.$$ && "
+            "%s --server %s -o json %s | /usr/bin/python3 -c 'import json,sys,yaml; "
+            "t=lambda d: {k: t(v) for k, v in d.items() if not k.endswith(\"Ms\") and "
+            "not k.startswith(\"notice\")} if isinstance(d, dict) else [t(v) for v in d] if "
+            "isinstance(d, list) else d; "
+            "j=t(json.load(sys.stdin)); y=t(yaml.safe_load(open(\"/tmp/kvf-cli-yaml.'$$'\"))); "
+            "sys.exit(0 if j==y else \"differ: %%r %%r\" %% (j, y))'; rc=$?; "
+            "rm -f /tmp/kvf-cli-yaml.$$; exit $rc",
+            KVF_CLI_BIN, g->proc.target, docs[i], KVF_CLI_BIN, g->proc.target, docs[i]);
+        if (rc != 0) {
+            fail_msg("YAML and JSON of %s differ:\n%s", docs[i], cmp);
+        }
+    }
+
+    assert_int_equal(run(out, "rooms --no-headers --state aborting"), 0);
+    assert_lacks(out, "GENERATION");
+    assert_true(find_line(out, "200 ", line, sizeof line));
+    assert_int_equal(run(out, "-o wide rooms --state aborting"), 0);
+    assert_true(find_line(out, "ROOM ", line, sizeof line));
+    assert_has(line, "SOURCES");
+    assert_has(line, "SINKS");
+    assert_has(line, "PROTO");
+    assert_true(find_line(out, "200 ", line, sizeof line));
+    assert_int_equal(split(line, w, 32), 12);
+    assert_int_equal(run(out, "-o wide nodes --no-headers"), 0);
+    assert_lacks(out, "INCARNATION");
+    assert_true(find_line(out, "cli-n1 ", line, sizeof line));
+    assert_has(line, "QUIESCE_V1");
+    assert_int_equal(run(out, "-o wide leases --room 200"), 0);
+    assert_true(find_line(out, "LEASE ", line, sizeof line));
+    assert_has(line, "HOST_PROOF");
+    assert_int_equal(run2(out, "-o xml nodes"), 2);
+    assert_has(out, "table, wide, json or yaml");
+}
+
+/* kvfence health: the gRPC health service; exit 0 when SERVING. */
+static void test_health(void **state)
+{
+    (void)state;
+    assert_int_equal(run(out, "health"), 0);
+    assert_string_equal(out, "SERVING\n");
+    assert_int_equal(run(out, "health --service kvfence.v1.Admin -o json"), 0);
+    assert_string_equal(out, "{\"status\":\"SERVING\"}\n");
+    assert_int_equal(run2(out, "health --service no.such.Service"), 4);
+    assert_int_equal(run_raw(out, "--server 127.0.0.1:1 health"), 3);
+}
+
+/* kvfence help [COMMAND], a command's help on a usage error, completion. */
+static void test_help_and_completion(void **state)
+{
+    (void)state;
+    assert_int_equal(run_raw(out, "help"), 0);
+    assert_has(out, "Usage: kvfence");
+    assert_has(out, "completion");
+    assert_int_equal(run_raw(out, "help rooms"), 0);
+    assert_has(out, "Usage: kvfence rooms");
+    assert_int_equal(run_raw(out, "help bogus"), 2);
+    /* A usage error prints the command's own help on stderr, nothing on stdout. */
+    assert_int_equal(run_sh(out, OUT_MAX, false, "%s rooms --bogus 2>/dev/null", KVF_CLI_BIN), 2);
+    assert_string_equal(out, "");
+    assert_int_equal(run_raw(out, "rooms --bogus"), 2);
+    assert_has(out, "unknown flag '--bogus'");
+    assert_has(out, "Usage: kvfence rooms");
+    assert_int_equal(run_raw(out, "room"), 2);
+    assert_has(out, "Usage: kvfence room ID");
+
+    static char script[OUT_MAX];
+    assert_int_equal(run_raw(script, "completion bash"), 0);
+    assert_has(script, "complete -F");
+    assert_has(script, "rooms");
+    assert_has(script, "--no-headers");
+    int rc = run_sh(out, OUT_MAX, true, "%s completion bash | bash -n", KVF_CLI_BIN);
+    if (rc != 0) {
+        fail_msg("bash -n refuses the completion script:\n%s", out);
+    }
+    /* The script completes: COMP_WORDS "kvfence ro" offers room and rooms. */
+    rc = run_sh(out, OUT_MAX, true,
+                "bash -c 'source <(%s completion bash); COMP_WORDS=(kvfence ro); COMP_CWORD=1; "
+                "_kvfence; echo \"${COMPREPLY[@]}\"'",
+                KVF_CLI_BIN);
+    assert_int_equal(rc, 0);
+    assert_string_equal(out, "room rooms\n");
+    assert_int_equal(run_raw(out, "completion zsh"), 0);
+    assert_has(out, "#compdef kvfence");
+    assert_int_equal(run_raw(out, "completion fish"), 2);
+}
+
+/* kvfence node lists the leases that wait for a proof from the node's own
+ * host: cli-h1 restarts (incarnation 2) while its incarnation 1 holds a lease
+ * in room 7100; cli-n2 fences it and drains, the room ends ABORTED, and
+ * cli-h1@1's own lease stays RELEASING until its host proves it stopped. */
+static void test_node_waiting_leases(void **state)
+{
+    (void)state;
+    char line[512];
+    struct fake_node *h1 = fake_node_attach(g->ch, "cli-h1", 1);
+    assert_non_null(h1);
+    uint64_t gen = join(7100, "cli-h1", KVFENCE__V1__ROLE__ROLE_SOURCE, 0, 4);
+    assert_int_equal(join(7100, "cli-n2", KVFENCE__V1__ROLE__ROLE_SINK, 500, 4), gen);
+    struct fake_node *h2 = fake_node_attach(g->ch, "cli-h1", 2); /* incarnation 1 is LOST */
+    assert_non_null(h2);
+    assert_int_equal(run(out, "-o json room 7100"), 0);
+    assert_has(out, "\"state\":\"ROOM_STATE_ABORTING\"");
+    Kvfence__V1__AbortToken token = KVFENCE__V1__ABORT_TOKEN__INIT;
+    parse_token_json(out, &token);
+    assert_int_equal(fake_node_send_peer_fenced(g->n2, "cli-h1", 1), 0);
+    assert_int_equal(fake_node_send_drained(g->n2, 7100, gen, &token), 0);
+    bool waiting = false;
+    for (int i = 0; i < 100 && !waiting; i++) {
+        assert_int_equal(run(out, "node cli-h1"), 0);
+        waiting = find_line(out, "leases waiting for a proof from its host: 1", line, sizeof line);
+        if (!waiting) {
+            usleep(20000);
+        }
+    }
+    if (!waiting) {
+        fail_msg("no lease of cli-h1 waits for its host:\n%s", out);
+    }
+    assert_true(find_line(out, "incarnation:", line, sizeof line));
+    assert_has(line, "2");
+    assert_true(find_line(out, "LEASE ", line, sizeof line));
+    assert_has(line, "GENERATION");
+    char want[64];
+    snprintf(want, sizeof want, "7100  %llu", (unsigned long long)gen);
+    assert_has(out, want);
+    assert_int_equal(run(out, "-o wide leases --room 7100 --node cli-h1"), 0);
+    assert_true(find_line(out, "LEASE ", line, sizeof line));
+    assert_has(out, " RELEASING ");
+    assert_has(out, " waiting\n");
+    fake_node_vanish(h1);
+    fake_node_vanish(h2);
 }
 
 int main(void)
@@ -903,7 +1291,15 @@ int main(void)
         cmocka_unit_test(test_watch),
         cmocka_unit_test(test_env_and_unreachable),
         cmocka_unit_test(test_tls),
-        cmocka_unit_test(test_paging),
+        cmocka_unit_test(test_json_big_ids),
+        cmocka_unit_test(test_json_matches_protobuf),
+        cmocka_unit_test(test_node_view),
+        cmocka_unit_test(test_fenced_only_after_a_fence),
+        cmocka_unit_test(test_output_forms),
+        cmocka_unit_test(test_health),
+        cmocka_unit_test(test_help_and_completion),
+        cmocka_unit_test(test_node_waiting_leases),
+        cmocka_unit_test(test_paging), /* last: its nodes vanish, 130 rooms abort */
     };
     return cmocka_run_group_tests(tests, group_setup, group_teardown);
 }

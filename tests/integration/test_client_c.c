@@ -8,7 +8,9 @@
  * abort; extend; error paths: bad pages (INVALID_ARGUMENT naming the page),
  * unknown room (NOT_FOUND), server down (UNAVAILABLE in bounded time),
  * deadline exceeded, TLS mismatch (client TLS, server plaintext), bad
- * arguments.
+ * arguments; page sets (kvf_page_set_encode): a join of 32,768 scattered
+ * pages on each side (a bitmap and deltas), an extension, a chunk between
+ * scattered pages, the release with every run.
  */
 #include <fcntl.h>
 #include <netinet/in.h>
@@ -127,15 +129,19 @@ struct shm_pool {
     char name[64];
     uint8_t *mem;
     uint32_t pool_id;
+    uint32_t page_size, page_count;
 };
 
-static int shm_create(struct shm_pool *p, const char *tag, uint8_t fill)
+static int shm_create_sized(struct shm_pool *p, const char *tag, uint8_t fill, uint32_t page_size,
+                            uint32_t page_count)
 {
     snprintf(p->name, sizeof p->name, "/kvf-cc-%d-%s", (int)getpid(), tag);
     int fd = shm_open(p->name, O_CREAT | O_EXCL | O_RDWR, 0600);
     if (fd < 0)
         return -1;
-    size_t len = (size_t)PAGE_SIZE * PAGE_COUNT;
+    p->page_size = page_size;
+    p->page_count = page_count;
+    size_t len = (size_t)page_size * page_count;
     if (ftruncate(fd, (off_t)len) != 0) {
         close(fd);
         return -1;
@@ -147,14 +153,19 @@ static int shm_create(struct shm_pool *p, const char *tag, uint8_t fill)
         return -1;
     }
     for (size_t i = 0; i < len; i++)
-        p->mem[i] = (uint8_t)(fill ^ (i / PAGE_SIZE));
+        p->mem[i] = (uint8_t)(fill ^ (i / page_size) ^ (i / page_size >> 8));
     return 0;
+}
+
+static int shm_create(struct shm_pool *p, const char *tag, uint8_t fill)
+{
+    return shm_create_sized(p, tag, fill, PAGE_SIZE, PAGE_COUNT);
 }
 
 static void shm_destroy(struct shm_pool *p)
 {
     if (p->mem)
-        munmap(p->mem, (size_t)PAGE_SIZE * PAGE_COUNT);
+        munmap(p->mem, (size_t)p->page_size * p->page_count);
     p->mem = NULL;
     if (p->name[0])
         shm_unlink(p->name);
@@ -168,7 +179,7 @@ struct fx {
     kvf_client *c;
     char dir[64];
     struct node_proc n1, n2;
-    struct shm_pool p1, p2;
+    struct shm_pool p1, p2, big1, big2;
     kvf_watch *watch;
 };
 
@@ -210,6 +221,8 @@ static int teardown(void **state)
     kvf_proc_kill(&f->cp);
     shm_destroy(&f->p1);
     shm_destroy(&f->p2);
+    shm_destroy(&f->big1);
+    shm_destroy(&f->big2);
     if (f->dir[0]) {
         char cmd[128];
         snprintf(cmd, sizeof cmd, "rm -rf %s", f->dir);
@@ -235,9 +248,9 @@ static void cp_start(struct fx *f)
 static uint32_t register_pool(struct node_proc *np, struct shm_pool *p)
 {
     struct kvf_shm_pool sp = {.shm_name = p->name,
-                              .size = (uint64_t)PAGE_SIZE * PAGE_COUNT,
-                              .page_size = PAGE_SIZE,
-                              .page_count = PAGE_COUNT};
+                              .size = (uint64_t)p->page_size * p->page_count,
+                              .page_size = p->page_size,
+                              .page_count = p->page_count};
     struct kvf_status st;
     uint32_t id = 0;
     int rc = kvf_register_pool_shm(np->nc, &sp, &id, &st);
@@ -807,6 +820,228 @@ static void test_tls_mismatch(void **state)
     assert_int_equal(system(cmd), 0);
 }
 
+/* ---- page sets ------------------------------------------------------------------- */
+
+#define BIG_PAGE   8u
+#define BIG1_PAGES 65536u  /* the source pool: every other page is 32,768 */
+#define BIG2_PAGES 524288u /* the sink pool: 32,768 random pages of it */
+#define SET_PAGES  32768u
+
+static uint64_t rng_next(uint64_t *s)
+{
+    *s ^= *s >> 12;
+    *s ^= *s << 25;
+    *s ^= *s >> 27;
+    return *s * 0x2545f4914f6cdd1dull;
+}
+
+static int cmp_u32(const void *a, const void *b)
+{
+    uint32_t x = *(const uint32_t *)a, y = *(const uint32_t *)b;
+    return x < y ? -1 : x > y;
+}
+
+/* Joins with a page set, retrying NOT_FOUND while the pool update lands. */
+static struct kvf_join_result join_pages(struct fx *f, uint64_t room_id, const char *node,
+                                         enum kvf_role role, uint32_t pool_id,
+                                         const kvf_page_set *set)
+{
+    struct kvf_join j = {.room_id = room_id,
+                         .expected_sources = 1,
+                         .expected_sinks = 1,
+                         .node_id = node,
+                         .role = role,
+                         .pool_id = pool_id};
+    struct kvf_join_result r;
+    struct kvf_status st;
+    int64_t end = now_ms() + WAIT_MS;
+    for (;;) {
+        int rc = kvf_join_room_pages(f->c, &j, set, &r, &st);
+        if (rc == 0)
+            return r;
+        if (rc != -KVF_STATUS_NOT_FOUND || now_ms() > end)
+            fail_msg("kvf_join_room_pages %s: %s %s", node, kvf_status_name(rc), st.message);
+        sleep_ms(20);
+    }
+}
+
+struct released {
+    pthread_mutex_t mu;
+    uint64_t lease_id;
+    size_t n_ranges, pages;
+    bool sorted;
+};
+
+static void on_released(const struct kvf_lease_event *ev, void *ctx)
+{
+    struct released *r = ctx;
+    if (ev->kind != KVF_LEASE_EVENT_RELEASED)
+        return;
+    pthread_mutex_lock(&r->mu);
+    if (ev->lease_id == r->lease_id) {
+        r->n_ranges = ev->n_ranges;
+        r->pages = 0;
+        r->sorted = true;
+        for (size_t i = 0; i < ev->n_ranges; i++) {
+            r->pages += ev->ranges[i].count;
+            if (i > 0 && ev->ranges[i - 1].first + ev->ranges[i - 1].count >= ev->ranges[i].first)
+                r->sorted = false;
+        }
+    }
+    pthread_mutex_unlock(&r->mu);
+}
+
+/* 32,768 scattered pages on each side of a room, through the public header:
+ * every other page of the source pool (a bitmap), 32,768 random pages of the
+ * sink pool in random order (deltas); the source's lease extended by a page
+ * set; a chunk between scattered pages lands where the pages say; the
+ * released sink lease carries every page as ascending runs. */
+static void test_page_sets_32k(void **state)
+{
+    struct fx *f = *state;
+    fx_start(f);
+    assert_int_equal(shm_create_sized(&f->big1, "big1", 0x31, BIG_PAGE, BIG1_PAGES), 0);
+    assert_int_equal(shm_create_sized(&f->big2, "big2", 0x42, BIG_PAGE, BIG2_PAGES), 0);
+    f->big1.pool_id = register_pool(&f->n1, &f->big1);
+    f->big2.pool_id = register_pool(&f->n2, &f->big2);
+    struct kvf_status st;
+
+    uint32_t *src = malloc(SET_PAGES * sizeof(*src));
+    uint32_t *dst = malloc(SET_PAGES * sizeof(*dst));
+    uint8_t *taken = calloc(BIG2_PAGES, 1);
+    assert_non_null(src);
+    assert_non_null(dst);
+    assert_non_null(taken);
+    for (uint32_t i = 0; i < SET_PAGES; i++)
+        src[i] = 2 * i + 2; /* 2, 4, ..., 65536 - 0: page 0 is left for the extension */
+    src[SET_PAGES - 1] = 0;
+    uint64_t seed = 11;
+    for (uint32_t i = 0; i < SET_PAGES;) {
+        uint32_t pg = (uint32_t)(rng_next(&seed) % BIG2_PAGES);
+        if (!taken[pg]) {
+            taken[pg] = 1;
+            dst[i++] = pg;
+        }
+    }
+    kvf_page_set *sset = NULL, *dset = NULL, *more = NULL;
+    assert_int_equal(kvf_page_set_encode(src, SET_PAGES, &sset, &st), 0);
+    assert_int_equal(kvf_page_set_encode(dst, SET_PAGES, &dset, &st), 0);
+    assert_int_equal(kvf_page_set_form(sset), KVF_PAGE_SET_BITMAP);
+    assert_int_equal(kvf_page_set_form(dset), KVF_PAGE_SET_DELTAS);
+    assert_int_equal(kvf_page_set_page_count(sset), SET_PAGES);
+    assert_int_equal(kvf_page_set_run_count(sset), SET_PAGES);
+    fprintf(stderr, "page sets: source %zu bytes (bitmap), sink %zu bytes (deltas)\n",
+            kvf_page_set_wire_size(sset), kvf_page_set_wire_size(dset));
+    assert_true(kvf_page_set_wire_size(sset) < 8300);
+    assert_true(kvf_page_set_wire_size(dset) < 40000);
+
+    struct kvf_join_result sj = join_pages(f, 901, "n1", KVF_ROLE_SOURCE, f->big1.pool_id, sset);
+    assert_int_equal(sj.state, KVF_ROOM_OPENING);
+    uint32_t odd[] = {3, 1};
+    assert_int_equal(kvf_page_set_encode(odd, 2, &more, &st), 0);
+    int rc = kvf_extend_lease_pages(f->c, sj.room, sj.lease_id, more, &st);
+    if (rc)
+        fail_msg("kvf_extend_lease_pages: %s %s", kvf_status_name(rc), st.message);
+    /* A page the lease holds already: refused, naming the form and the page. */
+    rc = kvf_extend_lease_pages(f->c, sj.room, sj.lease_id, more, &st);
+    assert_int_equal(rc, -KVF_STATUS_INVALID_ARGUMENT);
+    assert_non_null(strstr(st.message, "page_set.deltas")); /* {1, 3}: 2 bytes */
+    assert_non_null(strstr(st.message, "already in this lease"));
+
+    static struct released rel = {.mu = PTHREAD_MUTEX_INITIALIZER};
+    struct kvf_join_result dj = join_pages(f, 901, "n2", KVF_ROLE_SINK, f->big2.pool_id, dset);
+    assert_int_equal(dj.state, KVF_ROOM_ACTIVE);
+    rel.lease_id = dj.lease_id;
+    struct kvf_watch_filter wf = {0};
+    assert_int_equal(kvf_watch_leases(f->c, &wf, on_released, &rel, &f->watch, &st), 0);
+
+    /* A chunk from source pages 0, 1, 3 (the extension's and the set's) to
+     * the sink's three lowest pages. Both nodes learn the room first: the
+     * source's node answers UNAVAILABLE until it knows the sink's lease. */
+    qsort(dst, SET_PAGES, sizeof(*dst), cmp_u32);
+    struct kvf_page_range s[2] = {{0, 2}, {3, 1}};
+    struct kvf_page_range d[3] = {{dst[0], 1}, {dst[1], 1}, {dst[2], 1}};
+    struct kvf_chunk c = {.room = sj.room,
+                          .chunk_seq = 1,
+                          .source_pool_id = f->big1.pool_id,
+                          .source_ranges = s,
+                          .n_source_ranges = 2,
+                          .sink_node_id = "n2",
+                          .sink_pool_id = f->big2.pool_id,
+                          .sink_ranges = d,
+                          .n_sink_ranges = 3,
+                          .last_chunk = true};
+    uint32_t from[3] = {0, 1, 3};
+    for (int i = 0; i < 3; i++) /* not there before the chunk */
+        assert_memory_not_equal(f->big2.mem + (size_t)dst[i] * BIG_PAGE,
+                                f->big1.mem + (size_t)from[i] * BIG_PAGE, BIG_PAGE);
+    int64_t end = now_ms() + WAIT_MS;
+    while ((rc = kvf_submit_chunk(f->n1.nc, &c, &st)) == -KVF_STATUS_UNAVAILABLE && now_ms() < end)
+        sleep_ms(20);
+    if (rc)
+        fail_msg("kvf_submit_chunk: %s %s", kvf_status_name(rc), st.message);
+    /* The bytes land in the sink's scattered pages (a sink completes only
+     * when its whole lease landed, so the room is aborted afterwards). */
+    end = now_ms() + WAIT_MS;
+    for (int i = 0; i < 3;) {
+        if (memcmp(f->big2.mem + (size_t)dst[i] * BIG_PAGE,
+                   f->big1.mem + (size_t)from[i] * BIG_PAGE, BIG_PAGE) == 0) {
+            i++;
+            continue;
+        }
+        if (now_ms() > end)
+            fail_msg("sink page %u never received source page %u", dst[i], from[i]);
+        sleep_ms(10);
+    }
+    assert_int_equal(kvf_abort_room(f->c, sj.room, "page-set test", NULL, &st), 0);
+    rc = kvf_wait_released(f->c, dj.lease_id, WAIT_MS, &st);
+    if (rc)
+        fail_msg("kvf_wait_released: %s %s", kvf_status_name(rc), st.message);
+    assert_int_equal(kvf_wait_released(f->c, sj.lease_id, WAIT_MS, &st), 0);
+
+    end = now_ms() + WAIT_MS;
+    for (;;) {
+        pthread_mutex_lock(&rel.mu);
+        size_t pages = rel.pages, nr = rel.n_ranges;
+        bool sorted = rel.sorted;
+        pthread_mutex_unlock(&rel.mu);
+        if (pages > 0) {
+            assert_int_equal(pages, SET_PAGES);
+            assert_true(nr > SET_PAGES / 2);
+            assert_true(sorted);
+            break;
+        }
+        if (now_ms() > end)
+            fail_msg("no release event for the sink lease");
+        sleep_ms(20);
+    }
+    kvf_watch_stop(f->watch);
+    f->watch = NULL;
+
+    /* Refused before a call: a page twice, pages with ranges. */
+    uint32_t twice[] = {5, 9, 5};
+    kvf_page_set *bad = NULL;
+    assert_int_equal(kvf_page_set_encode(twice, 3, &bad, &st), -KVF_STATUS_INVALID_ARGUMENT);
+    assert_null(bad);
+    assert_non_null(strstr(st.message, "page 5 is listed twice"));
+    struct kvf_page_range r0 = {0, 1};
+    struct kvf_join j = {.room_id = 902,
+                         .expected_sources = 1,
+                         .expected_sinks = 1,
+                         .node_id = "n1",
+                         .role = KVF_ROLE_SOURCE,
+                         .pool_id = f->big1.pool_id,
+                         .ranges = &r0,
+                         .n_ranges = 1};
+    assert_int_equal(kvf_join_room_pages(f->c, &j, sset, NULL, &st), -KVF_STATUS_INVALID_ARGUMENT);
+    kvf_page_set_destroy(sset);
+    kvf_page_set_destroy(dset);
+    kvf_page_set_destroy(more);
+    free(src);
+    free(dst);
+    free(taken);
+}
+
 static void test_bad_arguments(void **state)
 {
     (void)state;
@@ -845,6 +1080,7 @@ int main(void)
         cmocka_unit_test_setup_teardown(test_deadline_exceeded, setup, teardown),
         cmocka_unit_test_setup_teardown(test_tls_mismatch, setup, teardown),
         cmocka_unit_test_setup_teardown(test_bad_arguments, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_page_sets_32k, setup, teardown),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -363,8 +363,18 @@ static void metrics_rpc_state_and_wal(void **state)
     assert_has(m, "# TYPE kvfence_wal_records_total counter\n");
     assert_true(sample(m, "kvfence_wal_records_total") >= 1);
     assert_true(sample(m, "kvfence_wal_fsyncs_total") >= 1);
-    assert_true(sample(m, "kvfence_wal_fsync_latency_bucket{le=\"+Inf\"}") >= 1);
-    assert_true(sample(m, "kvfence_wal_fsync_latency_count") >= 1);
+    /* A histogram-typed family (promtool refused the old counter typing). */
+    assert_has(m, "# TYPE kvfence_wal_fsync_latency_seconds histogram\n");
+    double fsync_count = sample(m, "kvfence_wal_fsync_latency_seconds_count");
+    assert_true(fsync_count >= 1);
+    assert_true(sample(m, "kvfence_wal_fsync_latency_seconds_bucket{le=\"+Inf\"}") == fsync_count);
+    assert_true(sample(m, "kvfence_wal_fsync_latency_seconds_bucket{le=\"1.6e-05\"}") >= 0);
+    /* Every daemon: its build and its process. */
+    assert_has(m, "kvfence_build_info{version=\"");
+    assert_true(sample(m, "process_cpu_seconds_total") >= 0);
+    assert_true(sample(m, "process_resident_memory_bytes") > 0);
+    assert_true(sample(m, "process_open_fds") > 0);
+    assert_true(sample(m, "process_start_time_seconds") > 1.7e9);
     assert_true(sample(m, "kvfence_wal_last_fsync_seconds") >= 0);
     assert_has(m, "kvfence_wal_snapshots_total ");
     free(m);

@@ -4,7 +4,7 @@ disaggregated LLM serving), on grpcio.
     import kvfence
     with kvfence.ControlClient("127.0.0.1:7070") as ctl:
         j = ctl.join_room(room_id, kvfence.Participant("n2", 0, kvfence.Role.SINK),
-                          pool_id, kvfence.ranges_from_pages(kv_indices))
+                          pool_id, pages=kv_indices)  # a PageSet, smallest form
         ...
         ctl.wait_released(j.lease_id, timeout=30)   # only now are the pages free
 
@@ -30,7 +30,7 @@ try:
                          RoomKey, RoomState, RoomStateChanged, Token, WatchEvent, WatchSynced,
                          ranges_from_pages, LifetimeState, NodeRoomState, ChunkDone, TransportKind,
                          AuxReceived, TransferDone, NodeEvent, NodeWatch, ChunkRequest,
-                         ChunkResult, ChunkStream)
+                         ChunkResult, ChunkStream, PageSet, PageSetForm)
 except ImportError as e:  # pragma: no cover - stubs not generated or not on PYTHONPATH
     if "_proto" not in str(e):
         raise
@@ -51,5 +51,5 @@ __all__ = [
     "ranges_from_pages", "DEFAULT_FEATURES", "DEFAULT_TIMEOUT_S",
     "LifetimeState", "NodeRoomState", "ChunkDone", "TransportKind", "AuxReceived", "TransferDone",
     "NodeEvent",
-    "NodeWatch", "ChunkRequest", "ChunkResult", "ChunkStream",
+    "NodeWatch", "ChunkRequest", "ChunkResult", "ChunkStream", "PageSet", "PageSetForm",
 ]

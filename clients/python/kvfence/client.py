@@ -16,19 +16,21 @@ from __future__ import annotations
 import enum
 import errno
 import logging
+import operator
 import os
 import socket
 import struct
 import threading
 import time
 from dataclasses import dataclass
-from typing import (Any, Callable, Dict, Iterable, Iterator, List, Optional, Sequence, Set,
-                    Tuple, TypeVar, Union)
+from typing import (Any, Callable, Dict, Iterable, Iterator, List, NamedTuple, Optional, Sequence,
+                    Set, Tuple, TypeVar, Union)
 
 import grpc
 
 from . import errors
 from ._proto.v1 import control_pb2, control_pb2_grpc, node_pb2, node_pb2_grpc, types_pb2
+from .pageset import PageSet, PageSetForm, as_page_set
 
 # The node's fd socket (common/kvf_fdpass.h).
 _FDPASS_MAGIC = b"KVFD"
@@ -41,7 +43,7 @@ __all__ = [
     "RoomInfo", "NodeInfo", "ranges_from_pages", "ControlClient", "NodeClient", "AdminClient",
     "LeaseWatch", "ReleaseWatcher", "DEFAULT_FEATURES", "DEFAULT_TIMEOUT_S", "LifetimeState",
     "NodeRoomState", "ChunkDone", "TransportKind", "AuxReceived", "TransferDone", "NodeEvent",
-    "NodeWatch", "ChunkRequest", "ChunkResult", "ChunkStream",
+    "NodeWatch", "ChunkRequest", "ChunkResult", "ChunkStream", "PageSet", "PageSetForm",
 ]
 
 log = logging.getLogger("kvfence")
@@ -156,9 +158,10 @@ class RoomKey:
         return cls(m.room_id, m.generation)
 
 
-@dataclass(frozen=True)
-class PageRange:
-    """Pages [first, first + count) of one pool."""
+class PageRange(NamedTuple):
+    """Pages [first, first + count) of one pool. A tuple (immutable, and
+    PageRange(4, 2) == (4, 2)): a lease of 32,768 scattered pages comes back
+    as 32,768 of them, built in C (_ranges_from)."""
     first: int
     count: int
 
@@ -184,13 +187,29 @@ def _ranges(ranges: RangesLike) -> List[types_pb2.PageRange]:
     return out
 
 
+_first_count = operator.attrgetter("first", "count")
+
+
 def _ranges_from(ms: Iterable[types_pb2.PageRange]) -> Tuple[PageRange, ...]:
-    return tuple(PageRange(m.first, m.count) for m in ms)
+    return tuple(map(PageRange._make, map(_first_count, ms)))
+
+
+def _pages_arg(ranges: RangesLike, pages: Any) -> Optional[PageSet]:
+    """join_room's and extend_lease's pages: None (use `ranges`) or a PageSet."""
+    if pages is None:
+        return None
+    if ranges:
+        raise ValueError("give ranges or pages, not both")
+    return as_page_set(pages)
 
 
 def ranges_from_pages(pages: Iterable[int]) -> List[PageRange]:
     """Page indices (e.g. SGLang's kv_indices) as ranges, in the given order:
-    runs of consecutive ascending indices become one range each.
+    runs of consecutive ascending indices become one range each. Keeps the
+    order, so it is what a chunk's source and sink pages need (page i goes to
+    page i); for a lease, pass the indices to join_room(pages=...) instead: a
+    PageSet is a few bytes a page and encodes in milliseconds where this
+    builds one PageRange per scattered page.
 
     >>> ranges_from_pages([4, 5, 6, 9, 2, 3])
     [PageRange(first=4, count=3), PageRange(first=9, count=1), PageRange(first=2, count=2)]
@@ -728,23 +747,30 @@ class ControlClient(_Client):
         self._stub = control_pb2_grpc.ControlStub(self.channel)
 
     def join_room(self, room_id: int, participant: Participant, pool_id: int,
-                  ranges: RangesLike = (), *, expected_sources: int = 1, expected_sinks: int = 1,
+                  ranges: RangesLike = (), *, pages: Union[PageSet, Iterable[int], None] = None,
+                  expected_sources: int = 1, expected_sinks: int = 1,
                   features: Iterable[str] = DEFAULT_FEATURES,
                   protocol: Tuple[int, int] = DEFAULT_PROTOCOL, timeout: Optional[float] = None,
                   retry_s: float = 0.0) -> JoinResult:
-        """Grants `participant`'s lease on `ranges` of `pool_id` to room `room_id`.
+        """Grants `participant`'s lease on `ranges` of `pool_id` to room `room_id`,
+        or on `pages`: a PageSet or page indices in any order, each once
+        (e.g. SGLang's kv_indices), sent as a page set in its smallest form.
+        Give one of ranges and pages (neither: an empty lease).
 
         retry_s > 0 retries NOT_FOUND and UNAVAILABLE for that long: a pool
         registered a moment ago reaches the control plane by the node's
         PoolUpdate, which may come after this call.
         """
+        ps = _pages_arg(ranges, pages)
         req = control_pb2.JoinRoomRequest(
             room_id=room_id, expected_sources=expected_sources, expected_sinks=expected_sinks,
             participant=participant._pb(),
             engine_capabilities=types_pb2.CapabilitySet(protocol_min=protocol[0],
                                                         protocol_max=protocol[1],
                                                         features=list(features)),
-            pool_id=pool_id, ranges=_ranges(ranges))
+            pool_id=pool_id, ranges=_ranges(ranges) if ps is None else ())
+        if ps is not None and ps.form != PageSetForm.EMPTY:
+            req.page_set.CopyFrom(ps._pb())
         deadline = time.monotonic() + retry_s
         while True:
             try:
@@ -756,11 +782,19 @@ class ControlClient(_Client):
                     raise
                 time.sleep(_RETRY_SLEEP_S)
 
-    def extend_lease(self, room: RoomKey, lease_id: int, ranges: RangesLike, *,
+    def extend_lease(self, room: RoomKey, lease_id: int, ranges: RangesLike = (), *,
+                     pages: Union[PageSet, Iterable[int], None] = None,
                      timeout: Optional[float] = None) -> Lease:
-        """Adds pages to a lease (chunked prefill); returns the whole lease."""
+        """Adds pages to a lease (chunked prefill), as `ranges` or as `pages`
+        (a PageSet or page indices, as join_room takes them); returns the
+        whole lease."""
+        ps = _pages_arg(ranges, pages)
         req = control_pb2.ExtendLeaseRequest(room=room._pb(), lease_id=lease_id,
-                                             ranges=_ranges(ranges))
+                                             ranges=_ranges(ranges) if ps is None else ())
+        if ps is not None:
+            if ps.form == PageSetForm.EMPTY:
+                raise ValueError("pages: empty (nothing to add)")
+            req.page_set.CopyFrom(ps._pb())
         r = self._unary("Control.ExtendLease", self._stub.ExtendLease, req, timeout)
         return Lease._from(r.lease)
 

@@ -1,15 +1,23 @@
-{{- define "kvfence.name" -}}kvfence{{- end -}}
+{{/* The chart's name: "kvfence", or nameOverride (also the app.kubernetes.io/name label). */}}
+{{- define "kvfence.name" -}}
+{{- .Values.nameOverride | default "kvfence" | trunc 40 | trimSuffix "-" -}}
+{{- end -}}
 
+{{/* The objects' name prefix (40 characters leave room for "-control-headless"
+and the StatefulSet's pod and claim names): fullnameOverride, else the release
+name when it contains the chart's name, else <release>-<name>. */}}
 {{- define "kvfence.fullname" -}}
-{{- if contains "kvfence" .Release.Name -}}
+{{- if .Values.fullnameOverride -}}
+{{- .Values.fullnameOverride | trunc 40 | trimSuffix "-" -}}
+{{- else if contains (include "kvfence.name" .) .Release.Name -}}
 {{- .Release.Name | trunc 40 | trimSuffix "-" -}}
 {{- else -}}
-{{- printf "%s-kvfence" .Release.Name | trunc 40 | trimSuffix "-" -}}
+{{- printf "%s-%s" .Release.Name (include "kvfence.name" .) | trunc 40 | trimSuffix "-" -}}
 {{- end -}}
 {{- end -}}
 
 {{- define "kvfence.labels" -}}
-app.kubernetes.io/name: kvfence
+app.kubernetes.io/name: {{ include "kvfence.name" . }}
 app.kubernetes.io/instance: {{ .Release.Name }}
 app.kubernetes.io/version: {{ .Chart.AppVersion | quote }}
 app.kubernetes.io/managed-by: {{ .Release.Service }}
@@ -21,7 +29,7 @@ kvfence.io/insecure: "true"
 {{- end -}}
 
 {{- define "kvfence.selector" -}}
-app.kubernetes.io/name: kvfence
+app.kubernetes.io/name: {{ include "kvfence.name" . }}
 app.kubernetes.io/instance: {{ .Release.Name }}
 {{- end -}}
 
@@ -56,6 +64,9 @@ app.kubernetes.io/instance: {{ .Release.Name }}
 {{- if and (include "kvfence.insecure" .) (not .Values.tls.insecure) -}}
 {{- fail "tls.enabled=false or tls.mutual=false leaves kvfence-control's gRPC port open to anyone who reaches it (any node's reports, Admin): set tls.insecure=true to run it that way anyway, for a test cluster only (deploy/README.md, \"TLS\")" -}}
 {{- end -}}
+{{- if ne .Values.store.type "embedded" -}}
+{{- fail (printf "store.type=%s: only the embedded store exists (the etcd store is not implemented yet)" .Values.store.type) -}}
+{{- end -}}
 {{- if and .Values.tls.enabled .Values.tls.mutual (eq .Values.node.identity "podName") (not .Values.tls.certManager.enabled) -}}
 {{- fail "node.identity=podName takes each node pod's certificate from cert-manager's csi-driver: it needs tls.certManager.enabled=true (or node.identity=nodeName with certificates in node.tlsHostPath)" -}}
 {{- end -}}
@@ -72,4 +83,20 @@ name: {{ required "tls.certManager.issuer.name: the Issuer or ClusterIssuer that
 kind: {{ $i.kind }}
 {{- end }}
 group: cert-manager.io
+{{- end -}}
+
+{{/* A pod's labels: the chart's, its component, then podLabels (which cannot
+replace the chart's own: the selectors use them). Call with (list $ component). */}}
+{{- define "kvfence.podLabels" -}}
+{{- $ctx := index . 0 -}}
+{{- $own := include "kvfence.labels" $ctx | fromYaml -}}
+{{- $_ := set $own "app.kubernetes.io/component" (index . 1) -}}
+{{- toYaml (merge $own (deepCopy $ctx.Values.podLabels)) -}}
+{{- end -}}
+
+{{/* A pod's annotations: the chart's own (a dict; they win) and podAnnotations.
+Call with (list $ dict); empty when there are none. */}}
+{{- define "kvfence.podAnnotations" -}}
+{{- $all := merge (index . 1) (deepCopy (index . 0).Values.podAnnotations) -}}
+{{- if $all }}{{ toYaml $all }}{{ end -}}
 {{- end -}}

@@ -34,6 +34,7 @@
 
 #include "http.h"
 #include "metrics.h"
+#include "process.h"
 
 /* ---- allocation failure injection ---- */
 
@@ -471,6 +472,112 @@ static void collector_output_included(void **state)
     kvf_metrics_destroy(reg); /* frees the collector still added */
 }
 
+/* A histogram whose buckets its source keeps (the WAL's fsync latency):
+ * written by a collector with the histogram type, le last, _sum optional. */
+struct hist_ctx {
+    int rc_le_label, rc_decreasing, rc_bounds, rc_over, rc_other_type;
+};
+
+static void hist_collector(void *ctx, struct kvf_metrics_writer *w)
+{
+    struct hist_ctx *hc = ctx;
+    static const double bounds[] = {0.001, 0.5};
+    static const uint64_t cum[] = {2, 5};
+    assert_int_equal(kvf_metrics_write_histogram(w, "wal_fsync_seconds", "Fsyncs.",
+                                                 (const char *[]){"disk", "a", NULL}, bounds, cum,
+                                                 2, 7, NAN),
+                     0);
+    assert_int_equal(kvf_metrics_write_histogram(w, "wal_fsync_seconds", "",
+                                                 (const char *[]){"disk", "b", NULL}, bounds, cum,
+                                                 2, 5, 1.25),
+                     0);
+    hc->rc_other_type = kvf_metrics_write_gauge(w, "wal_fsync_seconds", "", NULL, 1);
+    hc->rc_le_label = kvf_metrics_write_histogram(w, "h2", "", (const char *[]){"le", "1", NULL},
+                                                  bounds, cum, 2, 7, NAN);
+    hc->rc_decreasing =
+        kvf_metrics_write_histogram(w, "h3", "", NULL, bounds, (const uint64_t[]){5, 2}, 2, 7, NAN);
+    hc->rc_bounds =
+        kvf_metrics_write_histogram(w, "h4", "", NULL, (const double[]){0.5, 0.5}, cum, 2, 7, NAN);
+    hc->rc_over = kvf_metrics_write_histogram(w, "h5", "", NULL, bounds, cum, 2, 4, NAN);
+    assert_int_equal(kvf_metrics_write_histogram(w, "h_inf_only", "", NULL, NULL, NULL, 0, 3, 0.5),
+                     0);
+}
+
+static void collector_histogram_exact_text(void **state)
+{
+    (void)state;
+    struct kvf_metrics *reg = kvf_metrics_create(NULL);
+    struct hist_ctx hc = {0};
+    assert_int_equal(kvf_metrics_add_collector(reg, hist_collector, &hc), 0);
+    assert_render(reg, "# HELP wal_fsync_seconds Fsyncs.\n"
+                       "# TYPE wal_fsync_seconds histogram\n"
+                       "wal_fsync_seconds_bucket{disk=\"a\",le=\"0.001\"} 2\n"
+                       "wal_fsync_seconds_bucket{disk=\"a\",le=\"0.5\"} 5\n"
+                       "wal_fsync_seconds_bucket{disk=\"a\",le=\"+Inf\"} 7\n"
+                       "wal_fsync_seconds_count{disk=\"a\"} 7\n"
+                       "wal_fsync_seconds_bucket{disk=\"b\",le=\"0.001\"} 2\n"
+                       "wal_fsync_seconds_bucket{disk=\"b\",le=\"0.5\"} 5\n"
+                       "wal_fsync_seconds_bucket{disk=\"b\",le=\"+Inf\"} 5\n"
+                       "wal_fsync_seconds_sum{disk=\"b\"} 1.25\n"
+                       "wal_fsync_seconds_count{disk=\"b\"} 5\n"
+                       "# TYPE h_inf_only histogram\n"
+                       "h_inf_only_bucket{le=\"+Inf\"} 3\n"
+                       "h_inf_only_sum 0.5\n"
+                       "h_inf_only_count 3\n");
+    assert_int_equal(hc.rc_other_type, -EEXIST);
+    assert_int_equal(hc.rc_le_label, -EINVAL);
+    assert_int_equal(hc.rc_decreasing, -EINVAL);
+    assert_int_equal(hc.rc_bounds, -EINVAL);
+    assert_int_equal(hc.rc_over, -EINVAL);
+    kvf_metrics_destroy(reg);
+}
+
+/* kvfence_build_info and process_*: read from /proc, so the values are
+ * checked against what this test can see of itself. */
+static void process_metrics_from_proc(void **state)
+{
+    (void)state;
+    struct kvf_metrics *reg = kvf_metrics_create(NULL);
+    assert_int_equal(kvf_metrics_process_add(NULL, "1"), -EINVAL);
+    assert_int_equal(kvf_metrics_process_add(reg, "1.2.3-test"), 0);
+    assert_int_equal(kvf_metrics_process_add(reg, "again"), -EEXIST);
+    /* Burn a little CPU, open descriptors: the numbers must move. */
+    struct kvf_metrics_process_stats a, b;
+    assert_int_equal(kvf_metrics_process_read(&a), 0);
+    volatile double x = 0;
+    for (long i = 0; i < 40000000; i++)
+        x += (double)i * 1e-9;
+    assert_true(x > 0);
+    int fds[8];
+    for (int i = 0; i < 8; i++)
+        fds[i] = dup(2);
+    assert_int_equal(kvf_metrics_process_read(&b), 0);
+    assert_true(b.cpu_seconds > a.cpu_seconds);
+    assert_true(b.open_fds >= a.open_fds + 8);
+    struct timeval now;
+    gettimeofday(&now, NULL);
+    assert_true(b.start_time_seconds <= (double)now.tv_sec + 1);
+    assert_true(b.start_time_seconds > (double)now.tv_sec - 3600);
+    assert_true(b.resident_bytes > 1024 * 1024);
+    assert_true(b.virtual_bytes >= b.resident_bytes);
+    char *text = render(reg);
+    assert_non_null(strstr(text, "# TYPE kvfence_build_info gauge\n"
+                                 "kvfence_build_info{version=\"1.2.3-test\"} 1\n"));
+    assert_non_null(strstr(text, "# TYPE process_cpu_seconds_total counter\n"));
+    assert_non_null(strstr(text, "# TYPE process_resident_memory_bytes gauge\n"));
+    assert_non_null(strstr(text, "# TYPE process_open_fds gauge\n"));
+    assert_non_null(strstr(text, "# TYPE process_start_time_seconds gauge\n"));
+    /* The rendered fd count is this process's, with the 8 dups open. */
+    const char *p = strstr(text, "\nprocess_open_fds ");
+    assert_non_null(p);
+    double rendered = strtod(p + strlen("\nprocess_open_fds "), NULL);
+    assert_true(rendered >= b.open_fds - 1 && rendered <= b.open_fds + 1);
+    free(text);
+    for (int i = 0; i < 8; i++)
+        close(fds[i]);
+    kvf_metrics_destroy(reg);
+}
+
 /* ---- concurrency ---- */
 
 #define N_THREADS 4
@@ -828,6 +935,8 @@ int main(void)
         cmocka_unit_test(child_cap_is_e2big),
         cmocka_unit_test(many_children_keep_identity),
         cmocka_unit_test(collector_output_included),
+        cmocka_unit_test(collector_histogram_exact_text),
+        cmocka_unit_test(process_metrics_from_proc),
         cmocka_unit_test(concurrent_updates_sum),
         cmocka_unit_test(allocation_failure_sweep),
         cmocka_unit_test(http_serves_metrics),

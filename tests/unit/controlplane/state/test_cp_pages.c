@@ -13,6 +13,7 @@
 #include <stdarg.h>
 #include <stddef.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include <cmocka.h>
@@ -493,6 +494,141 @@ static void every_bad_input_leaves_state_unchanged(void **state)
     fixture_free(f);
 }
 
+/* Pages decoded from a page set (the service passes the form's field name):
+ * every refusal names that field, without an index for a bitmap or deltas
+ * and with one for page_set.ranges; ascending runs are checked without a
+ * copy, including an extension above what the lease holds, and overlaps are
+ * still found on every path (ascending but touching, below the held pages,
+ * inside them). Nothing changes on a refusal. */
+static void page_set_fields_named_and_ascending_runs_checked(void **state)
+{
+    (void)state;
+    struct fixture *f = fixture_new(NULL);
+    two_nodes(f);
+    struct kvf_cps_page_range runs[] = {{10, 1}, {12, 1}, {14, 2}};
+    struct kvf_cps_join j = {.room_id = 40,
+                             .expected_sources = 1,
+                             .expected_sinks = 1,
+                             .node_id = "n1",
+                             .role = SNK,
+                             .engine_protocol_min = 1,
+                             .engine_protocol_max = 1,
+                             .engine_features = KVF_FEATURE_QUIESCE_V1,
+                             .pool_id = 1,
+                             .ranges = runs,
+                             .range_count = 3,
+                             .pages_field = "page_set.bitmap"};
+    struct kvf_cps_join_result res;
+    /* Past the pool (1024 pages): the field, not a range index. */
+    struct kvf_cps_page_range past[] = {{10, 1}, {1023, 2}};
+    j.ranges = past;
+    j.range_count = 2;
+    assert_int_equal(kvf_cps_join(f->st, &j, f->now, &res, &f->err), -EINVAL);
+    assert_string_equal(f->err.msg,
+                        "page_set.bitmap: page 1024 is outside pool 1 of node n1 (1024 pages)");
+    /* Ascending but touching runs (page_set.ranges is indexed). */
+    struct kvf_cps_page_range touch[] = {{10, 4}, {13, 1}};
+    j.ranges = touch;
+    j.pages_field = "page_set.ranges";
+    assert_int_equal(kvf_cps_join(f->st, &j, f->now, &res, &f->err), -EINVAL);
+    assert_string_equal(f->err.msg, "page_set.ranges[1]: page 13 is listed twice (ranges overlap)");
+    struct kvf_cps_room_view rv;
+    assert_int_equal(kvf_cps_room_get(f->st, (kvf_room_key){40, 0}, &rv), -ENOENT);
+    j.ranges = runs;
+    j.range_count = 3;
+    j.pages_field = "page_set.deltas";
+    assert_int_equal(kvf_cps_join(f->st, &j, f->now, &res, &f->err), 0);
+    fx_collect(f);
+    /* Another room's write lease: named by the field. */
+    struct kvf_cps_page_range other[] = {{11, 1}, {15, 1}};
+    j.room_id = 41;
+    j.ranges = other;
+    j.range_count = 2;
+    struct kvf_cps_join_result res2;
+    assert_int_equal(kvf_cps_join(f->st, &j, f->now, &res2, &f->err), -EBUSY);
+    assert_non_null(
+        strstr(f->err.msg, "page_set.deltas: page 15 of pool 1 is written by room 40:"));
+    /* Extensions: above the held pages (no copy), then below, inside, touching. */
+    struct kvf_cps_page_range above[] = {{20, 1}, {22, 1}};
+    assert_int_equal(kvf_cps_lease_extend_named(f->st, res.key, res.lease_id, above, 2,
+                                                "page_set.deltas", f->now, &f->err),
+                     0);
+    fx_collect(f);
+    struct kvf_cps_page_range below[] = {{5, 1}, {12, 1}};
+    assert_int_equal(kvf_cps_lease_extend_named(f->st, res.key, res.lease_id, below, 2,
+                                                "page_set.bitmap", f->now, &f->err),
+                     -EINVAL);
+    assert_string_equal(f->err.msg, "page_set.bitmap: page 12 is already in this lease");
+    struct kvf_cps_page_range touching[] = {{22, 3}};
+    assert_int_equal(kvf_cps_lease_extend_named(f->st, res.key, res.lease_id, touching, 1,
+                                                "page_set.bitmap", f->now, &f->err),
+                     -EINVAL);
+    assert_string_equal(f->err.msg, "page_set.bitmap: page 22 is already in this lease");
+    struct kvf_cps_page_range fine[] = {{5, 1}, {11, 1}, {30, 4}};
+    assert_int_equal(kvf_cps_lease_extend_named(f->st, res.key, res.lease_id, fine, 3,
+                                                "page_set.bitmap", f->now, &f->err),
+                     0);
+    fx_collect(f);
+    struct kvf_cps_participant_view pv;
+    assert_int_equal(kvf_cps_room_participant(f->st, res.key, 0, &pv), 0);
+    assert_int_equal(pv.range_count, 8);
+    /* The old field is still "ranges", indexed. */
+    struct kvf_cps_page_range dup[] = {{40, 1}, {40, 1}};
+    assert_int_equal(kvf_cps_lease_extend(f->st, res.key, res.lease_id, dup, 2, f->now, &f->err),
+                     -EINVAL);
+    assert_string_equal(f->err.msg, "ranges[1]: page 40 is listed twice (ranges overlap)");
+    fixture_free(f);
+}
+
+/* kvf_cps_join.ranges_adopt_p: a join that succeeds keeps the caller's array
+ * as the lease's runs (and says so by clearing the pointer); one that fails
+ * leaves it to the caller (the ASan build checks that nothing leaks and
+ * nothing is freed twice). */
+static void join_adopts_the_callers_runs_only_on_success(void **state)
+{
+    (void)state;
+    struct fixture *f = fixture_new(NULL);
+    two_nodes(f);
+    struct kvf_cps_page_range *v = malloc(3 * sizeof(*v));
+    assert_non_null(v);
+    v[0] = (struct kvf_cps_page_range){1, 1};
+    v[1] = (struct kvf_cps_page_range){3, 2};
+    v[2] = (struct kvf_cps_page_range){2000, 1}; /* outside the pool: refused */
+    struct kvf_cps_page_range *keep = v;
+    struct kvf_cps_join j = {.room_id = 50,
+                             .expected_sources = 1,
+                             .expected_sinks = 1,
+                             .node_id = "n1",
+                             .role = SNK,
+                             .engine_protocol_min = 1,
+                             .engine_protocol_max = 1,
+                             .engine_features = KVF_FEATURE_QUIESCE_V1,
+                             .pool_id = 1,
+                             .ranges = v,
+                             .range_count = 3,
+                             .pages_field = "page_set.deltas",
+                             .ranges_adopt_p = &v};
+    struct kvf_cps_join_result res;
+    assert_int_equal(kvf_cps_join(f->st, &j, f->now, &res, &f->err), -EINVAL);
+    assert_ptr_equal(v, keep); /* still the caller's */
+    j.range_count = 2;
+    assert_int_equal(kvf_cps_join(f->st, &j, f->now, &res, &f->err), 0);
+    fx_collect(f);
+    assert_null(v); /* the lease's now */
+    struct kvf_cps_participant_view pv;
+    assert_int_equal(kvf_cps_room_participant(f->st, res.key, 0, &pv), 0);
+    assert_int_equal(pv.range_count, 2);
+    assert_int_equal(pv.ranges[1].first, 3);
+    assert_int_equal(pv.ranges[1].count, 2);
+    /* The lease grows from the adopted array and frees it with the room. */
+    struct kvf_cps_page_range more = {10, 1};
+    assert_int_equal(kvf_cps_lease_extend(f->st, res.key, res.lease_id, &more, 1, f->now, &f->err),
+                     0);
+    fx_collect(f);
+    free(v);
+    fixture_free(f);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -506,6 +642,8 @@ int main(void)
         cmocka_unit_test(extend_in_opening_room_emits_no_update),
         cmocka_unit_test(failed_join_rolls_back_pages_of_earlier_ranges),
         cmocka_unit_test(every_bad_input_leaves_state_unchanged),
+        cmocka_unit_test(page_set_fields_named_and_ascending_runs_checked),
+        cmocka_unit_test(join_adopts_the_callers_runs_only_on_success),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
