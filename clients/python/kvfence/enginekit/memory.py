@@ -85,7 +85,16 @@ class KvMemory:
         return self.pool.pool_id
 
     def ranges(self, indices: Iterable[int]) -> List[PageRange]:
+        """The pool ranges of engine pages `indices`, in order (a chunk's
+        source or sink pages: page i goes to page i)."""
         return ranges_for(self.bases, indices)
+
+    def pool_pages(self, indices: Iterable[int]) -> List[int]:
+        """The pool pages of engine pages `indices` in every buffer, for a
+        lease (join_room / extend_lease pages=: sent as a page set, a few
+        bytes a page however scattered)."""
+        idx = [int(i) for i in indices]
+        return [b + i for b in self.bases for i in idx]
 
     def page_count(self, n_indices: int) -> int:
         """Pool pages that n_indices engine pages are (in every buffer)."""

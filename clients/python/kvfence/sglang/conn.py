@@ -523,8 +523,8 @@ class KVSender(_Request, BaseKVSender):
         try:
             if not lease_id:
                 j = self.mgr.control.join_room(
-                    self.bootstrap_room, self.mgr.participant, mem.pool_id, src,
-                    expected_sources=self.mgr.tp_size,
+                    self.bootstrap_room, self.mgr.participant, mem.pool_id,
+                    pages=mem.pool_pages(idx), expected_sources=self.mgr.tp_size,
                     expected_sinks=int(sink.get("tp_size", 1)), features=self.mgr.features,
                     retry_s=_SUBMIT_RETRY_S)
                 with self._lock:
@@ -537,7 +537,8 @@ class KVSender(_Request, BaseKVSender):
                     self._chunk_done("room %s is not the generation decode granted" % (j.room,))
                     return
             else:
-                lease = self.mgr.control.extend_lease(self.room, lease_id, src)
+                lease = self.mgr.control.extend_lease(self.room, lease_id,
+                                                      pages=mem.pool_pages(idx))
                 self.lease_pages = lease.page_count()
             self.chunk_seq += 1
             aux = b""
@@ -662,7 +663,8 @@ class KVReceiver(_Request, BaseKVReceiver):
         self.kv_indices = [int(i) for i in kv_indices]
         try:
             j = self.mgr.control.join_room(
-                self.bootstrap_room, self.mgr.participant, mem.pool_id, mem.ranges(self.kv_indices),
+                self.bootstrap_room, self.mgr.participant, mem.pool_id,
+                pages=mem.pool_pages(self.kv_indices),
                 expected_sources=int(self.prefill.get("tp_size", 1)),
                 expected_sinks=self.mgr.tp_size, features=self.mgr.features,
                 retry_s=_SUBMIT_RETRY_S)

@@ -313,7 +313,7 @@ class KvfenceConnector(KVConnectorBase_V1):
         r = _Req(rid, room_id, blocks)
         try:
             j = self.control.join_room(room_id, Participant(self.node_id, self.rank, Role.SOURCE),
-                                       self.memory.pool_id, self.memory.ranges(blocks),
+                                       self.memory.pool_id, pages=self.memory.pool_pages(blocks),
                                        features=self.features, retry_s=_RETRY_S)
             r.room, r.lease_id = j.room, j.lease_id
             r.granted_at = time.monotonic()
@@ -327,7 +327,7 @@ class KvfenceConnector(KVConnectorBase_V1):
         r = _Req(rid, room_id, blocks, rendezvous=rz, remote_rank=rank)
         try:
             j = self.control.join_room(room_id, Participant(self.node_id, self.rank, Role.SINK),
-                                       self.memory.pool_id, self.memory.ranges(blocks),
+                                       self.memory.pool_id, pages=self.memory.pool_pages(blocks),
                                        features=self.features, retry_s=_RETRY_S)
             r.room, r.lease_id = j.room, j.lease_id
         except errors.KvfenceError as e:
