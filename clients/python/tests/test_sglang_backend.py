@@ -328,7 +328,10 @@ def test_tp2_prefill_to_tp2_decode(cluster, engines):
 
     for e in (p, d):
         st = all_ranks(e, 9201)
-        assert [r["requests"]["9201"]["outcome"] for r in st["ranks"]] == ["Success"] * 2, e.name
+        assert [r["requests"]["9201"]["outcome"] for r in st["ranks"]] == ["Success"] * 2, \
+            (e.name, [r["requests"]["9201"] for r in st["ranks"]],
+             [r["requests"]["9201"] for r in d.status()["ranks"]],
+             [admin.room(x.room) for x in admin.rooms() if x.room.room_id == 9201])
     assert all(r["requests"]["9201"]["verified"] == "ok" for r in d.status()["ranks"])
     info = admin.room(9201)
     assert info.state == RoomState.COMPLETED and info.participant_count == 4

@@ -44,8 +44,8 @@ without QUIESCE_V1 joins.
 DESIGN. Threads: the scheduler's (every call of the sender/receiver API);
 the ReleaseWatcher's (lease releases and room states, into the manager's
 tables); on prefill, one transfer thread per manager that runs the chunks
-send() queued, in order (JoinRoom/ExtendLease, SubmitChunk, CompleteRoom),
-so send() never waits on kvfence; on decode, one NodeClient.watch reader
+send() queued, in order (ExtendLease, SubmitChunk, CompleteRoom), so send()
+waits on kvfence only for the first chunk's JoinRoom (why: send()); on decode, one NodeClient.watch reader
 (aux bytes into the aux buffers, and the node's view of room states). The
 manager's tables are guarded by the manager's lock. A request's fields are
 the scheduler thread's, except lease_id, aborted, failed and the count of
@@ -114,7 +114,12 @@ log = logging.getLogger("kvfence.sglang")
 
 QUIESCE_FEATURE = "QUIESCE_V1"
 _MAILBOX_POLL_S = 0.05  # how often a waiting side looks for a tombstone
-_SUBMIT_RETRY_S = 5.0
+_JOIN_RETRY_S = 5.0  # a pool registered a moment ago, a SUSPECT node
+# How long a chunk waits for the nodes to learn the room (UNAVAILABLE: "no room
+# update yet", "node n2 has not acknowledged the room yet") before the request
+# is aborted; kvfence_submit_retry_s / $KVFENCE_SUBMIT_RETRY_S. Liveness only:
+# an abort still frees nothing before RELEASED.
+_SUBMIT_RETRY_S = 15.0
 _END_GRACE_S = 1.0  # released, room end not seen: ask after this long
 
 
@@ -171,6 +176,8 @@ class KVManager(BaseKVManager):
         if isinstance(feats, str):
             feats = [f for f in feats.split(",") if f]
         self.features = tuple(feats) if feats is not None else DEFAULT_FEATURES
+        self.submit_retry_s = float(_setting(server_args, "kvfence_submit_retry_s",
+                                             "KVFENCE_SUBMIT_RETRY_S", _SUBMIT_RETRY_S))
         self.rank = int(args.engine_rank)
         # Prefill and decode with the same TP size: decode rank r pairs with
         # prefill rank r, and a room has tp_size sources and tp_size sinks.
@@ -198,7 +205,8 @@ class KVManager(BaseKVManager):
             self._node_thread = threading.Thread(target=self._read_node, daemon=True,
                                                  name="kvfence-sglang-node-watch")
             self._node_thread.start()
-        self._tx: "queue.Queue[Optional[Tuple[KVSender, List[int], int, bool]]]" = queue.Queue()
+        self._tx: "queue.Queue[Optional[Tuple[KVSender, List[int], int, bool, bool]]]" = \
+            queue.Queue()
         self._tx_thread: Optional[threading.Thread] = None
         self.bootstrap_addr: Optional[str] = None
         if self.mode == "prefill":
@@ -305,9 +313,9 @@ class KVManager(BaseKVManager):
             item = self._tx.get()
             if item is None:
                 return
-            sender, idx, start, is_last = item
+            sender, idx, start, is_last, first = item
             try:
-                sender._transfer(idx, start, is_last)
+                sender._transfer(idx, start, is_last, first)
             except Exception:  # a bug must not stop every later request's chunks
                 log.exception("room %d: chunk at %d failed", sender.bootstrap_room, start)
                 sender._chunk_done("chunk at %d: internal error" % start)
@@ -475,11 +483,18 @@ class KVSender(_Request, BaseKVSender):
 
     def send(self, kv_indices: Sequence[int], state_indices: Any = None,
              token_position_offset: int = 0) -> None:
-        """One prefill chunk: these pages' KV is computed. Queued for the
-        manager's transfer thread, which grants them to the room (JoinRoom,
-        then ExtendLease per chunk) before the node reads them, then submits
+        """One prefill chunk: these pages' KV is computed. The first chunk's
+        pages join the room here (JoinRoom, one call); every chunk is then
+        queued for the manager's transfer thread, which grants the later
+        chunks' pages (ExtendLease) before the node reads them and submits
         them against the decode pages at the same token positions; the chunk
-        that reaches num_kv_indices is the last. Does not wait."""
+        that reaches num_kv_indices is the last.
+
+        Why the join is not queued: a room is ACTIVE, and its chunks admitted,
+        only once every rank joined, and the transfer thread handles one
+        chunk at a time; a join queued behind another room's chunk that waits
+        for this rank's join of that room would wait for it in turn (TP 2:
+        rank 0 on room A, rank 1 on room B, each waiting for the other)."""
         if self.sink is None:
             raise RuntimeError("room %d: send() before the decode side's metadata (poll "
                                "is Bootstrapping)" % self.bootstrap_room)
@@ -491,12 +506,45 @@ class KVSender(_Request, BaseKVSender):
         with self._lock:
             if self.aborted:
                 return  # an aborted room takes nothing more
-            self._inflight += 1
-        self.curr_idx = end
+            first = not self.lease_id
         if self._t0 is None:
             self._t0 = time.monotonic()
         self.phase = KVPoll.Transferring
-        self.mgr._tx.put((self, idx, start, end >= self.num_kv_indices))
+        if first and not self._join(idx):
+            return
+        with self._lock:
+            self._inflight += 1
+        self.curr_idx = end
+        self.mgr._tx.put((self, idx, start, end >= self.num_kv_indices, first))
+
+    def _join(self, idx: List[int]) -> bool:
+        """Scheduler thread: the first chunk's pages join the room (the
+        generation decode granted); False when refused (nothing granted)."""
+        mem = self.mgr.memory
+        sink = self.sink
+        assert sink is not None
+        try:
+            j = self.mgr.control.join_room(
+                self.bootstrap_room, self.mgr.participant, mem.pool_id,
+                pages=mem.pool_pages(idx), expected_sources=self.mgr.tp_size,
+                expected_sinks=int(sink.get("tp_size", 1)), features=self.mgr.features,
+                retry_s=_JOIN_RETRY_S)
+        except (errors.Aborted, errors.FailedPrecondition, errors.NotFound,
+                errors.Unavailable, errors.InvalidArgument, errors.AlreadyExists) as e:
+            # Refused (an aborted room, a capability refusal: kvfence aborted
+            # the room): nothing of ours is granted.
+            self._note_abort("%s: %s" % (e.method, e.details))
+            return False
+        with self._lock:
+            self.lease_id = j.lease_id
+            self.lease_pages = mem.page_count(len(idx))
+        if j.room != self.room:
+            # The id is another generation than decode granted: not ours.
+            wrong, self.room = self.room, j.room
+            self._abort_key(j.room, "generation differs from decode's %s" % (wrong,))
+            self._note_abort("room %s is not the generation decode granted" % (j.room,))
+            return False
+        return True
 
     def _chunk_done(self, failure: str = "") -> None:
         """Transfer thread: one queued chunk is over (sent, refused or skipped)."""
@@ -507,8 +555,9 @@ class KVSender(_Request, BaseKVSender):
             if self.aborted and not self.lease_id and not self._inflight:
                 self.failed = True
 
-    def _transfer(self, idx: List[int], start: int, is_last: bool) -> None:
-        """Transfer thread: grant, submit and (last chunk) complete one chunk."""
+    def _transfer(self, idx: List[int], start: int, is_last: bool, first: bool) -> None:
+        """Transfer thread: grant (but the first chunk: joined in send()),
+        submit and (last chunk) complete one chunk."""
         with self._lock:
             skip = bool(self.aborted)
             lease_id = self.lease_id
@@ -521,22 +570,7 @@ class KVSender(_Request, BaseKVSender):
         src = mem.ranges(idx)
         dst = ranges_for(sink["bases"], sink["kv_indices"][start:start + len(idx)])
         try:
-            if not lease_id:
-                j = self.mgr.control.join_room(
-                    self.bootstrap_room, self.mgr.participant, mem.pool_id,
-                    pages=mem.pool_pages(idx), expected_sources=self.mgr.tp_size,
-                    expected_sinks=int(sink.get("tp_size", 1)), features=self.mgr.features,
-                    retry_s=_SUBMIT_RETRY_S)
-                with self._lock:
-                    self.lease_id = j.lease_id
-                    self.lease_pages = mem.page_count(len(idx))
-                if j.room != self.room:
-                    # The id is another generation than decode granted: not ours.
-                    wrong, self.room = self.room, j.room
-                    self._abort_key(j.room, "generation differs from decode's %s" % (wrong,))
-                    self._chunk_done("room %s is not the generation decode granted" % (j.room,))
-                    return
-            else:
+            if not first:
                 lease = self.mgr.control.extend_lease(self.room, lease_id,
                                                       pages=mem.pool_pages(idx))
                 self.lease_pages = lease.page_count()
@@ -549,7 +583,7 @@ class KVSender(_Request, BaseKVSender):
                 source_pool_id=mem.pool_id, source_ranges=src, sink_node_id=sink["node_id"],
                 sink_rank=int(sink["rank"]), sink_pool_id=int(sink["pool_id"]),
                 sink_ranges=dst, last_chunk=is_last, aux=aux,
-                retry_unavailable_s=_SUBMIT_RETRY_S, source_lease_pages=self.lease_pages,
+                retry_unavailable_s=self.mgr.submit_retry_s, source_lease_pages=self.lease_pages,
                 sink_lease_pages=len(sink["bases"]) * len(sink["kv_indices"]))
             self._bytes += len(idx) * mem.item_len * len(mem.bases)
             if is_last:
@@ -667,7 +701,7 @@ class KVReceiver(_Request, BaseKVReceiver):
                 pages=mem.pool_pages(self.kv_indices),
                 expected_sources=int(self.prefill.get("tp_size", 1)),
                 expected_sinks=self.mgr.tp_size, features=self.mgr.features,
-                retry_s=_SUBMIT_RETRY_S)
+                retry_s=_JOIN_RETRY_S)
         except (errors.Aborted, errors.FailedPrecondition, errors.NotFound, errors.Unavailable,
                 errors.InvalidArgument, errors.AlreadyExists) as e:
             self._note_abort("%s: %s" % (e.method, e.details))  # nothing granted

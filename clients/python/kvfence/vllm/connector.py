@@ -96,7 +96,8 @@ __all__ = ["KvfenceConnector", "KvfenceConnectorMetadata", "kv_cache_buffers"]
 
 log = logging.getLogger("kvfence.vllm")
 
-_RETRY_S = 5.0
+_RETRY_S = 5.0  # joins: a pool registered a moment ago, a SUSPECT node
+_SUBMIT_RETRY_S = 15.0  # a chunk waiting for the nodes to learn the room (liveness only)
 _SENDER_POLL_S = 0.005
 _END_GRACE_S = 1.0  # released, room end not seen: ask after this long
 
@@ -424,7 +425,7 @@ class KvfenceConnector(KVConnectorBase_V1):
                         source_ranges=self.memory.ranges(r.blocks), sink_node_id=sink["node_id"],
                         sink_rank=int(sink["rank"]), sink_pool_id=int(sink["pool_id"]),
                         sink_ranges=ranges_for(sink["bases"], sink["kv_indices"]),
-                        last_chunk=True, retry_unavailable_s=_RETRY_S)
+                        last_chunk=True, retry_unavailable_s=_SUBMIT_RETRY_S)
                     self.control.complete_room(r.room, Participant(self.node_id, self.rank,
                                                                    Role.SOURCE))
                 except errors.KvfenceError as err:
