@@ -167,6 +167,8 @@ The cluster keeps running (Ctrl-C stops it):
   node sockets   $tmp/n1.sock  $tmp/n2.sock
   grpcurl -plaintext -import-path $root/api -proto kvfence/v1/control.proto $address kvfence.v1.Admin/GetStats
   $cli_bin --server $address stats      (also: nodes, rooms, leases, watch)
+  for the engine quickstart (docs/engines.md), in another shell:
+  export KVFENCE_CONTROL=$address KVFENCE_N1_SOCKET=$tmp/n1.sock KVFENCE_N2_SOCKET=$tmp/n2.sock PYTHONPATH=$root/clients/python:$build_dir/clients/python
 EOF
     while true; do sleep 1; done
 fi

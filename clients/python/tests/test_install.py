@@ -40,6 +40,7 @@ def test_pip_install_into_a_venv_and_use_it(tmp_path, cluster):
 
     script = textwrap.dedent("""
         import os, sys, kvfence
+        import kvfence.enginekit, kvfence.sglang, kvfence.vllm  # the engine backends
         from kvfence._proto.v1 import control_pb2
         d = os.path.dirname(kvfence.__file__)
         assert d.startswith(sys.prefix), d       # the venv's copy, not the source tree
