@@ -468,6 +468,23 @@ uint32_t nh_register_pool(struct nh_node *np, const struct nh_pool *p)
     return id;
 }
 
+void nh_unregister_pool(struct nh_node *np, uint32_t pool_id, int64_t timeout_ms)
+{
+    Kvfence__V1__UnregisterPoolRequest req = KVFENCE__V1__UNREGISTER_POOL_REQUEST__INIT;
+    req.pool_id = pool_id;
+    int64_t end = nh_now_ms() + timeout_ms;
+    for (;;) {
+        struct kvf_rpc_status st;
+        int code =
+            nh_call(np->local, "/kvfence.v1.NodeLocal/UnregisterPool", &req.base, NULL, NULL, &st);
+        if (code == KVF_GRPC_OK)
+            return;
+        if (code != KVF_GRPC_FAILED_PRECONDITION || nh_now_ms() > end)
+            fail_msg("UnregisterPool %u on %s: %d %s", pool_id, np->id, code, st.message);
+        nh_sleep_ms(20);
+    }
+}
+
 kvf_room_key nh_join(struct kvf_rpc_channel *ch, uint64_t room_id, uint32_t nsrc, uint32_t nsink,
                      const char *node, uint32_t rank, int role, uint32_t pool_id, uint32_t first,
                      uint32_t count, int64_t timeout_ms, uint64_t *lease_p)

@@ -182,6 +182,12 @@ int nh_register_pool_sized(struct nh_node *np, const struct nh_pool *p, uint32_t
 /* The same with the pool's page size; fails the test unless OK. */
 uint32_t nh_register_pool(struct nh_node *np, const struct nh_pool *p);
 
+/* NodeLocal.UnregisterPool of `pool_id` on `np`, retried every 20 ms while
+ * the node still holds a room's lifetime on it (FAILED_PRECONDITION until
+ * it drained), up to `timeout_ms`; fails the test on another answer or the
+ * timeout. */
+void nh_unregister_pool(struct nh_node *np, uint32_t pool_id, int64_t timeout_ms);
+
 /* Control.JoinRoom of one participant of room `room_id` (`nsrc` sources,
  * `nsink` sinks; QUIESCE_V1): `node` rank `rank`, pages [first, +count) of
  * `pool_id`. Retries for up to `timeout_ms` while the node's pool is not yet
