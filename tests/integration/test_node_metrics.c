@@ -41,6 +41,7 @@
 
 #include "kvf_error.h"
 #include "node_harness.h"
+#include "scrape.h"
 
 #define WAIT_MS     10000
 #define PAGE_SIZE   4096u
@@ -101,60 +102,22 @@ static int read_port(const char *path)
  * server does not answer 200. */
 static char *scrape(int port)
 {
-    int fd = socket(AF_INET, SOCK_STREAM, 0);
-    if (fd < 0)
-        return NULL;
-    struct sockaddr_in sa = {.sin_family = AF_INET, .sin_port = htons((uint16_t)port)};
-    sa.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-    struct timeval tv = {.tv_sec = 5};
-    setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
-    static const char req[] = "GET /metrics HTTP/1.0\r\nHost: 127.0.0.1\r\n\r\n";
-    if (connect(fd, (struct sockaddr *)&sa, sizeof sa) != 0 ||
-        write(fd, req, sizeof req - 1) != (ssize_t)(sizeof req - 1)) {
-        close(fd);
+    char *body = NULL;
+    if (scrape_get(port, "/metrics", &body) != 200) {
+        free(body);
         return NULL;
     }
-    size_t cap = 65536, got = 0;
-    char *buf = malloc(cap);
-    assert_non_null(buf);
-    for (;;) {
-        if (got + 1 == cap) {
-            cap *= 2;
-            buf = realloc(buf, cap);
-            assert_non_null(buf);
-        }
-        ssize_t r = read(fd, buf + got, cap - got - 1);
-        if (r <= 0)
-            break;
-        got += (size_t)r;
-    }
-    close(fd);
-    buf[got] = '\0';
-    int code = -1;
-    char *body = strstr(buf, "\r\n\r\n");
-    if (sscanf(buf, "HTTP/1.%*d %d", &code) != 1 || code != 200 || !body) {
-        free(buf);
-        return NULL;
-    }
-    char *out = strdup(body + 4);
-    free(buf);
-    return out;
+    return body;
 }
 
 /* The value of the sample `series` (the whole name with its labels, as
  * rendered) in `text`; fails the test when it is absent. */
 static double sample(const char *text, const char *series)
 {
-    size_t n = strlen(series);
-    for (const char *p = text; p && *p;) {
-        if (strncmp(p, series, n) == 0 && p[n] == ' ')
-            return strtod(p + n + 1, NULL);
-        p = strchr(p, '\n');
-        if (p)
-            p++;
-    }
-    fail_msg("no sample %s in:\n%s", series, text);
-    return -1;
+    double v = -1;
+    if (scrape_sample(text, series, &v) != 0)
+        fail_msg("no sample %s in:\n%s", series, text);
+    return v;
 }
 
 /* One sample, scraped now. */
