@@ -690,6 +690,25 @@ int nh_submit(struct kvf_rpc_channel *local, kvf_room_key k, const struct nh_chu
     return nh_call(local, "/kvfence.v1.NodeLocal/SubmitChunk", &req.base, NULL, NULL, st);
 }
 
+void nh_submit_one_ok(struct nh_node *np, kvf_room_key k, uint32_t source_pool,
+                      const char *sink_node, uint32_t sink_pool, uint32_t sfirst, uint32_t dfirst,
+                      uint32_t count)
+{
+    struct nh_chunk c = {.seq = 1,
+                         .source_pool = source_pool,
+                         .sink_node = sink_node,
+                         .sink_pool = sink_pool,
+                         .n = 1,
+                         .sfirst = {sfirst},
+                         .dfirst = {dfirst},
+                         .count = {count},
+                         .last = true};
+    struct kvf_rpc_status st;
+    int code = nh_submit(np->local, k, &c, &st);
+    if (code != KVF_GRPC_OK)
+        fail_msg("SubmitChunk on %s: %d %s", np->id, code, st.message);
+}
+
 void nh_wait_node_knows(struct nh_node *np, kvf_room_key k, uint32_t source_pool,
                         const char *sink_node, uint32_t sink_pool, uint32_t dfirst,
                         int64_t timeout_ms)

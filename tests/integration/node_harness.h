@@ -246,6 +246,13 @@ struct nh_chunk {
 int nh_submit(struct kvf_rpc_channel *local, kvf_room_key k, const struct nh_chunk *c,
               struct kvf_rpc_status *st);
 
+/* A last chunk of one range, seq 1, on `np`: source pages [sfirst, +count)
+ * of `source_pool` -> [dfirst, +count) of `sink_pool` on `sink_node` (ranks
+ * 0). Fails the test unless OK. */
+void nh_submit_one_ok(struct nh_node *np, kvf_room_key k, uint32_t source_pool,
+                      const char *sink_node, uint32_t sink_pool, uint32_t sfirst, uint32_t dfirst,
+                      uint32_t count);
+
 /* Waits up to `timeout_ms` until `np` has the room's update: a probe
  * SubmitChunk naming source rank 99 (in no lease), seq 1, source page 0 of
  * `source_pool` -> page `dfirst` of `sink_pool` on `sink_node`, answers

@@ -546,8 +546,7 @@ static void test_multi_buffer_abort_with_frame_held(void **state)
     kvf_room_key k = room(f, 813, f->src.pool_id, f->sink.pool_id);
 
     nh_set_faults(&f->n1, "hold=1\n", WAIT_MS);
-    struct nh_chunk ch = chunk1(1, f->src.pool_id, "n2", f->sink.pool_id, 0, LEASE_PAGES, 4, true);
-    submit_ok(f, k, &ch);
+    nh_submit_one_ok(&f->n1, k, f->src.pool_id, "n2", f->sink.pool_id, 0, LEASE_PAGES, 4);
     nh_wait_log(&f->n1, "fault: hold frame", NULL, 1, WAIT_MS);
     nh_abort_room(f->ch, k, "test abort");
     nh_wait_room_state(f->ch, k, KVFENCE__V1__ROOM_STATE__ROOM_STATE_ABORTING, WAIT_MS);
@@ -882,8 +881,7 @@ static void room16(struct fx *f, uint64_t id, uint32_t s, uint32_t d)
         nh_join_pair(f->ch, id, "n1", f->src.pool_id, s, "n2", f->sink.pool_id, d, 16, WAIT_MS);
     nh_wait_node_knows(&f->n1, k, f->src.pool_id, "n2", f->sink.pool_id, d, WAIT_MS);
     nh_wait_node_knows(&f->n2, k, f->src.pool_id, "n2", f->sink.pool_id, d, WAIT_MS);
-    struct nh_chunk ch = chunk1(1, f->src.pool_id, "n2", f->sink.pool_id, s, d, 16, true);
-    submit_ok(f, k, &ch);
+    nh_submit_one_ok(&f->n1, k, f->src.pool_id, "n2", f->sink.pool_id, s, d, 16);
     nh_wait_room_state(f->ch, k, KVFENCE__V1__ROOM_STATE__ROOM_STATE_COMPLETED, WAIT_MS);
 }
 
@@ -918,8 +916,7 @@ static void rdma_warm_up(struct fx *f, struct nh_pool *h1p, struct nh_pool *h2p)
     h2.pool_id = nh_register_pool(&f->n2, &h2);
     kvf_room_key w = nh_join_pair(f->ch, 860, "n1", h1.pool_id, 0, "n2", h2.pool_id, 4, 4, WAIT_MS);
     nh_wait_node_knows(&f->n1, w, h1.pool_id, "n2", h2.pool_id, 4, WAIT_MS);
-    struct nh_chunk wc = chunk1(1, h1.pool_id, "n2", h2.pool_id, 0, 4, 4, true);
-    submit_ok(f, w, &wc);
+    nh_submit_one_ok(&f->n1, w, h1.pool_id, "n2", h2.pool_id, 0, 4, 4);
     nh_wait_room_state(f->ch, w, KVFENCE__V1__ROOM_STATE__ROOM_STATE_COMPLETED, WAIT_MS);
     nh_wait_log(&f->n1, "up (initiator)", NULL, 1, WAIT_MS);
     nh_wait_log(&f->n2, "up (acceptor)", NULL, 1, WAIT_MS);
@@ -957,8 +954,7 @@ static void test_multi_buffer_abort_over_rdma_held(void **state)
     kvf_room_key k = nh_join_pair(f->ch, 871, "n1", f->src.pool_id, 0, "n2", f->sink.pool_id,
                                   LEASE_PAGES, 16, WAIT_MS);
     nh_wait_node_knows(&f->n1, k, f->src.pool_id, "n2", f->sink.pool_id, LEASE_PAGES, WAIT_MS);
-    struct nh_chunk ch = chunk1(1, f->src.pool_id, "n2", f->sink.pool_id, 0, LEASE_PAGES, 16, true);
-    submit_ok(f, k, &ch);
+    nh_submit_one_ok(&f->n1, k, f->src.pool_id, "n2", f->sink.pool_id, 0, LEASE_PAGES, 16);
     nh_abort_room(f->ch, k, "test abort over rdma");
     nh_wait_room_state(f->ch, k, KVFENCE__V1__ROOM_STATE__ROOM_STATE_ABORTING, WAIT_MS);
     nh_wait_log(&f->n1, "abort notice", &k, 1, WAIT_MS);
