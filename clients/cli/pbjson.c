@@ -211,33 +211,38 @@ static enum text_kind scalar_text(const ProtobufCFieldDescriptor *fd, const void
     }
 }
 
+/* The two-character JSON escape of `c`, or NULL for a character that has
+ * none (printed as itself, or as \u00XX when it is a control character). */
+static const char *json_escape(unsigned char c)
+{
+    switch (c) {
+    case '"':
+        return "\\\"";
+    case '\\':
+        return "\\\\";
+    case '\n':
+        return "\\n";
+    case '\r':
+        return "\\r";
+    case '\t':
+        return "\\t";
+    default:
+        return NULL;
+    }
+}
+
 static void put_json_string(FILE *f, const char *s, size_t len)
 {
     fputc('"', f);
     for (size_t i = 0; i < len; i++) {
         unsigned char c = (unsigned char)s[i];
-        switch (c) {
-        case '"':
-            fputs("\\\"", f);
-            break;
-        case '\\':
-            fputs("\\\\", f);
-            break;
-        case '\n':
-            fputs("\\n", f);
-            break;
-        case '\r':
-            fputs("\\r", f);
-            break;
-        case '\t':
-            fputs("\\t", f);
-            break;
-        default:
-            if (c < 0x20 || c == 0x7f) {
-                fprintf(f, "\\u%04x", c);
-            } else {
-                fputc(c, f);
-            }
+        const char *esc = json_escape(c);
+        if (esc) {
+            fputs(esc, f);
+        } else if (c < 0x20 || c == 0x7f) {
+            fprintf(f, "\\u%04x", c);
+        } else {
+            fputc(c, f);
         }
     }
     fputc('"', f);
