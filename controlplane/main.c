@@ -254,29 +254,11 @@ int main(int argc, char **argv)
      * metrics endpoint that cannot start is logged, not fatal: the control
      * plane keeps serving. */
     struct kvf_metrics_http *mhttp = NULL;
-    if (metrics_listen && kvf_svc_metrics(svc)) {
-        struct kvf_metrics_http_opts mo;
-        kvf_metrics_http_opts_init(&mo);
-        mo.listen_addr = metrics_listen;
-        uint16_t mport = 0;
-        int mrc = kvf_metrics_http_start(kvf_svc_metrics(svc), &mo, &mhttp, &mport);
-        if (mrc < 0) {
-            kvf_log("error", "cannot serve metrics on %s: %s (continuing without)", metrics_listen,
-                    strerror(-mrc));
-            mhttp = NULL;
-        } else {
-            kvf_log("info", "metrics on http://%s/metrics (port %u)", metrics_listen,
-                    (unsigned)mport);
-            if (metrics_port_file) {
-                int wrc = write_port_file(metrics_port_file, mport);
-                if (wrc < 0) {
-                    kvf_log("error", "cannot write metrics port file %s: %s", metrics_port_file,
-                            strerror(-wrc));
-                    rc = 1;
-                }
-            }
-        }
-    } else if (!metrics_listen) {
+    if (kvf_metrics_http_serve(kvf_svc_metrics(svc), metrics_listen, metrics_port_file, &mhttp) <
+        0) {
+        rc = 1;
+    }
+    if (!metrics_listen) {
         kvf_log("info", "metrics disabled (empty metrics-listen)");
     }
     if (rc == 0 && port_file) {

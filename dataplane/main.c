@@ -320,27 +320,9 @@ int main(int argc, char **argv)
 
     int rc = 0;
     struct kvf_metrics_http *mhttp = NULL;
-    const char *metrics_listen = nonempty(cfg.metrics_listen);
-    if (metrics_listen && kvf_node_metrics(n)) {
-        struct kvf_metrics_http_opts mo;
-        kvf_metrics_http_opts_init(&mo);
-        mo.listen_addr = metrics_listen;
-        uint16_t mport = 0;
-        int mrc = kvf_metrics_http_start(kvf_node_metrics(n), &mo, &mhttp, &mport);
-        if (mrc < 0) {
-            kvf_log("error", "cannot serve metrics on %s: %s (continuing without)", metrics_listen,
-                    strerror(-mrc));
-            mhttp = NULL;
-        } else {
-            kvf_log("info", "metrics on http://%s/metrics (port %u)", metrics_listen,
-                    (unsigned)mport);
-            const char *mpf = nonempty(cfg.metrics_port_file);
-            int wrc = mpf ? kvf_file_printf(mpf, 0, "%u\n", (unsigned)mport) : 0;
-            if (wrc < 0) {
-                kvf_log("error", "cannot write metrics port file %s: %s", mpf, strerror(-wrc));
-                rc = 1;
-            }
-        }
+    if (kvf_metrics_http_serve(kvf_node_metrics(n), nonempty(cfg.metrics_listen),
+                               nonempty(cfg.metrics_port_file), &mhttp) < 0) {
+        rc = 1;
     }
     uint64_t seen = 0;    /* Welcomes handled */
     uint16_t written = 0; /* the port in the port file (0: none yet) */

@@ -42,11 +42,9 @@ struct kvf_node_client {
 
 /* ---- status ------------------------------------------------------------------ */
 
-static int set_status(struct kvf_status *st, int code, const char *fmt, ...)
-    __attribute__((format(printf, 3, 4)));
-
-/* Records `code` (positive) and a message; returns -code. */
-static int set_status(struct kvf_status *st, int code, const char *fmt, ...)
+/* Records `code` (positive) and a message; returns -code (client_internal.h:
+ * pools.c reports the same way). */
+int client_status(struct kvf_status *st, int code, const char *fmt, ...)
 {
     if (st) {
         st->code = code;
@@ -92,7 +90,7 @@ static int unary(struct kvf_rpc_channel *ch, int64_t timeout_ms, const char *met
     size_t len = protobuf_c_message_get_packed_size(req);
     uint8_t *buf = malloc(len ? len : 1);
     if (!buf)
-        return set_status(st, KVF_STATUS_RESOURCE_EXHAUSTED, "%s: out of memory", method);
+        return client_status(st, KVF_STATUS_RESOURCE_EXHAUSTED, "%s: out of memory", method);
     protobuf_c_message_pack(req, buf);
     uint8_t *resp = NULL;
     size_t rlen = 0;
@@ -104,14 +102,14 @@ static int unary(struct kvf_rpc_channel *ch, int64_t timeout_ms, const char *met
         free(resp);
         int code =
             rst.code > 0 && rst.code <= KVF_STATUS_UNAUTHENTICATED ? rst.code : KVF_STATUS_INTERNAL;
-        return set_status(st, code, "%s", rst.message[0] ? rst.message : kvf_status_name(code));
+        return client_status(st, code, "%s", rst.message[0] ? rst.message : kvf_status_name(code));
     }
     if (resp_p) {
         *resp_p = protobuf_c_message_unpack(desc, NULL, rlen, resp);
         if (!*resp_p) {
             free(resp);
-            return set_status(st, KVF_STATUS_INTERNAL, "%s: malformed reply (%zu bytes)", method,
-                              rlen);
+            return client_status(st, KVF_STATUS_INTERNAL, "%s: malformed reply (%zu bytes)", method,
+                                 rlen);
         }
     }
     free(resp);
@@ -130,10 +128,11 @@ static int ranges_make(struct ranges *r, const struct kvf_page_range *in, size_t
 {
     memset(r, 0, sizeof *r);
     if (n > 0 && !in)
-        return set_status(st, KVF_STATUS_INVALID_ARGUMENT, "%s: NULL with a count of %zu", what, n);
+        return client_status(st, KVF_STATUS_INVALID_ARGUMENT, "%s: NULL with a count of %zu", what,
+                             n);
     if (n > MAX_RANGES)
-        return set_status(st, KVF_STATUS_RESOURCE_EXHAUSTED, "%s: %zu ranges (at most %d)", what, n,
-                          MAX_RANGES);
+        return client_status(st, KVF_STATUS_RESOURCE_EXHAUSTED, "%s: %zu ranges (at most %d)", what,
+                             n, MAX_RANGES);
     if (n == 0)
         return 0;
     r->v = calloc(n, sizeof *r->v);
@@ -142,7 +141,7 @@ static int ranges_make(struct ranges *r, const struct kvf_page_range *in, size_t
         free(r->v);
         free(r->p);
         memset(r, 0, sizeof *r);
-        return set_status(st, KVF_STATUS_RESOURCE_EXHAUSTED, "%s: out of memory", what);
+        return client_status(st, KVF_STATUS_RESOURCE_EXHAUSTED, "%s: out of memory", what);
     }
     for (size_t i = 0; i < n; i++) {
         Kvfence__V1__PageRange init = KVFENCE__V1__PAGE_RANGE__INIT;
@@ -164,7 +163,7 @@ static void ranges_free(struct ranges *r)
 
 static int bad_arg(struct kvf_status *st, const char *fn, const char *what)
 {
-    return set_status(st, KVF_STATUS_INVALID_ARGUMENT, "%s: %s", fn, what);
+    return client_status(st, KVF_STATUS_INVALID_ARGUMENT, "%s: %s", fn, what);
 }
 
 /* ---- control plane client ------------------------------------------------------- */
@@ -193,18 +192,18 @@ static struct kvf_rpc_channel *channel_create(const char *target,
         }
     }
     if (tls && opts && (!opts->tls_cert_path != !opts->tls_key_path)) {
-        set_status(st, KVF_STATUS_INVALID_ARGUMENT,
-                   "tls_cert_path and tls_key_path go together (both or neither)");
+        client_status(st, KVF_STATUS_INVALID_ARGUMENT,
+                      "tls_cert_path and tls_key_path go together (both or neither)");
         return NULL;
     }
     if (tls && opts && opts->tls_cert_path && !opts->tls_root_ca_path) {
-        set_status(st, KVF_STATUS_INVALID_ARGUMENT, "mutual TLS needs tls_root_ca_path");
+        client_status(st, KVF_STATUS_INVALID_ARGUMENT, "mutual TLS needs tls_root_ca_path");
         return NULL;
     }
     struct kvf_rpc_channel *ch = kvf_rpc_channel_create(target, &co);
     if (!ch)
-        set_status(st, KVF_STATUS_INVALID_ARGUMENT,
-                   "cannot create a channel to %s (unreadable TLS file or bad option)", target);
+        client_status(st, KVF_STATUS_INVALID_ARGUMENT,
+                      "cannot create a channel to %s (unreadable TLS file or bad option)", target);
     return ch;
 }
 
@@ -217,7 +216,7 @@ int kvf_client_create(const char *target, const struct kvf_client_opts *opts, kv
         return bad_arg(st, "kvf_client_create", "target and out are required");
     kvf_client *c = calloc(1, sizeof *c);
     if (!c)
-        return set_status(st, KVF_STATUS_RESOURCE_EXHAUSTED, "kvf_client_create: out of memory");
+        return client_status(st, KVF_STATUS_RESOURCE_EXHAUSTED, "kvf_client_create: out of memory");
     c->call_timeout_ms = opts ? opts->call_timeout_ms : DEFAULT_CALL_TIMEOUT_MS;
     c->ch = channel_create(target, opts, true, st);
     if (!c->ch) {
@@ -257,13 +256,14 @@ int kvf_page_set_encode(const uint32_t *pages, size_t n, kvf_page_set **out, str
         return bad_arg(st, "kvf_page_set_encode", "pages: NULL with a count");
     kvf_page_set *set = calloc(1, sizeof *set);
     if (!set)
-        return set_status(st, KVF_STATUS_RESOURCE_EXHAUSTED, "kvf_page_set_encode: out of memory");
+        return client_status(st, KVF_STATUS_RESOURCE_EXHAUSTED,
+                             "kvf_page_set_encode: out of memory");
     struct kvf_error err;
     kvf_error_clear(&err);
     int rc = kvf_pageset_encode(pages, n, &set->enc, &err);
     if (rc < 0) {
         free(set);
-        return set_status(st, kvf_errno_to_grpc_code(rc), "kvf_page_set_encode: %s", err.msg);
+        return client_status(st, kvf_errno_to_grpc_code(rc), "kvf_page_set_encode: %s", err.msg);
     }
     kvfence__v1__page_set__init(&set->msg);
     switch (set->enc.form) {
@@ -273,8 +273,8 @@ int kvf_page_set_encode(const uint32_t *pages, size_t n, kvf_page_set **out, str
                          "pages", NULL);
         if (rc) {
             kvf_page_set_destroy(set);
-            return set_status(st, KVF_STATUS_RESOURCE_EXHAUSTED,
-                              "kvf_page_set_encode: out of memory");
+            return client_status(st, KVF_STATUS_RESOURCE_EXHAUSTED,
+                                 "kvf_page_set_encode: out of memory");
         }
         set->msg.n_ranges = set->ranges.n;
         set->msg.ranges = set->ranges.p;
@@ -523,7 +523,7 @@ static int pack_watch_request(const struct kvf_watch_filter *f, uint8_t **buf_p,
     size_t len = protobuf_c_message_get_packed_size(&req.base);
     uint8_t *buf = malloc(len ? len : 1);
     if (!buf)
-        return set_status(st, KVF_STATUS_RESOURCE_EXHAUSTED, "WatchLeases: out of memory");
+        return client_status(st, KVF_STATUS_RESOURCE_EXHAUSTED, "WatchLeases: out of memory");
     protobuf_c_message_pack(&req.base, buf);
     *buf_p = buf;
     *len_p = len;
@@ -539,7 +539,7 @@ static struct kvf_rpc_client_stream *watch_open(struct kvf_rpc_channel *ch, cons
     struct kvf_rpc_client_stream *cs =
         kvf_rpc_client_stream_open(ch, "/kvfence.v1.Control/WatchLeases", timeout_ms);
     if (!cs) {
-        set_status(st, KVF_STATUS_INTERNAL, "WatchLeases: cannot open the stream");
+        client_status(st, KVF_STATUS_INTERNAL, "WatchLeases: cannot open the stream");
         return NULL;
     }
     /* A failed send means the stream has already ended: recv gives why. */
@@ -552,7 +552,7 @@ static int status_from_rpc(struct kvf_status *st, const struct kvf_rpc_status *r
 {
     int code =
         rst->code >= 0 && rst->code <= KVF_STATUS_UNAUTHENTICATED ? rst->code : KVF_STATUS_INTERNAL;
-    return set_status(st, code, "%s", rst->message[0] ? rst->message : kvf_status_name(code));
+    return client_status(st, code, "%s", rst->message[0] ? rst->message : kvf_status_name(code));
 }
 
 int kvf_wait_released(kvf_client *c, uint64_t lease_id, int64_t deadline_ms, struct kvf_status *st)
@@ -572,10 +572,10 @@ int kvf_wait_released(kvf_client *c, uint64_t lease_id, int64_t deadline_ms, str
     for (;;) {
         int64_t left = end == INT64_MAX ? KVF_RPC_NO_TIMEOUT : end - now_ms();
         if (end != INT64_MAX && left <= 0) {
-            rc = set_status(st, KVF_STATUS_DEADLINE_EXCEEDED,
-                            "lease %llu not released within %lld ms%s%s",
-                            (unsigned long long)lease_id, (long long)deadline_ms,
-                            last.code ? "; last error: " : "", last.code ? last.message : "");
+            rc = client_status(st, KVF_STATUS_DEADLINE_EXCEEDED,
+                               "lease %llu not released within %lld ms%s%s",
+                               (unsigned long long)lease_id, (long long)deadline_ms,
+                               last.code ? "; last error: " : "", last.code ? last.message : "");
             break;
         }
         struct kvf_rpc_client_stream *cs = watch_open(c->ch, req, len, left, st);
@@ -818,7 +818,7 @@ static int watch_start(kvf_client *c, const struct kvf_watch_filter *filter, kvf
 {
     kvf_watch *w = calloc(1, sizeof *w);
     if (!w)
-        return set_status(st, KVF_STATUS_RESOURCE_EXHAUSTED, "kvf_watch_leases: out of memory");
+        return client_status(st, KVF_STATUS_RESOURCE_EXHAUSTED, "kvf_watch_leases: out of memory");
     w->c = c;
     w->cb = cb;
     w->raw = raw;
@@ -836,8 +836,8 @@ static int watch_start(kvf_client *c, const struct kvf_watch_filter *filter, kvf
         pthread_mutex_destroy(&w->mu);
         free(w->req);
         free(w);
-        return set_status(st, KVF_STATUS_RESOURCE_EXHAUSTED,
-                          "kvf_watch_leases: cannot start a thread: %s", strerror(e));
+        return client_status(st, KVF_STATUS_RESOURCE_EXHAUSTED,
+                             "kvf_watch_leases: cannot start a thread: %s", strerror(e));
     }
     *out = w;
     return ok_status(st);
@@ -947,14 +947,14 @@ int kvf_watch_queue_start(kvf_client *c, const struct kvf_watch_filter *filter,
         return bad_arg(st, "kvf_watch_queue_start", "client and out are required");
     struct kvf_watch_queue *q = calloc(1, sizeof *q);
     if (!q)
-        return set_status(st, KVF_STATUS_RESOURCE_EXHAUSTED,
-                          "kvf_watch_queue_start: out of memory");
+        return client_status(st, KVF_STATUS_RESOURCE_EXHAUSTED,
+                             "kvf_watch_queue_start: out of memory");
     q->efd = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
     if (q->efd < 0) {
         int e = errno;
         free(q);
-        return set_status(st, KVF_STATUS_RESOURCE_EXHAUSTED, "kvf_watch_queue_start: eventfd: %s",
-                          strerror(e));
+        return client_status(st, KVF_STATUS_RESOURCE_EXHAUSTED,
+                             "kvf_watch_queue_start: eventfd: %s", strerror(e));
     }
     pthread_mutex_init(&q->mu, NULL);
     int rc = watch_start(c, filter, NULL, wq_push, q, &q->w, st);
@@ -1040,8 +1040,8 @@ int kvf_node_client_create(const char *socket_path, const struct kvf_client_opts
         return bad_arg(st, "kvf_node_client_create", "socket_path too long");
     kvf_node_client *nc = calloc(1, sizeof *nc);
     if (!nc)
-        return set_status(st, KVF_STATUS_RESOURCE_EXHAUSTED,
-                          "kvf_node_client_create: out of memory");
+        return client_status(st, KVF_STATUS_RESOURCE_EXHAUSTED,
+                             "kvf_node_client_create: out of memory");
     nc->call_timeout_ms = opts ? opts->call_timeout_ms : DEFAULT_CALL_TIMEOUT_MS;
     if (kvf_fdpass_path(target + 5, nc->fd_socket, sizeof nc->fd_socket) != 0) {
         free(nc);
@@ -1076,7 +1076,7 @@ static int register_pool(kvf_node_client *n, Kvfence__V1__RegisterPoolRequest *r
     Kvfence__V1__RegisterPoolResponse *resp = (Kvfence__V1__RegisterPoolResponse *)m;
     if (!resp->pool) {
         protobuf_c_message_free_unpacked(m, NULL);
-        return set_status(st, KVF_STATUS_INTERNAL, "RegisterPool: the reply has no pool");
+        return client_status(st, KVF_STATUS_INTERNAL, "RegisterPool: the reply has no pool");
     }
     if (pool_id_out)
         *pool_id_out = resp->pool->pool_id;
@@ -1091,7 +1091,16 @@ static int fdpass_status(struct kvf_status *st, int rc, const struct kvf_error *
                : rc == -ENOSPC                 ? KVF_STATUS_RESOURCE_EXHAUSTED
                : rc == -EINVAL || rc == -EBADF ? KVF_STATUS_INVALID_ARGUMENT
                                                : KVF_STATUS_UNAVAILABLE;
-    return set_status(st, code, "RegisterPool: %s", err->msg);
+    return client_status(st, code, "RegisterPool: %s", err->msg);
+}
+
+/* A RegisterPool request with `pool`'s geometry; the caller sets its memory. */
+static void shm_pool_request(Kvfence__V1__RegisterPoolRequest *req, const struct kvf_shm_pool *pool)
+{
+    kvfence__v1__register_pool_request__init(req);
+    req->page_size = pool->page_size;
+    req->page_count = pool->page_count;
+    req->rank = pool->rank;
 }
 
 /* Hands `fd` over on the fd socket and registers it (host_fd). -ENOENT /
@@ -1112,12 +1121,10 @@ static int register_pool_fd(kvf_node_client *n, int fd, const struct kvf_shm_poo
     hf.handle.len = sizeof handle;
     hf.offset = pool->offset;
     hf.size = pool->size;
-    Kvfence__V1__RegisterPoolRequest req = KVFENCE__V1__REGISTER_POOL_REQUEST__INIT;
+    Kvfence__V1__RegisterPoolRequest req;
+    shm_pool_request(&req, pool);
     req.memory_case = KVFENCE__V1__REGISTER_POOL_REQUEST__MEMORY_HOST_FD;
     req.host_fd = &hf;
-    req.page_size = pool->page_size;
-    req.page_count = pool->page_count;
-    req.rank = pool->rank;
     return register_pool(n, &req, pool_id_out, st);
 }
 
@@ -1142,12 +1149,10 @@ int kvf_register_pool_shm(kvf_node_client *n, const struct kvf_shm_pool *pool,
     shm.shm_name = (char *)pool->shm_name;
     shm.offset = pool->offset;
     shm.size = pool->size;
-    Kvfence__V1__RegisterPoolRequest req = KVFENCE__V1__REGISTER_POOL_REQUEST__INIT;
+    Kvfence__V1__RegisterPoolRequest req;
+    shm_pool_request(&req, pool);
     req.memory_case = KVFENCE__V1__REGISTER_POOL_REQUEST__MEMORY_HOST_SHM;
     req.host_shm = &shm;
-    req.page_size = pool->page_size;
-    req.page_count = pool->page_count;
-    req.rank = pool->rank;
     return register_pool(n, &req, pool_id_out, st);
 }
 
@@ -1158,25 +1163,13 @@ int kvf_register_pool_fd(kvf_node_client *n, int fd, const struct kvf_shm_pool *
         return bad_arg(st, "kvf_register_pool_fd", "node client, fd and pool are required");
     int rc = register_pool_fd(n, fd, pool, pool_id_out, st);
     if (rc == -ENOENT || rc == -ECONNREFUSED)
-        return set_status(st, KVF_STATUS_UNAVAILABLE,
-                          "kvf_register_pool_fd: no fd socket at %s (a node older than it?)",
-                          n->fd_socket);
+        return client_status(st, KVF_STATUS_UNAVAILABLE,
+                             "kvf_register_pool_fd: no fd socket at %s (a node older than it?)",
+                             n->fd_socket);
     return rc;
 }
 
 /* For pools.c (client_internal.h). */
-int client_status(struct kvf_status *st, int code, const char *fmt, ...)
-{
-    if (st) {
-        st->code = code;
-        va_list ap;
-        va_start(ap, fmt);
-        vsnprintf(st->message, sizeof st->message, fmt, ap);
-        va_end(ap);
-    }
-    return -code;
-}
-
 int client_register_pool(kvf_node_client *n, Kvfence__V1__RegisterPoolRequest *req,
                          uint32_t *pool_id_out, struct kvf_status *st)
 {
@@ -1286,13 +1279,13 @@ int kvf_chunk_stream_open(kvf_node_client *n, kvf_chunk_stream **out, struct kvf
         return bad_arg(st, "kvf_chunk_stream_open", "node client and out are required");
     kvf_chunk_stream *s = calloc(1, sizeof *s);
     if (!s)
-        return set_status(st, KVF_STATUS_RESOURCE_EXHAUSTED,
-                          "kvf_chunk_stream_open: out of memory");
+        return client_status(st, KVF_STATUS_RESOURCE_EXHAUSTED,
+                             "kvf_chunk_stream_open: out of memory");
     s->cs =
         kvf_rpc_client_stream_open(n->ch, "/kvfence.v1.NodeLocal/SubmitChunks", KVF_RPC_NO_TIMEOUT);
     if (!s->cs) {
         free(s);
-        return set_status(st, KVF_STATUS_UNAVAILABLE, "kvf_chunk_stream_open: no stream");
+        return client_status(st, KVF_STATUS_UNAVAILABLE, "kvf_chunk_stream_open: no stream");
     }
     atomic_init(&s->outstanding, 0);
     *out = s;
@@ -1304,9 +1297,9 @@ int kvf_chunk_stream_send(kvf_chunk_stream *s, const struct kvf_chunk *chunk, st
     if (!s)
         return bad_arg(st, "kvf_chunk_stream_send", "stream is required");
     if (atomic_load(&s->outstanding) >= KVF_CHUNK_STREAM_WINDOW)
-        return set_status(st, KVF_STATUS_RESOURCE_EXHAUSTED,
-                          "kvf_chunk_stream_send: %d chunks outstanding: read a result first",
-                          KVF_CHUNK_STREAM_WINDOW);
+        return client_status(st, KVF_STATUS_RESOURCE_EXHAUSTED,
+                             "kvf_chunk_stream_send: %d chunks outstanding: read a result first",
+                             KVF_CHUNK_STREAM_WINDOW);
     struct chunk_req cr;
     int rc = chunk_req_make(&cr, chunk, "kvf_chunk_stream_send", st);
     if (rc)
@@ -1315,8 +1308,8 @@ int kvf_chunk_stream_send(kvf_chunk_stream *s, const struct kvf_chunk *chunk, st
     uint8_t *buf = malloc(len ? len : 1);
     if (!buf) {
         chunk_req_free(&cr);
-        return set_status(st, KVF_STATUS_RESOURCE_EXHAUSTED,
-                          "kvf_chunk_stream_send: out of memory");
+        return client_status(st, KVF_STATUS_RESOURCE_EXHAUSTED,
+                             "kvf_chunk_stream_send: out of memory");
     }
     kvfence__v1__submit_chunk_request__pack(&cr.req, buf);
     chunk_req_free(&cr);
@@ -1327,10 +1320,10 @@ int kvf_chunk_stream_send(kvf_chunk_stream *s, const struct kvf_chunk *chunk, st
     if (rc != 0) {
         atomic_fetch_sub(&s->outstanding, 1);
         if (rc == -EPIPE)
-            return set_status(st, KVF_STATUS_FAILED_PRECONDITION,
-                              "kvf_chunk_stream_send: the stream was closed for sending");
-        return set_status(st, KVF_STATUS_UNAVAILABLE,
-                          "kvf_chunk_stream_send: the stream has ended (read it for why)");
+            return client_status(st, KVF_STATUS_FAILED_PRECONDITION,
+                                 "kvf_chunk_stream_send: the stream was closed for sending");
+        return client_status(st, KVF_STATUS_UNAVAILABLE,
+                             "kvf_chunk_stream_send: the stream has ended (read it for why)");
     }
     return ok_status(st);
 }
@@ -1346,9 +1339,9 @@ int kvf_chunk_stream_result(kvf_chunk_stream *s, int64_t timeout_ms, struct kvf_
     int rc = kvf_rpc_client_stream_recv(s->cs, timeout_ms > 0 ? timeout_ms : KVF_RPC_NO_TIMEOUT,
                                         &msg, &len, &rst);
     if (rc == -ETIMEDOUT)
-        return set_status(st, KVF_STATUS_DEADLINE_EXCEEDED,
-                          "kvf_chunk_stream_result: no result within %lld ms",
-                          (long long)timeout_ms);
+        return client_status(st, KVF_STATUS_DEADLINE_EXCEEDED,
+                             "kvf_chunk_stream_result: no result within %lld ms",
+                             (long long)timeout_ms);
     if (rc == KVF_RPC_STREAM_END) {
         if (rst.code == KVF_STATUS_OK) {
             ok_status(st);
@@ -1357,12 +1350,12 @@ int kvf_chunk_stream_result(kvf_chunk_stream *s, int64_t timeout_ms, struct kvf_
         return status_from_rpc(st, &rst);
     }
     if (rc != 0)
-        return set_status(st, KVF_STATUS_INTERNAL, "kvf_chunk_stream_result: receive failed (%d)",
-                          rc);
+        return client_status(st, KVF_STATUS_INTERNAL,
+                             "kvf_chunk_stream_result: receive failed (%d)", rc);
     Kvfence__V1__SubmitChunkResult *r = kvfence__v1__submit_chunk_result__unpack(NULL, len, msg);
     free(msg);
     if (!r)
-        return set_status(st, KVF_STATUS_INTERNAL, "kvf_chunk_stream_result: malformed result");
+        return client_status(st, KVF_STATUS_INTERNAL, "kvf_chunk_stream_result: malformed result");
     size_t o = atomic_load(&s->outstanding);
     while (o > 0 && !atomic_compare_exchange_weak(&s->outstanding, &o, o - 1)) {
     }
@@ -1381,8 +1374,8 @@ int kvf_chunk_stream_close_send(kvf_chunk_stream *s, struct kvf_status *st)
         return bad_arg(st, "kvf_chunk_stream_close_send", "stream is required");
     int rc = kvf_rpc_client_stream_half_close(s->cs);
     if (rc != 0 && rc != -EALREADY)
-        return set_status(st, KVF_STATUS_UNAVAILABLE, "kvf_chunk_stream_close_send: failed (%d)",
-                          rc);
+        return client_status(st, KVF_STATUS_UNAVAILABLE, "kvf_chunk_stream_close_send: failed (%d)",
+                             rc);
     return ok_status(st);
 }
 

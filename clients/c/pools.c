@@ -217,6 +217,25 @@ int kvf_register_pool_buffers(kvf_node_client *n, const struct kvf_buffer_pool *
 
 /* ---- the engines' own terms ----------------------------------------------------------- */
 
+/* The end of an engine's registration: when `rc` is 0 (the buffers laid out
+ * without error), registers the `nb` buffers `b` as one pool; frees `b`
+ * either way. Returns rc, or kvf_register_pool_buffers()'s result. */
+static int register_buffers_free(kvf_node_client *n, int rc, struct kvf_pool_buffer *b, size_t nb,
+                                 uint32_t page_count, uint32_t rank, const char *pool_key,
+                                 uint32_t *pool_id_out, struct kvf_status *st)
+{
+    if (rc == 0) {
+        struct kvf_buffer_pool p = {.buffers = b,
+                                    .n_buffers = nb,
+                                    .page_count = page_count,
+                                    .rank = rank,
+                                    .pool_key = pool_key};
+        rc = kvf_register_pool_buffers(n, &p, pool_id_out, st);
+    }
+    free(b);
+    return rc;
+}
+
 int kvf_register_pool_sglang(kvf_node_client *n, const uint64_t *ptrs, const uint64_t *lens,
                              const uint64_t *item_lens, size_t count, uint32_t page_count,
                              uint32_t rank, const char *pool_key, uint32_t *pool_id_out,
@@ -257,16 +276,7 @@ int kvf_register_pool_sglang(kvf_node_client *n, const uint64_t *ptrs, const uin
                                         .size = lens[i],
                                         .page_size = (uint32_t)item_lens[i]};
     }
-    if (rc == 0) {
-        struct kvf_buffer_pool p = {.buffers = b,
-                                    .n_buffers = count,
-                                    .page_count = page_count,
-                                    .rank = rank,
-                                    .pool_key = pool_key};
-        rc = kvf_register_pool_buffers(n, &p, pool_id_out, st);
-    }
-    free(b);
-    return rc;
+    return register_buffers_free(n, rc, b, count, page_count, rank, pool_key, pool_id_out, st);
 }
 
 int kvf_register_pool_vllm(kvf_node_client *n, const struct kvf_vllm_layer *layers, size_t n_layers,
@@ -302,14 +312,5 @@ int kvf_register_pool_vllm(kvf_node_client *n, const struct kvf_vllm_layer *laye
                                                .size = half,
                                                .page_size = (uint32_t)(half / num_blocks)};
     }
-    if (rc == 0) {
-        struct kvf_buffer_pool p = {.buffers = b,
-                                    .n_buffers = nb,
-                                    .page_count = num_blocks,
-                                    .rank = rank,
-                                    .pool_key = pool_key};
-        rc = kvf_register_pool_buffers(n, &p, pool_id_out, st);
-    }
-    free(b);
-    return rc;
+    return register_buffers_free(n, rc, b, nb, num_blocks, rank, pool_key, pool_id_out, st);
 }

@@ -133,6 +133,34 @@ int cli_call_paged(struct cli *c, const char *method, const ProtobufCMessage *re
     }
 }
 
+int cli_call_view(struct cli *c, const char *full_method, const ProtobufCMessage *req,
+                  const ProtobufCMessageDescriptor *rd, ProtobufCMessage **resp_p)
+{
+    ProtobufCMessage *m = NULL;
+    int rc = cli_call(c, full_method, req, rd, &m);
+    if (rc != EXIT_OK) {
+        return rc;
+    }
+    if (cli_doc(c)) {
+        rc = cli_print_doc(c, m, NULL);
+        protobuf_c_message_free_unpacked(m, NULL);
+        return rc;
+    }
+    *resp_p = m;
+    return EXIT_OK;
+}
+
+int cli_call_paged_view(struct cli *c, const char *method, const ProtobufCMessage *req,
+                        char **page_token, const ProtobufCMessageDescriptor *rd, const char *field,
+                        struct cli_pages *pg)
+{
+    int rc = cli_call_paged(c, method, req, page_token, rd, pg);
+    if (rc == EXIT_OK && cli_doc(c)) {
+        rc = cli_print_pages(c, pg, field);
+    }
+    return rc;
+}
+
 int cli_print_doc(const struct cli *c, const ProtobufCMessage *m, const struct cli_pb_extra *extra)
 {
     enum cli_pb_form form = c->form == CLI_FORM_YAML ? CLI_PB_YAML : CLI_PB_JSON;

@@ -152,6 +152,26 @@ int cli_call_paged(struct cli *c, const char *method, const ProtobufCMessage *re
  */
 int cli_print_pages(const struct cli *c, const struct cli_pages *pg, const char *field);
 
+/*
+ * What a view command does first: cli_call(), and in the document forms
+ * (cli_doc()) the reply printed and freed here. Returns an exit code; on
+ * EXIT_OK in the table forms, *resp_p is the reply for the caller to print as
+ * a table and free (in the document forms it is not written: the caller
+ * returns when rc != EXIT_OK || cli_doc(c)).
+ */
+int cli_call_view(struct cli *c, const char *full_method, const ProtobufCMessage *req,
+                  const ProtobufCMessageDescriptor *rd, ProtobufCMessage **resp_p);
+
+/*
+ * The same for a listing: cli_call_paged(), and in the document forms the
+ * pages printed as one reply of `field` (cli_print_pages()). The caller frees
+ * *pg, also on error, and prints the table unless rc != EXIT_OK ||
+ * cli_doc(c).
+ */
+int cli_call_paged_view(struct cli *c, const char *method, const ProtobufCMessage *req,
+                        char **page_token, const ProtobufCMessageDescriptor *rd, const char *field,
+                        struct cli_pages *pg);
+
 /* Prints `m` in the document form of `c` (JSON or YAML). */
 int cli_print_doc(const struct cli *c, const ProtobufCMessage *m, const struct cli_pb_extra *extra);
 

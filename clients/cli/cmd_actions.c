@@ -28,14 +28,9 @@ int cli_cmd_abort(struct cli *c)
     rq.room = &key;
     rq.detail = c->reason ? (char *)c->reason : "kvfence abort";
     ProtobufCMessage *m = NULL;
-    int rc = cli_call(c, "/kvfence.v1.Admin/AdminAbortRoom", &rq.base,
-                      &kvfence__v1__abort_room_response__descriptor, &m);
-    if (rc != EXIT_OK) {
-        return rc;
-    }
-    if (cli_doc(c)) {
-        rc = cli_print_doc(c, m, NULL);
-        protobuf_c_message_free_unpacked(m, NULL);
+    int rc = cli_call_view(c, "/kvfence.v1.Admin/AdminAbortRoom", &rq.base,
+                           &kvfence__v1__abort_room_response__descriptor, &m);
+    if (rc != EXIT_OK || cli_doc(c)) {
         return rc;
     }
     const Kvfence__V1__AbortRoomResponse *r = (const Kvfence__V1__AbortRoomResponse *)m;
@@ -62,14 +57,9 @@ int cli_cmd_fence(struct cli *c)
     Kvfence__V1__FenceNodeRequest rq = KVFENCE__V1__FENCE_NODE_REQUEST__INIT;
     rq.node_id = (char *)c->args[0];
     ProtobufCMessage *m = NULL;
-    int rc = cli_call(c, "/kvfence.v1.Admin/FenceNode", &rq.base,
-                      &kvfence__v1__fence_node_response__descriptor, &m);
-    if (rc != EXIT_OK) {
-        return rc;
-    }
-    if (cli_doc(c)) {
-        rc = cli_print_doc(c, m, NULL);
-        protobuf_c_message_free_unpacked(m, NULL);
+    int rc = cli_call_view(c, "/kvfence.v1.Admin/FenceNode", &rq.base,
+                           &kvfence__v1__fence_node_response__descriptor, &m);
+    if (rc != EXIT_OK || cli_doc(c)) {
         return rc;
     }
     const Kvfence__V1__FenceNodeResponse *r = (const Kvfence__V1__FenceNodeResponse *)m;

@@ -24,45 +24,60 @@ static const char *ms_cell(uint64_t ms, char *b, size_t len)
     return cli_fmt_duration(ms, b, len);
 }
 
+/* A string cell: the string, "-" when unset or empty. */
+static const char *str_cell(const char *s)
+{
+    return s && s[0] ? s : "-";
+}
+
+/* A number cell where 0 means unset: "-". */
+static void u32_cell(struct cli_table *t, uint32_t v)
+{
+    if (v) {
+        cli_table_cell(t, "%u", v);
+    } else {
+        cli_table_cell(t, "-");
+    }
+}
+
+/* Appends item `k` (`s`) to the comma-separated list in b, *off long so
+ * far; a list cut short at `len` stays a string. */
+static void list_append(char *b, size_t len, size_t *off, size_t k, const char *s)
+{
+    if (*off >= len) {
+        return;
+    }
+    int w = snprintf(b + *off, len - *off, "%s%s", k ? "," : "", s);
+    *off += w > 0 ? (size_t)w : 0;
+}
+
 static const char *features_cell(const Kvfence__V1__NodeInfo *n, char *b, size_t len)
 {
     size_t off = 0;
     b[0] = '\0';
-    for (size_t k = 0; n->capabilities && k < n->capabilities->n_features && off < len; k++) {
-        int w = snprintf(b + off, len - off, "%s%s", k ? "," : "", n->capabilities->features[k]);
-        off += w > 0 ? (size_t)w : 0;
+    for (size_t k = 0; n->capabilities && k < n->capabilities->n_features; k++) {
+        list_append(b, len, &off, k, n->capabilities->features[k]);
     }
-    if (!b[0]) {
-        snprintf(b, len, "-");
-    }
-    return b;
+    return str_cell(b);
 }
 
 static const char *endpoints_cell(const Kvfence__V1__NodeInfo *n, char *b, size_t len)
 {
     size_t off = 0;
     b[0] = '\0';
-    for (size_t k = 0; k < n->n_endpoints && off < len; k++) {
-        int w = snprintf(b + off, len - off, "%s%s", k ? "," : "", n->endpoints[k]->address);
-        off += w > 0 ? (size_t)w : 0;
+    for (size_t k = 0; k < n->n_endpoints; k++) {
+        list_append(b, len, &off, k, n->endpoints[k]->address);
     }
-    if (!b[0]) {
-        snprintf(b, len, "-");
-    }
-    return b;
+    return str_cell(b);
 }
 
 int cli_cmd_nodes(struct cli *c)
 {
     Kvfence__V1__ListNodesRequest rq = KVFENCE__V1__LIST_NODES_REQUEST__INIT;
     struct cli_pages pg = {0};
-    int rc = cli_call_paged(c, "ListNodes", &rq.base, &rq.page_token,
-                            &kvfence__v1__list_nodes_response__descriptor, &pg);
-    if (rc != EXIT_OK) {
-        goto out;
-    }
-    if (cli_doc(c)) {
-        rc = cli_print_pages(c, &pg, "nodes");
+    int rc = cli_call_paged_view(c, "ListNodes", &rq.base, &rq.page_token,
+                                 &kvfence__v1__list_nodes_response__descriptor, "nodes", &pg);
+    if (rc != EXIT_OK || cli_doc(c)) {
         goto out;
     }
     bool wide = c->form == CLI_FORM_WIDE;
@@ -79,11 +94,7 @@ int cli_cmd_nodes(struct cli *c)
             cli_table_cell(&t, "%s", n->node_id);
             cli_table_cell(&t, "%" PRIu64, n->incarnation);
             cli_table_cell(&t, "%s", NODE_STATE_NAME(n->state, b));
-            if (n->protocol_version) {
-                cli_table_cell(&t, "%u", n->protocol_version);
-            } else {
-                cli_table_cell(&t, "-");
-            }
+            u32_cell(&t, n->protocol_version);
             cli_table_cell(&t, "%u", n->room_count);
             cli_table_cell(&t, "%zu", n->n_pools);
             cli_table_cell(&t, "%u", n->notices_pending);
@@ -93,9 +104,7 @@ int cli_cmd_nodes(struct cli *c)
                 cli_table_cell(&t, "%u", n->fenced_by);
                 cli_table_cell(&t, "%s", features_cell(n, big, sizeof big));
                 cli_table_cell(&t, "%s", endpoints_cell(n, big, sizeof big));
-                cli_table_cell(&t, "%s",
-                               n->software_version && n->software_version[0] ? n->software_version
-                                                                             : "-");
+                cli_table_cell(&t, "%s", str_cell(n->software_version));
             }
         }
     }
@@ -157,14 +166,9 @@ int cli_cmd_node(struct cli *c)
     Kvfence__V1__GetNodeRequest rq = KVFENCE__V1__GET_NODE_REQUEST__INIT;
     rq.node_id = (char *)c->args[0];
     ProtobufCMessage *m = NULL;
-    int rc =
-        cli_call(c, "/kvfence.v1.Admin/GetNode", &rq.base, &kvfence__v1__node_info__descriptor, &m);
-    if (rc != EXIT_OK) {
-        return rc;
-    }
-    if (cli_doc(c)) {
-        rc = cli_print_doc(c, m, NULL);
-        protobuf_c_message_free_unpacked(m, NULL);
+    int rc = cli_call_view(c, "/kvfence.v1.Admin/GetNode", &rq.base,
+                           &kvfence__v1__node_info__descriptor, &m);
+    if (rc != EXIT_OK || cli_doc(c)) {
         return rc;
     }
     const Kvfence__V1__NodeInfo *n = (const Kvfence__V1__NodeInfo *)m;
@@ -193,8 +197,7 @@ int cli_cmd_node(struct cli *c)
         cli_table_cell(&kv, "none");
     }
     cli_table_cell(&kv, "software version:");
-    cli_table_cell(&kv, "%s",
-                   n->software_version && n->software_version[0] ? n->software_version : "-");
+    cli_table_cell(&kv, "%s", str_cell(n->software_version));
     cli_table_cell(&kv, "protocol:");
     if (n->capabilities) {
         cli_table_cell(&kv, "%u (advertised %u..%u)", n->protocol_version,
@@ -222,7 +225,7 @@ int cli_cmd_node(struct cli *c)
             cli_table_cell(&t, "%u", pl->pool_id);
             cli_table_cell(&t, "%u", pl->page_size);
             cli_table_cell(&t, "%u", pl->page_count);
-            cli_table_cell(&t, "%s", pl->pool_key && pl->pool_key[0] ? pl->pool_key : "-");
+            cli_table_cell(&t, "%s", str_cell(pl->pool_key));
         }
         printf("\n");
         rc = cli_finish_table(c, &t);
@@ -245,13 +248,9 @@ int cli_cmd_rooms(struct cli *c)
     rq.node_id = c->node ? (char *)c->node : "";
     rq.min_age_ms = c->min_age_ms;
     struct cli_pages pg = {0};
-    int rc = cli_call_paged(c, "ListRooms", &rq.base, &rq.page_token,
-                            &kvfence__v1__list_rooms_response__descriptor, &pg);
-    if (rc != EXIT_OK) {
-        goto out;
-    }
-    if (cli_doc(c)) {
-        rc = cli_print_pages(c, &pg, "rooms");
+    int rc = cli_call_paged_view(c, "ListRooms", &rq.base, &rq.page_token,
+                                 &kvfence__v1__list_rooms_response__descriptor, "rooms", &pg);
+    if (rc != EXIT_OK || cli_doc(c)) {
         goto out;
     }
     bool wide = c->form == CLI_FORM_WIDE;
@@ -278,11 +277,7 @@ int cli_cmd_rooms(struct cli *c)
             if (wide) {
                 cli_table_cell(&t, "%u", ri->expected_sources);
                 cli_table_cell(&t, "%u", ri->expected_sinks);
-                if (ri->protocol_version) {
-                    cli_table_cell(&t, "%u", ri->protocol_version);
-                } else {
-                    cli_table_cell(&t, "-");
-                }
+                u32_cell(&t, ri->protocol_version);
             }
         }
     }
@@ -309,11 +304,7 @@ static void room_block(struct cli_table *kv, const Kvfence__V1__RoomInfo *r)
     cli_table_cell(kv, "%u of %u (%u sources, %u sinks)", r->participant_count,
                    r->expected_sources + r->expected_sinks, r->expected_sources, r->expected_sinks);
     cli_table_cell(kv, "protocol version:");
-    if (r->protocol_version) {
-        cli_table_cell(kv, "%u", r->protocol_version);
-    } else {
-        cli_table_cell(kv, "-");
-    }
+    u32_cell(kv, r->protocol_version);
     cli_table_cell(kv, "age:");
     cli_table_cell(kv, "%s", cli_fmt_duration(r->age_ms, b, sizeof b));
     cli_table_cell(kv, "state age:");
@@ -330,14 +321,9 @@ int cli_cmd_room(struct cli *c)
     Kvfence__V1__GetRoomRequest rq = KVFENCE__V1__GET_ROOM_REQUEST__INIT;
     rq.room = &key;
     ProtobufCMessage *m = NULL;
-    int rc =
-        cli_call(c, "/kvfence.v1.Admin/GetRoom", &rq.base, &kvfence__v1__room_info__descriptor, &m);
-    if (rc != EXIT_OK) {
-        return rc;
-    }
-    if (cli_doc(c)) {
-        rc = cli_print_doc(c, m, NULL);
-        protobuf_c_message_free_unpacked(m, NULL);
+    int rc = cli_call_view(c, "/kvfence.v1.Admin/GetRoom", &rq.base,
+                           &kvfence__v1__room_info__descriptor, &m);
+    if (rc != EXIT_OK || cli_doc(c)) {
         return rc;
     }
     const Kvfence__V1__RoomInfo *r = (const Kvfence__V1__RoomInfo *)m;
@@ -395,13 +381,9 @@ int cli_cmd_leases(struct cli *c)
     rq.states = (Kvfence__V1__LeaseState *)c->states;
     rq.room_id = c->room_id;
     struct cli_pages pg = {0};
-    int rc = cli_call_paged(c, "ListLeases", &rq.base, &rq.page_token,
-                            &kvfence__v1__list_leases_response__descriptor, &pg);
-    if (rc != EXIT_OK) {
-        goto out;
-    }
-    if (cli_doc(c)) {
-        rc = cli_print_pages(c, &pg, "leases");
+    int rc = cli_call_paged_view(c, "ListLeases", &rq.base, &rq.page_token,
+                                 &kvfence__v1__list_leases_response__descriptor, "leases", &pg);
+    if (rc != EXIT_OK || cli_doc(c)) {
         goto out;
     }
     bool wide = c->form == CLI_FORM_WIDE;
@@ -449,14 +431,9 @@ int cli_cmd_stats(struct cli *c)
 {
     Kvfence__V1__GetStatsRequest rq = KVFENCE__V1__GET_STATS_REQUEST__INIT;
     ProtobufCMessage *m = NULL;
-    int rc =
-        cli_call(c, "/kvfence.v1.Admin/GetStats", &rq.base, &kvfence__v1__stats__descriptor, &m);
-    if (rc != EXIT_OK) {
-        return rc;
-    }
-    if (cli_doc(c)) {
-        rc = cli_print_doc(c, m, NULL);
-        protobuf_c_message_free_unpacked(m, NULL);
+    int rc = cli_call_view(c, "/kvfence.v1.Admin/GetStats", &rq.base,
+                           &kvfence__v1__stats__descriptor, &m);
+    if (rc != EXIT_OK || cli_doc(c)) {
         return rc;
     }
     const Kvfence__V1__Stats *s = (const Kvfence__V1__Stats *)m;

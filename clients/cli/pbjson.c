@@ -143,6 +143,20 @@ enum text_kind {
     TEXT_QUOTED, /* a string YAML must quote too: 64-bit integers, base64 */
 };
 
+/* An integer's decimal text into buf; `kind` says whether it is quoted (the
+ * 64-bit ones are, in protobuf's JSON mapping). */
+static enum text_kind int_text(int64_t v, enum text_kind kind, char *buf, size_t len)
+{
+    snprintf(buf, len, "%" PRId64, v);
+    return kind;
+}
+
+static enum text_kind uint_text(uint64_t v, enum text_kind kind, char *buf, size_t len)
+{
+    snprintf(buf, len, "%" PRIu64, v);
+    return kind;
+}
+
 /* The text of a non-message, non-string, non-bytes value into buf. */
 static enum text_kind scalar_text(const ProtobufCFieldDescriptor *fd, const void *p, char *buf,
                                   size_t len)
@@ -151,21 +165,17 @@ static enum text_kind scalar_text(const ProtobufCFieldDescriptor *fd, const void
     case PROTOBUF_C_TYPE_INT32:
     case PROTOBUF_C_TYPE_SINT32:
     case PROTOBUF_C_TYPE_SFIXED32:
-        snprintf(buf, len, "%" PRId32, *(const int32_t *)p);
-        return TEXT_BARE;
+        return int_text(*(const int32_t *)p, TEXT_BARE, buf, len);
     case PROTOBUF_C_TYPE_UINT32:
     case PROTOBUF_C_TYPE_FIXED32:
-        snprintf(buf, len, "%" PRIu32, *(const uint32_t *)p);
-        return TEXT_BARE;
+        return uint_text(*(const uint32_t *)p, TEXT_BARE, buf, len);
     case PROTOBUF_C_TYPE_INT64:
     case PROTOBUF_C_TYPE_SINT64:
     case PROTOBUF_C_TYPE_SFIXED64:
-        snprintf(buf, len, "%" PRId64, *(const int64_t *)p);
-        return TEXT_QUOTED;
+        return int_text(*(const int64_t *)p, TEXT_QUOTED, buf, len);
     case PROTOBUF_C_TYPE_UINT64:
     case PROTOBUF_C_TYPE_FIXED64:
-        snprintf(buf, len, "%" PRIu64, *(const uint64_t *)p);
-        return TEXT_QUOTED;
+        return uint_text(*(const uint64_t *)p, TEXT_QUOTED, buf, len);
     case PROTOBUF_C_TYPE_FLOAT:
     case PROTOBUF_C_TYPE_DOUBLE: {
         double d =
@@ -201,36 +211,46 @@ static enum text_kind scalar_text(const ProtobufCFieldDescriptor *fd, const void
     }
 }
 
+/* The two-character JSON escape of `c`, or NULL for a character that has
+ * none (printed as itself, or as \u00XX when it is a control character). */
+static const char *json_escape(unsigned char c)
+{
+    switch (c) {
+    case '"':
+        return "\\\"";
+    case '\\':
+        return "\\\\";
+    case '\n':
+        return "\\n";
+    case '\r':
+        return "\\r";
+    case '\t':
+        return "\\t";
+    default:
+        return NULL;
+    }
+}
+
 static void put_json_string(FILE *f, const char *s, size_t len)
 {
     fputc('"', f);
     for (size_t i = 0; i < len; i++) {
         unsigned char c = (unsigned char)s[i];
-        switch (c) {
-        case '"':
-            fputs("\\\"", f);
-            break;
-        case '\\':
-            fputs("\\\\", f);
-            break;
-        case '\n':
-            fputs("\\n", f);
-            break;
-        case '\r':
-            fputs("\\r", f);
-            break;
-        case '\t':
-            fputs("\\t", f);
-            break;
-        default:
-            if (c < 0x20 || c == 0x7f) {
-                fprintf(f, "\\u%04x", c);
-            } else {
-                fputc(c, f);
-            }
+        const char *esc = json_escape(c);
+        if (esc) {
+            fputs(esc, f);
+        } else if (c < 0x20 || c == 0x7f) {
+            fprintf(f, "\\u%04x", c);
+        } else {
+            fputc(c, f);
         }
     }
     fputc('"', f);
+}
+
+static void put_json_cstr(FILE *f, const char *s)
+{
+    put_json_string(f, s, strlen(s));
 }
 
 static void put_base64(FILE *f, const uint8_t *d, size_t len)
@@ -267,7 +287,7 @@ static void json_value(FILE *f, const ProtobufCFieldDescriptor *fd, const void *
     case PROTOBUF_C_TYPE_STRING: {
         const char *s = *(char *const *)p;
         s = s ? s : "";
-        put_json_string(f, s, strlen(s));
+        put_json_cstr(f, s);
         return;
     }
     case PROTOBUF_C_TYPE_BYTES: {
@@ -279,7 +299,7 @@ static void json_value(FILE *f, const ProtobufCFieldDescriptor *fd, const void *
         if (scalar_text(fd, p, buf, sizeof buf) == TEXT_BARE) {
             fputs(buf, f);
         } else {
-            put_json_string(f, buf, strlen(buf));
+            put_json_cstr(f, buf);
         }
     }
 }
@@ -289,9 +309,9 @@ static void json_message(FILE *f, const ProtobufCMessage *m, const struct cli_pb
     bool first = true;
     fputc('{', f);
     if (extra != NULL) {
-        put_json_string(f, extra->key, strlen(extra->key));
+        put_json_cstr(f, extra->key);
         fputc(':', f);
-        put_json_string(f, extra->value, strlen(extra->value));
+        put_json_cstr(f, extra->value);
         first = false;
     }
     for (unsigned i = 0; m != NULL && i < m->descriptor->n_fields; i++) {
@@ -306,7 +326,7 @@ static void json_message(FILE *f, const ProtobufCMessage *m, const struct cli_pb
             fputc(',', f);
         }
         first = false;
-        put_json_string(f, name, strlen(name));
+        put_json_cstr(f, name);
         fputc(':', f);
         if (fd->label != PROTOBUF_C_LABEL_REPEATED) {
             json_value(f, fd, field_elem(m, fd, 0));
@@ -370,7 +390,7 @@ static void yaml_scalar(FILE *f, const ProtobufCFieldDescriptor *fd, const void 
     if (k == TEXT_BARE || (k == TEXT_STRING && yaml_plain_ok(s))) {
         fputs(s, f);
     } else {
-        put_json_string(f, s, strlen(s)); /* a JSON string is a YAML double-quoted one */
+        put_json_cstr(f, s); /* a JSON string is a YAML double-quoted one */
     }
 }
 
@@ -450,7 +470,7 @@ int cli_pb_print(FILE *f, const ProtobufCMessage *m, enum cli_pb_form form,
         struct yaml_w w = {.f = f, .dash = false};
         if (extra != NULL) {
             fprintf(f, "%s: ", extra->key);
-            put_json_string(f, extra->value, strlen(extra->value));
+            put_json_cstr(f, extra->value);
             fputc('\n', f);
         }
         if (extra == NULL && message_empty(m)) {

@@ -14,6 +14,7 @@
  * and joins the MHD thread before the server is freed.
  */
 #include "http.h"
+#include "kvf_file.h"
 #include "kvf_log.h"
 
 #include <arpa/inet.h>
@@ -230,6 +231,41 @@ err_stop_daemon:
 err_free_srv:
     free(srv);
     return rc;
+}
+
+int kvf_metrics_http_serve(struct kvf_metrics *reg, const char *listen_addr, const char *port_file,
+                           struct kvf_metrics_http **srv_p)
+{
+    if (!srv_p) {
+        return -EINVAL;
+    }
+    if (!listen_addr || !reg) {
+        *srv_p = NULL;
+        return 0;
+    }
+    struct kvf_metrics_http_opts opts;
+    kvf_metrics_http_opts_init(&opts);
+    opts.listen_addr = listen_addr;
+    struct kvf_metrics_http *srv = NULL;
+    uint16_t port = 0;
+    int rc = kvf_metrics_http_start(reg, &opts, &srv, &port);
+    if (rc < 0) {
+        kvf_log("error", "cannot serve metrics on %s: %s (continuing without)", listen_addr,
+                strerror(-rc));
+        *srv_p = NULL;
+        return 0;
+    }
+    kvf_log("info", "metrics on http://%s/metrics (port %u)", listen_addr, (unsigned)port);
+    if (port_file) {
+        rc = kvf_file_printf(port_file, 0, "%u\n", (unsigned)port);
+        if (rc < 0) {
+            kvf_log("error", "cannot write metrics port file %s: %s", port_file, strerror(-rc));
+            kvf_metrics_http_stop(srv);
+            return rc;
+        }
+    }
+    *srv_p = srv;
+    return 0;
 }
 
 uint16_t kvf_metrics_http_port(const struct kvf_metrics_http *srv)

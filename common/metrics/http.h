@@ -44,6 +44,18 @@ void kvf_metrics_http_opts_init(struct kvf_metrics_http_opts *opts);
 int kvf_metrics_http_start(struct kvf_metrics *reg, const struct kvf_metrics_http_opts *opts,
                            struct kvf_metrics_http **srv_p, uint16_t *port_p);
 
+/* A daemon's metrics endpoint, started the one way every daemon starts it:
+ * serves `reg` on `listen_addr`, logs the URL and port, then writes the port
+ * and a newline to `port_file` (when not NULL), the file a starter waits on.
+ * An endpoint that cannot start is logged and is no error: the daemon runs on
+ * without metrics. Returns 0 and writes `*srv_p` (the server, or NULL when
+ * `listen_addr` or `reg` is NULL or the start failed); -EINVAL for a NULL
+ * srv_p; or the -errno of a port file that cannot be written, logged, with the
+ * server stopped again and `*srv_p` untouched. Stop it with
+ * kvf_metrics_http_stop(). */
+int kvf_metrics_http_serve(struct kvf_metrics *reg, const char *listen_addr, const char *port_file,
+                           struct kvf_metrics_http **srv_p);
+
 /* The port the server is bound to. */
 uint16_t kvf_metrics_http_port(const struct kvf_metrics_http *srv);
 

@@ -79,23 +79,32 @@ static int xp_index(int transport)
     }
 }
 
-/* Registers one family and looks up one child per row of `values` (each
- * row `nlabels` values); children land in out[row]. 0 or -errno. */
-static int family(struct kvf_metrics *reg, enum fam_type type, const char *name, const char *help,
-                  const char *const *labels, const char *const *values, size_t nlabels, size_t rows,
-                  struct kvf_metric **out)
+/* One metric family of the node: its type, name and help, its label names
+ * (NULL-terminated; NULL: none), `rows` rows of `nlabels` label values, and
+ * where the child of each row goes (out[row]). */
+struct family_row {
+    enum fam_type type;
+    const char *name, *help;
+    const char *const *labels;
+    const char *const *values;
+    size_t nlabels, rows;
+    struct kvf_metric **out;
+};
+
+/* Registers the family of `f` and looks up one child per row. 0 or -errno. */
+static int family(struct kvf_metrics *reg, const struct family_row *f)
 {
     struct kvf_metric_vec *vec;
     int rc;
-    if (type == FAM_COUNTER)
-        rc = kvf_metrics_counter_vec(reg, name, help, labels, &vec);
-    else if (type == FAM_GAUGE)
-        rc = kvf_metrics_gauge_vec(reg, name, help, labels, &vec);
+    if (f->type == FAM_COUNTER)
+        rc = kvf_metrics_counter_vec(reg, f->name, f->help, f->labels, &vec);
+    else if (f->type == FAM_GAUGE)
+        rc = kvf_metrics_gauge_vec(reg, f->name, f->help, f->labels, &vec);
     else
-        rc = kvf_metrics_histogram_vec(reg, name, help, labels, chunk_bounds,
+        rc = kvf_metrics_histogram_vec(reg, f->name, f->help, f->labels, chunk_bounds,
                                        sizeof chunk_bounds / sizeof *chunk_bounds, &vec);
-    for (size_t i = 0; rc == 0 && i < rows; i++)
-        rc = kvf_metric_child(vec, nlabels ? values + i * nlabels : NULL, &out[i]);
+    for (size_t i = 0; rc == 0 && i < f->rows; i++)
+        rc = kvf_metric_child(vec, f->nlabels ? f->values + i * f->nlabels : NULL, &f->out[i]);
     return rc;
 }
 
@@ -139,54 +148,46 @@ struct node_metrics *node_metrics_create(const char *version, node_metrics_rooms
     }
     struct kvf_metrics *reg = m->reg;
     int rc = kvf_metrics_process_add(reg, version);
-    if (rc == 0)
-        rc = family(reg, FAM_COUNTER, "kvfence_node_bytes_total",
-                    "Payload bytes moved: sent = source frames completed OK, received = frames "
-                    "that landed in a local sink's pages.",
-                    td, tdv, 2, XP_COUNT * DIR_COUNT, &m->bytes[0][0]);
-    if (rc == 0)
-        rc = family(reg, FAM_COUNTER, "kvfence_node_frames_total",
-                    "Frames moved (RDMA received: page ranges of checked ChunkNotices).", td, tdv,
-                    2, XP_COUNT * DIR_COUNT, &m->frames[0][0]);
-    if (rc == 0)
-        rc = family(reg, FAM_GAUGE, "kvfence_node_ops_in_flight",
-                    "Chunks accepted by SubmitChunk whose frames have not all ended.", t, xp_names,
-                    1, XP_COUNT, m->in_flight);
-    if (rc == 0)
-        rc = family(reg, FAM_HISTOGRAM, "kvfence_node_chunk_latency_seconds",
-                    "Time from a chunk's SubmitChunk to the end of its last frame, on the source "
-                    "node.",
-                    t, xp_names, 1, XP_COUNT, m->latency);
-    if (rc == 0)
-        rc = family(reg, FAM_COUNTER, "kvfence_node_chunks_total",
-                    "Chunks that ended, by transport and outcome (failed: a frame failed).", to,
-                    tov, 2, XP_COUNT * 2, &m->chunks[0][0]);
-    if (rc == 0)
-        rc = family(reg, FAM_COUNTER, "kvfence_node_frames_refused_total",
-                    "Incoming frames (and RDMA ChunkNotices) refused, by reason; each fails its "
-                    "room.",
-                    reason, refusal_names, 1, NODE_REFUSED_REASONS, m->refused);
-    if (rc == 0)
-        rc = family(reg, FAM_COUNTER, "kvfence_node_frames_late_total",
-                    "Incoming frames dropped because their room's admission had closed (aborting, "
-                    "drained) or their sink had completed.",
-                    NULL, NULL, 0, 1, &m->late);
-    if (rc == 0)
-        rc = family(reg, FAM_COUNTER, "kvfence_node_peers_fenced_total",
-                    "Peers this node fenced (FencePeer requests, and the peers of a self-fence).",
-                    NULL, NULL, 0, 1, &m->peers_fenced);
-    if (rc == 0)
-        rc = family(reg, FAM_COUNTER, "kvfence_node_self_fences_total",
-                    "Times this node fenced itself and took a new incarnation (node_ttl passed "
-                    "without a session).",
-                    NULL, NULL, 0, 1, &m->self_fences);
-    if (rc == 0)
-        rc = family(reg, FAM_GAUGE, "kvfence_node_pools", "Memory pools registered.", NULL, NULL, 0,
-                    1, &m->pools);
-    if (rc == 0)
-        rc = family(reg, FAM_GAUGE, "kvfence_node_session_connected",
-                    "1 while a session with the control plane is up and welcomed, else 0.", NULL,
-                    NULL, 0, 1, &m->session);
+    const struct family_row families[] = {
+        {FAM_COUNTER, "kvfence_node_bytes_total",
+         "Payload bytes moved: sent = source frames completed OK, received = frames "
+         "that landed in a local sink's pages.",
+         td, tdv, 2, XP_COUNT * DIR_COUNT, &m->bytes[0][0]},
+        {FAM_COUNTER, "kvfence_node_frames_total",
+         "Frames moved (RDMA received: page ranges of checked ChunkNotices).", td, tdv, 2,
+         XP_COUNT * DIR_COUNT, &m->frames[0][0]},
+        {FAM_GAUGE, "kvfence_node_ops_in_flight",
+         "Chunks accepted by SubmitChunk whose frames have not all ended.", t, xp_names, 1,
+         XP_COUNT, m->in_flight},
+        {FAM_HISTOGRAM, "kvfence_node_chunk_latency_seconds",
+         "Time from a chunk's SubmitChunk to the end of its last frame, on the source "
+         "node.",
+         t, xp_names, 1, XP_COUNT, m->latency},
+        {FAM_COUNTER, "kvfence_node_chunks_total",
+         "Chunks that ended, by transport and outcome (failed: a frame failed).", to, tov, 2,
+         XP_COUNT * 2, &m->chunks[0][0]},
+        {FAM_COUNTER, "kvfence_node_frames_refused_total",
+         "Incoming frames (and RDMA ChunkNotices) refused, by reason; each fails its "
+         "room.",
+         reason, refusal_names, 1, NODE_REFUSED_REASONS, m->refused},
+        {FAM_COUNTER, "kvfence_node_frames_late_total",
+         "Incoming frames dropped because their room's admission had closed (aborting, "
+         "drained) or their sink had completed.",
+         NULL, NULL, 0, 1, &m->late},
+        {FAM_COUNTER, "kvfence_node_peers_fenced_total",
+         "Peers this node fenced (FencePeer requests, and the peers of a self-fence).", NULL, NULL,
+         0, 1, &m->peers_fenced},
+        {FAM_COUNTER, "kvfence_node_self_fences_total",
+         "Times this node fenced itself and took a new incarnation (node_ttl passed "
+         "without a session).",
+         NULL, NULL, 0, 1, &m->self_fences},
+        {FAM_GAUGE, "kvfence_node_pools", "Memory pools registered.", NULL, NULL, 0, 1, &m->pools},
+        {FAM_GAUGE, "kvfence_node_session_connected",
+         "1 while a session with the control plane is up and welcomed, else 0.", NULL, NULL, 0, 1,
+         &m->session},
+    };
+    for (size_t i = 0; rc == 0 && i < sizeof families / sizeof families[0]; i++)
+        rc = family(reg, &families[i]);
     m->rooms_fn = rooms;
     m->rooms_ctx = ctx;
     if (rc == 0 && rooms)

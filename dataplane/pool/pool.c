@@ -228,6 +228,16 @@ static bool io_in_range(const struct kvf_pool *pool, uint64_t offset, size_t len
     return offset <= total && (uint64_t)len <= total - offset;
 }
 
+/* Counts one copy of `len` bytes into (to_pool) or out of `pool`: the
+ * figures logged when it is unregistered. */
+static void io_count(struct kvf_pool *pool, uint64_t len, bool to_pool)
+{
+    atomic_fetch_add_explicit(to_pool ? &pool->io_writes : &pool->io_reads, 1,
+                              memory_order_relaxed);
+    atomic_fetch_add_explicit(to_pool ? &pool->io_write_bytes : &pool->io_read_bytes, len,
+                              memory_order_relaxed);
+}
+
 /* Copies `len` bytes between the pool at `offset` and host memory: into the
  * pool from `host_src` (to_pool), else out of it into `host_dst`; through the
  * CUDA runtime for a CUDA pool. Counts the copy. */
@@ -249,12 +259,8 @@ static int pool_io(struct kvf_pool *pool, uint64_t offset, void *host_dst, const
         rc = pool_cuda_copy(pool, dst, src, len, to_pool);
     else
         memcpy(dst, src, len);
-    if (rc == 0) {
-        atomic_fetch_add_explicit(to_pool ? &pool->io_writes : &pool->io_reads, 1,
-                                  memory_order_relaxed);
-        atomic_fetch_add_explicit(to_pool ? &pool->io_write_bytes : &pool->io_read_bytes, len,
-                                  memory_order_relaxed);
-    }
+    if (rc == 0)
+        io_count(pool, len, to_pool);
     return rc;
 }
 
@@ -279,12 +285,8 @@ int pool_io_2d(struct kvf_pool *pool, uint64_t offset, uint8_t *host, size_t hos
                 memcpy(host + r * host_pitch, at + r * width, width);
         }
     }
-    if (rc == 0) {
-        atomic_fetch_add_explicit(to_pool ? &pool->io_writes : &pool->io_reads, 1,
-                                  memory_order_relaxed);
-        atomic_fetch_add_explicit(to_pool ? &pool->io_write_bytes : &pool->io_read_bytes, len,
-                                  memory_order_relaxed);
-    }
+    if (rc == 0)
+        io_count(pool, len, to_pool);
     return rc;
 }
 

@@ -732,6 +732,23 @@ static int rx_into_device(struct tcp_rx *rx, struct kvf_pool *dev, uint64_t at, 
     return 0;
 }
 
+/* An admitted frame refused after all (its pool went away, or its layout
+ * differs): its op retired as an error, on_frame told `err`, its payload read
+ * past. 0 to read the next frame, else recv_drop's error (the connection
+ * ends). */
+static int rx_refuse_admitted(struct tcp_rx *rx, const struct tcp_hdr *h, struct kvf_lt_op *op,
+                              int err, struct rx_idle *idle)
+{
+    struct tcp *t = rx->t;
+    bool drained = kvf_lt_op_retire(op, KVF_LT_DONE_ERROR);
+    CNT_ADD(t, frames_rejected, 1);
+    if (t->opts.on_frame)
+        t->opts.on_frame(t->opts.ctx, rx->peer, h->room, h->pool, h->first_page, h->page_count, 0,
+                         err, drained);
+    rx_idle_count(t, idle, 0);
+    return recv_drop(rx->fd, rx->scratch, h->length, &rx->stop);
+}
+
 /* Reads frames until the connection ends, is fenced, or misbehaves. */
 static void rx_frames(struct tcp_rx *rx, struct rx_idle *idle)
 {
@@ -789,13 +806,7 @@ static void rx_frames(struct tcp_rx *rx, struct rx_idle *idle)
         if (atomic_load_explicit(&t->pools_removed, memory_order_acquire) != removed &&
             (!rx_find_pool(t, h.pool, &again, &removed) || again.base != pool.base ||
              again.dev != pool.dev)) {
-            bool gone_drained = kvf_lt_op_retire(&op, KVF_LT_DONE_ERROR);
-            CNT_ADD(t, frames_rejected, 1);
-            if (t->opts.on_frame)
-                t->opts.on_frame(t->opts.ctx, rx->peer, h.room, h.pool, h.first_page, h.page_count,
-                                 0, -ENOENT, gone_drained);
-            rx_idle_count(t, idle, 0);
-            if (recv_drop(rx->fd, rx->scratch, h.length, &rx->stop) != 0)
+            if (rx_refuse_admitted(rx, &h, &op, -ENOENT, idle) != 0)
                 return;
             continue;
         }
@@ -803,13 +814,7 @@ static void rx_frames(struct tcp_rx *rx, struct rx_idle *idle)
          * land scrambled: refused once admitted, so the room fails as for a
          * frame whose pool went away. One span a page takes any layout. */
         if (h.layout && pool.layout && h.layout != pool.layout) {
-            bool lay_drained = kvf_lt_op_retire(&op, KVF_LT_DONE_ERROR);
-            CNT_ADD(t, frames_rejected, 1);
-            if (t->opts.on_frame)
-                t->opts.on_frame(t->opts.ctx, rx->peer, h.room, h.pool, h.first_page, h.page_count,
-                                 0, -EPROTO, lay_drained);
-            rx_idle_count(t, idle, 0);
-            if (recv_drop(rx->fd, rx->scratch, h.length, &rx->stop) != 0)
+            if (rx_refuse_admitted(rx, &h, &op, -EPROTO, idle) != 0)
                 return;
             continue;
         }

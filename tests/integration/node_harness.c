@@ -468,6 +468,23 @@ uint32_t nh_register_pool(struct nh_node *np, const struct nh_pool *p)
     return id;
 }
 
+void nh_unregister_pool(struct nh_node *np, uint32_t pool_id, int64_t timeout_ms)
+{
+    Kvfence__V1__UnregisterPoolRequest req = KVFENCE__V1__UNREGISTER_POOL_REQUEST__INIT;
+    req.pool_id = pool_id;
+    int64_t end = nh_now_ms() + timeout_ms;
+    for (;;) {
+        struct kvf_rpc_status st;
+        int code =
+            nh_call(np->local, "/kvfence.v1.NodeLocal/UnregisterPool", &req.base, NULL, NULL, &st);
+        if (code == KVF_GRPC_OK)
+            return;
+        if (code != KVF_GRPC_FAILED_PRECONDITION || nh_now_ms() > end)
+            fail_msg("UnregisterPool %u on %s: %d %s", pool_id, np->id, code, st.message);
+        nh_sleep_ms(20);
+    }
+}
+
 kvf_room_key nh_join(struct kvf_rpc_channel *ch, uint64_t room_id, uint32_t nsrc, uint32_t nsink,
                      const char *node, uint32_t rank, int role, uint32_t pool_id, uint32_t first,
                      uint32_t count, int64_t timeout_ms, uint64_t *lease_p)
@@ -671,6 +688,25 @@ int nh_submit(struct kvf_rpc_channel *local, kvf_room_key k, const struct nh_chu
     req.aux.len = c->aux_len;
     req.source_lease_pages = c->source_lease_pages;
     return nh_call(local, "/kvfence.v1.NodeLocal/SubmitChunk", &req.base, NULL, NULL, st);
+}
+
+void nh_submit_one_ok(struct nh_node *np, kvf_room_key k, uint32_t source_pool,
+                      const char *sink_node, uint32_t sink_pool, uint32_t sfirst, uint32_t dfirst,
+                      uint32_t count)
+{
+    struct nh_chunk c = {.seq = 1,
+                         .source_pool = source_pool,
+                         .sink_node = sink_node,
+                         .sink_pool = sink_pool,
+                         .n = 1,
+                         .sfirst = {sfirst},
+                         .dfirst = {dfirst},
+                         .count = {count},
+                         .last = true};
+    struct kvf_rpc_status st;
+    int code = nh_submit(np->local, k, &c, &st);
+    if (code != KVF_GRPC_OK)
+        fail_msg("SubmitChunk on %s: %d %s", np->id, code, st.message);
 }
 
 void nh_wait_node_knows(struct nh_node *np, kvf_room_key k, uint32_t source_pool,

@@ -182,6 +182,12 @@ int nh_register_pool_sized(struct nh_node *np, const struct nh_pool *p, uint32_t
 /* The same with the pool's page size; fails the test unless OK. */
 uint32_t nh_register_pool(struct nh_node *np, const struct nh_pool *p);
 
+/* NodeLocal.UnregisterPool of `pool_id` on `np`, retried every 20 ms while
+ * the node still holds a room's lifetime on it (FAILED_PRECONDITION until
+ * it drained), up to `timeout_ms`; fails the test on another answer or the
+ * timeout. */
+void nh_unregister_pool(struct nh_node *np, uint32_t pool_id, int64_t timeout_ms);
+
 /* Control.JoinRoom of one participant of room `room_id` (`nsrc` sources,
  * `nsink` sinks; QUIESCE_V1): `node` rank `rank`, pages [first, +count) of
  * `pool_id`. Retries for up to `timeout_ms` while the node's pool is not yet
@@ -239,6 +245,13 @@ struct nh_chunk {
 /* The status code (st filled). No cmocka assertion. */
 int nh_submit(struct kvf_rpc_channel *local, kvf_room_key k, const struct nh_chunk *c,
               struct kvf_rpc_status *st);
+
+/* A last chunk of one range, seq 1, on `np`: source pages [sfirst, +count)
+ * of `source_pool` -> [dfirst, +count) of `sink_pool` on `sink_node` (ranks
+ * 0). Fails the test unless OK. */
+void nh_submit_one_ok(struct nh_node *np, kvf_room_key k, uint32_t source_pool,
+                      const char *sink_node, uint32_t sink_pool, uint32_t sfirst, uint32_t dfirst,
+                      uint32_t count);
 
 /* Waits up to `timeout_ms` until `np` has the room's update: a probe
  * SubmitChunk naming source rank 99 (in no lease), seq 1, source page 0 of

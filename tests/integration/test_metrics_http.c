@@ -32,6 +32,7 @@
 #include "kvf_proc.h"
 #include "kvfence/v1/control.pb-c.h"
 #include "rpc_client.h"
+#include "scrape.h"
 
 #define CALL_TIMEOUT_MS 5000
 
@@ -155,70 +156,12 @@ static int teardown(void **state)
     return 0;
 }
 
-/* GET `path` on 127.0.0.1:port. Returns the HTTP status (or -1) and the body
- * (malloc'd, NUL-terminated) in *body_p. */
-static int http_get(int port, const char *path, char **body_p)
-{
-    *body_p = NULL;
-    int fd = socket(AF_INET, SOCK_STREAM, 0);
-    if (fd < 0) {
-        return -1;
-    }
-    struct sockaddr_in sa = {.sin_family = AF_INET, .sin_port = htons((uint16_t)port)};
-    sa.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-    struct timeval tv = {.tv_sec = 5};
-    setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
-    if (connect(fd, (struct sockaddr *)&sa, sizeof sa) != 0) {
-        close(fd);
-        return -1;
-    }
-    char req[256];
-    int len = snprintf(req, sizeof req, "GET %s HTTP/1.0\r\nHost: 127.0.0.1\r\n\r\n", path);
-    if (write(fd, req, (size_t)len) != len) {
-        close(fd);
-        return -1;
-    }
-    size_t cap = 65536, got = 0;
-    char *buf = malloc(cap);
-    for (;;) {
-        if (got + 1 == cap) {
-            cap *= 2;
-            buf = realloc(buf, cap);
-            assert_non_null(buf);
-        }
-        ssize_t r = read(fd, buf + got, cap - got - 1);
-        if (r <= 0) {
-            break;
-        }
-        got += (size_t)r;
-    }
-    close(fd);
-    buf[got] = '\0';
-    int code = -1;
-    if (sscanf(buf, "HTTP/1.%*d %d", &code) != 1) {
-        code = -1;
-    }
-    char *body = strstr(buf, "\r\n\r\n");
-    *body_p = strdup(body ? body + 4 : "");
-    free(buf);
-    return code;
-}
-
 /* The value of the sample whose line starts with `series` followed by a
  * space; -1 when absent. */
 static double sample(const char *text, const char *series)
 {
-    size_t n = strlen(series);
-    for (const char *p = text; p && *p;) {
-        if (strncmp(p, series, n) == 0 && p[n] == ' ') {
-            return strtod(p + n + 1, NULL);
-        }
-        p = strchr(p, '\n');
-        if (p) {
-            p++;
-        }
-    }
-    return -1;
+    double v;
+    return scrape_sample(text, series, &v) == 0 ? v : -1;
 }
 
 /* Scrapes until `series` has at least `want`, up to 5 s; returns the last
@@ -228,7 +171,7 @@ static char *scrape_until(struct fixture *f, const char *series, double want)
     char *body = NULL;
     for (int i = 0; i < 500; i++) {
         free(body);
-        assert_int_equal(http_get(f->mport, "/metrics", &body), 200);
+        assert_int_equal(scrape_get(f->mport, "/metrics", &body), 200);
         if (sample(body, series) >= want) {
             return body;
         }
@@ -380,9 +323,9 @@ static void metrics_rpc_state_and_wal(void **state)
     free(m);
 
     char *body = NULL;
-    assert_int_equal(http_get(f->mport, "/healthz", &body), 200);
+    assert_int_equal(scrape_get(f->mport, "/healthz", &body), 200);
     free(body);
-    assert_int_equal(http_get(f->mport, "/nope", &body), 404);
+    assert_int_equal(scrape_get(f->mport, "/nope", &body), 404);
     free(body);
 }
 

@@ -100,34 +100,12 @@ static void pool_create(struct nh_pool *p, bool device, const char *tag, nh_cana
     }
 }
 
-/* UnregisterPool, retried while the node still has the room's lifetime open
- * (FAILED_PRECONDITION until it drained). */
-static void unregister(struct nh_node *np, uint32_t pool_id)
-{
-    Kvfence__V1__UnregisterPoolRequest req = KVFENCE__V1__UNREGISTER_POOL_REQUEST__INIT;
-    req.pool_id = pool_id;
-    int64_t end = nh_now_ms() + WAIT_MS;
-    for (;;) {
-        uint8_t *resp = NULL;
-        size_t len = 0;
-        struct kvf_rpc_status st;
-        int code =
-            nh_call(np->local, "/kvfence.v1.NodeLocal/UnregisterPool", &req.base, &resp, &len, &st);
-        free(resp);
-        if (code == KVF_GRPC_OK)
-            return;
-        if (code != KVF_GRPC_FAILED_PRECONDITION || nh_now_ms() > end)
-            fail_msg("UnregisterPool %u on %s: %d %s", pool_id, np->id, code, st.message);
-        nh_sleep_ms(20);
-    }
-}
-
 /* Unregisters device pool `pool_id` of `np` and checks the copy counts the
  * node logs for it. */
 static void expect_device_io(struct nh_node *np, uint32_t pool_id, uint64_t writes,
                              uint64_t write_bytes, uint64_t reads, uint64_t read_bytes)
 {
-    unregister(np, pool_id);
+    nh_unregister_pool(np, pool_id, WAIT_MS);
     char want[200];
     snprintf(want, sizeof want,
              "device pool %u (fake device (test)): writes=%llu write_bytes=%llu reads=%llu "

@@ -41,6 +41,7 @@
 
 #include "kvf_error.h"
 #include "node_harness.h"
+#include "scrape.h"
 
 #define WAIT_MS     10000
 #define PAGE_SIZE   4096u
@@ -101,60 +102,22 @@ static int read_port(const char *path)
  * server does not answer 200. */
 static char *scrape(int port)
 {
-    int fd = socket(AF_INET, SOCK_STREAM, 0);
-    if (fd < 0)
-        return NULL;
-    struct sockaddr_in sa = {.sin_family = AF_INET, .sin_port = htons((uint16_t)port)};
-    sa.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-    struct timeval tv = {.tv_sec = 5};
-    setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
-    static const char req[] = "GET /metrics HTTP/1.0\r\nHost: 127.0.0.1\r\n\r\n";
-    if (connect(fd, (struct sockaddr *)&sa, sizeof sa) != 0 ||
-        write(fd, req, sizeof req - 1) != (ssize_t)(sizeof req - 1)) {
-        close(fd);
+    char *body = NULL;
+    if (scrape_get(port, "/metrics", &body) != 200) {
+        free(body);
         return NULL;
     }
-    size_t cap = 65536, got = 0;
-    char *buf = malloc(cap);
-    assert_non_null(buf);
-    for (;;) {
-        if (got + 1 == cap) {
-            cap *= 2;
-            buf = realloc(buf, cap);
-            assert_non_null(buf);
-        }
-        ssize_t r = read(fd, buf + got, cap - got - 1);
-        if (r <= 0)
-            break;
-        got += (size_t)r;
-    }
-    close(fd);
-    buf[got] = '\0';
-    int code = -1;
-    char *body = strstr(buf, "\r\n\r\n");
-    if (sscanf(buf, "HTTP/1.%*d %d", &code) != 1 || code != 200 || !body) {
-        free(buf);
-        return NULL;
-    }
-    char *out = strdup(body + 4);
-    free(buf);
-    return out;
+    return body;
 }
 
 /* The value of the sample `series` (the whole name with its labels, as
  * rendered) in `text`; fails the test when it is absent. */
 static double sample(const char *text, const char *series)
 {
-    size_t n = strlen(series);
-    for (const char *p = text; p && *p;) {
-        if (strncmp(p, series, n) == 0 && p[n] == ' ')
-            return strtod(p + n + 1, NULL);
-        p = strchr(p, '\n');
-        if (p)
-            p++;
-    }
-    fail_msg("no sample %s in:\n%s", series, text);
-    return -1;
+    double v = -1;
+    if (scrape_sample(text, series, &v) != 0)
+        fail_msg("no sample %s in:\n%s", series, text);
+    return v;
 }
 
 /* One sample, scraped now. */
@@ -224,24 +187,6 @@ static void fx_start(struct fx *f)
     fx_start_with(f, false);
 }
 
-static int submit(struct nh_node *np, kvf_room_key k, uint32_t src_pool, const char *sink_node,
-                  uint32_t sink_pool, uint32_t sfirst, uint32_t dfirst, uint32_t count,
-                  struct kvf_rpc_status *st)
-{
-    struct nh_chunk c = {.source_rank = 0,
-                         .seq = 1,
-                         .source_pool = src_pool,
-                         .sink_node = sink_node,
-                         .sink_rank = 0,
-                         .sink_pool = sink_pool,
-                         .n = 1,
-                         .sfirst = {sfirst},
-                         .dfirst = {dfirst},
-                         .count = {count},
-                         .last = true};
-    return nh_submit(np->local, k, &c, st);
-}
-
 #define TCP_SENT     "kvfence_node_bytes_total{transport=\"tcp\",direction=\"sent\"}"
 #define TCP_RECV     "kvfence_node_bytes_total{transport=\"tcp\",direction=\"received\"}"
 #define TCP_FSENT    "kvfence_node_frames_total{transport=\"tcp\",direction=\"sent\"}"
@@ -275,10 +220,7 @@ static void test_tcp_transfer_moves_both_nodes(void **state)
     wait_value(f->n2_port, ROOMS("ACTIVE"), 1);
     assert_true(value(f->n1_port, ROOMS("DRAINED")) == 0);
 
-    struct kvf_rpc_status st;
-    int code = submit(&f->n1, k, f->p1.pool_id, "n2", f->p2.pool_id, 0, 16, 8, &st);
-    if (code != KVF_GRPC_OK)
-        fail_msg("SubmitChunk: %d %s", code, st.message);
+    nh_submit_one_ok(&f->n1, k, f->p1.pool_id, "n2", f->p2.pool_id, 0, 16, 8);
     nh_wait_room_state(f->ch, k, KVFENCE__V1__ROOM_STATE__ROOM_STATE_COMPLETED, WAIT_MS);
     nh_check_pool(&f->p2, nh_canary2, 16, 8, nh_canary1, 0, "n2");
 
@@ -316,10 +258,7 @@ static void test_local_transfer_and_lost_control_plane(void **state)
     kvf_room_key k =
         nh_join_pair(f->ch, 302, "n1", f->p1.pool_id, 0, "n1", f->p1b.pool_id, 4, 4, WAIT_MS);
     nh_wait_node_knows(&f->n1, k, f->p1.pool_id, "n1", f->p1b.pool_id, 4, WAIT_MS);
-    struct kvf_rpc_status st;
-    int code = submit(&f->n1, k, f->p1.pool_id, "n1", f->p1b.pool_id, 0, 4, 4, &st);
-    if (code != KVF_GRPC_OK)
-        fail_msg("SubmitChunk: %d %s", code, st.message);
+    nh_submit_one_ok(&f->n1, k, f->p1.pool_id, "n1", f->p1b.pool_id, 0, 4, 4);
     nh_wait_room_state(f->ch, k, KVFENCE__V1__ROOM_STATE__ROOM_STATE_COMPLETED, WAIT_MS);
     const double bytes = 4.0 * PAGE_SIZE;
     wait_value(f->n1_port, "kvfence_node_bytes_total{transport=\"local\",direction=\"sent\"}",
@@ -351,10 +290,7 @@ static void test_rdma_transfer_counts_rdma(void **state)
     kvf_room_key k =
         nh_join_pair(f->ch, 303, "n1", f->p1.pool_id, 0, "n2", f->p2.pool_id, 0, 4, WAIT_MS);
     nh_wait_node_knows(&f->n1, k, f->p1.pool_id, "n2", f->p2.pool_id, 0, WAIT_MS);
-    struct kvf_rpc_status st;
-    int code = submit(&f->n1, k, f->p1.pool_id, "n2", f->p2.pool_id, 0, 0, 4, &st);
-    if (code != KVF_GRPC_OK)
-        fail_msg("SubmitChunk: %d %s", code, st.message);
+    nh_submit_one_ok(&f->n1, k, f->p1.pool_id, "n2", f->p2.pool_id, 0, 0, 4);
     nh_wait_room_state(f->ch, k, KVFENCE__V1__ROOM_STATE__ROOM_STATE_COMPLETED, WAIT_MS);
     nh_wait_log(&f->n1, "up (initiator)", NULL, 1, WAIT_MS);
     nh_wait_log(&f->n2, "up (acceptor)", NULL, 1, WAIT_MS);
@@ -362,9 +298,7 @@ static void test_rdma_transfer_counts_rdma(void **state)
 
     k = nh_join_pair(f->ch, 304, "n1", f->p1.pool_id, 16, "n2", f->p2.pool_id, 16, 8, WAIT_MS);
     nh_wait_node_knows(&f->n1, k, f->p1.pool_id, "n2", f->p2.pool_id, 16, WAIT_MS);
-    code = submit(&f->n1, k, f->p1.pool_id, "n2", f->p2.pool_id, 16, 16, 8, &st);
-    if (code != KVF_GRPC_OK)
-        fail_msg("SubmitChunk: %d %s", code, st.message);
+    nh_submit_one_ok(&f->n1, k, f->p1.pool_id, "n2", f->p2.pool_id, 16, 16, 8);
     nh_wait_room_state(f->ch, k, KVFENCE__V1__ROOM_STATE__ROOM_STATE_COMPLETED, WAIT_MS);
     /* The pages landed (the warm-up's pages 0..3 changed too). */
     assert_memory_equal(f->p2.mem + (size_t)16 * PAGE_SIZE, f->p1.mem + (size_t)16 * PAGE_SIZE,
@@ -397,10 +331,7 @@ static void test_frame_after_abort_is_late(void **state)
         nh_join_pair(f->ch, 305, "n1", f->p1.pool_id, 0, "n2", f->p2.pool_id, 16, 8, WAIT_MS);
     nh_wait_node_knows(&f->n2, k, f->p1.pool_id, "n2", f->p2.pool_id, 16, WAIT_MS);
     nh_wait_node_knows(&f->n1, k, f->p1.pool_id, "n2", f->p2.pool_id, 16, WAIT_MS);
-    struct kvf_rpc_status st;
-    int code = submit(&f->n1, k, f->p1.pool_id, "n2", f->p2.pool_id, 0, 16, 8, &st);
-    if (code != KVF_GRPC_OK)
-        fail_msg("SubmitChunk: %d %s", code, st.message);
+    nh_submit_one_ok(&f->n1, k, f->p1.pool_id, "n2", f->p2.pool_id, 0, 16, 8);
     nh_wait_log(&f->n1, "fault: hold frame", &k, 1, WAIT_MS);
     wait_value(f->n1_port, TCP_INFLIGHT, 1);
     assert_true(value(f->n1_port, TCP_LAT_N) == 0);

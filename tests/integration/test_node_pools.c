@@ -199,27 +199,6 @@ static void tpool_check(const struct tpool *p, uint32_t seed, uint32_t dfirst, u
     }
 }
 
-/* UnregisterPool, retried while the room's lifetime is open. */
-static void unregister(struct nh_node *np, uint32_t pool_id)
-{
-    Kvfence__V1__UnregisterPoolRequest req = KVFENCE__V1__UNREGISTER_POOL_REQUEST__INIT;
-    req.pool_id = pool_id;
-    int64_t end = nh_now_ms() + WAIT_MS;
-    for (;;) {
-        uint8_t *resp = NULL;
-        size_t len = 0;
-        struct kvf_rpc_status st;
-        int code =
-            nh_call(np->local, "/kvfence.v1.NodeLocal/UnregisterPool", &req.base, &resp, &len, &st);
-        free(resp);
-        if (code == KVF_GRPC_OK)
-            return;
-        if (code != KVF_GRPC_FAILED_PRECONDITION || nh_now_ms() > end)
-            fail_msg("UnregisterPool %u on %s: %d %s", pool_id, np->id, code, st.message);
-        nh_sleep_ms(20);
-    }
-}
-
 /* The node logged the line `want` exactly once. */
 static void expect_log_once(struct nh_node *np, const char *want)
 {
@@ -233,7 +212,7 @@ static void expect_log_once(struct nh_node *np, const char *want)
 static void expect_device_io(struct nh_node *np, uint32_t pool_id, uint64_t writes,
                              uint64_t write_bytes, uint64_t reads, uint64_t read_bytes)
 {
-    unregister(np, pool_id);
+    nh_unregister_pool(np, pool_id, WAIT_MS);
     char any[64], want[200];
     snprintf(any, sizeof any, "device pool %u (", pool_id);
     nh_wait_log(np, any, NULL, 1, WAIT_MS);
@@ -256,26 +235,99 @@ static kvf_room_key room(struct fx *f, uint64_t id, uint32_t src_pool, uint32_t 
     return k;
 }
 
-/* Two chunks of 16 pages n1 -> n2; the room completes. */
-static void transfer(struct fx *f, kvf_room_key k, uint32_t src_pool, uint32_t sink_pool)
+/* The same room with both sides on n1 (local transport). */
+static kvf_room_key room_on_n1(struct fx *f, uint64_t id, uint32_t src_pool, uint32_t sink_pool)
+{
+    kvf_room_key k = nh_join_pair(f->ch, id, "n1", src_pool, 0, "n1", sink_pool, LEASE_PAGES,
+                                  LEASE_PAGES, WAIT_MS);
+    nh_wait_node_knows(&f->n1, k, src_pool, "n1", sink_pool, LEASE_PAGES, WAIT_MS);
+    return k;
+}
+
+/* Room `k`, aborting while a frame is held: no lease released yet and not
+ * one byte of the sink written. */
+static void expect_held(struct fx *f, kvf_room_key k)
+{
+    unsigned released = 9;
+    (void)nh_room_state(f->ch, k, &released, NULL);
+    assert_int_equal(released, 0); /* a frame is admitted: nothing may be released */
+    tpool_check(&f->sink, 2, 0, 0, 1, 0, "sink while held");
+}
+
+/* Room `k` ends ABORTED with both of its leases RELEASED. */
+static void expect_aborted_released(struct fx *f, kvf_room_key k)
+{
+    nh_wait_room_state(f->ch, k, KVFENCE__V1__ROOM_STATE__ROOM_STATE_ABORTED, WAIT_MS);
+    unsigned released = 9, leases = 0;
+    assert_int_equal(nh_room_state(f->ch, k, &released, &leases),
+                     KVFENCE__V1__ROOM_STATE__ROOM_STATE_ABORTED);
+    assert_int_equal(released, 2);
+    assert_int_equal(leases, 2);
+}
+
+/* A chunk of one range: `count` pages from page `s` of `source_pool` on n1
+ * to page `d` of `sink_pool` on `sink_node`. */
+static struct nh_chunk chunk1(uint64_t seq, uint32_t source_pool, const char *sink_node,
+                              uint32_t sink_pool, uint32_t s, uint32_t d, uint32_t count, bool last)
+{
+    struct nh_chunk ch = {.seq = seq,
+                          .source_pool = source_pool,
+                          .sink_node = sink_node,
+                          .sink_pool = sink_pool,
+                          .n = 1,
+                          .sfirst = {s},
+                          .dfirst = {d},
+                          .count = {count},
+                          .last = last};
+    return ch;
+}
+
+/* SubmitChunk of `ch` on n1; fails the test unless OK. */
+static void submit_ok(struct fx *f, kvf_room_key k, const struct nh_chunk *ch)
+{
+    struct kvf_rpc_status st;
+    int code = nh_submit(f->n1.local, k, ch, &st);
+    if (code != KVF_GRPC_OK)
+        fail_msg("SubmitChunk %llu: %d %s", (unsigned long long)ch->seq, code, st.message);
+}
+
+/* SubmitChunk of `ch` on n1, refused at submit: FAILED_PRECONDITION with a
+ * message holding `why`. */
+static void submit_refused(struct fx *f, kvf_room_key k, const struct nh_chunk *ch, const char *why)
+{
+    struct kvf_rpc_status st;
+    assert_int_equal(nh_submit(f->n1.local, k, ch, &st), KVF_GRPC_FAILED_PRECONDITION);
+    printf("  refused: %s\n", st.message);
+    assert_non_null(strstr(st.message, why));
+}
+
+/* Two chunks of 16 pages n1 -> `sink_node`; the room completes. */
+static void transfer_to(struct fx *f, kvf_room_key k, uint32_t src_pool, const char *sink_node,
+                        uint32_t sink_pool)
 {
     for (uint32_t c = 0; c < 2; c++) {
         uint32_t s = c * (LEASE_PAGES / 2);
-        struct nh_chunk ch = {.seq = c + 1,
-                              .source_pool = src_pool,
-                              .sink_node = "n2",
-                              .sink_pool = sink_pool,
-                              .n = 1,
-                              .sfirst = {s},
-                              .dfirst = {LEASE_PAGES + s},
-                              .count = {LEASE_PAGES / 2},
-                              .last = c == 1};
-        struct kvf_rpc_status st;
-        int code = nh_submit(f->n1.local, k, &ch, &st);
-        if (code != KVF_GRPC_OK)
-            fail_msg("SubmitChunk %u: %d %s", c + 1, code, st.message);
+        struct nh_chunk ch = chunk1(c + 1, src_pool, sink_node, sink_pool, s, LEASE_PAGES + s,
+                                    LEASE_PAGES / 2, c == 1);
+        submit_ok(f, k, &ch);
     }
     nh_wait_room_state(f->ch, k, KVFENCE__V1__ROOM_STATE__ROOM_STATE_COMPLETED, WAIT_MS);
+}
+
+static void transfer(struct fx *f, kvf_room_key k, uint32_t src_pool, uint32_t sink_pool)
+{
+    transfer_to(f, k, src_pool, "n2", sink_pool);
+}
+
+/* kvfence-control and two nodes that take fake device pools, n1 staging
+ * through host buffers (a device source over TCP needs it). */
+static void device_pair(struct fx *f)
+{
+    cp_start(f);
+    const char *a1[] = {"--staging", "host", "--test-fake-device-pools", f->prefix, NULL};
+    const char *a2[] = {"--test-fake-device-pools", f->prefix, NULL};
+    node_start(f, &f->n1, &f->c1, "n1", a1, 0);
+    node_start(f, &f->n2, &f->c2, "n2", a2, 0);
 }
 
 /* ---- CUDA pools from C ------------------------------------------------------------ */
@@ -285,11 +337,7 @@ static void transfer(struct fx *f, kvf_room_key k, uint32_t src_pool, uint32_t s
 static void test_cuda_pool_registered_from_c(void **state)
 {
     struct fx *f = *state;
-    cp_start(f);
-    const char *a1[] = {"--staging", "host", "--test-fake-device-pools", f->prefix, NULL};
-    const char *a2[] = {"--test-fake-device-pools", f->prefix, NULL};
-    node_start(f, &f->n1, &f->c1, "n1", a1, 0);
-    node_start(f, &f->n2, &f->c2, "n2", a2, 0);
+    device_pair(f);
     struct tbuf *s = buf_add(f, &f->src, "src", CUDA_PAGE, true, 0, 1);
     /* The sink's pool starts 8 KiB into its allocation: the exported offset
      * must come along. */
@@ -396,13 +444,31 @@ static uint32_t register_tpool(pl_client *c, struct tpool *p)
     return id;
 }
 
+/* Registers f->src through `csrc` and f->sink through `csink`. */
+static void register_tpools(struct fx *f, pl_client *csrc, pl_client *csink)
+{
+    f->src.pool_id = register_tpool(csrc, &f->src);
+    f->sink.pool_id = register_tpool(csink, &f->sink);
+}
+
+/* The source as one host buffer of the multi-buffer page size (a
+ * single-buffer pool sends the same bytes as a multi-buffer one of that page
+ * size), registered on n1. */
+static void one_buffer_source(struct fx *f)
+{
+    struct tbuf *s = buf_add(f, &f->src, "src", MB_PAGE, false, 0, 1);
+    char msg[PL_MSG];
+    if (pl_register_shm(f->c1, s->name, s->map_len, MB_PAGE, PAGE_COUNT, &f->src.pool_id, msg))
+        fail_msg("kvf_register_pool_shm: %s", msg);
+}
+
 /* Unregisters multi-buffer pool `p` (`pool_id` on `np`) and checks the copy
  * counts logged for it and for each of its buffers: `writes` (`reads`)
  * copies of every buffer's slots of `pages` pages. */
 static void expect_buffers_io(struct nh_node *np, const struct tpool *p, uint64_t writes,
                               uint64_t reads, uint64_t pages)
 {
-    unregister(np, p->pool_id);
+    nh_unregister_pool(np, p->pool_id, WAIT_MS);
     char any[64], want[220];
     snprintf(any, sizeof any, "pool %u buffer %u (", p->pool_id, p->nbufs - 1);
     nh_wait_log(np, any, NULL, 1, WAIT_MS);
@@ -428,15 +494,10 @@ static void expect_buffers_io(struct nh_node *np, const struct tpool *p, uint64_
 static void test_multi_buffer_pool_over_tcp(void **state)
 {
     struct fx *f = *state;
-    cp_start(f);
-    const char *a1[] = {"--staging", "host", "--test-fake-device-pools", f->prefix, NULL};
-    const char *a2[] = {"--test-fake-device-pools", f->prefix, NULL};
-    node_start(f, &f->n1, &f->c1, "n1", a1, 0);
-    node_start(f, &f->n2, &f->c2, "n2", a2, 0);
+    device_pair(f);
     layout(f, &f->src, "src", true, false, 1);
     layout(f, &f->sink, "sink", false, true, 2);
-    f->src.pool_id = register_tpool(f->c1, &f->src);
-    f->sink.pool_id = register_tpool(f->c2, &f->sink);
+    register_tpools(f, f->c1, f->c2);
     char want[96];
     snprintf(want, sizeof want, "multi-buffer (%u buffers), %u pages of %u bytes", MB_BUFS,
              PAGE_COUNT, MB_PAGE);
@@ -461,28 +522,9 @@ static void test_multi_buffer_pool_same_node(void **state)
     node_start(f, &f->n1, &f->c1, "n1", a1, 0);
     layout(f, &f->src, "src", false, true, 1);
     layout(f, &f->sink, "sink", true, false, 2);
-    f->src.pool_id = register_tpool(f->c1, &f->src);
-    f->sink.pool_id = register_tpool(f->c1, &f->sink);
-    kvf_room_key k = nh_join_pair(f->ch, 812, "n1", f->src.pool_id, 0, "n1", f->sink.pool_id,
-                                  LEASE_PAGES, LEASE_PAGES, WAIT_MS);
-    nh_wait_node_knows(&f->n1, k, f->src.pool_id, "n1", f->sink.pool_id, LEASE_PAGES, WAIT_MS);
-    for (uint32_t c = 0; c < 2; c++) {
-        uint32_t s = c * (LEASE_PAGES / 2);
-        struct nh_chunk ch = {.seq = c + 1,
-                              .source_pool = f->src.pool_id,
-                              .sink_node = "n1",
-                              .sink_pool = f->sink.pool_id,
-                              .n = 1,
-                              .sfirst = {s},
-                              .dfirst = {LEASE_PAGES + s},
-                              .count = {LEASE_PAGES / 2},
-                              .last = c == 1};
-        struct kvf_rpc_status st;
-        int code = nh_submit(f->n1.local, k, &ch, &st);
-        if (code != KVF_GRPC_OK)
-            fail_msg("SubmitChunk %u: %d %s", c + 1, code, st.message);
-    }
-    nh_wait_room_state(f->ch, k, KVFENCE__V1__ROOM_STATE__ROOM_STATE_COMPLETED, WAIT_MS);
+    register_tpools(f, f->c1, f->c1);
+    kvf_room_key k = room_on_n1(f, 812, f->src.pool_id, f->sink.pool_id);
+    transfer_to(f, k, f->src.pool_id, "n1", f->sink.pool_id);
     tpool_check(&f->sink, 2, LEASE_PAGES, LEASE_PAGES, 1, 0, "sink");
     tpool_check(&f->src, 1, 0, 0, 1, 0, "source");
     /* Local transport: each frame read from every source buffer and written
@@ -498,45 +540,21 @@ static void test_multi_buffer_abort_with_frame_held(void **state)
     const char *a2[] = {"--test-fake-device-pools", f->prefix, NULL};
     node_start(f, &f->n1, &f->c1, "n1", NULL, NH_FAULT_FILE);
     node_start(f, &f->n2, &f->c2, "n2", a2, 0);
-    /* The source: one host buffer of the sink's page size (a single-buffer
-     * pool sends the same bytes as a multi-buffer one of that page size). */
-    struct tbuf *s = buf_add(f, &f->src, "src", MB_PAGE, false, 0, 1);
-    char msg[PL_MSG];
-    if (pl_register_shm(f->c1, s->name, s->map_len, MB_PAGE, PAGE_COUNT, &f->src.pool_id, msg))
-        fail_msg("kvf_register_pool_shm: %s", msg);
+    one_buffer_source(f);
     layout(f, &f->sink, "sink", true, false, 2);
     f->sink.pool_id = register_tpool(f->c2, &f->sink);
     kvf_room_key k = room(f, 813, f->src.pool_id, f->sink.pool_id);
 
     nh_set_faults(&f->n1, "hold=1\n", WAIT_MS);
-    struct nh_chunk ch = {.seq = 1,
-                          .source_pool = f->src.pool_id,
-                          .sink_node = "n2",
-                          .sink_pool = f->sink.pool_id,
-                          .n = 1,
-                          .sfirst = {0},
-                          .dfirst = {LEASE_PAGES},
-                          .count = {4},
-                          .last = true};
-    struct kvf_rpc_status st;
-    int code = nh_submit(f->n1.local, k, &ch, &st);
-    if (code != KVF_GRPC_OK)
-        fail_msg("SubmitChunk: %d %s", code, st.message);
+    nh_submit_one_ok(&f->n1, k, f->src.pool_id, "n2", f->sink.pool_id, 0, LEASE_PAGES, 4);
     nh_wait_log(&f->n1, "fault: hold frame", NULL, 1, WAIT_MS);
     nh_abort_room(f->ch, k, "test abort");
     nh_wait_room_state(f->ch, k, KVFENCE__V1__ROOM_STATE__ROOM_STATE_ABORTING, WAIT_MS);
-    unsigned released = 9, leases = 0;
-    (void)nh_room_state(f->ch, k, &released, NULL);
-    assert_int_equal(released, 0); /* a frame is admitted: nothing may be released */
-    tpool_check(&f->sink, 2, 0, 0, 1, 0, "sink while held");
+    expect_held(f, k);
 
     nh_set_faults(&f->n1, "hold=0\n", WAIT_MS);
     nh_wait_log(&f->n1, "fault: release frame", NULL, 1, WAIT_MS);
-    nh_wait_room_state(f->ch, k, KVFENCE__V1__ROOM_STATE__ROOM_STATE_ABORTED, WAIT_MS);
-    assert_int_equal(nh_room_state(f->ch, k, &released, &leases),
-                     KVFENCE__V1__ROOM_STATE__ROOM_STATE_ABORTED);
-    assert_int_equal(released, 2);
-    assert_int_equal(leases, 2);
+    expect_aborted_released(f, k);
     /* After RELEASED: not one page of any buffer touched. */
     tpool_check(&f->sink, 2, 0, 0, 1, 0, "sink after release");
     expect_buffers_io(&f->n2, &f->sink, 0, 0, 0);
@@ -692,11 +710,7 @@ static void buf_view(struct tpool *p, uint8_t *mem, uint32_t page_size, uint32_t
 static void test_sglang_to_vllm_layout(void **state)
 {
     struct fx *f = *state;
-    cp_start(f);
-    const char *a1[] = {"--staging", "host", "--test-fake-device-pools", f->prefix, NULL};
-    const char *a2[] = {"--test-fake-device-pools", f->prefix, NULL};
-    node_start(f, &f->n1, &f->c1, "n1", a1, 0);
-    node_start(f, &f->n2, &f->c2, "n2", a2, 0);
+    device_pair(f);
     /* The source as SGLang's KVArgs: 2 layers x (K, V), 2 KiB then 1 KiB a
      * page, each buffer its own allocation. */
     static const uint32_t item[4] = {2048, 2048, 1024, 1024};
@@ -769,22 +783,10 @@ static void test_page_larger_than_a_staging_buffer_refused(void **state)
         buf_add(f, &f->src, "big", 160u * 1024, false, 0, 1);
         buf_add(f, &f->sink, "bigsink", 160u * 1024, false, 0, 2);
     }
-    f->src.pool_id = register_tpool(f->c1, &f->src);
-    f->sink.pool_id = register_tpool(f->c2, &f->sink);
+    register_tpools(f, f->c1, f->c2);
     kvf_room_key k = room(f, 831, f->src.pool_id, f->sink.pool_id);
-    struct nh_chunk ch = {.seq = 1,
-                          .source_pool = f->src.pool_id,
-                          .sink_node = "n2",
-                          .sink_pool = f->sink.pool_id,
-                          .n = 1,
-                          .sfirst = {0},
-                          .dfirst = {LEASE_PAGES},
-                          .count = {2},
-                          .last = true};
-    struct kvf_rpc_status st;
-    assert_int_equal(nh_submit(f->n1.local, k, &ch, &st), KVF_GRPC_FAILED_PRECONDITION);
-    printf("  refused: %s\n", st.message);
-    assert_non_null(strstr(st.message, "more than a staging buffer"));
+    struct nh_chunk ch = chunk1(1, f->src.pool_id, "n2", f->sink.pool_id, 0, LEASE_PAGES, 2, true);
+    submit_refused(f, k, &ch, "more than a staging buffer");
     nh_abort_room(f->ch, k, "test: refused chunk");
     nh_wait_room_state(f->ch, k, KVFENCE__V1__ROOM_STATE__ROOM_STATE_ABORTED, WAIT_MS);
     tpool_check(&f->sink, 2, 0, 0, 1, 0, "sink");
@@ -802,32 +804,17 @@ static void layout_aux_first(struct fx *f, struct tpool *p, const char *tag, uin
 static void test_other_layout_refused(void **state)
 {
     struct fx *f = *state;
-    cp_start(f);
-    const char *a1[] = {"--staging", "host", "--test-fake-device-pools", f->prefix, NULL};
-    const char *a2[] = {"--test-fake-device-pools", f->prefix, NULL};
-    node_start(f, &f->n1, &f->c1, "n1", a1, 0);
-    node_start(f, &f->n2, &f->c2, "n2", a2, 0);
+    device_pair(f);
     layout(f, &f->src, "src", false, false, 1);
     layout_aux_first(f, &f->sink, "sink", 2);
-    f->src.pool_id = register_tpool(f->c1, &f->src);
-    f->sink.pool_id = register_tpool(f->c2, &f->sink);
+    register_tpools(f, f->c1, f->c2);
 
     /* Over TCP the source cannot know: the sink refuses the frames before
      * any byte lands, and the room fails. */
     kvf_room_key k = room(f, 841, f->src.pool_id, f->sink.pool_id);
-    struct nh_chunk ch = {.seq = 1,
-                          .source_pool = f->src.pool_id,
-                          .sink_node = "n2",
-                          .sink_pool = f->sink.pool_id,
-                          .n = 1,
-                          .sfirst = {0},
-                          .dfirst = {LEASE_PAGES},
-                          .count = {LEASE_PAGES},
-                          .last = true};
-    struct kvf_rpc_status st;
-    int code = nh_submit(f->n1.local, k, &ch, &st);
-    if (code != KVF_GRPC_OK)
-        fail_msg("SubmitChunk: %d %s", code, st.message);
+    struct nh_chunk ch =
+        chunk1(1, f->src.pool_id, "n2", f->sink.pool_id, 0, LEASE_PAGES, LEASE_PAGES, true);
+    submit_ok(f, k, &ch);
     nh_wait_room_state(f->ch, k, KVFENCE__V1__ROOM_STATE__ROOM_STATE_ABORTED, WAIT_MS);
     nh_wait_log(&f->n2, "buffer layout differs from sink pool", NULL, 1, WAIT_MS);
     tpool_check(&f->sink, 2, 0, 0, 1, 0, "sink of another layout");
@@ -839,14 +826,10 @@ static void test_other_layout_refused(void **state)
     memset(same, 0, sizeof *same);
     layout_aux_first(f, same, "same", 2);
     same->pool_id = register_tpool(f->c1, same);
-    kvf_room_key k2 = nh_join_pair(f->ch, 842, "n1", f->src.pool_id, 0, "n1", same->pool_id,
-                                   LEASE_PAGES, LEASE_PAGES, WAIT_MS);
-    nh_wait_node_knows(&f->n1, k2, f->src.pool_id, "n1", same->pool_id, LEASE_PAGES, WAIT_MS);
+    kvf_room_key k2 = room_on_n1(f, 842, f->src.pool_id, same->pool_id);
     ch.sink_node = "n1";
     ch.sink_pool = same->pool_id;
-    assert_int_equal(nh_submit(f->n1.local, k2, &ch, &st), KVF_GRPC_FAILED_PRECONDITION);
-    printf("  refused: %s\n", st.message);
-    assert_non_null(strstr(st.message, "made of other buffers"));
+    submit_refused(f, k2, &ch, "made of other buffers");
     nh_abort_room(f->ch, k2, "test: other layout");
     nh_wait_room_state(f->ch, k2, KVFENCE__V1__ROOM_STATE__ROOM_STATE_ABORTED, WAIT_MS);
     tpool_check(same, 2, 0, 0, 1, 0, "same-node sink of another layout");
@@ -864,10 +847,7 @@ static void test_one_region_into_buffers_goes_over_tcp(void **state)
     nh_wait_log(&f->n1, "RDMA on: fake:", NULL, 1, WAIT_MS);
     /* A host source of the sink's page size (one RDMA region), a
      * multi-buffer host sink (a region per buffer). */
-    struct tbuf *s = buf_add(f, &f->src, "src", MB_PAGE, false, 0, 1);
-    char msg[PL_MSG];
-    if (pl_register_shm(f->c1, s->name, s->map_len, MB_PAGE, PAGE_COUNT, &f->src.pool_id, msg))
-        fail_msg("kvf_register_pool_shm: %s", msg);
+    one_buffer_source(f);
     layout(f, &f->sink, "sink", false, false, 2);
     f->sink.pool_id = register_tpool(f->c2, &f->sink);
     /* Its buffers are regions of their own, but a one-region source cannot
@@ -901,19 +881,7 @@ static void room16(struct fx *f, uint64_t id, uint32_t s, uint32_t d)
         nh_join_pair(f->ch, id, "n1", f->src.pool_id, s, "n2", f->sink.pool_id, d, 16, WAIT_MS);
     nh_wait_node_knows(&f->n1, k, f->src.pool_id, "n2", f->sink.pool_id, d, WAIT_MS);
     nh_wait_node_knows(&f->n2, k, f->src.pool_id, "n2", f->sink.pool_id, d, WAIT_MS);
-    struct nh_chunk ch = {.seq = 1,
-                          .source_pool = f->src.pool_id,
-                          .sink_node = "n2",
-                          .sink_pool = f->sink.pool_id,
-                          .n = 1,
-                          .sfirst = {s},
-                          .dfirst = {d},
-                          .count = {16},
-                          .last = true};
-    struct kvf_rpc_status st;
-    int code = nh_submit(f->n1.local, k, &ch, &st);
-    if (code != KVF_GRPC_OK)
-        fail_msg("SubmitChunk: %d %s", code, st.message);
+    nh_submit_one_ok(&f->n1, k, f->src.pool_id, "n2", f->sink.pool_id, s, d, 16);
     nh_wait_room_state(f->ch, k, KVFENCE__V1__ROOM_STATE__ROOM_STATE_COMPLETED, WAIT_MS);
 }
 
@@ -930,8 +898,7 @@ static void rdma_pair(struct fx *f, unsigned n1_flags)
     nh_wait_log(&f->n1, "RDMA on: fake:", NULL, 1, WAIT_MS);
     layout(f, &f->src, "src", false, false, 1);
     layout(f, &f->sink, "sink", false, false, 2);
-    f->src.pool_id = register_tpool(f->c1, &f->src);
-    f->sink.pool_id = register_tpool(f->c2, &f->sink);
+    register_tpools(f, f->c1, f->c2);
     nh_wait_log(&f->n1, "17 buffers registered for RDMA, one region each", NULL, 1, WAIT_MS);
     nh_wait_log(&f->n2, "17 buffers registered for RDMA, one region each", NULL, 1, WAIT_MS);
 }
@@ -949,17 +916,7 @@ static void rdma_warm_up(struct fx *f, struct nh_pool *h1p, struct nh_pool *h2p)
     h2.pool_id = nh_register_pool(&f->n2, &h2);
     kvf_room_key w = nh_join_pair(f->ch, 860, "n1", h1.pool_id, 0, "n2", h2.pool_id, 4, 4, WAIT_MS);
     nh_wait_node_knows(&f->n1, w, h1.pool_id, "n2", h2.pool_id, 4, WAIT_MS);
-    struct nh_chunk wc = {.seq = 1,
-                          .source_pool = h1.pool_id,
-                          .sink_node = "n2",
-                          .sink_pool = h2.pool_id,
-                          .n = 1,
-                          .sfirst = {0},
-                          .dfirst = {4},
-                          .count = {4},
-                          .last = true};
-    struct kvf_rpc_status st;
-    assert_int_equal(nh_submit(f->n1.local, w, &wc, &st), KVF_GRPC_OK);
+    nh_submit_one_ok(&f->n1, w, h1.pool_id, "n2", h2.pool_id, 0, 4, 4);
     nh_wait_room_state(f->ch, w, KVFENCE__V1__ROOM_STATE__ROOM_STATE_COMPLETED, WAIT_MS);
     nh_wait_log(&f->n1, "up (initiator)", NULL, 1, WAIT_MS);
     nh_wait_log(&f->n2, "up (acceptor)", NULL, 1, WAIT_MS);
@@ -997,31 +954,15 @@ static void test_multi_buffer_abort_over_rdma_held(void **state)
     kvf_room_key k = nh_join_pair(f->ch, 871, "n1", f->src.pool_id, 0, "n2", f->sink.pool_id,
                                   LEASE_PAGES, 16, WAIT_MS);
     nh_wait_node_knows(&f->n1, k, f->src.pool_id, "n2", f->sink.pool_id, LEASE_PAGES, WAIT_MS);
-    struct nh_chunk ch = {.seq = 1,
-                          .source_pool = f->src.pool_id,
-                          .sink_node = "n2",
-                          .sink_pool = f->sink.pool_id,
-                          .n = 1,
-                          .sfirst = {0},
-                          .dfirst = {LEASE_PAGES},
-                          .count = {16},
-                          .last = true};
-    struct kvf_rpc_status st;
-    assert_int_equal(nh_submit(f->n1.local, k, &ch, &st), KVF_GRPC_OK);
+    nh_submit_one_ok(&f->n1, k, f->src.pool_id, "n2", f->sink.pool_id, 0, LEASE_PAGES, 16);
     nh_abort_room(f->ch, k, "test abort over rdma");
     nh_wait_room_state(f->ch, k, KVFENCE__V1__ROOM_STATE__ROOM_STATE_ABORTING, WAIT_MS);
     nh_wait_log(&f->n1, "abort notice", &k, 1, WAIT_MS);
     /* 17 writes held at n1 (one per buffer): nothing may be released. */
-    unsigned released = 9, leases = 0;
-    (void)nh_room_state(f->ch, k, &released, NULL);
-    assert_int_equal(released, 0);
-    tpool_check(&f->sink, 2, 0, 0, 1, 0, "sink while held");
+    expect_held(f, k);
 
     nh_set_faults(&f->n1, "rdma_hold=0\n", WAIT_MS);
-    nh_wait_room_state(f->ch, k, KVFENCE__V1__ROOM_STATE__ROOM_STATE_ABORTED, WAIT_MS);
-    assert_int_equal(nh_room_state(f->ch, k, &released, &leases),
-                     KVFENCE__V1__ROOM_STATE__ROOM_STATE_ABORTED);
-    assert_int_equal(released, 2);
+    expect_aborted_released(f, k);
     /* The held writes went into the (still held) sink lease before the
      * release; after it, not one byte of any buffer changes. */
     static uint8_t snap[MB_BUFS][KV_SLOT * PAGE_COUNT];

@@ -34,12 +34,12 @@ from . import _convert, errors
 from ._proto.v1 import control_pb2, control_pb2_grpc
 from .client import (DEFAULT_FEATURES, DEFAULT_PROTOCOL, DEFAULT_TIMEOUT_S, _RETRY_SLEEP_S,
                      AbortResult, JoinResult, Lease, LeaseReleased, Participant, RangesLike,
-                     RoomInfo, RoomKey, RoomState, WatchEvent, _event_from)
+                     RoomInfo, RoomKey, RoomState, WatchEvent, _ChannelOwner, _event_from)
 
 __all__ = ["AsyncControlClient", "AsyncAdminClient", "AsyncLeaseWatch"]
 
 
-class _AsyncClient:
+class _AsyncClient(_ChannelOwner):
     """A grpc.aio channel, a default timeout, error mapping and an async
     context manager (the sync _Client's twin)."""
 
@@ -48,17 +48,7 @@ class _AsyncClient:
                  credentials: Optional[grpc.ChannelCredentials] = None,
                  options: Optional[Sequence[Tuple[str, Any]]] = None,
                  timeout: float = DEFAULT_TIMEOUT_S) -> None:
-        if channel is None and target is None:
-            raise ValueError("a target or a channel is required")
-        self.target = target
-        self.timeout = timeout
-        self._owns_channel = channel is None
-        if channel is None:
-            assert target is not None
-            channel = (grpc.aio.secure_channel(target, credentials, options=options)
-                       if credentials else grpc.aio.insecure_channel(target, options=options))
-        self.channel: grpc.aio.Channel = channel
-        self._closed = False
+        super().__init__(grpc.aio, target, channel, credentials, options, timeout)
 
     async def wait_ready(self, timeout: Optional[float] = None) -> None:
         """Waits until the channel is connected; DeadlineExceeded otherwise."""
@@ -78,10 +68,8 @@ class _AsyncClient:
 
     async def close(self) -> None:
         """Closes the channel if this client opened it (idempotent)."""
-        if not self._closed:
-            self._closed = True
-            if self._owns_channel:
-                await self.channel.close()
+        if self._closing():
+            await self.channel.close()
 
     async def __aenter__(self) -> Any:
         return self

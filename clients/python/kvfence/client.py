@@ -580,29 +580,48 @@ def _room_key(room: Union[RoomKey, int, Tuple[int, int]]) -> RoomKey:
 
 # ---- channel plumbing -----------------------------------------------------------
 
-class _Client:
+class _ChannelOwner:
+    """What the sync client and its grpc.aio twin (aio._AsyncClient) share:
+    the target, the default timeout, and the channel, opened here from
+    `grpc_mod` (grpc or grpc.aio) unless one is passed in, in which case the
+    caller keeps it and close() leaves it open."""
+
+    def __init__(self, grpc_mod: Any, target: Optional[str], channel: Any,
+                 credentials: Optional[grpc.ChannelCredentials],
+                 options: Optional[Sequence[Tuple[str, Any]]], timeout: float) -> None:
+        if channel is None and target is None:
+            raise ValueError("a target or a channel is required")
+        self.target = target
+        self.timeout = timeout
+        self._owns_channel = channel is None
+        if channel is None:
+            channel = (grpc_mod.secure_channel(target, credentials, options=options)
+                       if credentials else grpc_mod.insecure_channel(target, options=options))
+        self.channel = channel
+        self._closed = False
+
+    def _closing(self) -> bool:
+        """Marks the client closed; True once, when its own channel must be
+        closed now (close() is idempotent)."""
+        if self._closed:
+            return False
+        self._closed = True
+        return self._owns_channel
+
+
+class _Client(_ChannelOwner):
     """A channel, a default timeout, error mapping and a context manager."""
 
     def __init__(self, target: Optional[str] = None, *, channel: Optional[grpc.Channel] = None,
                  credentials: Optional[grpc.ChannelCredentials] = None,
                  options: Optional[Sequence[Tuple[str, Any]]] = None,
                  timeout: float = DEFAULT_TIMEOUT_S) -> None:
-        if channel is None and target is None:
-            raise ValueError("a target or a channel is required")
-        self.target = target
-        self.timeout = timeout
-        self._owns_channel = channel is None
+        super().__init__(grpc, target, channel, credentials, options, timeout)
         # What made the channel, for a second one to the same server
         # (ReleaseWatcher's own); None for a channel passed in.
         self._channel_args: Optional[Tuple[Optional[grpc.ChannelCredentials],
                                            Optional[Sequence[Tuple[str, Any]]]]] = \
             (credentials, options) if channel is None else None
-        if channel is None:
-            assert target is not None
-            channel = (grpc.secure_channel(target, credentials, options=options) if credentials
-                       else grpc.insecure_channel(target, options=options))
-        self.channel: grpc.Channel = channel
-        self._closed = False
 
     def wait_ready(self, timeout: Optional[float] = None) -> None:
         """Waits until the channel is connected; DeadlineExceeded otherwise."""
@@ -622,10 +641,8 @@ class _Client:
 
     def close(self) -> None:
         """Closes the channel if this client opened it (idempotent)."""
-        if not self._closed:
-            self._closed = True
-            if self._owns_channel:
-                self.channel.close()
+        if self._closing():
+            self.channel.close()
 
     def __enter__(self) -> Any:
         return self

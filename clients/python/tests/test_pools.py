@@ -49,10 +49,9 @@ def unregister(node, pool_id):
             time.sleep(0.02)
 
 
-def move_into(cluster, room_id, sink_pool_id, sink_view, skip=0):
-    """n1's host pool pages [0, 8) -> n2's pool `sink_pool_id` pages [16, 24);
-    the sink's bytes (`sink_view`, canary 0xA5 before) then hold the copy and
-    every other page its canary."""
+def move_pages(cluster, room_id, sink_pool_id):
+    """n1's host pool pages [0, 8) -> n2's pool `sink_pool_id` pages [16, 24)
+    in one chunk; returns when both leases are RELEASED."""
     ctl, n1 = cluster.control(), cluster.node("n1")
     a = ctl.join_room(room_id, SRC, cluster.pools["n1"].pool_id, [(0, 8)], retry_s=WAIT_S)
     b = ctl.join_room(room_id, SNK, sink_pool_id, [(16, 8)], retry_s=WAIT_S)
@@ -63,6 +62,12 @@ def move_into(cluster, room_id, sink_pool_id, sink_view, skip=0):
                            retry_unavailable_s=WAIT_S) == 1
     assert ctl.complete_room(a.room, SRC) in (RoomState.ACTIVE, RoomState.COMPLETED)
     ctl.wait_all_released([a.lease_id, b.lease_id], WAIT_S)
+
+
+def move_into(cluster, room_id, sink_pool_id, sink_view, skip=0):
+    """move_pages(); the sink's bytes (`sink_view`, canary 0xA5 before) then
+    hold the copy and every other page its canary."""
+    move_pages(cluster, room_id, sink_pool_id)
     mem = bytes(sink_view[skip:skip + POOL_BYTES])
     assert mem[16 * PAGE_SIZE:24 * PAGE_SIZE] == canary(1, 0, 8)
     assert mem[:16 * PAGE_SIZE] == canary(0xA5, 0, 16)
@@ -149,17 +154,7 @@ def test_multi_buffer_pool_takes_every_slot_of_a_page(cluster):
     try:
         pool = n2.register_pool_buffers([spec for _, spec, _ in bufs], PAGE_COUNT)
         assert pool.page_size == PAGE_SIZE and pool.page_count == PAGE_COUNT
-        ctl, n1 = cluster.control(), cluster.node("n1")
-        a = ctl.join_room(503, SRC, cluster.pools["n1"].pool_id, [(0, 8)], retry_s=WAIT_S)
-        b = ctl.join_room(503, SNK, pool.pool_id, [(16, 8)], retry_s=WAIT_S)
-        assert b.state == RoomState.ACTIVE
-        assert n1.submit_chunk(a.room, 1, source_rank=0,
-                               source_pool_id=cluster.pools["n1"].pool_id,
-                               source_ranges=[(0, 8)], sink_node_id="n2", sink_rank=0,
-                               sink_pool_id=pool.pool_id, sink_ranges=[(16, 8)],
-                               last_chunk=True, retry_unavailable_s=WAIT_S) == 1
-        ctl.complete_room(a.room, SRC)
-        ctl.wait_all_released([a.lease_id, b.lease_id], WAIT_S)
+        move_pages(cluster, 503, pool.pool_id)
         src = canary(1, 0, 8)
         at = 0
         for bi, (mem, spec, _) in enumerate(bufs):
@@ -247,16 +242,7 @@ def test_sglang_and_vllm_terms(cluster):
         assert pool.page_size == PAGE_SIZE and pool.page_count == PAGE_COUNT
         slots = [(devs[0], 0, 240), (devs[0], 240 * PAGE_COUNT, 240), (devs[1], 0, 240),
                  (devs[1], 240 * PAGE_COUNT, 240), (devs[2], 0, 3136)]
-        ctl, n1 = cluster.control(), cluster.node("n1")
-        a = ctl.join_room(504, SRC, cluster.pools["n1"].pool_id, [(0, 8)], retry_s=WAIT_S)
-        b = ctl.join_room(504, SNK, pool.pool_id, [(16, 8)], retry_s=WAIT_S)
-        assert n1.submit_chunk(a.room, 1, source_rank=0,
-                               source_pool_id=cluster.pools["n1"].pool_id,
-                               source_ranges=[(0, 8)], sink_node_id="n2", sink_rank=0,
-                               sink_pool_id=pool.pool_id, sink_ranges=[(16, 8)],
-                               last_chunk=True, retry_unavailable_s=WAIT_S) == 1
-        ctl.complete_room(a.room, SRC)
-        ctl.wait_all_released([a.lease_id, b.lease_id], WAIT_S)
+        move_pages(cluster, 504, pool.pool_id)
         src = canary(1, 0, 8)
         at = 0
         for dev, base, ps in slots:

@@ -922,6 +922,68 @@ static void http_bad_addresses_refused(void **state)
     kvf_metrics_destroy(reg);
 }
 
+/* kvf_metrics_http_serve(): the start every daemon does. The port lands in
+ * the port file; an endpoint that cannot start is no error (the daemon runs
+ * on without metrics); a port file that cannot be written is one, and leaves
+ * nothing listening. */
+static void http_serve_writes_port_file(void **state)
+{
+    (void)state;
+    int threads_before = count_threads();
+    struct kvf_metrics *reg = kvf_metrics_create(NULL);
+    char dir[] = "/tmp/kvf-metrics-serve-XXXXXX";
+    assert_non_null(mkdtemp(dir));
+    char pf[64];
+    snprintf(pf, sizeof(pf), "%s/metrics.port", dir);
+
+    struct kvf_metrics_http *srv = NULL;
+    assert_int_equal(kvf_metrics_http_serve(reg, "127.0.0.1:0", pf, &srv), 0);
+    assert_non_null(srv);
+    uint16_t port = kvf_metrics_http_port(srv);
+    assert_true(port != 0);
+    FILE *f = fopen(pf, "r");
+    assert_non_null(f);
+    char line[32] = {0};
+    assert_non_null(fgets(line, sizeof(line), f));
+    fclose(f);
+    char want[32];
+    snprintf(want, sizeof(want), "%u\n", (unsigned)port);
+    assert_string_equal(line, want);
+    char *resp = http_exchange(port, "GET /healthz HTTP/1.0\r\n\r\n");
+    assert_status(resp, 200);
+    free(resp);
+
+    /* The port is taken: logged, no error, no server. */
+    char addr[32];
+    snprintf(addr, sizeof(addr), "127.0.0.1:%u", (unsigned)port);
+    struct kvf_metrics_http *srv2 = (struct kvf_metrics_http *)0x1;
+    assert_int_equal(kvf_metrics_http_serve(reg, addr, NULL, &srv2), 0);
+    assert_null(srv2);
+    kvf_metrics_http_stop(srv);
+    assert_int_equal(unlink(pf), 0);
+
+    /* No address, or no registry: nothing to serve. */
+    srv2 = (struct kvf_metrics_http *)0x1;
+    assert_int_equal(kvf_metrics_http_serve(reg, NULL, pf, &srv2), 0);
+    assert_null(srv2);
+    srv2 = (struct kvf_metrics_http *)0x1;
+    assert_int_equal(kvf_metrics_http_serve(NULL, "127.0.0.1:0", pf, &srv2), 0);
+    assert_null(srv2);
+    assert_int_equal(access(pf, F_OK), -1);
+    assert_int_equal(kvf_metrics_http_serve(reg, "127.0.0.1:0", NULL, NULL), -EINVAL);
+
+    /* A port file that cannot be written: an error, the server stopped and
+     * the output untouched. */
+    char bad[80];
+    snprintf(bad, sizeof(bad), "%s/no-such-dir/metrics.port", dir);
+    srv2 = (struct kvf_metrics_http *)0x1;
+    assert_int_equal(kvf_metrics_http_serve(reg, "127.0.0.1:0", bad, &srv2), -ENOENT);
+    assert_ptr_equal(srv2, (struct kvf_metrics_http *)0x1);
+    assert_int_equal(count_threads(), threads_before);
+    assert_int_equal(rmdir(dir), 0);
+    kvf_metrics_destroy(reg);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -941,6 +1003,7 @@ int main(void)
         cmocka_unit_test(allocation_failure_sweep),
         cmocka_unit_test(http_serves_metrics),
         cmocka_unit_test(http_bad_addresses_refused),
+        cmocka_unit_test(http_serve_writes_port_file),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

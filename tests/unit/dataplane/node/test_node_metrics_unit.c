@@ -20,6 +20,7 @@
 #include "kvfence/v1/types.pb-c.h"
 #include "metrics.h"
 #include "node_metrics.h"
+#include "scrape.h"
 
 #define TCP   KVFENCE__V1__TRANSPORT_KIND__TRANSPORT_KIND_TCP
 #define RDMA  KVFENCE__V1__TRANSPORT_KIND__TRANSPORT_KIND_RDMA
@@ -50,16 +51,10 @@ static char *render(struct node_metrics *m)
 /* The value of sample `series` in `text`; fails when absent. */
 static double sample(const char *text, const char *series)
 {
-    size_t n = strlen(series);
-    for (const char *p = text; p && *p;) {
-        if (strncmp(p, series, n) == 0 && p[n] == ' ')
-            return strtod(p + n + 1, NULL);
-        p = strchr(p, '\n');
-        if (p)
-            p++;
-    }
-    fail_msg("no %s", series);
-    return -1;
+    double v = -1;
+    if (scrape_sample(text, series, &v) != 0)
+        fail_msg("no %s", series);
+    return v;
 }
 
 static double value(struct node_metrics *m, const char *series)
