@@ -36,7 +36,7 @@ install(DIRECTORY ${PROJECT_BINARY_DIR}/clients/python/kvfence/_proto
         FILES_MATCHING PATTERN "*.py" PATTERN "*.pyi" PATTERN "__pycache__" EXCLUDE)
 
 install(FILES ${PROJECT_SOURCE_DIR}/README.md DESTINATION ${CMAKE_INSTALL_DOCDIR})
-foreach(doc api cli control-plane design engines logging metrics node security state-cores)
+foreach(doc api cli control-plane design engines logging metrics node quickstart security state-cores)
   install(FILES ${PROJECT_SOURCE_DIR}/docs/${doc}.md DESTINATION ${CMAKE_INSTALL_DOCDIR})
 endforeach()
 
