@@ -246,6 +246,10 @@ static int room_index_reserve(struct kvf_node *n)
  * the table refuses (late generation, out of memory). */
 static struct node_room *room_open(struct kvf_node *n, kvf_room_key key)
 {
+    if (node_fault_refuse_room_open(n)) {
+        node_log("warn", &key, "cannot open lifetime: refused by the fault file");
+        return NULL;
+    }
     struct node_room *r = calloc(1, sizeof *r);
     if (!r || room_index_reserve(n) != 0) {
         node_log("error", &key, "out of memory for the room");
@@ -584,13 +588,22 @@ static void on_room_update(struct kvf_node *n, const Kvfence__V1__RoomUpdate *ru
         return;
     }
     struct node_room *r = node_room_find(n, key);
-    if (!r && (n->stop_requested || kvf_lt_table_is_late(n->lts, key))) {
-        node_log("info", &key, "late or refused room update ignored");
+    if (!r && kvf_lt_table_is_late(n->lts, key)) {
+        node_log("info", &key, "late room update ignored");
         node_session_send_ack(n, ru->notice_id);
         return;
     }
-    if (!r && !(r = room_open(n, key))) {
+    if (!r && (n->stop_requested || !(r = room_open(n, key)))) {
+        /* No lifetime, so no RoomUpdateAck: this node's members would never
+         * be published and the room would stay ACTIVE. Fail it through the
+         * token path instead, like every other refusal: the control plane
+         * aborts it, and its AbortNotice finds nothing run here (Drained at
+         * once, on_abort_notice). */
         node_session_send_ack(n, ru->notice_id);
+        node_session_send_room_failed(n, key,
+                                      n->stop_requested
+                                          ? "room update refused: the node is stopping"
+                                          : "room update refused: cannot open the room's lifetime");
         return;
     }
     /* An update names another node's members only as far as that node
