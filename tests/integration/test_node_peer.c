@@ -641,8 +641,10 @@ static void test_refused_room_open_fails_room(void **state)
     fx_start_n2(f, NULL, NH_LOG_FILE | NH_FAULT_FILE);
     introduce(f, 1603);
     nh_set_faults(&f->n2, "refuse_room_open=1\n", WAIT_MS);
-    kvf_room_key k =
-        nh_join_pair(f->ch, 603, "n1", f->p1.pool_id, 8, "n2", f->p2.pool_id, 8, 4, WAIT_MS);
+    /* Not nh_join_pair: the room may fail before anyone sees it ACTIVE. */
+    kvf_room_key k = join(f, 603, 1, 1, "n1", 0, SOURCE, f->p1.pool_id, 8, 4);
+    kvf_room_key k2 = join(f, 603, 1, 1, "n2", 0, SINK, f->p2.pool_id, 8, 4);
+    assert_true(k.room_id == k2.room_id && k.generation == k2.generation);
     nh_wait_log(&f->n2, "fault: refused to open a room", NULL, 1, WAIT_MS);
     int64_t t0 = nh_now_ms();
     int st = KVFENCE__V1__ROOM_STATE__ROOM_STATE_ACTIVE;
