@@ -19,7 +19,10 @@
  * refused as a whole only when its first frame is; if admission closes or a
  * post fails part way, the frames already posted run to completion (they are
  * counted in the lifetime), the chunk counts as failed and the node reports
- * TransferFailed unless the room is aborting already.
+ * TransferFailed unless the room is aborting already. A staged or queued
+ * frame may end inside node_submit_chunk itself (its copy or post failed at
+ * once): the chunk is then ended there, after its bookkeeping, never by the
+ * frame (node_chunk.submitting), and the call answers the failure.
  *
  * A chunk belongs to the pair (source rank, sink rank) it names
  * (struct node_pair, peer_link.c): chunk_seq rises per pair and last_chunk
