@@ -1144,6 +1144,11 @@ static void zap_answer(struct kvf_peer_channel *ch)
     }
 }
 
+void *peer_channel_zmq_context(struct kvf_peer_channel *ch)
+{
+    return ch->zctx;
+}
+
 /* ---- owner thread: the loop -------------------------------------------------------- */
 
 /* Fills the poll set: [0] the PULL socket, [1] the eventfd, [2] the ZAP
