@@ -55,6 +55,8 @@ static const struct fault_key fault_keys[] = {
     {"hold_room_update", CFG_OFF(hold_room_update), 1},
     {"drop_room_update", CFG_OFF(drop_room_update), UINT64_MAX},
     {"ack_drop_room_update", CFG_OFF(ack_drop_room_update), UINT64_MAX},
+    {"refuse_room_open", CFG_OFF(refuse_room_open), UINT64_MAX},
+    {"stage_fail", CFG_OFF(stage_fail), UINT64_MAX},
     {"drop_abort", CFG_OFF(drop_abort), UINT64_MAX},
     {"drop_fence", CFG_OFF(drop_fence), UINT64_MAX},
     {"drop_drained", CFG_OFF(drop_drained), UINT64_MAX},
@@ -192,12 +194,12 @@ static void apply(struct kvf_node *n, const struct node_fault_cfg *c, const char
              " drop_completed=%" PRIu64 " drop_peer_fenced=%" PRIu64 " peer_drop=%" PRIu64
              " peer_dup=%" PRIu64 " peer_delay=%" PRIu64 " rdma_hold=%" PRIu64
              " rdma_bad_notice=%" PRIu64 " rdma_drop_hello=%" PRIu64 " rdma_wr_error=%" PRIu64
-             " rdma_hold_odd=%" PRIu64,
+             " rdma_hold_odd=%" PRIu64 " refuse_room_open=%" PRIu64 " stage_fail=%" PRIu64,
              why, c->xport.hold, c->hold_stream, c->hold_room_update, c->xport.fail_post_nth,
              c->xport.error_nth, c->drop_room_update, c->drop_abort, c->drop_fence, c->drop_drained,
              c->drop_completed, c->drop_peer_fenced, c->peer_drop, c->peer_dup, c->peer_delay,
              c->rdma_hold, c->rdma_bad_notice, c->rdma_drop_hello, c->rdma_wr_error,
-             c->rdma_hold_odd);
+             c->rdma_hold_odd, c->refuse_room_open, c->stage_fail);
     kvf_transport_fault_set(n->tcp_io, &c->xport);
     if (n->faults->rdma_applied != (c->rdma_hold != 0)) {
         n->faults->rdma_applied = c->rdma_hold != 0;
@@ -401,6 +403,24 @@ bool node_fault_ack_drop_room_update(struct kvf_node *n)
         return false;
     node_log("warn", NULL, "fault: acknowledged a RoomUpdate and dropped it (%" PRIu64 " more)",
              n->faults->cfg.ack_drop_room_update);
+    return true;
+}
+
+bool node_fault_refuse_room_open(struct kvf_node *n)
+{
+    if (!n->faults || !take(&n->faults->cfg.refuse_room_open))
+        return false;
+    node_log("warn", NULL, "fault: refused to open a room (%" PRIu64 " more)",
+             n->faults->cfg.refuse_room_open);
+    return true;
+}
+
+bool node_fault_stage_fail(struct kvf_node *n)
+{
+    if (!n->faults || !take(&n->faults->cfg.stage_fail))
+        return false;
+    node_log("warn", NULL, "fault: a staging copy not started (%" PRIu64 " more)",
+             n->faults->cfg.stage_fail);
     return true;
 }
 

@@ -27,6 +27,12 @@
  *                        RoomUpdateAck) and drop them unapplied: a node that
  *                        breaks the order, so that a peer's frame or envelope
  *                        reaches it for a room it does not know;
+ *   refuse_room_open=N   the next N rooms this node would open (a RoomUpdate
+ *                        or an AbortNotice for a room new here) are refused
+ *                        as by the lifetime table out of memory;
+ *   stage_fail=N         the next N staging copies (--staging host|cuda) fail
+ *                        to start, -EIO, before the engine is called: their
+ *                        frames end failed inside the SubmitChunk;
  *   drop_abort=N         drop the next N AbortNotice notices;
  *   drop_fence=N         drop the next N FencePeer notices;
  *   drop_drained=N       do not send the next N Drained reports;
@@ -71,6 +77,8 @@ struct node_fault_cfg {
     uint64_t hold_room_update; /* 0 or 1 */
     uint64_t drop_room_update, drop_abort, drop_fence;
     uint64_t ack_drop_room_update;
+    uint64_t refuse_room_open;
+    uint64_t stage_fail;
     uint64_t drop_drained, drop_completed, drop_peer_fenced;
     uint64_t peer_drop, peer_dup, peer_delay, peer_delay_after;
     uint64_t rdma_hold;     /* 0 or 1 */
@@ -129,6 +137,14 @@ bool node_fault_drop_control(struct kvf_node *n, int msg_case);
 /* True when the RoomUpdate must be acknowledged and dropped unapplied
  * (ack_drop_room_update; counts it). */
 bool node_fault_ack_drop_room_update(struct kvf_node *n);
+
+/* True when the room about to be opened must be refused (refuse_room_open;
+ * counts it). */
+bool node_fault_refuse_room_open(struct kvf_node *n);
+
+/* True when the staging copy about to start must fail (stage_fail; counts
+ * it). */
+bool node_fault_stage_fail(struct kvf_node *n);
 
 /* True when the SubmitChunks request's job `j` is kept back
  * (hold_stream): the job is then the fault module's until it runs. */

@@ -19,7 +19,10 @@
  * refused as a whole only when its first frame is; if admission closes or a
  * post fails part way, the frames already posted run to completion (they are
  * counted in the lifetime), the chunk counts as failed and the node reports
- * TransferFailed unless the room is aborting already.
+ * TransferFailed unless the room is aborting already. A staged or queued
+ * frame may end inside node_submit_chunk itself (its copy or post failed at
+ * once): the chunk is then ended there, after its bookkeeping, never by the
+ * frame (node_chunk.submitting), and the call answers the failure.
  *
  * A chunk belongs to the pair (source rank, sink rank) it names
  * (struct node_pair, peer_link.c): chunk_seq rises per pair and last_chunk
@@ -339,6 +342,8 @@ static struct node_chunk *chunk_new(struct node_room *r, const struct node_membe
     return ch;
 }
 
+static void chunk_end(struct kvf_node *n, struct node_chunk *ch);
+
 /* The chunk's source participant failed: report it once. */
 static void source_failed(struct kvf_node *n, struct node_chunk *ch, const char *why)
 {
@@ -561,6 +566,11 @@ int node_submit_chunk(struct kvf_node *n, const Kvfence__V1__SubmitChunkRequest 
     ch->metrics_t0 = node_metrics_chunk_start(n->metrics, node_chunk_transport(ch));
     uint32_t nframes = ch->nframes;
     int err = 0;
+    /* Frames may end inside the calls below (staging and queued posts fail
+     * some at once): the chunk is not ended by them (frame_end) but below,
+     * after its bookkeeping, so it is neither read after its free nor
+     * counted open after it ended. */
+    ch->submitting = true;
     if (node_xport_staging(n)) {
         /* Every frame starts (or is dropped) in the pipeline: the chunk is
          * accepted whole, its frames end one by one. */
@@ -610,6 +620,29 @@ int node_submit_chunk(struct kvf_node *n, const Kvfence__V1__SubmitChunkRequest 
         pair->aux_len = req->aux.len;
     } else {
         free(aux);
+    }
+    ch->submitting = false;
+    /* Only the staged and queued paths end frames inside the calls above
+     * (err is 0 there); posted frames end at a later poll. */
+    bool ended = ch->ndone == ch->nframes;
+    if (err == 0 && (ended || ch->nfail > 0)) {
+        uint32_t nfail = ch->nfail;
+        bool closed = r->core.aborting;
+        if (ended)
+            chunk_end(n, ch); /* ch is freed */
+        if (nfail == 0) {
+            o->err = 0;
+            o->code = KVF_GRPC_OK;
+            return 0;
+        }
+        /* Their source is reported already (TransferFailed): the engine is
+         * told too, as for a post that fails part-way. */
+        if (closed)
+            refuse(o, -ECANCELED, "chunk %" PRIu64 ": room admission is closed", req->chunk_seq);
+        else
+            refuse(o, -EIO, "chunk %" PRIu64 ": %u of %u frames failed at submission",
+                   req->chunk_seq, nfail, nframes);
+        return o->code;
     }
     if (err != 0) {
         /* Part of the chunk is in flight: it completes, and the chunk fails;
@@ -712,7 +745,7 @@ static void frame_end(struct kvf_node *n, struct node_frame *f, bool ok, int sta
             snprintf(why, sizeof why, "chunk %" PRIu64 ": a frame failed", ch->seq);
         source_failed(n, ch, why);
     }
-    if (ch->ndone == ch->nframes)
+    if (ch->ndone == ch->nframes && !ch->submitting)
         chunk_end(n, ch);
 }
 

@@ -246,6 +246,10 @@ static int room_index_reserve(struct kvf_node *n)
  * the table refuses (late generation, out of memory). */
 static struct node_room *room_open(struct kvf_node *n, kvf_room_key key)
 {
+    if (node_fault_refuse_room_open(n)) {
+        node_log("warn", &key, "cannot open lifetime: refused by the fault file");
+        return NULL;
+    }
     struct node_room *r = calloc(1, sizeof *r);
     if (!r || room_index_reserve(n) != 0) {
         node_log("error", &key, "out of memory for the room");
@@ -575,6 +579,20 @@ static bool member_in_update(const struct node_member *m, const Kvfence__V1__Roo
     return false;
 }
 
+/* A RoomUpdate this node opened the room for but cannot apply: nothing of it
+ * is kept. The control plane does not send a room's update again until it
+ * changes, and without a RoomUpdateAck it never publishes this node's
+ * members, so the room fails (TransferFailed) unless it is aborting already.
+ * Acknowledged: the notice reached us. */
+static void room_update_refused(struct kvf_node *n, struct node_room *r, uint64_t notice_id,
+                                const char *why)
+{
+    node_log("error", &r->key, "room update refused: %s", why);
+    node_session_send_ack(n, notice_id);
+    if (!r->core.aborting)
+        node_session_send_room_failed(n, r->key, why);
+}
+
 static void on_room_update(struct kvf_node *n, const Kvfence__V1__RoomUpdate *ru)
 {
     kvf_room_key key = key_of(ru->room);
@@ -584,13 +602,22 @@ static void on_room_update(struct kvf_node *n, const Kvfence__V1__RoomUpdate *ru
         return;
     }
     struct node_room *r = node_room_find(n, key);
-    if (!r && (n->stop_requested || kvf_lt_table_is_late(n->lts, key))) {
-        node_log("info", &key, "late or refused room update ignored");
+    if (!r && kvf_lt_table_is_late(n->lts, key)) {
+        node_log("info", &key, "late room update ignored");
         node_session_send_ack(n, ru->notice_id);
         return;
     }
-    if (!r && !(r = room_open(n, key))) {
+    if (!r && (n->stop_requested || !(r = room_open(n, key)))) {
+        /* No lifetime, so no RoomUpdateAck: this node's members would never
+         * be published and the room would stay ACTIVE. Fail it through the
+         * token path instead, like every other refusal: the control plane
+         * aborts it, and its AbortNotice finds nothing run here (Drained at
+         * once, on_abort_notice). */
         node_session_send_ack(n, ru->notice_id);
+        node_session_send_room_failed(n, key,
+                                      n->stop_requested
+                                          ? "room update refused: the node is stopping"
+                                          : "room update refused: cannot open the room's lifetime");
         return;
     }
     /* An update names another node's members only as far as that node
@@ -601,8 +628,8 @@ static void on_room_update(struct kvf_node *n, const Kvfence__V1__RoomUpdate *ru
         kept += !member_in_update(&r->members[o], ru);
     struct node_member *mv = calloc(cnt + kept ? cnt + kept : 1, sizeof *mv);
     if (!mv) {
-        node_log("error", &key, "out of memory for the room update");
-        return; /* no ack: the control plane re-sends */
+        room_update_refused(n, r, ru->notice_id, "out of memory applying the room update");
+        return;
     }
     for (size_t i = 0; i < cnt; i++) {
         const Kvfence__V1__RoomMember *rm = ru->members[i];
@@ -621,6 +648,7 @@ static void on_room_update(struct kvf_node *n, const Kvfence__V1__RoomUpdate *ru
             m->ranges = calloc(l->n_ranges ? l->n_ranges : 1, sizeof *m->ranges);
             if (!m->ranges) {
                 members_free(mv, cnt);
+                room_update_refused(n, r, ru->notice_id, "out of memory applying the room update");
                 return;
             }
             m->nranges = l->n_ranges;

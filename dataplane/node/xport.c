@@ -34,6 +34,7 @@
 #include <unistd.h>
 
 #include "devpool.h"
+#include "faults.h"
 #include "xport_internal.h"
 #include "xport_registry.h"
 #include "node_log.h"
@@ -326,7 +327,7 @@ static void pump(struct kvf_node *n)
         f->copy.user = f;
         rc = kvf_lt_admit(r->core.lt, &f->copy.op, KVF_LT_OP_CUDA_COPY, f->x.peer);
         if (rc == 0) {
-            rc = kvf_staging_copy_async(xp->eng, &f->copy);
+            rc = node_fault_stage_fail(n) ? -EIO : kvf_staging_copy_async(xp->eng, &f->copy);
             if (rc != 0 && kvf_lt_op_cancel(&f->copy.op))
                 node_check_drained(n, r);
         }

@@ -49,6 +49,10 @@ struct node_chunk {
     uint32_t nframes; /* frames that each end exactly once (node_frame_end) */
     uint32_t ndone;
     uint32_t nfail;
+    /* node_submit_chunk is still running: a frame ending inside it (a
+     * staging copy or a queued post that fails at once) does not end the
+     * chunk; node_submit_chunk does, once its bookkeeping is done. */
+    bool submitting;
     uint64_t metrics_t0; /* node_metrics_chunk_start's time */
     struct node_frame frames[];
 };

@@ -147,6 +147,7 @@ struct kvf_peer_channel {
     void *pull; /* ZMQ_PULL, CURVE server, bound to `endpoint` */
     void *zap;  /* ZMQ_REP, the ZAP handler of zctx */
     uint64_t zap_logged;
+    uint64_t zap_resets; /* zap_reset: owner thread */
     struct peer_seq_map recv_seq;
     struct peer_out *peers;
     size_t n_peers;
@@ -983,12 +984,93 @@ static void recv_batch(struct kvf_peer_channel *ch)
 
 /* ---- owner thread: the ZAP handler -------------------------------------------------- */
 
-#define ZAP_FRAMES_MAX 8
+#define ZAP_FRAMES_MAX   8
+#define ZAP_REBIND_TRIES 100 /* 1 ms apart: libzmq frees a closed socket's inproc name later */
+
+/* Sends one ZAP reply (RFC 27): version, request id (`id`, or empty), status,
+ * status text, User-Id, metadata (empty). 0, or the first failure's -errno. */
+static int zap_reply(struct kvf_peer_channel *ch, const zmq_msg_t *id, const char *status,
+                     const char *text, const char *user)
+{
+    zmq_msg_t *idm = (zmq_msg_t *)id; /* zmq_msg_data takes no const */
+    if (zmq_send(ch->zap, "1.0", 3, ZMQ_SNDMORE) < 0 ||
+        zmq_send(ch->zap, idm ? zmq_msg_data(idm) : "", idm ? zmq_msg_size(idm) : 0, ZMQ_SNDMORE) <
+            0 ||
+        zmq_send(ch->zap, status, 3, ZMQ_SNDMORE) < 0 ||
+        zmq_send(ch->zap, text, strlen(text), ZMQ_SNDMORE) < 0 ||
+        zmq_send(ch->zap, user, strlen(user), ZMQ_SNDMORE) < 0 || zmq_send(ch->zap, "", 0, 0) < 0)
+        return -zmq_errno();
+    return 0;
+}
+
+/* The ZAP socket's request/reply state is lost (a request that could not be
+ * read whole nor answered): a new REP socket replaces it on the same
+ * endpoint, so that later handshakes are answered again. The request that
+ * was lost gets no answer; libzmq's handshake timeout ends that connection
+ * and the client connects again. Without a socket (the bind kept failing:
+ * logged) libzmq asks no handler, and a connection's messages carry no
+ * User-Id, so every one is dropped as unauthenticated (handle_frame). */
+static void zap_reset(struct kvf_peer_channel *ch)
+{
+    zmq_close(ch->zap);
+    ch->zap = zmq_socket(ch->zctx, ZMQ_REP);
+    if (ch->zap != NULL) {
+        int linger = 0;
+        zmq_setsockopt(ch->zap, ZMQ_LINGER, &linger, sizeof(linger));
+        int tries = 0;
+        while (zmq_bind(ch->zap, PEER_ZAP_ENDPOINT) != 0) {
+            if (zmq_errno() != EADDRINUSE || ++tries >= ZAP_REBIND_TRIES) {
+                zmq_close(ch->zap);
+                ch->zap = NULL;
+                break;
+            }
+            usleep(1000);
+        }
+    }
+    ch->zap_resets++;
+    if (ch->zap == NULL)
+        peer_log("zap: the handler could not be bound again (%s): connections are not "
+                 "authenticated, their messages are dropped",
+                 zmq_strerror(zmq_errno()));
+    else
+        peer_log("zap: the handler socket was reset (%" PRIu64 " resets)", ch->zap_resets);
+}
+
+/* A request whose frame `got` (0-based) could not be read (`err`): the rest
+ * of it is read, while ZMQ_RCVMORE says more (libzmq delivers a multipart
+ * message whole, so they are there), and it is answered "500"; if that
+ * fails too, the socket is reset. A REP socket that took a request must
+ * answer it, or it takes no other. */
+static void zap_fail_request(struct kvf_peer_channel *ch, const zmq_msg_t *id, int got, int err)
+{
+    peer_log("zap: zmq_msg_recv of frame %d of a request: %s; answered 500", got,
+             zmq_strerror(err));
+    ch->st.zap_refused++;
+    int more = 1;
+    size_t len = sizeof(more);
+    int rc = 0;
+    while (rc == 0 && zmq_getsockopt(ch->zap, ZMQ_RCVMORE, &more, &len) == 0 && more) {
+        zmq_msg_t m;
+        zmq_msg_init(&m);
+        if (zmq_msg_recv(&m, ch->zap, ZMQ_DONTWAIT) < 0 && zmq_errno() != EINTR)
+            rc = -zmq_errno();
+        zmq_msg_close(&m);
+        len = sizeof(more);
+    }
+    if (rc == 0)
+        rc = zap_reply(ch, id, "500", "the request could not be read", "");
+    if (rc != 0)
+        zap_reset(ch);
+}
 
 /* Answers one ZAP request (RFC 27): "200" with the incarnation's name as
- * User-Id when the CURVE client key is an introduced one, else "400". */
+ * User-Id when the CURVE client key is an introduced one, else "400"; "500"
+ * when the request could not be read whole (zap_fail_request). Every request
+ * taken is answered, or the socket is reset (zap_reset). */
 static void zap_answer(struct kvf_peer_channel *ch)
 {
+    if (ch->zap == NULL)
+        return;
     zmq_msg_t f[ZAP_FRAMES_MAX];
     int n = 0;     /* frames kept */
     int extra = 0; /* frames beyond ZAP_FRAMES_MAX, read and dropped */
@@ -1001,7 +1083,9 @@ static void zap_answer(struct kvf_peer_channel *ch)
             zmq_msg_close(m);
             if (err == EINTR)
                 continue;
-            if (err != EAGAIN)
+            if (n + extra > 0 && err != ETERM) /* mid-request: it is answered */
+                zap_fail_request(ch, n > 1 ? &f[1] : NULL, n + extra, err);
+            else if (err != EAGAIN && err != ETERM)
                 peer_log("zap: zmq_msg_recv: %s", zmq_strerror(err));
             for (int i = 0; i < n; i++)
                 zmq_msg_close(&f[i]);
@@ -1050,19 +1134,19 @@ static void zap_answer(struct kvf_peer_channel *ch)
                      ch->st.zap_refused);
         }
     }
-    const char *status = ok ? "200" : "400";
-    const char *text = ok ? "OK" : "not an introduced peer";
-    zmq_send(ch->zap, "1.0", 3, ZMQ_SNDMORE);
-    if (nf > 1)
-        zmq_send(ch->zap, zmq_msg_data(&f[1]), zmq_msg_size(&f[1]), ZMQ_SNDMORE);
-    else
-        zmq_send(ch->zap, "", 0, ZMQ_SNDMORE);
-    zmq_send(ch->zap, status, 3, ZMQ_SNDMORE);
-    zmq_send(ch->zap, text, strlen(text), ZMQ_SNDMORE);
-    zmq_send(ch->zap, user, strlen(user), ZMQ_SNDMORE);
-    zmq_send(ch->zap, "", 0, 0);
+    int rc = zap_reply(ch, nf > 1 ? &f[1] : NULL, ok ? "200" : "400",
+                       ok ? "OK" : "not an introduced peer", user);
     for (int i = 0; i < nf; i++)
         zmq_msg_close(&f[i]);
+    if (rc != 0 && rc != -ETERM) {
+        peer_log("zap: the reply could not be sent: %s", zmq_strerror(-rc));
+        zap_reset(ch); /* a REP socket left half-way through its reply takes no request */
+    }
+}
+
+void *peer_channel_zmq_context(struct kvf_peer_channel *ch)
+{
+    return ch->zctx;
 }
 
 /* ---- owner thread: the loop -------------------------------------------------------- */
@@ -1088,7 +1172,9 @@ static int poll_build(struct kvf_peer_channel *ch)
     size_t n = 0;
     ch->items[n++] = (zmq_pollitem_t){.socket = ch->pull, .events = ZMQ_POLLIN};
     ch->items[n++] = (zmq_pollitem_t){.socket = NULL, .fd = ch->efd, .events = ZMQ_POLLIN};
-    ch->items[n++] = (zmq_pollitem_t){.socket = ch->zap, .events = ZMQ_POLLIN};
+    /* fd -1 when the ZAP socket is gone (zap_reset): poll ignores it. */
+    ch->items[n++] = ch->zap ? (zmq_pollitem_t){.socket = ch->zap, .events = ZMQ_POLLIN}
+                             : (zmq_pollitem_t){.socket = NULL, .fd = -1};
     for (struct peer_out *p = ch->peers; p != NULL; p = p->next) {
         if (p->head == NULL)
             continue;

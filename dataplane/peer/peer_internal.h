@@ -60,4 +60,9 @@ size_t peer_seq_map_forget(struct peer_seq_map *m, kvf_room_key key);
  */
 uint8_t *peer_frame_seal(uint8_t *body, size_t body_len, uint64_t seq, size_t *len_p);
 
+/* The channel's ZeroMQ context: the unit test sends requests to its ZAP
+ * handler (an inproc endpoint of this context) directly. */
+struct kvf_peer_channel;
+void *peer_channel_zmq_context(struct kvf_peer_channel *ch);
+
 #endif /* KVF_PEER_INTERNAL_H */

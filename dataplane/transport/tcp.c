@@ -984,8 +984,12 @@ static void tcp_destroy(struct kvf_transport *base)
     kvf_wake_close(t->cq_wake);
     pthread_mutex_destroy(&t->cq_lock);
     pthread_mutex_destroy(&t->lock);
+    /* The pair secrets go back to malloc cleansed: the peers' and those of
+     * handshakes still pending (closed above, their secrets still copied). */
     if (t->peers)
         OPENSSL_cleanse(t->peers, (size_t)t->opts.max_peers * sizeof(*t->peers));
+    if (t->pending)
+        OPENSSL_cleanse(t->pending, (size_t)t->opts.max_pending * sizeof(*t->pending));
     free(t->pools);
     free(t->peers);
     free(t->pending);

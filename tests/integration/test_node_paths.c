@@ -110,13 +110,14 @@ static void wait_node_knows(struct fx *f, struct nh_node *np, kvf_room_key k)
 
 /* Control plane and n1 (with `n1_args`); with `sink_n2`, n2 too and the sink
  * pool on n2, else both pools on n1. */
-static void fx_start(struct fx *f, const char *const *n1_args, bool sink_n2)
+static void fx_start_flags(struct fx *f, const char *const *n1_args, bool sink_n2,
+                           unsigned n1_flags)
 {
     const char *args[] = {"--threads", "2", "--node-ttl-ms", NODE_TTL_MS, "--resend-ms",
                           "50",        NULL};
     nh_control_start(&f->cp, &f->ch, args);
     nh_tmpdir(f->dir, sizeof f->dir, "paths");
-    assert_int_equal(nh_node_start(&f->n1, f->dir, "n1", "n1", f->cp.target, n1_args, 0), 0);
+    assert_int_equal(nh_node_start(&f->n1, f->dir, "n1", "n1", f->cp.target, n1_args, n1_flags), 0);
     if (sink_n2)
         assert_int_equal(nh_node_start(&f->n2, f->dir, "n2", "n2", f->cp.target, NULL, 0), 0);
     f->sink_node = sink_n2 ? "n2" : "n1";
@@ -124,6 +125,11 @@ static void fx_start(struct fx *f, const char *const *n1_args, bool sink_n2)
     assert_int_equal(nh_pool_create(&f->p2, "paths", "sink", PAGE_SIZE, PAGE_COUNT, nh_canary2), 0);
     f->p1.pool_id = nh_register_pool(&f->n1, &f->p1);
     f->p2.pool_id = nh_register_pool(sink_n2 ? &f->n2 : &f->n1, &f->p2);
+}
+
+static void fx_start(struct fx *f, const char *const *n1_args, bool sink_n2)
+{
+    fx_start_flags(f, n1_args, sink_n2, 0);
 }
 
 /* Source n1 pool p1 pages [0, 32) -> sink pool p2 pages [32, 64). */
@@ -332,6 +338,40 @@ static void test_abort_waits_for_staged_op_in_flight(void **state)
     check_sink_pool_two_rooms(f);
 }
 
+/* A staged chunk whose every frame fails inside its SubmitChunk (fault
+ * stage_fail: each staging copy fails to start, so every frame ends before
+ * node_xport_stage_chunk returns, and the chunk with it). The call answers
+ * INTERNAL naming the chunk, the room fails (TransferFailed: ABORTED, every
+ * lease released), no sink byte moved, and the node is sound afterwards: a
+ * second room completes and the node exits 0 at teardown. Before, the chunk
+ * was freed by its last frame's end and node_submit_chunk then read it
+ * (ASan build: heap-use-after-free in the node, which died; the plain build:
+ * SubmitChunk OK for a chunk that had already failed). */
+static void test_staged_chunk_failing_at_submission(void **state)
+{
+    struct fx *f = *state;
+    const char *n1_args[] = {"--staging", "host", "--staging-buffers", "8", NULL};
+    fx_start_flags(f, n1_args, true, NH_LOG_FILE | NH_FAULT_FILE);
+    kvf_room_key k = join_pair(f, 506);
+    nh_set_faults(&f->n1, "stage_fail=1000\n", WAIT_MS);
+    struct kvf_rpc_status st;
+    /* Eight pages: two frames, both with a buffer at once. */
+    int code = submit_as(f, &f->n1, k, 0, 1, 0, LEASE_PAGES, 8, false, &st);
+    if (code != KVF_GRPC_INTERNAL || !strstr(st.message, "chunk 1"))
+        fail_msg(
+            "SubmitChunk with every staged frame failing: %d %s (want INTERNAL naming chunk 1)",
+            code, st.message);
+    int reason = nh_wait_room_state(f->ch, k, KVFENCE__V1__ROOM_STATE__ROOM_STATE_ABORTED, WAIT_MS);
+    assert_int_equal(reason, KVFENCE__V1__ABORT_REASON__ABORT_REASON_TRANSFER_FAILED);
+    assert_true(nh_log_count(&f->n1, "fault: a staging copy not started", NULL) >= 2);
+    check_sink_pool(f, false);
+    nh_set_faults(&f->n1, "", WAIT_MS);
+    kvf_room_key k2 = join_pair(f, 507);
+    submit_ok(f, k2, 1, 0, LEASE_PAGES, true);
+    nh_wait_room_state(f->ch, k2, KVFENCE__V1__ROOM_STATE__ROOM_STATE_COMPLETED, WAIT_MS);
+    check_sink_pool(f, true);
+}
+
 static void test_bad_staging_setting_exits_2(void **state)
 {
     (void)state;
@@ -361,7 +401,10 @@ int main(void)
         cmocka_unit_test_setup_teardown(test_same_node_with_host_staging_is_byte_exact, setup,
                                         teardown),
         cmocka_unit_test_setup_teardown(test_abort_waits_for_staged_op_in_flight, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_staged_chunk_failing_at_submission, setup, teardown),
         cmocka_unit_test(test_bad_staging_setting_exits_2),
     };
+    if (getenv("KVF_TEST_FILTER"))
+        cmocka_set_test_filter(getenv("KVF_TEST_FILTER"));
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

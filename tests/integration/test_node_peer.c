@@ -635,6 +635,38 @@ static void test_frame_for_unknown_room_fails_room_at_once(void **state)
     nh_check_pool(&f->p2, nh_canary2, 0, 0, nh_canary1, 0, "n2");
 }
 
+/* A node that cannot open a room for its RoomUpdate (fault refuse_room_open:
+ * the lifetime table refuses, as when out of memory) fails the room through
+ * the token path: TransferFailed, the control plane aborts the room, both
+ * nodes drain (n2 opens the lifetime for the abort notice) and every lease is
+ * released. Before, n2 acknowledged the notice and sent no RoomUpdateAck, so
+ * n2's members were never published to n1 and the room stayed ACTIVE until
+ * someone aborted it. Nothing landed. */
+static void test_refused_room_open_fails_room(void **state)
+{
+    struct fx *f = *state;
+    fx_start_n2(f, NULL, NH_LOG_FILE | NH_FAULT_FILE);
+    introduce(f, 1603);
+    nh_set_faults(&f->n2, "refuse_room_open=1\n", WAIT_MS);
+    /* Not nh_join_pair: the room may fail before anyone sees it ACTIVE. */
+    kvf_room_key k = join(f, 603, 1, 1, "n1", 0, SOURCE, f->p1.pool_id, 8, 4);
+    kvf_room_key k2 = join(f, 603, 1, 1, "n2", 0, SINK, f->p2.pool_id, 8, 4);
+    assert_true(k.room_id == k2.room_id && k.generation == k2.generation);
+    nh_wait_log(&f->n2, "fault: refused to open a room", NULL, 1, WAIT_MS);
+    int64_t t0 = nh_now_ms();
+    int st = KVFENCE__V1__ROOM_STATE__ROOM_STATE_ACTIVE;
+    while (nh_now_ms() - t0 < 5000 && (st = nh_room_state(f->ch, k, NULL, NULL)) !=
+                                          KVFENCE__V1__ROOM_STATE__ROOM_STATE_ABORTED)
+        nh_sleep_ms(20);
+    if (st != KVFENCE__V1__ROOM_STATE__ROOM_STATE_ABORTED)
+        fail_msg("room %llu:%llu is in state %d 5 s after n2 refused to open it: not aborted",
+                 (unsigned long long)k.room_id, (unsigned long long)k.generation, st);
+    int reason = nh_wait_room_state(f->ch, k, KVFENCE__V1__ROOM_STATE__ROOM_STATE_ABORTED, WAIT_MS);
+    assert_int_equal(reason, KVFENCE__V1__ABORT_REASON__ABORT_REASON_TRANSFER_FAILED);
+    assert_true(nh_log_count(&f->n2, "cannot open lifetime", &k) > 0);
+    nh_check_pool(&f->p2, nh_canary2, 0, 0, nh_canary1, 0, "n2");
+}
+
 #define MT_THREADS 8
 #define MT_ROOMS   32 /* 2 pages each */
 
@@ -963,6 +995,7 @@ int main(int argc, char **argv)
                                         teardown),
         cmocka_unit_test_setup_teardown(test_frame_for_unknown_room_fails_room_at_once, setup,
                                         teardown),
+        cmocka_unit_test_setup_teardown(test_refused_room_open_fails_room, setup, teardown),
         cmocka_unit_test_setup_teardown(test_many_threads_every_aux_whole_and_in_order, setup,
                                         teardown),
         cmocka_unit_test_setup_teardown(test_watch_bad_filters_and_shutdown, setup, teardown),

@@ -40,6 +40,8 @@ static void every_key_parses(void **state)
                        "rdma_drop_hello=15\n"
                        "rdma_wr_error=16\n"
                        "rdma_hold_odd=1\n"
+                       "refuse_room_open=17\n"
+                       "stage_fail=18\n"
                        "peer_delay_after=13"; /* no final newline */
     struct node_fault_cfg c;
     char err[160] = "";
@@ -61,6 +63,8 @@ static void every_key_parses(void **state)
     assert_int_equal(c.rdma_drop_hello, 15);
     assert_int_equal(c.rdma_wr_error, 16);
     assert_int_equal(c.rdma_hold_odd, 1);
+    assert_int_equal(c.refuse_room_open, 17);
+    assert_int_equal(c.stage_fail, 18);
     struct kvf_peer_fault pf;
     node_fault_peer(&c, &pf);
     assert_int_equal(pf.drop_nth, 10);
@@ -83,6 +87,8 @@ static void empty_text_is_no_fault(void **state)
     assert_int_equal(c.rdma_bad_notice, 0);
     assert_int_equal(c.rdma_wr_error, 0);
     assert_int_equal(c.rdma_hold_odd, 0);
+    assert_int_equal(c.refuse_room_open, 0);
+    assert_int_equal(c.stage_fail, 0);
     assert_int_equal(c.hold_stream, 0);
     assert_false(c.peer_keys); /* the channel's faults are left alone */
     struct kvf_peer_fault pf;

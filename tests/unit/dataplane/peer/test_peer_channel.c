@@ -853,6 +853,106 @@ static void test_destroy_with_queue(void **state)
     alarm(0);
 }
 
+/* Sends `n` frames (an empty delimiter first: the ZAP socket is a REP). */
+static void zap_send(void *s, const char *const *fr, const size_t *len, int n)
+{
+    assert_int_equal(zmq_send(s, "", 0, ZMQ_SNDMORE), 0);
+    for (int i = 0; i < n; i++)
+        assert_int_equal(zmq_send(s, fr[i], len[i], i + 1 < n ? ZMQ_SNDMORE : 0), (int)len[i]);
+}
+
+/* Reads one reply: the frames after the delimiter into out[] (NUL-terminated,
+ * at most 8 of 64 bytes); how many. Fails the test on the receive timeout. */
+static int zap_recv(void *s, char out[8][64])
+{
+    int n = -1;
+    for (int more = 1; more;) {
+        char buf[64];
+        int got = zmq_recv(s, buf, sizeof(buf) - 1, 0);
+        if (got < 0)
+            fail_msg("no ZAP reply: %s", zmq_strerror(zmq_errno()));
+        if (n >= 0 && n < 8) {
+            int k = got < (int)sizeof(buf) - 1 ? got : (int)sizeof(buf) - 1;
+            memcpy(out[n], buf, (size_t)k);
+            out[n][k] = '\0';
+        }
+        n++;
+        size_t ml = sizeof(more);
+        assert_int_equal(zmq_getsockopt(s, ZMQ_RCVMORE, &more, &ml), 0);
+    }
+    return n;
+}
+
+/* The ZAP handler answers every request it takes, each with the request id
+ * it carried: a CURVE client with an introduced key gets 200 and the
+ * incarnation's User-Id; a request with too many frames, one cut short after
+ * its id, and one of a single frame get 400; a good one after them is still
+ * answered (the REP socket took no request it left unanswered). Sent from a
+ * DEALER on the channel's own context (the endpoint is inproc). A regression
+ * test of the reply path rewritten for issue 23: it passed on the code before
+ * too (the mid-request receive error that rewrite is about cannot be
+ * produced: libzmq delivers a multipart message whole). */
+static void test_zap_answers_every_request(void **state)
+{
+    (void)state;
+    alarm(TEST_ALARM_S);
+    node_start(&g_b, "node-b", B_INC, NULL);
+    struct kvf_peer_keypair other;
+    assert_int_equal(kvf_peer_keypair_generate(&other), 0);
+    assert_int_equal(kvf_peer_channel_introduce(g_b.ch, "node-x", 7, other.pub), 0);
+    void *s = zmq_socket(peer_channel_zmq_context(g_b.ch), ZMQ_DEALER);
+    assert_non_null(s);
+    int ms = 5000, linger = 0;
+    zmq_setsockopt(s, ZMQ_RCVTIMEO, &ms, sizeof(ms));
+    zmq_setsockopt(s, ZMQ_LINGER, &linger, sizeof(linger));
+    assert_int_equal(zmq_connect(s, "inproc://zeromq.zap.01"), 0);
+    uint64_t refused0 = stat_of(&g_b, STAT(zap_refused));
+
+    const char *good[7] = {
+        "1.0", "id-a", "kvfence", "127.0.0.1", "", "CURVE", (const char *)other.pub};
+    const size_t good_len[7] = {3, 4, 7, 9, 0, 5, KVF_PEER_KEY_SIZE};
+    char r[8][64];
+    zap_send(s, good, good_len, 7);
+    assert_int_equal(zap_recv(s, r), 6);
+    assert_string_equal(r[0], "1.0");
+    assert_string_equal(r[1], "id-a");
+    assert_string_equal(r[2], "200");
+    assert_string_equal(r[4], "7:node-x");
+
+    const char *many[10] = {
+        "1.0", "id-b", "kvfence", "127.0.0.1", "", "CURVE", (const char *)other.pub, "x", "y", "z"};
+    const size_t many_len[10] = {3, 4, 7, 9, 0, 5, KVF_PEER_KEY_SIZE, 1, 1, 1};
+    zap_send(s, many, many_len, 10);
+    assert_int_equal(zap_recv(s, r), 6);
+    assert_string_equal(r[1], "id-b");
+    assert_string_equal(r[2], "400");
+
+    const char *cut[2] = {"1.0", "id-c"};
+    const size_t cut_len[2] = {3, 4};
+    zap_send(s, cut, cut_len, 2);
+    assert_int_equal(zap_recv(s, r), 6);
+    assert_string_equal(r[1], "id-c");
+    assert_string_equal(r[2], "400");
+
+    zap_send(s, cut, cut_len, 1);
+    assert_int_equal(zap_recv(s, r), 6);
+    assert_string_equal(r[1], "");
+    assert_string_equal(r[2], "400");
+
+    good[1] = "id-e";
+    zap_send(s, good, good_len, 7);
+    assert_int_equal(zap_recv(s, r), 6);
+    assert_string_equal(r[1], "id-e");
+    assert_string_equal(r[2], "200");
+    wait_stat(&g_b, STAT(zap_refused), refused0 + 3);
+    assert_int_equal(stat_of(&g_b, STAT(zap_refused)), refused0 + 3);
+
+    zmq_close(s);
+    kvf_peer_keypair_wipe(&other);
+    node_stop(&g_b);
+    alarm(0);
+}
+
 /* A full queue refuses with -EAGAIN and uses no seq; stopping refuses too. */
 static void test_queue_limit(void **state)
 {
@@ -909,6 +1009,7 @@ int main(void)
                                         teardown_pair),
         cmocka_unit_test_setup_teardown(test_forged_senders_refused, setup_pair, teardown_pair),
         cmocka_unit_test(test_destroy_with_queue),
+        cmocka_unit_test(test_zap_answers_every_request),
         cmocka_unit_test(test_queue_limit),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);

@@ -12,6 +12,7 @@
  */
 #include <errno.h>
 #include <fcntl.h>
+#include <malloc.h>
 #include <pthread.h>
 #include <setjmp.h>
 #include <stdarg.h>
@@ -873,6 +874,85 @@ static void test_dead_connection_replaced(void **state)
     free(p);
 }
 
+/* Frees are watched: the test binary is linked with -Wl,--wrap=free
+ * (CMakeLists.txt), so every free of the transport (and of anything else
+ * linked statically) comes here first. While `watch_freed_secret` is set, the
+ * block, still allocated, is searched for SECRET before it goes back to
+ * malloc; a hit counts in `freed_with_secret`. No freed memory is read. */
+static atomic_bool watch_freed_secret;
+static atomic_uint freed_with_secret;
+
+void __real_free(void *ptr);
+void __wrap_free(void *ptr);
+void __wrap_free(void *ptr)
+{
+    if (ptr && atomic_load(&watch_freed_secret) &&
+        memmem(ptr, malloc_usable_size(ptr), SECRET, sizeof(SECRET)) != NULL)
+        atomic_fetch_add(&freed_with_secret, 1);
+    __real_free(ptr);
+}
+
+/* The pair secret never goes back to malloc: destroying both transports,
+ * with a proven connection A -> B (a frame landed) and a handshake at B left
+ * half-way (a right hello from A's node id, the challenge read, no proof:
+ * B's pending slot holds the secret), frees no block that still holds it.
+ * Before, the table of pending handshakes was freed with the secret in it. */
+static void test_destroy_frees_no_secret(void **state)
+{
+    (void)state;
+    struct pair *p = calloc(1, sizeof(*p));
+    assert_non_null(p);
+    node_init(&p->a, NODE_A);
+    node_init(&p->b, NODE_B);
+    pair_introduce(p, SECRET, SECRET);
+    uint16_t port = kvf_transport_tcp_port(p->b.t);
+    assert_int_equal(kvf_transport_tcp_connect(p->a.t, A_PEER_B, "127.0.0.1", port), 0);
+    uint8_t *src = malloc(PAGE);
+    assert_non_null(src);
+    fill_pattern(src, PAGE, 11);
+    struct kvf_xfer x;
+    assert_int_equal(post(&p->a, &x, ROOM, src, PAGE, 2, 1, 0), 0);
+    struct reaped r = {0};
+    reap(p->a.t, 1, &r);
+    assert_int_equal(r.by_outcome[KVF_LT_DONE_OK], 1);
+    WAIT_STAT(p->b.t, frames_received, 1);
+
+    int fd = socket(AF_INET, SOCK_STREAM, 0);
+    assert_true(fd >= 0);
+    struct sockaddr_in sa = {.sin_family = AF_INET, .sin_port = htons(port)};
+    sa.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    assert_int_equal(connect(fd, (struct sockaddr *)&sa, sizeof(sa)), 0);
+    uint8_t hello[KVF_TCP_HELLO_SIZE] = {0};
+    uint32_t magic = KVF_TCP_MAGIC_HELLO; /* the test runs little-endian */
+    uint16_t version = KVF_TCP_VERSION;
+    uint64_t from = NODE_A, to = NODE_B;
+    memcpy(hello, &magic, 4);
+    memcpy(hello + 4, &version, 2);
+    memcpy(hello + 8, &from, 8);
+    memcpy(hello + 16, &to, 8);
+    assert_int_equal(send(fd, hello, sizeof(hello), MSG_NOSIGNAL), (ssize_t)sizeof(hello));
+    uint8_t ch[KVF_TCP_CHALLENGE_SIZE];
+    size_t got = 0;
+    while (got < sizeof(ch)) {
+        ssize_t n = recv(fd, ch + got, sizeof(ch) - got, 0);
+        if (n <= 0)
+            fail_msg("B sent no challenge (%zd after %zu bytes)", n, got);
+        got += (size_t)n;
+    }
+
+    atomic_store(&freed_with_secret, 0);
+    atomic_store(&watch_freed_secret, true);
+    node_fini(&p->b);
+    node_fini(&p->a);
+    atomic_store(&watch_freed_secret, false);
+    close(fd);
+    free(src);
+    free(p);
+    unsigned hits = atomic_load(&freed_with_secret);
+    if (hits != 0)
+        fail_msg("%u freed blocks still held the pair secret", hits);
+}
+
 /* pthread_create fails with EAGAIN off the main thread while
  * `fail_thread_create` is set: the test binary is linked with
  * -Wl,--wrap=pthread_create (CMakeLists.txt), and off the main thread the
@@ -1616,6 +1696,7 @@ int main(void)
                                         pair_teardown),
         cmocka_unit_test(test_wrong_secret_refused_nothing_lands),
         cmocka_unit_test(test_dead_connection_replaced),
+        cmocka_unit_test(test_destroy_frees_no_secret),
         cmocka_unit_test_setup_teardown(test_wake_fd_wakes_the_poller, pair_setup, pair_teardown),
         cmocka_unit_test(test_blackholed_peer_connect_does_not_block),
         cmocka_unit_test_setup_teardown(test_unknown_room_is_waited_for_then_refused, pair_setup,
