@@ -141,7 +141,7 @@ metrics_port=$(head -n1 "$tmp/metrics.port" 2>/dev/null | tr -d '[:space:]' || t
 node_pids=()
 for n in n1 n2; do
     "$node_bin" --control "$address" --node-id "$n" --local-socket "$tmp/$n.sock" \
-        --data-host 127.0.0.1 --data-port 0 --port-file "$tmp/$n.port" \
+        --data-host 127.0.0.1 --data-port 0 --port-file "$tmp/$n.port" --staging host \
         >"$tmp/$n.log" 2>&1 </dev/null &
     pids=("$!:kvfence-node $n" "${pids[@]}")
     node_pids+=("$!")
