@@ -149,10 +149,12 @@ class Room:
         self.sources = 0  # dispatched
         self.sources_done = 0
         self.src_joined = 0
+        self.went = False  # "go" sent to the sources
         self.timer_s: Optional[float] = None  # abort this long after every source joined
         self.timer: Optional[threading.Timer] = None
         self.dispatched = False  # every command sent
         self.sink_mismatch = 0
+        self.cb_s = 0.0  # the longest release callback of its leases
         self.chunks_seen = 0
         self.abort_after: Optional[int] = None  # abort once this many chunks were admitted
         self.abort_at: Optional[str] = None
@@ -280,6 +282,7 @@ class Demo:
                 elif op == "released":
                     room.released[m[2]] = m[3]
                     room.sink_mismatch += m[4]
+                    room.cb_s = max(room.cb_s, m[5])
                 elif op == "chunk":
                     s.bytes_moved += m[4]
                     room.chunks_seen += 1
@@ -291,6 +294,8 @@ class Demo:
                         log("refused: %s" % m[3])
                 elif op == "src_joined":
                     room.src_joined += 1
+                    if room.src_joined == room.sources:
+                        self.go(room)
                     if room.src_joined == room.sources and room.timer_s is not None:
                         room.timer = threading.Timer(room.timer_s, self.abort, (room, "timer"))
                         room.timer.start()
@@ -311,6 +316,14 @@ class Demo:
 
     # ---- one room -------------------------------------------------------------------
 
+    def go(self, room: Room) -> None:
+        """Lets the sources submit (every one joined, or the room is aborting:
+        their submits are refused then). Once per room; under cv."""
+        if not room.went and room.sources:
+            room.went = True
+            for k in range(room.sources):
+                self.send("p%d" % k, ("go", room.idx))
+
     def abort(self, room: Room, why: str, force: bool = False) -> None:
         with self.cv:
             if room.key is None or (room.t_abort is not None and not force):
@@ -318,6 +331,7 @@ class Demo:
             if room.t_abort is None:
                 room.t_abort = time.monotonic()
                 room.why = why
+            went = room.went
         try:
             self.control.abort_room(room.key, "demo: " + why)
         except kvfence.FailedPrecondition:
@@ -325,6 +339,9 @@ class Demo:
         except kvfence.KvfenceError as e:
             with self.cv:
                 self.stats.problems.append("room %s: abort: %s" % (room.key, e))
+        if not went:
+            with self.cv:
+                self.go(room)  # sources waiting for the others: their submits are refused
 
     def run_room(self, idx: int) -> None:
         a = self.a
@@ -439,7 +456,7 @@ class Demo:
                 if room.t_abort is not None:
                     s.latencies.append(max(room.released.values()) - room.t_abort)
                     if os.environ.get("KVF_DEMO_DEBUG"):
-                        log("lat %s %.1f ms %s" % (why, s.latencies[-1] * 1e3, sorted(
+                        log("lat %s %.1f ms cb %.1f ms %s" % (why, s.latencies[-1] * 1e3, room.cb_s * 1e3, sorted(
                             (t - room.t_abort) * 1e3 for t in room.released.values())))
             mismatch = room.sink_mismatch if state == RoomState.COMPLETED else 0
             del self.rooms[room.idx]

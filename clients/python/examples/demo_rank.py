@@ -62,11 +62,29 @@ def shm_name(demo_pid: int, tag: str, b: int) -> str:
     return "kvf-demo-%d-%s-b%d" % (demo_pid, tag, b)
 
 
-def pattern(room_id: int, rank: int, j: int, b: int, page_size: int) -> bytes:
-    """The bytes of page j of source rank `rank` in room `room_id`, buffer b."""
-    unit = struct.pack("<QIIIQ", room_id, rank, j, b, (room_id * 2654435761 + j * 97 + rank * 7 +
-                                                       b) & 0xFFFFFFFFFFFFFFFF) + b"kvfence-demo!!"
-    return (unit * (page_size // len(unit) + 1))[:page_size]
+HDR = 24  # a slot's header: who wrote it; the rest is a body from a cache
+_PHASES = 41  # body unit length (prime): a room's body is its phase of the unit
+_bodies: Dict[Tuple[int, int, int, int], bytes] = {}
+
+
+def _body(rank: int, b: int, room_id: int, page_size: int) -> bytes:
+    """The body of a pattern slot: rank and buffer in every unit, the room in
+    its phase (room_id mod 41), and its exact id in the header. Cached per
+    (rank, buffer, phase): 41 x 2 x layers slots of a rank."""
+    ph = room_id % _PHASES
+    body = _bodies.get((rank, b, ph, page_size))
+    if body is None:
+        unit = struct.pack("<HH", rank, b) + bytes((rank * 31 + b * 7 + x * 13) & 0xFF
+                                                   for x in range(_PHASES - 4))
+        body = (unit * (2 * page_size // _PHASES + 2))[ph:ph + page_size - HDR]
+        _bodies[(rank, b, ph, page_size)] = body
+    return body
+
+
+def pattern(room_id: int, rank: int, j: int, b: int, page_size: int) -> Tuple[bytes, bytes]:
+    """Page j of source rank `rank` in room `room_id`, buffer b: (header, body)."""
+    return (struct.pack("<QIIII", room_id, rank, j, b, 0x6B76666E),
+            _body(rank, b, room_id, page_size))
 
 
 class Pool:
@@ -85,8 +103,10 @@ class Pool:
                 name=shm_name(demo_pid, tag, b), create=True, size=page_size * page_count))
         self.bufs = [s.buf for s in self.shms]
         self._salt = sum(tag.encode()) & 0xFF
-        self._canary_units = [b"CANARY" + struct.pack("<BBH", self._salt, 0xC3, b) +
-                              bytes(range(0xE0, 0xF4)) for b in range(nbuf)]
+        # a canary: header (pool, buffer, page) + one body per buffer
+        self._canary_bodies = [((b"CANARY" + struct.pack("<BBH", self._salt, 0xC3, b) +
+                                  bytes(range(0xE0, 0xF3))) * (page_size // 29 + 1))
+                               [:page_size - HDR] for b in range(nbuf)]
         for pg in range(page_count):
             self.write_canary(pg)
         self._cv = threading.Condition()
@@ -100,19 +120,22 @@ class Pool:
         self.pool_id = node.register_pool_buffers(bufs, self.page_count, rank=rank).pool_id
         return self.pool_id
 
-    def canary(self, pg: int, b: int) -> bytes:
-        unit = self._canary_units[b] + struct.pack("<I", pg)
-        return (unit * (self.page_size // len(unit) + 1))[:self.page_size]
+    def canary(self, pg: int, b: int) -> Tuple[bytes, bytes]:
+        return (struct.pack("<6sBBHIQxx", b"CANARY", self._salt, 0xC3, b, pg, 0x5AFE5AFE),
+                self._canary_bodies[b])
 
-    def read(self, pg: int, b: int) -> bytes:
-        return bytes(self.bufs[b][pg * self.page_size:(pg + 1) * self.page_size])
-
-    def same(self, pg: int, b: int, data: bytes) -> bool:
+    def same(self, pg: int, b: int, slot: Tuple[bytes, bytes]) -> bool:
+        """Does slot pg of buffer b hold (header, body)? Two compares, no copy."""
         self.slots_checked[b] += 1
-        return self.bufs[b][pg * self.page_size:(pg + 1) * self.page_size] == data
+        buf, off = self.bufs[b], pg * self.page_size
+        # bytes(view) == bytes is a memcmp; a memoryview compares item by item (30x slower)
+        return (bytes(buf[off:off + HDR]) == slot[0] and
+                bytes(buf[off + HDR:off + self.page_size]) == slot[1])
 
-    def write(self, pg: int, b: int, data: bytes) -> None:
-        self.bufs[b][pg * self.page_size:(pg + 1) * self.page_size] = data
+    def write(self, pg: int, b: int, slot: Tuple[bytes, bytes]) -> None:
+        buf, off = self.bufs[b], pg * self.page_size
+        buf[off:off + HDR] = slot[0]
+        buf[off + HDR:off + self.page_size] = slot[1]
 
     def write_canary(self, pg: int) -> None:
         for b in range(len(self.bufs)):
@@ -189,8 +212,9 @@ class Rank:
         self.stop = threading.Event()
         self.lock = threading.Lock()
         self.grants: Dict[int, Tuple[int, List[int]]] = {}  # lease_id -> (room idx, pages)
-        self.early: Dict[int, Lease] = {}
+        self.early: Dict[int, Tuple[Lease, float]] = {}
         self.released_ids: Set[int] = set()
+        self.go: Dict[int, threading.Event] = {}  # room idx -> every source joined
         self.sink_rooms: Dict[int, Tuple[int, int, List[int]]] = {}  # idx -> (room_id, tp, pages)
         self.control = kvfence.ControlClient(cfg["control"])
         self.admin = kvfence.AdminClient(cfg["control"])
@@ -225,23 +249,25 @@ class Rank:
     # ---- releases: the only place pages go back ---------------------------------------
 
     def on_released(self, lease: Lease) -> None:
+        t = time.monotonic()  # when this rank learns it: the latency's end
         with self.lock:
             g = self.grants.pop(lease.lease_id, None)
             if g is None:
-                self.early[lease.lease_id] = lease
+                self.early[lease.lease_id] = (lease, t)
                 return
             self.released_ids.add(lease.lease_id)
-        self._free(g, lease)
+        self._free(g, lease, t)
 
     def _grant(self, idx: int, lease_id: int, pages: List[int]) -> None:
         """Records pages granted (or about to be granted by ExtendLease) to a lease."""
         lease: Optional[Lease] = None
+        t = 0.0
         with self.lock:
             if lease_id in self.released_ids:
                 free_now = True  # already released: these pages never joined it
             elif lease_id in self.early:
                 self.send(("granted", idx, lease_id))
-                lease = self.early.pop(lease_id)
+                lease, t = self.early.pop(lease_id)
                 self.released_ids.add(lease_id)
                 free_now = False
             else:
@@ -256,9 +282,9 @@ class Rank:
         if free_now:
             self.pool.free(pages)
         else:
-            self._free((idx, list(pages)), lease)  # type: ignore[arg-type]
+            self._free((idx, list(pages)), lease, t)  # type: ignore[arg-type]
 
-    def _free(self, g: Tuple[int, List[int]], lease: Lease) -> None:
+    def _free(self, g: Tuple[int, List[int]], lease: Lease, t: float) -> None:
         idx, pages = g
         pool = self.pool
         assert pool is not None
@@ -276,7 +302,7 @@ class Rank:
                        for b in range(nbuf)):
                     mismatch += 1
         pool.free(pages)
-        self.send(("released", idx, lease.lease_id, time.monotonic(), mismatch))
+        self.send(("released", idx, lease.lease_id, t, mismatch, time.monotonic() - t))
 
     # ---- commands -----------------------------------------------------------------------
 
@@ -335,14 +361,15 @@ class Rank:
                 self.control.abort_room(j.room, "demo: joined after its generation ended")
                 return
             self.send(("src_joined", idx, self.k))
-            state, deadline = j.state, time.monotonic() + 10.0
-            while state == RoomState.OPENING:  # until the last source joined (or an abort)
-                if time.monotonic() > deadline:
-                    raise RuntimeError("room %s still OPENING after 10 s" % key)
-                time.sleep(0.002)
-                state = self.admin.room(key).state
-            if state != RoomState.ACTIVE:
-                return  # aborted (or already past ACTIVE: nothing to send)
+            # every source joined (or the room is aborting): the coordinator's "go"
+            # (a GetRoom poll per source instead cost the control plane and the GIL)
+            with self.lock:
+                ev = self.go.setdefault(idx, threading.Event())
+            ok = ev.wait(10.0)
+            with self.lock:
+                self.go.pop(idx, None)
+            if not ok:
+                raise RuntimeError("room %s: no go from the coordinator within 10 s" % key)
             lease_pages = len(first)
             for c, chunk in enumerate(chunks):
                 s = [src[i] for i, _ in chunk]
@@ -419,6 +446,10 @@ class Rank:
                 if cmd[0] == "stop":
                     self.stop.set()
                     return
+                if cmd[0] == "go":
+                    with self.lock:
+                        self.go.setdefault(cmd[1], threading.Event()).set()
+                    continue
                 if cmd[0] == "final":
                     ex.shutdown(wait=True)
                     self.final()
