@@ -201,7 +201,7 @@ class Demo:
                    "control": a.control, "layers": a.layers, "page_size": a.page_size,
                    "page_count": pages, "concurrency": a.concurrency, "demo_pid": os.getpid(),
                    "parent": os.getpid(), "seed": self.rng.getrandbits(32),
-                   "switch_interval_s": float(os.environ.get("KVF_DEMO_SWITCH", "0.005"))}
+                   "inject_late_writes": a.inject_late_writes}
             inq = self.ctx.Queue()
             p = self.ctx.Process(target=demo_rank.rank_main, args=(cfg, inq, self.outq),
                                  name="kvf-demo-" + tag, daemon=True)
@@ -455,9 +455,6 @@ class Demo:
                     s.aborted_other += 1
                 if room.t_abort is not None:
                     s.latencies.append(max(room.released.values()) - room.t_abort)
-                    if os.environ.get("KVF_DEMO_DEBUG"):
-                        log("lat %s %.1f ms cb %.1f ms %s" % (why, s.latencies[-1] * 1e3, room.cb_s * 1e3, sorted(
-                            (t - room.t_abort) * 1e3 for t in room.released.values())))
             mismatch = room.sink_mismatch if state == RoomState.COMPLETED else 0
             del self.rooms[room.idx]
         if mismatch:
@@ -691,6 +688,10 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
                     help="kvfence-control's metrics address: also report its own abort -> "
                          "released histogram")
     ap.add_argument("--json", action="store_true", help="the summary as JSON too; no progress")
+    ap.add_argument("--inject-late-writes", type=int, default=0, metavar="N",
+                    help="tests only: each rank writes one byte into N pages after their "
+                         "release (each in another buffer), which the checks must count as "
+                         "corrupted")
     a = ap.parse_args(argv)
     if a.seed is None:
         a.seed = random.randrange(1 << 31)

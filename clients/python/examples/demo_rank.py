@@ -47,7 +47,6 @@ import queue
 import random
 import signal
 import struct
-import sys
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -214,6 +213,7 @@ class Rank:
         self.grants: Dict[int, Tuple[int, List[int]]] = {}  # lease_id -> (room idx, pages)
         self.early: Dict[int, Tuple[Lease, float]] = {}
         self.released_ids: Set[int] = set()
+        self.injected: Set[int] = set()  # pages written after release (tests)
         self.go: Dict[int, threading.Event] = {}  # room idx -> every source joined
         self.sink_rooms: Dict[int, Tuple[int, int, List[int]]] = {}  # idx -> (room_id, tp, pages)
         self.control = kvfence.ControlClient(cfg["control"])
@@ -302,7 +302,22 @@ class Rank:
                        for b in range(nbuf)):
                     mismatch += 1
         pool.free(pages)
+        self._inject(pages)
         self.send(("released", idx, lease.lease_id, t, mismatch, time.monotonic() - t))
+
+    def _inject(self, pages: Sequence[int]) -> None:
+        """--inject-late-writes (tests): a byte written into a released page,
+        as a transfer landing after the release would; every check after this
+        must see it."""
+        pool = self.pool
+        assert pool is not None
+        with self.lock:
+            if len(self.injected) >= self.cfg.get("inject_late_writes", 0) or \
+                    pages[0] in self.injected:
+                return
+            self.injected.add(pages[0])
+            b = (len(self.injected) * 5 + self.k) % len(pool.bufs)
+        pool.bufs[b][pages[0] * pool.page_size + pool.page_size // 2] ^= 0x5A
 
     # ---- commands -----------------------------------------------------------------------
 
@@ -467,9 +482,6 @@ def rank_main(cfg: Dict[str, Any], inq: Any, outq: Any) -> None:
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     signal.signal(signal.SIGTERM, lambda *_: (_ for _ in ()).throw(SystemExit(143)))
     random.seed(cfg["seed"])
-    # The watcher thread competes for the GIL with this rank's room threads:
-    # a shorter switch interval lets it in sooner (bench/README.md, "Main job").
-    sys.setswitchinterval(cfg.get("switch_interval_s", 0.005))
     r = Rank(cfg, inq, outq)
     try:
         r.setup()
