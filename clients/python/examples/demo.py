@@ -227,12 +227,16 @@ class Demo:
                 r["inq"].put(("stop",))
             except (OSError, ValueError):
                 pass
+        deadline = time.monotonic() + 3.0
         for tag, r in self.ranks.items():
             p = r["proc"]
-            p.join(10.0)
+            p.join(max(0.0, deadline - time.monotonic()))
             if p.is_alive():
-                p.terminate()
-                p.join(5.0)
+                p.terminate()  # its TERM handler unlinks its pool
+                p.join(2.0)
+            if p.is_alive():
+                p.kill()
+                p.join(1.0)
         # shm objects of a rank that could not unlink them (killed)
         for tag, r in self.ranks.items():
             for b in range(2 * self.a.layers):
@@ -290,8 +294,6 @@ class Demo:
                         abort = room
                 elif op == "refused":
                     s.late_refused_node += 1
-                    if room.t_abort is None:
-                        log("refused: %s" % m[3])
                 elif op == "src_joined":
                     room.src_joined += 1
                     if room.src_joined == room.sources:
@@ -366,8 +368,11 @@ class Demo:
         self.send("d0", ("open", idx, room.room_id, n_pages, tp))
         with self.cv:
             room.abort_at = abort_at
-            if not self.cv.wait_for(lambda: room.joined or room.join_failed, 15.0):
+            if not self.cv.wait_for(lambda: room.joined or room.join_failed or
+                                    self.stop.is_set(), 15.0) and not self.stop.is_set():
                 room.join_failed = "sink join: no answer within 15 s"
+            if self.stop.is_set() and not room.joined:
+                room.join_failed = "stopping"
             if room.join_failed:
                 room.dispatched = True
                 self.stats.done += 1
@@ -393,10 +398,15 @@ class Demo:
                                       sink_pool, plan))
         with self.cv:
             room.dispatched = True
-            ok = self.cv.wait_for(room.settled, RELEASE_WAIT_S)
+            ok = self.cv.wait_for(lambda: room.settled() or self.stop.is_set(), RELEASE_WAIT_S)
             timer = room.timer
         if timer is not None:
             timer.cancel()
+        if self.stop.is_set() and not room.settled():
+            with self.cv:  # interrupted: counted as not terminal, no watchdog
+                self.stats.done += 1
+                self.stats.failed += 1
+            return
         if not ok:
             self.watchdog(room)
         self.finish(room)
@@ -534,17 +544,26 @@ class Demo:
                 if self.fatal:
                     raise RuntimeError("a rank process died: %s" % "; ".join(self.fatal))
         except KeyboardInterrupt:
+            # Within run.sh's 10 s between TERM and KILL: abort what is in
+            # flight (best effort: the cluster may be stopping too), then stop
+            # the ranks (close()); a second Ctrl-C or TERM does not cut that short.
             interrupted = True
+            signal.signal(signal.SIGINT, signal.SIG_IGN)
+            signal.signal(signal.SIGTERM, signal.SIG_IGN)
             log("interrupted: aborting the rooms in flight")
             self.stop.set()
             with self.cv:
-                live = list(self.rooms.values())
+                live = [r for r in self.rooms.values() if r.key is not None]
+                self.cv.notify_all()
             for room in live:
-                self.abort(room, "stopping")
+                try:
+                    self.control.abort_room(room.key, "demo: stopping", timeout=0.5)
+                except kvfence.KvfenceError:
+                    pass
             for t in threads:
-                t.join(timeout=DRAIN_WAIT_S)
+                t.join(timeout=0.2)
         elapsed = time.monotonic() - t0
-        finals = self.finals()
+        finals = self.finals() if not interrupted else {}
         leaked = sum(f["leaked"] for f in finals.values())
         if leaked:
             self.stats.problems.append("%d pages still not released at the end" % leaked)
@@ -555,6 +574,10 @@ class Demo:
             if f["callback_errors"]:
                 self.stats.problems.append("rank %s: %d release callback errors" %
                                            (t, f["callback_errors"]))
+        if interrupted:
+            log("interrupted after %.1f s: %d rooms done, %d MB moved" %
+                (elapsed, self.stats.done, self.stats.bytes_moved // 1000000))
+            return 130
         st = self.admin.stats()
         late = int(st.get("reports_stale", 0)) + int(st.get("reports_unknown", 0)) - late0
         tokenless = int(st.get("reports_tokenless", 0)) - tokenless0

@@ -483,11 +483,32 @@ def rank_main(cfg: Dict[str, Any], inq: Any, outq: Any) -> None:
     signal.signal(signal.SIGTERM, lambda *_: (_ for _ in ()).throw(SystemExit(143)))
     random.seed(cfg["seed"])
     r = Rank(cfg, inq, outq)
+    rc = 0
+
+    def orphan_check() -> None:  # the coordinator killed: unlink and go
+        while os.getppid() == cfg["parent"]:
+            time.sleep(0.5)
+        if r.pool is not None:
+            r.pool.close()
+        os._exit(1)
+
+    threading.Thread(target=orphan_check, name="orphan-check", daemon=True).start()
     try:
         r.setup()
         r.serve()
     except Exception as e:  # noqa: BLE001
         outq.put(("fatal", r.tag, repr(e)))
+        rc = 1
+    except SystemExit as e:
+        rc = int(e.code or 0)
     finally:
+        if r.pool is not None:
+            r.pool.close()  # first: the shm objects go whatever blocks below
+        r.stop.set()
         r.close()
         outq.put(("exited", r.tag))
+        outq.close()
+        outq.join_thread()
+    # room threads may still sit in a call to a cluster that is gone: do not
+    # wait for them at exit
+    os._exit(rc)
