@@ -64,6 +64,7 @@ from kvfence import RoomKey, RoomState
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import demo_rank  # noqa: E402
+from demo_pool import Pool, Stats  # noqa: E402,F401  (tests/chaos imports them from here)
 
 ABORT_METRIC = "kvfence_abort_to_released_seconds"
 
@@ -118,7 +119,9 @@ def log(msg: str) -> None:
     print(msg, flush=True)
 
 
-class Stats:
+class RunStats:
+    """The coordinator's counters (under Demo.lock)."""
+
     def __init__(self) -> None:
         self.done = 0
         self.completed = 0
@@ -169,7 +172,7 @@ class Room:
 class Demo:
     def __init__(self, a: argparse.Namespace) -> None:
         self.a = a
-        self.stats = Stats()
+        self.stats = RunStats()
         self.stop = threading.Event()
         self.lock = threading.Lock()
         self.cv = threading.Condition(self.lock)
