@@ -21,7 +21,8 @@ its pages; the coordinator hands each source rank its slice of them (rank r
 writes sink positions r, r+K, ...) and the chunk plan (1..--chunks per
 source, chunked prefill); each source allocates its pages, fills them with a
 room-specific pattern (every buffer), joins with its first chunk's pages
-(READ lease), waits for ACTIVE, submits its chunks to node 1 (each later
+(READ lease), waits for the coordinator's "go" (every source joined: the
+room is ACTIVE), submits its chunks to node 1 (each later
 chunk's pages first added by ExtendLease) and declares CompleteRoom. A
 share of the rooms is aborted by the coordinator at a random moment: while
 OPENING (after the sink joined, before any source), after a given chunk

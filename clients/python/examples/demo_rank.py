@@ -11,7 +11,8 @@ watcher's callback.
 
 Roles. The decode rank (SINK, on n2) allocates a room's pages and joins;
 each prefill TP rank (SOURCE, on n1) allocates its slice, fills it with the
-room's pattern (every buffer), joins with its first chunk, submits its
+room's pattern (every buffer), joins with its first chunk, waits for the
+coordinator's go (every source joined), submits its
 chunks (later chunks' pages first added by ExtendLease) and declares
 CompleteRoom. The coordinator (demo.py) picks rooms, forwards the sink's
 pages to the sources, aborts, and collects what every rank reports.
@@ -20,7 +21,13 @@ Canary rule (as before, now per buffer): every free page holds its canary in
 every buffer; a released sink page of a COMPLETED room must hold exactly the
 source bytes in every buffer; a released page is re-armed with its canaries;
 on every allocation and at the end each free page must still hold them. A
-difference is a byte written after release: a corrupted page.
+difference is a byte written after release: a corrupted page. A slot is a
+24-byte header (room id, rank, page, buffer; for a canary: pool salt,
+buffer, page) and a body shared by many slots (a pattern's: per rank,
+buffer and room id mod 41; a canary's: per buffer), so checks and fills are
+memcmp/memcpy of cached bytes; bytes from another room of the same phase
+landing in a COMPLETED room's sink page without touching its header would
+pass the content check (a canary check still sees any of them).
 
 DESIGN
 
@@ -33,12 +40,19 @@ multiprocessing queue; a lease's "granted" message is put before the lease
 can be seen by on_released (under `lock`), so the coordinator always sees a
 grant before its release.
 
+Commands from the coordinator: ("open", idx, room_id, pages, tp) to the
+sink; ("source", idx, room_id, room key, ranks, sink node, sink pool, chunk
+plan) to a source, which joins and then waits for ("go", idx): every source
+joined, or the room is aborting (then its submits are refused); ("final",):
+wait for every page to come back and check every free page; ("stop",).
 Messages to the coordinator: ("ready", rank tag, pid, pool_id, buffers),
 ("joined", idx, room key, lease_id, pages), ("granted", idx, lease_id),
-("released", idx, lease_id, t_monotonic, sink_mismatch), ("chunk", idx, k,
-n, bytes), ("source_done", idx, k), ("failed", idx, why), ("problem", msg),
-("corrupted", n, msg), ("final", tag, stats dict). CLOCK_MONOTONIC is
-system-wide on Linux, so release times compare with the coordinator's.
+("src_joined", idx, k), ("released", idx, lease_id, t_monotonic at the
+callback's entry, sink_mismatch, callback seconds), ("chunk", idx, k, n,
+bytes), ("refused", idx, k, why), ("source_done", idx, k), ("failed", idx,
+why), ("problem", msg), ("corrupted", n, msg), ("final", tag, stats dict),
+("fatal", tag, why), ("exited", tag). CLOCK_MONOTONIC is system-wide on
+Linux, so release times compare with the coordinator's.
 """
 from __future__ import annotations
 
@@ -54,7 +68,7 @@ from multiprocessing import shared_memory
 from typing import Any, Dict, List, Optional, Sequence, Set, Tuple
 
 import kvfence
-from kvfence import Lease, Participant, RoomKey, RoomState, Role
+from kvfence import Lease, Participant, RoomKey, Role
 
 
 def shm_name(demo_pid: int, tag: str, b: int) -> str:
