@@ -27,7 +27,8 @@ buffer, page) and a body shared by many slots (a pattern's: per rank,
 buffer and room id mod 41; a canary's: per buffer), so checks and fills are
 memcmp/memcpy of cached bytes; bytes from another room of the same phase
 landing in a COMPLETED room's sink page without touching its header would
-pass the content check (a canary check still sees any of them).
+pass the content check; a write after release, the corruption the demo
+is about, is caught by the canaries, whose bodies differ from every pattern's.
 
 DESIGN
 
