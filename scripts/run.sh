@@ -2,8 +2,10 @@
 # The README's run command: installs what is missing, builds, starts a local
 # kvfence cluster (kvfence-control with its embedded store in a temporary data
 # directory, and two kvfence-node processes n1 and n2 on loopback: TCP
-# transport, shared-memory pools) and runs the demo load generator
-# (clients/python/examples/demo.py) against it.
+# transport, host staging, which the demo's pools of several buffers need to
+# send, shared-memory pools) and runs the demo load generator
+# (clients/python/examples/demo.py: a coordinator and one process per engine
+# rank) against it.
 #
 #   scripts/run.sh [run.sh options] [demo options]
 #
@@ -16,14 +18,16 @@
 #   --existing ADDR   no local cluster: run the demo against kvfence-control at
 #                     ADDR; also pass --node1-socket/--node2-socket (and
 #                     --node1-id/--node2-id if not n1/n2)
-# Every other option goes to demo.py (--rooms, --abort-share, --tp, --pages-min,
-# --pages-max, --page-size, --chunks, --concurrency, --seed, --json; see
-# demo.py --help). Exit status: the demo's (0: every room terminal, 0
-# corrupted pages, no room stuck until the demo's 10 s watchdog aborted it).
+# Every other option goes to demo.py (--rooms, --abort-share, --tp, --layers,
+# --pages-min, --pages-max, --page-size, --chunks, --concurrency, --seed,
+# --json; see demo.py --help). Exit status: the demo's (0: every room
+# terminal, 0 corrupted pages, every buffer checked, no room stuck until the
+# demo's 10 s watchdog aborted it).
 #
 # Ctrl-C (or TERM) stops everything: the demo, the nodes, then the control
 # plane (SIGTERM, SIGKILL after 10 s), and removes the temporary directory and
-# the demo's shared-memory objects.
+# the demo's shared-memory objects (kvf-demo-<demo pid>-*: the demo stops its
+# rank processes, which unlink theirs; these are removed here if it was killed).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 root=$PWD
@@ -141,7 +145,7 @@ metrics_port=$(head -n1 "$tmp/metrics.port" 2>/dev/null | tr -d '[:space:]' || t
 node_pids=()
 for n in n1 n2; do
     "$node_bin" --control "$address" --node-id "$n" --local-socket "$tmp/$n.sock" \
-        --data-host 127.0.0.1 --data-port 0 --port-file "$tmp/$n.port" \
+        --data-host 127.0.0.1 --data-port 0 --port-file "$tmp/$n.port" --staging host \
         >"$tmp/$n.log" 2>&1 </dev/null &
     pids=("$!:kvfence-node $n" "${pids[@]}")
     node_pids+=("$!")

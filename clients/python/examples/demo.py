@@ -4,45 +4,68 @@ running kvfence-control and two kvfence-node processes (scripts/run.sh starts
 them), with random aborts, and verifies with canary patterns that no byte
 lands in a page after kvfence released it.
 
-Topology (TP fan-out): node 1 hosts the prefill engine, TP ranks 0..K-1 (one
-SOURCE participant each, each rank its own shm pool = its own pages); node 2
-hosts the decode engine, rank 0 (one SINK participant, one shm pool). The
-sink's lease is split between the ranks: rank r writes its slice of it.
+Processes. Every engine rank is its own process (demo_rank.py, started with
+multiprocessing's spawn): node 1 hosts the prefill engine, TP ranks 0..K-1
+(one SOURCE participant each), node 2 the decode engine, rank 0 (one SINK
+participant). Each rank owns a pool of several buffers, `--layers` x K/V
+POSIX shm objects registered as one pool (register_pool_buffers: page i is
+slot i of every buffer, `--page-size` bytes in each), its own allocator,
+canaries in every buffer and its own ReleaseWatcher: its pages go back
+ONLY in that watcher's callback. This process is the coordinator: it picks
+rooms, tells the ranks what to do over multiprocessing queues, aborts, and
+collects what the ranks report (grants, releases with their CLOCK_MONOTONIC
+time, chunks admitted, canary checks).
 
-Per room: the sink allocates pages and joins (WRITE lease); each source
-allocates pages for its slice, fills them with a room-specific pattern and
-joins with its first chunk's pages (READ lease); the last join makes the room
-ACTIVE; then the chunks (1..--chunks per source, chunked prefill) are
-submitted to node 1, each later chunk's pages first added by ExtendLease; the
-sources declare CompleteRoom. A share of the rooms is aborted at a random
-moment: while OPENING, between chunks, right after a chunk was admitted
-(mid-transfer) or from a timer racing the submits.
+Per room: the sink rank allocates pages and joins (WRITE lease) and reports
+its pages; the coordinator hands each source rank its slice of them (rank r
+writes sink positions r, r+K, ...) and the chunk plan (1..--chunks per
+source, chunked prefill); each source allocates its pages, fills them with a
+room-specific pattern (every buffer), joins with its first chunk's pages
+(READ lease), waits for the coordinator's "go" (every source joined: the
+room is ACTIVE), submits its chunks to node 1 (each later
+chunk's pages first added by ExtendLease) and declares CompleteRoom. A
+share of the rooms is aborted by the coordinator at a random moment: while
+OPENING (after the sink joined, before any source), after a given chunk
+was admitted (mid_transfer, between_chunks: while the sources go on) or
+from a timer racing the submits.
 
-Pages go back to an allocator ONLY in the release callback of its lease (one
-ReleaseWatcher per node). Canary rule: every free page holds its canary;
-a released page is checked (sink pages of a COMPLETED room must hold exactly
-the source bytes) and then overwritten with its canary; on every allocation
-and at the end (every room terminal, every lease released) each free page
-must still hold its canary. A difference is a byte written after release: a
-corrupted page.
+Canary rule (demo_rank.py): every free page holds its canary in every
+buffer; a released sink page of a COMPLETED room must hold exactly the
+source bytes in every buffer; a released page is re-armed; on every
+allocation and at the end (every room terminal, every lease released) each
+free page must still hold its canaries. A difference is a byte written
+after release: a corrupted page.
+
+DESIGN
+
+Threads (coordinator). `--concurrency` room threads each drive one room at
+a time (plan, commands, wait for the releases, tally); the dispatcher
+thread alone reads the ranks' queue and updates the rooms (under `lock`,
+waking the room's thread through `cv`); aborts it decides (a chunk report)
+run on a small executor, never on the dispatcher. Stats are under `lock`.
 """
 from __future__ import annotations
 
 import argparse
 import json
+import multiprocessing
 import os
+import queue
 import random
 import signal
-import struct
 import sys
 import threading
 import time
 import urllib.request
-from multiprocessing import shared_memory
-from typing import Dict, List, Optional, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any, Dict, List, Optional, Sequence
 
 import kvfence
-from kvfence import Lease, Participant, RoomKey, RoomState, Role
+from kvfence import RoomKey, RoomState
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import demo_rank  # noqa: E402
+from demo_pool import Pool, Stats  # noqa: E402,F401  (tests/chaos imports them from here)
 
 ABORT_METRIC = "kvfence_abort_to_released_seconds"
 
@@ -88,99 +111,19 @@ def histogram_quantile(q: float, before: Dict[float, float],
 RELEASE_WAIT_S = 10.0  # a room not released by then is aborted by the demo (watchdog)
 DRAIN_WAIT_S = 90.0  # after an abort: the control plane's drain deadline is 60 s
 ABORT_POINTS = ("opening", "between_chunks", "mid_transfer", "timer")
+# a multi-buffer pool sends through the node's staging ring (run.sh: --staging host),
+# whose buffers are 256 KiB: a page must fit in one (docs/node.md, "Limits")
+STAGING_BUFFER = 256 * 1024
 
 
 def log(msg: str) -> None:
     print(msg, flush=True)
 
 
-class Pool:
-    """One engine rank's KV buffer: a POSIX shm object registered with its
-    node, a page allocator and the canary bookkeeping."""
+class RunStats:
+    """The coordinator's counters (under Demo.lock)."""
 
-    def __init__(self, stats: "Stats", tag: str, node: kvfence.NodeClient, rank: int,
-                 page_size: int, page_count: int) -> None:
-        self.stats = stats
-        self.tag = tag
-        self.page_size = page_size
-        self.page_count = page_count
-        self.shm = shared_memory.SharedMemory(
-            name="kvf-demo-%d-%s" % (os.getpid(), tag), create=True, size=page_size * page_count)
-        self.buf = self.shm.buf
-        self._salt = sum(tag.encode()) & 0xFF
-        for pg in range(page_count):
-            self.write(pg, self.canary(pg))
-        self.pool_id = node.register_pool_shm(self.shm.name, page_size, page_count,
-                                              rank=rank).pool_id
-        self._cv = threading.Condition()
-        self._free: List[int] = list(range(page_count))
-        self._used: set = set()
-
-    def canary(self, pg: int) -> bytes:
-        unit = b"CANARY" + struct.pack("<BBI", self._salt, 0xC3, pg) + bytes(range(0xE0, 0xF6))
-        return (unit * (self.page_size // len(unit) + 1))[:self.page_size]
-
-    def read(self, pg: int) -> bytes:
-        return bytes(self.buf[pg * self.page_size:(pg + 1) * self.page_size])
-
-    def write(self, pg: int, data: bytes) -> None:
-        self.buf[pg * self.page_size:(pg + 1) * self.page_size] = data
-
-    def check_canary(self, pages: Sequence[int], when: str) -> int:
-        bad = [pg for pg in pages if self.read(pg) != self.canary(pg)]
-        if bad:
-            self.stats.corrupted(len(bad), "%s pool %s: pages %s lost their canary (%s)" %
-                                 (self.tag, self.pool_id, bad[:8], when))
-        return len(bad)
-
-    def alloc(self, n: int, stop: threading.Event) -> List[int]:
-        with self._cv:
-            while len(self._free) < n:
-                if stop.is_set():
-                    raise InterruptedError("stopping")
-                self._cv.wait(0.2)
-            random.shuffle(self._free)  # scattered pages: several ranges per lease
-            pages, self._free = self._free[:n], self._free[n:]
-            self._used.update(pages)
-        self.check_canary(pages, "at allocation")
-        return pages
-
-    def free(self, pages: Sequence[int]) -> None:
-        """Only from a release callback: re-arm the canary, then free."""
-        for pg in pages:
-            self.write(pg, self.canary(pg))
-        with self._cv:
-            bad = [pg for pg in pages if pg not in self._used]
-            if bad:
-                self.stats.corrupted(0, "%s: double free of pages %s" % (self.tag, bad[:8]))
-            self._used.difference_update(pages)
-            self._free.extend(pg for pg in pages if pg not in self._free)
-            self._cv.notify_all()
-
-    @property
-    def used(self) -> int:
-        with self._cv:
-            return len(self._used)
-
-    def close(self) -> None:
-        self.buf = None
-        try:
-            self.shm.close()
-            self.shm.unlink()
-        except (OSError, BufferError):
-            pass
-
-
-def pattern(room_id: int, rank: int, j: int, page_size: int) -> bytes:
-    """The bytes of page j of source rank `rank` in room `room_id`."""
-    unit = struct.pack("<QIIQ", room_id, rank, j, (room_id * 2654435761 + j * 97 + rank) &
-                       0xFFFFFFFFFFFFFFFF) + b"kvfence-demo-pg!"
-    return (unit * (page_size // len(unit) + 1))[:page_size]
-
-
-class Stats:
     def __init__(self) -> None:
-        self.lock = threading.Lock()
         self.done = 0
         self.completed = 0
         self.aborted = 0
@@ -196,141 +139,226 @@ class Stats:
         self.stuck = 0  # rooms the watchdog had to abort: not released after RELEASE_WAIT_S
         self.problems: List[str] = []
 
-    def corrupted(self, n: int, msg: str) -> None:
-        with self.lock:
-            self.corrupted_pages += n
-            self.problems.append(msg)
-        log("CORRUPTION: " + msg)
-
-    def problem(self, msg: str) -> None:
-        with self.lock:
-            self.problems.append(msg)
-        log("problem: " + msg)
-
 
 class Room:
-    def __init__(self, room_id: int) -> None:
+    def __init__(self, idx: int, room_id: int) -> None:
+        self.idx = idx
         self.room_id = room_id
         self.key: Optional[RoomKey] = None
-        self.leases: Dict[int, str] = {}  # lease_id -> "sink" / "src<r>"
-        self.released: Dict[int, float] = {}
-        self.event = threading.Event()
+        self.joined = False
+        self.join_failed: Optional[str] = None
         self.sink_pages: List[int] = []
-        self.expected: List[bytes] = []  # per sink page, the source bytes it must receive
+        self.leases: set = set()
+        self.released: Dict[int, float] = {}
+        self.sources = 0  # dispatched
+        self.sources_done = 0
+        self.src_joined = 0
+        self.went = False  # "go" sent to the sources
+        self.timer_s: Optional[float] = None  # abort this long after every source joined
+        self.timer: Optional[threading.Timer] = None
+        self.dispatched = False  # every command sent
         self.sink_mismatch = 0
+        self.cb_s = 0.0  # the longest release callback of its leases
+        self.chunks_seen = 0
+        self.abort_after: Optional[int] = None  # abort once this many chunks were admitted
+        self.abort_at: Optional[str] = None
         self.t_abort: Optional[float] = None
-        self.abort_lock = threading.Lock()
+        self.why: Optional[str] = None
+
+    def settled(self) -> bool:
+        return (self.dispatched and self.sources_done >= self.sources and bool(self.leases)
+                and set(self.released) >= self.leases)
 
 
 class Demo:
     def __init__(self, a: argparse.Namespace) -> None:
         self.a = a
-        self.stats = Stats()
+        self.stats = RunStats()
         self.stop = threading.Event()
-        self.rng_lock = threading.Lock()
-        self.rng = random.Random(a.seed)
         self.lock = threading.Lock()
-        self.grants: Dict[int, tuple] = {}  # lease_id -> (room, pool, pages, role)
-        self.early: Dict[int, Lease] = {}  # released before the grant was recorded
-        self.released_ids: set = set()
-        self.control = kvfence.ControlClient(a.control)
-        self.admin = kvfence.AdminClient(a.control)
-        self.n1 = kvfence.NodeClient(a.node1_socket)
-        self.n2 = kvfence.NodeClient(a.node2_socket)
-        self.pools_src: List[Pool] = []
-        self.pool_sink: Optional[Pool] = None
-        self.watchers: List[kvfence.ReleaseWatcher] = []
+        self.cv = threading.Condition(self.lock)
+        self.rng = random.Random(a.seed)
+        self.rooms: Dict[int, Room] = {}
         self.next_room = 0
         self.room_base = (int(time.time() * 1000) % (1 << 40)) << 20  # fresh ids on a reused cluster
+        self.control = kvfence.ControlClient(a.control)
+        self.admin = kvfence.AdminClient(a.control)
+        self.ctx = multiprocessing.get_context("spawn")
+        self.outq: Any = self.ctx.Queue()
+        self.ranks: Dict[str, Dict[str, Any]] = {}  # tag -> inq, proc, ready info, final
+        self.aborts = ThreadPoolExecutor(max_workers=4, thread_name_prefix="abort")
+        self.fatal: List[str] = []
         self.abort_hist0: Optional[Dict[float, float]] = None
+        self.dispatcher: Optional[threading.Thread] = None
 
-    # ---- setup --------------------------------------------------------------------
+    # ---- rank processes -------------------------------------------------------------
 
-    def setup(self) -> None:
+    def start_ranks(self) -> None:
         a = self.a
-        self.admin.wait_ready(10.0)
         per_rank = -(-a.pages_max // a.tp)
-        src_pages = max(64, 2 * a.concurrency * per_rank)
-        sink_pages = max(64, 2 * a.concurrency * a.pages_max)
-        for r in range(a.tp):
-            self.pools_src.append(Pool(self.stats, "p%d" % r, self.n1, r, a.page_size, src_pages))
-        self.pool_sink = Pool(self.stats, "d0", self.n2, 0, a.page_size, sink_pages)
-        for nid in (a.node1_id, a.node2_id):
-            self.watchers.append(self.control.release_watcher(self.on_released, node_id=nid)
-                                 .start(10.0))
-        s = self.admin.stats()
-        self.late0 = int(s.get("reports_stale", 0)) + int(s.get("reports_unknown", 0))
-        self.abort_hist0 = scrape_abort_histogram(a.metrics) if a.metrics else None
-        self.tokenless0 = int(s.get("reports_tokenless", 0))
+        specs = [("d0", "sink", 0, a.node2_id, a.node2_socket,
+                  max(64, 2 * a.concurrency * a.pages_max))]
+        specs += [("p%d" % k, "source", k, a.node1_id, a.node1_socket,
+                   max(64, 2 * a.concurrency * per_rank)) for k in range(a.tp)]
+        for tag, role, k, node_id, sock, pages in specs:
+            cfg = {"role": role, "rank": k, "node_id": node_id, "socket": sock,
+                   "control": a.control, "layers": a.layers, "page_size": a.page_size,
+                   "page_count": pages, "concurrency": a.concurrency, "demo_pid": os.getpid(),
+                   "parent": os.getpid(), "seed": self.rng.getrandbits(32),
+                   "inject_late_writes": a.inject_late_writes}
+            inq = self.ctx.Queue()
+            p = self.ctx.Process(target=demo_rank.rank_main, args=(cfg, inq, self.outq),
+                                 name="kvf-demo-" + tag, daemon=True)
+            p.start()
+            self.ranks[tag] = {"inq": inq, "proc": p, "cfg": cfg, "ready": None, "final": None}
+        self.dispatcher = threading.Thread(target=self.dispatch, name="dispatcher", daemon=True)
+        self.dispatcher.start()
+        deadline = time.monotonic() + 60.0
+        with self.cv:
+            while not all(r["ready"] for r in self.ranks.values()):
+                if self.fatal or time.monotonic() > deadline or \
+                        any(not r["proc"].is_alive() for r in self.ranks.values()):
+                    raise RuntimeError("rank processes did not start: %s" %
+                                       ("; ".join(self.fatal) or "timeout"))
+                self.cv.wait(0.2)
 
-    def close(self) -> None:
-        for w in self.watchers:
-            w.stop()
-        for c in (self.control, self.admin, self.n1, self.n2):
-            c.close()
-        for p in self.pools_src + ([self.pool_sink] if self.pool_sink else []):
-            p.close()
+    def send(self, tag: str, cmd: tuple) -> None:
+        self.ranks[tag]["inq"].put(cmd)
 
-    # ---- releases: the only place pages go back ---------------------------------------
+    def stop_ranks(self) -> None:
+        for tag, r in self.ranks.items():
+            try:
+                r["inq"].put(("stop",))
+            except (OSError, ValueError):
+                pass
+        deadline = time.monotonic() + 3.0
+        for tag, r in self.ranks.items():
+            p = r["proc"]
+            p.join(max(0.0, deadline - time.monotonic()))
+            if p.is_alive():
+                p.terminate()  # its TERM handler unlinks its pool
+                p.join(2.0)
+            if p.is_alive():
+                p.kill()
+                p.join(1.0)
+        # shm objects of a rank that could not unlink them (killed)
+        for tag, r in self.ranks.items():
+            for b in range(2 * self.a.layers):
+                try:
+                    os.unlink("/dev/shm/" + demo_rank.shm_name(os.getpid(), tag, b))
+                except OSError:
+                    pass
 
-    def on_released(self, lease: Lease) -> None:
-        with self.lock:
-            g = self.grants.pop(lease.lease_id, None)
-            if g is None:
-                self.early[lease.lease_id] = lease
+    def dispatch(self) -> None:
+        """The only reader of the ranks' queue."""
+        while True:
+            try:
+                m = self.outq.get(timeout=0.5)
+            except queue.Empty:
+                if self.stop.is_set() and not any(r["proc"].is_alive()
+                                                  for r in self.ranks.values()):
+                    return
+                continue
+            except (EOFError, OSError):
                 return
-            self.released_ids.add(lease.lease_id)
-        self._free(g, lease)
+            op = m[0]
+            abort: Optional[Room] = None
+            with self.cv:
+                room = self.rooms.get(m[1]) if isinstance(m[1], int) else None
+                s = self.stats
+                if op == "ready":
+                    self.ranks[m[1]]["ready"] = {"pid": m[2], "pool_id": m[3], "buffers": m[4]}
+                elif op == "final":
+                    self.ranks[m[1]]["final"] = m[2]
+                elif op in ("fatal",):
+                    self.fatal.append("%s: %s" % (m[1], m[2]))
+                    s.problems.append("rank %s died: %s" % (m[1], m[2]))
+                elif op == "problem":
+                    s.problems.append(m[1])
+                elif op == "corrupted":
+                    s.corrupted_pages += m[1]
+                    s.problems.append(m[2])
+                    log("CORRUPTION: " + m[2])
+                elif room is None:
+                    pass
+                elif op == "joined":
+                    room.key = RoomKey(*m[2])
+                    room.sink_pages = m[4]
+                    room.joined = True
+                elif op == "granted":
+                    room.leases.add(m[2])
+                elif op == "released":
+                    room.released[m[2]] = m[3]
+                    room.sink_mismatch += m[4]
+                    room.cb_s = max(room.cb_s, m[5])
+                elif op == "chunk":
+                    s.bytes_moved += m[4]
+                    room.chunks_seen += 1
+                    if room.abort_after is not None and room.chunks_seen == room.abort_after:
+                        abort = room
+                elif op == "refused":
+                    s.late_refused_node += 1
+                elif op == "src_joined":
+                    room.src_joined += 1
+                    if room.src_joined == room.sources:
+                        self.go(room)
+                    if room.src_joined == room.sources and room.timer_s is not None:
+                        room.timer = threading.Timer(room.timer_s, self.abort, (room, "timer"))
+                        room.timer.start()
+                elif op == "source_done":
+                    room.sources_done += 1
+                elif op == "failed":
+                    if m[2] != "stopping":
+                        s.problems.append("room %s: %s" % (room.key or room.room_id, m[2]))
+                        log("problem: room %s: %s" % (room.key or room.room_id, m[2]))
+                    if not room.joined:
+                        room.join_failed = m[2]
+                    elif room.t_abort is None:
+                        abort = room
+                        room.abort_at = "error" if m[2] != "stopping" else "stopping"
+                self.cv.notify_all()
+            if abort is not None:
+                self.aborts.submit(self.abort, abort, abort.abort_at or "error")
 
-    def _grant(self, room: Room, lease_id: int, pool: Pool, pages: List[int], role: str) -> None:
-        """Records pages granted (or about to be granted by ExtendLease) to a lease."""
-        with self.lock:
-            room.leases[lease_id] = role
-            if lease_id in self.released_ids:
-                lease = None  # already released: these pages never joined it
-            elif lease_id in self.early:
-                lease = self.early.pop(lease_id)
-                self.released_ids.add(lease_id)
-            else:
-                g = self.grants.get(lease_id)
-                if g is not None:  # ExtendLease: more pages of the same lease
-                    g[2].extend(pages)
-                else:
-                    self.grants[lease_id] = (room, pool, list(pages), role)
+    # ---- one room -------------------------------------------------------------------
+
+    def go(self, room: Room) -> None:
+        """Lets the sources submit (every one joined, or the room is aborting:
+        their submits are refused then). Once per room; under cv."""
+        if not room.went and room.sources:
+            room.went = True
+            for k in range(room.sources):
+                self.send("p%d" % k, ("go", room.idx))
+
+    def abort(self, room: Room, why: str, force: bool = False) -> None:
+        with self.cv:
+            if room.key is None or (room.t_abort is not None and not force):
                 return
-        if lease is None:
-            pool.free(pages)
-        else:
-            self._free((room, pool, list(pages), role), lease)
-
-    def _free(self, g: tuple, lease: Lease) -> None:
-        room, pool, pages, role = g
-        if set(lease.pages()) - set(pages):
-            self.stats.problem("room %s lease %d released with pages %d != granted %d" %
-                               (room.key, lease.lease_id, len(lease.pages()), len(pages)))
-        if role == "sink":
-            pos = {pg: i for i, pg in enumerate(room.sink_pages)}
-            room.sink_mismatch = sum(1 for pg in pages
-                                     if pool.read(pg) != room.expected[pos[pg]])
-        pool.free(pages)
-        with self.lock:
-            room.released[lease.lease_id] = time.monotonic()
-            if set(room.released) >= set(room.leases):
-                room.event.set()
-
-    # ---- one room -----------------------------------------------------------------------
+            if room.t_abort is None:
+                room.t_abort = time.monotonic()
+                room.why = why
+            went = room.went
+        try:
+            self.control.abort_room(room.key, "demo: " + why)
+        except kvfence.FailedPrecondition:
+            pass  # already COMPLETED: not an abort
+        except kvfence.KvfenceError as e:
+            with self.cv:
+                self.stats.problems.append("room %s: abort: %s" % (room.key, e))
+        if not went:
+            with self.cv:
+                self.go(room)  # sources waiting for the others: their submits are refused
 
     def run_room(self, idx: int) -> None:
         a = self.a
-        with self.rng_lock:
+        with self.cv:
             r = random.Random(self.rng.getrandbits(64))
-        room = Room(self.room_base + idx)
+            room = Room(idx, self.room_base + idx)
+            self.rooms[idx] = room
         abort_at = r.choice(ABORT_POINTS) if r.random() < a.abort_share else None
         n_pages = r.randint(a.pages_min, a.pages_max)
         tp = a.tp
-        ps = a.page_size
-        slices = [list(range(n_pages))[k::tp] for k in range(tp)]  # sink page positions per rank
-        slices = [s for s in slices if s]
+        slices = [s for s in (list(range(n_pages))[k::tp] for k in range(tp)) if s]
         ranks = len(slices)
         chunks: List[List[List[int]]] = []  # per rank: chunks of sink positions
         for s in slices:
@@ -338,199 +366,102 @@ class Demo:
             cuts = sorted(r.sample(range(1, len(s)), k - 1)) if k > 1 else []
             bounds = [0] + cuts + [len(s)]
             chunks.append([s[bounds[i]:bounds[i + 1]] for i in range(k)])
-        if abort_at == "between_chunks" and max(len(c) for c in chunks) < 2:
+        total = sum(len(c) for c in chunks)
+        if abort_at == "between_chunks" and total == ranks:
             abort_at = "mid_transfer"
-        sink_pool = self.pool_sink
-        # ---- sink (decode) joins first with pages from its allocator ----
-        room.sink_pages = sink_pool.alloc(n_pages, self.stop)
-        room.expected = [b""] * n_pages
-        src_pages: List[List[int]] = []
-        sink_part = Participant(a.node2_id, 0, Role.SINK)
-        seq = 0
-        timer: Optional[threading.Timer] = None
-        room.granted_src = [set() for _ in range(ranks)]
-        joined = [False] * ranks
-        try:
-            try:
-                j = self.control.join_room(room.room_id, sink_part, sink_pool.pool_id,
-                                           kvfence.ranges_from_pages(room.sink_pages),
-                                           expected_sources=ranks, expected_sinks=1, retry_s=5.0)
-            except kvfence.KvfenceError:
-                sink_pool.free(room.sink_pages)  # never granted: still ours
-                raise
-            room.key = j.room
-            self._grant(room, j.lease_id, sink_pool, room.sink_pages, "sink")
-            # ---- sources (prefill TP ranks) fill their pages and join ----
+        self.send("d0", ("open", idx, room.room_id, n_pages, tp))
+        with self.cv:
+            room.abort_at = abort_at
+            if not self.cv.wait_for(lambda: room.joined or room.join_failed or
+                                    self.stop.is_set(), 15.0) and not self.stop.is_set():
+                room.join_failed = "sink join: no answer within 15 s"
+            if self.stop.is_set() and not room.joined:
+                room.join_failed = "stopping"
+            if room.join_failed:
+                room.dispatched = True
+                self.stats.done += 1
+                self.stats.failed += 1
+                self.stats.problems.append("room index %d: %s" % (idx, room.join_failed))
+                return
+        if abort_at == "opening" or self.stop.is_set():
+            self.abort(room, "opening" if abort_at == "opening" else "stopping")
+        else:
+            with self.cv:
+                room.sources = ranks
+                if abort_at == "timer":  # started once every source joined (the dispatcher)
+                    room.timer_s = r.uniform(0.0, 0.03)
+                if abort_at == "mid_transfer":
+                    room.abort_after = r.randint(1, total)
+                elif abort_at == "between_chunks":
+                    room.abort_after = r.randint(ranks, total - 1)  # after firsts, before the last
+            key = (room.key.room_id, room.key.generation)  # type: ignore[union-attr]
+            sink_pool = self.ranks["d0"]["ready"]["pool_id"]
             for k in range(ranks):
-                pool = self.pools_src[k]
-                pages = pool.alloc(len(slices[k]), self.stop)
-                src_pages.append(pages)
-                for i, pos in enumerate(slices[k]):
-                    data = pattern(room.room_id, k, i, ps)
-                    pool.write(pages[i], data)
-                    room.expected[pos] = data
-            lease_of: Dict[int, int] = {}
-            opening_cut = r.randint(0, ranks - 1)
-            state = j.state
-            for k in range(ranks):
-                if abort_at == "opening" and k == opening_cut:
-                    self.abort(room, "opening")
-                    break
-                first = [src_pages[k][slices[k].index(p)] for p in chunks[k][0]]
-                jk = self.control.join_room(room.room_id, Participant(a.node1_id, k, Role.SOURCE),
-                                            self.pools_src[k].pool_id,
-                                            kvfence.ranges_from_pages(first),
-                                            expected_sources=ranks, expected_sinks=1, retry_s=5.0)
-                if jk.room != room.key:
-                    raise RuntimeError("source joined %s, sink %s" % (jk.room, room.key))
-                lease_of[k] = jk.lease_id
-                joined[k] = True
-                room.granted_src[k].update(first)
-                self._grant(room, jk.lease_id, self.pools_src[k], first, "src%d" % k)
-                state = jk.state
-            if room.t_abort is None:
-                if state != RoomState.ACTIVE:
-                    self.admin.wait_room_state(room.key, RoomState.ACTIVE, 10.0)
-                if abort_at == "timer":
-                    timer = threading.Timer(r.uniform(0.0, 0.03), self.abort, (room, "timer"))
-                    timer.start()
-                total_chunks = sum(len(c) for c in chunks)
-                cut = r.randint(0, total_chunks - 1)  # which submit the abort follows
-                order = [(c, k) for c in range(max(len(x) for x in chunks)) for k in range(ranks)
-                         if c < len(chunks[k])]
-                if abort_at == "between_chunks":
-                    firsts = [i for i, (c, _) in enumerate(order) if c > 0]
-                    cut = r.choice(firsts) - 1  # after a submit, before a later chunk
-                for n, (c, k) in enumerate(order):
-                    if room.t_abort is not None:
-                        break
-                    spos = chunks[k][c]
-                    src = [src_pages[k][slices[k].index(p)] for p in spos]
-                    dst = [room.sink_pages[p] for p in spos]
-                    last = c == len(chunks[k]) - 1
-                    seq += 1
-                    if not self.submit(room, k, lease_of[k], c, seq, src, dst, last):
-                        break
-                    with self.stats.lock:
-                        self.stats.bytes_moved += len(src) * ps
-                    if last and room.t_abort is None:
-                        try:
-                            self.control.complete_room(room.key,
-                                                       Participant(a.node1_id, k, Role.SOURCE))
-                        except (kvfence.Aborted, kvfence.FailedPrecondition):
-                            pass
-                    if abort_at in ("mid_transfer", "between_chunks") and n == cut:
-                        self.abort(room, abort_at)
-        except InterruptedError:
-            if room.key is not None:
-                self.abort(room, "stopping")
-        except kvfence.KvfenceError as e:
-            self.stats.problem("room %s: %s" % (room.key or room.room_id, e))
-            if room.key is not None:
-                self.abort(room, "error")
-        finally:
-            if timer is not None:
-                timer.cancel()
-            # source pages allocated but never granted (no join, no ExtendLease) are ours again
-            for k, pages in enumerate(src_pages):
-                rest = [pg for pg in pages if pg not in room.granted_src[k]]
-                if rest:
-                    self.pools_src[k].free(rest)
+                plan = [[(pos // tp, room.sink_pages[pos]) for pos in c] for c in chunks[k]]
+                self.send("p%d" % k, ("source", idx, room.room_id, key, ranks, a.node2_id,
+                                      sink_pool, plan))
+        with self.cv:
+            room.dispatched = True
+            ok = self.cv.wait_for(lambda: room.settled() or self.stop.is_set(), RELEASE_WAIT_S)
+            timer = room.timer
+        if timer is not None:
+            timer.cancel()
+        if self.stop.is_set() and not room.settled():
+            with self.cv:  # interrupted: counted as not terminal, no watchdog
+                self.stats.done += 1
+                self.stats.failed += 1
+            return
+        if not ok:
+            self.watchdog(room)
         self.finish(room)
 
-    def submit(self, room: Room, k: int, lease_id: int, c: int, seq: int, src: List[int],
-               dst: List[int], last: bool) -> bool:
-        a = self.a
-        src_r = kvfence.ranges_from_pages(src)
-        deadline = time.monotonic() + 5.0
+    def watchdog(self, room: Room) -> None:
+        detail = ""
         try:
-            if c > 0:
-                # recorded first: a release racing the ExtendLease frees them too
-                room.granted_src[k].update(src)
-                self._grant(room, lease_id, self.pools_src[k], src, "src%d" % k)
-                self.control.extend_lease(room.key, lease_id, src_r)
-            while True:
-                try:
-                    self.n1.submit_chunk(
-                        room.key, seq, source_rank=k, source_pool_id=self.pools_src[k].pool_id,
-                        source_ranges=src_r, sink_node_id=a.node2_id, sink_rank=0,
-                        sink_pool_id=self.pool_sink.pool_id,
-                        sink_ranges=kvfence.ranges_from_pages(dst), last_chunk=last,
-                        retry_unavailable_s=max(0.0, deadline - time.monotonic()))
-                    return True
-                except kvfence.FailedPrecondition as e:
-                    # after ExtendLease, until the node has the room's update
-                    if ("outside" not in e.details or time.monotonic() >= deadline or
-                            room.t_abort is not None):
-                        raise
-                    time.sleep(0.005)
-        except (kvfence.Aborted, kvfence.FailedPrecondition, kvfence.Unavailable) as e:
-            if room.t_abort is not None or isinstance(e, kvfence.Aborted):
-                with self.stats.lock:
-                    self.stats.late_refused_node += 1
-                return False  # the room is aborting: nothing more is admitted
-            raise
-
-    def abort(self, room: Room, why: str, force: bool = False) -> None:
-        with room.abort_lock:
-            if room.key is None or (room.t_abort is not None and not force):
-                return
-            if room.t_abort is None:
-                room.t_abort = time.monotonic()
-                room.why = why
-        try:
-            self.control.abort_room(room.key, "demo: " + why)
-        except kvfence.FailedPrecondition:
-            pass  # already COMPLETED: not an abort
-        except kvfence.KvfenceError as e:
-            self.stats.problem("room %s: abort: %s" % (room.key, e))
+            ri = self.admin.room(room.key)
+            detail = " (state %s; %s)" % (getattr(ri.state, "name", ri.state), ", ".join(
+                "%s/%d/%s completed=%s lease=%s" % (
+                    p.participant.node_id, p.participant.rank,
+                    getattr(p.participant.role, "name", p.participant.role), p.completed,
+                    getattr(p.lease.state, "name", p.lease.state) if p.lease else None)
+                for p in ri.participants))
+        except kvfence.KvfenceError:
+            pass
+        with self.cv:
+            detail += " (demo: leases released %d/%d, sources joined %d, done %d/%d)" % (
+                len(set(room.released) & room.leases), len(room.leases), room.src_joined,
+                room.sources_done, room.sources)
+        msg = "room %s not released after %.0f s%s: aborting it" % (room.key, RELEASE_WAIT_S,
+                                                                     detail)
+        log("problem: " + msg)
+        with self.cv:
+            self.stats.stuck += 1
+            self.stats.problems.append(msg)
+        self.abort(room, "watchdog", force=True)
+        with self.cv:
+            self.cv.wait_for(room.settled, DRAIN_WAIT_S)
 
     def finish(self, room: Room) -> None:
-        """Waits until every granted lease of the room is released; the room's
-        terminal state decides what is checked."""
-        if not room.leases:
-            with self.stats.lock:
-                self.stats.done += 1
-                self.stats.aborted += 1
-                self.stats.aborted_other += 1
-            return
-        if not room.event.wait(RELEASE_WAIT_S):
-            detail = ""
-            try:
-                ri = self.admin.room(room.key)
-                detail = " (state %s; %s)" % (getattr(ri.state, "name", ri.state), ", ".join(
-                    "%s/%d/%s completed=%s lease=%s" % (
-                        p.participant.node_id, p.participant.rank,
-                        getattr(p.participant.role, "name", p.participant.role), p.completed,
-                        getattr(p.lease.state, "name", p.lease.state) if p.lease else None)
-                    for p in ri.participants))
-            except kvfence.KvfenceError:
-                pass
-            with self.stats.lock:
-                self.stats.stuck += 1
-            self.stats.problem("room %s not released after %.0f s%s: aborting it" %
-                               (room.key, RELEASE_WAIT_S, detail))
-            self.abort(room, "watchdog", force=True)
-            room.event.wait(DRAIN_WAIT_S)
         state = None
         try:
             state = self.admin.room(room.key).state
         except kvfence.KvfenceError as e:
-            self.stats.problem("room %s: GetRoom: %s" % (room.key, e))
-        with self.stats.lock:
+            with self.cv:
+                self.stats.problems.append("room %s: GetRoom: %s" % (room.key, e))
+        with self.cv:
             s = self.stats
             s.done += 1
-            if not room.event.is_set() or state not in (RoomState.COMPLETED, RoomState.ABORTED):
+            if not room.settled() or state not in (RoomState.COMPLETED, RoomState.ABORTED):
                 s.failed += 1
-                s.problems.append("room %s: state %s, leases released %d/%d" %
+                s.problems.append("room %s: state %s, leases released %d/%d, sources done %d/%d" %
                                   (room.key, getattr(state, "name", state), len(room.released),
-                                   len(room.leases)))
+                                   len(room.leases), room.sources_done, room.sources))
                 return
             if state == RoomState.COMPLETED:
                 s.completed += 1
             else:
                 s.aborted += 1
-                why = getattr(room, "why", None)
+                why = room.why
                 if why and why not in ("error", "watchdog", "stopping"):
                     s.aborted_by_demo += 1
                     s.abort_points[why] = s.abort_points.get(why, 0) + 1
@@ -538,30 +469,36 @@ class Demo:
                     s.aborted_other += 1
                 if room.t_abort is not None:
                     s.latencies.append(max(room.released.values()) - room.t_abort)
-        if state == RoomState.COMPLETED and room.sink_mismatch:
-            self.stats.corrupted(room.sink_mismatch, "room %s COMPLETED but %d sink pages differ "
-                                 "from the source bytes" % (room.key, room.sink_mismatch))
+            mismatch = room.sink_mismatch if state == RoomState.COMPLETED else 0
+            del self.rooms[room.idx]
+        if mismatch:
+            msg = "room %s COMPLETED but %d sink pages differ from the source bytes" % (
+                room.key, mismatch)
+            log("CORRUPTION: " + msg)
+            with self.cv:
+                self.stats.corrupted_pages += mismatch
+                self.stats.problems.append(msg)
 
-    # ---- driver -------------------------------------------------------------------------
+    # ---- driver ---------------------------------------------------------------------
 
     def worker(self) -> None:
         while not self.stop.is_set():
-            with self.lock:
+            with self.cv:
                 idx = self.next_room
                 if idx >= self.a.rooms:
                     return
                 self.next_room += 1
-            with self.stats.lock:
                 self.stats.in_flight += 1
             try:
                 self.run_room(idx)
             except Exception as e:  # noqa: BLE001 - counted, never silent
-                with self.stats.lock:
+                with self.cv:
                     self.stats.done += 1
                     self.stats.failed += 1
-                self.stats.problem("room index %d: %r" % (idx, e))
+                    self.stats.problems.append("room index %d: %r" % (idx, e))
+                log("problem: room index %d: %r" % (idx, e))
             finally:
-                with self.stats.lock:
+                with self.cv:
                     self.stats.in_flight -= 1
 
     def progress(self, t0: float) -> str:
@@ -571,13 +508,31 @@ class Demo:
                 (el, s.done, self.a.rooms, s.completed, s.aborted, s.in_flight,
                  s.bytes_moved / 1e6 / max(el, 1e-9)))
 
+    def finals(self) -> Dict[str, Dict[str, Any]]:
+        """Every rank waits for its pages to come back and checks every free page."""
+        for tag in self.ranks:
+            self.send(tag, ("final",))
+        with self.cv:
+            self.cv.wait_for(lambda: all(r["final"] for r in self.ranks.values()) or
+                             any(not r["proc"].is_alive() for r in self.ranks.values()), 60.0)
+            return {t: r["final"] for t, r in self.ranks.items() if r["final"]}
+
     def run(self) -> int:
         a = self.a
-        self.setup()
+        self.admin.wait_ready(10.0)
+        self.start_ranks()
+        s = self.admin.stats()
+        late0 = int(s.get("reports_stale", 0)) + int(s.get("reports_unknown", 0))
+        tokenless0 = int(s.get("reports_tokenless", 0))
+        self.abort_hist0 = scrape_abort_histogram(a.metrics) if a.metrics else None
         log("demo: %d rooms, abort share %.2f, TP %d (prefill %s) -> decode %s, %d..%d pages of "
-            "%d B, <= %d chunks/source, concurrency %d, seed %s" %
+            "%d layers x K/V x %d B, <= %d chunks/source, concurrency %d, seed %s" %
             (a.rooms, a.abort_share, a.tp, a.node1_id, a.node2_id, a.pages_min, a.pages_max,
-             a.page_size, a.chunks, a.concurrency, a.seed))
+             a.layers, a.page_size, a.chunks, a.concurrency, a.seed))
+        log("rank processes: %s" % ", ".join(
+            "%s pid %d (pool %d, %d buffers)" % (t, r["ready"]["pid"], r["ready"]["pool_id"],
+                                                 r["ready"]["buffers"])
+            for t, r in self.ranks.items()))
         t0 = time.monotonic()
         threads = [threading.Thread(target=self.worker, daemon=True, name="room-%d" % i)
                    for i in range(a.concurrency)]
@@ -590,33 +545,52 @@ class Demo:
                     t.join(timeout=max(0.0, 1.0 / len(threads)))
                 if not a.json:
                     log(self.progress(t0))
+                if self.fatal:
+                    raise RuntimeError("a rank process died: %s" % "; ".join(self.fatal))
         except KeyboardInterrupt:
+            # Within run.sh's 10 s between TERM and KILL: abort what is in
+            # flight (best effort: the cluster may be stopping too), then stop
+            # the ranks (close()); a second Ctrl-C or TERM does not cut that short.
             interrupted = True
+            signal.signal(signal.SIGINT, signal.SIG_IGN)
+            signal.signal(signal.SIGTERM, signal.SIG_IGN)
             log("interrupted: aborting the rooms in flight")
             self.stop.set()
+            with self.cv:
+                live = [r for r in self.rooms.values() if r.key is not None]
+                self.cv.notify_all()
+            for room in live:
+                try:
+                    self.control.abort_room(room.key, "demo: stopping", timeout=0.5)
+                except kvfence.KvfenceError:
+                    pass
             for t in threads:
-                t.join(timeout=DRAIN_WAIT_S)
+                t.join(timeout=0.2)
         elapsed = time.monotonic() - t0
-        # every lease released: wait for the watchers to have freed every page
-        deadline = time.monotonic() + 10.0
-        pools = self.pools_src + [self.pool_sink]
-        while any(p.used for p in pools) and time.monotonic() < deadline:
-            time.sleep(0.05)
-        leaked = sum(p.used for p in pools)
+        finals = self.finals() if not interrupted else {}
+        leaked = sum(f["leaked"] for f in finals.values())
         if leaked:
-            self.stats.problem("%d pages still not released at the end" % leaked)
-        for p in pools:
-            with p._cv:
-                free = list(p._free)
-            p.check_canary(free, "at the end")
+            self.stats.problems.append("%d pages still not released at the end" % leaked)
+        missing = sorted(set(self.ranks) - set(finals))
+        if missing:
+            self.stats.problems.append("ranks %s sent no final check" % missing)
+        for t, f in finals.items():
+            if f["callback_errors"]:
+                self.stats.problems.append("rank %s: %d release callback errors" %
+                                           (t, f["callback_errors"]))
+        if interrupted:
+            log("interrupted after %.1f s: %d rooms done, %d MB moved" %
+                (elapsed, self.stats.done, self.stats.bytes_moved // 1000000))
+            return 130
         st = self.admin.stats()
-        late = int(st.get("reports_stale", 0)) + int(st.get("reports_unknown", 0)) - self.late0
-        tokenless = int(st.get("reports_tokenless", 0)) - self.tokenless0
+        late = int(st.get("reports_stale", 0)) + int(st.get("reports_unknown", 0)) - late0
+        tokenless = int(st.get("reports_tokenless", 0)) - tokenless0
         server = None
-        if self.a.metrics:
-            after = scrape_abort_histogram(self.a.metrics)
+        if a.metrics:
+            after = scrape_abort_histogram(a.metrics)
             if after is None:
-                self.stats.problem("cannot read %s from %s/metrics" % (ABORT_METRIC, self.a.metrics))
+                self.stats.problems.append("cannot read %s from %s/metrics" %
+                                           (ABORT_METRIC, a.metrics))
             else:
                 server = {}
                 for name, q in (("p50", 0.5), ("p99", 0.99)):
@@ -624,11 +598,20 @@ class Demo:
                     server[name] = None if v is None else round(v * 1000.0, 3)
                 server["count"] = int(after[float("inf")] - (self.abort_hist0 or {}).get(
                     float("inf"), 0.0))
-        ok = self.summary(elapsed, late, tokenless, leaked, interrupted, server)
+        ok = self.summary(elapsed, late, tokenless, leaked, interrupted, server, finals,
+                          bool(missing))
         return 0 if ok else (130 if interrupted else 1)
 
+    def close(self) -> None:
+        self.stop.set()
+        self.stop_ranks()
+        self.aborts.shutdown(wait=False)
+        for c in (self.control, self.admin):
+            c.close()
+
     def summary(self, elapsed: float, late: int, tokenless: int, leaked: int,
-                interrupted: bool, server: Optional[Dict[str, Optional[float]]] = None) -> bool:
+                interrupted: bool, server: Optional[Dict[str, Optional[float]]],
+                finals: Dict[str, Dict[str, Any]], missing: bool) -> bool:
         s = self.stats
         lat = sorted(s.latencies)
 
@@ -638,11 +621,20 @@ class Demo:
             return lat[min(len(lat) - 1, int(round(p / 100.0 * (len(lat) - 1))))] * 1000.0
 
         not_terminal = s.failed + (self.a.rooms - s.done)
+        pids = {t: f["pid"] for t, f in finals.items()}
+        separate = len(set(pids.values()) | {os.getpid()}) == len(pids) + 1
+        nbuf = sum(f["buffers"] for f in finals.values())
+        checked = sum(1 for f in finals.values() for c in f["slots_checked"] if c > 0)
+        slots = sum(sum(f["slots_checked"]) for f in finals.values())
         # A room that needed the watchdog is a failure too: nothing in a healthy
         # run takes seconds, and a stalled room is the bug class the demo exists
-        # to show (the watchdog's abort only lets the run finish).
+        # to show (the watchdog's abort only lets the run finish). So is a
+        # buffer no check ever read.
         ok = (s.corrupted_pages == 0 and not_terminal == 0 and leaked == 0 and s.stuck == 0
-              and not interrupted)
+              and not interrupted and not missing and checked == nbuf and separate)
+        ratio = None
+        if server and server.get("p99") and lat:
+            ratio = round(pct(99) / server["p99"], 2)  # type: ignore[operator]
         res = {
             "rooms": self.a.rooms, "completed": s.completed, "aborted": s.aborted,
             "aborted_planned": s.aborted_by_demo, "aborted_other": s.aborted_other,
@@ -653,6 +645,10 @@ class Demo:
                                      "p99": round(pct(99), 3),
                                      "max": round(lat[-1] * 1000.0 if lat else 0.0, 3)},
             "control_plane_abort_to_released_ms": server,
+            "engine_to_control_plane_p99_ratio": ratio,
+            "rank_processes": {"coordinator": os.getpid(), "ranks": pids, "separate": separate},
+            "buffers": {"total": nbuf, "checked": checked, "slot_checks": slots,
+                        "layers": self.a.layers},
             "late_messages_rejected": {"control_plane": late, "control_plane_tokenless": tokenless,
                                        "node_submits_refused": s.late_refused_node},
             "pages_not_released": leaked, "corrupted_pages": s.corrupted_pages,
@@ -666,14 +662,21 @@ class Demo:
         log("rooms: %d  completed: %d  aborted: %d (planned %d %s, other %d)  not terminal: %d" %
             (self.a.rooms, s.completed, s.aborted, s.aborted_by_demo,
              json.dumps(s.abort_points, sort_keys=True), s.aborted_other, not_terminal))
+        log("rank processes: %d (%s; coordinator pid %d)%s" % (
+            len(pids), ", ".join("%s pid %d" % kv for kv in sorted(pids.items())), os.getpid(),
+            "" if separate else "  NOT SEPARATE"))
+        log("buffers checked: %d/%d (%d layers x K/V per pool; %d page-buffer slot checks)" %
+            (checked, nbuf, self.a.layers, slots))
         log("bytes moved: %.1f MB in %.2f s  throughput: %.1f MB/s" %
             (s.bytes_moved / 1e6, elapsed, res["throughput_mb_s"]))
-        log("abort -> released latency: p50 %.1f ms  p99 %.1f ms  max %.1f ms  (%d rooms)" %
+        log("abort -> released latency: p50 %.1f ms  p99 %.1f ms  max %.1f ms  (%d rooms; "
+            "as the engine processes see it)" %
             (pct(50), pct(99), res["abort_to_released_ms"]["max"], len(lat)))
         if server and server.get("p50") is not None:
             log("  the control plane's own view (ABORTING -> ABORTED, from /metrics, bucket-"
-                "interpolated): p50 %.1f ms  p99 %.1f ms  (%d rooms)" %
-                (server["p50"], server["p99"], server["count"]))
+                "interpolated): p50 %.1f ms  p99 %.1f ms  (%d rooms)%s" %
+                (server["p50"], server["p99"], server["count"],
+                 "  engine/control p99: %.2fx" % ratio if ratio is not None else ""))
         log("late messages rejected: %d (control plane: stale/unknown reports %d, tokenless %d; "
             "node: submits refused after abort %d)" %
             (late + tokenless + s.late_refused_node, late, tokenless, s.late_refused_node))
@@ -698,9 +701,13 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     ap.add_argument("--rooms", type=int, default=2000)
     ap.add_argument("--abort-share", type=float, default=0.2)
     ap.add_argument("--tp", type=int, default=2, help="prefill TP ranks (sources) per room")
+    ap.add_argument("--layers", type=int, default=8,
+                    help="model layers: each rank's pool is this many x K/V shm buffers")
     ap.add_argument("--pages-min", type=int, default=8)
     ap.add_argument("--pages-max", type=int, default=64)
-    ap.add_argument("--page-size", type=int, default=16384)
+    ap.add_argument("--page-size", type=int, default=16384,
+                    help="bytes per page in EACH buffer (one layer's K or V); a page moves "
+                         "2 x layers x this")
     ap.add_argument("--chunks", type=int, default=3, help="at most this many chunks per source")
     ap.add_argument("--concurrency", type=int, default=16)
     ap.add_argument("--seed", type=int, default=None)
@@ -708,14 +715,24 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
                     help="kvfence-control's metrics address: also report its own abort -> "
                          "released histogram")
     ap.add_argument("--json", action="store_true", help="the summary as JSON too; no progress")
+    ap.add_argument("--inject-late-writes", type=int, default=0, metavar="N",
+                    help="tests only: each rank writes one byte into N pages after their "
+                         "release (each in another buffer), which the checks must count as "
+                         "corrupted")
     a = ap.parse_args(argv)
     if a.seed is None:
         a.seed = random.randrange(1 << 31)
     if not (1 <= a.pages_min <= a.pages_max) or a.tp < 1 or a.chunks < 1 or a.concurrency < 1 \
-            or a.rooms < 0 or not 0.0 <= a.abort_share <= 1.0 or a.page_size < 64:
+            or a.rooms < 0 or not 0.0 <= a.abort_share <= 1.0 or a.page_size < 64 \
+            or not 1 <= a.layers <= 64:
         ap.error("bad option values")
+    if 2 * a.layers * a.page_size > STAGING_BUFFER:
+        ap.error("--layers x 2 x --page-size = %d B a page: more than a node's staging buffer "
+                 "(%d B), which a multi-buffer pool's page must fit" %
+                 (2 * a.layers * a.page_size, STAGING_BUFFER))
     # started in the background by scripts/run.sh, SIGINT may be ignored: restore
-    # Ctrl-C, and make SIGTERM stop the same way (pools unlinked on the way out)
+    # Ctrl-C, and make SIGTERM stop the same way (rank processes stopped, pools
+    # unlinked on the way out)
     signal.signal(signal.SIGINT, signal.default_int_handler)
     signal.signal(signal.SIGTERM, lambda *_: (_ for _ in ()).throw(KeyboardInterrupt()))
     d = Demo(a)
