@@ -1,13 +1,17 @@
 """docs/engines.md's quickstart programs run as written: each ```python
 block of the file, in its own /usr/bin/python3 process, against a real
 kvfence-control and two real kvfence-node processes, with the environment
-that `scripts/run.sh --keep` tells the reader to export."""
+that `scripts/run.sh --keep --staging host` tells the reader to export."""
 import os
 import re
 import subprocess
 import sys
 
 import pytest
+
+# As the quickstart's `scripts/run.sh --keep --staging host`: the engines'
+# multi-buffer pools are read through the staging copy towards another node.
+pytestmark = pytest.mark.node_args("--staging", "host")
 
 DOC = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "..", "docs",
                    "engines.md")
