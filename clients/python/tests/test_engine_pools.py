@@ -122,3 +122,23 @@ def test_fake_device_buffers_through_cuda_ipc(cluster, tmp_path, procs):
         time.sleep(0.05)
     assert not [n for n in os.listdir("/dev/shm") if n.startswith(FAKE_DEVICE_PREFIX[1:] +
                                                                    str(d.pid))]
+
+
+def test_prompt_over_the_run_limit_fails_cleanly(cluster, tmp_path, procs):
+    """65,537 scattered pages are more runs than a lease takes (65,536), now
+    whatever the buffer count: decode's JoinRoom is refused
+    (RESOURCE_EXHAUSTED), the request is Failed with nothing granted and its
+    pages freed once; prefill gives up waiting (an abort, never a free).
+    Before, the refusal escaped send_metadata into the scheduler."""
+    tokens = 65537
+    p, d, boot = start(cluster, tmp_path, procs, "--layers", "1", "--pages", str(2 * tokens),
+                       "--item-len", "256", "--scatter")
+    room = (1 << 61) + 61
+    d.call("request", room=room, pages=tokens, bootstrap=boot, timeout=30)
+    p.call("request", room=room, pages=tokens, chunk=8192, bootstrap=boot, timeout_s=2)
+    dr = d.wait_outcome(room, timeout=30)
+    assert dr["outcome"] == "Failed" and "runs" in (dr["failure"] or ""), dr
+    assert dr["lease_id"] == 0, dr  # nothing granted
+    pr = p.wait_outcome(room, timeout=30)
+    assert pr["outcome"] == "Failed", pr
+    engines_clean(p, d)

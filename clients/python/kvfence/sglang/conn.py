@@ -530,9 +530,11 @@ class KVSender(_Request, BaseKVSender):
                 expected_sinks=int(sink.get("tp_size", 1)), features=self.mgr.features,
                 retry_s=_JOIN_RETRY_S)
         except (errors.Aborted, errors.FailedPrecondition, errors.NotFound,
-                errors.Unavailable, errors.InvalidArgument, errors.AlreadyExists) as e:
+                errors.Unavailable, errors.InvalidArgument, errors.AlreadyExists,
+                errors.ResourceExhausted) as e:
             # Refused (an aborted room, a capability refusal: kvfence aborted
-            # the room): nothing of ours is granted.
+            # the room; more runs of pages than a lease takes): nothing of
+            # ours is granted.
             self._note_abort("%s: %s" % (e.method, e.details))
             return False
         with self._lock:
@@ -589,7 +591,7 @@ class KVSender(_Request, BaseKVSender):
             if is_last:
                 self.mgr.control.complete_room(self.room, self.mgr.participant)
         except (errors.Aborted, errors.FailedPrecondition, errors.NotFound,
-                errors.Unavailable, errors.InvalidArgument) as e:
+                errors.Unavailable, errors.InvalidArgument, errors.ResourceExhausted) as e:
             # Refused: an aborted room (kvfence refuses every later chunk), a
             # capability refusal (kvfence aborted the room), a lost peer.
             # Nothing more is sent; Failed comes with the release.
@@ -703,7 +705,8 @@ class KVReceiver(_Request, BaseKVReceiver):
                 expected_sinks=self.mgr.tp_size, features=self.mgr.features,
                 retry_s=_JOIN_RETRY_S)
         except (errors.Aborted, errors.FailedPrecondition, errors.NotFound, errors.Unavailable,
-                errors.InvalidArgument, errors.AlreadyExists) as e:
+                errors.InvalidArgument, errors.AlreadyExists, errors.ResourceExhausted) as e:
+            # ResourceExhausted: e.g. more runs of pages than a lease takes.
             self._note_abort("%s: %s" % (e.method, e.details))  # nothing granted
             return
         self.room, self.lease_id = j.room, j.lease_id
