@@ -142,3 +142,20 @@ def test_prompt_over_the_run_limit_fails_cleanly(cluster, tmp_path, procs):
     pr = p.wait_outcome(room, timeout=30)
     assert pr["outcome"] == "Failed", pr
     engines_clean(p, d)
+
+
+@pytest.mark.node_args()  # this test's nodes: the default --staging none
+def test_nodes_without_staging_fail_the_request_cleanly(cluster, tmp_path, procs):
+    """A multi-buffer pool is sent to another node through the staging copy;
+    a source node started without it refuses the first chunk
+    (FAILED_PRECONDITION naming --staging): the room is aborted, both sides
+    Failed once released, every page freed once, nothing hangs."""
+    p, d, boot = start(cluster, tmp_path, procs)
+    room = (1 << 61) + 71
+    d.call("request", room=room, pages=6, bootstrap=boot)
+    p.call("request", room=room, pages=6, chunk=3, bootstrap=boot)
+    dr, pr = d.wait_outcome(room), p.wait_outcome(room)
+    assert dr["outcome"] == pr["outcome"] == "Failed", (dr, pr)
+    assert "staging" in (pr["failure"] or ""), pr
+    assert cluster.admin().room(room).state == RoomState.ABORTED
+    engines_clean(p, d)
