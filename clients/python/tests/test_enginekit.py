@@ -10,8 +10,7 @@ from types import SimpleNamespace
 import pytest
 
 import kvfence
-from kvfence.enginekit import (Rendezvous, RendezvousServer, buffer_address, kv_buffer,
-                               register_kv_memory)
+from kvfence.enginekit import Rendezvous, RendezvousServer, buffer_address, register_kv_memory
 from kvfence.enginekit.memory import shm_region
 from kvfence.vllm import kv_cache_buffers, kv_cache_pool_buffers
 from kvfence import PageRange, Pool, PoolKind
