@@ -13,9 +13,6 @@
 #   --build-only      install what is missing, configure and build the daemons,
 #                     the CLI and the Python client, then stop (no cluster)
 #   --keep            keep the cluster running after the demo, until Ctrl-C
-#   --staging MODE    the nodes' --staging (none, the default, or host): the
-#                     engine backends' multi-buffer pools need host
-#                     (docs/engines.md, "Memory")
 #   --existing ADDR   no local cluster: run the demo against kvfence-control at
 #                     ADDR; also pass --node1-socket/--node2-socket (and
 #                     --node1-id/--node2-id if not n1/n2)
@@ -36,7 +33,6 @@ do_build=1
 build_only=0
 keep=0
 existing=""
-staging=none
 demo_args=()
 while [ $# -gt 0 ]; do
     case "$1" in
@@ -45,8 +41,6 @@ while [ $# -gt 0 ]; do
         --no-build) do_build=0; shift ;;
         --build-only) build_only=1; shift ;;
         --keep) keep=1; shift ;;
-        --staging) staging=$2; shift 2 ;;
-        --staging=*) staging=${1#*=}; shift ;;
         --existing) existing=$2; shift 2 ;;
         --existing=*) existing=${1#*=}; shift ;;
         *) demo_args+=("$1"); shift ;;
@@ -147,7 +141,7 @@ metrics_port=$(head -n1 "$tmp/metrics.port" 2>/dev/null | tr -d '[:space:]' || t
 node_pids=()
 for n in n1 n2; do
     "$node_bin" --control "$address" --node-id "$n" --local-socket "$tmp/$n.sock" \
-        --data-host 127.0.0.1 --data-port 0 --port-file "$tmp/$n.port" --staging "$staging" \
+        --data-host 127.0.0.1 --data-port 0 --port-file "$tmp/$n.port" \
         >"$tmp/$n.log" 2>&1 </dev/null &
     pids=("$!:kvfence-node $n" "${pids[@]}")
     node_pids+=("$!")

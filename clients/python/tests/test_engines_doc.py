@@ -1,7 +1,7 @@
 """docs/engines.md's quickstart programs run as written: each ```python
 block of the file, in its own /usr/bin/python3 process, against a real
 kvfence-control and two real kvfence-node processes, with the environment
-that `scripts/run.sh --keep --staging host` tells the reader to export."""
+that `scripts/run.sh --keep` tells the reader to export."""
 import os
 import re
 import subprocess
@@ -9,7 +9,7 @@ import sys
 
 import pytest
 
-# As the quickstart's `scripts/run.sh --keep --staging host`: the engines'
+# As the quickstart's `scripts/run.sh --keep` (its nodes run --staging host): the engines'
 # multi-buffer pools are read through the staging copy towards another node.
 pytestmark = pytest.mark.node_args("--staging", "host")
 
