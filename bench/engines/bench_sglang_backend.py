@@ -6,7 +6,10 @@ transport, loopback), one prefill and one decode KVManager in this process
 (host shm KV buffers: --layers layers, K and V each), and runs --requests
 requests one after another, each --pages pages in --chunks chunks, as the
 schedulers do: decode init + send_metadata, prefill send per chunk, both
-polled every 1 ms until Success. Then the same count of requests aborted by
+polled every 1 ms until Success. Each KV buffer is its own shm object, and the
+buffers are ONE multi-buffer pool (enginekit.register_kv_memory), so the nodes
+run with --staging host (a multi-buffer pool is sent through the staging
+copy). Then the same count of requests aborted by
 decode after their first chunk, until both sides say Failed (ABORTED and
 released). Prints p50/p99 per request and, for aborts, from abort() to the
 last Failed.
@@ -42,7 +45,7 @@ def wait_file(path, lines, timeout=10):
     raise SystemExit("%s not written" % path)
 
 
-def cluster(build, tmp):
+def cluster(build, tmp, staging):
     procs = []
     log = open(os.path.join(tmp, "cluster.log"), "wb")
     procs.append(subprocess.Popen([os.path.join(build, "controlplane/kvfence-control"), "--listen",
@@ -55,7 +58,8 @@ def cluster(build, tmp):
         procs.append(subprocess.Popen([os.path.join(build, "dataplane/kvfence-node"), "--control",
                                        addr, "--node-id", n, "--local-socket", socks[n],
                                        "--port-file", "%s/%s.port" % (tmp, n), "--data-host",
-                                       "127.0.0.1", "--data-port", "0"], stdout=log, stderr=log))
+                                       "127.0.0.1", "--data-port", "0", "--staging", staging],
+                                      stdout=log, stderr=log))
         wait_file("%s/%s.port" % (tmp, n), 2)
     return addr, socks, procs
 
@@ -73,21 +77,23 @@ def main():
     ap.add_argument("--chunks", type=int, default=4)
     ap.add_argument("--layers", type=int, default=4)
     ap.add_argument("--page-bytes", type=int, default=16384)
+    ap.add_argument("--staging", default="host", help="the nodes' --staging (host or cuda)")
     a = ap.parse_args()
     tmp = tempfile.mkdtemp(prefix="kvf-bench-sgl-")
-    addr, socks, procs = cluster(a.build_dir, tmp)
+    addr, socks, procs = cluster(a.build_dir, tmp, a.staging)
     nbuf, npages = 2 * a.layers, 4 * a.pages
     shms, mgrs = [], {}
     boot = KVBootstrapServer("127.0.0.1", 0)
     try:
         for mode, node in (("prefill", "n1"), ("decode", "n2")):
-            shm = shared_memory.SharedMemory(name="kvf-bench-sgl-%d-%s" % (os.getpid(), mode),
-                                             create=True, size=nbuf * npages * a.page_bytes)
-            shms.append(shm)
-            base = buffer_address(shm.buf)
+            mine = [shared_memory.SharedMemory(name="kvf-bench-sgl-%d-%s-%d" %
+                                               (os.getpid(), mode, b), create=True,
+                                               size=npages * a.page_bytes)
+                    for b in range(nbuf)]
+            shms.extend(mine)
             args = KVArgs()
             args.engine_rank = 0
-            args.kv_data_ptrs = [base + b * npages * a.page_bytes for b in range(nbuf)]
+            args.kv_data_ptrs = [buffer_address(m.buf) for m in mine]
             args.kv_data_lens = [npages * a.page_bytes] * nbuf
             args.kv_item_lens = [a.page_bytes] * nbuf
             args.aux_data_ptrs, args.aux_data_lens, args.aux_item_lens = [], [], []

@@ -181,15 +181,20 @@ class Cluster:
 def pytest_configure(config):
     config.addinivalue_line("markers", "control_args(*args): more kvfence-control arguments "
                             "for the test's cluster")
+    config.addinivalue_line("markers", "node_args(*args): more kvfence-node arguments for "
+                            "both nodes of the test's cluster")
 
 
 @pytest.fixture
 def cluster(tmp_path, request):
     """kvfence-control + kvfence-node n1 and n2, each node with a registered
     shm pool (seed 1 on n1, seed 0xa5 on n2). A test marked
-    @pytest.mark.control_args("--flag", "value") adds control plane arguments."""
+    @pytest.mark.control_args("--flag", "value") adds control plane arguments,
+    @pytest.mark.node_args(...) node arguments (both nodes)."""
     marker = request.node.get_closest_marker("control_args")
     extra = [str(a) for a in marker.args] if marker else []
+    nmarker = request.node.get_closest_marker("node_args")
+    node_extra = [str(a) for a in nmarker.args] if nmarker else []
     control_bin = _binary("KVF_CONTROL_BIN")
     node_bin = _binary("KVF_NODE_BIN")
     procs = []
@@ -215,7 +220,8 @@ def cluster(tmp_path, request):
                            # pools (test_pools.py); ShmPool names are not.
                            "--test-fake-device-pools", FAKE_DEVICE_PREFIX,
                            # No faults while the file is absent (Cluster.set_faults).
-                           "--fault-file", str(tmp_path / (nid + ".faults"))], tmp_path)
+                           "--fault-file", str(tmp_path / (nid + ".faults"))] + node_extra,
+                     tmp_path)
             procs.append(p)
             nodes[nid] = (p, sock)
         for nid, (p, sock) in nodes.items():

@@ -9,6 +9,10 @@ import sys
 
 import pytest
 
+# As the quickstart's `scripts/run.sh --keep` (its nodes run --staging host): the engines'
+# multi-buffer pools are read through the staging copy towards another node.
+pytestmark = pytest.mark.node_args("--staging", "host")
+
 DOC = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "..", "docs",
                    "engines.md")
 

@@ -14,6 +14,10 @@ import kvfence
 from kvfence import RoomState
 from engine_procs import EngineProc
 
+# The engines' KV buffers are one multi-buffer pool, which a node reads
+# through its staging copy towards another node (docs/node.md "Pools").
+pytestmark = pytest.mark.node_args("--staging", "host")
+
 
 def start(cluster, tmp_path, *extra_prefill, decode_extra=()):
     p = EngineProc("sglang_engine.py", ["--mode", "prefill", "--control", cluster.address,

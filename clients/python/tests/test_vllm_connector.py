@@ -15,6 +15,10 @@ import kvfence
 from kvfence import RoomState
 from engine_procs import EngineProc
 
+# The engines' KV buffers are one multi-buffer pool, which a node reads
+# through its staging copy towards another node (docs/node.md "Pools").
+pytestmark = pytest.mark.node_args("--staging", "host")
+
 
 def free_port():
     with socket.socket() as s:
@@ -179,4 +183,26 @@ def test_load_ends_without_room_state_events(cluster, engines):
     d.call("request", req="bad", blocks=3, params=rep["params"])
     assert done(d, "bad")["outcome"] == "load_error"
     done(p, "bad")
+    clean(p, d)
+
+
+def test_per_layer_fake_device_tensors_are_one_pool(cluster, engines):
+    """Every layer's tensor its own FakeDeviceBuffer ("GPU" memory): the
+    connector registers the 4 layers' K and V as ONE pool of 8 buffers by
+    (fake) CUDA IPC handle, and a request's lease is its block ids as they
+    are (before: "must share one" shm object)."""
+    from conftest import FAKE_DEVICE_PREFIX
+    extra = ["--layers", "4", "--memory", "fake-device", "--fake-prefix", FAKE_DEVICE_PREFIX]
+    p, d = engines(*extra, decode_extra=extra)
+    admin = cluster.admin()
+    rep = p.call("request", req="g", blocks=7, params={"do_remote_decode": True})
+    d.call("request", req="g", blocks=7, params=rep["params"])
+    dr, pr = done(d, "g"), done(p, "g")
+    assert dr["outcome"] == "loaded" and dr["verified"] == "ok", dr
+    assert pr["outcome"] == "sent", pr
+    room = rep["params"]["kvfence_room"]
+    assert admin.room(room).state == RoomState.COMPLETED
+    assert sorted(l.page_count() for l in admin.leases(room_id=room)) == [7, 7]
+    pool = p.status()["pool"]
+    assert pool["buffers"] == 8 and pool["page_size"] == 8 * 1024
     clean(p, d)

@@ -70,8 +70,8 @@ from typing import Any, Dict, List, Optional, Sequence, Tuple
 from .. import errors
 from ..client import (DEFAULT_FEATURES, AuxReceived, ControlClient, Lease, NodeClient,
                       NodeRoomState, Participant, Role, RoomKey, RoomState, RoomStateChanged,
-                      TransferDone)
-from ..enginekit.memory import KvMemory, ranges_for, register_kv_memory
+                      TransferDone, ranges_from_pages)
+from ..enginekit.memory import KvMemory, register_kv_memory
 from ..enginekit.rendezvous import Rendezvous, RendezvousError, RendezvousServer
 from ..enginekit.rooms import ended_state
 
@@ -329,7 +329,7 @@ class KVManager(BaseKVManager):
             return
         Rendezvous(self.bootstrap_addr).put_rank(self.rank, {
             "node_id": self.node_id, "features": list(self.features),
-            "item_len": self.memory.item_len, "buffers": len(self.memory.bases),
+            "item_lens": list(self.memory.item_lens),
             "tp_size": self.tp_size})
 
     def close(self) -> None:
@@ -530,14 +530,16 @@ class KVSender(_Request, BaseKVSender):
                 expected_sinks=int(sink.get("tp_size", 1)), features=self.mgr.features,
                 retry_s=_JOIN_RETRY_S)
         except (errors.Aborted, errors.FailedPrecondition, errors.NotFound,
-                errors.Unavailable, errors.InvalidArgument, errors.AlreadyExists) as e:
+                errors.Unavailable, errors.InvalidArgument, errors.AlreadyExists,
+                errors.ResourceExhausted) as e:
             # Refused (an aborted room, a capability refusal: kvfence aborted
-            # the room): nothing of ours is granted.
+            # the room; more runs of pages than a lease takes): nothing of
+            # ours is granted.
             self._note_abort("%s: %s" % (e.method, e.details))
             return False
         with self._lock:
             self.lease_id = j.lease_id
-            self.lease_pages = mem.page_count(len(idx))
+            self.lease_pages = len(idx)
         if j.room != self.room:
             # The id is another generation than decode granted: not ours.
             wrong, self.room = self.room, j.room
@@ -568,7 +570,7 @@ class KVSender(_Request, BaseKVSender):
         sink = self.sink
         assert sink is not None and self.room is not None
         src = mem.ranges(idx)
-        dst = ranges_for(sink["bases"], sink["kv_indices"][start:start + len(idx)])
+        dst = ranges_from_pages(sink["kv_indices"][start:start + len(idx)])
         try:
             if not first:
                 lease = self.mgr.control.extend_lease(self.room, lease_id,
@@ -584,12 +586,12 @@ class KVSender(_Request, BaseKVSender):
                 sink_rank=int(sink["rank"]), sink_pool_id=int(sink["pool_id"]),
                 sink_ranges=dst, last_chunk=is_last, aux=aux,
                 retry_unavailable_s=self.mgr.submit_retry_s, source_lease_pages=self.lease_pages,
-                sink_lease_pages=len(sink["bases"]) * len(sink["kv_indices"]))
-            self._bytes += len(idx) * mem.item_len * len(mem.bases)
+                sink_lease_pages=len(sink["kv_indices"]))
+            self._bytes += len(idx) * mem.page_size
             if is_last:
                 self.mgr.control.complete_room(self.room, self.mgr.participant)
         except (errors.Aborted, errors.FailedPrecondition, errors.NotFound,
-                errors.Unavailable, errors.InvalidArgument) as e:
+                errors.Unavailable, errors.InvalidArgument, errors.ResourceExhausted) as e:
             # Refused: an aborted room (kvfence refuses every later chunk), a
             # capability refusal (kvfence aborted the room), a lost peer.
             # Nothing more is sent; Failed comes with the release.
@@ -670,10 +672,10 @@ class KVReceiver(_Request, BaseKVReceiver):
             self._note_abort("prefill has TP %s, this decode TP %d: not supported (same TP size "
                              "on both sides)" % (info.get("tp_size"), self.mgr.tp_size))
             return
-        if info.get("item_len") != mem.item_len or info.get("buffers") != len(mem.bases):
-            self._note_abort("prefill rank %d has %s buffers of %s bytes per page, this rank %d "
-                             "of %d" % (self.prefill_rank, info.get("buffers"),
-                                        info.get("item_len"), len(mem.bases), mem.item_len))
+        if not mem.same_layout(info):
+            self._note_abort("prefill rank %d has KV buffers of %s bytes per page, this rank "
+                             "%s" % (self.prefill_rank, info.get("item_lens"),
+                                     list(mem.item_lens)))
             return
         self.prefill = info
         self.phase = KVPoll.WaitingForInput
@@ -703,7 +705,8 @@ class KVReceiver(_Request, BaseKVReceiver):
                 expected_sinks=self.mgr.tp_size, features=self.mgr.features,
                 retry_s=_JOIN_RETRY_S)
         except (errors.Aborted, errors.FailedPrecondition, errors.NotFound, errors.Unavailable,
-                errors.InvalidArgument, errors.AlreadyExists) as e:
+                errors.InvalidArgument, errors.AlreadyExists, errors.ResourceExhausted) as e:
+            # ResourceExhausted: e.g. more runs of pages than a lease takes.
             self._note_abort("%s: %s" % (e.method, e.details))  # nothing granted
             return
         self.room, self.lease_id = j.room, j.lease_id

@@ -58,8 +58,10 @@ from typing import Any, Dict, List, Optional, Set, Tuple
 
 from .. import errors
 from ..client import (DEFAULT_FEATURES, ControlClient, Lease, NodeClient, Participant, Role,
-                      RoomKey, RoomState, RoomStateChanged)
-from ..enginekit.memory import KvMemory, ranges_for, register_kv_memory
+                      RoomKey, RoomState, RoomStateChanged, ranges_from_pages)
+from .. import device as _device
+from ..client import PoolBuffer
+from ..enginekit.memory import KvMemory, kv_buffer, register_kv_memory
 from ..enginekit.rendezvous import Rendezvous, RendezvousError, RendezvousServer
 from ..enginekit.rooms import ended_state
 
@@ -92,7 +94,8 @@ except ImportError:  # pragma: no cover - importable without vLLM (docs, tools)
         def _get_connector_metadata(self) -> Any:
             return self._connector_metadata
 
-__all__ = ["KvfenceConnector", "KvfenceConnectorMetadata", "kv_cache_buffers"]
+__all__ = ["KvfenceConnector", "KvfenceConnectorMetadata", "kv_cache_buffers",
+           "kv_cache_pool_buffers"]
 
 log = logging.getLogger("kvfence.vllm")
 
@@ -136,6 +139,31 @@ def kv_cache_buffers(kv_caches: Dict[str, Any]) -> Tuple[List[int], List[int], L
             lens.append(total)
             items.append(total // blocks)
     return ptrs, lens, items
+
+
+def kv_cache_pool_buffers(kv_caches: Dict[str, Any]) -> List[PoolBuffer]:
+    """The PoolBuffers of kv_cache_buffers(kv_caches), in its order: a torch
+    CUDA tensor by torch's own IPC export (kvfence.device.export_tensor, as
+    NodeClient.register_pool_vllm does; its V half at the K half's offset
+    plus half its bytes), anything else by its address (enginekit.kv_buffer:
+    host shm, or device memory exported by pointer)."""
+    ptrs, lens, items = kv_cache_buffers(kv_caches)
+    out: List[PoolBuffer] = []
+    b = 0
+    for name in sorted(kv_caches):
+        t = kv_caches[name]
+        shape = tuple(t.shape)
+        parts = 2 if len(shape) >= 2 and shape[0] == 2 else 1
+        base = _device.export_tensor(t) if getattr(t, "is_cuda", False) else None
+        for k in range(parts):
+            if base is not None:
+                ipc = _device.CudaIpc(base.handle, base.device, base.offset + k * lens[b])
+                out.append(PoolBuffer(items[b], ipc=ipc, size=lens[b]))
+            else:
+                out.append(kv_buffer(ptrs[b], lens[b], items[b],
+                                     what="layer %r buffer %d" % (name, k)))
+            b += 1
+    return out
 
 
 def _extra(vllm_config: Any) -> Dict[str, Any]:
@@ -280,10 +308,12 @@ class KvfenceConnector(KVConnectorBase_V1):
     # ======================= worker side ==============================================
 
     def register_kv_caches(self, kv_caches: Dict[str, Any]) -> None:
-        """Registers every layer's K and V with this host's kvfence-node (one
-        pool: enginekit.register_kv_memory)."""
+        """Registers every layer's K and V with this host's kvfence-node as ONE
+        pool of 2 x layers buffers (enginekit.register_kv_memory; block i is
+        slot i of every buffer, so a request's lease is its block ids)."""
         ptrs, lens, items = kv_cache_buffers(kv_caches)
-        self.memory = register_kv_memory(self.node, ptrs, lens, items, rank=self.rank)
+        self.memory = register_kv_memory(self.node, ptrs, lens, items, rank=self.rank,
+                                         buffers=kv_cache_pool_buffers(kv_caches))
         if self.kv_role in ("kv_producer", "kv_both") and self.rendezvous_addr:
             host, _, port = self.rendezvous_addr.rpartition(":")
             self._server = RendezvousServer(host, int(port))
@@ -419,12 +449,19 @@ class KvfenceConnector(KVConnectorBase_V1):
                     self._abort_key(RoomKey(*sink["room"]), "prefill's generation %s ended" %
                                     (r.room,))
                     continue
+                if not self.memory.same_layout(sink):
+                    # Another model or layout: its pages cannot take ours.
+                    detail = ("decode's KV buffers have %s bytes per page, prefill's %s" %
+                              (sink.get("item_lens"), list(self.memory.item_lens)))
+                    self._abort_key(r.room, detail)
+                    r.aborted = detail
+                    continue
                 try:
                     self.node.submit_chunk(
                         r.room, 1, source_rank=self.rank, source_pool_id=self.memory.pool_id,
                         source_ranges=self.memory.ranges(r.blocks), sink_node_id=sink["node_id"],
                         sink_rank=int(sink["rank"]), sink_pool_id=int(sink["pool_id"]),
-                        sink_ranges=ranges_for(sink["bases"], sink["kv_indices"]),
+                        sink_ranges=ranges_from_pages(sink["kv_indices"]),
                         last_chunk=True, retry_unavailable_s=_SUBMIT_RETRY_S)
                     self.control.complete_room(r.room, Participant(self.node_id, self.rank,
                                                                    Role.SOURCE))

@@ -5,8 +5,12 @@ It does what SGLang's disaggregation scheduler does with a transfer backend
 (sgl-project/sglang at commit 0094505d: the prefill bootstrap queue and
 inflight queue, the decode prealloc and transfer queues), in our words and
 reduced to what the backend sees: it fills a KVArgs with the addresses of its
-KV buffers (2 per layer, K and V, laid out in one POSIX shm object) and of two
-aux buffers (one slot per request), builds the KVManager, then per request a
+KV buffers (2 per layer, K and V, each allocated on its own: a POSIX shm
+object per buffer, or with --memory fake-device a kvfence.FakeDeviceBuffer per
+buffer, "GPU" memory that the node opens by its (fake) CUDA IPC handle; with
+--memory one-shm all of them in one object, as before multi-buffer pools; V
+buffers may have another page size, --v-item-len) and of two aux buffers (one
+slot per request), builds the KVManager, then per request a
 KVSender or KVReceiver, polls every request once per step (2 ms), sends
 chunked prefill one chunk per step, and frees a request's pages after
 Success or Failed. Nothing else frees pages.
@@ -28,6 +32,7 @@ Driven by JSON lines on stdin, one reply line per command on stdout:
   {"op": "quit"}
 """
 import argparse
+import functools
 import json
 import os
 import sys
@@ -41,6 +46,7 @@ sys.path.insert(0, HERE)  # the stand-in `sglang` package
 
 import kvfence  # noqa: E402
 from kvfence import LeaseState  # noqa: E402
+from kvfence import FakeDeviceBuffer  # noqa: E402
 from kvfence.enginekit import buffer_address  # noqa: E402
 from kvfence.sglang import KVBootstrapServer, KVManager, KVPoll, KVReceiver, KVSender  # noqa
 from sglang.srt.disaggregation.base.conn import KVArgs  # noqa: E402
@@ -69,15 +75,18 @@ def lease_state(admin, key, lease_id):
     return None
 
 
+@functools.lru_cache(maxsize=1024)
+def _fill(v, xor, n):
+    return bytes((((v ^ k) if xor else (v + k)) & 0xFF for k in range(256))) * (n // 256)
+
+
 def pattern(room, i, b, n):
     """The KV bytes of token page i, buffer b, of room `room` (prefill writes, decode checks)."""
-    v = (room * 7 + i * 13 + b * 29) & 0xFF
-    return bytes(((v + k) & 0xFF for k in range(256))) * (n // 256)
+    return _fill((room * 7 + i * 13 + b * 29) & 0xFF, False, n)
 
 
 def canary(seed, page, b, n):
-    v = (seed * 11 + page * 31 + b * 3 + 0x5A) & 0xFF
-    return bytes(((v ^ k) & 0xFF for k in range(256))) * (n // 256)
+    return _fill((seed * 11 + page * 31 + b * 3 + 0x5A) & 0xFF, True, n)
 
 
 class Engine:
@@ -88,29 +97,57 @@ class Engine:
         self.rank = rank
         self.mode = a.mode
         self.seed = 1 if a.mode == "prefill" else 2
-        self.item = a.item_len
         self.nbuf = 2 * a.layers
+        # Bytes a page of buffer b: K buffers (even) item_len, V buffers (odd)
+        # v_item_len.
+        self.items = [a.item_len if b % 2 == 0 else (a.v_item_len or a.item_len)
+                      for b in range(self.nbuf)]
         self.pages = a.pages
         tag = "kvf-sgl-%d-%s-%d" % (os.getpid(), a.mode, rank)
-        self.kv = shared_memory.SharedMemory(name=tag + "-kv", create=True,
-                                             size=self.nbuf * self.pages * self.item)
+        self.owned = []  # what close() frees
+        self.kv = []     # per buffer: a writable memoryview of its pages
+        ptrs = []
+        if a.memory == "one-shm":
+            one = shared_memory.SharedMemory(name=tag + "-kv", create=True,
+                                             size=self.pages * sum(self.items))
+            self.owned.append(one)
+            at = 0
+            for b in range(self.nbuf):
+                self.kv.append(one.buf[at:at + self.pages * self.items[b]])
+                ptrs.append(buffer_address(one.buf) + at)
+                at += self.pages * self.items[b]
+        for b in range(self.nbuf if a.memory != "one-shm" else 0):
+            size = self.pages * self.items[b]
+            if a.memory == "fake-device":
+                dev = FakeDeviceBuffer("%s%d-%s-%d-%d" % (a.fake_prefix, os.getpid(), a.mode,
+                                                          rank, b), size)
+                self.owned.append(dev)
+                self.kv.append(dev.mem)
+                ptrs.append(dev.ptr)
+            else:
+                shm = shared_memory.SharedMemory(name="%s-kv%d" % (tag, b), create=True,
+                                                 size=size)
+                self.owned.append(shm)
+                self.kv.append(shm.buf)
+                ptrs.append(buffer_address(shm.buf))
         self.aux_item = 256
         self.aux_slots = 16
         self.aux = shared_memory.SharedMemory(name=tag + "-aux", create=True,
                                               size=2 * self.aux_slots * self.aux_item)
+        # Every buffer's canary image (free pages hold it; checked in canaries()).
+        self.images = [b"".join(canary(self.seed, p, b, self.items[b]) for p in range(self.pages))
+                       for b in range(self.nbuf)]
         for b in range(self.nbuf):
-            for p in range(self.pages):
-                self._put(b, p, canary(self.seed, p, b, self.item))
+            self.kv[b][:] = self.images[b]
         for b in range(2):
             for s in range(self.aux_slots):
                 self._put_aux(b, s, canary(self.seed, s, 100 + b, self.aux_item))
-        base = buffer_address(self.kv.buf)
         abase = buffer_address(self.aux.buf)
         args = KVArgs()
         args.engine_rank = rank
-        args.kv_data_ptrs = [base + b * self.pages * self.item for b in range(self.nbuf)]
-        args.kv_data_lens = [self.pages * self.item] * self.nbuf
-        args.kv_item_lens = [self.item] * self.nbuf
+        args.kv_data_ptrs = ptrs
+        args.kv_data_lens = [self.pages * i for i in self.items]
+        args.kv_item_lens = list(self.items)
         args.aux_data_ptrs = [abase + b * self.aux_slots * self.aux_item for b in range(2)]
         args.aux_data_lens = [self.aux_slots * self.aux_item] * 2
         args.aux_item_lens = [self.aux_item] * 2
@@ -134,7 +171,10 @@ class Engine:
             # at the bootstrap server as usual but joins rooms without it.
             self.mgr.features = ()
         self.admin = kvfence.AdminClient(a.control)
-        self.free_pages = list(range(self.pages))
+        # --scatter: every other page first, as a long-running engine's free
+        # list is (a request's pages are then as many runs as pages).
+        self.free_pages = (list(range(0, self.pages, 2)) + list(range(1, self.pages, 2))
+                           if a.scatter else list(range(self.pages)))
         self.used = set()
         self.free_slots = list(range(self.aux_slots))
         self.reqs = {}
@@ -147,12 +187,12 @@ class Engine:
     # ---- memory -------------------------------------------------------------------
 
     def _put(self, b, p, data):
-        off = (b * self.pages + p) * self.item
-        self.kv.buf[off:off + self.item] = data
+        n = self.items[b]
+        self.kv[b][p * n:(p + 1) * n] = data
 
     def _get(self, b, p):
-        off = (b * self.pages + p) * self.item
-        return bytes(self.kv.buf[off:off + self.item])
+        n = self.items[b]
+        return bytes(self.kv[b][p * n:(p + 1) * n])
 
     def _put_aux(self, b, s, data):
         off = (b * self.aux_slots + s) * self.aux_item
@@ -183,7 +223,7 @@ class Engine:
                 continue
             self.used.discard(p)
             for b in range(self.nbuf):
-                self._put(b, p, canary(self.seed, p, b, self.item))
+                self._put(b, p, canary(self.seed, p, b, self.items[b]))
             self.free_pages.append(p)
         if r["slot"] is not None:
             for b in range(2):
@@ -193,9 +233,12 @@ class Engine:
 
     def canaries(self):
         bad = []
-        for p in self.free_pages:
+        # Nothing allocated: each buffer whole against its image (fast); else page by page.
+        pages = [] if not self.used and all(self.kv[b] == self.images[b]
+                                            for b in range(self.nbuf)) else self.free_pages
+        for p in pages:
             for b in range(self.nbuf):
-                if self._get(b, p) != canary(self.seed, p, b, self.item):
+                if self._get(b, p) != canary(self.seed, p, b, self.items[b]):
                     bad.append("page %d buffer %d" % (p, b))
         for s in self.free_slots:
             for b in range(2):
@@ -266,7 +309,7 @@ class Engine:
             if self.mode == "prefill":
                 for i, pg in enumerate(r["pages"]):
                     for b in range(self.nbuf):
-                        self._put(b, pg, pattern(r["room"], i, b, self.item))
+                        self._put(b, pg, pattern(r["room"], i, b, self.items[b]))
                 for b in range(2):
                     self._put_aux(b, r["slot"], pattern(r["room"], 1000 + b, 0, self.aux_item))
                 obj.init(r["n"], r["slot"] if r["aux"] else None)
@@ -285,7 +328,7 @@ class Engine:
     def _verify(self, r):
         for i, pg in enumerate(r["pages"]):
             for b in range(self.nbuf):
-                if self._get(b, pg) != pattern(r["room"], i, b, self.item):
+                if self._get(b, pg) != pattern(r["room"], i, b, self.items[b]):
                     return "page %d (token %d) buffer %d differs" % (pg, i, b)
         for b in range(2):
             want = (pattern(r["room"], 1000 + b, 0, self.aux_item) if r["aux"] else
@@ -327,7 +370,11 @@ class Engine:
                     out[str(room)]["metric"] = r.get("metric")
                 return {"requests": out, "violations": list(self.violations),
                         "canaries": self.canaries(), "free": len(self.free_pages),
-                        "used": sorted(self.used)}
+                        "used": sorted(self.used),
+                        "pool": {"id": self.mgr.memory.pool_id,
+                                 "kind": self.mgr.memory.pool.kind.name,
+                                 "page_size": self.mgr.memory.pool.page_size,
+                                 "page_count": self.mgr.memory.pool.page_count}}
         if op == "quit":
             self.close()
             return {"ok": True}
@@ -336,13 +383,24 @@ class Engine:
     def close(self):
         self.stop = True
         self.thread.join(timeout=5)
+        try:  # an engine that shuts down gives its pool back (the node logs its copies)
+            self.mgr.node.unregister_pool(self.mgr.memory.pool_id, timeout=5)
+        except kvfence.KvfenceError as e:
+            print("unregister_pool: %s" % e, file=sys.stderr)
         self.mgr.close()
         self.admin.close()
         if self.owns_boot:
             self.boot.close()
-        for shm in (self.kv, self.aux):
-            shm.close()
-            shm.unlink()
+        for v in self.kv:
+            v.release()
+        for m in self.owned:
+            if isinstance(m, FakeDeviceBuffer):
+                m.close()
+            else:
+                m.close()
+                m.unlink()
+        self.aux.close()
+        self.aux.unlink()
 
 
 def main():
@@ -354,6 +412,13 @@ def main():
     ap.add_argument("--layers", type=int, default=2)
     ap.add_argument("--pages", type=int, default=48)
     ap.add_argument("--item-len", type=int, default=1024)
+    ap.add_argument("--v-item-len", type=int, default=0, help="V buffers' page size (0: item-len)")
+    ap.add_argument("--memory", choices=["shm", "fake-device", "one-shm"], default="shm",
+                    help="shm: one shm object per KV buffer; fake-device: one FakeDeviceBuffer "
+                    "per KV buffer (the node needs --test-fake-device-pools PREFIX); one-shm: "
+                    "every KV buffer in one shm object")
+    ap.add_argument("--scatter", action="store_true", help="allocate every other page first")
+    ap.add_argument("--fake-prefix", default="/kvf-pyfdev-", help="FakeDeviceBuffer names' prefix")
     ap.add_argument("--features", default=None, help="comma separated; '' for none")
     ap.add_argument("--old-join", action="store_true", help="join rooms without QUIESCE_V1")
     ap.add_argument("--tp", type=int, default=1, help="TP ranks in this process")

@@ -7,8 +7,10 @@ commit 003df29: the scheduler's connector calls and the model runner's), in
 our words and in one process (one scheduler, one worker, as with one GPU):
 the factory loads "KvfenceConnector" from kv_connector_module_path
 "kvfence.vllm" twice (roles SCHEDULER and WORKER); the worker registers the KV
-cache, one tensor per layer shaped (2, num_blocks, block_bytes), all in one
-POSIX shm object; each step runs build_connector_meta ->
+cache, one tensor per layer shaped (2, num_blocks, block_bytes), each layer
+allocated on its own (its own POSIX shm object, or with --memory fake-device
+a kvfence.FakeDeviceBuffer, "GPU" memory the node opens by its fake CUDA IPC
+handle); each step runs build_connector_meta ->
 bind_connector_metadata -> start_load_kv -> wait_for_save -> get_finished ->
 get_block_ids_with_load_errors -> clear_connector_metadata ->
 update_connector_output. Blocks of a request whose request_finished said
@@ -39,7 +41,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 
 import kvfence  # noqa: E402
-from kvfence import LeaseState  # noqa: E402
+from kvfence import FakeDeviceBuffer, LeaseState  # noqa: E402
 from kvfence.enginekit import buffer_address  # noqa: E402
 from vllm.distributed.kv_transfer.kv_connector.factory import KVConnectorFactory  # noqa: E402
 from vllm.distributed.kv_transfer.kv_connector.v1.base import KVConnectorRole  # noqa: E402
@@ -109,9 +111,21 @@ class Engine:
         self.seed = 3 if a.role == "kv_producer" else 4
         self.layers, self.nblocks, self.item = a.layers, a.blocks, a.block_bytes
         self.nbuf = 2 * self.layers
-        self.shm = shared_memory.SharedMemory(name="kvf-vllm-%d-%s" % (os.getpid(), a.role),
-                                              create=True,
-                                              size=self.nbuf * self.nblocks * self.item)
+        layer_bytes = 2 * self.nblocks * self.item
+        self.owned, self.mem, ptrs = [], [], []
+        for l in range(self.layers):
+            if a.memory == "fake-device":
+                m = FakeDeviceBuffer("%s%d-%s-%d" % (a.fake_prefix, os.getpid(), a.role[3:], l),
+                                     layer_bytes)
+                self.mem.append(m.mem)
+                ptrs.append(m.ptr)
+            else:
+                m = shared_memory.SharedMemory(name="kvf-vllm-%d-%s-%d" % (os.getpid(), a.role,
+                                                                           l),
+                                               create=True, size=layer_bytes)
+                self.mem.append(m.buf)
+                ptrs.append(buffer_address(m.buf))
+            self.owned.append(m)
         for b in range(self.nbuf):
             for p in range(self.nblocks):
                 self._put(b, p, canary(self.seed, p, b, self.item))
@@ -122,9 +136,7 @@ class Engine:
             kv_role=a.role, kv_connector_extra_config=extra, engine_id="e-%s" % a.role))
         self.sched = KVConnectorFactory.create_connector(cfg, KVConnectorRole.SCHEDULER)
         self.worker = KVConnectorFactory.create_connector(cfg, KVConnectorRole.WORKER)
-        base = buffer_address(self.shm.buf)
-        layer_bytes = 2 * self.nblocks * self.item
-        caches = {"model.layers.%d.self_attn" % l: ShmTensor(base + l * layer_bytes,
+        caches = {"model.layers.%d.self_attn" % l: ShmTensor(ptrs[l],
                                                              (2, self.nblocks, self.item),
                                                              layer_bytes)
                   for l in range(self.layers)}
@@ -144,12 +156,12 @@ class Engine:
 
     # layer l's K is buffer 2l, its V 2l+1 (the order kv_cache_buffers uses)
     def _put(self, b, p, data):
-        off = (b * self.nblocks + p) * self.item
-        self.shm.buf[off:off + self.item] = data
+        off = ((b % 2) * self.nblocks + p) * self.item
+        self.mem[b // 2][off:off + self.item] = data
 
     def _get(self, b, p):
-        off = (b * self.nblocks + p) * self.item
-        return bytes(self.shm.buf[off:off + self.item])
+        off = ((b % 2) * self.nblocks + p) * self.item
+        return bytes(self.mem[b // 2][off:off + self.item])
 
     def alloc(self, n):
         got, self.free_blocks = self.free_blocks[:n], self.free_blocks[n:]
@@ -290,7 +302,10 @@ class Engine:
                 keys = ("state", "outcome", "verified", "freed", "delay", "room", "lease")
                 return {"requests": {k: {x: r[x] for x in keys} for k, r in self.reqs.items()},
                         "violations": list(self.violations), "canaries": self.canaries(),
-                        "used": sorted(self.used)}
+                        "used": sorted(self.used),
+                        "pool": {"id": self.worker.memory.pool_id,
+                                 "page_size": self.worker.memory.pool.page_size,
+                                 "buffers": self.worker.memory.buffers}}
         return {"error": "unknown op %r" % op}
 
     def close(self):
@@ -299,8 +314,10 @@ class Engine:
         self.worker.shutdown()
         self.sched.shutdown()
         self.admin.close()
-        self.shm.close()
-        self.shm.unlink()
+        for m in self.owned:
+            m.close()
+            if not isinstance(m, FakeDeviceBuffer):
+                m.unlink()
 
 
 def main():
@@ -315,6 +332,10 @@ def main():
     ap.add_argument("--layers", type=int, default=2)
     ap.add_argument("--blocks", type=int, default=48)
     ap.add_argument("--block-bytes", type=int, default=1024)
+    ap.add_argument("--memory", choices=["shm", "fake-device"], default="shm",
+                    help="each layer's tensor: its own shm object, or a FakeDeviceBuffer (the "
+                    "node needs --test-fake-device-pools PREFIX)")
+    ap.add_argument("--fake-prefix", default="/kvf-pyfdev-", help="FakeDeviceBuffer names' prefix")
     a = ap.parse_args()
     eng = Engine(a)
     print(json.dumps({"ready": True, "pid": os.getpid()}), flush=True)
