@@ -438,8 +438,15 @@ class KvfenceConnector(KVConnectorBase_V1):
                             late = None
                         self._abort_key(r.room, detail)
                         r.aborted, r.sent = detail, True
-                        if late:  # it posted meanwhile: its room is this one, aborted above
+                        if late:  # decode posted meanwhile
                             log.info("room %s: decode posted while it was aborted", r.room)
+                            theirs = RoomKey(*late["room"])
+                            if theirs != r.room:
+                                # Its join came after ours ended and made a new
+                                # generation, which no prefill will ever serve:
+                                # abort that one too, or decode waits for ever.
+                                self._abort_key(theirs, "prefill's generation %s ended" %
+                                                (r.room,))
                     continue
                 r.sent = True
                 if RoomKey(*sink["room"]) != r.room:
