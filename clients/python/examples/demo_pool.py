@@ -14,7 +14,7 @@ import random
 import struct
 import threading
 from multiprocessing import shared_memory
-from typing import Dict, List, Sequence
+from typing import List, Sequence
 
 import kvfence
 
@@ -102,21 +102,12 @@ class Pool:
 
 
 class Stats:
+    """What a Pool reports: corrupted pages and problems (the demo's run
+    counters are demo.py's RunStats)."""
+
     def __init__(self) -> None:
         self.lock = threading.Lock()
-        self.done = 0
-        self.completed = 0
-        self.aborted = 0
-        self.aborted_by_demo = 0  # planned aborts that took effect
-        self.aborted_other = 0  # the cluster aborted (e.g. TRANSFER_FAILED) or an error
-        self.abort_points: Dict[str, int] = {}
-        self.failed = 0  # no terminal state / leases not released
-        self.in_flight = 0
-        self.bytes_moved = 0
-        self.late_refused_node = 0  # SubmitChunk refused by the node after the abort
-        self.latencies: List[float] = []
         self.corrupted_pages = 0
-        self.stuck = 0  # rooms the watchdog had to abort: not released after RELEASE_WAIT_S
         self.problems: List[str] = []
 
     def corrupted(self, n: int, msg: str) -> None:
