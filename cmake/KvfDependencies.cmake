@@ -44,6 +44,12 @@ kvf_require_file(${KVF_PYTHON} python3)
 kvf_require_python_module(${KVF_PYTHON} grpc python3-grpcio)
 kvf_require_python_module(${KVF_PYTHON} google.protobuf python3-protobuf)
 kvf_require_python_module(${KVF_PYTHON} pytest python3-pytest)
+# tests/monitoring reads the alert rules and their promtool tests; the Python
+# client's install test makes a venv and pip-installs into it, offline.
+kvf_require_python_module(${KVF_PYTHON} yaml python3-yaml)
+kvf_require_python_module(${KVF_PYTHON} ensurepip python3-venv)
+kvf_require_python_module(${KVF_PYTHON} setuptools python3-setuptools)
+kvf_require_python_module(${KVF_PYTHON} wheel python3-wheel)
 
 # Tests that make throwaway certificates (TLS), and the deployment checks
 # (helm and kubectl come from an npm package and are unzipped; normal build
@@ -51,6 +57,8 @@ kvf_require_python_module(${KVF_PYTHON} pytest python3-pytest)
 kvf_require_program(KVF_OPENSSL openssl openssl)
 # The Promela model of the release proof (tests/model).
 kvf_require_program(KVF_SPIN spin spin)
+# promtool checks both daemons' /metrics and the shipped alert rules.
+kvf_require_program(KVF_PROMTOOL promtool prometheus)
 if(NOT KVF_SANITIZE)
   kvf_require_program(KVF_NODE_EXE node nodejs)
   kvf_require_program(KVF_NPM_EXE npm npm)

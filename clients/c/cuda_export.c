@@ -28,6 +28,7 @@
 /* The runtime's calls used here, resolved from libcudart. */
 struct cudart {
     cudaError_t (*pointer_attrs)(struct cudaPointerAttributes *, const void *);
+    cudaError_t (*get_device)(int *);
     cudaError_t (*set_device)(int);
     cudaError_t (*ipc_get)(cudaIpcMemHandle_t *, void *);
     cudaError_t (*entry_point)(const char *, void **, unsigned int, unsigned long long,
@@ -60,6 +61,7 @@ static void rt_load(void)
     }
     /* POSIX: a data pointer from dlsym converts to a function pointer. */
     *(void **)&rt.pointer_attrs = sym(lib, "cudaPointerGetAttributes");
+    *(void **)&rt.get_device = sym(lib, "cudaGetDevice");
     *(void **)&rt.set_device = sym(lib, "cudaSetDevice");
     *(void **)&rt.ipc_get = sym(lib, "cudaIpcGetMemHandle");
     *(void **)&rt.entry_point = sym(lib, "cudaGetDriverEntryPointByVersion");
@@ -77,10 +79,17 @@ int client_cuda_export(const void *dev_ptr, struct kvf_cuda_ipc *out, struct kvf
         return client_status(st, KVF_STATUS_INVALID_ARGUMENT,
                              "kvf_cuda_ipc_export: %p is not device memory (%s)", dev_ptr,
                              ce != cudaSuccess ? rt.error_string(ce) : "host or managed");
-    ce = rt.set_device(attr.device);
-    cudaIpcMemHandle_t h;
+    /* The handle is taken on the allocation's device; the calling thread's
+     * current device is the engine's and is set back at once. */
+    int prev = -1;
+    ce = rt.get_device(&prev);
     if (ce == cudaSuccess)
+        ce = rt.set_device(attr.device);
+    cudaIpcMemHandle_t h;
+    if (ce == cudaSuccess) {
         ce = rt.ipc_get(&h, (void *)dev_ptr);
+        (void)rt.set_device(prev);
+    }
     if (ce != cudaSuccess)
         return client_status(st, KVF_STATUS_INVALID_ARGUMENT,
                              "kvf_cuda_ipc_export: cudaIpcGetMemHandle(%p) on device %d: %s",

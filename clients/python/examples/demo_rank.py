@@ -71,6 +71,8 @@ from typing import Any, Dict, List, Optional, Sequence, Set, Tuple
 import kvfence
 from kvfence import Lease, Participant, RoomKey, Role
 
+from demo_pool import PageAllocator
+
 
 def shm_name(demo_pid: int, tag: str, b: int) -> str:
     return "kvf-demo-%d-%s-b%d" % (demo_pid, tag, b)
@@ -101,12 +103,13 @@ def pattern(room_id: int, rank: int, j: int, b: int, page_size: int) -> Tuple[by
             _body(rank, b, room_id, page_size))
 
 
-class Pool:
+class Pool(PageAllocator):
     """One rank's KV cache: `nbuf` shm buffers as one kvfence pool, its page
-    allocator and its canaries."""
+    allocator (PageAllocator) and its canaries."""
 
     def __init__(self, rank: "Rank", tag: str, demo_pid: int, nbuf: int, page_size: int,
                  page_count: int) -> None:
+        super().__init__(page_count)
         self.rank = rank
         self.tag = tag
         self.page_size = page_size  # per buffer
@@ -123,9 +126,6 @@ class Pool:
                                [:page_size - HDR] for b in range(nbuf)]
         for pg in range(page_count):
             self.write_canary(pg)
-        self._cv = threading.Condition()
-        self._free: List[int] = list(range(page_count))
-        self._used: Set[int] = set()
         self.slots_checked = [0] * nbuf  # canary / content checks per buffer
         self.pool_id = 0
 
@@ -168,36 +168,8 @@ class Pool:
                 "; ".join("buffer %d pages %s" % (b, v[:8]) for b, v in sorted(bad.items())))))
         return n
 
-    def alloc(self, n: int, stop: threading.Event) -> List[int]:
-        with self._cv:
-            while len(self._free) < n:
-                if stop.is_set():
-                    raise InterruptedError("stopping")
-                self._cv.wait(0.2)
-            random.shuffle(self._free)  # scattered pages: several ranges per lease
-            pages, self._free = self._free[:n], self._free[n:]
-            self._used.update(pages)
-        self.check_canary(pages, "at allocation")
-        return pages
-
-    def free(self, pages: Sequence[int]) -> None:
-        """Only from a release callback (or pages never granted): re-arm the
-        canaries, then free."""
-        for pg in pages:
-            self.write_canary(pg)
-        with self._cv:
-            bad = [pg for pg in pages if pg not in self._used]
-            if bad:
-                self.rank.send(("problem", "%s: double free of pages %s" % (self.tag, bad[:8])))
-            self._used.difference_update(pages)
-            have = set(self._free)
-            self._free.extend(pg for pg in pages if pg not in have)
-            self._cv.notify_all()
-
-    @property
-    def used(self) -> int:
-        with self._cv:
-            return len(self._used)
+    def double_free(self, pages: List[int]) -> None:
+        self.rank.send(("problem", "%s: double free of pages %s" % (self.tag, pages[:8])))
 
     def close(self) -> None:
         self.bufs = []
@@ -453,9 +425,7 @@ class Rank:
         deadline = time.monotonic() + 10.0
         while pool.used and time.monotonic() < deadline:
             time.sleep(0.05)
-        with pool._cv:
-            free = list(pool._free)
-        pool.check_canary(free, "at the end")
+        pool.check_canary(pool.free_pages(), "at the end")
         self.send(("final", self.tag, {"pid": os.getpid(), "pool_id": pool.pool_id,
                                        "buffers": len(pool.bufs), "leaked": pool.used,
                                        "slots_checked": list(pool.slots_checked),

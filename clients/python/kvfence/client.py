@@ -870,9 +870,12 @@ class ControlClient(_Client):
         return self.wait_all_released([lease_id], timeout)[lease_id]
 
     def wait_all_released(self, lease_ids: Iterable[int], timeout: float) -> Dict[int, Lease]:
-        """wait_released for several leases: every one of them, or DeadlineExceeded."""
+        """wait_released for several leases: every one of them, or DeadlineExceeded.
+        No lease ids: {} at once (an empty filter would watch every lease)."""
         want: Set[int] = set(lease_ids)
         got: Dict[int, Lease] = {}
+        if not want:
+            return got
         deadline = time.monotonic() + timeout
         while True:
             left = deadline - time.monotonic()

@@ -154,9 +154,18 @@ def export(ptr: int) -> CudaIpc:
     if rc != 0 or attr.type != 2:  # cudaMemoryTypeDevice
         raise ValueError("kvfence.device.export: %#x is not device memory (cuda error %d)" %
                          (ptr, rc))
-    rt.cudaSetDevice(attr.device)
+    # The handle is taken on the allocation's device; the calling thread's
+    # current device (the engine's) is set back at once.
+    prev = ctypes.c_int(0)
+    rc = rt.cudaGetDevice(ctypes.byref(prev))
+    if rc == 0:
+        rc = rt.cudaSetDevice(attr.device)
     h = ctypes.create_string_buffer(IPC_HANDLE_SIZE)
-    rc = rt.cudaIpcGetMemHandle(h, ctypes.c_void_p(ptr))
+    if rc == 0:
+        try:
+            rc = rt.cudaIpcGetMemHandle(h, ctypes.c_void_p(ptr))
+        finally:
+            rt.cudaSetDevice(prev.value)
     if rc != 0:
         raise ValueError("kvfence.device.export: cudaIpcGetMemHandle(%#x): cuda error %d" %
                          (ptr, rc))

@@ -134,6 +134,14 @@ def test_async_watch_sees_the_abort_and_the_release(cluster):
     assert bytes(cluster.pools["n2"].buf) == canary(0xA5, 0, PAGE_COUNT)
 
 
+def test_async_wait_all_released_of_no_lease_returns_at_once(cluster):
+    async def main():
+        async with AsyncControlClient(cluster.address) as ctl:
+            return await ctl.wait_all_released([], 5.0)
+
+    assert run(main()) == {}
+
+
 def test_async_errors_carry_the_grpc_status(cluster):
     p1 = cluster.pools["n1"].pool_id
 

@@ -185,6 +185,14 @@ def test_wait_released_honours_its_deadline(cluster):
     assert ctl.wait_released(b.lease_id, WAIT_S).state == LeaseState.RELEASED
 
 
+def test_wait_all_released_of_no_lease_returns_at_once(cluster):
+    """No lease ids: nothing to wait for (an empty filter would watch every
+    lease, and the call used to sit out its whole timeout, then raise)."""
+    ctl = cluster.control()
+    join_pair(cluster, ctl, 405)  # a lease that is not released meanwhile
+    assert ctl.wait_all_released([], 5.0) == {}
+
+
 def test_admin_views_and_context_managers(cluster):
     admin = cluster.admin()
     nodes = {n.node_id: n for n in admin.nodes()}
