@@ -1244,41 +1244,6 @@ static void test_sink_lease_reaches_source_only_after_sink_acked(void **state)
     kvfence__v1__control_message__free_unpacked(m, NULL);
 }
 
-/* node.proto, RoomUpdate.ack_not_needed (issue 24): an update that carries
- * the addressee's own leases before it acknowledged them asks for an ack; the
- * one that only publishes the other node's leases, routed after the
- * addressee's own ack was applied, does not. Deterministic: n1's ack is sent
- * when the test reads n1's first update, and n1's publication update is
- * caused by n2's ack, which the test sends later (by reading n2). */
-static void test_publication_update_needs_no_ack(void **state)
-{
-    struct fx *f = *state;
-    fx_start(f, NULL);
-    fx_attach(f, 0, "n1", 1);
-    fx_attach(f, 1, "n2", 1);
-    struct room r;
-    make_active(f, 122, "n1", "n2", &r);
-    Kvfence__V1__ControlMessage *m = node_wait(
-        f->nodes[0], KVFENCE__V1__CONTROL_MESSAGE__MSG_ROOM_UPDATE, r.id, EVENT_TIMEOUT_MS);
-    assert_int_equal(m->room_update->n_members, 1);
-    assert_false(m->room_update->ack_not_needed); /* n1's own lease, not yet acknowledged */
-    kvfence__v1__control_message__free_unpacked(m, NULL);
-    m = node_wait(f->nodes[1], KVFENCE__V1__CONTROL_MESSAGE__MSG_ROOM_UPDATE, r.id,
-                  EVENT_TIMEOUT_MS);
-    /* n2's first update (or the one with n1's source that replaced it before
-     * it was routed) carries n2's sink, not yet acknowledged. */
-    assert_false(m->room_update->ack_not_needed);
-    kvfence__v1__control_message__free_unpacked(m, NULL);
-    m = node_wait(f->nodes[0], KVFENCE__V1__CONTROL_MESSAGE__MSG_ROOM_UPDATE, r.id,
-                  EVENT_TIMEOUT_MS);
-    assert_int_equal(m->room_update->n_members, 2); /* n2's sink, published */
-    if (!m->room_update->ack_not_needed)
-        fail_msg("n1's publication update (version %" PRIu64 ") asks for an ack, though n1's "
-                 "lease is published already",
-                 m->room_update->version);
-    kvfence__v1__control_message__free_unpacked(m, NULL);
-}
-
 /* node.proto, RoomUpdate.peers: "Every node of the room except the
  * addressee." */
 static void test_room_update_peers_exclude_the_addressee(void **state)
@@ -1570,7 +1535,6 @@ int main(void)
                                         teardown),
         cmocka_unit_test_setup_teardown(test_sink_lease_reaches_source_only_after_sink_acked, setup,
                                         teardown),
-        cmocka_unit_test_setup_teardown(test_publication_update_needs_no_ack, setup, teardown),
         cmocka_unit_test_setup_teardown(test_abort_notice_id_is_kept_across_resends, setup,
                                         teardown),
         cmocka_unit_test_setup_teardown(test_watch_without_filter_sees_everything, setup, teardown),
